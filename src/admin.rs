@@ -1,0 +1,139 @@
+//! Operator commands behind the CLI: session create/revoke, key generation, config check.
+//! Each works against the same store a running `tessera serve` uses (the embedded store is SQLite
+//! in WAL mode, safe across processes). Must never: print a password or a sealing key it read.
+
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::Engine;
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::seal::Credentials;
+use crate::session::StoreError;
+use crate::token::{self, Claims};
+use crate::unix_now;
+
+/// Output of `tessera session create`, printed as one JSON line.
+#[derive(Debug, Serialize)]
+pub struct CreatedSession {
+    /// The new session id.
+    pub sid: String,
+    /// A JWT the running proxy accepts for this session.
+    pub token: String,
+    /// Expiry of session and token, seconds since the Unix epoch.
+    pub expires_at: u64,
+}
+
+/// Why an admin command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// Store failure.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// User/password unusable for Basic (empty user, `:` in user, control characters).
+    #[error("credentials rejected: user must be non-empty without ':' and neither may contain control characters")]
+    Credentials,
+    /// Token signing failed.
+    #[error("cannot sign token: {0}")]
+    Sign(String),
+    /// `check-config` found a problem.
+    #[error("{0}")]
+    Check(String),
+}
+
+/// Creates a session for `user`/`password` living `ttl_seconds` and a token for it.
+///
+/// Errors: [`AdminError`].
+pub async fn create_session(
+    cfg: &Config,
+    user: String,
+    password: String,
+    ttl_seconds: u64,
+) -> Result<CreatedSession, AdminError> {
+    let creds = Credentials::new(user, password).map_err(|_| AdminError::Credentials)?;
+    let sessions = crate::sessions_from_config(cfg)?;
+    let created = sessions.create(&creds, ttl_seconds).await?;
+    let token = issue_token(cfg, creds.user(), &created.sid, created.expires_at)?;
+    Ok(CreatedSession {
+        sid: created.sid,
+        token,
+        expires_at: created.expires_at,
+    })
+}
+
+/// Signs a token for `sid` with the first configured algorithm and `[token]` issuer/audience.
+///
+/// Errors: [`AdminError::Sign`].
+pub fn issue_token(cfg: &Config, sub: &str, sid: &str, exp: u64) -> Result<String, AdminError> {
+    let claims = Claims {
+        sub: sub.to_owned(),
+        sid: sid.to_owned(),
+        iat: unix_now(),
+        exp,
+        iss: cfg.token.issuer.clone(),
+        aud: cfg.token.audience.clone(),
+    };
+    if cfg.token.sid_claim != "sid" {
+        return Err(AdminError::Sign(format!(
+            "token.sid_claim is `{}`; tessera issues tokens with `sid` only",
+            cfg.token.sid_claim
+        )));
+    }
+    token::sign(&claims, cfg.token.algorithms[0], &cfg.token.secret)
+        .map_err(|e| AdminError::Sign(e.to_string()))
+}
+
+/// Deletes session `sid`; `true` if it existed.
+///
+/// Errors: [`AdminError::Store`].
+pub async fn revoke_session(cfg: &Config, sid: &str) -> Result<bool, AdminError> {
+    Ok(crate::sessions_from_config(cfg)?.revoke(sid).await?)
+}
+
+/// Fresh key material: a 64-byte JWT secret (base64url, 86 chars) and a 32-byte sealing key
+/// (standard base64), as `NAME=value` lines for an environment file.
+pub fn keygen() -> String {
+    let mut jwt = [0u8; 64];
+    let mut cred = [0u8; 32];
+    getrandom::getrandom(&mut jwt).expect("OS random source");
+    getrandom::getrandom(&mut cred).expect("OS random source");
+    format!(
+        "# tessera keygen: fresh secrets; keep them out of version control.\n\
+         # Config: token.secret = \"env:TESSERA_JWT_SECRET\", credentials.keys = {{ k1 = \"env:TESSERA_CRED_KEY\" }}\n\
+         TESSERA_JWT_SECRET={}\nTESSERA_CRED_KEY={}\n",
+        URL_SAFE_NO_PAD.encode(jwt),
+        STANDARD.encode(cred)
+    )
+}
+
+/// Checks what a valid config cannot show by itself: the store answers and the upstream host
+/// resolves. Returns human-readable `ok` lines.
+///
+/// Errors: [`AdminError::Check`] naming the key.
+pub async fn check(cfg: &Config) -> Result<Vec<String>, AdminError> {
+    let mut out = vec!["config: ok".to_string()];
+    let sessions = crate::sessions_from_config(cfg)
+        .map_err(|e| AdminError::Check(format!("config key `session.store`: {e}")))?;
+    tokio::time::timeout(cfg.session.timeout, sessions.store().ping())
+        .await
+        .map_err(|_| AdminError::Check("config key `session.store`: no answer in time".into()))?
+        .map_err(|e| AdminError::Check(format!("config key `session.store`: {e}")))?;
+    out.push("session.store: reachable".into());
+    let auth = cfg.upstream.url.authority().expect("validated");
+    let addr = format!(
+        "{}:{}",
+        auth.host().trim_start_matches('[').trim_end_matches(']'),
+        auth.port_u16().unwrap_or(80)
+    );
+    let resolved = tokio::net::lookup_host(&addr)
+        .await
+        .map_err(|e| {
+            AdminError::Check(format!(
+                "config key `upstream.url`: cannot resolve {addr}: {e}"
+            ))
+        })?
+        .count();
+    out.push(format!(
+        "upstream.url: {addr} resolves ({resolved} address(es))"
+    ));
+    Ok(out)
+}

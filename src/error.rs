@@ -1,0 +1,147 @@
+//! The one place a failure becomes an HTTP status (fail closed: no error ever forwards).
+//!
+//! | failure | status |
+//! |---|---|
+//! | malformed request (Host missing/duplicated) | 400 |
+//! | body larger than `server.max_body_bytes` | 413 |
+//! | request-target longer than `server.max_uri_bytes` | 414 |
+//! | header bytes above `server.max_header_bytes` | 431 |
+//! | no token, bad token, unknown/expired/unusable session | 401 + `WWW-Authenticate: Bearer` (RFC 6750 3) |
+//! | session store down or slow | 503 + `Retry-After` |
+//! | upstream refused, reset, invalid answer | 502 |
+//! | upstream connect or response-head timeout | 504 |
+
+use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
+use http::{HeaderValue, Response, StatusCode};
+
+use crate::forward::{ForwardError, ProxyBody};
+use crate::session::ResolveError;
+use crate::token::extract::ExtractError;
+use crate::token::TokenError;
+
+/// Everything that can stop a request, by phase.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// screen: the request is malformed (the reason is static text, safe to log and answer).
+    #[error("bad request: {0}")]
+    BadRequest(&'static str),
+    /// screen/forward: the body is over the cap.
+    #[error("request body too large")]
+    BodyTooLarge,
+    /// screen: request-target over the cap.
+    #[error("request-target too long")]
+    UriTooLong,
+    /// screen: header section over the cap.
+    #[error("request header fields too large")]
+    HeadersTooLarge,
+    /// extract: no token in any configured source.
+    #[error("no token")]
+    NoToken,
+    /// extract/verify: a token was present but is not acceptable.
+    #[error("invalid token: {0}")]
+    BadToken(&'static str),
+    /// resolve/unseal: the session is unknown, expired, revoked or unusable.
+    #[error("session refused: {0}")]
+    Session(&'static str),
+    /// resolve: the store did not answer.
+    #[error("session store unavailable")]
+    StoreUnavailable,
+    /// forward: the upstream failed.
+    #[error(transparent)]
+    Upstream(#[from] ForwardError),
+}
+
+impl From<ExtractError> for ProxyError {
+    fn from(e: ExtractError) -> Self {
+        match e {
+            ExtractError::Missing => Self::NoToken,
+            ExtractError::Malformed => Self::BadToken("malformed token source"),
+        }
+    }
+}
+
+impl From<TokenError> for ProxyError {
+    fn from(e: TokenError) -> Self {
+        Self::BadToken(match e {
+            TokenError::TooLarge => "token too large",
+            TokenError::Malformed => "malformed token",
+            TokenError::Algorithm => "algorithm not allowed",
+            TokenError::ForbiddenHeader => "forbidden header parameter",
+            TokenError::Signature => "bad signature",
+            TokenError::MissingExp => "exp claim missing",
+            TokenError::Expired => "token expired",
+            TokenError::NotYetValid => "token not yet valid",
+            TokenError::IssuedInFuture => "token issued in the future",
+            TokenError::Issuer => "wrong issuer",
+            TokenError::Audience => "wrong audience",
+            TokenError::MissingSid => "session id claim missing",
+        })
+    }
+}
+
+impl From<ResolveError> for ProxyError {
+    fn from(e: ResolveError) -> Self {
+        match e {
+            ResolveError::Unknown => Self::Session("unknown session"),
+            ResolveError::Corrupt(why) => Self::Session(why),
+            ResolveError::Store(_) => Self::StoreUnavailable,
+        }
+    }
+}
+
+impl ProxyError {
+    /// The HTTP status for this failure (exhaustive: adding a variant fails to compile here).
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UriTooLong => StatusCode::URI_TOO_LONG,
+            Self::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Self::NoToken | Self::BadToken(_) | Self::Session(_) => StatusCode::UNAUTHORIZED,
+            Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Upstream(f) => match f {
+                ForwardError::Connect(_) | ForwardError::Broken(_) | ForwardError::Closed => {
+                    StatusCode::BAD_GATEWAY
+                }
+                ForwardError::ConnectTimeout | ForwardError::Timeout => StatusCode::GATEWAY_TIMEOUT,
+                ForwardError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            },
+        }
+    }
+
+    /// The local response: status, a one-line plain-text reason, and the auth challenge where due.
+    /// Never includes the token, credentials or upstream error details.
+    pub fn into_response(self) -> Response<ProxyBody> {
+        let status = self.status();
+        let mut resp = Response::new(ProxyBody::full(format!(
+            "{}\n",
+            status.canonical_reason().unwrap_or("error")
+        )));
+        *resp.status_mut() = status;
+        let h = resp.headers_mut();
+        h.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        match self {
+            Self::NoToken => {
+                h.insert(
+                    WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"tessera\""),
+                );
+            }
+            Self::BadToken(_) | Self::Session(_) => {
+                h.insert(
+                    WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"tessera\", error=\"invalid_token\""),
+                );
+            }
+            Self::StoreUnavailable => {
+                h.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            _ => {}
+        }
+        resp
+    }
+}

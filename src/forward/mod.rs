@@ -1,0 +1,169 @@
+//! The forward phase: send the prepared request upstream over the pool and hand back the
+//! streaming response.
+//!
+//! Owns: timeouts (connect, response head) and the single retry. A request is retried once, on a
+//! fresh connection, only when it went out on a *reused* connection and either hyper gave it back
+//! unsent, or it is idempotent with no body and the connection closed before any response byte
+//! (the keep-alive race of RFC 9112 section 9.3.1). Must never: retry a request whose body was
+//! partly sent.
+
+mod body;
+mod pool;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response};
+use http_body::Body;
+use http_body_util::combinators::BoxBody;
+
+pub use body::{ProxyBody, UpstreamBody};
+pub use pool::{Pool, PoolStats};
+
+/// Boxed error type of request bodies.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// Request body sent upstream (the client's body, possibly length-limited).
+pub type UpBody = BoxBody<Bytes, BoxError>;
+
+/// Why forwarding failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    /// TCP connect or HTTP handshake failed (refused, reset). 502.
+    #[error("upstream connect failed: {0}")]
+    Connect(String),
+    /// Connect + handshake took longer than `upstream.connect_timeout_ms`. 504.
+    #[error("upstream connect timed out")]
+    ConnectTimeout,
+    /// No response head within `upstream.response_header_timeout_ms` (queue wait included). 504.
+    #[error("upstream response timed out")]
+    Timeout,
+    /// The client's body exceeded `server.max_body_bytes` while streaming. 413.
+    #[error("request body too large")]
+    BodyTooLarge,
+    /// The connection broke or the upstream sent an invalid response. 502.
+    #[error("upstream failed: {0}")]
+    Broken(String),
+    /// The pool is shut down.
+    #[error("upstream pool closed")]
+    Closed,
+}
+
+/// The upstream: one address, one pool.
+pub struct Upstream {
+    pool: Arc<Pool>,
+    header_timeout: Duration,
+}
+
+fn idempotent(m: &Method) -> bool {
+    matches!(
+        *m,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    )
+}
+
+impl Upstream {
+    /// An upstream at `addr` (`host:port`).
+    pub fn new(
+        addr: String,
+        max_connections: usize,
+        connect_timeout: Duration,
+        idle_timeout: Duration,
+        header_timeout: Duration,
+    ) -> Self {
+        Self {
+            pool: Pool::new(addr, max_connections, connect_timeout, idle_timeout),
+            header_timeout,
+        }
+    }
+
+    /// Pool counters.
+    pub fn stats(&self) -> &PoolStats {
+        &self.pool.stats
+    }
+
+    /// Sends `req` (origin-form URI, headers final) and returns the response with a streaming body.
+    ///
+    /// Errors: [`ForwardError`], after at most one retry (see module docs).
+    pub async fn forward(&self, req: Request<UpBody>) -> Result<Response<ProxyBody>, ForwardError> {
+        tokio::time::timeout(self.header_timeout, self.send(req))
+            .await
+            .map_err(|_| ForwardError::Timeout)?
+    }
+
+    async fn send(&self, req: Request<UpBody>) -> Result<Response<ProxyBody>, ForwardError> {
+        let mut conn = self.pool.checkout().await?;
+        let replay = (conn.reused && idempotent(req.method()) && req.body().is_end_stream())
+            .then(|| head_copy(&req));
+        let err = match conn.sender().try_send_request(req).await {
+            Ok(resp) => return Ok(wrap(resp, conn)),
+            Err(e) => e,
+        };
+        let reused = conn.reused;
+        drop(conn);
+        let (retry, err) = {
+            let mut err = err;
+            let unsent = err.take_message();
+            let e = err.into_error();
+            let retry =
+                unsent.or_else(|| replay.filter(|_| e.is_incomplete_message() || is_reset(&e)));
+            (retry.filter(|_| reused), e)
+        };
+        let Some(req) = retry else {
+            return Err(classify(err));
+        };
+        tracing::debug!(cause = %err, "reused upstream connection failed; retrying once on a fresh one");
+        let mut conn = self.pool.checkout_fresh().await?;
+        match conn.sender().send_request(req).await {
+            Ok(resp) => Ok(wrap(resp, conn)),
+            Err(e) => Err(classify(e)),
+        }
+    }
+}
+
+fn wrap(resp: Response<hyper::body::Incoming>, conn: pool::Conn) -> Response<ProxyBody> {
+    resp.map(|b| ProxyBody::Upstream(UpstreamBody::new(b, conn)))
+}
+
+/// A body-less copy of the request head, for replaying an idempotent request.
+fn head_copy(req: &Request<UpBody>) -> Request<UpBody> {
+    let mut copy = Request::new(empty_body());
+    *copy.method_mut() = req.method().clone();
+    *copy.uri_mut() = req.uri().clone();
+    *copy.version_mut() = req.version();
+    *copy.headers_mut() = req.headers().clone();
+    copy
+}
+
+/// An empty request body.
+pub fn empty_body() -> UpBody {
+    use http_body_util::BodyExt;
+    http_body_util::Empty::<Bytes>::new()
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+fn is_reset(e: &hyper::Error) -> bool {
+    let mut src: Option<&dyn std::error::Error> = std::error::Error::source(e);
+    while let Some(s) = src {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+            );
+        }
+        src = s.source();
+    }
+    false
+}
+
+fn classify(e: hyper::Error) -> ForwardError {
+    let mut src: Option<&dyn std::error::Error> = std::error::Error::source(&e);
+    while let Some(s) = src {
+        if s.is::<http_body_util::LengthLimitError>() {
+            return ForwardError::BodyTooLarge;
+        }
+        src = s.source();
+    }
+    ForwardError::Broken(e.to_string())
+}

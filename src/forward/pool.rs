@@ -1,0 +1,212 @@
+//! The upstream connection pool: HTTP/1.1 keep-alive connections with a **hard cap on open
+//! connections** (idle + busy) and a FIFO queue beyond it.
+//!
+//! Why ours and not hyper-util's legacy client: that client caps only *idle* connections, and an
+//! upstream like Cyrus (one process per connection, `maxchild`) leaves connections above its limit
+//! accepted but never served. Invariant: a connection is opened only when no idle one exists and
+//! the opener holds a permit, so open connections <= permits <= `max_connections`.
+//! Must never: hand one connection to two requests at once, or keep a connection whose response
+//! body was not read to the end.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::{ForwardError, UpBody};
+
+/// Counters of pool activity (monotonic since start).
+#[derive(Debug, Default)]
+pub struct PoolStats {
+    /// Connections opened to the upstream.
+    pub opened: AtomicU64,
+    /// Requests sent on a connection that had served an earlier request.
+    pub reused: AtomicU64,
+    /// Requests retried on a fresh connection after a reused one failed.
+    pub retried: AtomicU64,
+}
+
+/// The pool for one upstream address.
+pub struct Pool {
+    addr: String,
+    permits: Arc<Semaphore>,
+    idle: Mutex<Vec<Idle>>,
+    connect_timeout: Duration,
+    idle_timeout: Duration,
+    /// Activity counters, read by tests, benchmarks and (later) metrics.
+    pub stats: PoolStats,
+}
+
+struct Idle {
+    tx: SendRequest<UpBody>,
+    since: Instant,
+}
+
+/// A checked-out connection. Dropping it returns the connection to the pool only when
+/// [`Conn::set_reusable`] was called (the response was read to the end); the permit is released
+/// after the connection is back, so a waiter finds it idle instead of opening another.
+pub struct Conn {
+    tx: Option<SendRequest<UpBody>>,
+    pool: Arc<Pool>,
+    /// Whether this connection served a request before this one.
+    pub reused: bool,
+    reusable: bool,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Pool {
+    /// A pool for `addr` (`host:port`) with at most `max_connections` open connections.
+    pub fn new(
+        addr: String,
+        max_connections: usize,
+        connect_timeout: Duration,
+        idle_timeout: Duration,
+    ) -> Arc<Self> {
+        let pool = Arc::new(Self {
+            addr,
+            permits: Arc::new(Semaphore::new(max_connections)),
+            idle: Mutex::new(Vec::new()),
+            connect_timeout,
+            idle_timeout,
+            stats: PoolStats::default(),
+        });
+        spawn_reaper(Arc::downgrade(&pool), idle_timeout);
+        pool
+    }
+
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits (FIFO) for a slot, then reuses the most recently idle live connection or opens one.
+    ///
+    /// Errors: [`ForwardError::Connect`] / [`ForwardError::ConnectTimeout`] when a new connection
+    /// is needed and cannot be made.
+    pub async fn checkout(self: &Arc<Self>) -> Result<Conn, ForwardError> {
+        let permit = self
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| ForwardError::Closed)?;
+        loop {
+            let candidate = self.idle().pop();
+            let Some(Idle { mut tx, since }) = candidate else {
+                break;
+            };
+            if since.elapsed() >= self.idle_timeout || tx.is_closed() {
+                continue;
+            }
+            // Ready resolves at once for a live idle connection, with an error for a closed one.
+            match tokio::time::timeout(self.connect_timeout, tx.ready()).await {
+                Ok(Ok(())) => {
+                    self.stats.reused.fetch_add(1, Ordering::Relaxed);
+                    return Ok(Conn {
+                        tx: Some(tx),
+                        pool: self.clone(),
+                        reused: true,
+                        reusable: false,
+                        _permit: permit,
+                    });
+                }
+                _ => continue,
+            }
+        }
+        self.connect(permit).await
+    }
+
+    /// Like [`Pool::checkout`] but never reuses: closes one idle connection, if any, to keep the
+    /// cap, and opens a new one. Used for the single retry.
+    pub async fn checkout_fresh(self: &Arc<Self>) -> Result<Conn, ForwardError> {
+        let permit = self
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| ForwardError::Closed)?;
+        drop(self.idle().pop());
+        self.stats.retried.fetch_add(1, Ordering::Relaxed);
+        self.connect(permit).await
+    }
+
+    async fn connect(self: &Arc<Self>, permit: OwnedSemaphorePermit) -> Result<Conn, ForwardError> {
+        let handshake = async {
+            let stream = TcpStream::connect(&self.addr)
+                .await
+                .map_err(|e| ForwardError::Connect(e.to_string()))?;
+            let _ = stream.set_nodelay(true);
+            let (tx, conn) = http1::Builder::new()
+                .handshake::<_, UpBody>(TokioIo::new(stream))
+                .await
+                .map_err(|e| ForwardError::Connect(e.to_string()))?;
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(cause = %e, "upstream connection ended with an error");
+                }
+            });
+            Ok::<_, ForwardError>(tx)
+        };
+        let tx = tokio::time::timeout(self.connect_timeout, handshake)
+            .await
+            .map_err(|_| ForwardError::ConnectTimeout)??;
+        self.stats.opened.fetch_add(1, Ordering::Relaxed);
+        Ok(Conn {
+            tx: Some(tx),
+            pool: self.clone(),
+            reused: false,
+            reusable: false,
+            _permit: permit,
+        })
+    }
+
+    /// Number of idle connections now (for tests and metrics).
+    pub fn idle_count(&self) -> usize {
+        self.idle().len()
+    }
+}
+
+impl Conn {
+    /// The request sender; present until the connection is dropped.
+    pub fn sender(&mut self) -> &mut SendRequest<UpBody> {
+        self.tx.as_mut().expect("sender present while Conn lives")
+    }
+
+    /// Marks the exchange complete: on drop the connection goes back to the pool.
+    pub fn set_reusable(&mut self) {
+        self.reusable = true;
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Some(tx) = self.tx.take() {
+            if self.reusable && !tx.is_closed() {
+                self.pool.idle().push(Idle {
+                    tx,
+                    since: Instant::now(),
+                });
+            }
+        }
+        // `_permit` is released after this body runs: the connection is already idle.
+    }
+}
+
+/// Closes idle connections older than `idle_timeout`, every half timeout, while the pool lives.
+fn spawn_reaper(pool: Weak<Pool>, idle_timeout: Duration) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    handle.spawn(async move {
+        let mut tick = tokio::time::interval((idle_timeout / 2).max(Duration::from_millis(10)));
+        loop {
+            tick.tick().await;
+            let Some(pool) = pool.upgrade() else { return };
+            pool.idle()
+                .retain(|i| i.since.elapsed() < pool.idle_timeout && !i.tx.is_closed());
+        }
+    });
+}

@@ -1,0 +1,60 @@
+//! tessera: an authenticating reverse proxy. A client's JWT names a session; the session's sealed
+//! upstream credentials are unsealed and injected as `Authorization: Basic`; the request goes on
+//! over a pooled keep-alive connection. See `proxy` for the request path, phase by phase.
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod config;
+pub mod demo;
+pub mod error;
+pub mod forward;
+pub mod proxy;
+pub mod screen;
+pub mod seal;
+pub mod server;
+pub mod session;
+pub mod telemetry;
+pub mod token;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+
+pub use config::Config;
+pub use proxy::Proxy;
+
+/// Seconds since the Unix epoch (wall clock).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Opens the configured store and builds the session layer.
+///
+/// Errors: the store cannot be opened (embedded path unusable, Redis URL invalid).
+pub fn sessions_from_config(cfg: &Config) -> Result<session::Sessions, session::StoreError> {
+    let store = session::Store::open(&cfg.session.store, cfg.session.timeout)?;
+    let sealer = Arc::new(seal::Sealer::new(&cfg.credentials));
+    Ok(session::Sessions::new(
+        store,
+        sealer,
+        &cfg.session,
+        cfg.credentials.allow_plaintext_legacy,
+    ))
+}
+
+/// Runs the proxy on an already-bound `listener` until `shutdown` resolves (tests bind port 0).
+///
+/// Errors: the session store cannot be opened.
+pub async fn run(
+    cfg: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), session::StoreError> {
+    let proxy = Arc::new(Proxy::from_config(&cfg)?);
+    tracing::info!(listen = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), upstream = %cfg.upstream.url, "tessera serving");
+    server::serve(listener, proxy, &cfg.server, shutdown).await;
+    Ok(())
+}

@@ -1,0 +1,222 @@
+//! The `tessera` binary: parse the command line, load config, call the library. Nothing else.
+//! Exit codes: 0 ok, 1 runtime failure, 2 configuration or usage error.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tessera::{admin, config::Config, telemetry};
+
+#[derive(Parser)]
+#[command(
+    name = "tessera",
+    version,
+    about = "Authenticating reverse proxy: a client's JWT becomes the upstream's own credentials"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy.
+    Serve {
+        /// TOML configuration file.
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Validate the configuration, the store and the upstream address; exit 2 on any problem.
+    CheckConfig {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Create or revoke sessions in the configured store.
+    #[command(subcommand)]
+    Session(SessionCommand),
+    /// Print fresh random key material for the config.
+    Keygen,
+    /// Run the whole job locally with a built-in Basic-auth upstream; prints a ready curl line.
+    Demo {
+        /// Proxy listen address.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+    },
+}
+
+#[derive(Subcommand)]
+enum SessionCommand {
+    /// Seal and store credentials; print {"sid","token","expires_at"} as one JSON line.
+    Create {
+        #[arg(long)]
+        config: PathBuf,
+        /// Upstream user name.
+        #[arg(long)]
+        user: String,
+        /// Read the password from standard input (one line).
+        #[arg(long, required = true)]
+        password_stdin: bool,
+        /// Session lifetime, e.g. `12h`, `30m` (default: session.ttl_seconds).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        ttl: Option<std::time::Duration>,
+    },
+    /// Delete a session; every request with its token is refused from then on.
+    Revoke {
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long)]
+        sid: String,
+    },
+}
+
+fn load(path: &std::path::Path) -> Result<Config, ExitCode> {
+    Config::load(path).map_err(|e| {
+        eprintln!("tessera: {e}");
+        ExitCode::from(2)
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tessera: cannot start runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    rt.block_on(async move {
+        match cli.command {
+            Command::Serve { config } => serve(config).await,
+            Command::CheckConfig { config } => {
+                let cfg = match load(&config) {
+                    Ok(c) => c,
+                    Err(code) => return code,
+                };
+                match admin::check(&cfg).await {
+                    Ok(lines) => {
+                        lines.iter().for_each(|l| println!("{l}"));
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("tessera: {e}");
+                        ExitCode::from(2)
+                    }
+                }
+            }
+            Command::Session(cmd) => session(cmd).await,
+            Command::Keygen => {
+                print!("{}", admin::keygen());
+                ExitCode::SUCCESS
+            }
+            Command::Demo { listen } => {
+                telemetry::init("warn");
+                let dir = std::env::temp_dir().join(format!("tessera-demo-{}", std::process::id()));
+                let result = tessera::demo::run(listen, &dir, shutdown_signal()).await;
+                let _ = std::fs::remove_dir_all(&dir);
+                match result {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) => {
+                        eprintln!("tessera demo: {e}");
+                        ExitCode::from(1)
+                    }
+                }
+            }
+        }
+    })
+}
+
+async fn serve(config: PathBuf) -> ExitCode {
+    let cfg = match load(&config) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    telemetry::init(&cfg.log.level);
+    let listener = match tokio::net::TcpListener::bind(cfg.server.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!(
+                "tessera: config key `server.listen`: cannot bind {}: {e}",
+                cfg.server.listen
+            );
+            return ExitCode::from(2);
+        }
+    };
+    match tessera::run(cfg, listener, shutdown_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tessera: config key `session.store`: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn session(cmd: SessionCommand) -> ExitCode {
+    match cmd {
+        SessionCommand::Create {
+            config,
+            user,
+            password_stdin: _,
+            ttl,
+        } => {
+            let cfg = match load(&config) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            let mut password = zeroize::Zeroizing::new(String::new());
+            if let Err(e) = std::io::stdin().read_to_string(&mut password) {
+                eprintln!("tessera: cannot read password from stdin: {e}");
+                return ExitCode::from(1);
+            }
+            let trimmed = password.trim_end_matches(['\r', '\n']).to_string();
+            let ttl = ttl.map_or(cfg.session.ttl_seconds, |d| d.as_secs().max(1));
+            match admin::create_session(&cfg, user, trimmed, ttl).await {
+                Ok(created) => {
+                    println!("{}", serde_json::to_string(&created).expect("serializable"));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("tessera: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        SessionCommand::Revoke { config, sid } => {
+            let cfg = match load(&config) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            match admin::revoke_session(&cfg, &sid).await {
+                Ok(existed) => {
+                    println!("{}", serde_json::json!({ "sid": sid, "revoked": existed }));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("tessera: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            s.recv().await;
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { () = ctrl_c => {}, () = term => {} }
+}

@@ -1,0 +1,203 @@
+//! The request path, as named phases in their fixed order:
+//! screen -> extract -> verify -> resolve (+ unseal) -> inject -> forward -> log.
+//!
+//! Each phase is one small function; [`Proxy::handle`] runs them top to bottom and turns any
+//! failure into a response in one place ([`ProxyError::into_response`]). Must never: forward a
+//! request after any failure, or write a token or credential to a log line.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header::{self, HeaderName};
+use http::request::Parts;
+use http::uri::PathAndQuery;
+use http::{HeaderValue, Request, Response, Uri, Version};
+use http_body::Body;
+use http_body_util::BodyExt;
+
+use crate::config::Config;
+use crate::error::ProxyError;
+use crate::forward::{BoxError, ProxyBody, UpBody, Upstream};
+use crate::screen::{self, Limits, Screened};
+use crate::session::{sid_hash, Session, Sessions};
+use crate::token::{self, TokenSource, Verifier};
+use crate::unix_now;
+
+/// Everything the request path needs, built once from the config.
+pub struct Proxy {
+    limits: Limits,
+    sources: Vec<TokenSource>,
+    verifier: Verifier,
+    sessions: Sessions,
+    upstream: Upstream,
+    /// Upstream path prefix (no trailing `/`), prepended to every request path.
+    base_path: String,
+    /// `Host` sent upstream when `preserve_host = false`.
+    upstream_host: HeaderValue,
+    preserve_host: bool,
+    strip_response: Vec<HeaderName>,
+    access_log: bool,
+}
+
+/// Per-request facts carried through the phases, for the access log.
+#[derive(Default)]
+struct Ctx {
+    sid_hash: Option<String>,
+}
+
+impl Proxy {
+    /// Builds the proxy over an already-opened session layer.
+    pub fn new(cfg: &Config, sessions: Sessions) -> Self {
+        let url = &cfg.upstream.url;
+        let authority = url.authority().expect("validated: upstream.url has a host");
+        let port = authority.port_u16().unwrap_or(80);
+        let addr = format!(
+            "{}:{port}",
+            authority
+                .host()
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+        );
+        let upstream = Upstream::new(
+            addr,
+            cfg.upstream.max_connections,
+            cfg.upstream.connect_timeout,
+            cfg.upstream.idle_timeout,
+            cfg.upstream.response_header_timeout,
+        );
+        Self {
+            limits: Limits {
+                max_header_bytes: cfg.server.max_header_bytes,
+                max_uri_bytes: cfg.server.max_uri_bytes,
+                max_body_bytes: cfg.server.max_body_bytes,
+            },
+            sources: cfg.token.sources.clone(),
+            verifier: Verifier::new(&cfg.token),
+            sessions,
+            upstream,
+            base_path: url.path().trim_end_matches('/').to_owned(),
+            upstream_host: HeaderValue::from_str(authority.as_str())
+                .expect("authority is a valid header"),
+            preserve_host: cfg.upstream.preserve_host,
+            strip_response: cfg.upstream.strip_response_headers.clone(),
+            access_log: cfg.log.access_log,
+        }
+    }
+
+    /// Builds the sealer + store + proxy from config (what `serve` uses).
+    ///
+    /// Errors: the session store cannot be opened.
+    pub fn from_config(cfg: &Config) -> Result<Self, crate::session::StoreError> {
+        Ok(Self::new(cfg, crate::sessions_from_config(cfg)?))
+    }
+
+    /// The upstream (pool counters for tests and benchmarks).
+    pub fn upstream(&self) -> &Upstream {
+        &self.upstream
+    }
+
+    /// Handles one downstream request end to end. Never fails: errors become responses.
+    pub async fn handle<B>(&self, req: Request<B>, peer: SocketAddr) -> Response<ProxyBody>
+    where
+        B: Body<Data = Bytes> + Send + Sync + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let started = Instant::now();
+        let method = req.method().clone();
+        let path = req.uri().path().to_owned();
+        let mut ctx = Ctx::default();
+        let (resp, reason) = match self.process(req, peer, &mut ctx).await {
+            Ok(resp) => (resp, None),
+            Err(e) => {
+                let reason = e.to_string();
+                (e.into_response(), Some(reason))
+            }
+        };
+        if self.access_log {
+            tracing::info!(
+                target: "tessera::access",
+                peer = %peer.ip(),
+                method = %method,
+                path = %path,
+                status = resp.status().as_u16(),
+                duration_us = started.elapsed().as_micros() as u64,
+                sid_hash = ctx.sid_hash.as_deref().unwrap_or("-"),
+                reason = reason.as_deref().unwrap_or("-"),
+            );
+        }
+        resp
+    }
+
+    async fn process<B>(
+        &self,
+        req: Request<B>,
+        peer: SocketAddr,
+        ctx: &mut Ctx,
+    ) -> Result<Response<ProxyBody>, ProxyError>
+    where
+        B: Body<Data = Bytes> + Send + Sync + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let (mut parts, body) = req.into_parts();
+        let screened = screen::screen_request(&mut parts, &self.limits)?;
+        let token = token::extract(&parts.headers, &self.sources)?;
+        let verified = self.verifier.verify(&token, unix_now())?;
+        drop(token);
+        ctx.sid_hash = Some(sid_hash(&verified.sid));
+        let session = self.sessions.resolve(&verified.sid).await?;
+        self.inject(&mut parts, &screened, &session, peer);
+        let req = Request::from_parts(parts, self.limit_body(body));
+        let mut resp = self.upstream.forward(req).await?;
+        screen::screen_response(resp.headers_mut(), &self.strip_response);
+        Ok(resp)
+    }
+
+    /// inject: drop every client credential, set the upstream's, set forwarding headers and
+    /// rewrite the target for the upstream (origin-form, base path, `Host`).
+    fn inject(&self, parts: &mut Parts, screened: &Screened, session: &Session, peer: SocketAddr) {
+        let headers = &mut parts.headers;
+        headers.remove(header::AUTHORIZATION);
+        if screened.cookie_is_hop_by_hop {
+            headers.remove(header::COOKIE);
+        } else {
+            token::strip_token_cookies(headers, &self.sources);
+        }
+        headers.insert(header::AUTHORIZATION, session.authorization.clone());
+        screen::set_forwarded(headers, peer.ip(), "http", &screened.host);
+        let host = if self.preserve_host && !screened.host.is_empty() {
+            screened.host.clone()
+        } else {
+            self.upstream_host.clone()
+        };
+        headers.insert(header::HOST, host);
+        parts.uri = self.upstream_uri(&parts.uri);
+        parts.version = Version::HTTP_11;
+    }
+
+    fn upstream_uri(&self, uri: &Uri) -> Uri {
+        let pq = uri.path_and_query().map_or("/", PathAndQuery::as_str);
+        if self.base_path.is_empty() {
+            return pq.parse().unwrap_or_else(|_| Uri::from_static("/"));
+        }
+        format!("{}{pq}", self.base_path)
+            .parse()
+            .unwrap_or_else(|_| Uri::from_static("/"))
+    }
+
+    fn limit_body<B>(&self, body: B) -> UpBody
+    where
+        B: Body<Data = Bytes> + Send + Sync + 'static,
+        B::Error: Into<BoxError>,
+    {
+        if self.limits.max_body_bytes > 0 {
+            http_body_util::Limited::new(body, self.limits.max_body_bytes as usize).boxed()
+        } else {
+            body.map_err(Into::into).boxed()
+        }
+    }
+}
+
+/// Shared handle used by the server.
+pub type SharedProxy = Arc<Proxy>;

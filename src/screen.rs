@@ -1,0 +1,306 @@
+//! The screen phase: limits and header hygiene before any work (RFC 9110 section 7.6.1,
+//! RFC 9112 section 3.2).
+//!
+//! Removes hop-by-hop headers and every header named in `Connection`, except `Authorization` and
+//! `Cookie`, which tessera itself reads (they are removed or rewritten by the inject phase, so the
+//! client's copies never reach the upstream either way). Removes client-supplied forwarding
+//! headers (they are set anew from the connection). Must never: forward a header the client marked
+//! hop-by-hop, or trust a client's claim about its own address.
+
+use http::header::{self, HeaderName};
+use http::request::Parts;
+use http::{HeaderMap, HeaderValue, Version};
+
+use crate::error::ProxyError;
+
+/// Request limits from `[server]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Max sum of header name + value bytes.
+    pub max_header_bytes: usize,
+    /// Max request-target bytes.
+    pub max_uri_bytes: usize,
+    /// Max body bytes, 0 = unlimited.
+    pub max_body_bytes: u64,
+}
+
+/// What the screen learnt that later phases need.
+#[derive(Debug)]
+pub struct Screened {
+    /// The authority the client asked for (`Host`, or `:authority` in HTTP/2).
+    pub host: HeaderValue,
+    /// The client named `Cookie` in `Connection`: no cookie may be forwarded.
+    pub cookie_is_hop_by_hop: bool,
+}
+
+/// Hop-by-hop headers always removed (RFC 9110 7.6.1, plus the legacy `Proxy-Connection` and
+/// `Keep-Alive`), and the headers the upstream must not see from a client.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHORIZATION,
+];
+
+const SPOOFABLE: [&str; 5] = [
+    "forwarded",
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "x-real-ip",
+];
+
+/// Checks limits and cleans the request head in place.
+///
+/// Errors: 414 / 431 / 413 / 400 as [`ProxyError`].
+pub fn screen_request(parts: &mut Parts, limits: &Limits) -> Result<Screened, ProxyError> {
+    let target_len = parts.uri.path_and_query().map_or(1, |pq| pq.as_str().len());
+    if target_len > limits.max_uri_bytes {
+        return Err(ProxyError::UriTooLong);
+    }
+    let header_bytes: usize = parts
+        .headers
+        .iter()
+        .map(|(n, v)| n.as_str().len() + v.len())
+        .sum();
+    if header_bytes > limits.max_header_bytes {
+        return Err(ProxyError::HeadersTooLarge);
+    }
+    if limits.max_body_bytes > 0 {
+        if let Some(len) = parts.headers.get(header::CONTENT_LENGTH) {
+            let len: u64 = len
+                .to_str()
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or(ProxyError::BadRequest("bad content-length"))?;
+            if len > limits.max_body_bytes {
+                return Err(ProxyError::BodyTooLarge);
+            }
+        }
+    }
+    let host = authority(parts)?;
+    let cookie_is_hop_by_hop = remove_hop_by_hop(&mut parts.headers, true);
+    for name in SPOOFABLE {
+        parts.headers.remove(name);
+    }
+    Ok(Screened {
+        host,
+        cookie_is_hop_by_hop,
+    })
+}
+
+fn authority(parts: &Parts) -> Result<HeaderValue, ProxyError> {
+    let mut hosts = parts.headers.get_all(header::HOST).iter();
+    let host = hosts.next();
+    if hosts.next().is_some() {
+        return Err(ProxyError::BadRequest("more than one Host header"));
+    }
+    // RFC 9112 3.2.2: an absolute-form target (and HTTP/2 `:authority`) wins over `Host`.
+    let value = match (parts.uri.authority(), host) {
+        (Some(a), _) => HeaderValue::from_str(a.as_str())
+            .map_err(|_| ProxyError::BadRequest("bad authority"))?,
+        (None, Some(h)) => h.clone(),
+        (None, None) if parts.version == Version::HTTP_10 => HeaderValue::from_static(""),
+        (None, None) => return Err(ProxyError::BadRequest("missing Host header")),
+    };
+    if !value.is_empty()
+        && value
+            .to_str()
+            .ok()
+            .and_then(|s| s.parse::<http::uri::Authority>().ok())
+            .is_none()
+    {
+        return Err(ProxyError::BadRequest("invalid Host header"));
+    }
+    Ok(value)
+}
+
+/// Removes hop-by-hop headers and those named in `Connection`. With `keep_credentials`, the
+/// `Authorization` and `Cookie` headers survive (the caller handles them); returns whether
+/// `Cookie` was named in `Connection`.
+pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_credentials: bool) -> bool {
+    let mut cookie_named = false;
+    if headers.contains_key(header::CONNECTION) {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .flat_map(|v| v.to_str().unwrap_or("").split(','))
+            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+            .collect();
+        for name in named {
+            if keep_credentials && name == header::AUTHORIZATION {
+                continue;
+            }
+            if keep_credentials && name == header::COOKIE {
+                cookie_named = true;
+                continue;
+            }
+            headers.remove(&name);
+        }
+    }
+    for name in &HOP_BY_HOP {
+        headers.remove(name);
+    }
+    cookie_named
+}
+
+/// Cleans an upstream response head: hop-by-hop headers, those named in `Connection`, and the
+/// configured extras (`Alt-Svc` by default: Cyrus advertises its own h2c/h3, which is not ours).
+pub fn screen_response(headers: &mut HeaderMap, strip: &[HeaderName]) {
+    remove_hop_by_hop(headers, false);
+    for name in strip {
+        headers.remove(name);
+    }
+}
+
+/// Sets `X-Forwarded-For`, `-Proto` and `-Host` from the connection (the client's values were
+/// removed by [`screen_request`]).
+pub fn set_forwarded(
+    headers: &mut HeaderMap,
+    peer: std::net::IpAddr,
+    proto: &'static str,
+    host: &HeaderValue,
+) {
+    if let Ok(v) = HeaderValue::from_str(&peer.to_string()) {
+        headers.insert(HeaderName::from_static("x-forwarded-for"), v);
+    }
+    headers.insert(
+        HeaderName::from_static("x-forwarded-proto"),
+        HeaderValue::from_static(proto),
+    );
+    if !host.is_empty() {
+        headers.insert(HeaderName::from_static("x-forwarded-host"), host.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(headers: &[(&str, &str)], uri: &str) -> Parts {
+        let mut b = http::Request::builder().uri(uri);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(()).unwrap().into_parts().0
+    }
+
+    const L: Limits = Limits {
+        max_header_bytes: 1024,
+        max_uri_bytes: 256,
+        max_body_bytes: 100,
+    };
+
+    #[test]
+    fn connection_named_headers_removed_but_credentials_kept_for_later_phases() {
+        let mut p = parts(
+            &[
+                ("host", "a"),
+                ("connection", "x-secret, authorization, cookie"),
+                ("x-secret", "1"),
+                ("authorization", "Bearer t"),
+                ("cookie", "c=1"),
+                ("te", "trailers"),
+                ("upgrade", "h2c"),
+            ],
+            "/",
+        );
+        let s = screen_request(&mut p, &L).unwrap();
+        assert!(s.cookie_is_hop_by_hop);
+        assert!(p.headers.get("x-secret").is_none());
+        assert!(p.headers.get("connection").is_none());
+        assert!(p.headers.get("te").is_none() && p.headers.get("upgrade").is_none());
+        assert!(
+            p.headers.get("authorization").is_some(),
+            "read by extract, removed by inject"
+        );
+    }
+
+    #[test]
+    fn spoofable_forwarding_headers_removed_and_set_true() {
+        let mut p = parts(
+            &[
+                ("host", "h.example"),
+                ("x-forwarded-for", "6.6.6.6"),
+                ("forwarded", "for=6.6.6.6"),
+                ("x-real-ip", "6.6.6.6"),
+            ],
+            "/",
+        );
+        let s = screen_request(&mut p, &L).unwrap();
+        set_forwarded(
+            &mut p.headers,
+            "127.0.0.9".parse().unwrap(),
+            "http",
+            &s.host,
+        );
+        assert_eq!(p.headers["x-forwarded-for"], "127.0.0.9");
+        assert_eq!(p.headers["x-forwarded-host"], "h.example");
+        assert!(p.headers.get("forwarded").is_none() && p.headers.get("x-real-ip").is_none());
+    }
+
+    #[test]
+    fn limits() {
+        let long = format!("/{}", "a".repeat(300));
+        assert!(matches!(
+            screen_request(&mut parts(&[("host", "a")], &long), &L),
+            Err(ProxyError::UriTooLong)
+        ));
+        let big = "v".repeat(1100);
+        assert!(matches!(
+            screen_request(&mut parts(&[("host", "a"), ("x", &big)], "/"), &L),
+            Err(ProxyError::HeadersTooLarge)
+        ));
+        assert!(matches!(
+            screen_request(
+                &mut parts(&[("host", "a"), ("content-length", "101")], "/"),
+                &L
+            ),
+            Err(ProxyError::BodyTooLarge)
+        ));
+        assert!(matches!(
+            screen_request(
+                &mut parts(&[("host", "a"), ("content-length", "x")], "/"),
+                &L
+            ),
+            Err(ProxyError::BadRequest(_))
+        ));
+    }
+
+    #[test]
+    fn host_rules() {
+        assert!(matches!(
+            screen_request(&mut parts(&[], "/"), &L),
+            Err(ProxyError::BadRequest(_))
+        ));
+        assert!(matches!(
+            screen_request(&mut parts(&[("host", "a"), ("host", "b")], "/"), &L),
+            Err(ProxyError::BadRequest(_))
+        ));
+        assert!(matches!(
+            screen_request(&mut parts(&[("host", "a b")], "/"), &L),
+            Err(ProxyError::BadRequest(_))
+        ));
+    }
+
+    #[test]
+    fn response_hygiene() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("connection", "Upgrade, x-internal"),
+            ("upgrade", "h2c"),
+            ("alt-svc", "h3=\":443\""),
+            ("x-internal", "1"),
+            ("content-type", "a/b"),
+        ] {
+            h.insert(HeaderName::from_static(k), HeaderValue::from_static(v));
+        }
+        screen_response(&mut h, &[HeaderName::from_static("alt-svc")]);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("content-type"));
+    }
+}

@@ -1,0 +1,256 @@
+//! Sealing of stored upstream credentials with AES-256-GCM (NIST SP 800-38D).
+//!
+//! Sealed form (ASCII, fits any store): `tsl1.<key id>.<base64url(nonce[12] || ciphertext || tag[16])>`.
+//! A fresh random 96-bit nonce per seal; the session id is the associated data, so a sealed value
+//! copied under another sid does not unseal. Owns: key ids and rotation (new seals use the active
+//! key, every listed key unseals). Must never: log plaintext or reuse a nonce deliberately.
+
+use std::collections::HashMap;
+
+use aes_gcm::aead::{Aead, KeyInit, Payload};
+use aes_gcm::{Aes256Gcm, Nonce};
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::Engine;
+use http::HeaderValue;
+use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
+
+use crate::config::CredentialsConfig;
+
+/// Prefix of every sealed value (format version 1).
+pub const SEALED_PREFIX: &str = "tsl1.";
+
+/// Why a sealed value could not be opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SealError {
+    /// Not `tsl1.<kid>.<base64url>` or too short to hold nonce + tag.
+    #[error("sealed value malformed")]
+    Format,
+    /// The key id is not in `credentials.keys` (retired key).
+    #[error("sealing key id unknown")]
+    UnknownKey,
+    /// Authentication failed: wrong key, wrong sid, or tampered data.
+    #[error("sealed value does not authenticate")]
+    Decrypt,
+}
+
+/// Seals and unseals with the configured keys.
+pub struct Sealer {
+    keys: HashMap<String, Aes256Gcm>,
+    active: String,
+}
+
+impl Sealer {
+    /// Builds ciphers for every configured key.
+    pub fn new(cfg: &CredentialsConfig) -> Self {
+        let keys = cfg
+            .keys
+            .iter()
+            .map(|(id, key)| (id.clone(), Aes256Gcm::new(key.as_slice().into())))
+            .collect();
+        Self {
+            keys,
+            active: cfg.active.clone(),
+        }
+    }
+
+    /// Seals `plaintext` under the active key with `sid` as associated data.
+    pub fn seal(&self, sid: &str, plaintext: &[u8]) -> String {
+        let cipher = &self.keys[&self.active];
+        let mut nonce = [0u8; 12];
+        getrandom::getrandom(&mut nonce).expect("OS random source unavailable");
+        let ct = cipher
+            .encrypt(
+                Nonce::from_slice(&nonce),
+                Payload {
+                    msg: plaintext,
+                    aad: sid.as_bytes(),
+                },
+            )
+            .expect("AES-GCM encryption of a bounded message cannot fail");
+        let mut blob = Vec::with_capacity(12 + ct.len());
+        blob.extend_from_slice(&nonce);
+        blob.extend_from_slice(&ct);
+        format!(
+            "{SEALED_PREFIX}{}.{}",
+            self.active,
+            URL_SAFE_NO_PAD.encode(blob)
+        )
+    }
+
+    /// Opens a value made by [`Sealer::seal`] for the same `sid`.
+    ///
+    /// Errors: [`SealError`]; never says which byte was wrong.
+    pub fn unseal(&self, sid: &str, sealed: &str) -> Result<Zeroizing<Vec<u8>>, SealError> {
+        let rest = sealed
+            .strip_prefix(SEALED_PREFIX)
+            .ok_or(SealError::Format)?;
+        let (kid, b64) = rest.split_once('.').ok_or(SealError::Format)?;
+        let cipher = self.keys.get(kid).ok_or(SealError::UnknownKey)?;
+        let blob = URL_SAFE_NO_PAD.decode(b64).map_err(|_| SealError::Format)?;
+        if blob.len() < 12 + 16 {
+            return Err(SealError::Format);
+        }
+        let (nonce, ct) = blob.split_at(12);
+        cipher
+            .decrypt(
+                Nonce::from_slice(nonce),
+                Payload {
+                    msg: ct,
+                    aad: sid.as_bytes(),
+                },
+            )
+            .map(Zeroizing::new)
+            .map_err(|_| SealError::Decrypt)
+    }
+
+    /// Id of the key new seals use.
+    pub fn active_key_id(&self) -> &str {
+        &self.active
+    }
+}
+
+/// Upstream credentials (RFC 7617 user-id and password), wiped from memory on drop.
+#[derive(Zeroize, ZeroizeOnDrop)]
+pub struct Credentials {
+    user: String,
+    password: String,
+}
+
+/// Why credentials cannot become a Basic header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum CredentialsError {
+    /// Empty user, `:` in the user (RFC 7617 section 2), a control character, or not UTF-8.
+    #[error("credentials not valid for HTTP Basic")]
+    Invalid,
+}
+
+impl Credentials {
+    /// Validates and wraps a user and password.
+    ///
+    /// Errors: [`CredentialsError::Invalid`] for an empty user, `:` in the user, or any control
+    /// character (CR/LF could split headers).
+    pub fn new(user: String, password: String) -> Result<Self, CredentialsError> {
+        let creds = Self { user, password };
+        let bad = |s: &str| s.chars().any(char::is_control);
+        if creds.user.is_empty()
+            || creds.user.contains(':')
+            || bad(&creds.user)
+            || bad(&creds.password)
+        {
+            return Err(CredentialsError::Invalid);
+        }
+        Ok(creds)
+    }
+
+    /// Parses `user:password` bytes (the first `:` separates, as in RFC 7617).
+    pub fn from_pair(pair: &[u8]) -> Result<Self, CredentialsError> {
+        let text = std::str::from_utf8(pair).map_err(|_| CredentialsError::Invalid)?;
+        let (user, password) = text.split_once(':').ok_or(CredentialsError::Invalid)?;
+        Self::new(user.to_owned(), password.to_owned())
+    }
+
+    /// The user name.
+    pub fn user(&self) -> &str {
+        &self.user
+    }
+
+    /// `user:password` bytes, the plaintext that gets sealed.
+    pub fn to_pair(&self) -> Zeroizing<Vec<u8>> {
+        let mut v = Zeroizing::new(Vec::with_capacity(
+            self.user.len() + 1 + self.password.len(),
+        ));
+        v.extend_from_slice(self.user.as_bytes());
+        v.push(b':');
+        v.extend_from_slice(self.password.as_bytes());
+        v
+    }
+
+    /// The `Authorization: Basic base64(user:password)` value, marked sensitive (RFC 7617).
+    pub fn basic_header(&self) -> HeaderValue {
+        let pair = self.to_pair();
+        let mut value = Zeroizing::new(String::with_capacity(6 + pair.len().div_ceil(3) * 4));
+        value.push_str("Basic ");
+        STANDARD.encode_string(pair.as_slice(), &mut value);
+        let mut header = HeaderValue::from_str(&value).expect("base64 is a valid header value");
+        header.set_sensitive(true);
+        header
+    }
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("user", &self.user)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn sealer(ids: &[(&str, u8)], active: &str) -> Sealer {
+        let keys: BTreeMap<_, _> = ids
+            .iter()
+            .map(|(id, b)| (id.to_string(), Zeroizing::new([*b; 32])))
+            .collect();
+        Sealer::new(&CredentialsConfig {
+            keys,
+            active: active.into(),
+            allow_plaintext_legacy: false,
+        })
+    }
+
+    #[test]
+    fn roundtrip_and_fresh_nonce() {
+        let s = sealer(&[("k1", 1)], "k1");
+        let a = s.seal("sid-1", b"alice:pw");
+        let b = s.seal("sid-1", b"alice:pw");
+        assert_ne!(a, b, "nonce must differ per seal");
+        assert!(a.starts_with("tsl1.k1."));
+        assert_eq!(s.unseal("sid-1", &a).unwrap().as_slice(), b"alice:pw");
+    }
+
+    #[test]
+    fn sid_is_bound_and_tamper_detected() {
+        let s = sealer(&[("k1", 1)], "k1");
+        let a = s.seal("sid-1", b"alice:pw");
+        assert_eq!(s.unseal("sid-2", &a), Err(SealError::Decrypt));
+        let mut t = a.clone().into_bytes();
+        let i = t.len() - 3;
+        t[i] = if t[i] == b'A' { b'B' } else { b'A' };
+        assert_eq!(
+            s.unseal("sid-1", std::str::from_utf8(&t).unwrap()),
+            Err(SealError::Decrypt)
+        );
+        assert_eq!(s.unseal("sid-1", "tsl1.k1.AAAA"), Err(SealError::Format));
+        assert_eq!(s.unseal("sid-1", "plain"), Err(SealError::Format));
+    }
+
+    #[test]
+    fn rotation_old_key_unseals_retired_key_does_not() {
+        let old = sealer(&[("k1", 1)], "k1");
+        let sealed = old.seal("s", b"u:p");
+        let rotated = sealer(&[("k1", 1), ("k2", 2)], "k2");
+        assert_eq!(rotated.unseal("s", &sealed).unwrap().as_slice(), b"u:p");
+        assert!(rotated.seal("s", b"u:p").starts_with("tsl1.k2."));
+        let retired = sealer(&[("k2", 2)], "k2");
+        assert_eq!(retired.unseal("s", &sealed), Err(SealError::UnknownKey));
+    }
+
+    #[test]
+    fn credentials_validation_and_basic_header() {
+        let c = Credentials::new("alice".into(), "p:w d".into()).unwrap();
+        // base64("alice:p:w d")
+        assert_eq!(c.basic_header().to_str().unwrap(), "Basic YWxpY2U6cDp3IGQ=");
+        assert!(c.basic_header().is_sensitive());
+        assert!(Credentials::new("a:b".into(), "x".into()).is_err());
+        assert!(Credentials::new("".into(), "x".into()).is_err());
+        assert!(Credentials::new("a".into(), "x\r\nX-Evil: 1".into()).is_err());
+        assert!(Credentials::from_pair(b"nocolon").is_err());
+        assert_eq!(Credentials::from_pair(b"u:p:q").unwrap().user(), "u");
+        assert!(!format!("{c:?}").contains("p:w"));
+    }
+}

@@ -1,0 +1,332 @@
+//! The resolve and unseal phases: session id -> session record -> ready upstream credential.
+//!
+//! Owns the record formats (`tessera`, `hyper-auth-proxy`) and session creation/revocation.
+//! Must never: return or log plaintext credentials except as the sensitive header value, or turn a
+//! store failure into "unknown session" (that would be a 401 where 503 is true).
+
+pub mod store;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::Engine;
+use http::HeaderValue;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::config::{SessionConfig, SessionFormat};
+use crate::seal::{Credentials, SealError, Sealer, SEALED_PREFIX};
+use crate::unix_now;
+pub use store::{Store, StoreError};
+
+/// A resolved session, ready to inject.
+#[derive(Debug, Clone)]
+pub struct Session {
+    /// The upstream user, when the record names it.
+    pub sub: Option<String>,
+    /// `Basic base64(user:password)`, marked sensitive.
+    pub authorization: HeaderValue,
+    /// Expiry, seconds since the Unix epoch, when the record has it.
+    pub expires_at: Option<u64>,
+}
+
+/// Why a session could not be resolved.
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    /// No record for this sid (never created, revoked or expired). 401.
+    #[error("unknown session")]
+    Unknown,
+    /// A record exists but cannot be used (bad JSON, plaintext not allowed, unseal failed). 401.
+    #[error("unusable session record: {0}")]
+    Corrupt(&'static str),
+    /// The store did not answer in time or failed. 503.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The stored record. `credentials` is sealed (`tsl1.`...) or, in hyper-auth-proxy records written
+/// by the published proxy, base64 of `user:password`.
+#[derive(Debug, Serialize, Deserialize)]
+struct Record {
+    credentials: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sub: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    expires_at: Option<u64>,
+}
+
+/// A newly created session.
+#[derive(Debug, Clone, Serialize)]
+pub struct Created {
+    /// The fresh session id (base64url of 18 random bytes: 144 bits).
+    pub sid: String,
+    /// Expiry, seconds since the Unix epoch.
+    pub expires_at: u64,
+}
+
+/// Session operations over one store and one sealing key set.
+#[derive(Clone)]
+pub struct Sessions {
+    store: Store,
+    sealer: Arc<Sealer>,
+    format: SessionFormat,
+    key_prefix: String,
+    timeout: Duration,
+    allow_plaintext_legacy: bool,
+}
+
+/// Short, non-reversible tag for a sid, for logs: first 12 hex digits of SHA-256.
+pub fn sid_hash(sid: &str) -> String {
+    let d = Sha256::digest(sid.as_bytes());
+    d[..6].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Sessions {
+    /// Builds the session layer over an opened store.
+    pub fn new(
+        store: Store,
+        sealer: Arc<Sealer>,
+        cfg: &SessionConfig,
+        allow_plaintext_legacy: bool,
+    ) -> Self {
+        Self {
+            store,
+            sealer,
+            format: cfg.format,
+            key_prefix: cfg.key_prefix.clone(),
+            timeout: cfg.timeout,
+            allow_plaintext_legacy,
+        }
+    }
+
+    /// The store (for health checks).
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    fn key(&self, sid: &str) -> String {
+        match self.format {
+            SessionFormat::Tessera => format!("{}{sid}", self.key_prefix),
+            SessionFormat::HyperAuthProxy => sid.to_owned(),
+        }
+    }
+
+    async fn deadline<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        tokio::time::timeout(self.timeout, f)
+            .await
+            .unwrap_or_else(|_| {
+                Err(StoreError(format!(
+                    "no answer within {} ms",
+                    self.timeout.as_millis()
+                )))
+            })
+    }
+
+    /// Looks up `sid` and unseals its credentials into a ready `Authorization` value.
+    ///
+    /// Errors: [`ResolveError`]; `Store` only when the store itself failed or timed out.
+    pub async fn resolve(&self, sid: &str) -> Result<Session, ResolveError> {
+        let raw = self
+            .deadline(self.store.get(&self.key(sid)))
+            .await?
+            .ok_or(ResolveError::Unknown)?;
+        let record: Record =
+            serde_json::from_slice(&raw).map_err(|_| ResolveError::Corrupt("not a JSON record"))?;
+        if record.expires_at.is_some_and(|e| e <= unix_now()) {
+            return Err(ResolveError::Unknown);
+        }
+        let pair = if record.credentials.starts_with(SEALED_PREFIX) {
+            self.sealer.unseal(sid, &record.credentials).map_err(|e| {
+                ResolveError::Corrupt(match e {
+                    SealError::Format => "sealed value malformed",
+                    SealError::UnknownKey => "sealed under a retired key",
+                    SealError::Decrypt => "sealed value does not authenticate",
+                })
+            })?
+        } else if self.format == SessionFormat::HyperAuthProxy && self.allow_plaintext_legacy {
+            zeroize::Zeroizing::new(
+                STANDARD
+                    .decode(record.credentials.trim())
+                    .map_err(|_| ResolveError::Corrupt("legacy credentials not base64"))?,
+            )
+        } else {
+            return Err(ResolveError::Corrupt("plaintext credentials not allowed"));
+        };
+        let creds = Credentials::from_pair(&pair)
+            .map_err(|_| ResolveError::Corrupt("credentials not valid for Basic"))?;
+        Ok(Session {
+            sub: record.sub.or_else(|| Some(creds.user().to_owned())),
+            authorization: creds.basic_header(),
+            expires_at: record.expires_at,
+        })
+    }
+
+    /// Creates a session for `creds` living `ttl_seconds`: fresh random sid, sealed credentials.
+    ///
+    /// Errors: the store failed or timed out.
+    pub async fn create(
+        &self,
+        creds: &Credentials,
+        ttl_seconds: u64,
+    ) -> Result<Created, StoreError> {
+        let mut raw = [0u8; 18];
+        getrandom::getrandom(&mut raw).map_err(|e| StoreError(format!("random source: {e}")))?;
+        let sid = URL_SAFE_NO_PAD.encode(raw);
+        let expires_at = unix_now() + ttl_seconds;
+        let record = Record {
+            credentials: self.sealer.seal(&sid, &creds.to_pair()),
+            sub: (self.format == SessionFormat::Tessera).then(|| creds.user().to_owned()),
+            expires_at: (self.format == SessionFormat::Tessera).then_some(expires_at),
+        };
+        let value = serde_json::to_vec(&record).expect("record serializes");
+        self.deadline(self.store.put(&self.key(&sid), &value, ttl_seconds))
+            .await?;
+        Ok(Created { sid, expires_at })
+    }
+
+    /// Deletes the session `sid`; `true` if it existed.
+    ///
+    /// Errors: the store failed or timed out.
+    pub async fn revoke(&self, sid: &str) -> Result<bool, StoreError> {
+        self.deadline(self.store.delete(&self.key(sid))).await
+    }
+
+    /// Stores a raw record value at the key for `sid` (tests and migration tooling).
+    pub async fn put_raw(
+        &self,
+        sid: &str,
+        value: &[u8],
+        ttl_seconds: u64,
+    ) -> Result<(), StoreError> {
+        self.deadline(self.store.put(&self.key(sid), value, ttl_seconds))
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{CredentialsConfig, StoreSpec};
+    use std::collections::BTreeMap;
+
+    fn sessions(dir: &std::path::Path, format: SessionFormat, plaintext: bool) -> Sessions {
+        let keys: BTreeMap<_, _> = [("k1".to_string(), zeroize::Zeroizing::new([3u8; 32]))].into();
+        let sealer = Arc::new(Sealer::new(&CredentialsConfig {
+            keys,
+            active: "k1".into(),
+            allow_plaintext_legacy: plaintext,
+        }));
+        let spec = StoreSpec::Embedded(dir.to_path_buf());
+        let cfg = SessionConfig {
+            store: spec.clone(),
+            format,
+            key_prefix: "tessera:session:".into(),
+            ttl_seconds: 60,
+            timeout: Duration::from_secs(2),
+        };
+        Sessions::new(
+            Store::open(&spec, cfg.timeout).unwrap(),
+            sealer,
+            &cfg,
+            plaintext,
+        )
+    }
+
+    #[tokio::test]
+    async fn create_resolve_revoke_embedded() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = sessions(dir.path(), SessionFormat::Tessera, false);
+        let c = s
+            .create(&Credentials::new("alice".into(), "pw".into()).unwrap(), 60)
+            .await
+            .unwrap();
+        assert!(c.sid.len() >= 24);
+        let got = s.resolve(&c.sid).await.unwrap();
+        assert_eq!(got.authorization.to_str().unwrap(), "Basic YWxpY2U6cHc=");
+        assert_eq!(got.sub.as_deref(), Some("alice"));
+        let raw = s
+            .store()
+            .get(&format!("tessera:session:{}", c.sid))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            !String::from_utf8_lossy(&raw).contains("pw\""),
+            "password must not be stored in clear"
+        );
+        assert!(s.revoke(&c.sid).await.unwrap());
+        assert!(matches!(
+            s.resolve(&c.sid).await,
+            Err(ResolveError::Unknown)
+        ));
+    }
+
+    #[tokio::test]
+    async fn legacy_plaintext_only_when_allowed() {
+        let dir = tempfile::tempdir().unwrap();
+        let rec = br#"{"credentials":"YWxpY2U6cHc="}"#;
+        let strict = sessions(dir.path(), SessionFormat::HyperAuthProxy, false);
+        strict.put_raw("legacy-sid", rec, 60).await.unwrap();
+        assert!(matches!(
+            strict.resolve("legacy-sid").await,
+            Err(ResolveError::Corrupt(_))
+        ));
+        let lax = sessions(dir.path(), SessionFormat::HyperAuthProxy, true);
+        assert_eq!(
+            lax.resolve("legacy-sid")
+                .await
+                .unwrap()
+                .authorization
+                .to_str()
+                .unwrap(),
+            "Basic YWxpY2U6cHc="
+        );
+        // a sealed value in the legacy layout works in strict mode
+        let c = strict
+            .create(&Credentials::new("bob".into(), "x".into()).unwrap(), 60)
+            .await
+            .unwrap();
+        assert_eq!(
+            strict.resolve(&c.sid).await.unwrap().sub.as_deref(),
+            Some("bob")
+        );
+    }
+
+    #[tokio::test]
+    async fn sealed_value_moved_to_other_sid_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = sessions(dir.path(), SessionFormat::Tessera, false);
+        let c = s
+            .create(&Credentials::new("alice".into(), "pw".into()).unwrap(), 60)
+            .await
+            .unwrap();
+        let raw = s
+            .store()
+            .get(&format!("tessera:session:{}", c.sid))
+            .await
+            .unwrap()
+            .unwrap();
+        s.put_raw("other", &raw, 60).await.unwrap();
+        assert!(matches!(
+            s.resolve("other").await,
+            Err(ResolveError::Corrupt(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn expired_embedded_entries_are_invisible() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = sessions(dir.path(), SessionFormat::Tessera, false);
+        s.put_raw("gone", br#"{"credentials":"x","expires_at":1}"#, 60)
+            .await
+            .unwrap();
+        assert!(matches!(
+            s.resolve("gone").await,
+            Err(ResolveError::Unknown)
+        ));
+    }
+}

@@ -1,0 +1,135 @@
+//! Embedded backend: one SQLite file in WAL mode, so `tessera serve` and CLI commands
+//! (`session create`, `session revoke`) can use the same store at once, across processes.
+//!
+//! Layout: `PATH/sessions.sqlite3`, table `kv(key TEXT PRIMARY KEY, value BLOB, expires_at INTEGER)`
+//! with `expires_at` in seconds since the Unix epoch. Expired rows are invisible and purged on write.
+//! SQLite calls block, so they run on tokio's blocking pool over a small set of reused connections.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::StoreError;
+use crate::unix_now;
+
+/// The embedded SQLite store.
+pub struct EmbeddedStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    file: PathBuf,
+    /// Idle connections, reused; one is opened when none is free.
+    idle: Mutex<Vec<Connection>>,
+}
+
+fn err(e: impl std::fmt::Display) -> StoreError {
+    StoreError(format!("embedded: {e}"))
+}
+
+impl EmbeddedStore {
+    /// Opens (creating if needed) the store directory `dir`.
+    ///
+    /// Errors: the directory or database cannot be created.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| err(format!("cannot create {}: {e}", dir.display())))?;
+        let inner = Arc::new(Inner {
+            file: dir.join("sessions.sqlite3"),
+            idle: Mutex::new(Vec::new()),
+        });
+        let conn = inner.connect()?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value BLOB NOT NULL, expires_at INTEGER NOT NULL);
+             CREATE INDEX IF NOT EXISTS kv_expires ON kv(expires_at);",
+        )
+        .map_err(err)?;
+        inner.release(conn);
+        Ok(Self { inner })
+    }
+
+    async fn run<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> rusqlite::Result<R> + Send + 'static,
+    ) -> Result<R, StoreError> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let conn = inner.acquire()?;
+            let out = f(&conn).map_err(err);
+            inner.release(conn);
+            out
+        })
+        .await
+        .map_err(err)?
+    }
+
+    pub(super) async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let key = key.to_owned();
+        self.run(move |c| {
+            c.prepare_cached("SELECT value FROM kv WHERE key = ?1 AND expires_at > ?2")?
+                .query_row(params![key, unix_now() as i64], |r| r.get(0))
+                .optional()
+        })
+        .await
+    }
+
+    pub(super) async fn put(
+        &self,
+        key: &str,
+        value: &[u8],
+        ttl_seconds: u64,
+    ) -> Result<(), StoreError> {
+        let (key, value) = (key.to_owned(), value.to_vec());
+        self.run(move |c| {
+            let now = unix_now() as i64;
+            c.prepare_cached("DELETE FROM kv WHERE expires_at <= ?1")?
+                .execute(params![now])?;
+            c.prepare_cached(
+                "INSERT OR REPLACE INTO kv (key, value, expires_at) VALUES (?1, ?2, ?3)",
+            )?
+            .execute(params![key, value, now.saturating_add(ttl_seconds as i64)])?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub(super) async fn delete(&self, key: &str) -> Result<bool, StoreError> {
+        let key = key.to_owned();
+        self.run(move |c| {
+            Ok(c.prepare_cached("DELETE FROM kv WHERE key = ?1")?
+                .execute(params![key])?
+                > 0)
+        })
+        .await
+    }
+}
+
+impl Inner {
+    fn connect(&self) -> Result<Connection, StoreError> {
+        let conn = Connection::open(&self.file)
+            .map_err(|e| err(format!("{}: {e}", self.file.display())))?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(err)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(err)?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(err)?;
+        Ok(conn)
+    }
+
+    fn acquire(&self) -> Result<Connection, StoreError> {
+        let pooled = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        match pooled {
+            Some(c) => Ok(c),
+            None => self.connect(),
+        }
+    }
+
+    fn release(&self, conn: Connection) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < 8 {
+            idle.push(conn);
+        }
+    }
+}

@@ -1,0 +1,270 @@
+//! The extract phase: find the token in the request, from the configured sources in order.
+//!
+//! Must never: decode or trust the token (that is `verify`), or keep it past the request.
+
+use base64::Engine;
+use http::header::{AUTHORIZATION, COOKIE};
+use http::{HeaderMap, HeaderValue};
+
+/// One place a token may be carried.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenSource {
+    /// `Authorization: Bearer <token>` (RFC 6750 section 2.1; scheme case-insensitive).
+    Bearer,
+    /// Cookie `NAME` holding the JWT itself.
+    Cookie(String),
+    /// Cookie `NAME` holding base64 of the JWT, optionally in double quotes (the published
+    /// hyper-auth-proxy form, cookie `Authorization`).
+    CookieB64(String),
+}
+
+impl TokenSource {
+    /// Parses `bearer`, `cookie:NAME` or `cookie-b64:NAME`.
+    pub fn parse(s: &str) -> Option<Self> {
+        if s == "bearer" {
+            Some(Self::Bearer)
+        } else if let Some(name) = s.strip_prefix("cookie-b64:") {
+            valid_cookie_name(name).then(|| Self::CookieB64(name.to_string()))
+        } else if let Some(name) = s.strip_prefix("cookie:") {
+            valid_cookie_name(name).then(|| Self::Cookie(name.to_string()))
+        } else {
+            None
+        }
+    }
+
+    fn cookie_name(&self) -> Option<&str> {
+        match self {
+            Self::Bearer => None,
+            Self::Cookie(n) | Self::CookieB64(n) => Some(n),
+        }
+    }
+}
+
+fn valid_cookie_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b))
+}
+
+/// Why no usable token came out of the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExtractError {
+    /// No configured source carried anything.
+    Missing,
+    /// A source carried something that is not a token (bad base64, non-ASCII, empty).
+    Malformed,
+}
+
+/// Returns the token from the first configured source that carries one.
+///
+/// The first present source decides: a malformed value there is an error even if a later
+/// source would have a token (RFC 6750 section 2: one method per request).
+pub fn extract(headers: &HeaderMap, sources: &[TokenSource]) -> Result<String, ExtractError> {
+    for source in sources {
+        let found = match source {
+            TokenSource::Bearer => bearer(headers),
+            TokenSource::Cookie(name) => cookie(headers, name).map(|v| {
+                std::str::from_utf8(v)
+                    .map(str::to_owned)
+                    .map_err(|_| ExtractError::Malformed)
+            }),
+            TokenSource::CookieB64(name) => cookie(headers, name).map(decode_b64_cookie),
+        };
+        if let Some(result) = found {
+            return result.and_then(|t| {
+                if t.is_empty() {
+                    Err(ExtractError::Malformed)
+                } else {
+                    Ok(t)
+                }
+            });
+        }
+    }
+    Err(ExtractError::Missing)
+}
+
+fn bearer(headers: &HeaderMap) -> Option<Result<String, ExtractError>> {
+    for value in headers.get_all(AUTHORIZATION) {
+        let bytes = value.as_bytes();
+        if bytes.len() > 7 && bytes[..7].eq_ignore_ascii_case(b"bearer ") {
+            let token = bytes[7..].trim_ascii();
+            return Some(
+                std::str::from_utf8(token)
+                    .map(str::to_owned)
+                    .map_err(|_| ExtractError::Malformed),
+            );
+        }
+    }
+    None
+}
+
+/// Iterates `name=value` pairs over every `Cookie` header (HTTP/2 may split them).
+fn cookie_pairs(headers: &HeaderMap) -> impl Iterator<Item = (&[u8], &[u8])> {
+    headers.get_all(COOKIE).iter().flat_map(|v| {
+        v.as_bytes().split(|&b| b == b';').filter_map(|pair| {
+            let pair = pair.trim_ascii();
+            let eq = pair.iter().position(|&b| b == b'=')?;
+            Some((pair[..eq].trim_ascii(), pair[eq + 1..].trim_ascii()))
+        })
+    })
+}
+
+fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a [u8]> {
+    cookie_pairs(headers)
+        .find(|(n, _)| *n == name.as_bytes())
+        .map(|(_, v)| v)
+}
+
+fn decode_b64_cookie(value: &[u8]) -> Result<String, ExtractError> {
+    let value = match value {
+        [b'"', inner @ .., b'"'] => inner,
+        other => other,
+    };
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(value)
+        .or_else(|_| base64::engine::general_purpose::STANDARD_NO_PAD.decode(value))
+        .map_err(|_| ExtractError::Malformed)?;
+    String::from_utf8(decoded)
+        .map(|s| s.trim().to_owned())
+        .map_err(|_| ExtractError::Malformed)
+}
+
+/// Removes every cookie named by a cookie source from the `Cookie` headers (so the token never
+/// reaches the upstream); drops a `Cookie` header left empty.
+pub fn strip_token_cookies(headers: &mut HeaderMap, sources: &[TokenSource]) {
+    if !headers.contains_key(COOKIE) {
+        return;
+    }
+    let names: Vec<&str> = sources
+        .iter()
+        .filter_map(TokenSource::cookie_name)
+        .collect();
+    if names.is_empty() {
+        return;
+    }
+    let mut kept: Vec<HeaderValue> = Vec::new();
+    let mut changed = false;
+    for value in headers.get_all(COOKIE) {
+        let mut out: Vec<u8> = Vec::with_capacity(value.len());
+        for pair in value.as_bytes().split(|&b| b == b';') {
+            let trimmed = pair.trim_ascii();
+            let name = trimmed
+                .split(|&b| b == b'=')
+                .next()
+                .unwrap_or_default()
+                .trim_ascii();
+            if names.iter().any(|n| n.as_bytes() == name) {
+                changed = true;
+                continue;
+            }
+            if trimmed.is_empty() {
+                continue;
+            }
+            if !out.is_empty() {
+                out.extend_from_slice(b"; ");
+            }
+            out.extend_from_slice(trimmed);
+        }
+        if !out.is_empty() {
+            if let Ok(v) = HeaderValue::from_bytes(&out) {
+                kept.push(v);
+            }
+        }
+    }
+    if changed {
+        headers.remove(COOKIE);
+        for v in kept {
+            headers.append(COOKIE, v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut m = HeaderMap::new();
+        for (k, v) in pairs {
+            m.append(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        m
+    }
+
+    fn all() -> Vec<TokenSource> {
+        ["bearer", "cookie:tessera", "cookie-b64:Authorization"]
+            .iter()
+            .map(|s| TokenSource::parse(s).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        assert_eq!(
+            extract(&h(&[("authorization", "bEaReR a.b.c")]), &all()).unwrap(),
+            "a.b.c"
+        );
+    }
+
+    #[test]
+    fn basic_authorization_is_not_a_token() {
+        assert_eq!(
+            extract(&h(&[("authorization", "Basic eDp5")]), &all()),
+            Err(ExtractError::Missing)
+        );
+    }
+
+    #[test]
+    fn cookie_and_quoted_b64_cookie() {
+        assert_eq!(
+            extract(&h(&[("cookie", "a=1; tessera=x.y.z; b=2")]), &all()).unwrap(),
+            "x.y.z"
+        );
+        // base64("x.y.z") = eC55Lno=
+        let hm = h(&[("cookie", "Authorization=\"eC55Lno=\"")]);
+        assert_eq!(extract(&hm, &all()).unwrap(), "x.y.z");
+        let hm = h(&[("cookie", "Authorization=eC55Lno")]);
+        assert_eq!(extract(&hm, &all()).unwrap(), "x.y.z");
+    }
+
+    #[test]
+    fn first_present_source_decides() {
+        let hm = h(&[
+            ("authorization", "Bearer first"),
+            ("cookie", "tessera=second"),
+        ]);
+        assert_eq!(extract(&hm, &all()).unwrap(), "first");
+        let hm = h(&[("cookie", "Authorization=!!!notb64")]);
+        assert_eq!(extract(&hm, &all()), Err(ExtractError::Malformed));
+        assert_eq!(extract(&h(&[]), &all()), Err(ExtractError::Missing));
+    }
+
+    #[test]
+    fn strip_removes_only_token_cookies_across_headers() {
+        let mut hm = h(&[
+            ("cookie", "a=1; tessera=t"),
+            ("cookie", "Authorization=x; b=2"),
+        ]);
+        strip_token_cookies(&mut hm, &all());
+        let v: Vec<_> = hm
+            .get_all(COOKIE)
+            .iter()
+            .map(|v| v.to_str().unwrap().to_string())
+            .collect();
+        assert_eq!(v, vec!["a=1", "b=2"]);
+        let mut hm = h(&[("cookie", "tessera=t")]);
+        strip_token_cookies(&mut hm, &all());
+        assert!(hm.get(COOKIE).is_none());
+    }
+
+    #[test]
+    fn source_parse_rejects_bad_names() {
+        assert!(TokenSource::parse("cookie:").is_none());
+        assert!(TokenSource::parse("cookie:a;b").is_none());
+        assert!(TokenSource::parse("header:x").is_none());
+    }
+}

@@ -1,0 +1,512 @@
+//! The verify phase: a compact JWS (RFC 7515) checked under RFC 8725.
+//!
+//! Parsing and policy are ours (the crate's `decode` neither rejects `crit`/`jku`/`x5u`/`jwk` nor
+//! checks `iat`, and parses the token twice); the signature itself is checked by `jsonwebtoken`'s
+//! crypto. Order: size cap -> exactly three non-empty base64url segments -> header (pinned `alg`,
+//! forbidden members) -> signature -> claims (`exp` required, `nbf`, `iat`, `iss`, `aud`, sid).
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use jsonwebtoken::{DecodingKey, EncodingKey};
+use serde::{Deserialize, Serialize};
+
+use super::Algorithm;
+use crate::config::TokenConfig;
+
+/// Why a token was refused. Every variant maps to 401; the variant name goes to the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    /// Longer than `token.max_token_bytes`.
+    #[error("token too large")]
+    TooLarge,
+    /// Not three non-empty segments of strict base64url, or header/claims not JSON objects.
+    #[error("malformed token")]
+    Malformed,
+    /// `alg` is `none` or not one of `token.algorithms`.
+    #[error("algorithm not allowed")]
+    Algorithm,
+    /// Header carries `crit`, `jku`, `x5u`, `jwk` or `x5c` (RFC 8725 3.10 / RFC 7515 4.1.11).
+    #[error("forbidden header parameter")]
+    ForbiddenHeader,
+    /// Signature does not verify.
+    #[error("bad signature")]
+    Signature,
+    /// `exp` missing or not a number.
+    #[error("exp claim missing")]
+    MissingExp,
+    /// `exp` + leeway is in the past.
+    #[error("token expired")]
+    Expired,
+    /// `nbf` - leeway is in the future.
+    #[error("token not yet valid")]
+    NotYetValid,
+    /// `iat` - leeway is in the future.
+    #[error("token issued in the future")]
+    IssuedInFuture,
+    /// `iss` differs from `token.issuer`.
+    #[error("wrong issuer")]
+    Issuer,
+    /// `aud` does not contain `token.audience`.
+    #[error("wrong audience")]
+    Audience,
+    /// The session-id claim is missing, not a string, or empty.
+    #[error("session id claim missing")]
+    MissingSid,
+}
+
+/// What a verified token says, the parts tessera uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifiedToken {
+    /// Session id from the configured claim (`sid` by default).
+    pub sid: String,
+    /// `sub`, when present.
+    pub sub: Option<String>,
+    /// `exp`, seconds since the Unix epoch.
+    pub exp: u64,
+}
+
+/// Claims tessera issues (`tessera session create`, later login).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Claims {
+    /// Subject: the upstream user name.
+    pub sub: String,
+    /// Session id.
+    pub sid: String,
+    /// Issued at, seconds since the Unix epoch.
+    pub iat: u64,
+    /// Expiry, seconds since the Unix epoch.
+    pub exp: u64,
+    /// Issuer, when configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub iss: Option<String>,
+    /// Audience, when configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aud: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RawHeader<'a> {
+    #[serde(borrow)]
+    alg: std::borrow::Cow<'a, str>,
+    crit: Option<serde::de::IgnoredAny>,
+    jku: Option<serde::de::IgnoredAny>,
+    x5u: Option<serde::de::IgnoredAny>,
+    jwk: Option<serde::de::IgnoredAny>,
+    x5c: Option<serde::de::IgnoredAny>,
+}
+
+/// Verifies tokens under one pinned policy (built once from `[token]`).
+pub struct Verifier {
+    algorithms: Vec<Algorithm>,
+    key: DecodingKey,
+    sid_claim: String,
+    leeway: u64,
+    issuer: Option<String>,
+    audience: Option<String>,
+    max_bytes: usize,
+}
+
+impl Verifier {
+    /// Builds the verifier from validated config.
+    pub fn new(cfg: &TokenConfig) -> Self {
+        Self {
+            algorithms: cfg.algorithms.clone(),
+            key: DecodingKey::from_secret(&cfg.secret),
+            sid_claim: cfg.sid_claim.clone(),
+            leeway: cfg.leeway_seconds,
+            issuer: cfg.issuer.clone(),
+            audience: cfg.audience.clone(),
+            max_bytes: cfg.max_token_bytes,
+        }
+    }
+
+    /// Verifies `token` at time `now` (seconds since the Unix epoch).
+    ///
+    /// Errors: the first [`TokenError`] found, in the order of the module docs.
+    pub fn verify(&self, token: &str, now: u64) -> Result<VerifiedToken, TokenError> {
+        if token.len() > self.max_bytes {
+            return Err(TokenError::TooLarge);
+        }
+        let (header_b64, payload_b64, sig_b64) = split3(token).ok_or(TokenError::Malformed)?;
+        let header_json = URL_SAFE_NO_PAD
+            .decode(header_b64)
+            .map_err(|_| TokenError::Malformed)?;
+        let header: RawHeader<'_> =
+            serde_json::from_slice(&header_json).map_err(|_| TokenError::Malformed)?;
+        let alg = Algorithm::parse(&header.alg)
+            .filter(|a| self.algorithms.contains(a))
+            .ok_or(TokenError::Algorithm)?;
+        if header.crit.is_some()
+            || header.jku.is_some()
+            || header.x5u.is_some()
+            || header.jwk.is_some()
+            || header.x5c.is_some()
+        {
+            return Err(TokenError::ForbiddenHeader);
+        }
+        let signed = &token[..header_b64.len() + 1 + payload_b64.len()];
+        let ok = jsonwebtoken::crypto::verify(sig_b64, signed.as_bytes(), &self.key, alg.jwt())
+            .map_err(|_| TokenError::Signature)?;
+        if !ok {
+            return Err(TokenError::Signature);
+        }
+        let payload = URL_SAFE_NO_PAD
+            .decode(payload_b64)
+            .map_err(|_| TokenError::Malformed)?;
+        let claims: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(&payload).map_err(|_| TokenError::Malformed)?;
+        self.check_claims(&claims, now)
+    }
+
+    fn check_claims(
+        &self,
+        claims: &serde_json::Map<String, serde_json::Value>,
+        now: u64,
+    ) -> Result<VerifiedToken, TokenError> {
+        let exp = numeric_date(claims.get("exp")).ok_or(TokenError::MissingExp)?;
+        if exp.saturating_add(self.leeway) <= now {
+            return Err(TokenError::Expired);
+        }
+        if let Some(v) = claims.get("nbf") {
+            let nbf = numeric_date(Some(v)).ok_or(TokenError::Malformed)?;
+            if nbf > now.saturating_add(self.leeway) {
+                return Err(TokenError::NotYetValid);
+            }
+        }
+        if let Some(v) = claims.get("iat") {
+            let iat = numeric_date(Some(v)).ok_or(TokenError::Malformed)?;
+            if iat > now.saturating_add(self.leeway) {
+                return Err(TokenError::IssuedInFuture);
+            }
+        }
+        if let Some(want) = &self.issuer {
+            if claims.get("iss").and_then(|v| v.as_str()) != Some(want.as_str()) {
+                return Err(TokenError::Issuer);
+            }
+        }
+        if let Some(want) = &self.audience {
+            let ok = match claims.get("aud") {
+                Some(serde_json::Value::String(s)) => s == want,
+                Some(serde_json::Value::Array(a)) => a.iter().any(|v| v.as_str() == Some(want)),
+                _ => false,
+            };
+            if !ok {
+                return Err(TokenError::Audience);
+            }
+        }
+        let sid = claims
+            .get(&self.sid_claim)
+            .and_then(|v| v.as_str())
+            .filter(|s| !s.is_empty())
+            .ok_or(TokenError::MissingSid)?;
+        Ok(VerifiedToken {
+            sid: sid.to_owned(),
+            sub: claims
+                .get("sub")
+                .and_then(|v| v.as_str())
+                .map(str::to_owned),
+            exp,
+        })
+    }
+}
+
+/// NumericDate (RFC 7519 section 2): a non-negative JSON number; fractions are truncated.
+fn numeric_date(v: Option<&serde_json::Value>) -> Option<u64> {
+    let n = v?.as_number()?;
+    n.as_u64().or_else(|| {
+        n.as_f64()
+            .filter(|f| f.is_finite() && *f >= 0.0)
+            .map(|f| f as u64)
+    })
+}
+
+/// Splits a compact JWS into exactly three non-empty base64url segments.
+fn split3(token: &str) -> Option<(&str, &str, &str)> {
+    if !token
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+    {
+        return None;
+    }
+    let mut parts = token.split('.');
+    let (h, p, s) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() || h.is_empty() || p.is_empty() || s.is_empty() {
+        return None;
+    }
+    Some((h, p, s))
+}
+
+/// Signs `claims` as a compact JWS with `alg` and the HMAC `secret` (header `{"typ":"JWT","alg":..}`).
+///
+/// Errors: only if the crypto backend refuses the key (never for HMAC).
+pub fn sign(
+    claims: &Claims,
+    alg: Algorithm,
+    secret: &[u8],
+) -> Result<String, jsonwebtoken::errors::Error> {
+    let header = jsonwebtoken::Header::new(alg.jwt());
+    jsonwebtoken::encode(&header, claims, &EncodingKey::from_secret(secret))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::token::TokenSource;
+    use zeroize::Zeroizing;
+
+    const NOW: u64 = 1_800_000_000;
+
+    fn cfg() -> TokenConfig {
+        TokenConfig {
+            algorithms: vec![Algorithm::HS512],
+            secret: Zeroizing::new(vec![7u8; 64]),
+            sources: vec![TokenSource::Bearer],
+            sid_claim: "sid".into(),
+            leeway_seconds: 5,
+            issuer: Some("tessera".into()),
+            audience: Some("webmail".into()),
+            max_token_bytes: 8192,
+        }
+    }
+
+    fn raw(header: &str, claims: &str, secret: &[u8], alg: Algorithm) -> String {
+        let h = URL_SAFE_NO_PAD.encode(header);
+        let c = URL_SAFE_NO_PAD.encode(claims);
+        let msg = format!("{h}.{c}");
+        let sig = jsonwebtoken::crypto::sign(
+            msg.as_bytes(),
+            &EncodingKey::from_secret(secret),
+            alg.jwt(),
+        )
+        .unwrap();
+        format!("{msg}.{sig}")
+    }
+
+    fn good_claims() -> String {
+        format!(
+            r#"{{"sub":"alice","sid":"s1","iat":{NOW},"exp":{},"iss":"tessera","aud":["x","webmail"]}}"#,
+            NOW + 60
+        )
+    }
+
+    fn v() -> Verifier {
+        Verifier::new(&cfg())
+    }
+
+    #[test]
+    fn good_token_verifies_and_sign_roundtrips() {
+        let t = raw(
+            r#"{"alg":"HS512","typ":"JWT"}"#,
+            &good_claims(),
+            &[7; 64],
+            Algorithm::HS512,
+        );
+        let out = v().verify(&t, NOW).unwrap();
+        assert_eq!(
+            out,
+            VerifiedToken {
+                sid: "s1".into(),
+                sub: Some("alice".into()),
+                exp: NOW + 60
+            }
+        );
+        let claims = Claims {
+            sub: "bob".into(),
+            sid: "s2".into(),
+            iat: NOW,
+            exp: NOW + 10,
+            iss: Some("tessera".into()),
+            aud: Some("webmail".into()),
+        };
+        let t = sign(&claims, Algorithm::HS512, &[7; 64]).unwrap();
+        assert_eq!(v().verify(&t, NOW).unwrap().sid, "s2");
+    }
+
+    #[test]
+    fn alg_none_and_unpinned_rejected() {
+        let t = format!(
+            "{}.{}.",
+            URL_SAFE_NO_PAD.encode(r#"{"alg":"none"}"#),
+            URL_SAFE_NO_PAD.encode(good_claims())
+        );
+        assert_eq!(v().verify(&t, NOW), Err(TokenError::Malformed)); // empty signature segment
+        let t = format!(
+            "{}.{}.AAAA",
+            URL_SAFE_NO_PAD.encode(r#"{"alg":"none"}"#),
+            URL_SAFE_NO_PAD.encode(good_claims())
+        );
+        assert_eq!(v().verify(&t, NOW), Err(TokenError::Algorithm));
+        let t = raw(
+            r#"{"alg":"HS256"}"#,
+            &good_claims(),
+            &[7; 64],
+            Algorithm::HS256,
+        );
+        assert_eq!(v().verify(&t, NOW), Err(TokenError::Algorithm));
+    }
+
+    #[test]
+    fn forbidden_header_members_rejected() {
+        for extra in [
+            r#""crit":["x"]"#,
+            r#""jku":"http://x""#,
+            r#""x5u":"http://x""#,
+            r#""jwk":{}"#,
+        ] {
+            let t = raw(
+                &format!(r#"{{"alg":"HS512",{extra}}}"#),
+                &good_claims(),
+                &[7; 64],
+                Algorithm::HS512,
+            );
+            assert_eq!(
+                v().verify(&t, NOW),
+                Err(TokenError::ForbiddenHeader),
+                "{extra}"
+            );
+        }
+    }
+
+    #[test]
+    fn structure_rules() {
+        let t = raw(
+            r#"{"alg":"HS512"}"#,
+            &good_claims(),
+            &[7; 64],
+            Algorithm::HS512,
+        );
+        assert_eq!(
+            v().verify(&format!("{t}.x"), NOW),
+            Err(TokenError::Malformed)
+        );
+        assert_eq!(
+            v().verify(&t.replacen('.', "..", 1), NOW),
+            Err(TokenError::Malformed)
+        );
+        assert_eq!(
+            v().verify(&format!("{t}="), NOW),
+            Err(TokenError::Malformed)
+        );
+        assert_eq!(
+            v().verify(&t.replacen('.', ".+", 1), NOW),
+            Err(TokenError::Malformed),
+            "standard-alphabet char"
+        );
+        assert_eq!(
+            v().verify(&"a".repeat(9000), NOW),
+            Err(TokenError::TooLarge)
+        );
+        // 16-byte header -> 22 base64url chars; the last one carries 4 unused bits that must be 0.
+        let t = raw(
+            r#"{"alg":"HS512" }"#,
+            &good_claims(),
+            &[7; 64],
+            Algorithm::HS512,
+        );
+        assert!(v().verify(&t, NOW).is_ok());
+        let (h, rest) = t.split_once('.').unwrap();
+        assert_eq!(h.len(), 22);
+        let last = h.as_bytes()[21];
+        let bumped = (last + 1) as char; // same 2 data bits, non-zero padding bits
+        let bad = format!("{}{bumped}.{rest}", &h[..21]);
+        assert_eq!(
+            v().verify(&bad, NOW),
+            Err(TokenError::Malformed),
+            "non-canonical base64url"
+        );
+    }
+
+    #[test]
+    fn signature_and_time_claims() {
+        let t = raw(
+            r#"{"alg":"HS512"}"#,
+            &good_claims(),
+            &[8; 64],
+            Algorithm::HS512,
+        );
+        assert_eq!(v().verify(&t, NOW), Err(TokenError::Signature));
+        let mk = |c: String| raw(r#"{"alg":"HS512"}"#, &c, &[7; 64], Algorithm::HS512);
+        let base = r#""sid":"s","iss":"tessera","aud":"webmail""#;
+        assert_eq!(
+            v().verify(&mk(format!("{{{base}}}")), NOW),
+            Err(TokenError::MissingExp)
+        );
+        assert_eq!(
+            v().verify(&mk(format!(r#"{{{base},"exp":"soon"}}"#)), NOW),
+            Err(TokenError::MissingExp)
+        );
+        assert_eq!(
+            v().verify(&mk(format!(r#"{{{base},"exp":{}}}"#, NOW - 6)), NOW),
+            Err(TokenError::Expired)
+        );
+        assert!(
+            v().verify(&mk(format!(r#"{{{base},"exp":{}}}"#, NOW - 4)), NOW)
+                .is_ok(),
+            "within leeway"
+        );
+        assert_eq!(
+            v().verify(
+                &mk(format!(
+                    r#"{{{base},"exp":{},"nbf":{}}}"#,
+                    NOW + 99,
+                    NOW + 60
+                )),
+                NOW
+            ),
+            Err(TokenError::NotYetValid)
+        );
+        assert_eq!(
+            v().verify(
+                &mk(format!(
+                    r#"{{{base},"exp":{},"iat":{}}}"#,
+                    NOW + 99,
+                    NOW + 60
+                )),
+                NOW
+            ),
+            Err(TokenError::IssuedInFuture)
+        );
+    }
+
+    #[test]
+    fn issuer_audience_and_sid() {
+        let mk = |c: String| raw(r#"{"alg":"HS512"}"#, &c, &[7; 64], Algorithm::HS512);
+        let exp = NOW + 60;
+        assert_eq!(
+            v().verify(
+                &mk(format!(
+                    r#"{{"sid":"s","exp":{exp},"iss":"evil","aud":"webmail"}}"#
+                )),
+                NOW
+            ),
+            Err(TokenError::Issuer)
+        );
+        assert_eq!(
+            v().verify(
+                &mk(format!(
+                    r#"{{"sid":"s","exp":{exp},"iss":"tessera","aud":"other"}}"#
+                )),
+                NOW
+            ),
+            Err(TokenError::Audience)
+        );
+        assert_eq!(
+            v().verify(
+                &mk(format!(
+                    r#"{{"sid":"","exp":{exp},"iss":"tessera","aud":"webmail"}}"#
+                )),
+                NOW
+            ),
+            Err(TokenError::MissingSid)
+        );
+        assert_eq!(
+            v().verify(
+                &mk(format!(
+                    r#"{{"sid":5,"exp":{exp},"iss":"tessera","aud":"webmail"}}"#
+                )),
+                NOW
+            ),
+            Err(TokenError::MissingSid)
+        );
+    }
+}
