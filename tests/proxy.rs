@@ -1,0 +1,567 @@
+//! The real `tessera serve` binary on port 0-style free ports, with real nginx, redis-server and
+//! fault-injecting upstreams; real curl as the client.
+
+mod support;
+
+use std::time::Duration;
+
+use support::upstream::{self, Behavior};
+use support::*;
+
+type Extra = &'static [(&'static str, &'static str)];
+
+fn embedded(upstream: &str, extra: Extra) -> impl FnOnce(u16, &std::path::Path) -> String {
+    let upstream = upstream.to_string();
+    move |port, dir| {
+        config(
+            port,
+            &upstream,
+            &format!("embedded:{}/sessions", dir.display()),
+            extra,
+        )
+    }
+}
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+#[test]
+fn token_becomes_basic_credentials_and_never_reaches_upstream() {
+    let nginx = Nginx::start();
+    let t = Tessera::start(embedded(&nginx.url(), &[]));
+    let (_sid, token) = t.create_session("alice", "pw:with colon");
+    let (code, body) = curl(&[
+        "-H",
+        &bearer(&token),
+        "-H",
+        "Cookie: theme=dark; tessera=leak",
+        &t.url("/echo"),
+    ]);
+    assert_eq!(code, 200, "{body}");
+    let seen = json(&body);
+    assert_eq!(seen["authorization"], basic("alice", "pw:with colon"));
+    assert_eq!(
+        seen["cookie"], "theme=dark",
+        "token cookie stripped, others kept"
+    );
+    assert!(!body.contains(&token));
+    assert_eq!(seen["xff"], "127.0.0.1");
+    assert_eq!(seen["xfp"], "http");
+}
+
+#[test]
+fn every_token_source_works() {
+    use base64::Engine;
+    let nginx = Nginx::start();
+    let t = Tessera::start(embedded(&nginx.url(), &[]));
+    let (_, token) = t.create_session("alice", "pw");
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&token);
+    for cookie in [
+        format!("tessera={token}"),
+        format!("Authorization={b64}"),
+        format!("Authorization=\"{b64}\""),
+    ] {
+        let (code, body) = curl(&["-H", &format!("Cookie: a=1; {cookie}"), &t.url("/echo")]);
+        assert_eq!(code, 200, "{cookie}: {body}");
+        let seen = json(&body);
+        assert_eq!(seen["authorization"], basic("alice", "pw"));
+        assert_eq!(seen["cookie"], "a=1");
+    }
+}
+
+#[test]
+fn missing_and_bad_tokens_get_401_and_are_not_forwarded() {
+    let nginx = Nginx::start();
+    let t = Tessera::start(embedded(&nginx.url(), &[]));
+    let before = nginx.accepted();
+    let (code, headers) = curl(&["-i", &t.url("/echo")]);
+    assert_eq!(code, 401);
+    assert!(
+        headers.to_lowercase().contains("www-authenticate: bearer"),
+        "{headers}"
+    );
+    let (_, token) = t.create_session("alice", "pw");
+    let tampered = format!("{}x", &token[..token.len() - 1]);
+    for bad in [
+        tampered.as_str(),
+        "not-a-jwt",
+        "a.b.c",
+        "eyJhbGciOiJub25lIn0.eyJzaWQiOiJ4IiwiZXhwIjo5OTk5OTk5OTk5fQ.",
+    ] {
+        let (code, headers) = curl(&["-i", "-H", &bearer(bad), &t.url("/echo")]);
+        assert_eq!(code, 401, "{bad}");
+        assert!(headers.contains("invalid_token"), "{headers}");
+    }
+    assert_eq!(
+        nginx.accepted(),
+        before,
+        "no refused request may reach the upstream"
+    );
+    let log = t.log();
+    assert!(
+        log.contains("bad signature") && log.contains("malformed token"),
+        "{log}"
+    );
+    assert!(!log.contains(&token[..40]), "token must not be logged");
+}
+
+#[test]
+fn connection_authorization_trick_does_not_strip_injected_credential() {
+    let nginx = Nginx::start();
+    let t = Tessera::start(embedded(&nginx.url(), &[]));
+    let (_, token) = t.create_session("alice", "pw");
+    let args = [
+        "-H",
+        "Connection: authorization, x-secret, keep-alive",
+        "-H",
+        "X-Secret: s",
+        "-H",
+        "X-Forwarded-For: 6.6.6.6",
+        "-H",
+        "X-Forwarded-Host: evil",
+    ];
+    let (code, body) = curl(&[&args[..], &["-H", &bearer(&token), &t.url("/echo")]].concat());
+    assert_eq!(code, 200, "{body}");
+    let seen = json(&body);
+    assert_eq!(seen["authorization"], basic("alice", "pw"));
+    assert_eq!(
+        seen["x_secret"], "",
+        "header named in Connection must not be forwarded"
+    );
+    assert_eq!(seen["xff"], "127.0.0.1");
+    assert_ne!(seen["xfh"], "evil");
+    // same trick with the token in a cookie
+    let (code, body) = curl(&[
+        "-H",
+        "Connection: authorization",
+        "-H",
+        &format!("Cookie: tessera={token}"),
+        &t.url("/echo"),
+    ]);
+    assert_eq!(code, 200);
+    assert_eq!(json(&body)["authorization"], basic("alice", "pw"));
+}
+
+#[test]
+fn revoked_and_expired_sessions_get_401_while_serve_runs() {
+    let nginx = Nginx::start();
+    let t = Tessera::start(embedded(&nginx.url(), &[("token", "leeway_seconds = 0")]));
+    let (sid, token) = t.create_session("alice", "pw");
+    assert_eq!(curl(&["-H", &bearer(&token), &t.url("/echo")]).0, 200);
+    t.revoke(&sid);
+    assert_eq!(curl(&["-H", &bearer(&token), &t.url("/echo")]).0, 401);
+    let (_, short) = create_session(&t.config_path(), "bob", "pw", Some("1s"));
+    assert_eq!(curl(&["-H", &bearer(&short), &t.url("/echo")]).0, 200);
+    std::thread::sleep(Duration::from_millis(2100));
+    assert_eq!(
+        curl(&["-H", &bearer(&short), &t.url("/echo")]).0,
+        401,
+        "expired session and token"
+    );
+}
+
+#[test]
+fn size_limits_answer_414_431_413() {
+    let up = upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    });
+    let t = Tessera::start(embedded(
+        &up.url(),
+        &[
+            ("server", "max_body_bytes = 1000"),
+            ("server", "max_uri_bytes = 512"),
+            ("server", "max_header_bytes = 2048"),
+        ],
+    ));
+    let (_, token) = t.create_session("alice", "pw");
+    let long = t.url(&format!("/{}", "a".repeat(600)));
+    assert_eq!(curl(&["-H", &bearer(&token), &long]).0, 414);
+    let big = format!("X-Big: {}", "b".repeat(3000));
+    assert_eq!(
+        curl(&["-H", &bearer(&token), "-H", &big, &t.url("/")]).0,
+        431
+    );
+    let body = "z".repeat(1001);
+    assert_eq!(
+        curl(&["-H", &bearer(&token), "--data-binary", &body, &t.url("/")]).0,
+        413
+    );
+    // chunked body over the cap: refused while streaming
+    assert_eq!(
+        curl(&[
+            "-H",
+            &bearer(&token),
+            "-H",
+            "Transfer-Encoding: chunked",
+            "--data-binary",
+            &body,
+            &t.url("/")
+        ])
+        .0,
+        413
+    );
+    let (code, echoed) = curl(&["-H", &bearer(&token), "--data-binary", "small", &t.url("/")]);
+    assert_eq!((code, json(&echoed)["bytes"].as_u64()), (200, Some(5)));
+}
+
+#[test]
+fn upstream_down_is_502_and_slow_is_504() {
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let t = Tessera::start(embedded(&dead, &[]));
+    let (_, token) = t.create_session("alice", "pw");
+    assert_eq!(curl(&["-H", &bearer(&token), &t.url("/")]).0, 502);
+
+    let slow = upstream::start(Behavior::Echo {
+        delay: Duration::from_secs(3),
+    });
+    let t = Tessera::start(embedded(
+        &slow.url(),
+        &[("upstream", "response_header_timeout_ms = 300")],
+    ));
+    let (_, token) = t.create_session("alice", "pw");
+    assert_eq!(curl(&["-H", &bearer(&token), &t.url("/")]).0, 504);
+}
+
+#[test]
+fn redis_store_and_503_when_redis_is_down() {
+    let nginx = Nginx::start();
+    let mut redis = Redis::start();
+    let rurl = redis.url();
+    let t = Tessera::start(|port, _| config(port, &nginx.url(), &rurl, &[]));
+    let (sid, token) = t.create_session("alice", "pw");
+    let stored = redis.cli(&["GET", &format!("tessera:session:{sid}")]);
+    assert!(
+        stored.contains("tsl1.k1.") && !stored.contains("pw\""),
+        "sealed in Redis: {stored}"
+    );
+    let ttl: i64 = redis
+        .cli(&["TTL", &format!("tessera:session:{sid}")])
+        .parse()
+        .unwrap();
+    assert!(ttl > 40_000, "session TTL set in Redis: {ttl}");
+    let (code, body) = curl(&["-H", &bearer(&token), &t.url("/echo")]);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(json(&body)["authorization"], basic("alice", "pw"));
+    let before = nginx.accepted();
+    redis.stop();
+    let (code, headers) = curl(&["-i", "-H", &bearer(&token), &t.url("/echo")]);
+    assert_eq!(code, 503, "{headers}");
+    assert!(headers.to_lowercase().contains("retry-after:"), "{headers}");
+    assert_eq!(
+        nginx.accepted(),
+        before,
+        "never forwarded while the store is down"
+    );
+}
+
+#[test]
+fn hyper_auth_proxy_format_plaintext_only_when_allowed() {
+    use base64::Engine;
+    let nginx = Nginx::start();
+    let redis = Redis::start();
+    let legacy = format!(
+        "{{\"credentials\":\"{}\"}}",
+        base64::engine::general_purpose::STANDARD.encode("carol:legacy-pw")
+    );
+    redis.cli(&["SET", "legacy-sid-1", &legacy]);
+    let token = jwt(&serde_json::json!({"sid": "legacy-sid-1", "exp": tessera::unix_now() + 600}));
+    let rurl = redis.url();
+    let strict = Tessera::start(|port, _| {
+        config(
+            port,
+            &nginx.url(),
+            &rurl,
+            &[("session", "format = \"hyper-auth-proxy\"")],
+        )
+    });
+    assert_eq!(curl(&["-H", &bearer(&token), &strict.url("/echo")]).0, 401);
+    let lax = Tessera::start(|port, _| {
+        config(
+            port,
+            &nginx.url(),
+            &rurl,
+            &[
+                ("session", "format = \"hyper-auth-proxy\""),
+                ("credentials", "allow_plaintext_legacy = true"),
+            ],
+        )
+    });
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&token);
+    let (code, body) = curl(&[
+        "-H",
+        &format!("Cookie: Authorization=\"{b64}\""),
+        &lax.url("/echo"),
+    ]);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(json(&body)["authorization"], basic("carol", "legacy-pw"));
+}
+
+fn jwt(claims: &serde_json::Value) -> String {
+    use jsonwebtoken::{encode, EncodingKey, Header};
+    encode(
+        &Header::new(jsonwebtoken::Algorithm::HS512),
+        claims,
+        &EncodingKey::from_secret(JWT_SECRET.as_bytes()),
+    )
+    .unwrap()
+}
+
+#[test]
+fn pool_caps_upstream_connections_and_queues() {
+    let up = upstream::start(Behavior::Echo {
+        delay: Duration::from_millis(50),
+    });
+    let t = Tessera::start(embedded(&up.url(), &[("upstream", "max_connections = 2")]));
+    let (_, token) = t.create_session("alice", "pw");
+    let handles: Vec<_> = (0..16)
+        .map(|_| {
+            let (h, u) = (bearer(&token), t.url("/"));
+            std::thread::spawn(move || curl(&["-H", &h, &u]).0)
+        })
+        .collect();
+    let codes: Vec<u16> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert!(codes.iter().all(|&c| c == 200), "{codes:?}");
+    assert_eq!(
+        up.stats.requests.load(std::sync::atomic::Ordering::SeqCst),
+        16
+    );
+    let conns = up
+        .stats
+        .connections
+        .load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        conns <= 2,
+        "upstream saw {conns} connections with max_connections = 2"
+    );
+}
+
+#[test]
+fn keepalive_race_is_retried_on_a_fresh_connection() {
+    let up = upstream::start(Behavior::CloseAfterResponse);
+    let t = Tessera::start(embedded(&up.url(), &[]));
+    let (_, token) = t.create_session("alice", "pw");
+    // One curl process, 200 sequential GETs on one downstream connection.
+    let urls: Vec<String> = (0..200).map(|i| t.url(&format!("/r{i}"))).collect();
+    let mut args = vec!["-H".to_string(), bearer(&token)];
+    for u in &urls {
+        args.extend([
+            "-o".into(),
+            "/dev/null".into(),
+            "-w".into(),
+            "%{http_code}\n".into(),
+            u.clone(),
+        ]);
+    }
+    let out = std::process::Command::new("curl")
+        .arg("-s")
+        .args(&args)
+        .output()
+        .unwrap();
+    let codes = String::from_utf8_lossy(&out.stdout);
+    let ok = codes.lines().filter(|l| *l == "200").count();
+    assert_eq!(
+        ok, 200,
+        "every request must succeed despite upstream closing after each response:\n{codes}"
+    );
+}
+
+#[test]
+fn hop_by_hop_and_alt_svc_removed_from_upstream_responses() {
+    let up = upstream::start(Behavior::HopHeaders);
+    let t = Tessera::start(embedded(&up.url(), &[]));
+    let (_, token) = t.create_session("alice", "pw");
+    let (code, head) = curl(&["-i", "-H", &bearer(&token), &t.url("/")]);
+    assert_eq!(code, 200);
+    let lower = head.to_lowercase();
+    assert!(lower.contains("x-kept: yes"), "{head}");
+    for gone in [
+        "upgrade:",
+        "alt-svc:",
+        "x-hop:",
+        "keep-alive:",
+        "connection: upgrade",
+    ] {
+        assert!(!lower.contains(gone), "{gone} leaked: {head}");
+    }
+    let raw = String::from_utf8_lossy(&up.stats.raw_bytes.lock().unwrap()).to_string();
+    assert!(
+        raw.contains("authorization: Basic") && !raw.contains(&token),
+        "{raw}"
+    );
+}
+
+#[test]
+fn h2c_prior_knowledge_is_served() {
+    let nginx = Nginx::start();
+    let t = Tessera::start(embedded(&nginx.url(), &[]));
+    let (_, token) = t.create_session("alice", "pw");
+    let (code, body) = curl(&[
+        "--http2-prior-knowledge",
+        "-H",
+        &bearer(&token),
+        &t.url("/echo"),
+    ]);
+    assert_eq!(code, 200, "{body}");
+    let seen = json(&body);
+    assert_eq!(seen["authorization"], basic("alice", "pw"));
+    assert_eq!(seen["host"], format!("127.0.0.1:{}", t.port));
+}
+
+#[test]
+fn large_upload_and_download_stream_with_flat_memory() {
+    let up = upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    });
+    let t = Tessera::start(embedded(&up.url(), &[]));
+    let (_, token) = t.create_session("alice", "pw");
+    let file = t.dir.path().join("upload.bin");
+    {
+        let f = std::fs::File::create(&file).unwrap();
+        f.set_len(100 * 1024 * 1024).unwrap();
+    }
+    let (code, body) = curl(&[
+        "-H",
+        &bearer(&token),
+        "-H",
+        "Expect:",
+        "--data-binary",
+        &format!("@{}", file.display()),
+        &t.url("/upload"),
+    ]);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(json(&body)["bytes"].as_u64(), Some(100 * 1024 * 1024));
+    let down = upstream::start(Behavior::Download {
+        n: 100 * 1024 * 1024,
+    });
+    let t2 = Tessera::start(embedded(&down.url(), &[]));
+    let (_, token2) = t2.create_session("alice", "pw");
+    let out = std::process::Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code} %{size_download}",
+            "-H",
+            &bearer(&token2),
+            &t2.url("/dl"),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("200 {}", 100 * 1024 * 1024)
+    );
+    for (name, pid) in [("upload", t.pid()), ("download", t2.pid())] {
+        let peak = peak_rss_kib(pid);
+        assert!(
+            peak < 48 * 1024,
+            "{name}: tessera peak RSS {peak} KiB after moving 100 MiB: the body was buffered"
+        );
+    }
+}
+
+#[test]
+fn demo_prints_a_working_curl_line() {
+    let port = free_port();
+    let mut child = std::process::Command::new(bin())
+        .args(["demo", "--listen", &format!("127.0.0.1:{port}")])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    use std::io::BufRead;
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let curl_line = lines
+        .by_ref()
+        .map(|l| l.unwrap())
+        .find(|l| l.starts_with("curl "))
+        .expect("curl line");
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(&curl_line)
+        .output()
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let body = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        body.contains(&format!(
+            "\"authorization_seen\":\"{}\"",
+            basic("demo", "demo-password")
+        )),
+        "{body}"
+    );
+}
+
+#[test]
+fn check_config_names_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(
+        &path,
+        config(
+            1,
+            "http://127.0.0.1:9",
+            "embedded:/tmp/x",
+            &[("server", "listen_addr = \"x\"")],
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(bin())
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("listen_addr"));
+    std::fs::write(
+        &path,
+        config(
+            1,
+            "http://127.0.0.1:9",
+            &format!("embedded:{}/s", dir.path().display()),
+            &[],
+        )
+        .replace(CRED_KEY, "env:TESSERA_TEST_UNSET_KEY"),
+    )
+    .unwrap();
+    let out = std::process::Command::new(bin())
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("credentials.keys.k1") && err.contains("TESSERA_TEST_UNSET_KEY"),
+        "{err}"
+    );
+    std::fs::write(
+        &path,
+        config(
+            1,
+            "http://127.0.0.1:9",
+            &format!("embedded:{}/s", dir.path().display()),
+            &[],
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(bin())
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = std::process::Command::new(bin())
+        .arg("keygen")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("TESSERA_JWT_SECRET=") && text.contains("TESSERA_CRED_KEY="));
+}

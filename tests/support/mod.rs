@@ -1,0 +1,390 @@
+//! Test support: real processes (tessera binary, redis-server, nginx, Cyrus) on ephemeral loopback
+//! ports, stopped by PID on drop, and small in-process upstreams for fault injection.
+#![allow(dead_code)]
+
+pub mod upstream;
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const JWT_SECRET: &str = "test-secret-0123456789-0123456789-0123456789-0123456789-0123456789";
+pub const CRED_KEY: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+
+/// A free loopback port (bound then released; the caller binds it next).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn wait_for_port(port: u16, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "{what} did not listen on {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn require(binary: &str) {
+    assert!(
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("command -v {binary}"))
+            .status()
+            .unwrap()
+            .success(),
+        "{binary} is not installed: run ./scripts/test.sh, which installs it"
+    );
+}
+
+fn terminate(child: &mut Child) {
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// A redis-server on a free port, no persistence.
+pub struct Redis {
+    pub port: u16,
+    child: Child,
+}
+
+impl Redis {
+    pub fn start() -> Self {
+        require("redis-server");
+        let port = free_port();
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        wait_for_port(port, "redis-server");
+        Self { port, child }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    pub fn stop(&mut self) {
+        terminate(&mut self.child);
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        terminate(&mut self.child);
+    }
+}
+
+/// nginx serving `/echo` (JSON of the request headers it saw), `/1k` (1 KiB JSON) and
+/// `/nginx_status` (stub_status: connection counters).
+pub struct Nginx {
+    pub port: u16,
+    status_queries: std::sync::atomic::AtomicU64,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Nginx {
+    pub fn start() -> Self {
+        require("nginx");
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let d = dir.path().display();
+        std::fs::create_dir_all(dir.path().join("tmp")).unwrap();
+        std::fs::write(dir.path().join("1k.json"), one_kib_json()).unwrap();
+        let conf = format!(
+            r#"worker_processes 1;
+daemon off;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  client_body_temp_path {d}/tmp; proxy_temp_path {d}/tmp; fastcgi_temp_path {d}/tmp;
+  uwsgi_temp_path {d}/tmp; scgi_temp_path {d}/tmp;
+  keepalive_requests 100000;
+  server {{
+    listen 127.0.0.1:{port};
+    location /echo {{
+      default_type application/json;
+      return 200 '{{"authorization":"$http_authorization","cookie":"$http_cookie","xff":"$http_x_forwarded_for","xfh":"$http_x_forwarded_host","xfp":"$http_x_forwarded_proto","host":"$http_host","x_secret":"$http_x_secret","connection":"$http_connection","uri":"$request_uri"}}';
+    }}
+    location = /1k {{ default_type application/json; alias {d}/1k.json; }}
+    location = /nginx_status {{ stub_status; }}
+  }}
+}}
+"#
+        );
+        let conf_path = dir.path().join("nginx.conf");
+        std::fs::write(&conf_path, conf).unwrap();
+        let child = Command::new("nginx")
+            .args(["-p", &d.to_string(), "-c", &conf_path.display().to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn nginx");
+        wait_for_port(port, "nginx");
+        Self {
+            port,
+            status_queries: Default::default(),
+            child,
+            _dir: dir,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Connections nginx has accepted so far (stub_status `accepts`), not counting the
+    /// connections of these status queries themselves.
+    pub fn accepted(&self) -> u64 {
+        let own = self
+            .status_queries
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1;
+        let (_, body) = curl(&[&format!("{}/nginx_status", self.url())]);
+        let line = body.lines().nth(2).expect("stub_status line 3");
+        line.split_whitespace()
+            .next()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            - own
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        terminate(&mut self.child);
+    }
+}
+
+pub fn one_kib_json() -> String {
+    let mut s = String::from("{\"items\":[");
+    while s.len() < 1000 {
+        s.push_str("\"lorem-ipsum\",");
+    }
+    s.push_str("\"end\"]}");
+    format!("{s:<1023}\n")
+}
+
+/// The config text for a tessera under test; `extra` adds `(section, line)` pairs.
+pub fn config(listen_port: u16, upstream: &str, store: &str, extra: &[(&str, &str)]) -> String {
+    let add = |section: &str| -> String {
+        extra
+            .iter()
+            .filter(|(s, _)| *s == section)
+            .map(|(_, l)| format!("{l}\n"))
+            .collect()
+    };
+    format!(
+        "[server]\nlisten = \"127.0.0.1:{listen_port}\"\n{}[upstream]\nurl = \"{upstream}\"\n{}[token]\nsecret = \"{JWT_SECRET}\"\n{}\
+         [session]\nstore = \"{store}\"\n{}[credentials]\nkeys = {{ k1 = \"{CRED_KEY}\" }}\n{}[log]\nlevel = \"info\"\n{}",
+        add("server"),
+        add("upstream"),
+        add("token"),
+        add("session"),
+        add("credentials"),
+        add("log"),
+    )
+}
+
+/// A `tessera serve` process.
+pub struct Tessera {
+    pub port: u16,
+    pub dir: tempfile::TempDir,
+    child: Child,
+}
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_tessera")
+}
+
+impl Tessera {
+    /// Starts `tessera serve` with `config_for(port, store_dir)`.
+    pub fn start(config_for: impl FnOnce(u16, &Path) -> String) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let cfg = config_for(port, dir.path());
+        std::fs::write(dir.path().join("tessera.toml"), cfg).unwrap();
+        let log = std::fs::File::create(dir.path().join("tessera.log")).unwrap();
+        let child = Command::new(bin())
+            .args(["serve", "--config"])
+            .arg(dir.path().join("tessera.toml"))
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn tessera");
+        let mut t = Self { port, dir, child };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Ok(Some(status)) = t.child.try_wait() {
+                panic!("tessera exited early ({status}): {}", t.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "tessera did not listen: {}",
+                t.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        t
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("tessera.toml")
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("tessera.log")).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// `tessera session create` against this instance's config; returns (sid, token).
+    pub fn create_session(&self, user: &str, password: &str) -> (String, String) {
+        create_session(&self.config_path(), user, password, None)
+    }
+
+    pub fn revoke(&self, sid: &str) {
+        let out = Command::new(bin())
+            .args(["session", "revoke", "--config"])
+            .arg(self.config_path())
+            .args(["--sid", sid])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "revoke failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for Tessera {
+    fn drop(&mut self) {
+        terminate(&mut self.child);
+    }
+}
+
+pub fn create_session(
+    config: &Path,
+    user: &str,
+    password: &str,
+    ttl: Option<&str>,
+) -> (String, String) {
+    let mut cmd = Command::new(bin());
+    cmd.args(["session", "create", "--config"])
+        .arg(config)
+        .args(["--user", user, "--password-stdin"]);
+    if let Some(ttl) = ttl {
+        cmd.args(["--ttl", ttl]);
+    }
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{password}\n").as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "session create failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
+    assert!(v["expires_at"].as_u64().unwrap() > 0);
+    (
+        v["sid"].as_str().unwrap().to_string(),
+        v["token"].as_str().unwrap().to_string(),
+    )
+}
+
+/// Runs curl with `args` (`-s` added); returns (HTTP status, body). Headers are included in the
+/// body when `-i` is passed.
+pub fn curl(args: &[&str]) -> (u16, String) {
+    require("curl");
+    let out = Command::new("curl")
+        .args(["-s", "-o", "-", "-w", "\n%{http_code}"])
+        .args(args)
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+pub fn bearer(token: &str) -> String {
+    format!("Authorization: Bearer {token}")
+}
+
+pub fn basic(user: &str, password: &str) -> String {
+    use base64::Engine;
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+    )
+}
+
+/// Peak resident set (VmHWM) of `pid`, KiB.
+pub fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+pub fn addr(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}

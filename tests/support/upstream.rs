@@ -1,0 +1,182 @@
+//! In-process upstreams for fault injection, on a background runtime shared by a test binary.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+fn rt() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    })
+}
+
+/// What an upstream saw.
+#[derive(Default)]
+pub struct Stats {
+    pub connections: AtomicUsize,
+    pub current: AtomicUsize,
+    pub max_concurrent: AtomicUsize,
+    pub requests: AtomicUsize,
+    pub body_bytes: AtomicU64,
+    pub last_authorization: Mutex<String>,
+    pub raw_bytes: Mutex<Vec<u8>>,
+}
+
+pub struct TestUpstream {
+    pub port: u16,
+    pub stats: Arc<Stats>,
+}
+
+impl TestUpstream {
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+#[derive(Clone, Copy)]
+pub enum Behavior {
+    /// hyper server: reads the body to the end, answers `{"auth":..,"bytes":N}` after `delay`.
+    Echo { delay: Duration },
+    /// hyper server: answers 200 with `n` bytes streamed in 64 KiB chunks.
+    Download { n: u64 },
+    /// raw: answers each request with a keep-alive-looking 200, then closes the socket.
+    CloseAfterResponse,
+    /// raw: answers with Cyrus-like `Connection: Upgrade`, `Upgrade: h2c`, `Alt-Svc`, `Keep-Alive`.
+    HopHeaders,
+}
+
+pub fn start(behavior: Behavior) -> TestUpstream {
+    let stats = Arc::new(Stats::default());
+    let listener = rt().block_on(TcpListener::bind("127.0.0.1:0")).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let s = stats.clone();
+    rt().spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            s.connections.fetch_add(1, Ordering::SeqCst);
+            let now = s.current.fetch_add(1, Ordering::SeqCst) + 1;
+            s.max_concurrent.fetch_max(now, Ordering::SeqCst);
+            let s = s.clone();
+            tokio::spawn(async move {
+                match behavior {
+                    Behavior::CloseAfterResponse | Behavior::HopHeaders => {
+                        raw(stream, behavior, &s).await
+                    }
+                    _ => {
+                        let s2 = s.clone();
+                        let svc = service_fn(move |req| handle(req, behavior, s2.clone()));
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(TokioIo::new(stream), svc)
+                            .await;
+                    }
+                }
+                s.current.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    TestUpstream { port, stats }
+}
+
+type Out = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+async fn handle(
+    req: Request<Incoming>,
+    behavior: Behavior,
+    s: Arc<Stats>,
+) -> Result<Response<Out>, Infallible> {
+    s.requests.fetch_add(1, Ordering::SeqCst);
+    let auth = req
+        .headers()
+        .get("authorization")
+        .map(|v| v.to_str().unwrap_or("").to_string())
+        .unwrap_or_default();
+    *s.last_authorization.lock().unwrap() = auth.clone();
+    let mut body = req.into_body();
+    let mut n = 0u64;
+    while let Some(Ok(frame)) = body.frame().await {
+        if let Some(d) = frame.data_ref() {
+            n += d.len() as u64;
+        }
+    }
+    s.body_bytes.fetch_add(n, Ordering::SeqCst);
+    match behavior {
+        Behavior::Echo { delay } => {
+            tokio::time::sleep(delay).await;
+            let b = format!("{{\"auth\":\"{auth}\",\"bytes\":{n}}}");
+            Ok(Response::new(Full::new(Bytes::from(b)).boxed()))
+        }
+        Behavior::Download { n } => {
+            let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+            let count = n / chunk.len() as u64;
+            let stream = futures_stream(chunk, count);
+            let mut resp = Response::new(StreamBody::new(stream).boxed());
+            resp.headers_mut().insert(
+                "content-length",
+                (count * 64 * 1024).to_string().parse().unwrap(),
+            );
+            Ok(resp)
+        }
+        _ => unreachable!(),
+    }
+}
+
+fn futures_stream(
+    chunk: Bytes,
+    count: u64,
+) -> impl futures_core::Stream<Item = Result<Frame<Bytes>, Infallible>> + Send {
+    let (tx, rx) = tokio::sync::mpsc::channel(2);
+    tokio::spawn(async move {
+        for _ in 0..count {
+            if tx.send(Ok(Frame::data(chunk.clone()))).await.is_err() {
+                return;
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+async fn raw(mut stream: tokio::net::TcpStream, behavior: Behavior, s: &Stats) {
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 4096];
+    loop {
+        let Ok(n) = stream.read(&mut tmp).await else {
+            return;
+        };
+        if n == 0 {
+            return;
+        }
+        buf.extend_from_slice(&tmp[..n]);
+        s.raw_bytes.lock().unwrap().extend_from_slice(&tmp[..n]);
+        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            buf.drain(..end + 4);
+            s.requests.fetch_add(1, Ordering::SeqCst);
+            let resp: &[u8] = match behavior {
+                Behavior::CloseAfterResponse => b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+                _ => b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: Upgrade, Keep-Alive, X-Hop\r\nUpgrade: h2c\r\nKeep-Alive: timeout=5\r\nX-Hop: secret\r\nAlt-Svc: h3=\":443\"\r\nX-Kept: yes\r\n\r\nok",
+            };
+            if stream.write_all(resp).await.is_err() {
+                return;
+            }
+            if matches!(behavior, Behavior::CloseAfterResponse) {
+                return;
+            }
+        }
+    }
+}
