@@ -44,7 +44,8 @@ pub struct Proxy {
 /// Per-request facts carried through the phases, for the access log.
 #[derive(Default)]
 struct Ctx {
-    sid_hash: Option<String>,
+    /// The verified session id (hashed only when a log line is written).
+    sid: Option<String>,
 }
 
 impl Proxy {
@@ -105,8 +106,9 @@ impl Proxy {
         B::Error: Into<BoxError>,
     {
         let started = Instant::now();
-        let method = req.method().clone();
-        let path = req.uri().path().to_owned();
+        let logged = self
+            .access_log
+            .then(|| (req.method().clone(), req.uri().path().to_owned()));
         let mut ctx = Ctx::default();
         let (resp, reason) = match self.process(req, peer, &mut ctx).await {
             Ok(resp) => (resp, None),
@@ -115,7 +117,7 @@ impl Proxy {
                 (e.into_response(), Some(reason))
             }
         };
-        if self.access_log {
+        if let Some((method, path)) = logged {
             tracing::info!(
                 target: "tessera::access",
                 peer = %peer.ip(),
@@ -123,7 +125,7 @@ impl Proxy {
                 path = %path,
                 status = resp.status().as_u16(),
                 duration_us = started.elapsed().as_micros() as u64,
-                sid_hash = ctx.sid_hash.as_deref().unwrap_or("-"),
+                sid_hash = ctx.sid.as_deref().map(sid_hash).as_deref().unwrap_or("-"),
                 reason = reason.as_deref().unwrap_or("-"),
             );
         }
@@ -145,8 +147,9 @@ impl Proxy {
         let token = token::extract(&parts.headers, &self.sources)?;
         let verified = self.verifier.verify(&token, unix_now())?;
         drop(token);
-        ctx.sid_hash = Some(sid_hash(&verified.sid));
-        let session = self.sessions.resolve(&verified.sid).await?;
+        let session = self.sessions.resolve(&verified.sid).await;
+        ctx.sid = Some(verified.sid);
+        let session = session?;
         self.inject(&mut parts, &screened, &session, peer);
         let req = Request::from_parts(parts, self.limit_body(body));
         let mut resp = self.upstream.forward(req).await?;

@@ -180,3 +180,48 @@ async fn raw(mut stream: tokio::net::TcpStream, behavior: Behavior, s: &Stats) {
         }
     }
 }
+
+/// A TCP relay to `target_port` that records every byte sent towards the target (to prove what
+/// a real upstream received). Returns (relay port, recorded bytes).
+pub fn recording_relay(target_port: u16) -> (u16, Arc<Mutex<Vec<u8>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let listener = rt().block_on(TcpListener::bind("127.0.0.1:0")).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let rec = seen.clone();
+    rt().spawn(async move {
+        loop {
+            let Ok((mut down, _)) = listener.accept().await else {
+                continue;
+            };
+            let rec = rec.clone();
+            tokio::spawn(async move {
+                let Ok(up) = tokio::net::TcpStream::connect(("127.0.0.1", target_port)).await
+                else {
+                    return;
+                };
+                let (mut up_r, mut up_w) = up.into_split();
+                let (mut down_r, mut down_w) = down.split();
+                let to_up = async {
+                    let mut buf = [0u8; 16 * 1024];
+                    loop {
+                        let n = match down_r.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        rec.lock().unwrap().extend_from_slice(&buf[..n]);
+                        if up_w.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                    let _ = up_w.shutdown().await;
+                };
+                let to_down = async {
+                    let _ = tokio::io::copy(&mut up_r, &mut down_w).await;
+                    let _ = down_w.shutdown().await;
+                };
+                tokio::join!(to_up, to_down);
+            });
+        }
+    });
+    (port, seen)
+}

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The project's test command (README "Run the tests"; .ci/run calls it).
+# Installs what the tests need on a fresh Debian machine (redis-server, nginx, curl, the Cyrus JMAP
+# packages), then runs format and lint checks and every test: unit, service, and integration tests
+# that start real redis-server / nginx / Cyrus / tessera processes on free loopback ports.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v redis-cli >/dev/null || need+=(redis-tools)
+command -v nginx >/dev/null || need+=(nginx)
+command -v curl >/dev/null || need+=(curl)
+[ -x /usr/lib/cyrus/bin/master ] || need+=(cyrus-common cyrus-imapd)
+[ -x /usr/lib/cyrus/bin/httpd ] || need+=(cyrus-caldav)
+command -v saslpasswd2 >/dev/null || need+=(sasl2-bin)
+if ((${#need[@]})); then
+  echo "test.sh: installing ${need[*]}" >&2
+  # Keep Debian's own services (nginx on :80, cyrus) from starting during install.
+  [ -e /usr/sbin/policy-rc.d ] || { printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; }
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+command -v cargo >/dev/null || { echo "test.sh: cargo not found; install Rust (rustup) first" >&2; exit 1; }
+cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
+cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
+
+cargo fmt --all -- --check
+cargo clippy --all-targets -- -D warnings
+cargo test --all-targets

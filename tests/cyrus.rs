@@ -1,0 +1,159 @@
+//! End to end against a real Cyrus IMAP 3.6 JMAP server (Debian packages, set up by
+//! `scripts/cyrus.sh`): tokens from `tessera session create` become Cyrus Basic credentials.
+
+mod support;
+
+use std::process::Command;
+
+use support::upstream::recording_relay;
+use support::*;
+
+struct Cyrus {
+    dir: tempfile::TempDir,
+    http_port: u16,
+}
+
+impl Cyrus {
+    fn start() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("cy")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/cyrus.sh");
+        let out = Command::new("bash")
+            .arg(script)
+            .arg("start")
+            .arg(dir.path())
+            .output()
+            .expect("run cyrus.sh");
+        assert!(
+            out.status.success(),
+            "cyrus.sh start failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let http_port = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("HTTP_PORT="))
+            .and_then(|p| p.trim().parse().ok())
+            .expect("HTTP_PORT line");
+        Self { dir, http_port }
+    }
+}
+
+impl Drop for Cyrus {
+    fn drop(&mut self) {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/cyrus.sh");
+        let _ = Command::new("bash")
+            .arg(script)
+            .arg("stop")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+const USING: &str = r#"["urn:ietf:params:jmap:core","urn:ietf:params:jmap:mail"]"#;
+
+fn query_subjects(t: &Tessera, token: &str, account: &str) -> (u16, serde_json::Value) {
+    let body = format!(
+        r##"{{"using":{USING},"methodCalls":[["Mailbox/get",{{"accountId":"{account}","properties":["name","role","totalEmails"]}},"m"],["Email/query",{{"accountId":"{account}"}},"q"],["Email/get",{{"accountId":"{account}","#ids":{{"resultOf":"q","name":"Email/query","path":"/ids"}},"properties":["subject"]}},"g"]]}}"##
+    );
+    let (code, out) = curl(&[
+        "-H",
+        &bearer(token),
+        "-H",
+        "Content-Type: application/json",
+        "--data-binary",
+        &body,
+        &t.url("/jmap/"),
+    ]);
+    (
+        code,
+        serde_json::from_str(&out).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+#[test]
+fn jmap_through_tessera_with_real_cyrus() {
+    let cyrus = Cyrus::start();
+    let (relay_port, seen_by_cyrus) = recording_relay(cyrus.http_port);
+    let upstream = format!("http://127.0.0.1:{relay_port}");
+    let t = Tessera::start(move |port, dir| {
+        config(
+            port,
+            &upstream,
+            &format!("embedded:{}/s", dir.display()),
+            &[("upstream", "max_connections = 4")],
+        )
+    });
+    let (alice_sid, alice) = t.create_session("alice", "alice-secret-1");
+    let (_, bob) = t.create_session("bob", "bob-secret-2");
+
+    // The JMAP session resource.
+    let (code, body) = curl(&["-H", &bearer(&alice), &t.url("/jmap/")]);
+    assert_eq!(code, 200, "{body}");
+    let session: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(session["username"], "alice");
+    assert!(session["accounts"].get("alice").is_some(), "{body}");
+
+    // Mailbox/get + Email/query + Email/get find the seeded INBOX message.
+    let (code, v) = query_subjects(&t, &alice, "alice");
+    assert_eq!(code, 200);
+    let text = v.to_string();
+    assert!(
+        text.contains("\"Inbox\"") || text.contains("\"INBOX\""),
+        "{text}"
+    );
+    assert!(text.contains("tessera e2e alice"), "{text}");
+
+    // Bob's token reaches Bob's mail and never Alice's account.
+    let (_, v) = query_subjects(&t, &bob, "bob");
+    assert!(v.to_string().contains("tessera e2e bob"), "{v}");
+    let (_, v) = query_subjects(&t, &bob, "alice");
+    let text = v.to_string();
+    assert!(
+        !text.contains("tessera e2e alice"),
+        "bob read alice's mail: {text}"
+    );
+    assert!(
+        text.contains("accountNotFound") || text.contains("forbidden"),
+        "{text}"
+    );
+
+    // Cyrus's own hop-by-hop / Alt-Svc headers are not passed on.
+    let (_, head) = curl(&["-i", "-H", &bearer(&alice), &t.url("/jmap/")]);
+    let lower = head.to_lowercase();
+    assert!(
+        !lower.contains("upgrade: h2c") && !lower.contains("alt-svc:"),
+        "{head}"
+    );
+
+    // A wrong stored password is Cyrus's 401, passed through (not a tessera session).
+    let (_, wrong) = t.create_session("alice", "not-the-password");
+    assert_eq!(curl(&["-H", &bearer(&wrong), &t.url("/jmap/")]).0, 401);
+
+    // Revocation.
+    t.revoke(&alice_sid);
+    assert_eq!(curl(&["-H", &bearer(&alice), &t.url("/jmap/")]).0, 401);
+    assert_eq!(
+        curl(&["-H", &bearer(&bob), &t.url("/jmap/")]).0,
+        200,
+        "other sessions unaffected"
+    );
+
+    // Cyrus saw Basic credentials for both users and never a token.
+    let raw = String::from_utf8_lossy(&seen_by_cyrus.lock().unwrap()).to_string();
+    assert!(
+        raw.contains(&basic("alice", "alice-secret-1"))
+            && raw.contains(&basic("bob", "bob-secret-2"))
+    );
+    for token in [&alice, &bob] {
+        assert!(!raw.contains(token.as_str()), "a token reached Cyrus");
+        let signature = token.rsplit('.').next().unwrap();
+        assert!(!raw.contains(signature));
+    }
+    assert!(
+        !raw.to_lowercase().contains("bearer"),
+        "no bearer header reached Cyrus"
+    );
+}
