@@ -106,6 +106,12 @@ if [[ -n "$(find "$ROOT/src" "$ROOT/Cargo.toml" "$ROOT/Cargo.lock" -newer "$BIN"
   STALE="yes"
   log "WARNING: sources are newer than $BIN; the numbers are for the binary as built"
 fi
+# Recorded now, at the start: the tree may move while the run goes on.
+COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+if ! git -C "$ROOT" diff --quiet HEAD -- src Cargo.toml Cargo.lock 2>/dev/null; then
+  COMMIT="$COMMIT (src/Cargo files modified vs HEAD at start)"
+fi
+BIN_BUILT="$(date -u -r "$BIN" '+%Y-%m-%d %H:%M:%S UTC')"
 
 # ---------------------------------------------------------------- work dir and ports
 WORK="$(mktemp -d /tmp/tessera-bench.XXXXXX)"
@@ -278,13 +284,9 @@ RESULT="$RESULTS_DIR/first-load-$STAMP.md"
 [[ -e "$RESULT" ]] && STAMP="$STAMP-$(date +%H%M%S)" && RESULT="$RESULTS_DIR/first-load-$STAMP.md"
 RAW="$RESULTS_DIR/first-load-$STAMP.raw.txt"
 
-COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-if ! git -C "$ROOT" diff --quiet HEAD -- src Cargo.toml Cargo.lock 2>/dev/null; then
-  COMMIT="$COMMIT (src/Cargo files modified vs HEAD)"
-fi
 ELAPSED=$(($(date +%s) - START_EPOCH))
 
-export REPS DURATION COMMIT ELAPSED STALE
+export REPS DURATION COMMIT ELAPSED STALE BIN_BUILT
 export BENCH_CMD="DURATION=$DURATION REPS=$REPS bench/run.sh"
 export NPROC="$(nproc)"
 export KERNEL="$(uname -sr)"
@@ -389,7 +391,7 @@ doc = f"""# First load measurement: tessera vs nginx, loopback
 
 - when: {env['WHEN']} (run took {int(env['ELAPSED']) // 60} min {int(env['ELAPSED']) % 60} s)
 - command: `{env['BENCH_CMD']}`
-- commit: {env['COMMIT']}; tessera binary: target/release/tessera ({env['TESSERA_V']})
+- commit at start: {env['COMMIT']}; tessera binary: target/release/tessera ({env['TESSERA_V']}, built {env['BIN_BUILT']})
 - machine: nproc {env['NPROC']}, {env['CPU'] or 'cpu model unknown'}, kernel {env['KERNEL']}; load average (1/5/15 min): {env['LOAD']}
 - nginx {env['NGINX_V']} (`worker_processes 1`, `access_log off`, `keepalive_requests 1000000`), {env['WRK_V']}
 {stale}

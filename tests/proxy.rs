@@ -30,7 +30,7 @@ fn json(body: &str) -> serde_json::Value {
 fn token_becomes_basic_credentials_and_never_reaches_upstream() {
     let nginx = Nginx::start();
     let t = Tessera::start(embedded(&nginx.url(), &[]));
-    let (_sid, token) = t.create_session("alice", "pw:with colon");
+    let (sid, token) = t.create_session("alice", "pw:with colon");
     let (code, body) = curl(&[
         "-H",
         &bearer(&token),
@@ -48,6 +48,19 @@ fn token_becomes_basic_credentials_and_never_reaches_upstream() {
     assert!(!body.contains(&token));
     assert_eq!(seen["xff"], "127.0.0.1");
     assert_eq!(seen["xfp"], "http");
+    let log = t.log();
+    assert!(
+        log.contains("tessera::access") && log.contains("sid_hash"),
+        "access line written: {log}"
+    );
+    for secret in [
+        token.as_str(),
+        "pw:with colon",
+        basic("alice", "pw:with colon").as_str(),
+        sid.as_str(),
+    ] {
+        assert!(!log.contains(secret), "secret in log: {log}");
+    }
 }
 
 #[test]

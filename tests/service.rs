@@ -167,10 +167,7 @@ async fn every_bad_token_class_is_401_invalid_token() {
             ),
         ),
         ("four segments", format!("{good}.e30")),
-        (
-            "two segments",
-            good.rsplitn(2, '.').nth(1).unwrap().to_string(),
-        ),
+        ("two segments", good.rsplit_once('.').unwrap().0.to_string()),
         ("padding", format!("{good}==")),
         ("std alphabet", good.replacen('.', ".+/", 1)),
         (
