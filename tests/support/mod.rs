@@ -250,7 +250,7 @@ impl Tessera {
         let child = Command::new(bin())
             .args(["serve", "--config"])
             .arg(dir.path().join("tessera.toml"))
-            .env("RUST_LOG", "info")
+            .env_remove("RUST_LOG")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

@@ -54,8 +54,9 @@ pub enum Behavior {
     Echo { delay: Duration },
     /// hyper server: answers 200 with `n` bytes streamed in 64 KiB chunks.
     Download { n: u64 },
-    /// raw: answers each request with a keep-alive-looking 200, then closes the socket.
-    CloseAfterResponse,
+    /// raw: answers the first request on each connection with a keep-alive 200, then closes the
+    /// connection without answering when the second request arrives (the keep-alive race).
+    DropSecondRequest,
     /// raw: answers with Cyrus-like `Connection: Upgrade`, `Upgrade: h2c`, `Alt-Svc`, `Keep-Alive`.
     HopHeaders,
 }
@@ -76,7 +77,7 @@ pub fn start(behavior: Behavior) -> TestUpstream {
             let s = s.clone();
             tokio::spawn(async move {
                 match behavior {
-                    Behavior::CloseAfterResponse | Behavior::HopHeaders => {
+                    Behavior::DropSecondRequest | Behavior::HopHeaders => {
                         raw(stream, behavior, &s).await
                     }
                     _ => {
@@ -155,6 +156,7 @@ fn futures_stream(
 async fn raw(mut stream: tokio::net::TcpStream, behavior: Behavior, s: &Stats) {
     let mut buf = Vec::new();
     let mut tmp = [0u8; 4096];
+    let mut served = 0;
     loop {
         let Ok(n) = stream.read(&mut tmp).await else {
             return;
@@ -167,14 +169,13 @@ async fn raw(mut stream: tokio::net::TcpStream, behavior: Behavior, s: &Stats) {
         while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             buf.drain(..end + 4);
             s.requests.fetch_add(1, Ordering::SeqCst);
+            served += 1;
             let resp: &[u8] = match behavior {
-                Behavior::CloseAfterResponse => b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+                Behavior::DropSecondRequest if served > 1 => return,
+                Behavior::DropSecondRequest => b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
                 _ => b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: Upgrade, Keep-Alive, X-Hop\r\nUpgrade: h2c\r\nKeep-Alive: timeout=5\r\nX-Hop: secret\r\nAlt-Svc: h3=\":443\"\r\nX-Kept: yes\r\n\r\nok",
             };
             if stream.write_all(resp).await.is_err() {
-                return;
-            }
-            if matches!(behavior, Behavior::CloseAfterResponse) {
                 return;
             }
         }
