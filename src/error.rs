@@ -2,7 +2,8 @@
 //!
 //! | failure | status |
 //! |---|---|
-//! | malformed request (Host missing/duplicated) | 400 |
+//! | malformed request (Host missing/duplicated/with userinfo, dot segments) | 400 |
+//! | TRACE (would echo the injected credential) or CONNECT | 405 + `Allow` |
 //! | body larger than `server.max_body_bytes` | 413 |
 //! | request-target longer than `server.max_uri_bytes` | 414 |
 //! | header bytes above `server.max_header_bytes` | 431 |
@@ -25,6 +26,9 @@ pub enum ProxyError {
     /// screen: the request is malformed (the reason is static text, safe to log and answer).
     #[error("bad request: {0}")]
     BadRequest(&'static str),
+    /// screen: TRACE or CONNECT (TRACE would reflect the injected credential, RFC 9110 9.3.8).
+    #[error("method not allowed")]
+    MethodNotAllowed,
     /// screen/forward: the body is over the cap.
     #[error("request body too large")]
     BodyTooLarge,
@@ -74,6 +78,7 @@ impl From<TokenError> for ProxyError {
             TokenError::IssuedInFuture => "token issued in the future",
             TokenError::Issuer => "wrong issuer",
             TokenError::Audience => "wrong audience",
+            TokenError::Type => "wrong token type",
             TokenError::MissingSid => "session id claim missing",
         })
     }
@@ -94,6 +99,7 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UriTooLong => StatusCode::URI_TOO_LONG,
             Self::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -139,6 +145,12 @@ impl ProxyError {
             }
             Self::StoreUnavailable => {
                 h.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            Self::MethodNotAllowed => {
+                h.insert(
+                    http::header::ALLOW,
+                    HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+                );
             }
             _ => {}
         }

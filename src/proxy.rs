@@ -41,6 +41,10 @@ pub struct Proxy {
     access_log: bool,
 }
 
+/// `WWW-Authenticate` sent when the upstream answered 401 to the injected credentials (RFC 6750 3).
+const UPSTREAM_REJECTED: &str =
+    "Bearer realm=\"tessera\", error=\"invalid_token\", error_description=\"upstream rejected credentials\"";
+
 /// Per-request facts carried through the phases, for the access log.
 #[derive(Default)]
 struct Ctx {
@@ -150,16 +154,32 @@ impl Proxy {
         let session = self.sessions.resolve(&verified.sid).await;
         ctx.sid = Some(verified.sid);
         let session = session?;
-        self.inject(&mut parts, &screened, &session, peer);
+        let target = self.upstream_uri(&parts.uri)?;
+        self.inject(&mut parts, &screened, &session, peer, target);
         let req = Request::from_parts(parts, self.limit_body(body));
         let mut resp = self.upstream.forward(req).await?;
         screen::screen_response(resp.headers_mut(), &self.strip_response);
+        if resp.status() == http::StatusCode::UNAUTHORIZED {
+            // The upstream refused the stored credentials. Its `Basic` challenge would make a
+            // browser prompt for the upstream password; tell the client its session is the problem.
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(UPSTREAM_REJECTED),
+            );
+        }
         Ok(resp)
     }
 
     /// inject: drop every client credential, set the upstream's, set forwarding headers and
     /// rewrite the target for the upstream (origin-form, base path, `Host`).
-    fn inject(&self, parts: &mut Parts, screened: &Screened, session: &Session, peer: SocketAddr) {
+    fn inject(
+        &self,
+        parts: &mut Parts,
+        screened: &Screened,
+        session: &Session,
+        peer: SocketAddr,
+        target: Uri,
+    ) {
         let headers = &mut parts.headers;
         headers.remove(header::AUTHORIZATION);
         if screened.cookie_is_hop_by_hop {
@@ -175,18 +195,24 @@ impl Proxy {
             self.upstream_host.clone()
         };
         headers.insert(header::HOST, host);
-        parts.uri = self.upstream_uri(&parts.uri);
+        parts.uri = target;
         parts.version = Version::HTTP_11;
     }
 
-    fn upstream_uri(&self, uri: &Uri) -> Uri {
+    /// The origin-form target sent upstream: the base path + the client's path and query.
+    ///
+    /// Errors: 400 for `*` under a base path, 414 if the result is no valid URI (too long).
+    fn upstream_uri(&self, uri: &Uri) -> Result<Uri, ProxyError> {
         let pq = uri.path_and_query().map_or("/", PathAndQuery::as_str);
         if self.base_path.is_empty() {
-            return pq.parse().unwrap_or_else(|_| Uri::from_static("/"));
+            return pq.parse().map_err(|_| ProxyError::UriTooLong);
+        }
+        if pq == "*" {
+            return Err(ProxyError::BadRequest("asterisk-form under a base path"));
         }
         format!("{}{pq}", self.base_path)
             .parse()
-            .unwrap_or_else(|_| Uri::from_static("/"))
+            .map_err(|_| ProxyError::UriTooLong)
     }
 
     fn limit_body<B>(&self, body: B) -> UpBody

@@ -58,6 +58,9 @@ const SPOOFABLE: [&str; 5] = [
 ///
 /// Errors: 414 / 431 / 413 / 400 as [`ProxyError`].
 pub fn screen_request(parts: &mut Parts, limits: &Limits) -> Result<Screened, ProxyError> {
+    if parts.method == http::Method::TRACE || parts.method == http::Method::CONNECT {
+        return Err(ProxyError::MethodNotAllowed);
+    }
     let target_len = parts.uri.path_and_query().map_or(1, |pq| pq.as_str().len());
     if target_len > limits.max_uri_bytes {
         return Err(ProxyError::UriTooLong);
@@ -81,6 +84,9 @@ pub fn screen_request(parts: &mut Parts, limits: &Limits) -> Result<Screened, Pr
                 return Err(ProxyError::BodyTooLarge);
             }
         }
+    }
+    if has_dot_segment(parts.uri.path()) {
+        return Err(ProxyError::BadRequest("dot segment in path"));
     }
     let host = authority(parts)?;
     let cookie_is_hop_by_hop = remove_hop_by_hop(&mut parts.headers, true);
@@ -107,6 +113,9 @@ fn authority(parts: &Parts) -> Result<HeaderValue, ProxyError> {
         (None, None) if parts.version == Version::HTTP_10 => HeaderValue::from_static(""),
         (None, None) => return Err(ProxyError::BadRequest("missing Host header")),
     };
+    if value.as_bytes().contains(&b'@') {
+        return Err(ProxyError::BadRequest("userinfo in Host"));
+    }
     if !value.is_empty()
         && value
             .to_str()
@@ -119,6 +128,16 @@ fn authority(parts: &Parts) -> Result<HeaderValue, ProxyError> {
     Ok(value)
 }
 
+/// Whether `path` has a `.` or `..` segment, plain or percent-encoded (RFC 3986 5.2.4): refused so
+/// that a path can never climb out of `upstream.url`'s base path after upstream normalisation.
+fn has_dot_segment(path: &str) -> bool {
+    path.split('/').any(|seg| {
+        [".", "..", "%2e", "%2e%2e", ".%2e", "%2e."]
+            .iter()
+            .any(|d| seg.eq_ignore_ascii_case(d))
+    })
+}
+
 /// Removes hop-by-hop headers and those named in `Connection`. With `keep_credentials`, the
 /// `Authorization` and `Cookie` headers survive (the caller handles them); returns whether
 /// `Cookie` was named in `Connection`.
@@ -128,8 +147,8 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_credentials: bool) -> boo
         let named: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
             .iter()
-            .flat_map(|v| v.to_str().unwrap_or("").split(','))
-            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+            .filter_map(|t| HeaderName::from_bytes(t.trim_ascii()).ok())
             .collect();
         for name in named {
             if keep_credentials && name == header::AUTHORIZATION {
@@ -285,6 +304,55 @@ mod tests {
             screen_request(&mut parts(&[("host", "a b")], "/"), &L),
             Err(ProxyError::BadRequest(_))
         ));
+    }
+
+    #[test]
+    fn trace_connect_userinfo_and_dot_segments_refused() {
+        let mut p = parts(&[("host", "a")], "/");
+        p.method = http::Method::TRACE;
+        assert!(matches!(
+            screen_request(&mut p, &L),
+            Err(ProxyError::MethodNotAllowed)
+        ));
+        let mut p = parts(&[("host", "a")], "/");
+        p.method = http::Method::CONNECT;
+        assert!(matches!(
+            screen_request(&mut p, &L),
+            Err(ProxyError::MethodNotAllowed)
+        ));
+        assert!(matches!(
+            screen_request(&mut parts(&[("host", "u:pw@a")], "/"), &L),
+            Err(ProxyError::BadRequest(_))
+        ));
+        assert!(matches!(
+            screen_request(&mut parts(&[], "http://u:pw@a/x"), &L),
+            Err(ProxyError::BadRequest(_))
+        ));
+        for path in ["/../x", "/a/./b", "/a/%2E%2e/b", "/a/.%2e", "/a/.."] {
+            assert!(
+                matches!(
+                    screen_request(&mut parts(&[("host", "a")], path), &L),
+                    Err(ProxyError::BadRequest(_))
+                ),
+                "{path}"
+            );
+        }
+        assert!(screen_request(&mut parts(&[("host", "a")], "/a/.well-known/..x/b."), &L).is_ok());
+    }
+
+    #[test]
+    fn non_utf8_connection_value_still_removes_named_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_bytes(b"x-internal, \xff").unwrap(),
+        );
+        h.insert(
+            HeaderName::from_static("x-internal"),
+            HeaderValue::from_static("1"),
+        );
+        remove_hop_by_hop(&mut h, false);
+        assert!(h.is_empty(), "{h:?}");
     }
 
     #[test]

@@ -130,7 +130,14 @@ fn jmap_through_tessera_with_real_cyrus() {
 
     // A wrong stored password is Cyrus's 401, passed through (not a tessera session).
     let (_, wrong) = t.create_session("alice", "not-the-password");
-    assert_eq!(curl(&["-H", &bearer(&wrong), &t.url("/jmap/")]).0, 401);
+    let (code, head) = curl(&["-i", "-H", &bearer(&wrong), &t.url("/jmap/")]);
+    assert_eq!(code, 401);
+    let lower = head.to_lowercase();
+    assert!(
+        lower.contains("upstream rejected credentials")
+            && !lower.contains("www-authenticate: basic"),
+        "{head}"
+    );
 
     // Revocation.
     t.revoke(&alice_sid);

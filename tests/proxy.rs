@@ -594,3 +594,53 @@ fn check_config_names_the_key() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("TESSERA_JWT_SECRET=") && text.contains("TESSERA_CRED_KEY="));
 }
+
+#[test]
+fn trace_is_refused_locally_so_the_credential_is_never_reflected() {
+    let up = upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    });
+    let t = Tessera::start(embedded(&up.url(), &[]));
+    let (_, token) = t.create_session("alice", "pw");
+    let (code, head) = curl(&["-i", "-X", "TRACE", "-H", &bearer(&token), &t.url("/")]);
+    assert_eq!(code, 405, "{head}");
+    assert!(head.to_lowercase().contains("allow:"), "{head}");
+    assert!(!head.contains(&basic("alice", "pw")));
+    assert_eq!(
+        up.stats.requests.load(std::sync::atomic::Ordering::SeqCst),
+        0
+    );
+}
+
+#[test]
+fn slow_upload_is_not_cut_off_by_the_response_head_timeout() {
+    let up = upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    });
+    let t = Tessera::start(embedded(
+        &up.url(),
+        &[("upstream", "response_header_timeout_ms = 700")],
+    ));
+    let (_, token) = t.create_session("alice", "pw");
+    let body = "u".repeat(60_000);
+    // 60 kB at 20 kB/s: about 3 s of steady upload, over four times the 700 ms timeout.
+    let started = std::time::Instant::now();
+    let (code, out) = curl(&[
+        "-H",
+        &bearer(&token),
+        "-H",
+        "Expect:",
+        "--limit-rate",
+        "20k",
+        "--data-binary",
+        &body,
+        &t.url("/up"),
+    ]);
+    assert!(
+        started.elapsed() > Duration::from_millis(1500),
+        "upload was not slow: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(code, 200, "{out}");
+    assert_eq!(json(&out)["bytes"].as_u64(), Some(60_000));
+}

@@ -1,7 +1,9 @@
 //! The forward phase: send the prepared request upstream over the pool and hand back the
 //! streaming response.
 //!
-//! Owns: timeouts (connect, response head) and the single retry. A request is retried once, on a
+//! Owns: timeouts (connect, response head) and the single retry. The response-head timeout counts
+//! from the later of the request entering the queue and the last request-body byte sent, so a
+//! slow upload is not cut off while it makes progress. A request is retried once, on a
 //! fresh connection, only when it went out on a *reused* connection and either hyper gave it back
 //! unsent, or it is idempotent with no body and the connection closed before any response byte
 //! (the keep-alive race of RFC 9112 section 9.3.1). Must never: retry a request whose body was
@@ -10,13 +12,17 @@
 mod body;
 mod pool;
 
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Response};
-use http_body::Body;
+use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::BoxBody;
+use http_body_util::BodyExt;
 
 pub use body::{ProxyBody, UpstreamBody};
 pub use pool::{Pool, PoolStats};
@@ -86,13 +92,42 @@ impl Upstream {
     ///
     /// Errors: [`ForwardError`], after at most one retry (see module docs).
     pub async fn forward(&self, req: Request<UpBody>) -> Result<Response<ProxyBody>, ForwardError> {
-        tokio::time::timeout(self.header_timeout, self.send(req))
-            .await
-            .map_err(|_| ForwardError::Timeout)?
+        let (req, progress) = if req.body().is_end_stream() {
+            (req, None)
+        } else {
+            let progress = Arc::new(Progress::default());
+            let p = progress.clone();
+            (
+                req.map(move |inner| Tracked { inner, progress: p }.boxed()),
+                Some(progress),
+            )
+        };
+        let send = self.send(req, progress.clone());
+        tokio::pin!(send);
+        let mut last = 0;
+        loop {
+            match tokio::time::timeout(self.header_timeout, &mut send).await {
+                Ok(result) => return result,
+                Err(_) => {
+                    let now = progress
+                        .as_ref()
+                        .map_or(0, |p| p.frames.load(Ordering::Relaxed));
+                    if now == last {
+                        return Err(ForwardError::Timeout);
+                    }
+                    last = now;
+                }
+            }
+        }
     }
 
-    async fn send(&self, req: Request<UpBody>) -> Result<Response<ProxyBody>, ForwardError> {
+    async fn send(
+        &self,
+        req: Request<UpBody>,
+        progress: Option<Arc<Progress>>,
+    ) -> Result<Response<ProxyBody>, ForwardError> {
         let mut conn = self.pool.checkout().await?;
+        conn.set_request_progress(progress.clone());
         let replay = (conn.reused && idempotent(req.method()) && req.body().is_end_stream())
             .then(|| head_copy(&req));
         let err = match conn.sender().try_send_request(req).await {
@@ -114,10 +149,62 @@ impl Upstream {
         };
         tracing::debug!(cause = %err, "reused upstream connection failed; retrying once on a fresh one");
         let mut conn = self.pool.checkout_fresh().await?;
+        conn.set_request_progress(progress);
         match conn.sender().send_request(req).await {
             Ok(resp) => Ok(wrap(resp, conn)),
             Err(e) => Err(classify(e)),
         }
+    }
+}
+
+/// Request-body progress: frames sent so far and whether the body ended.
+#[derive(Default)]
+pub struct Progress {
+    frames: AtomicU64,
+    done: AtomicBool,
+}
+
+impl Progress {
+    /// Whether the request body was sent to the end.
+    pub fn done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+}
+
+/// A request body that reports its progress.
+struct Tracked {
+    inner: UpBody,
+    progress: Arc<Progress>,
+}
+
+impl Body for Tracked {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let frame = Pin::new(&mut self.inner).poll_frame(cx);
+        match &frame {
+            Poll::Ready(Some(Ok(_))) => {
+                self.progress.frames.fetch_add(1, Ordering::Relaxed);
+                if self.inner.is_end_stream() {
+                    self.progress.done.store(true, Ordering::Release);
+                }
+            }
+            Poll::Ready(None) => self.progress.done.store(true, Ordering::Release),
+            _ => {}
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -137,7 +224,6 @@ fn head_copy(req: &Request<UpBody>) -> Request<UpBody> {
 
 /// An empty request body.
 pub fn empty_body() -> UpBody {
-    use http_body_util::BodyExt;
     http_body_util::Empty::<Bytes>::new()
         .map_err(|never| match never {})
         .boxed()

@@ -3,8 +3,10 @@
 //!
 //! Why ours and not hyper-util's legacy client: that client caps only *idle* connections, and an
 //! upstream like Cyrus (one process per connection, `maxchild`) leaves connections above its limit
-//! accepted but never served. Invariant: a connection is opened only when no idle one exists and
-//! the opener holds a permit, so open connections <= permits <= `max_connections`.
+//! accepted but never served. Invariant: every busy connection holds a permit, and a connection is
+//! opened only by a permit holder that found no idle one, so busy + idle <= `max_connections`.
+//! (A discarded connection is closed by its background task a moment after its permit is freed, so
+//! the kernel may briefly see one more socket; Cyrus serves the newcomer once the old one closes.)
 //! Must never: hand one connection to two requests at once, or keep a connection whose response
 //! body was not read to the end.
 
@@ -17,7 +19,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::{ForwardError, UpBody};
+use super::{ForwardError, Progress, UpBody};
 
 /// Counters of pool activity (monotonic since start).
 #[derive(Debug, Default)]
@@ -55,6 +57,9 @@ pub struct Conn {
     /// Whether this connection served a request before this one.
     pub reused: bool,
     reusable: bool,
+    /// The request body's progress; the connection is reused only once the body was fully sent
+    /// (an upstream may answer early, e.g. 413, while hyper is still writing).
+    request: Option<Arc<Progress>>,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -110,6 +115,7 @@ impl Pool {
                         pool: self.clone(),
                         reused: true,
                         reusable: false,
+                        request: None,
                         _permit: permit,
                     });
                 }
@@ -119,8 +125,9 @@ impl Pool {
         self.connect(permit).await
     }
 
-    /// Like [`Pool::checkout`] but never reuses: closes one idle connection, if any, to keep the
-    /// cap, and opens a new one. Used for the single retry.
+    /// Like [`Pool::checkout`] but never reuses: opens a new connection (closing one idle
+    /// connection, if any: after one reused connection failed, its idle peers are suspect too).
+    /// Used for the single retry.
     pub async fn checkout_fresh(self: &Arc<Self>) -> Result<Conn, ForwardError> {
         let permit = self
             .permits
@@ -159,6 +166,7 @@ impl Pool {
             pool: self.clone(),
             reused: false,
             reusable: false,
+            request: None,
             _permit: permit,
         })
     }
@@ -175,16 +183,23 @@ impl Conn {
         self.tx.as_mut().expect("sender present while Conn lives")
     }
 
-    /// Marks the exchange complete: on drop the connection goes back to the pool.
+    /// Marks the response complete: on drop the connection goes back to the pool, provided the
+    /// request body (if any) was sent to the end.
     pub fn set_reusable(&mut self) {
         self.reusable = true;
+    }
+
+    /// Attaches the request body's progress (see [`Conn::set_reusable`]).
+    pub fn set_request_progress(&mut self, progress: Option<Arc<Progress>>) {
+        self.request = progress;
     }
 }
 
 impl Drop for Conn {
     fn drop(&mut self) {
         if let Some(tx) = self.tx.take() {
-            if self.reusable && !tx.is_closed() {
+            let request_sent = self.request.as_ref().is_none_or(|p| p.done());
+            if self.reusable && request_sent && !tx.is_closed() {
                 self.pool.idle().push(Idle {
                     tx,
                     since: Instant::now(),

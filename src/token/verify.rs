@@ -46,9 +46,13 @@ pub enum TokenError {
     /// `iss` differs from `token.issuer`.
     #[error("wrong issuer")]
     Issuer,
-    /// `aud` does not contain `token.audience`.
+    /// `aud` does not contain `token.audience`, or `aud` is present while no audience is
+    /// configured (RFC 7519 4.1.3: a token for another recipient must be rejected).
     #[error("wrong audience")]
     Audience,
+    /// `typ` is present and not `JWT` (RFC 8725 3.11: no cross-JWT confusion).
+    #[error("wrong token type")]
+    Type,
     /// The session-id claim is missing, not a string, or empty.
     #[error("session id claim missing")]
     MissingSid,
@@ -88,6 +92,8 @@ pub struct Claims {
 struct RawHeader<'a> {
     #[serde(borrow)]
     alg: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    typ: Option<std::borrow::Cow<'a, str>>,
     crit: Option<serde::de::IgnoredAny>,
     jku: Option<serde::de::IgnoredAny>,
     x5u: Option<serde::de::IgnoredAny>,
@@ -144,6 +150,13 @@ impl Verifier {
         {
             return Err(TokenError::ForbiddenHeader);
         }
+        if header
+            .typ
+            .as_deref()
+            .is_some_and(|t| !t.eq_ignore_ascii_case("JWT"))
+        {
+            return Err(TokenError::Type);
+        }
         let signed = &token[..header_b64.len() + 1 + payload_b64.len()];
         let ok = jsonwebtoken::crypto::verify(sig_b64, signed.as_bytes(), &self.key, alg.jwt())
             .map_err(|_| TokenError::Signature)?;
@@ -184,15 +197,17 @@ impl Verifier {
                 return Err(TokenError::Issuer);
             }
         }
-        if let Some(want) = &self.audience {
-            let ok = match claims.get("aud") {
-                Some(serde_json::Value::String(s)) => s == want,
-                Some(serde_json::Value::Array(a)) => a.iter().any(|v| v.as_str() == Some(want)),
-                _ => false,
-            };
-            if !ok {
-                return Err(TokenError::Audience);
+        let aud_ok = match (&self.audience, claims.get("aud")) {
+            (None, None) => true,
+            (None, Some(_)) | (Some(_), None) => false,
+            (Some(want), Some(serde_json::Value::String(s))) => s == want,
+            (Some(want), Some(serde_json::Value::Array(a))) => {
+                a.iter().any(|v| v.as_str() == Some(want))
             }
+            (Some(_), Some(_)) => false,
+        };
+        if !aud_ok {
+            return Err(TokenError::Audience);
         }
         let sid = claims
             .get(&self.sid_claim)
@@ -466,6 +481,48 @@ mod tests {
             ),
             Err(TokenError::IssuedInFuture)
         );
+    }
+
+    #[test]
+    fn aud_without_configured_audience_and_typ() {
+        let mut c = cfg();
+        c.audience = None;
+        c.issuer = None;
+        let v = Verifier::new(&c);
+        let exp = NOW + 60;
+        let mk = |h: &str, c: String| raw(h, &c, &[7; 64], Algorithm::HS512);
+        assert!(v
+            .verify(
+                &mk(
+                    r#"{"alg":"HS512"}"#,
+                    format!(r#"{{"sid":"s","exp":{exp}}}"#)
+                ),
+                NOW
+            )
+            .is_ok());
+        let other = mk(
+            r#"{"alg":"HS512"}"#,
+            format!(r#"{{"sid":"s","exp":{exp},"aud":"billing"}}"#),
+        );
+        assert_eq!(
+            v.verify(&other, NOW),
+            Err(TokenError::Audience),
+            "token for another recipient"
+        );
+        let at = mk(
+            r#"{"alg":"HS512","typ":"at+jwt"}"#,
+            format!(r#"{{"sid":"s","exp":{exp}}}"#),
+        );
+        assert_eq!(v.verify(&at, NOW), Err(TokenError::Type));
+        assert!(v
+            .verify(
+                &mk(
+                    r#"{"alg":"HS512","typ":"jwt"}"#,
+                    format!(r#"{{"sid":"s","exp":{exp}}}"#)
+                ),
+                NOW
+            )
+            .is_ok());
     }
 
     #[test]
