@@ -165,7 +165,8 @@ pub struct UpstreamConfig {
     pub max_connections: usize,
     /// TCP connect + HTTP handshake timeout. Default 5 s.
     pub connect_timeout: Duration,
-    /// Time from the request entering the pool queue to the upstream's response head. Default 60 s.
+    /// Longest wait for the upstream's response head with no request-body progress (pool queue
+    /// included); past it -> 504. Default 60 s.
     pub response_header_timeout: Duration,
     /// Idle pooled connections older than this are closed; keep it below the upstream's
     /// keep-alive timeout (nginx: 75 s). Default 30 s.
