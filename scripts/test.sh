@@ -27,4 +27,8 @@ cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 
 cargo fmt --all -- --check
 cargo clippy --all-targets -- -D warnings
-cargo test --all-targets
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --all-targets 2>&1 | tee "$log"
+# One closing line over every test binary (cargo prints one "test result" line per target).
+grep -E '^test result:' "$log" | awk '{p += $4; f += $6} END {printf "tests: %d passed, %d failed\n", p, f; exit (f > 0 || p == 0)}'

@@ -6,7 +6,6 @@
 //! request after any failure, or write a token or credential to a log line.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -227,6 +226,3 @@ impl Proxy {
         }
     }
 }
-
-/// Shared handle used by the server.
-pub type SharedProxy = Arc<Proxy>;

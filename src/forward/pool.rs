@@ -170,11 +170,6 @@ impl Pool {
             _permit: permit,
         })
     }
-
-    /// Number of idle connections now (for tests and metrics).
-    pub fn idle_count(&self) -> usize {
-        self.idle().len()
-    }
 }
 
 impl Conn {
