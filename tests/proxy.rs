@@ -22,6 +22,13 @@ fn embedded(upstream: &str, extra: Extra) -> impl FnOnce(u16, &std::path::Path) 
     }
 }
 
+/// A tessera (embedded store) in front of `upstream`, and a token for alice / "pw".
+fn behind(upstream: &str, extra: Extra) -> (Tessera, String) {
+    let t = Tessera::start(embedded(upstream, extra));
+    let (_, token) = t.create_session("alice", "pw");
+    (t, token)
+}
+
 fn json(body: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
 }
@@ -67,8 +74,7 @@ fn token_becomes_basic_credentials_and_never_reaches_upstream() {
 fn every_token_source_works() {
     use base64::Engine;
     let nginx = Nginx::start();
-    let t = Tessera::start(embedded(&nginx.url(), &[]));
-    let (_, token) = t.create_session("alice", "pw");
+    let (t, token) = behind(&nginx.url(), &[]);
     let b64 = base64::engine::general_purpose::STANDARD.encode(&token);
     for cookie in [
         format!("tessera={token}"),
@@ -122,8 +128,7 @@ fn missing_and_bad_tokens_get_401_and_are_not_forwarded() {
 #[test]
 fn connection_authorization_trick_does_not_strip_injected_credential() {
     let nginx = Nginx::start();
-    let t = Tessera::start(embedded(&nginx.url(), &[]));
-    let (_, token) = t.create_session("alice", "pw");
+    let (t, token) = behind(&nginx.url(), &[]);
     let args = [
         "-H",
         "Connection: authorization, x-secret, keep-alive",
@@ -179,15 +184,14 @@ fn size_limits_answer_414_431_413() {
     let up = upstream::start(Behavior::Echo {
         delay: Duration::ZERO,
     });
-    let t = Tessera::start(embedded(
+    let (t, token) = behind(
         &up.url(),
         &[
             ("server", "max_body_bytes = 1000"),
             ("server", "max_uri_bytes = 512"),
             ("server", "max_header_bytes = 2048"),
         ],
-    ));
-    let (_, token) = t.create_session("alice", "pw");
+    );
     let long = t.url(&format!("/{}", "a".repeat(600)));
     assert_eq!(curl(&["-H", &bearer(&token), &long]).0, 414);
     let big = format!("X-Big: {}", "b".repeat(3000));
@@ -221,18 +225,16 @@ fn size_limits_answer_414_431_413() {
 #[test]
 fn upstream_down_is_502_and_slow_is_504() {
     let dead = format!("http://127.0.0.1:{}", free_port());
-    let t = Tessera::start(embedded(&dead, &[]));
-    let (_, token) = t.create_session("alice", "pw");
+    let (t, token) = behind(&dead, &[]);
     assert_eq!(curl(&["-H", &bearer(&token), &t.url("/")]).0, 502);
 
     let slow = upstream::start(Behavior::Echo {
         delay: Duration::from_secs(3),
     });
-    let t = Tessera::start(embedded(
+    let (t, token) = behind(
         &slow.url(),
         &[("upstream", "response_header_timeout_ms = 300")],
-    ));
-    let (_, token) = t.create_session("alice", "pw");
+    );
     assert_eq!(curl(&["-H", &bearer(&token), &t.url("/")]).0, 504);
 }
 
@@ -325,8 +327,7 @@ fn pool_caps_upstream_connections_and_queues() {
     let up = upstream::start(Behavior::Echo {
         delay: Duration::from_millis(50),
     });
-    let t = Tessera::start(embedded(&up.url(), &[("upstream", "max_connections = 2")]));
-    let (_, token) = t.create_session("alice", "pw");
+    let (t, token) = behind(&up.url(), &[("upstream", "max_connections = 2")]);
     let handles: Vec<_> = (0..16)
         .map(|_| {
             let (h, u) = (bearer(&token), t.url("/"));
@@ -398,8 +399,7 @@ fn keepalive_race_retries_bodyless_get_once_but_never_a_post_with_body() {
 #[test]
 fn hop_by_hop_and_alt_svc_removed_from_upstream_responses() {
     let up = upstream::start(Behavior::HopHeaders);
-    let t = Tessera::start(embedded(&up.url(), &[]));
-    let (_, token) = t.create_session("alice", "pw");
+    let (t, token) = behind(&up.url(), &[]);
     let (code, head) = curl(&["-i", "-H", &bearer(&token), &t.url("/")]);
     assert_eq!(code, 200);
     let lower = head.to_lowercase();
@@ -423,8 +423,7 @@ fn hop_by_hop_and_alt_svc_removed_from_upstream_responses() {
 #[test]
 fn h2c_prior_knowledge_is_served() {
     let nginx = Nginx::start();
-    let t = Tessera::start(embedded(&nginx.url(), &[]));
-    let (_, token) = t.create_session("alice", "pw");
+    let (t, token) = behind(&nginx.url(), &[]);
     let (code, body) = curl(&[
         "--http2-prior-knowledge",
         "-H",
@@ -442,8 +441,7 @@ fn large_upload_and_download_stream_with_flat_memory() {
     let up = upstream::start(Behavior::Echo {
         delay: Duration::ZERO,
     });
-    let t = Tessera::start(embedded(&up.url(), &[]));
-    let (_, token) = t.create_session("alice", "pw");
+    let (t, token) = behind(&up.url(), &[]);
     let file = t.dir.path().join("upload.bin");
     {
         let f = std::fs::File::create(&file).unwrap();
@@ -600,8 +598,7 @@ fn trace_is_refused_locally_so_the_credential_is_never_reflected() {
     let up = upstream::start(Behavior::Echo {
         delay: Duration::ZERO,
     });
-    let t = Tessera::start(embedded(&up.url(), &[]));
-    let (_, token) = t.create_session("alice", "pw");
+    let (t, token) = behind(&up.url(), &[]);
     let (code, head) = curl(&["-i", "-X", "TRACE", "-H", &bearer(&token), &t.url("/")]);
     assert_eq!(code, 405, "{head}");
     assert!(head.to_lowercase().contains("allow:"), "{head}");
@@ -617,11 +614,10 @@ fn slow_upload_is_not_cut_off_by_the_response_head_timeout() {
     let up = upstream::start(Behavior::Echo {
         delay: Duration::ZERO,
     });
-    let t = Tessera::start(embedded(
+    let (t, token) = behind(
         &up.url(),
         &[("upstream", "response_header_timeout_ms = 700")],
-    ));
-    let (_, token) = t.create_session("alice", "pw");
+    );
     let body = "u".repeat(60_000);
     // 60 kB at 20 kB/s: about 3 s of steady upload, over four times the 700 ms timeout.
     let started = std::time::Instant::now();
