@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::config::Config;
 use crate::seal::Credentials;
 use crate::session::StoreError;
-use crate::token::{self, Claims};
+use crate::token::Keys;
 use crate::unix_now;
 
 /// Output of `tessera session create`, printed as one JSON line.
@@ -60,26 +60,33 @@ pub async fn create_session(
     })
 }
 
-/// Signs a token for `sid` with the first configured algorithm and `[token]` issuer/audience.
+/// Signs a token for `sid` with the active key (`token.active_kid` or `token.secret`) and the
+/// configured issuer/audience.
 ///
-/// Errors: [`AdminError::Sign`].
+/// Errors: [`AdminError::Sign`] when no key can sign or `token.sid_claim` is not `sid`.
 pub fn issue_token(cfg: &Config, sub: &str, sid: &str, exp: u64) -> Result<String, AdminError> {
-    let claims = Claims {
-        sub: sub.to_owned(),
-        sid: sid.to_owned(),
-        iat: unix_now(),
-        exp,
-        iss: cfg.token.issuer.clone(),
-        aud: cfg.token.audience.clone(),
-    };
     if cfg.token.sid_claim != "sid" {
         return Err(AdminError::Sign(format!(
             "token.sid_claim is `{}`; tessera issues tokens with `sid` only",
             cfg.token.sid_claim
         )));
     }
-    token::sign(&claims, cfg.token.algorithms[0], &cfg.token.secret)
-        .map_err(|e| AdminError::Sign(e.to_string()))
+    let keys = Keys::new(
+        &cfg.token.keys,
+        cfg.token.active_kid.as_deref(),
+        None,
+        &cfg.token.algorithms,
+    )
+    .map_err(|e| AdminError::Sign(e.0))?;
+    let signer = keys.signer().ok_or_else(|| {
+        AdminError::Sign(
+            "no signing key: set token.secret, or token.active_kid naming a key with secret/private_key"
+                .into(),
+        )
+    })?;
+    signer
+        .issue(&cfg.token, sub, sid, unix_now(), exp)
+        .map_err(AdminError::Sign)
 }
 
 /// Deletes session `sid`; `true` if it existed.

@@ -14,6 +14,7 @@ use base64::Engine;
 use serde::Deserialize;
 use zeroize::Zeroizing;
 
+use crate::token::keys::{JwksConfig, JwksSource, KeyMaterial, KeySpec, Keys};
 use crate::token::{Algorithm, TokenSource};
 
 /// A configuration problem: which key, what is wrong, how to fix it.
@@ -60,6 +61,7 @@ struct RawConfig {
     token: Option<RawToken>,
     session: Option<RawSession>,
     credentials: Option<RawCredentials>,
+    login: Option<RawLogin>,
     log: Option<RawLog>,
 }
 
@@ -90,12 +92,43 @@ struct RawUpstream {
 struct RawToken {
     algorithms: Option<Vec<String>>,
     secret: Option<String>,
+    keys: Option<Vec<RawKey>>,
+    active_kid: Option<String>,
+    jwks: Option<String>,
+    jwks_refresh_seconds: Option<u64>,
+    jwks_min_refresh_seconds: Option<u64>,
     sources: Option<Vec<String>>,
     sid_claim: Option<String>,
     leeway_seconds: Option<u64>,
     issuer: Option<String>,
     audience: Option<String>,
     max_token_bytes: Option<usize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawKey {
+    kid: Option<String>,
+    alg: Option<String>,
+    secret: Option<String>,
+    public_key: Option<String>,
+    private_key: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLogin {
+    enabled: Option<bool>,
+    path_prefix: Option<String>,
+    verify_path: Option<String>,
+    cookie_name: Option<String>,
+    cookie_secure: Option<bool>,
+    cookie_same_site: Option<String>,
+    token_ttl_seconds: Option<u64>,
+    max_failures_per_ip: Option<u32>,
+    max_failures_per_user: Option<u32>,
+    failure_window_seconds: Option<u64>,
+    page_title: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -136,6 +169,8 @@ pub struct Config {
     pub session: SessionConfig,
     /// Sealing keys for stored credentials.
     pub credentials: CredentialsConfig,
+    /// Login/logout/session endpoints; `None` when `[login]` is absent or `enabled = false`.
+    pub login: Option<LoginConfig>,
     /// Logging.
     pub log: LogConfig,
 }
@@ -180,10 +215,18 @@ pub struct UpstreamConfig {
 /// `[token]`.
 #[derive(Clone)]
 pub struct TokenConfig {
-    /// Accepted JWS algorithms (pinned; the token's `alg` must be one of them). Default `["HS512"]`.
+    /// Accepted JWS algorithms (pinned; the token's `alg` must be one of them). Default: the
+    /// algorithms of the configured keys (`HS512` for `token.secret`), plus RS256, RS384, RS512,
+    /// PS256, PS384, PS512, ES256, ES384 and EdDSA when `token.jwks` is set.
     pub algorithms: Vec<Algorithm>,
-    /// HMAC secret (bytes of the configured string). At least as long as the largest hash (RFC 7518 3.2).
-    pub secret: Zeroizing<Vec<u8>>,
+    /// Verification keys: the legacy `token.secret` (no `kid`, HMAC; bytes of the configured
+    /// string, at least the hash size, RFC 7518 3.2) and every `[[token.keys]]` entry.
+    pub keys: Vec<KeySpec>,
+    /// `kid` of the key that signs tokens tessera issues. `None`: `token.secret` signs (no `kid`
+    /// header), or nothing can sign when it is absent.
+    pub active_kid: Option<String>,
+    /// External identity provider's key set, when `token.jwks` is set.
+    pub jwks: Option<JwksConfig>,
     /// Where tokens are looked for, in order. Default `bearer`, `cookie:tessera`, `cookie-b64:Authorization`.
     pub sources: Vec<TokenSource>,
     /// Claim holding the session id. Default `sid`.
@@ -202,7 +245,8 @@ impl std::fmt::Debug for TokenConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TokenConfig")
             .field("algorithms", &self.algorithms)
-            .field("secret", &"<redacted>")
+            .field("keys", &self.keys)
+            .field("active_kid", &self.active_kid)
             .field("sources", &self.sources)
             .field("sid_claim", &self.sid_claim)
             .finish_non_exhaustive()
@@ -261,6 +305,57 @@ impl std::fmt::Debug for CredentialsConfig {
             .field("allow_plaintext_legacy", &self.allow_plaintext_legacy)
             .finish()
     }
+}
+
+/// `SameSite` attribute of the login cookie (RFC 6265bis 4.1.2.7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SameSite {
+    /// Never sent on cross-site requests (the default).
+    Strict,
+    /// Sent on top-level cross-site navigations (links into the app from mail).
+    Lax,
+    /// Always sent (requires `Secure`).
+    None,
+}
+
+impl SameSite {
+    /// The attribute value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Strict => "Strict",
+            Self::Lax => "Lax",
+            Self::None => "None",
+        }
+    }
+}
+
+/// `[login]`: the session side served by tessera itself.
+#[derive(Debug, Clone)]
+pub struct LoginConfig {
+    /// Path prefix of the endpoints (`{prefix}/login`, `/logout`, `/session`). Default `/auth`.
+    pub path_prefix: String,
+    /// Upstream path that must answer 2xx to a `GET` with the user's `Basic` credentials for a
+    /// login to succeed (Cyrus JMAP: `/jmap/`). Default `/`.
+    pub verify_path: http::uri::PathAndQuery,
+    /// Name of the cookie holding the token. Default `__Host-tessera` (RFC 6265bis 4.1.3.2:
+    /// Secure, Path=/, no Domain).
+    pub cookie_name: String,
+    /// `Secure` attribute. Default true; false only for local http development, and then the
+    /// cookie name must not start with `__Host-`/`__Secure-`.
+    pub cookie_secure: bool,
+    /// `SameSite` attribute. Default `Strict`.
+    pub cookie_same_site: SameSite,
+    /// Lifetime of issued tokens, seconds; never longer than the session. Default
+    /// `session.ttl_seconds`.
+    pub token_ttl_seconds: u64,
+    /// Failed logins allowed per client address per window before 429. Default 20.
+    pub max_failures_per_ip: u32,
+    /// Failed logins allowed per user name per window before 429. Default 20.
+    pub max_failures_per_user: u32,
+    /// The window the failure counts refill over, seconds. Default 300.
+    pub failure_window: Duration,
+    /// Heading and `<title>` of the login page. Default `Sign in`.
+    pub page_title: String,
 }
 
 /// `[log]`.
@@ -367,6 +462,11 @@ fn validate(raw: RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Conf
     let token = validate_token(raw.token.unwrap_or_default(), env)?;
     let session = validate_session(raw.session.unwrap_or_default())?;
     let credentials = validate_credentials(raw.credentials.unwrap_or_default(), env)?;
+    let mut token = token;
+    let login = match raw.login {
+        Some(l) if l.enabled != Some(false) => Some(validate_login(l, &mut token, &session)?),
+        _ => None,
+    };
     let log = raw.log.unwrap_or_default();
     Ok(Config {
         server,
@@ -374,6 +474,7 @@ fn validate(raw: RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Conf
         token,
         session,
         credentials,
+        login,
         log: LogConfig {
             level: log.level.unwrap_or_else(|| "info".into()),
             access_log: log.access_log.unwrap_or(true),
@@ -483,44 +584,224 @@ fn validate_upstream(u: RawUpstream) -> Result<UpstreamConfig, ConfigError> {
     })
 }
 
+fn parse_alg(key: &str, name: &str) -> Result<Algorithm, ConfigError> {
+    Algorithm::parse(name).ok_or_else(|| {
+        ConfigError::new(
+            key,
+            format!("`{name}` is not supported; use one of HS256 HS384 HS512 RS256 RS384 RS512 PS256 PS384 PS512 ES256 ES384 EdDSA"),
+        )
+    })
+}
+
 fn validate_token(
     t: RawToken,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<TokenConfig, ConfigError> {
-    let mut algorithms = Vec::new();
-    for name in t.algorithms.unwrap_or_else(|| vec!["HS512".into()]) {
-        let alg = Algorithm::parse(&name).ok_or_else(|| {
+    let explicit_algs = match &t.algorithms {
+        Some(names) => {
+            let mut v = Vec::new();
+            for name in names {
+                v.push(parse_alg("token.algorithms", name)?);
+            }
+            if v.is_empty() {
+                return Err(ConfigError::new(
+                    "token.algorithms",
+                    "must list at least one algorithm, e.g. [\"HS512\"]",
+                ));
+            }
+            Some(v)
+        }
+        None => None,
+    };
+    let mut keys = Vec::new();
+    let mut algorithms: Vec<Algorithm> = Vec::new();
+    if let Some(secret_ref) = &t.secret {
+        let secret = resolve_secret("token.secret", secret_ref, env)?;
+        let algs: Vec<Algorithm> = match &explicit_algs {
+            Some(a) => a.iter().copied().filter(|a| a.is_hmac()).collect(),
+            None => vec![Algorithm::HS512],
+        };
+        if algs.is_empty() {
+            return Err(ConfigError::new(
+                "token.secret",
+                "token.algorithms lists no HS256/HS384/HS512 algorithm for it; add one or use [[token.keys]]",
+            ));
+        }
+        let needed = algs
+            .iter()
+            .map(|a| a.min_secret_bytes())
+            .max()
+            .unwrap_or(32);
+        if secret.len() < needed {
+            return Err(ConfigError::new(
+                "token.secret",
+                format!("is {} bytes; the configured algorithms need at least {needed} (RFC 7518 3.2); `tessera keygen` makes one", secret.len()),
+            ));
+        }
+        algorithms.extend(&algs);
+        keys.push(KeySpec {
+            kid: None,
+            algs,
+            material: KeyMaterial::Secret(Zeroizing::new(secret.as_bytes().to_vec())),
+        });
+    }
+    let mut signable = Vec::new();
+    for (i, k) in t.keys.unwrap_or_default().into_iter().enumerate() {
+        let at = |field: &str| format!("token.keys[{i}].{field}");
+        let kid = k.kid.filter(|s| !s.is_empty()).ok_or_else(|| {
             ConfigError::new(
-                "token.algorithms",
-                format!("`{name}` is not supported; use HS256, HS384 or HS512"),
+                &at("kid"),
+                "is required: a short unique key id, e.g. \"2026-11\"",
             )
         })?;
-        algorithms.push(alg);
+        if keys
+            .iter()
+            .any(|s: &KeySpec| s.kid.as_deref() == Some(kid.as_str()))
+        {
+            return Err(ConfigError::new(
+                &at("kid"),
+                format!("`{kid}` is listed twice"),
+            ));
+        }
+        let alg_name = k.alg.ok_or_else(|| {
+            ConfigError::new(&at("alg"), "is required, e.g. \"HS512\" or \"EdDSA\"")
+        })?;
+        let alg = parse_alg(&at("alg"), &alg_name)?;
+        if explicit_algs.as_ref().is_some_and(|a| !a.contains(&alg)) {
+            return Err(ConfigError::new(
+                &at("alg"),
+                format!("`{alg_name}` is not in token.algorithms; add it there or remove this key"),
+            ));
+        }
+        let material = if alg.is_hmac() {
+            if k.public_key.is_some() || k.private_key.is_some() {
+                return Err(ConfigError::new(
+                    &at("secret"),
+                    format!("{alg_name} keys take `secret`, not PEM keys"),
+                ));
+            }
+            let secret_ref = k.secret.ok_or_else(|| {
+                ConfigError::new(
+                    &at("secret"),
+                    "is required for HS* keys: \"env:NAME\", \"file:PATH\" or a literal",
+                )
+            })?;
+            let secret = resolve_secret(&at("secret"), &secret_ref, env)?;
+            if secret.len() < alg.min_secret_bytes() {
+                return Err(ConfigError::new(
+                    &at("secret"),
+                    format!(
+                        "is {} bytes; {alg_name} needs at least {} (RFC 7518 3.2)",
+                        secret.len(),
+                        alg.min_secret_bytes()
+                    ),
+                ));
+            }
+            signable.push(kid.clone());
+            KeyMaterial::Secret(Zeroizing::new(secret.as_bytes().to_vec()))
+        } else {
+            if k.secret.is_some() {
+                return Err(ConfigError::new(
+                    &at("secret"),
+                    format!(
+                        "{alg_name} keys take public_key (and private_key to sign), not secret"
+                    ),
+                ));
+            }
+            let public = k.public_key.ok_or_else(|| {
+                ConfigError::new(
+                    &at("public_key"),
+                    "is required for RS*/PS*/ES*/EdDSA keys: a PEM public key (\"file:PATH\")",
+                )
+            })?;
+            let public = resolve_secret(&at("public_key"), &public, env)?
+                .as_bytes()
+                .to_vec();
+            match k.private_key {
+                Some(p) => {
+                    let private = resolve_secret(&at("private_key"), &p, env)?;
+                    signable.push(kid.clone());
+                    KeyMaterial::KeyPair {
+                        private: Zeroizing::new(private.as_bytes().to_vec()),
+                        public,
+                    }
+                }
+                None => KeyMaterial::Public(public),
+            }
+        };
+        if !algorithms.contains(&alg) {
+            algorithms.push(alg);
+        }
+        keys.push(KeySpec {
+            kid: Some(kid),
+            algs: vec![alg],
+            material,
+        });
     }
-    if algorithms.is_empty() {
+    let jwks = match t.jwks {
+        None => None,
+        Some(src) => {
+            let source = if let Some(path) = src.strip_prefix("file:") {
+                JwksSource::File(PathBuf::from(path))
+            } else if src.starts_with("http://") {
+                JwksSource::Url(src.parse().map_err(|e| {
+                    ConfigError::new("token.jwks", format!("`{src}` is not a URL: {e}"))
+                })?)
+            } else {
+                return Err(ConfigError::new(
+                    "token.jwks",
+                    format!("`{src}` is neither \"file:PATH\" nor \"http://HOST/PATH\" (https is not built in yet: let a sidecar or timer fetch it into a file)"),
+                ));
+            };
+            let secs = |key: &str, v: Option<u64>, d: u64| match v.unwrap_or(d) {
+                0 => Err(ConfigError::new(key, "must be greater than 0 (seconds)")),
+                n => Ok(Duration::from_secs(n)),
+            };
+            Some(JwksConfig {
+                source,
+                refresh: secs("token.jwks_refresh_seconds", t.jwks_refresh_seconds, 300)?,
+                min_refresh: secs(
+                    "token.jwks_min_refresh_seconds",
+                    t.jwks_min_refresh_seconds,
+                    30,
+                )?,
+            })
+        }
+    };
+    if keys.is_empty() && jwks.is_none() {
         return Err(ConfigError::new(
-            "token.algorithms",
-            "must list at least one algorithm, e.g. [\"HS512\"]",
+            "token.secret",
+            "is required (or [[token.keys]], or token.jwks): \"env:NAME\", \"file:PATH\" or a literal; `tessera keygen` makes one",
         ));
     }
-    let secret_ref = t.secret.ok_or_else(|| {
-        ConfigError::new(
-            "token.secret",
-            "is required: \"env:NAME\", \"file:PATH\" or a literal; `tessera keygen` makes one",
-        )
-    })?;
-    let secret = resolve_secret("token.secret", &secret_ref, env)?;
-    let needed = algorithms
-        .iter()
-        .map(|a| a.min_secret_bytes())
-        .max()
-        .unwrap_or(32);
-    if secret.len() < needed {
-        return Err(ConfigError::new(
-            "token.secret",
-            format!("is {} bytes; the configured algorithms need at least {needed} (RFC 7518 3.2); `tessera keygen` makes one", secret.len()),
-        ));
-    }
+    let algorithms = match explicit_algs {
+        Some(a) => a,
+        None => {
+            if jwks.is_some() {
+                for a in Algorithm::ALL.into_iter().filter(|a| !a.is_hmac()) {
+                    if !algorithms.contains(&a) {
+                        algorithms.push(a);
+                    }
+                }
+            }
+            algorithms
+        }
+    };
+    let active_kid = match t.active_kid {
+        Some(kid) => {
+            if !signable.contains(&kid) {
+                return Err(ConfigError::new(
+                    "token.active_kid",
+                    format!("`{kid}` is not the kid of a [[token.keys]] entry with `secret` or `private_key`"),
+                ));
+            }
+            Some(kid)
+        }
+        None if t.secret.is_none() && signable.len() == 1 => signable.pop(),
+        None => None,
+    };
+    Keys::new(&keys, active_kid.as_deref(), None, &algorithms)
+        .map_err(|e| ConfigError::new("token.keys", e.0))?;
     let mut sources = Vec::new();
     for s in t.sources.unwrap_or_else(|| {
         vec![
@@ -551,13 +832,145 @@ fn validate_token(
     }
     Ok(TokenConfig {
         algorithms,
-        secret: Zeroizing::new(secret.as_bytes().to_vec()),
+        keys,
+        active_kid,
+        jwks,
         sources,
         sid_claim: t.sid_claim.unwrap_or_else(|| "sid".into()),
         leeway_seconds: t.leeway_seconds.unwrap_or(5),
         issuer: t.issuer,
         audience: t.audience,
         max_token_bytes,
+    })
+}
+
+fn validate_login(
+    l: RawLogin,
+    token: &mut TokenConfig,
+    session: &SessionConfig,
+) -> Result<LoginConfig, ConfigError> {
+    let prefix = l.path_prefix.unwrap_or_else(|| "/auth".into());
+    if !prefix.starts_with('/')
+        || prefix.len() < 2
+        || prefix.ends_with('/')
+        || prefix.contains(['?', '#', ' '])
+    {
+        return Err(ConfigError::new(
+            "login.path_prefix",
+            format!("`{prefix}` must be an absolute path without trailing `/`, e.g. \"/auth\""),
+        ));
+    }
+    let verify = l.verify_path.unwrap_or_else(|| "/".into());
+    let verify_path: http::uri::PathAndQuery = verify
+        .parse()
+        .ok()
+        .filter(|_| verify.starts_with('/'))
+        .ok_or_else(|| {
+            ConfigError::new(
+                "login.verify_path",
+                format!("`{verify}` is not an absolute path, e.g. \"/jmap/\""),
+            )
+        })?;
+    let cookie_secure = l.cookie_secure.unwrap_or(true);
+    let cookie_name = l.cookie_name.unwrap_or_else(|| {
+        if cookie_secure {
+            "__Host-tessera"
+        } else {
+            "tessera"
+        }
+        .into()
+    });
+    if cookie_name.is_empty()
+        || !cookie_name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    {
+        return Err(ConfigError::new(
+            "login.cookie_name",
+            "must be letters, digits, `-`, `_` or `.`",
+        ));
+    }
+    if !cookie_secure
+        && (cookie_name.starts_with("__Host-") || cookie_name.starts_with("__Secure-"))
+    {
+        return Err(ConfigError::new(
+            "login.cookie_name",
+            "a __Host-/__Secure- cookie needs cookie_secure = true (browsers drop it otherwise); rename it for http development",
+        ));
+    }
+    let cookie_same_site = match l.cookie_same_site.as_deref().unwrap_or("Strict") {
+        "Strict" | "strict" => SameSite::Strict,
+        "Lax" | "lax" => SameSite::Lax,
+        "None" | "none" if cookie_secure => SameSite::None,
+        "None" | "none" => {
+            return Err(ConfigError::new(
+                "login.cookie_same_site",
+                "None requires cookie_secure = true",
+            ))
+        }
+        other => {
+            return Err(ConfigError::new(
+                "login.cookie_same_site",
+                format!("`{other}` is not Strict, Lax or None"),
+            ))
+        }
+    };
+    let token_ttl_seconds = l.token_ttl_seconds.unwrap_or(session.ttl_seconds);
+    if token_ttl_seconds == 0 || token_ttl_seconds > session.ttl_seconds {
+        return Err(ConfigError::new(
+            "login.token_ttl_seconds",
+            format!(
+                "must be between 1 and session.ttl_seconds ({})",
+                session.ttl_seconds
+            ),
+        ));
+    }
+    let positive = |key: &str, v: Option<u32>, d: u32| match v.unwrap_or(d) {
+        0 => Err(ConfigError::new(key, "must be greater than 0")),
+        n => Ok(n),
+    };
+    let window = l.failure_window_seconds.unwrap_or(300);
+    if window == 0 {
+        return Err(ConfigError::new(
+            "login.failure_window_seconds",
+            "must be greater than 0",
+        ));
+    }
+    let has_signer = token
+        .keys
+        .iter()
+        .any(|k| k.kid == token.active_kid && !matches!(k.material, KeyMaterial::Public(_)));
+    if !has_signer {
+        return Err(ConfigError::new(
+            "token.active_kid",
+            "login issues tokens and needs a signing key: set token.secret, or token.active_kid naming a key with secret/private_key",
+        ));
+    }
+    if token.sid_claim != "sid" {
+        return Err(ConfigError::new(
+            "token.sid_claim",
+            "login issues tokens with `sid`; remove token.sid_claim or disable [login]",
+        ));
+    }
+    let source = TokenSource::Cookie(cookie_name.clone());
+    if !token.sources.contains(&source) {
+        token.sources.push(source);
+    }
+    Ok(LoginConfig {
+        path_prefix: prefix,
+        verify_path,
+        cookie_name,
+        cookie_secure,
+        cookie_same_site,
+        token_ttl_seconds,
+        max_failures_per_ip: positive("login.max_failures_per_ip", l.max_failures_per_ip, 20)?,
+        max_failures_per_user: positive(
+            "login.max_failures_per_user",
+            l.max_failures_per_user,
+            20,
+        )?,
+        failure_window: Duration::from_secs(window),
+        page_title: l.page_title.unwrap_or_else(|| "Sign in".into()),
     })
 }
 

@@ -71,6 +71,7 @@ impl From<TokenError> for ProxyError {
             TokenError::Malformed => "malformed token",
             TokenError::Algorithm => "algorithm not allowed",
             TokenError::ForbiddenHeader => "forbidden header parameter",
+            TokenError::UnknownKey => "unknown key id",
             TokenError::Signature => "bad signature",
             TokenError::MissingExp => "exp claim missing",
             TokenError::Expired => "token expired",

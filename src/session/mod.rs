@@ -65,6 +65,42 @@ pub struct Created {
     pub expires_at: u64,
 }
 
+/// One line of `tessera session list`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Listed {
+    /// [`sid_hash`] of the session id (the id itself is a bearer secret and is not shown).
+    pub sid_hash: String,
+    /// The upstream user.
+    pub sub: Option<String>,
+    /// Expiry, seconds since the Unix epoch (absent in hyper-auth-proxy records).
+    pub expires_at: Option<u64>,
+    /// Sealing key id of the stored credentials; `None` for legacy plaintext.
+    pub key_id: Option<String>,
+}
+
+/// What `tessera session reseal` did.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct ResealReport {
+    /// Session records seen.
+    pub total: usize,
+    /// Re-sealed under the active key.
+    pub resealed: usize,
+    /// Already sealed under the active key.
+    pub already_active: usize,
+    /// Could not be opened (retired key, corrupt, plaintext not allowed); left as they were.
+    pub unreadable: usize,
+    /// Revoked or expired between read and write; not resurrected.
+    pub gone: usize,
+}
+
+/// The sealing key id of a stored credentials value (`tsl1.<kid>.…`), if sealed.
+fn sealed_key_id(credentials: &str) -> Option<&str> {
+    credentials
+        .strip_prefix(SEALED_PREFIX)?
+        .split_once('.')
+        .map(|(kid, _)| kid)
+}
+
 /// Session operations over one store and one sealing key set.
 #[derive(Clone)]
 pub struct Sessions {
@@ -139,23 +175,7 @@ impl Sessions {
         if record.expires_at.is_some_and(|e| e <= unix_now()) {
             return Err(ResolveError::Unknown);
         }
-        let pair = if record.credentials.starts_with(SEALED_PREFIX) {
-            self.sealer.unseal(sid, &record.credentials).map_err(|e| {
-                ResolveError::Corrupt(match e {
-                    SealError::Format => "sealed value malformed",
-                    SealError::UnknownKey => "sealed under a retired key",
-                    SealError::Decrypt => "sealed value does not authenticate",
-                })
-            })?
-        } else if self.format == SessionFormat::HyperAuthProxy && self.allow_plaintext_legacy {
-            zeroize::Zeroizing::new(
-                STANDARD
-                    .decode(record.credentials.trim())
-                    .map_err(|_| ResolveError::Corrupt("legacy credentials not base64"))?,
-            )
-        } else {
-            return Err(ResolveError::Corrupt("plaintext credentials not allowed"));
-        };
+        let pair = self.open_record(sid, &record)?;
         let creds = Credentials::from_pair(&pair)
             .map_err(|_| ResolveError::Corrupt("credentials not valid for Basic"))?;
         Ok(Session {
@@ -163,6 +183,101 @@ impl Sessions {
             authorization: creds.basic_header(),
             expires_at: record.expires_at,
         })
+    }
+
+    /// The `user:password` pair of a record: unsealed, or decoded legacy plaintext when allowed.
+    fn open_record(
+        &self,
+        sid: &str,
+        record: &Record,
+    ) -> Result<zeroize::Zeroizing<Vec<u8>>, ResolveError> {
+        if record.credentials.starts_with(SEALED_PREFIX) {
+            self.sealer.unseal(sid, &record.credentials).map_err(|e| {
+                ResolveError::Corrupt(match e {
+                    SealError::Format => "sealed value malformed",
+                    SealError::UnknownKey => "sealed under a retired key",
+                    SealError::Decrypt => "sealed value does not authenticate",
+                })
+            })
+        } else if self.format == SessionFormat::HyperAuthProxy && self.allow_plaintext_legacy {
+            Ok(zeroize::Zeroizing::new(
+                STANDARD
+                    .decode(record.credentials.trim())
+                    .map_err(|_| ResolveError::Corrupt("legacy credentials not base64"))?,
+            ))
+        } else {
+            Err(ResolveError::Corrupt("plaintext credentials not allowed"))
+        }
+    }
+
+    /// The key prefix sessions live under, and the sid of a store key.
+    fn scan_prefix(&self) -> &str {
+        match self.format {
+            SessionFormat::Tessera => &self.key_prefix,
+            SessionFormat::HyperAuthProxy => "",
+        }
+    }
+
+    /// Every live session: sid hash, subject and expiry; never credentials. Records that are not
+    /// session records (other keys in a shared Redis database) are skipped.
+    ///
+    /// Errors: the store failed (no deadline: an operator command walking the whole store).
+    pub async fn list(&self) -> Result<Vec<Listed>, StoreError> {
+        let prefix = self.scan_prefix();
+        let mut out = Vec::new();
+        for (key, raw) in self.store.scan(prefix).await? {
+            let Ok(record) = serde_json::from_slice::<Record>(&raw) else {
+                continue;
+            };
+            let sid = &key[prefix.len()..];
+            out.push(Listed {
+                sid_hash: sid_hash(sid),
+                sub: record.sub.clone().or_else(|| {
+                    self.open_record(sid, &record)
+                        .ok()
+                        .and_then(|p| Credentials::from_pair(&p).ok())
+                        .map(|c| c.user().to_owned())
+                }),
+                expires_at: record.expires_at,
+                key_id: sealed_key_id(&record.credentials).map(str::to_owned),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Re-seals every stored session under the active sealing key (`credentials.active`),
+    /// keeping each session's expiry. Legacy plaintext records are sealed too when
+    /// `credentials.allow_plaintext_legacy` lets tessera read them. A session revoked while this
+    /// runs stays revoked.
+    ///
+    /// Errors: the store failed; records that cannot be opened are counted, not fatal.
+    pub async fn reseal(&self) -> Result<ResealReport, StoreError> {
+        let prefix = self.scan_prefix();
+        let active = self.sealer.active_key_id();
+        let mut report = ResealReport::default();
+        for (key, raw) in self.store.scan(prefix).await? {
+            let Ok(mut record) = serde_json::from_slice::<Record>(&raw) else {
+                continue;
+            };
+            report.total += 1;
+            if sealed_key_id(&record.credentials) == Some(active) {
+                report.already_active += 1;
+                continue;
+            }
+            let sid = &key[prefix.len()..];
+            let Ok(pair) = self.open_record(sid, &record) else {
+                report.unreadable += 1;
+                continue;
+            };
+            record.credentials = self.sealer.seal(sid, &pair);
+            let value = serde_json::to_vec(&record).expect("record serializes");
+            if self.store.replace(&key, &value).await? {
+                report.resealed += 1;
+            } else {
+                report.gone += 1;
+            }
+        }
+        Ok(report)
     }
 
     /// Creates a session for `creds` living `ttl_seconds`: fresh random sid, sealed credentials.
@@ -214,10 +329,23 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn sessions(dir: &std::path::Path, format: SessionFormat, plaintext: bool) -> Sessions {
-        let keys: BTreeMap<_, _> = [("k1".to_string(), zeroize::Zeroizing::new([3u8; 32]))].into();
+        sessions_with(dir, format, plaintext, &[("k1", 3)], "k1")
+    }
+
+    fn sessions_with(
+        dir: &std::path::Path,
+        format: SessionFormat,
+        plaintext: bool,
+        keys: &[(&str, u8)],
+        active: &str,
+    ) -> Sessions {
+        let keys: BTreeMap<_, _> = keys
+            .iter()
+            .map(|(id, b)| (id.to_string(), zeroize::Zeroizing::new([*b; 32])))
+            .collect();
         let sealer = Arc::new(Sealer::new(&CredentialsConfig {
             keys,
-            active: "k1".into(),
+            active: active.into(),
             allow_plaintext_legacy: plaintext,
         }));
         let spec = StoreSpec::Embedded(dir.to_path_buf());
@@ -263,6 +391,62 @@ mod tests {
             s.resolve(&c.sid).await,
             Err(ResolveError::Unknown)
         ));
+    }
+
+    #[tokio::test]
+    async fn reseal_moves_every_session_to_the_active_key_and_list_hides_secrets() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = sessions(dir.path(), SessionFormat::Tessera, false);
+        let mut sids = Vec::new();
+        for user in ["alice", "bob", "carol"] {
+            let c = old
+                .create(
+                    &Credentials::new(user.into(), "pw-secret".into()).unwrap(),
+                    60,
+                )
+                .await
+                .unwrap();
+            sids.push(c.sid);
+        }
+        let rotated = sessions_with(
+            dir.path(),
+            SessionFormat::Tessera,
+            false,
+            &[("k1", 3), ("k2", 4)],
+            "k2",
+        );
+        // before reseal: old seals still open under the rotated config
+        assert!(rotated.resolve(&sids[0]).await.is_ok());
+        let report = rotated.reseal().await.unwrap();
+        assert_eq!(
+            report,
+            ResealReport {
+                total: 3,
+                resealed: 3,
+                ..Default::default()
+            }
+        );
+        let again = rotated.reseal().await.unwrap();
+        assert_eq!(again.already_active, 3);
+        let listed = rotated.list().await.unwrap();
+        assert_eq!(listed.len(), 3);
+        assert!(listed.iter().all(|l| l.key_id.as_deref() == Some("k2")));
+        let text = serde_json::to_string(&listed).unwrap();
+        assert!(
+            !text.contains("pw-secret") && !text.contains(&sids[0]),
+            "{text}"
+        );
+        // k1 retired: every session still opens
+        let only_new = sessions_with(
+            dir.path(),
+            SessionFormat::Tessera,
+            false,
+            &[("k2", 4)],
+            "k2",
+        );
+        for sid in &sids {
+            assert!(only_new.resolve(sid).await.is_ok());
+        }
     }
 
     #[tokio::test]

@@ -4,12 +4,17 @@
 //! log a token, accept `alg: none`, or let a token choose its own key.
 
 pub mod extract;
+pub mod keys;
 pub mod verify;
 
 pub use extract::{extract, strip_token_cookies, TokenSource};
-pub use verify::{sign, Claims, TokenError, VerifiedToken, Verifier};
+pub use keys::{KeyMaterial, KeySpec, Keys, Signer};
+pub use verify::{Claims, TokenError, VerifiedToken, Verifier};
 
-/// A JWS algorithm tessera accepts (RFC 7518 section 3). Only HMAC ones for now.
+/// A JWS algorithm tessera accepts (RFC 7518 section 3, RFC 8037 for EdDSA).
+///
+/// Every key is bound to exactly one algorithm; a token's `alg` must equal its key's, so an RSA
+/// public key can never be used as an HMAC secret (RFC 8725 2.1 algorithm confusion).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Algorithm {
     /// HMAC with SHA-256.
@@ -18,17 +23,47 @@ pub enum Algorithm {
     HS384,
     /// HMAC with SHA-512 (the default; what the published JMAP proxy uses).
     HS512,
+    /// RSASSA-PKCS1-v1_5 with SHA-256.
+    RS256,
+    /// RSASSA-PKCS1-v1_5 with SHA-384.
+    RS384,
+    /// RSASSA-PKCS1-v1_5 with SHA-512.
+    RS512,
+    /// RSASSA-PSS with SHA-256.
+    PS256,
+    /// RSASSA-PSS with SHA-384.
+    PS384,
+    /// RSASSA-PSS with SHA-512.
+    PS512,
+    /// ECDSA P-256 with SHA-256.
+    ES256,
+    /// ECDSA P-384 with SHA-384.
+    ES384,
+    /// Ed25519 (RFC 8037).
+    EdDSA,
 }
 
 impl Algorithm {
-    /// Parses the JOSE name (`HS512`, ...); `None` for anything unsupported.
+    /// Every supported algorithm, in JOSE naming.
+    pub const ALL: [Algorithm; 12] = [
+        Self::HS256,
+        Self::HS384,
+        Self::HS512,
+        Self::RS256,
+        Self::RS384,
+        Self::RS512,
+        Self::PS256,
+        Self::PS384,
+        Self::PS512,
+        Self::ES256,
+        Self::ES384,
+        Self::EdDSA,
+    ];
+
+    /// Parses the JOSE name (`HS512`, `RS256`, `EdDSA`, ...); `None` for anything unsupported
+    /// (including `none`).
     pub fn parse(name: &str) -> Option<Self> {
-        match name {
-            "HS256" => Some(Self::HS256),
-            "HS384" => Some(Self::HS384),
-            "HS512" => Some(Self::HS512),
-            _ => None,
-        }
+        Self::ALL.into_iter().find(|a| a.name() == name)
     }
 
     /// The JOSE `alg` name.
@@ -37,23 +72,49 @@ impl Algorithm {
             Self::HS256 => "HS256",
             Self::HS384 => "HS384",
             Self::HS512 => "HS512",
+            Self::RS256 => "RS256",
+            Self::RS384 => "RS384",
+            Self::RS512 => "RS512",
+            Self::PS256 => "PS256",
+            Self::PS384 => "PS384",
+            Self::PS512 => "PS512",
+            Self::ES256 => "ES256",
+            Self::ES384 => "ES384",
+            Self::EdDSA => "EdDSA",
         }
     }
 
-    /// Smallest HMAC key, bytes: the hash output size (RFC 7518 section 3.2).
+    /// True for the HMAC (shared-secret) algorithms.
+    pub fn is_hmac(self) -> bool {
+        matches!(self, Self::HS256 | Self::HS384 | Self::HS512)
+    }
+
+    /// Smallest HMAC key, bytes: the hash output size (RFC 7518 section 3.2). 0 for
+    /// asymmetric algorithms.
     pub fn min_secret_bytes(self) -> usize {
         match self {
             Self::HS256 => 32,
             Self::HS384 => 48,
             Self::HS512 => 64,
+            _ => 0,
         }
     }
 
     pub(crate) fn jwt(self) -> jsonwebtoken::Algorithm {
+        use jsonwebtoken::Algorithm as J;
         match self {
-            Self::HS256 => jsonwebtoken::Algorithm::HS256,
-            Self::HS384 => jsonwebtoken::Algorithm::HS384,
-            Self::HS512 => jsonwebtoken::Algorithm::HS512,
+            Self::HS256 => J::HS256,
+            Self::HS384 => J::HS384,
+            Self::HS512 => J::HS512,
+            Self::RS256 => J::RS256,
+            Self::RS384 => J::RS384,
+            Self::RS512 => J::RS512,
+            Self::PS256 => J::PS256,
+            Self::PS384 => J::PS384,
+            Self::PS512 => J::PS512,
+            Self::ES256 => J::ES256,
+            Self::ES384 => J::ES384,
+            Self::EdDSA => J::EdDSA,
         }
     }
 }

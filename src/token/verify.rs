@@ -7,9 +7,11 @@
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use jsonwebtoken::{DecodingKey, EncodingKey};
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
+use super::keys::Keys;
 use super::Algorithm;
 use crate::config::TokenConfig;
 
@@ -28,7 +30,11 @@ pub enum TokenError {
     /// Header carries `crit`, `jku`, `x5u`, `jwk` or `x5c` (RFC 8725 3.10 / RFC 7515 4.1.11).
     #[error("forbidden header parameter")]
     ForbiddenHeader,
-    /// Signature does not verify.
+    /// `kid` names no configured key and no JWKS key (a retired key, or an unknown issuer), or
+    /// the token has no `kid` while several keys are configured.
+    #[error("unknown key id")]
+    UnknownKey,
+    /// Signature does not verify, or the key is bound to another algorithm.
     #[error("bad signature")]
     Signature,
     /// `exp` missing or not a number.
@@ -94,6 +100,8 @@ struct RawHeader<'a> {
     alg: std::borrow::Cow<'a, str>,
     #[serde(borrow)]
     typ: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    kid: Option<std::borrow::Cow<'a, str>>,
     crit: Option<serde::de::IgnoredAny>,
     jku: Option<serde::de::IgnoredAny>,
     x5u: Option<serde::de::IgnoredAny>,
@@ -104,7 +112,7 @@ struct RawHeader<'a> {
 /// Verifies tokens under one pinned policy (built once from `[token]`).
 pub struct Verifier {
     algorithms: Vec<Algorithm>,
-    key: DecodingKey,
+    keys: Arc<Keys>,
     sid_claim: String,
     leeway: u64,
     issuer: Option<String>,
@@ -113,16 +121,45 @@ pub struct Verifier {
 }
 
 impl Verifier {
-    /// Builds the verifier from validated config.
+    /// Builds the verifier from validated config (keys were checked by validation).
     pub fn new(cfg: &TokenConfig) -> Self {
+        let keys = Keys::new(
+            &cfg.keys,
+            cfg.active_kid.as_deref(),
+            cfg.jwks.clone(),
+            &cfg.algorithms,
+        )
+        .expect("token keys were validated with the config");
         Self {
             algorithms: cfg.algorithms.clone(),
-            key: DecodingKey::from_secret(&cfg.secret),
+            keys: Arc::new(keys),
             sid_claim: cfg.sid_claim.clone(),
             leeway: cfg.leeway_seconds,
             issuer: cfg.issuer.clone(),
             audience: cfg.audience.clone(),
             max_bytes: cfg.max_token_bytes,
+        }
+    }
+
+    /// The key set (signing key for issued tokens, JWKS refresh).
+    pub fn keys(&self) -> &Arc<Keys> {
+        &self.keys
+    }
+
+    /// Like [`Verifier::verify`], but a token whose `kid` is unknown triggers one JWKS refresh
+    /// (at most one per `token.jwks_min_refresh_seconds`) and a second attempt.
+    pub async fn verify_refreshing(
+        &self,
+        token: &str,
+        now: u64,
+    ) -> Result<VerifiedToken, TokenError> {
+        match self.verify(token, now) {
+            Err(TokenError::UnknownKey)
+                if self.keys.has_jwks() && self.keys.refresh_for_unknown_kid().await =>
+            {
+                self.verify(token, now)
+            }
+            other => other,
         }
     }
 
@@ -158,8 +195,19 @@ impl Verifier {
             return Err(TokenError::Type);
         }
         let signed = &token[..header_b64.len() + 1 + payload_b64.len()];
-        let ok = jsonwebtoken::crypto::verify(sig_b64, signed.as_bytes(), &self.key, alg.jwt())
-            .map_err(|_| TokenError::Signature)?;
+        let ok = self
+            .keys
+            .with_key(header.kid.as_deref(), alg, |key| {
+                jsonwebtoken::crypto::verify(sig_b64, signed.as_bytes(), key, alg.jwt())
+                    .unwrap_or(false)
+            })
+            .map_err(|unknown| {
+                if unknown {
+                    TokenError::UnknownKey
+                } else {
+                    TokenError::Signature
+                }
+            })?;
         if !ok {
             return Err(TokenError::Signature);
         }
@@ -251,22 +299,12 @@ fn split3(token: &str) -> Option<(&str, &str, &str)> {
     Some((h, p, s))
 }
 
-/// Signs `claims` as a compact JWS with `alg` and the HMAC `secret` (header `{"typ":"JWT","alg":..}`).
-///
-/// Errors: only if the crypto backend refuses the key (never for HMAC).
-pub fn sign(
-    claims: &Claims,
-    alg: Algorithm,
-    secret: &[u8],
-) -> Result<String, jsonwebtoken::errors::Error> {
-    let header = jsonwebtoken::Header::new(alg.jwt());
-    jsonwebtoken::encode(&header, claims, &EncodingKey::from_secret(secret))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::token::keys::{KeyMaterial, KeySpec};
     use crate::token::TokenSource;
+    use jsonwebtoken::EncodingKey;
     use zeroize::Zeroizing;
 
     const NOW: u64 = 1_800_000_000;
@@ -274,7 +312,13 @@ mod tests {
     fn cfg() -> TokenConfig {
         TokenConfig {
             algorithms: vec![Algorithm::HS512],
-            secret: Zeroizing::new(vec![7u8; 64]),
+            keys: vec![KeySpec {
+                kid: None,
+                algs: vec![Algorithm::HS512],
+                material: KeyMaterial::Secret(Zeroizing::new(vec![7u8; 64])),
+            }],
+            active_kid: None,
+            jwks: None,
             sources: vec![TokenSource::Bearer],
             sid_claim: "sid".into(),
             leeway_seconds: 5,
@@ -333,7 +377,7 @@ mod tests {
             iss: Some("tessera".into()),
             aud: Some("webmail".into()),
         };
-        let t = sign(&claims, Algorithm::HS512, &[7; 64]).unwrap();
+        let t = v().keys().signer().unwrap().sign(&claims).unwrap();
         assert_eq!(v().verify(&t, NOW).unwrap().sid, "s2");
     }
 

@@ -105,6 +105,36 @@ impl EmbeddedStore {
     }
 }
 
+impl EmbeddedStore {
+    pub(super) async fn scan(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let prefix = prefix.to_owned();
+        self.run(move |c| {
+            // substr comparison, not LIKE: a prefix with `%` or `_` must match literally.
+            let mut stmt = c.prepare_cached(
+                "SELECT key, value FROM kv WHERE substr(key, 1, ?1) = ?2 AND expires_at > ?3 ORDER BY key",
+            )?;
+            let rows = stmt.query_map(
+                params![prefix.chars().count() as i64, prefix, unix_now() as i64],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?;
+            rows.collect()
+        })
+        .await
+    }
+
+    pub(super) async fn replace(&self, key: &str, value: &[u8]) -> Result<bool, StoreError> {
+        let (key, value) = (key.to_owned(), value.to_vec());
+        self.run(move |c| {
+            Ok(
+                c.prepare_cached("UPDATE kv SET value = ?1 WHERE key = ?2 AND expires_at > ?3")?
+                    .execute(params![value, key, unix_now() as i64])?
+                    > 0,
+            )
+        })
+        .await
+    }
+}
+
 impl Inner {
     fn connect(&self) -> Result<Connection, StoreError> {
         let conn = Connection::open(&self.file)

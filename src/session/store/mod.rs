@@ -64,6 +64,25 @@ impl Store {
         }
     }
 
+    /// Every live entry whose key starts with `prefix`, as (key, value). Walks the whole key
+    /// space in batches (Redis `SCAN`, never `KEYS`): an operator command, not a request path.
+    pub async fn scan(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        match self {
+            Self::Embedded(s) => s.scan(prefix).await,
+            Self::Redis(s) => s.scan(prefix).await,
+        }
+    }
+
+    /// Replaces the value at `key` only if the key still exists, keeping its expiry (Redis
+    /// `SET .. XX KEEPTTL`). Returns whether it was replaced: a session revoked meanwhile stays
+    /// revoked.
+    pub async fn replace(&self, key: &str, value: &[u8]) -> Result<bool, StoreError> {
+        match self {
+            Self::Embedded(s) => s.replace(key, value).await,
+            Self::Redis(s) => s.replace(key, value).await,
+        }
+    }
+
     /// Checks the store answers (used by `check-config`).
     pub async fn ping(&self) -> Result<(), StoreError> {
         self.get("tessera:ping").await.map(|_| ())

@@ -66,4 +66,58 @@ impl RedisStore {
         let n: u64 = self.conn().await?.del(key).await.map_err(err)?;
         Ok(n > 0)
     }
+
+    pub(super) async fn scan(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let mut conn = self.conn().await?;
+        let pattern = format!("{}*", glob_escape(prefix));
+        let mut cursor: u64 = 0;
+        let mut out = Vec::new();
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .map_err(err)?;
+            if !keys.is_empty() {
+                let values: Vec<Option<Vec<u8>>> = conn.mget(&keys).await.map_err(err)?;
+                out.extend(
+                    keys.into_iter()
+                        .zip(values)
+                        .filter_map(|(k, v)| v.map(|v| (k, v))),
+                );
+            }
+            if next == 0 {
+                return Ok(out);
+            }
+            cursor = next;
+        }
+    }
+
+    pub(super) async fn replace(&self, key: &str, value: &[u8]) -> Result<bool, StoreError> {
+        let reply: Option<String> = redis::cmd("SET")
+            .arg(key)
+            .arg(value)
+            .arg("XX")
+            .arg("KEEPTTL")
+            .query_async(&mut self.conn().await?)
+            .await
+            .map_err(err)?;
+        Ok(reply.is_some())
+    }
+}
+
+/// Escapes Redis glob metacharacters so a key prefix matches literally.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }

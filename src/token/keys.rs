@@ -1,0 +1,517 @@
+//! Token keys: which key verifies a token (by `kid`), which key signs new ones, and the JWKS
+//! document of an external identity provider (RFC 7517), cached and refreshed.
+//!
+//! Owns key rotation: several keys verify, exactly one (`token.active_kid`) signs. A key not
+//! listed is retired: its tokens are refused. Every key is bound to its algorithm(s), so a
+//! token's `alg` can never make an RSA public key act as an HMAC secret (RFC 8725 2.1).
+//! Must never: fetch a key named by the token itself (`jku`/`x5u` are refused in verify), or
+//! refresh the JWKS more than once per `token.jwks_min_refresh_seconds` because of unknown `kid`s.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use jsonwebtoken::{DecodingKey, EncodingKey};
+use zeroize::Zeroizing;
+
+use super::Algorithm;
+
+/// Key material as configured (secrets already resolved from `env:`/`file:`/literal).
+#[derive(Clone)]
+pub enum KeyMaterial {
+    /// HMAC secret, raw bytes (HS256/384/512).
+    Secret(Zeroizing<Vec<u8>>),
+    /// PEM public key (`-----BEGIN PUBLIC KEY-----`): verifies only.
+    Public(Vec<u8>),
+    /// PEM private key (PKCS#8) plus its PEM public key: signs and verifies.
+    KeyPair {
+        /// `-----BEGIN PRIVATE KEY-----` (or `RSA PRIVATE KEY` / `EC PRIVATE KEY`).
+        private: Zeroizing<Vec<u8>>,
+        /// `-----BEGIN PUBLIC KEY-----`.
+        public: Vec<u8>,
+    },
+}
+
+/// One configured key: `[[token.keys]]`, or the single legacy `token.secret` (no `kid`).
+#[derive(Clone)]
+pub struct KeySpec {
+    /// Key id matched against the token header's `kid`; `None` only for `token.secret`.
+    pub kid: Option<String>,
+    /// Algorithms this key verifies. One for `[[token.keys]]`; every configured HMAC algorithm
+    /// for the legacy secret.
+    pub algs: Vec<Algorithm>,
+    /// The key itself.
+    pub material: KeyMaterial,
+}
+
+impl std::fmt::Debug for KeySpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeySpec")
+            .field("kid", &self.kid)
+            .field("algs", &self.algs)
+            .field("material", &"<redacted>")
+            .finish()
+    }
+}
+
+/// Where the JWKS document comes from.
+#[derive(Debug, Clone)]
+pub enum JwksSource {
+    /// `file:PATH`, re-read on refresh.
+    File(PathBuf),
+    /// `http://host:port/path` (plain HTTP: loopback or a sidecar that fetches over TLS).
+    Url(http::Uri),
+}
+
+/// `token.jwks*` settings.
+#[derive(Debug, Clone)]
+pub struct JwksConfig {
+    /// The document's location.
+    pub source: JwksSource,
+    /// Periodic refresh interval. Default 300 s.
+    pub refresh: Duration,
+    /// Least time between two refreshes caused by an unknown `kid`. Default 30 s.
+    pub min_refresh: Duration,
+}
+
+/// A key ready to verify.
+struct VerifyKey {
+    algs: Vec<Algorithm>,
+    key: DecodingKey,
+}
+
+/// The key that signs tokens tessera issues.
+pub struct Signer {
+    kid: Option<String>,
+    alg: Algorithm,
+    key: EncodingKey,
+}
+
+impl Signer {
+    /// The JOSE algorithm of issued tokens.
+    pub fn alg(&self) -> Algorithm {
+        self.alg
+    }
+
+    /// The `kid` put in issued tokens' headers, if any.
+    pub fn kid(&self) -> Option<&str> {
+        self.kid.as_deref()
+    }
+
+    /// Issues a token for session `sid` of user `sub`: claims `sub`, `sid`, `iat`, `exp` (seconds
+    /// since the Unix epoch) and the configured `iss`/`aud`.
+    ///
+    /// Errors: as [`Signer::sign`].
+    pub fn issue(
+        &self,
+        cfg: &crate::config::TokenConfig,
+        sub: &str,
+        sid: &str,
+        iat: u64,
+        exp: u64,
+    ) -> Result<String, String> {
+        self.sign(&super::Claims {
+            sub: sub.to_owned(),
+            sid: sid.to_owned(),
+            iat,
+            exp,
+            iss: cfg.issuer.clone(),
+            aud: cfg.audience.clone(),
+        })
+    }
+
+    /// Signs `claims` as a compact JWS with header `{"typ":"JWT","alg":..,"kid":..}`.
+    ///
+    /// Errors: the crypto backend refused the key (not expected for a validated config).
+    pub fn sign<T: serde::Serialize>(&self, claims: &T) -> Result<String, String> {
+        let mut header = jsonwebtoken::Header::new(self.alg.jwt());
+        header.kid = self.kid.clone();
+        jsonwebtoken::encode(&header, claims, &self.key).map_err(|e| e.to_string())
+    }
+}
+
+/// Why a key could not be loaded.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct KeyError(pub String);
+
+/// Every verification key (configured + JWKS) and the signing key.
+pub struct Keys {
+    by_kid: HashMap<String, VerifyKey>,
+    no_kid: Option<VerifyKey>,
+    signer: Option<Signer>,
+    jwks: Option<Jwks>,
+}
+
+struct Jwks {
+    cfg: JwksConfig,
+    allowed: Vec<Algorithm>,
+    keys: RwLock<Arc<HashMap<String, VerifyKey>>>,
+    /// Serialises fetches; holds the time of the last attempt.
+    last: tokio::sync::Mutex<Option<Instant>>,
+}
+
+fn decoding_key(alg: Algorithm, material: &KeyMaterial) -> Result<DecodingKey, KeyError> {
+    let pem = match material {
+        KeyMaterial::Secret(s) if alg.is_hmac() => return Ok(DecodingKey::from_secret(s)),
+        KeyMaterial::Secret(_) => {
+            return Err(KeyError(format!(
+                "{} needs public_key (PEM), not secret",
+                alg.name()
+            )))
+        }
+        _ if alg.is_hmac() => {
+            return Err(KeyError(format!(
+                "{} needs secret, not a PEM key",
+                alg.name()
+            )))
+        }
+        KeyMaterial::Public(p) | KeyMaterial::KeyPair { public: p, .. } => p,
+    };
+    use Algorithm as A;
+    let r = match alg {
+        A::RS256 | A::RS384 | A::RS512 | A::PS256 | A::PS384 | A::PS512 => {
+            DecodingKey::from_rsa_pem(pem)
+        }
+        A::ES256 | A::ES384 => DecodingKey::from_ec_pem(pem),
+        A::EdDSA => DecodingKey::from_ed_pem(pem),
+        A::HS256 | A::HS384 | A::HS512 => unreachable!("handled above"),
+    };
+    r.map_err(|e| {
+        KeyError(format!(
+            "public_key is not a PEM {} public key: {e}",
+            alg.name()
+        ))
+    })
+}
+
+fn encoding_key(alg: Algorithm, material: &KeyMaterial) -> Result<Option<EncodingKey>, KeyError> {
+    let pem = match material {
+        KeyMaterial::Secret(s) => return Ok(Some(EncodingKey::from_secret(s))),
+        KeyMaterial::Public(_) => return Ok(None),
+        KeyMaterial::KeyPair { private, .. } => private,
+    };
+    use Algorithm as A;
+    let r = match alg {
+        A::RS256 | A::RS384 | A::RS512 | A::PS256 | A::PS384 | A::PS512 => {
+            EncodingKey::from_rsa_pem(pem)
+        }
+        A::ES256 | A::ES384 => EncodingKey::from_ec_pem(pem),
+        A::EdDSA => EncodingKey::from_ed_pem(pem),
+        A::HS256 | A::HS384 | A::HS512 => unreachable!("secret handled above"),
+    };
+    r.map(Some).map_err(|e| {
+        KeyError(format!(
+            "private_key is not a PEM {} private key: {e}",
+            alg.name()
+        ))
+    })
+}
+
+impl Keys {
+    /// Loads the configured keys; `active_kid` names the signing key (`None` with only the legacy
+    /// secret: it signs, without a `kid`).
+    ///
+    /// Errors: a PEM does not parse for its algorithm, or the active key cannot sign; the message
+    /// names the kid.
+    pub fn new(
+        specs: &[KeySpec],
+        active_kid: Option<&str>,
+        jwks: Option<JwksConfig>,
+        allowed: &[Algorithm],
+    ) -> Result<Self, KeyError> {
+        let mut by_kid = HashMap::new();
+        let mut no_kid = None;
+        let mut signer = None;
+        for spec in specs {
+            let name = spec.kid.as_deref().unwrap_or("(token.secret)");
+            let primary = spec.algs[0];
+            let key = decoding_key(primary, &spec.material)
+                .map_err(|e| KeyError(format!("key `{name}`: {e}")))?;
+            let vk = VerifyKey {
+                algs: spec.algs.clone(),
+                key,
+            };
+            if spec.kid.as_deref() == active_kid {
+                let key = encoding_key(primary, &spec.material)
+                    .map_err(|e| KeyError(format!("key `{name}`: {e}")))?
+                    .ok_or_else(|| {
+                        KeyError(format!(
+                            "key `{name}` is active but has only a public key; give private_key too"
+                        ))
+                    })?;
+                signer = Some(Signer {
+                    kid: spec.kid.clone(),
+                    alg: primary,
+                    key,
+                });
+            }
+            match &spec.kid {
+                Some(kid) => {
+                    by_kid.insert(kid.clone(), vk);
+                }
+                None => no_kid = Some(vk),
+            }
+        }
+        Ok(Self {
+            by_kid,
+            no_kid,
+            signer,
+            jwks: jwks.map(|cfg| Jwks {
+                cfg,
+                allowed: allowed.to_vec(),
+                keys: RwLock::new(Arc::new(HashMap::new())),
+                last: tokio::sync::Mutex::new(None),
+            }),
+        })
+    }
+
+    /// The signing key, when one is configured.
+    pub fn signer(&self) -> Option<&Signer> {
+        self.signer.as_ref()
+    }
+
+    /// Calls `f` with the key for `kid` if it verifies `alg`. `Err(true)`: no key with this kid
+    /// (a JWKS refresh may help); `Err(false)`: the key exists but is bound to another algorithm.
+    pub(crate) fn with_key<R>(
+        &self,
+        kid: Option<&str>,
+        alg: Algorithm,
+        f: impl FnOnce(&DecodingKey) -> R,
+    ) -> Result<R, bool> {
+        let pick = |k: &VerifyKey| k.algs.contains(&alg);
+        match kid {
+            Some(kid) => {
+                if let Some(k) = self.by_kid.get(kid) {
+                    return if pick(k) { Ok(f(&k.key)) } else { Err(false) };
+                }
+                let jwks = self.jwks.as_ref().ok_or(true)?;
+                let snapshot = jwks.keys.read().unwrap_or_else(|p| p.into_inner()).clone();
+                match snapshot.get(kid) {
+                    Some(k) if pick(k) => Ok(f(&k.key)),
+                    Some(_) => Err(false),
+                    None => Err(true),
+                }
+            }
+            None => {
+                // RFC 7515 4.1.4: kid is optional. Without one, only an unambiguous key applies.
+                let only = self.no_kid.as_ref().or_else(|| {
+                    (self.by_kid.len() == 1 && self.jwks.is_none())
+                        .then(|| self.by_kid.values().next())
+                        .flatten()
+                });
+                match only {
+                    Some(k) if pick(k) => Ok(f(&k.key)),
+                    Some(_) => Err(false),
+                    None => Err(true),
+                }
+            }
+        }
+    }
+
+    /// True when a JWKS source is configured.
+    pub fn has_jwks(&self) -> bool {
+        self.jwks.is_some()
+    }
+
+    /// Refreshes the JWKS because a token named an unknown `kid`, unless the last refresh was
+    /// less than `token.jwks_min_refresh_seconds` ago. Returns whether a fresh document was loaded.
+    pub async fn refresh_for_unknown_kid(&self) -> bool {
+        match &self.jwks {
+            Some(j) => j.refresh(Some(j.cfg.min_refresh)).await,
+            None => false,
+        }
+    }
+
+    /// Loads the JWKS now (at start and every `token.jwks_refresh_seconds`).
+    ///
+    /// Returns false (and logs why, keeping the previous keys) when the fetch or parse failed.
+    pub async fn refresh_jwks(&self) -> bool {
+        match &self.jwks {
+            Some(j) => j.refresh(None).await,
+            None => false,
+        }
+    }
+
+    /// Periodic JWKS refresh interval, when a JWKS is configured.
+    pub fn jwks_refresh_interval(&self) -> Option<Duration> {
+        self.jwks.as_ref().map(|j| j.cfg.refresh)
+    }
+
+    /// Number of keys currently loaded from the JWKS (for logs and tests).
+    pub fn jwks_len(&self) -> usize {
+        self.jwks.as_ref().map_or(0, |j| {
+            j.keys.read().unwrap_or_else(|p| p.into_inner()).len()
+        })
+    }
+}
+
+impl Jwks {
+    async fn refresh(&self, min_gap: Option<Duration>) -> bool {
+        let mut last = self.last.lock().await;
+        if let (Some(gap), Some(at)) = (min_gap, *last) {
+            if at.elapsed() < gap {
+                return false;
+            }
+        }
+        *last = Some(Instant::now());
+        let doc = match fetch(&self.cfg.source).await {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(error = %e, "JWKS refresh failed; keeping the previous keys");
+                return false;
+            }
+        };
+        match parse_jwks(&doc, &self.allowed) {
+            Ok(keys) => {
+                tracing::info!(keys = keys.len(), "JWKS loaded");
+                *self.keys.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(keys);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "JWKS document rejected; keeping the previous keys");
+                false
+            }
+        }
+    }
+}
+
+/// Largest JWKS document accepted, bytes.
+const MAX_JWKS_BYTES: usize = 1 << 20;
+
+async fn fetch(source: &JwksSource) -> Result<Vec<u8>, KeyError> {
+    match source {
+        JwksSource::File(path) => tokio::fs::read(path)
+            .await
+            .map_err(|e| KeyError(format!("cannot read {}: {e}", path.display()))),
+        JwksSource::Url(uri) => tokio::time::timeout(Duration::from_secs(5), fetch_http(uri))
+            .await
+            .map_err(|_| KeyError(format!("{uri}: no answer within 5 s")))?,
+    }
+}
+
+async fn fetch_http(uri: &http::Uri) -> Result<Vec<u8>, KeyError> {
+    use http_body_util::BodyExt;
+    let err = |e: &dyn std::fmt::Display| KeyError(format!("{uri}: {e}"));
+    let auth = uri.authority().ok_or_else(|| err(&"no host"))?;
+    let addr = format!(
+        "{}:{}",
+        auth.host().trim_start_matches('[').trim_end_matches(']'),
+        auth.port_u16().unwrap_or(80)
+    );
+    let tcp = tokio::net::TcpStream::connect(&addr)
+        .await
+        .map_err(|e| err(&e))?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+        .await
+        .map_err(|e| err(&e))?;
+    tokio::spawn(conn);
+    let req = http::Request::get(uri.path_and_query().map_or("/", |p| p.as_str()))
+        .header(http::header::HOST, auth.as_str())
+        .header(http::header::ACCEPT, "application/json")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .map_err(|e| err(&e))?;
+    let resp = send.send_request(req).await.map_err(|e| err(&e))?;
+    if !resp.status().is_success() {
+        return Err(err(&format!("status {}", resp.status())));
+    }
+    let body = http_body_util::Limited::new(resp.into_body(), MAX_JWKS_BYTES)
+        .collect()
+        .await
+        .map_err(|e| err(&e))?;
+    Ok(body.to_bytes().to_vec())
+}
+
+/// Parses a JWKS document into verification keys by `kid`. Keys without `kid`, with `use` other
+/// than `sig`, or with an algorithm outside `allowed` are skipped. When a JWK has no `alg`, it is
+/// inferred from its type (RSA -> RS256, P-256 -> ES256, P-384 -> ES384, Ed25519 -> EdDSA).
+///
+/// Errors: not a JWKS JSON document.
+fn parse_jwks(doc: &[u8], allowed: &[Algorithm]) -> Result<HashMap<String, VerifyKey>, KeyError> {
+    use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, PublicKeyUse};
+    let set: JwkSet =
+        serde_json::from_slice(doc).map_err(|e| KeyError(format!("not a JWKS document: {e}")))?;
+    let mut out = HashMap::new();
+    for jwk in &set.keys {
+        let Some(kid) = jwk.common.key_id.clone() else {
+            continue;
+        };
+        if matches!(&jwk.common.public_key_use, Some(u) if *u != PublicKeyUse::Signature) {
+            continue;
+        }
+        let alg = match jwk.common.key_algorithm {
+            Some(a) => Algorithm::parse(&format!("{a:?}")),
+            None => match &jwk.algorithm {
+                AlgorithmParameters::RSA(_) => Some(Algorithm::RS256),
+                AlgorithmParameters::EllipticCurve(p) => match p.curve {
+                    EllipticCurve::P256 => Some(Algorithm::ES256),
+                    EllipticCurve::P384 => Some(Algorithm::ES384),
+                    _ => None,
+                },
+                AlgorithmParameters::OctetKeyPair(p) if p.curve == EllipticCurve::Ed25519 => {
+                    Some(Algorithm::EdDSA)
+                }
+                _ => None,
+            },
+        };
+        // Symmetric keys in a published JWKS would be secrets in the open: never accept them.
+        let Some(alg) = alg.filter(|a| allowed.contains(a) && !a.is_hmac()) else {
+            continue;
+        };
+        match DecodingKey::from_jwk(jwk) {
+            Ok(key) => {
+                out.insert(
+                    kid,
+                    VerifyKey {
+                        algs: vec![alg],
+                        key,
+                    },
+                );
+            }
+            Err(e) => tracing::warn!(kid = %kid, error = %e, "JWKS key skipped"),
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jwks_skips_symmetric_unlisted_and_kidless_keys() {
+        let doc = br#"{"keys":[
+            {"kty":"oct","kid":"h","k":"c2VjcmV0","alg":"HS256"},
+            {"kty":"OKP","crv":"Ed25519","kid":"ed","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"},
+            {"kty":"OKP","crv":"Ed25519","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"},
+            {"kty":"OKP","crv":"Ed25519","kid":"enc","use":"enc","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}
+        ]}"#;
+        let keys = parse_jwks(doc, &[Algorithm::EdDSA, Algorithm::HS256]).unwrap();
+        assert_eq!(keys.keys().collect::<Vec<_>>(), vec!["ed"]);
+        assert!(parse_jwks(doc, &[Algorithm::RS256]).unwrap().is_empty());
+        assert!(parse_jwks(b"[]", &[Algorithm::EdDSA]).is_err());
+    }
+
+    #[test]
+    fn key_bound_to_its_algorithm() {
+        let spec = KeySpec {
+            kid: Some("a".into()),
+            algs: vec![Algorithm::HS512],
+            material: KeyMaterial::Secret(Zeroizing::new(vec![1; 64])),
+        };
+        let keys = Keys::new(&[spec], Some("a"), None, &[Algorithm::HS512]).unwrap();
+        assert!(keys.with_key(Some("a"), Algorithm::HS512, |_| ()).is_ok());
+        assert_eq!(
+            keys.with_key(Some("a"), Algorithm::HS256, |_| ()),
+            Err(false)
+        );
+        assert_eq!(
+            keys.with_key(Some("b"), Algorithm::HS512, |_| ()),
+            Err(true)
+        );
+        // a single kid-bearing key also serves tokens without kid
+        assert!(keys.with_key(None, Algorithm::HS512, |_| ()).is_ok());
+        assert_eq!(keys.signer().unwrap().kid(), Some("a"));
+    }
+}
