@@ -96,6 +96,20 @@ pub async fn revoke_session(cfg: &Config, sid: &str) -> Result<bool, AdminError>
     Ok(crate::sessions_from_config(cfg)?.revoke(sid).await?)
 }
 
+/// Every live session in the configured store (sid hash, subject, expiry, sealing key id).
+///
+/// Errors: [`AdminError::Store`].
+pub async fn list_sessions(cfg: &Config) -> Result<Vec<crate::session::Listed>, AdminError> {
+    Ok(crate::sessions_from_config(cfg)?.list().await?)
+}
+
+/// Re-seals every stored session under `credentials.active`.
+///
+/// Errors: [`AdminError::Store`].
+pub async fn reseal_sessions(cfg: &Config) -> Result<crate::session::ResealReport, AdminError> {
+    Ok(crate::sessions_from_config(cfg)?.reseal().await?)
+}
+
 /// Fresh key material: a 64-byte JWT secret (base64url, 86 chars) and a 32-byte sealing key
 /// (standard base64), as `NAME=value` lines for an environment file.
 pub fn keygen() -> String {

@@ -37,6 +37,26 @@ async fn demo_upstream(
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
+    let html = req
+        .headers()
+        .get(http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("text/html"));
+    if seen == expected && html {
+        let page = format!(
+            "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>tessera demo</title></head>\
+             <body><main><h1>Hello, {DEMO_USER}</h1><p id=\"seen\">The upstream received <code>{seen}</code> for <code>{}</code>.</p>\
+             <form method=\"post\" action=\"/auth/logout\"><input type=\"hidden\" name=\"rd\" value=\"/auth/login\">\
+             <button type=\"submit\">Log out</button></form></main></body></html>\n",
+            req.uri().path()
+        );
+        let mut resp = Response::new(Full::new(Bytes::from(page)));
+        resp.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/html; charset=utf-8"),
+        );
+        return Ok(resp);
+    }
     let (status, body) = if seen == expected {
         (StatusCode::OK, format!("{{\"upstream\":\"tessera demo\",\"user\":\"{DEMO_USER}\",\"authorization_seen\":\"{seen}\",\"path\":\"{}\"}}\n", req.uri().path()))
     } else {
@@ -95,7 +115,8 @@ pub async fn run(
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let toml = format!(
         "[server]\nlisten = \"{addr}\"\n[upstream]\nurl = \"http://{up_addr}\"\n[token]\nsecret = \"{}\"\n\
-         [session]\nstore = \"embedded:{}\"\n[credentials]\nkeys = {{ demo = \"{}\" }}\n[log]\nlevel = \"warn\"\n",
+         [session]\nstore = \"embedded:{}\"\n[credentials]\nkeys = {{ demo = \"{}\" }}\n\
+         [login]\ncookie_secure = false\n[log]\nlevel = \"warn\"\n",
         b64(&jwt),
         store_dir.display(),
         b64(&key)
@@ -116,6 +137,9 @@ pub async fn run(
         created.token
     );
     println!("(without the header tessera answers 401; Ctrl-C stops the demo)");
+    println!(
+        "or open http://{addr}/ in a browser and sign in as {DEMO_USER} / {DEMO_PASSWORD}"
+    );
     use std::io::Write;
     let _ = std::io::stdout().flush();
     let proxy = Arc::new(crate::Proxy::from_config(&cfg).map_err(|e| e.to_string())?);

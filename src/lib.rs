@@ -8,6 +8,7 @@ pub mod config;
 pub mod demo;
 pub mod error;
 pub mod forward;
+pub mod login;
 pub mod proxy;
 pub mod screen;
 pub mod seal;
@@ -54,6 +55,16 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), session::StoreError> {
     let proxy = Arc::new(Proxy::from_config(&cfg)?);
+    if let Some(every) = proxy.verifier().keys().jwks_refresh_interval() {
+        let keys = proxy.verifier().keys().clone();
+        keys.refresh_jwks().await;
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                keys.refresh_jwks().await;
+            }
+        });
+    }
     tracing::info!(listen = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), upstream = %cfg.upstream.url, "tessera serving");
     server::serve(listener, proxy, &cfg.server, shutdown).await;
     Ok(())

@@ -32,7 +32,7 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
-    /// Create or revoke sessions in the configured store.
+    /// Create, revoke, list or re-seal sessions in the configured store.
     #[command(subcommand)]
     Session(SessionCommand),
     /// Print fresh random key material for the config.
@@ -67,6 +67,20 @@ enum SessionCommand {
         config: PathBuf,
         #[arg(long)]
         sid: String,
+    },
+    /// List live sessions: sid hash, subject, expiry, sealing key id (never credentials).
+    List {
+        #[arg(long)]
+        config: PathBuf,
+        /// One JSON object per line instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Re-seal every stored session under the active sealing key (credentials.active), keeping
+    /// expiries; prints {"total","resealed","already_active","unreadable","gone"}.
+    Reseal {
+        #[arg(long)]
+        config: PathBuf,
     },
 }
 
@@ -177,6 +191,62 @@ async fn session(cmd: SessionCommand) -> ExitCode {
             match admin::create_session(&cfg, user, trimmed, ttl).await {
                 Ok(created) => {
                     println!("{}", serde_json::to_string(&created).expect("serializable"));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("tessera: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        SessionCommand::List { config, json } => {
+            let cfg = match load(&config) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            match admin::list_sessions(&cfg).await {
+                Ok(list) => {
+                    if json {
+                        for l in &list {
+                            println!("{}", serde_json::to_string(l).expect("serializable"));
+                        }
+                    } else {
+                        println!("{:<14} {:<24} {:<22} KEY", "SID_HASH", "SUB", "EXPIRES_AT");
+                        for l in &list {
+                            let expires = l.expires_at.map_or_else(
+                                || "-".to_string(),
+                                |e| {
+                                    humantime::format_rfc3339_seconds(
+                                        std::time::UNIX_EPOCH + std::time::Duration::from_secs(e),
+                                    )
+                                    .to_string()
+                                },
+                            );
+                            println!(
+                                "{:<14} {:<24} {:<22} {}",
+                                l.sid_hash,
+                                l.sub.as_deref().unwrap_or("-"),
+                                expires,
+                                l.key_id.as_deref().unwrap_or("plaintext")
+                            );
+                        }
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("tessera: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        SessionCommand::Reseal { config } => {
+            let cfg = match load(&config) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            match admin::reseal_sessions(&cfg).await {
+                Ok(report) => {
+                    println!("{}", serde_json::to_string(&report).expect("serializable"));
                     ExitCode::SUCCESS
                 }
                 Err(e) => {

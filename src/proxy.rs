@@ -19,6 +19,7 @@ use http_body_util::BodyExt;
 use crate::config::Config;
 use crate::error::ProxyError;
 use crate::forward::{BoxError, ProxyBody, UpBody, Upstream};
+use crate::login::Login;
 use crate::screen::{self, Limits, Screened};
 use crate::session::{sid_hash, Session, Sessions};
 use crate::token::{self, TokenSource, Verifier};
@@ -38,6 +39,8 @@ pub struct Proxy {
     preserve_host: bool,
     strip_response: Vec<HeaderName>,
     access_log: bool,
+    /// The session-side endpoints, when `[login]` is configured.
+    login: Option<Login>,
 }
 
 /// `WWW-Authenticate` sent when the upstream answered 401 to the injected credentials (RFC 6750 3).
@@ -49,6 +52,8 @@ const UPSTREAM_REJECTED: &str =
 struct Ctx {
     /// The verified session id (hashed only when a log line is written).
     sid: Option<String>,
+    /// Log reason of a response that is not a [`ProxyError`] (login endpoints).
+    reason: Option<String>,
 }
 
 impl Proxy {
@@ -71,14 +76,17 @@ impl Proxy {
             cfg.upstream.idle_timeout,
             cfg.upstream.response_header_timeout,
         );
+        let verifier = Verifier::new(&cfg.token);
+        let login = Login::from_config(cfg, &verifier);
         Self {
+            login,
             limits: Limits {
                 max_header_bytes: cfg.server.max_header_bytes,
                 max_uri_bytes: cfg.server.max_uri_bytes,
                 max_body_bytes: cfg.server.max_body_bytes,
             },
             sources: cfg.token.sources.clone(),
-            verifier: Verifier::new(&cfg.token),
+            verifier,
             sessions,
             upstream,
             base_path: url.path().trim_end_matches('/').to_owned(),
@@ -95,6 +103,11 @@ impl Proxy {
     /// Errors: the session store cannot be opened.
     pub fn from_config(cfg: &Config) -> Result<Self, crate::session::StoreError> {
         Ok(Self::new(cfg, crate::sessions_from_config(cfg)?))
+    }
+
+    /// The token verifier (its key set refreshes the JWKS).
+    pub fn verifier(&self) -> &Verifier {
+        &self.verifier
     }
 
     /// The upstream (pool counters for tests and benchmarks).
@@ -129,7 +142,7 @@ impl Proxy {
                 status = resp.status().as_u16(),
                 duration_us = started.elapsed().as_micros() as u64,
                 sid_hash = ctx.sid.as_deref().map(sid_hash).as_deref().unwrap_or("-"),
-                reason = reason.as_deref().unwrap_or("-"),
+                reason = reason.as_deref().or(ctx.reason.as_deref()).unwrap_or("-"),
             );
         }
         resp
@@ -147,26 +160,85 @@ impl Proxy {
     {
         let (mut parts, body) = req.into_parts();
         let screened = screen::screen_request(&mut parts, &self.limits)?;
-        let token = token::extract(&parts.headers, &self.sources)?;
-        let verified = self.verifier.verify(&token, unix_now())?;
-        drop(token);
-        let session = self.sessions.resolve(&verified.sid).await;
-        ctx.sid = Some(verified.sid);
-        let session = session?;
+        if let Some(login) = &self.login {
+            if let Some(endpoint) = login.route(parts.uri.path()) {
+                let (resp, reason) = login
+                    .handle(
+                        endpoint,
+                        &parts,
+                        body,
+                        &screened.host,
+                        peer,
+                        &self.verifier,
+                        &self.sessions,
+                        &self.upstream,
+                        &mut ctx.sid,
+                    )
+                    .await;
+                ctx.reason = reason;
+                return Ok(resp);
+            }
+        }
+        let session = match self.authenticate(&parts, ctx).await {
+            Ok(s) => s,
+            Err(e) => {
+                return match &self.login {
+                    Some(login)
+                        if e.status() == http::StatusCode::UNAUTHORIZED
+                            && Login::wants_login_page(&parts) =>
+                    {
+                        ctx.reason = Some(format!("{e}; sent to the login page"));
+                        let target = parts.uri.path_and_query().map_or("/", PathAndQuery::as_str);
+                        Ok(login.login_redirect(target))
+                    }
+                    _ => Err(e),
+                };
+            }
+        };
         let target = self.upstream_uri(&parts.uri)?;
         self.inject(&mut parts, &screened, &session, peer, target);
         let req = Request::from_parts(parts, self.limit_body(body));
         let mut resp = self.upstream.forward(req).await?;
         screen::screen_response(resp.headers_mut(), &self.strip_response);
         if resp.status() == http::StatusCode::UNAUTHORIZED {
-            // The upstream refused the stored credentials. Its `Basic` challenge would make a
-            // browser prompt for the upstream password; tell the client its session is the problem.
-            resp.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static(UPSTREAM_REJECTED),
-            );
+            return Ok(self.upstream_rejected(ctx).await);
         }
         Ok(resp)
+    }
+
+    /// extract -> verify -> resolve (+ unseal): the session a request's token names.
+    async fn authenticate(&self, parts: &Parts, ctx: &mut Ctx) -> Result<Session, ProxyError> {
+        let token = token::extract(&parts.headers, &self.sources)?;
+        let verified = self.verifier.verify_refreshing(&token, unix_now()).await?;
+        drop(token);
+        let session = self.sessions.resolve(&verified.sid).await;
+        ctx.sid = Some(verified.sid);
+        Ok(session?)
+    }
+
+    /// The upstream refused the stored credentials (the password was changed or the account
+    /// closed): the session is useless, so it is deleted, and the client gets a Bearer challenge
+    /// saying why instead of the upstream's `Basic` one (which would make a browser prompt for
+    /// the upstream password).
+    async fn upstream_rejected(&self, ctx: &mut Ctx) -> Response<ProxyBody> {
+        if let Some(sid) = &ctx.sid {
+            match self.sessions.revoke(sid).await {
+                Ok(_) => ctx.reason = Some("upstream rejected credentials; session deleted".into()),
+                Err(e) => {
+                    ctx.reason = Some(format!("upstream rejected credentials; delete failed: {e}"))
+                }
+            }
+        }
+        let mut resp = Response::new(ProxyBody::full("Unauthorized\n"));
+        *resp.status_mut() = http::StatusCode::UNAUTHORIZED;
+        let h = resp.headers_mut();
+        h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(UPSTREAM_REJECTED));
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        if let Some(login) = &self.login {
+            h.append(header::SET_COOKIE, login.clear_token_cookie());
+        }
+        resp
     }
 
     /// inject: drop every client credential, set the upstream's, set forwarding headers and

@@ -167,6 +167,24 @@ impl Verifier {
     ///
     /// Errors: the first [`TokenError`] found, in the order of the module docs.
     pub fn verify(&self, token: &str, now: u64) -> Result<VerifiedToken, TokenError> {
+        self.verify_inner(token, now, true)
+    }
+
+    /// Like [`Verifier::verify`] without the `exp` check (logout of an expired token's session).
+    pub fn verify_ignoring_expiry(
+        &self,
+        token: &str,
+        now: u64,
+    ) -> Result<VerifiedToken, TokenError> {
+        self.verify_inner(token, now, false)
+    }
+
+    fn verify_inner(
+        &self,
+        token: &str,
+        now: u64,
+        check_exp: bool,
+    ) -> Result<VerifiedToken, TokenError> {
         if token.len() > self.max_bytes {
             return Err(TokenError::TooLarge);
         }
@@ -216,16 +234,17 @@ impl Verifier {
             .map_err(|_| TokenError::Malformed)?;
         let claims: serde_json::Map<String, serde_json::Value> =
             serde_json::from_slice(&payload).map_err(|_| TokenError::Malformed)?;
-        self.check_claims(&claims, now)
+        self.check_claims(&claims, now, check_exp)
     }
 
     fn check_claims(
         &self,
         claims: &serde_json::Map<String, serde_json::Value>,
         now: u64,
+        check_exp: bool,
     ) -> Result<VerifiedToken, TokenError> {
         let exp = numeric_date(claims.get("exp")).ok_or(TokenError::MissingExp)?;
-        if exp.saturating_add(self.leeway) <= now {
+        if check_exp && exp.saturating_add(self.leeway) <= now {
             return Err(TokenError::Expired);
         }
         if let Some(v) = claims.get("nbf") {
