@@ -137,9 +137,7 @@ pub async fn run(
         created.token
     );
     println!("(without the header tessera answers 401; Ctrl-C stops the demo)");
-    println!(
-        "or open http://{addr}/ in a browser and sign in as {DEMO_USER} / {DEMO_PASSWORD}"
-    );
+    println!("or open http://{addr}/ in a browser and sign in as {DEMO_USER} / {DEMO_PASSWORD}");
     use std::io::Write;
     let _ = std::io::stdout().flush();
     let proxy = Arc::new(crate::Proxy::from_config(&cfg).map_err(|e| e.to_string())?);

@@ -245,11 +245,13 @@ impl Login {
         if let Some(wait) = wait {
             return self.refuse(Refusal::Limited(wait.as_secs().max(1)), is_form, rd);
         }
-        let creds = match Credentials::new(form.username.trim().to_owned(), form.password.to_string())
-        {
-            Ok(c) => c,
-            Err(_) => return self.refuse(Refusal::Bad("user name or password unusable"), is_form, rd),
-        };
+        let creds =
+            match Credentials::new(form.username.trim().to_owned(), form.password.to_string()) {
+                Ok(c) => c,
+                Err(_) => {
+                    return self.refuse(Refusal::Bad("user name or password unusable"), is_form, rd)
+                }
+            };
         drop(form.password);
         match self.check_upstream(&creds, upstream).await {
             Ok(true) => {}
@@ -262,11 +264,16 @@ impl Login {
         }
         let created = match sessions.create(&creds, self.session_ttl).await {
             Ok(c) => c,
-            Err(_) => return self.refuse(Refusal::Proxy(ProxyError::StoreUnavailable), is_form, rd),
+            Err(_) => {
+                return self.refuse(Refusal::Proxy(ProxyError::StoreUnavailable), is_form, rd)
+            }
         };
         let now = unix_now();
         let exp = (now + self.cfg.token_ttl_seconds).min(created.expires_at);
-        let signer = self.keys.signer().expect("validated: login has a signing key");
+        let signer = self
+            .keys
+            .signer()
+            .expect("validated: login has a signing key");
         let jwt = match signer.issue(&self.token, creds.user(), &created.sid, now, exp) {
             Ok(t) => t,
             Err(_) => {
@@ -326,7 +333,10 @@ impl Login {
         } else {
             let mut fields: HashMap<String, Zeroizing<String>> = HashMap::new();
             for (k, v) in form_urlencoded::parse(&bytes) {
-                if fields.insert(k.into_owned(), Zeroizing::new(v.into_owned())).is_some() {
+                if fields
+                    .insert(k.into_owned(), Zeroizing::new(v.into_owned()))
+                    .is_some()
+                {
                     return Err(Refusal::Bad("repeated form field"));
                 }
             }
@@ -344,7 +354,9 @@ impl Login {
             let cookie = cookie_value(&parts.headers, &self.csrf_cookie);
             let ok = matches!((&form.csrf, cookie), (Some(f), Some(c)) if !f.is_empty() && constant_eq(f.as_bytes(), c.as_bytes()));
             if !ok {
-                return Err(Refusal::Forbidden("CSRF token missing or wrong; reload the login page"));
+                return Err(Refusal::Forbidden(
+                    "CSRF token missing or wrong; reload the login page",
+                ));
             }
         }
         if form.username.trim().is_empty() || form.password.is_empty() {
@@ -377,7 +389,10 @@ impl Login {
             200..=299 => Ok(true),
             401 | 403 => Ok(false),
             _ => {
-                tracing::warn!(status = status.as_u16(), "login check: unexpected upstream status");
+                tracing::warn!(
+                    status = status.as_u16(),
+                    "login check: unexpected upstream status"
+                );
                 Err(ProxyError::Upstream(crate::forward::ForwardError::Broken(
                     "unexpected status to the login check".into(),
                 )))
@@ -438,7 +453,8 @@ impl Login {
             None => {
                 let mut r = Response::new(ProxyBody::empty());
                 *r.status_mut() = StatusCode::NO_CONTENT;
-                r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+                r.headers_mut()
+                    .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
                 r.headers_mut().append(header::SET_COOKIE, clear);
                 r
             }
@@ -496,12 +512,17 @@ impl Login {
                 let log = format!("login: {e}");
                 let status = e.status();
                 let mut resp = if is_form {
-                    self.page(status, rd.unwrap_or("/"), Some("the mail server is not answering; try again shortly"))
+                    self.page(
+                        status,
+                        rd.unwrap_or("/"),
+                        Some("the mail server is not answering; try again shortly"),
+                    )
                 } else {
                     json_error(status, "upstream unavailable")
                 };
                 if status == StatusCode::SERVICE_UNAVAILABLE {
-                    resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                    resp.headers_mut()
+                        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
                 }
                 return (resp, Some(log));
             }
@@ -532,7 +553,10 @@ impl Login {
         let csrf = URL_SAFE_NO_PAD.encode(raw);
         let title = html_escape(&self.cfg.page_title);
         let error = error.map_or_else(String::new, |e| {
-            format!("<p class=\"error\" role=\"alert\" id=\"error\">{}</p>\n", html_escape(e))
+            format!(
+                "<p class=\"error\" role=\"alert\" id=\"error\">{}</p>\n",
+                html_escape(e)
+            )
         });
         let html = format!(
             include_str!("login_page.html"),
@@ -545,21 +569,36 @@ impl Login {
         let mut resp = Response::new(ProxyBody::full(html));
         *resp.status_mut() = status;
         let h = resp.headers_mut();
-        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/html; charset=utf-8"),
+        );
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         h.insert(
             header::CONTENT_SECURITY_POLICY,
             HeaderValue::from_static("default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
         );
         h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-        h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
-        h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
-        h.append(header::SET_COOKIE, self.cookie(&self.csrf_cookie, &csrf, None));
+        h.insert(
+            header::X_CONTENT_TYPE_OPTIONS,
+            HeaderValue::from_static("nosniff"),
+        );
+        h.insert(
+            header::REFERRER_POLICY,
+            HeaderValue::from_static("no-referrer"),
+        );
+        h.append(
+            header::SET_COOKIE,
+            self.cookie(&self.csrf_cookie, &csrf, None),
+        );
         resp
     }
 
     fn cookie(&self, name: &str, value: &str, max_age: Option<u64>) -> HeaderValue {
-        let mut c = format!("{name}={value}; Path=/; HttpOnly; SameSite={}", self.cfg.cookie_same_site.as_str());
+        let mut c = format!(
+            "{name}={value}; Path=/; HttpOnly; SameSite={}",
+            self.cfg.cookie_same_site.as_str()
+        );
         if let Some(age) = max_age {
             c.push_str(&format!("; Max-Age={age}"));
         }
@@ -611,7 +650,8 @@ pub fn safe_redirect(rd: &str) -> Option<&str> {
             && !b.iter().any(|&c| c == b'\\' || c.is_ascii_control())
     }
     let raw = rd.as_bytes();
-    if rd.len() > MAX_RD_BYTES || !no_authority(raw) || raw.iter().any(|&c| c == b' ' || c >= 0x80) {
+    if rd.len() > MAX_RD_BYTES || !no_authority(raw) || raw.iter().any(|&c| c == b' ' || c >= 0x80)
+    {
         return None;
     }
     let decoded = percent_decode(rd)?;
@@ -724,8 +764,10 @@ where
 fn json(status: StatusCode, body: Vec<u8>) -> Response<ProxyBody> {
     let mut r = Response::new(ProxyBody::full(body));
     *r.status_mut() = status;
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     r.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     r
@@ -753,12 +795,7 @@ fn redirect(location: &str, cookie: Option<HeaderValue>) -> Response<ProxyBody> 
     r
 }
 
-type Gcra<K> = RateLimiter<
-    K,
-    HashMapStateStore<K>,
-    MonotonicClock,
-    StateInformationMiddleware,
->;
+type Gcra<K> = RateLimiter<K, HashMapStateStore<K>, MonotonicClock, StateInformationMiddleware>;
 
 /// Counts failed attempts per key with GCRA (`burst` failures, refilled one per
 /// `window / burst`), and remembers which keys used their last one, so that the next attempt is
@@ -786,7 +823,7 @@ impl<K: Hash + Eq + Clone> FailureLimit<K> {
                 HashMapStateStore::default(),
                 clock.clone(),
             )
-                .with_middleware::<StateInformationMiddleware>(),
+            .with_middleware::<StateInformationMiddleware>(),
             clock,
             blocked: Mutex::new(HashMap::new()),
         }
@@ -827,8 +864,19 @@ mod tests {
             assert_eq!(safe_redirect(good), Some(good), "{good}");
         }
         for bad in [
-            "//evil", "/\\evil", "/%09/evil", "https:evil", "https://evil", "evil", "", "/%2F/evil",
-            "/%5Cevil", "/\t/evil", " /x", "/x\ny", "/%2f%2fevil",
+            "//evil",
+            "/\\evil",
+            "/%09/evil",
+            "https:evil",
+            "https://evil",
+            "evil",
+            "",
+            "/%2F/evil",
+            "/%5Cevil",
+            "/\t/evil",
+            " /x",
+            "/x\ny",
+            "/%2f%2fevil",
         ] {
             assert_eq!(safe_redirect(bad), None, "{bad:?}");
         }
@@ -842,13 +890,21 @@ mod tests {
             assert!(l.blocked_for(&"a".to_string()).is_none());
         }
         l.record_failure("a".to_string());
-        let wait = l.blocked_for(&"a".to_string()).expect("blocked after 3 failures");
-        assert!(wait <= Duration::from_secs(100) && wait > Duration::from_secs(90), "{wait:?}");
+        let wait = l
+            .blocked_for(&"a".to_string())
+            .expect("blocked after 3 failures");
+        assert!(
+            wait <= Duration::from_secs(100) && wait > Duration::from_secs(90),
+            "{wait:?}"
+        );
         assert!(l.blocked_for(&"b".to_string()).is_none());
     }
 
     #[test]
     fn html_is_escaped() {
-        assert_eq!(html_escape("<a href=\"x\">&'"), "&lt;a href=&quot;x&quot;&gt;&amp;&#39;");
+        assert_eq!(
+            html_escape("<a href=\"x\">&'"),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
+        );
     }
 }

@@ -232,8 +232,14 @@ impl Proxy {
         let mut resp = Response::new(ProxyBody::full("Unauthorized\n"));
         *resp.status_mut() = http::StatusCode::UNAUTHORIZED;
         let h = resp.headers_mut();
-        h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(UPSTREAM_REJECTED));
-        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+        h.insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static(UPSTREAM_REJECTED),
+        );
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         if let Some(login) = &self.login {
             h.append(header::SET_COOKIE, login.clear_token_cookie());

@@ -35,6 +35,7 @@ fn require(binary: &str) {
         Command::new("sh")
             .arg("-c")
             .arg(format!("command -v {binary}"))
+            .stdout(Stdio::null())
             .status()
             .unwrap()
             .success(),
@@ -218,13 +219,31 @@ pub fn config(listen_port: u16, upstream: &str, store: &str, extra: &[(&str, &st
     };
     format!(
         "[server]\nlisten = \"127.0.0.1:{listen_port}\"\n{}[upstream]\nurl = \"{upstream}\"\n{}[token]\nsecret = \"{JWT_SECRET}\"\n{}\
-         [session]\nstore = \"{store}\"\n{}[credentials]\nkeys = {{ k1 = \"{CRED_KEY}\" }}\n{}[log]\nlevel = \"info\"\n{}",
+         [session]\nstore = \"{store}\"\n{}[credentials]\n{}[log]\nlevel = \"info\"\n{}{}{}",
         add("server"),
         add("upstream"),
         add("token"),
         add("session"),
-        add("credentials"),
+        {
+            // [credentials] extras may replace the default key set.
+            let c = add("credentials");
+            if c.contains("keys") {
+                c
+            } else {
+                format!("keys = {{ k1 = \"{CRED_KEY}\" }}\n{c}")
+            }
+        },
         add("log"),
+        {
+            let l = add("login");
+            if l.is_empty() {
+                String::new()
+            } else {
+                format!("[login]\n{l}")
+            }
+        },
+        // tables that must come last ([[token.keys]] entries are given whole)
+        add("tables"),
     )
 }
 

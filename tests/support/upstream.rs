@@ -35,6 +35,17 @@ pub struct Stats {
     pub body_bytes: AtomicU64,
     pub last_authorization: Mutex<String>,
     pub raw_bytes: Mutex<Vec<u8>>,
+    /// `Users` behaviour: user -> password; tests change it to simulate a password change.
+    pub users: Mutex<std::collections::HashMap<String, String>>,
+}
+
+impl Stats {
+    pub fn set_password(&self, user: &str, password: &str) {
+        self.users
+            .lock()
+            .unwrap()
+            .insert(user.to_string(), password.to_string());
+    }
 }
 
 pub struct TestUpstream {
@@ -57,6 +68,9 @@ pub enum Behavior {
     /// raw: answers the first request on each connection with a keep-alive 200, then closes the
     /// connection without answering when the second request arrives (the keep-alive race).
     DropSecondRequest,
+    /// hyper server: a Basic-auth service; 200 `{"user":..}` when the credentials match
+    /// `Stats::users`, else 401 with a `Basic` challenge (like Cyrus).
+    Users,
     /// raw: answers with Cyrus-like `Connection: Upgrade`, `Upgrade: h2c`, `Alt-Svc`, `Keep-Alive`.
     HopHeaders,
 }
@@ -122,6 +136,29 @@ async fn handle(
             tokio::time::sleep(delay).await;
             let b = format!("{{\"auth\":\"{auth}\",\"bytes\":{n}}}");
             Ok(Response::new(Full::new(Bytes::from(b)).boxed()))
+        }
+        Behavior::Users => {
+            use base64::Engine;
+            let pair = auth
+                .strip_prefix("Basic ")
+                .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+                .and_then(|b| String::from_utf8(b).ok())
+                .unwrap_or_default();
+            let ok = pair
+                .split_once(':')
+                .is_some_and(|(u, p)| s.users.lock().unwrap().get(u).is_some_and(|want| want == p));
+            if ok {
+                let user = pair.split_once(':').unwrap().0.to_string();
+                Ok(Response::new(
+                    Full::new(Bytes::from(format!("{{\"user\":\"{user}\"}}"))).boxed(),
+                ))
+            } else {
+                let mut r = Response::new(Full::new(Bytes::from_static(b"no")).boxed());
+                *r.status_mut() = hyper::StatusCode::UNAUTHORIZED;
+                r.headers_mut()
+                    .insert("www-authenticate", "Basic realm=\"up\"".parse().unwrap());
+                Ok(r)
+            }
         }
         Behavior::Download { n } => {
             let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
@@ -225,4 +262,34 @@ pub fn recording_relay(target_port: u16) -> (u16, Arc<Mutex<Vec<u8>>>) {
         }
     });
     (port, seen)
+}
+
+/// A hyper server answering every request with `body` as JSON (a JWKS endpoint). Returns its port.
+pub fn serve_static(body: String) -> u16 {
+    let listener = rt().block_on(TcpListener::bind("127.0.0.1:0")).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let body = Bytes::from(body);
+    rt().spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let body = body.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |_req: Request<Incoming>| {
+                    let body = body.clone();
+                    async move {
+                        let mut r = Response::new(Full::new(body));
+                        r.headers_mut()
+                            .insert("content-type", "application/json".parse().unwrap());
+                        Ok::<_, Infallible>(r)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    port
 }

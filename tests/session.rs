@@ -1,0 +1,806 @@
+//! The session side against real processes: two tessera instances sharing a real redis-server,
+//! a Basic-auth upstream whose passwords the test controls, curl as the client.
+
+mod support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use support::upstream::{self, Behavior, TestUpstream};
+use support::{bearer, bin, config, curl, Redis, Tessera};
+
+/// Second HMAC key for rotation tests (64 bytes).
+const K2: &str = "k2-secret-0123456789-0123456789-0123456789-0123456789-0123456789ab";
+const K_OLD: &str = "old-secret-0123456789-0123456789-0123456789-0123456789-0123456789a";
+
+fn users() -> TestUpstream {
+    let up = upstream::start(Behavior::Users);
+    up.stats.set_password("alice", "alice-pw");
+    up.stats.set_password("bob", "bob-pw");
+    up
+}
+
+/// A tessera on Redis with `[login]` for local http (cookie `tessera`, not Secure).
+fn on_redis(up: &TestUpstream, redis: &Redis, extra: &[(&str, &str)]) -> Tessera {
+    let mut all: Vec<(&str, &str)> = vec![
+        ("login", "cookie_secure = false"),
+        ("login", "verify_path = \"/check\""),
+    ];
+    all.extend_from_slice(extra);
+    let url = redis.url();
+    let up_url = up.url();
+    Tessera::start(move |port, _| config(port, &up_url, &url, &all))
+}
+
+struct Answer {
+    code: u16,
+    headers: String,
+    body: String,
+}
+
+impl Answer {
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+
+    fn header(&self, name: &str) -> Option<String> {
+        self.headers.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+        })
+    }
+}
+
+/// curl with headers captured separately.
+fn call(args: &[&str]) -> Answer {
+    let dir = tempfile::tempdir().unwrap();
+    let hdr = dir.path().join("h");
+    let mut all = vec!["-D", hdr.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let (code, body) = curl(&all);
+    Answer {
+        code,
+        headers: std::fs::read_to_string(&hdr).unwrap_or_default(),
+        body,
+    }
+}
+
+fn login(t: &Tessera, user: &str, password: &str) -> Answer {
+    let body = serde_json::json!({"username": user, "password": password}).to_string();
+    call(&[
+        "-H",
+        "Content-Type: application/json",
+        "--data-binary",
+        &body,
+        &t.url("/auth/login"),
+    ])
+}
+
+fn token_of(a: &Answer) -> String {
+    assert_eq!(a.code, 200, "login failed: {} {}", a.headers, a.body);
+    a.json()["token"].as_str().unwrap().to_string()
+}
+
+fn session_keys(redis: &Redis) -> Vec<String> {
+    redis
+        .cli(&["--scan", "--pattern", "tessera:session:*"])
+        .lines()
+        .map(str::to_string)
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+#[test]
+fn login_on_a_use_on_b_logout_on_b_refused_on_a() {
+    let up = users();
+    let redis = Redis::start();
+    let a = on_redis(&up, &redis, &[]);
+    let b = on_redis(&up, &redis, &[]);
+
+    let answer = login(&a, "alice", "alice-pw");
+    let token = token_of(&answer);
+    let v = answer.json();
+    assert_eq!(v["sub"], "alice");
+    assert!(v["expires_at"].as_u64().unwrap() > support_now());
+    let cookie = answer.header("set-cookie").expect("token cookie set");
+    assert!(cookie.starts_with(&format!("tessera={token};")), "{cookie}");
+    for attr in ["HttpOnly", "SameSite=Strict", "Path=/"] {
+        assert!(cookie.contains(attr), "{cookie}");
+    }
+    assert_eq!(session_keys(&redis).len(), 1);
+
+    // the token works on B, as bearer and as the login cookie
+    let (code, body) = curl(&["-H", &bearer(&token), &b.url("/mail")]);
+    assert_eq!((code, body.as_str()), (200, "{\"user\":\"alice\"}"));
+    let (code, _) = curl(&["-H", &format!("Cookie: tessera={token}"), &b.url("/mail")]);
+    assert_eq!(code, 200);
+    assert_eq!(
+        up.stats.last_authorization.lock().unwrap().as_str(),
+        support::basic("alice", "alice-pw")
+    );
+
+    let who = call(&["-H", &bearer(&token), &a.url("/auth/session")]);
+    assert_eq!(who.code, 200, "{}", who.body);
+    assert_eq!(who.json()["sub"], "alice");
+    assert_eq!(who.json()["sid_hash"].as_str().unwrap().len(), 12);
+
+    let out = call(&["-X", "POST", "-H", &bearer(&token), &b.url("/auth/logout")]);
+    assert_eq!(out.code, 204, "{}", out.body);
+    assert!(out.header("set-cookie").unwrap().contains("Max-Age=0"));
+    assert!(
+        session_keys(&redis).is_empty(),
+        "logout deleted the session"
+    );
+
+    let (code, _) = curl(&["-H", &bearer(&token), &a.url("/mail")]);
+    assert_eq!(code, 401, "A refuses the token after logout on B");
+    let who = call(&["-H", &bearer(&token), &a.url("/auth/session")]);
+    assert_eq!(who.code, 401);
+    assert!(!a.log().contains("alice-pw") && !b.log().contains("alice-pw"));
+    assert!(!a.log().contains(&token) && !b.log().contains(&token));
+}
+
+fn support_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+#[test]
+fn expired_session_is_refused() {
+    let up = users();
+    let redis = Redis::start();
+    let t = on_redis(&up, &redis, &[("session", "ttl_seconds = 1")]);
+    let token = token_of(&login(&t, "alice", "alice-pw"));
+    let (code, _) = curl(&["-H", &bearer(&token), &t.url("/x")]);
+    assert_eq!(code, 200);
+    std::thread::sleep(Duration::from_millis(2200));
+    // the token itself is still inside its 5 s leeway: the session's expiry refuses it
+    let (code, _) = curl(&["-H", &bearer(&token), &t.url("/x")]);
+    assert_eq!(code, 401);
+    assert!(t.log().contains("unknown session"), "{}", t.log());
+}
+
+#[test]
+fn wrong_password_is_401_and_stores_nothing_and_upstream_down_is_502() {
+    let up = users();
+    let redis = Redis::start();
+    let t = on_redis(&up, &redis, &[]);
+    let a = login(&t, "alice", "guess");
+    assert_eq!(a.code, 401, "{}", a.body);
+    assert!(a.header("set-cookie").is_none());
+    assert!(a.header("www-authenticate").is_some());
+    assert!(session_keys(&redis).is_empty());
+    assert!(!t.log().contains("guess"), "password must never be logged");
+
+    // bad shapes
+    let bad = call(&[
+        "-H",
+        "Content-Type: application/json",
+        "--data-binary",
+        "{\"username\":\"alice\"}",
+        &t.url("/auth/login"),
+    ]);
+    assert_eq!(bad.code, 400);
+    let bad = call(&[
+        "-H",
+        "Content-Type: text/plain",
+        "--data-binary",
+        "x",
+        &t.url("/auth/login"),
+    ]);
+    assert_eq!(bad.code, 415);
+    let bad = call(&["-X", "DELETE", &t.url("/auth/login")]);
+    assert_eq!(bad.code, 405);
+
+    // upstream down: 502, never a session
+    let dead = support::free_port();
+    let url = redis.url();
+    let down = Tessera::start(move |port, _| {
+        config(
+            port,
+            &format!("http://127.0.0.1:{dead}"),
+            &url,
+            &[("login", "cookie_secure = false")],
+        )
+    });
+    let a = login(&down, "alice", "alice-pw");
+    assert_eq!(a.code, 502, "{}", a.body);
+    assert!(session_keys(&redis).is_empty());
+}
+
+#[test]
+fn twenty_failed_logins_then_429_even_for_the_right_password() {
+    let up = users();
+    let redis = Redis::start();
+    let t = on_redis(&up, &redis, &[]);
+    for i in 0..20 {
+        let a = login(&t, "alice", &format!("wrong-{i}"));
+        assert_eq!(a.code, 401, "attempt {i}: {}", a.body);
+    }
+    let before = up.stats.requests.load(std::sync::atomic::Ordering::SeqCst);
+    let a = login(&t, "alice", "alice-pw");
+    assert_eq!(a.code, 429, "{}", a.body);
+    let wait: u64 = a
+        .header("retry-after")
+        .expect("Retry-After")
+        .parse()
+        .unwrap();
+    assert!(
+        (1..=15).contains(&wait),
+        "one failure refills every 300 s / 20 = 15 s: {wait}"
+    );
+    // another user from the same address is limited too, and the upstream is not asked
+    assert_eq!(login(&t, "bob", "bob-pw").code, 429);
+    assert_eq!(
+        up.stats.requests.load(std::sync::atomic::Ordering::SeqCst),
+        before
+    );
+    assert!(session_keys(&redis).is_empty());
+}
+
+#[test]
+fn per_user_limit_and_form_login_with_csrf_and_rd() {
+    let up = users();
+    let redis = Redis::start();
+    let t = on_redis(&up, &redis, &[("login", "max_failures_per_user = 3")]);
+    for _ in 0..3 {
+        assert_eq!(login(&t, "bob", "nope").code, 401);
+    }
+    assert_eq!(login(&t, "bob", "bob-pw").code, 429, "bob is limited");
+    assert_eq!(
+        login(&t, "BOB ", "bob-pw").code,
+        429,
+        "user key is case- and space-insensitive"
+    );
+    token_of(&login(&t, "alice", "alice-pw"));
+
+    // the page sets a CSRF cookie and carries the same value in a hidden field
+    let page = call(&[&t.url("/auth/login?rd=/inbox%3Fid%3D3")]);
+    assert_eq!(page.code, 200);
+    assert!(page
+        .body
+        .contains("<form method=\"post\" action=\"/auth/login\">"));
+    assert!(
+        page.body.contains("name=\"rd\" value=\"/inbox?id=3\""),
+        "{}",
+        page.body
+    );
+    assert!(page
+        .header("content-security-policy")
+        .unwrap()
+        .contains("default-src 'none'"));
+    let csrf_cookie = page.header("set-cookie").unwrap();
+    let csrf = csrf_cookie
+        .strip_prefix("tessera-csrf=")
+        .and_then(|r| r.split(';').next())
+        .unwrap()
+        .to_string();
+    assert!(page
+        .body
+        .contains(&format!("name=\"csrf\" value=\"{csrf}\"")));
+    let form = |csrf_field: &str, cookie: &str, rd: &str, origin: Option<&str>| {
+        let mut args = vec![
+            "--data-urlencode".to_string(),
+            "username=alice".into(),
+            "--data-urlencode".into(),
+            "password=alice-pw".into(),
+            "--data-urlencode".into(),
+            format!("csrf={csrf_field}"),
+            "--data-urlencode".into(),
+            format!("rd={rd}"),
+            "-H".into(),
+            format!("Cookie: tessera-csrf={cookie}"),
+        ];
+        if let Some(o) = origin {
+            args.push("-H".into());
+            args.push(format!("Origin: {o}"));
+        }
+        args.push(t.url("/auth/login"));
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        call(&refs)
+    };
+    let ok = form(
+        &csrf,
+        &csrf,
+        "/inbox?id=3",
+        Some(&format!("http://127.0.0.1:{}", t.port)),
+    );
+    assert_eq!(ok.code, 303, "{}", ok.body);
+    assert_eq!(ok.header("location").as_deref(), Some("/inbox?id=3"));
+    assert!(
+        ok.headers.contains("Set-Cookie: tessera=ey")
+            || ok.headers.contains("set-cookie: tessera=ey"),
+        "{}",
+        ok.headers
+    );
+
+    assert_eq!(form("other", &csrf, "/", None).code, 403, "CSRF mismatch");
+    assert_eq!(form("", "", "/", None).code, 403, "CSRF missing");
+    assert_eq!(
+        form(&csrf, &csrf, "/", Some("http://evil.example")).code,
+        403,
+        "cross-origin"
+    );
+    for evil in [
+        "//evil.example",
+        "/\\evil",
+        "/%09/evil",
+        "https:evil",
+        "https://evil.example/",
+    ] {
+        let a = form(&csrf, &csrf, evil, None);
+        assert_eq!(a.code, 400, "rd {evil:?} must be refused");
+        assert!(a.header("location").is_none());
+    }
+    // wrong password in the form: the page again, with an accessible error
+    let keys_before = session_keys(&redis).len();
+    let mut args = vec![
+        "--data-urlencode",
+        "username=alice",
+        "--data-urlencode",
+        "password=bad",
+    ];
+    let c = format!("csrf={csrf}");
+    let cookie = format!("Cookie: tessera-csrf={csrf}");
+    args.extend(["--data-urlencode", &c, "-H", &cookie]);
+    let u = t.url("/auth/login");
+    args.push(&u);
+    let bad = call(&args);
+    assert_eq!(bad.code, 401);
+    assert!(bad.body.contains("role=\"alert\""), "{}", bad.body);
+    assert_eq!(session_keys(&redis).len(), keys_before);
+
+    // a browser navigation without a token is sent to the login page with rd
+    let nav = call(&["-H", "Accept: text/html", &t.url("/mail/inbox?x=1")]);
+    assert_eq!(nav.code, 303);
+    assert_eq!(
+        nav.header("location").as_deref(),
+        Some("/auth/login?rd=%2Fmail%2Finbox%3Fx%3D1")
+    );
+    // API clients get the 401
+    assert_eq!(curl(&[&t.url("/mail/inbox")]).0, 401);
+}
+
+#[test]
+fn upstream_401_deletes_the_session_and_says_why() {
+    let up = users();
+    let redis = Redis::start();
+    let t = on_redis(&up, &redis, &[]);
+    let token = token_of(&login(&t, "alice", "alice-pw"));
+    assert_eq!(curl(&["-H", &bearer(&token), &t.url("/x")]).0, 200);
+    up.stats.set_password("alice", "changed-elsewhere");
+    let a = call(&["-H", &bearer(&token), &t.url("/x")]);
+    assert_eq!(a.code, 401);
+    assert_eq!(
+        a.header("www-authenticate").as_deref(),
+        Some("Bearer realm=\"tessera\", error=\"invalid_token\", error_description=\"upstream rejected credentials\"")
+    );
+    assert!(!a.headers.to_ascii_lowercase().contains("basic realm"));
+    assert!(session_keys(&redis).is_empty(), "session deleted");
+    let again = call(&["-H", &bearer(&token), &t.url("/x")]);
+    assert_eq!(again.code, 401);
+    assert!(t.log().contains("session deleted"), "{}", t.log());
+}
+
+fn hs512_with_kid(kid: &str, secret: &str, sid: &str) -> String {
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS512);
+    header.kid = Some(kid.to_string());
+    let claims = serde_json::json!({"sub": "alice", "sid": sid, "iat": support_now(), "exp": support_now() + 600});
+    jsonwebtoken::encode(
+        &header,
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()),
+    )
+    .unwrap()
+}
+
+fn sid_of(token: &str) -> String {
+    use base64::Engine;
+    let payload = token.split('.').nth(1).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(payload)
+            .unwrap(),
+    )
+    .unwrap();
+    v["sid"].as_str().unwrap().to_string()
+}
+
+fn header_of(token: &str) -> serde_json::Value {
+    use base64::Engine;
+    serde_json::from_slice(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(token.split('.').next().unwrap())
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn jwt_key_rotation_listed_old_key_accepted_retired_key_refused() {
+    let up = users();
+    let redis = Redis::start();
+    let k2 = format!("[[token.keys]]\nkid = \"k2\"\nalg = \"HS512\"\nsecret = \"{K2}\"");
+    let old = format!("[[token.keys]]\nkid = \"old\"\nalg = \"HS512\"\nsecret = \"{K_OLD}\"");
+    let both = on_redis(
+        &up,
+        &redis,
+        &[
+            ("token", "active_kid = \"k2\""),
+            ("tables", &k2),
+            ("tables", &old),
+        ],
+    );
+    let token = token_of(&login(&both, "alice", "alice-pw"));
+    assert_eq!(header_of(&token)["kid"], "k2", "the active key signs");
+    let sid = sid_of(&token);
+    let by_old = hs512_with_kid("old", K_OLD, &sid);
+    assert_eq!(
+        curl(&["-H", &bearer(&by_old), &both.url("/x")]).0,
+        200,
+        "listed old key verifies"
+    );
+    let forged = hs512_with_kid("k2", K_OLD, &sid);
+    assert_eq!(
+        curl(&["-H", &bearer(&forged), &both.url("/x")]).0,
+        401,
+        "kid k2 with another secret"
+    );
+
+    // "old" retired: its tokens are refused, the active key's still work
+    let retired = on_redis(
+        &up,
+        &redis,
+        &[("token", "active_kid = \"k2\""), ("tables", &k2)],
+    );
+    assert_eq!(curl(&["-H", &bearer(&by_old), &retired.url("/x")]).0, 401);
+    assert!(
+        retired.log().contains("unknown key id"),
+        "{}",
+        retired.log()
+    );
+    assert_eq!(curl(&["-H", &bearer(&token), &retired.url("/x")]).0, 200);
+}
+
+fn run_cli(args: &[&str]) -> String {
+    let out = Command::new(bin()).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn sealing_key_rotation_and_reseal_move_every_session() {
+    let up = users();
+    let redis = Redis::start();
+    const C1: &str = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=";
+    const C2: &str = "AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=";
+    let one = format!("keys = {{ c1 = \"{C1}\" }}");
+    let first = on_redis(&up, &redis, &[("credentials", &one)]);
+    let t_alice = token_of(&login(&first, "alice", "alice-pw"));
+    let t_bob = token_of(&login(&first, "bob", "bob-pw"));
+    let values = || -> Vec<String> {
+        session_keys(&redis)
+            .iter()
+            .map(|k| redis.cli(&["GET", k]))
+            .collect()
+    };
+    assert!(
+        values().iter().all(|v| v.contains("\"tsl1.c1.")),
+        "{:?}",
+        values()
+    );
+
+    // rotate: c2 seals, c1 still unseals
+    let two = format!("keys = {{ c1 = \"{C1}\", c2 = \"{C2}\" }}\nactive = \"c2\"");
+    let rotated = on_redis(&up, &redis, &[("credentials", &two)]);
+    assert_eq!(curl(&["-H", &bearer(&t_alice), &rotated.url("/x")]).0, 200);
+    let t_carol_up = token_of(&login(&rotated, "bob", "bob-pw"));
+    assert_eq!(
+        values().iter().filter(|v| v.contains("\"tsl1.c2.")).count(),
+        1
+    );
+
+    let listed = run_cli(&[
+        "session",
+        "list",
+        "--json",
+        "--config",
+        rotated.config_path().to_str().unwrap(),
+    ]);
+    assert_eq!(listed.lines().count(), 3, "{listed}");
+    assert!(listed.contains("\"sub\":\"alice\"") && listed.contains("\"key_id\":\"c1\""));
+    assert!(
+        !listed.contains("alice-pw") && !listed.contains(&sid_of(&t_alice)),
+        "{listed}"
+    );
+    let table = run_cli(&[
+        "session",
+        "list",
+        "--config",
+        rotated.config_path().to_str().unwrap(),
+    ]);
+    assert!(
+        table.starts_with("SID_HASH") && table.contains("alice"),
+        "{table}"
+    );
+
+    let report: serde_json::Value = serde_json::from_str(&run_cli(&[
+        "session",
+        "reseal",
+        "--config",
+        rotated.config_path().to_str().unwrap(),
+    ]))
+    .unwrap();
+    assert_eq!(report["total"], 3);
+    assert_eq!(report["resealed"], 2);
+    assert_eq!(report["already_active"], 1);
+    assert!(
+        values().iter().all(|v| v.contains("\"tsl1.c2.")),
+        "{:?}",
+        values()
+    );
+    let ttl: i64 = redis
+        .cli(&["TTL", &session_keys(&redis)[0]])
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(ttl > 40_000, "reseal keeps the expiry: {ttl}");
+
+    // c1 retired: every session still works
+    let only_c2 = format!("keys = {{ c2 = \"{C2}\" }}");
+    let last = on_redis(&up, &redis, &[("credentials", &only_c2)]);
+    for t in [&t_alice, &t_bob, &t_carol_up] {
+        assert_eq!(curl(&["-H", &bearer(t), &last.url("/x")]).0, 200);
+    }
+}
+
+fn openssl(args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .output()
+        .expect("openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Ed25519 key pair in `dir`: (private PEM path, public PEM path, JWK `x`).
+fn ed25519(dir: &std::path::Path, name: &str) -> (String, String, String) {
+    use base64::Engine;
+    let key = dir.join(format!("{name}.pem"));
+    let publ = dir.join(format!("{name}.pub.pem"));
+    let der = dir.join(format!("{name}.pub.der"));
+    openssl(&[
+        "genpkey",
+        "-algorithm",
+        "ed25519",
+        "-out",
+        key.to_str().unwrap(),
+    ]);
+    openssl(&[
+        "pkey",
+        "-in",
+        key.to_str().unwrap(),
+        "-pubout",
+        "-out",
+        publ.to_str().unwrap(),
+    ]);
+    openssl(&[
+        "pkey",
+        "-in",
+        key.to_str().unwrap(),
+        "-pubout",
+        "-outform",
+        "DER",
+        "-out",
+        der.to_str().unwrap(),
+    ]);
+    let raw = std::fs::read(&der).unwrap();
+    let x = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&raw[raw.len() - 32..]);
+    (
+        key.to_str().unwrap().into(),
+        publ.to_str().unwrap().into(),
+        x,
+    )
+}
+
+fn sign_pem(alg: jsonwebtoken::Algorithm, kid: &str, pem_path: &str, sid: &str) -> String {
+    let pem = std::fs::read(pem_path).unwrap();
+    let key = match alg {
+        jsonwebtoken::Algorithm::EdDSA => jsonwebtoken::EncodingKey::from_ed_pem(&pem),
+        jsonwebtoken::Algorithm::ES256 => jsonwebtoken::EncodingKey::from_ec_pem(&pem),
+        _ => jsonwebtoken::EncodingKey::from_rsa_pem(&pem),
+    }
+    .unwrap();
+    let mut header = jsonwebtoken::Header::new(alg);
+    header.kid = Some(kid.to_string());
+    let claims = serde_json::json!({"sub": "alice", "sid": sid, "iat": support_now(), "exp": support_now() + 600});
+    jsonwebtoken::encode(&header, &claims, &key).unwrap()
+}
+
+#[test]
+fn eddsa_signing_pem_public_keys_and_jwks_file_with_refresh_on_unknown_kid() {
+    let up = users();
+    let redis = Redis::start();
+    let keys = tempfile::tempdir().unwrap();
+    let d = keys.path();
+    let (ed_priv, ed_pub, _) = ed25519(d, "ed1");
+    let (idp_priv, _, idp_x) = ed25519(d, "idp1");
+    let (idp2_priv, _, idp2_x) = ed25519(d, "idp2");
+    let rsa = d.join("rsa.pem");
+    let rsa_pub = d.join("rsa.pub.pem");
+    openssl(&[
+        "genpkey",
+        "-algorithm",
+        "RSA",
+        "-pkeyopt",
+        "rsa_keygen_bits:2048",
+        "-out",
+        rsa.to_str().unwrap(),
+    ]);
+    openssl(&[
+        "pkey",
+        "-in",
+        rsa.to_str().unwrap(),
+        "-pubout",
+        "-out",
+        rsa_pub.to_str().unwrap(),
+    ]);
+    let ec = d.join("ec.pem");
+    let ec_pub = d.join("ec.pub.pem");
+    openssl(&[
+        "genpkey",
+        "-algorithm",
+        "EC",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-out",
+        ec.to_str().unwrap(),
+    ]);
+    openssl(&[
+        "pkcs8",
+        "-topk8",
+        "-nocrypt",
+        "-in",
+        ec.to_str().unwrap(),
+        "-out",
+        d.join("ec8.pem").to_str().unwrap(),
+    ]);
+    openssl(&[
+        "pkey",
+        "-in",
+        ec.to_str().unwrap(),
+        "-pubout",
+        "-out",
+        ec_pub.to_str().unwrap(),
+    ]);
+    let jwks = d.join("jwks.json");
+    let doc = |keys: &[(&str, &str)]| {
+        let keys: Vec<_> = keys
+            .iter()
+            .map(|(kid, x)| serde_json::json!({"kty": "OKP", "crv": "Ed25519", "kid": kid, "x": x, "use": "sig"}))
+            .collect();
+        serde_json::json!({ "keys": keys }).to_string()
+    };
+    std::fs::write(&jwks, doc(&[("idp1", &idp_x)])).unwrap();
+
+    let tables = format!(
+        "[[token.keys]]\nkid = \"ed1\"\nalg = \"EdDSA\"\nprivate_key = \"file:{ed_priv}\"\npublic_key = \"file:{ed_pub}\"\n\
+         [[token.keys]]\nkid = \"rsa1\"\nalg = \"RS256\"\npublic_key = \"file:{}\"\n\
+         [[token.keys]]\nkid = \"ec1\"\nalg = \"ES256\"\npublic_key = \"file:{}\"",
+        rsa_pub.display(),
+        ec_pub.display()
+    );
+    let jwks_line = format!(
+        "jwks = \"file:{}\"\njwks_min_refresh_seconds = 1",
+        jwks.display()
+    );
+    let t = on_redis(
+        &up,
+        &redis,
+        &[
+            ("token", "active_kid = \"ed1\""),
+            ("token", &jwks_line),
+            ("tables", &tables),
+        ],
+    );
+    let token = token_of(&login(&t, "alice", "alice-pw"));
+    let h = header_of(&token);
+    assert_eq!(
+        (h["alg"].as_str(), h["kid"].as_str()),
+        (Some("EdDSA"), Some("ed1"))
+    );
+    assert_eq!(curl(&["-H", &bearer(&token), &t.url("/x")]).0, 200);
+    let sid = sid_of(&token);
+
+    let rs = sign_pem(
+        jsonwebtoken::Algorithm::RS256,
+        "rsa1",
+        rsa.to_str().unwrap(),
+        &sid,
+    );
+    assert_eq!(
+        curl(&["-H", &bearer(&rs), &t.url("/x")]).0,
+        200,
+        "RS256 PEM public key"
+    );
+    let es = sign_pem(
+        jsonwebtoken::Algorithm::ES256,
+        "ec1",
+        d.join("ec8.pem").to_str().unwrap(),
+        &sid,
+    );
+    assert_eq!(
+        curl(&["-H", &bearer(&es), &t.url("/x")]).0,
+        200,
+        "ES256 PEM public key"
+    );
+    let wrong_alg = sign_pem(
+        jsonwebtoken::Algorithm::RS256,
+        "ec1",
+        rsa.to_str().unwrap(),
+        &sid,
+    );
+    assert_eq!(
+        curl(&["-H", &bearer(&wrong_alg), &t.url("/x")]).0,
+        401,
+        "kid bound to its alg"
+    );
+
+    let idp = sign_pem(jsonwebtoken::Algorithm::EdDSA, "idp1", &idp_priv, &sid);
+    assert_eq!(
+        curl(&["-H", &bearer(&idp), &t.url("/x")]).0,
+        200,
+        "JWKS key"
+    );
+
+    // the identity provider rotates: a token with the new kid triggers one refresh
+    let idp2 = sign_pem(jsonwebtoken::Algorithm::EdDSA, "idp2", &idp2_priv, &sid);
+    assert_eq!(
+        curl(&["-H", &bearer(&idp2), &t.url("/x")]).0,
+        401,
+        "not published yet"
+    );
+    std::fs::write(&jwks, doc(&[("idp2", &idp2_x)])).unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(
+        curl(&["-H", &bearer(&idp2), &t.url("/x")]).0,
+        200,
+        "refreshed on unknown kid"
+    );
+    // idp1 is gone from the document: the next refresh drops it
+    std::thread::sleep(Duration::from_millis(1100));
+    let unknown = sign_pem(jsonwebtoken::Algorithm::EdDSA, "idp9", &idp_priv, &sid);
+    assert_eq!(curl(&["-H", &bearer(&unknown), &t.url("/x")]).0, 401);
+    assert_eq!(
+        curl(&["-H", &bearer(&idp), &t.url("/x")]).0,
+        401,
+        "retired by the IdP"
+    );
+}
+
+#[test]
+fn jwks_over_http_is_fetched_at_start() {
+    let up = users();
+    let redis = Redis::start();
+    let keys = tempfile::tempdir().unwrap();
+    let (idp_priv, _, idp_x) = ed25519(keys.path(), "idp");
+    let doc =
+        serde_json::json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "kid": "idp", "x": idp_x}]})
+            .to_string();
+    let jwks_server = support::upstream::serve_static(doc);
+    let token_lines = format!("jwks = \"http://127.0.0.1:{jwks_server}/.well-known/jwks.json\"");
+    let t = on_redis(&up, &redis, &[("token", &token_lines)]);
+    let (sid, _) = t.create_session("alice", "alice-pw");
+    let idp = sign_pem(jsonwebtoken::Algorithm::EdDSA, "idp", &idp_priv, &sid);
+    assert_eq!(curl(&["-H", &bearer(&idp), &t.url("/x")]).0, 200);
+    assert!(t.log().contains("JWKS loaded"), "{}", t.log());
+}
