@@ -1,5 +1,6 @@
 //! End to end against a real Cyrus IMAP 3.6 JMAP server (Debian packages, set up by
-//! `scripts/cyrus.sh`): tokens from `tessera session create` become Cyrus Basic credentials.
+//! `scripts/cyrus.sh`): users log in through `POST /auth/login` (checked against Cyrus's own JMAP
+//! session resource) and their tokens become Cyrus Basic credentials.
 
 mod support;
 
@@ -83,11 +84,33 @@ fn jmap_through_tessera_with_real_cyrus() {
             port,
             &upstream,
             &format!("embedded:{}/s", dir.display()),
-            &[("upstream", "max_connections = 4")],
+            &[
+                ("upstream", "max_connections = 4"),
+                ("login", "verify_path = \"/jmap/\""),
+                ("login", "cookie_secure = false"),
+            ],
         )
     });
-    let (alice_sid, alice) = t.create_session("alice", "alice-secret-1");
-    let (_, bob) = t.create_session("bob", "bob-secret-2");
+    let login = |user: &str, password: &str| {
+        let body = serde_json::json!({"username": user, "password": password}).to_string();
+        curl(&[
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            &body,
+            &t.url("/auth/login"),
+        ])
+    };
+    // Cyrus refuses a wrong password: 401 and no session.
+    let (code, body) = login("alice", "wrong-password");
+    assert_eq!(code, 401, "{body}");
+    let token_of = |(code, body): (u16, String)| -> String {
+        assert_eq!(code, 200, "login: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["token"].as_str().unwrap().to_string()
+    };
+    let alice = token_of(login("alice", "alice-secret-1"));
+    let bob = token_of(login("bob", "bob-secret-2"));
 
     // The JMAP session resource.
     let (code, body) = curl(&["-H", &bearer(&alice), &t.url("/jmap/")]);
@@ -128,8 +151,9 @@ fn jmap_through_tessera_with_real_cyrus() {
         "{head}"
     );
 
-    // A wrong stored password is Cyrus's 401, passed through (not a tessera session).
-    let (_, wrong) = t.create_session("alice", "not-the-password");
+    // A stored password Cyrus no longer accepts (changed elsewhere): Cyrus's 401 becomes a
+    // Bearer challenge saying why, and the session is deleted.
+    let (wrong_sid, wrong) = t.create_session("alice", "not-the-password");
     let (code, head) = curl(&["-i", "-H", &bearer(&wrong), &t.url("/jmap/")]);
     assert_eq!(code, 401);
     let lower = head.to_lowercase();
@@ -138,9 +162,13 @@ fn jmap_through_tessera_with_real_cyrus() {
             && !lower.contains("www-authenticate: basic"),
         "{head}"
     );
+    assert_eq!(curl(&["-H", &bearer(&wrong), &t.url("/jmap/")]).0, 401);
+    assert!(t.log().contains("session deleted"), "{}", t.log());
+    t.revoke(&wrong_sid); // already gone: revoke is idempotent
 
-    // Revocation.
-    t.revoke(&alice_sid);
+    // Logout.
+    let (code, _) = curl(&["-X", "POST", "-H", &bearer(&alice), &t.url("/auth/logout")]);
+    assert_eq!(code, 204);
     assert_eq!(curl(&["-H", &bearer(&alice), &t.url("/jmap/")]).0, 401);
     assert_eq!(
         curl(&["-H", &bearer(&bob), &t.url("/jmap/")]).0,
