@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command (README "Run the tests"; .ci/run calls it).
-# Installs what the tests need on a fresh Debian machine (redis-server, nginx, curl, the Cyrus JMAP
-# packages), then runs format and lint checks and every test: unit, service, and integration tests
+# Installs what the tests need on a fresh Debian machine (redis-server, nginx, curl, openssl, the
+# Cyrus JMAP packages, Chromium + Node.js with playwright-core for the login page), then runs format and lint checks and every test: unit, service, and integration tests
 # that start real redis-server / nginx / Cyrus / tessera processes on free loopback ports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +14,10 @@ command -v curl >/dev/null || need+=(curl)
 [ -x /usr/lib/cyrus/bin/master ] || need+=(cyrus-common cyrus-imapd)
 [ -x /usr/lib/cyrus/bin/httpd ] || need+=(cyrus-caldav)
 command -v saslpasswd2 >/dev/null || need+=(sasl2-bin)
+command -v openssl >/dev/null || need+=(openssl)
+[ -x /usr/bin/chromium ] || need+=(chromium)
+command -v node >/dev/null || need+=(nodejs)
+command -v npm >/dev/null || need+=(npm)
 if ((${#need[@]})); then
   echo "test.sh: installing ${need[*]}" >&2
   # Keep Debian's own services (nginx on :80, cyrus) from starting during install.
@@ -21,6 +25,9 @@ if ((${#need[@]})); then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
+# playwright-core (pinned in tests/browser/package-lock.json) drives Debian's Chromium; it never
+# downloads a browser of its own.
+[ -d tests/browser/node_modules/playwright-core ] || (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error)
 command -v cargo >/dev/null || { echo "test.sh: cargo not found; install Rust (rustup) first" >&2; exit 1; }
 cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
 cargo clippy --version >/dev/null 2>&1 || rustup component add clippy

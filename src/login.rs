@@ -585,7 +585,7 @@ impl Login {
         );
         h.insert(
             header::REFERRER_POLICY,
-            HeaderValue::from_static("no-referrer"),
+            HeaderValue::from_static("same-origin"),
         );
         h.append(
             header::SET_COOKIE,
