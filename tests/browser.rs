@@ -16,7 +16,10 @@ fn login_page_in_headless_chromium() {
         "chromium is not installed: run ./scripts/test.sh, which installs it"
     );
     assert!(
-        std::path::Path::new(&format!("{root}/tests/browser/node_modules/playwright-core")).exists(),
+        std::path::Path::new(&format!(
+            "{root}/tests/browser/node_modules/playwright-core"
+        ))
+        .exists(),
         "playwright-core is not installed: run ./scripts/test.sh (npm ci in tests/browser)"
     );
     let rt = tokio::runtime::Builder::new_multi_thread()
