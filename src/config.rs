@@ -97,6 +97,7 @@ struct RawToken {
     jwks: Option<String>,
     jwks_refresh_seconds: Option<u64>,
     jwks_min_refresh_seconds: Option<u64>,
+    cache_max_entries: Option<u64>,
     sources: Option<Vec<String>>,
     sid_claim: Option<String>,
     leeway_seconds: Option<u64>,
@@ -139,6 +140,9 @@ struct RawSession {
     key_prefix: Option<String>,
     ttl_seconds: Option<u64>,
     timeout_ms: Option<u64>,
+    cache_max_entries: Option<u64>,
+    cache_ttl_seconds: Option<u64>,
+    negative_cache_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -227,6 +231,9 @@ pub struct TokenConfig {
     pub active_kid: Option<String>,
     /// External identity provider's key set, when `token.jwks` is set.
     pub jwks: Option<JwksConfig>,
+    /// Verified-token cache entries (0 = off). Default 100000. An entry lives until the token's
+    /// `exp` + leeway, so a warm RS256/ES256/EdDSA token costs a lookup, not a signature check.
+    pub cache_max_entries: u64,
     /// Where tokens are looked for, in order. Default `bearer`, `cookie:tessera`, `cookie-b64:Authorization`.
     pub sources: Vec<TokenSource>,
     /// Claim holding the session id. Default `sid`.
@@ -284,6 +291,10 @@ pub struct SessionConfig {
     pub ttl_seconds: u64,
     /// Deadline for one store operation; past it the request gets 503. Default 1000 ms.
     pub timeout: Duration,
+    /// Local session cache: entries (0 = no cache; default 100000), longest life of an entry
+    /// (`cache_ttl_seconds`, default 60 s — a bound even if an invalidation were missed) and life
+    /// of a remembered unknown sid (`negative_cache_ms`, default 1000 ms).
+    pub cache: crate::session::CacheConfig,
 }
 
 /// `[credentials]`.
@@ -335,10 +346,10 @@ pub struct LoginConfig {
     /// Path prefix of the endpoints (`{prefix}/login`, `/logout`, `/session`). Default `/auth`.
     pub path_prefix: String,
     /// Upstream path that must answer 2xx to a `GET` with the user's `Basic` credentials for a
-    /// login to succeed (Cyrus JMAP: `/jmap/`). Default `/`.
+    /// login to succeed, and 401/403 otherwise (Cyrus JMAP: `/jmap/`). Required.
     pub verify_path: http::uri::PathAndQuery,
     /// Name of the cookie holding the token. Default `__Host-tessera` (RFC 6265bis 4.1.3.2:
-    /// Secure, Path=/, no Domain).
+    /// Secure, Path=/, no Domain), or `tessera` when `cookie_secure = false`.
     pub cookie_name: String,
     /// `Secure` attribute. Default true; false only for local http development, and then the
     /// cookie name must not start with `__Host-`/`__Secure-`.
@@ -835,6 +846,7 @@ fn validate_token(
         keys,
         active_kid,
         jwks,
+        cache_max_entries: t.cache_max_entries.unwrap_or(100_000),
         sources,
         sid_claim: t.sid_claim.unwrap_or_else(|| "sid".into()),
         leeway_seconds: t.leeway_seconds.unwrap_or(5),
@@ -860,7 +872,14 @@ fn validate_login(
             format!("`{prefix}` must be an absolute path without trailing `/`, e.g. \"/auth\""),
         ));
     }
-    let verify = l.verify_path.unwrap_or_else(|| "/".into());
+    // No default: many upstreams answer 2xx to `GET /` without credentials, and then any
+    // password would log in.
+    let verify = l.verify_path.ok_or_else(|| {
+        ConfigError::new(
+            "login.verify_path",
+            "is required: an upstream path that answers 2xx only to valid credentials (Cyrus JMAP: \"/jmap/\")",
+        )
+    })?;
     let verify_path: http::uri::PathAndQuery = verify
         .parse()
         .ok()
@@ -1017,6 +1036,19 @@ fn validate_session(s: RawSession) -> Result<SessionConfig, ConfigError> {
         key_prefix: s.key_prefix.unwrap_or_else(|| "tessera:session:".into()),
         ttl_seconds,
         timeout: ms("session.timeout_ms", s.timeout_ms, 1_000)?,
+        cache: crate::session::CacheConfig {
+            max_entries: s.cache_max_entries.unwrap_or(100_000),
+            ttl: Duration::from_secs(match s.cache_ttl_seconds.unwrap_or(60) {
+                0 => {
+                    return Err(ConfigError::new(
+                        "session.cache_ttl_seconds",
+                        "must be greater than 0; set session.cache_max_entries = 0 to disable the cache",
+                    ))
+                }
+                n => n,
+            }),
+            negative_ttl: Duration::from_millis(s.negative_cache_ms.unwrap_or(1_000)),
+        },
     })
 }
 

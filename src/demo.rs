@@ -116,7 +116,7 @@ pub async fn run(
     let toml = format!(
         "[server]\nlisten = \"{addr}\"\n[upstream]\nurl = \"http://{up_addr}\"\n[token]\nsecret = \"{}\"\n\
          [session]\nstore = \"embedded:{}\"\n[credentials]\nkeys = {{ demo = \"{}\" }}\n\
-         [login]\ncookie_secure = false\n[log]\nlevel = \"warn\"\n",
+         [login]\nverify_path = \"/\"\ncookie_secure = false\n[log]\nlevel = \"warn\"\n",
         b64(&jwt),
         store_dir.display(),
         b64(&key)

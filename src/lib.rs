@@ -46,6 +46,14 @@ pub fn sessions_from_config(cfg: &Config) -> Result<session::Sessions, session::
     ))
 }
 
+/// The session layer `serve` uses: [`sessions_from_config`] plus the local cache following the
+/// store's invalidation stream (needs a tokio runtime).
+///
+/// Errors: as [`sessions_from_config`].
+pub fn serving_sessions(cfg: &Config) -> Result<session::Sessions, session::StoreError> {
+    Ok(sessions_from_config(cfg)?.with_cache(cfg.session.cache))
+}
+
 /// Runs the proxy on an already-bound `listener` until `shutdown` resolves (tests bind port 0).
 ///
 /// Errors: the session store cannot be opened.
@@ -56,12 +64,15 @@ pub async fn run(
 ) -> Result<(), session::StoreError> {
     let proxy = Arc::new(Proxy::from_config(&cfg)?);
     if let Some(every) = proxy.verifier().keys().jwks_refresh_interval() {
-        let keys = proxy.verifier().keys().clone();
-        keys.refresh_jwks().await;
+        proxy.verifier().keys().refresh_jwks().await;
+        let p = proxy.clone();
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
-                keys.refresh_jwks().await;
+                if p.verifier().keys().refresh_jwks().await {
+                    // a key may have been withdrawn: cached verifications must be redone
+                    p.verifier().clear_cache();
+                }
             }
         });
     }

@@ -67,7 +67,56 @@ pub struct Login {
     upstream_host: HeaderValue,
     by_ip: FailureLimit<IpAddr>,
     by_user: FailureLimit<String>,
+    /// Login checks running now, per client address and per user: the failure count only learns
+    /// of a failure after the upstream answered, so parallel guesses are capped here.
+    in_flight: Mutex<HashMap<InFlightKey, u32>>,
     csrf_cookie: String,
+}
+
+/// Most concurrent login checks per client address (one per user name).
+const MAX_IN_FLIGHT_PER_IP: u32 = 4;
+/// Longest accepted user name, bytes.
+const MAX_USER_BYTES: usize = 256;
+
+#[derive(Hash, PartialEq, Eq, Clone)]
+enum InFlightKey {
+    Ip(IpAddr),
+    User(String),
+}
+
+/// Releases an in-flight slot when the login check ends, however it ends.
+struct InFlight<'a> {
+    map: &'a Mutex<HashMap<InFlightKey, u32>>,
+    keys: [InFlightKey; 2],
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        for k in &self.keys {
+            if let Some(n) = map.get_mut(k) {
+                *n -= 1;
+                if *n == 0 {
+                    map.remove(k);
+                }
+            }
+        }
+    }
+}
+
+/// The rate-limit key of a client address: IPv6 by /64 (one subscriber's whole prefix), IPv4
+/// as is.
+fn client_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+        v4 => v4,
+    }
 }
 
 /// What a login request carried.
@@ -127,6 +176,7 @@ impl Login {
         let authority = cfg.upstream.url.authority().expect("validated");
         let window = l.failure_window;
         Some(Self {
+            in_flight: Mutex::new(HashMap::new()),
             by_ip: FailureLimit::new(l.max_failures_per_ip, window),
             by_user: FailureLimit::new(l.max_failures_per_user, window),
             csrf_cookie: format!("{}-csrf", l.cookie_name),
@@ -238,13 +288,17 @@ impl Login {
             return self.refuse(Refusal::Bad("rd must be a same-origin path"), is_form, None);
         }
         let user_key = form.username.trim().to_lowercase();
+        let ip_key = client_key(peer.ip());
         let wait = self
             .by_ip
-            .blocked_for(&peer.ip())
+            .blocked_for(&ip_key)
             .max(self.by_user.blocked_for(&user_key));
         if let Some(wait) = wait {
             return self.refuse(Refusal::Limited(wait.as_secs().max(1)), is_form, rd);
         }
+        let Some(_slot) = self.enter(ip_key, &user_key) else {
+            return self.refuse(Refusal::Limited(1), is_form, rd);
+        };
         let creds =
             match Credentials::new(form.username.trim().to_owned(), form.password.to_string()) {
                 Ok(c) => c,
@@ -256,7 +310,7 @@ impl Login {
         match self.check_upstream(&creds, upstream).await {
             Ok(true) => {}
             Ok(false) => {
-                self.by_ip.record_failure(peer.ip());
+                self.by_ip.record_failure(ip_key);
                 self.by_user.record_failure(user_key);
                 return self.refuse(Refusal::Credentials, is_form, rd);
             }
@@ -305,6 +359,24 @@ impl Login {
                 .append(header::SET_COOKIE, self.clear_cookie(&self.csrf_cookie));
         }
         (resp, Some("login".into()))
+    }
+
+    /// Takes an in-flight slot for this address and user, or `None` when either is at its cap.
+    fn enter(&self, ip: IpAddr, user: &str) -> Option<InFlight<'_>> {
+        let keys = [InFlightKey::Ip(ip), InFlightKey::User(user.to_owned())];
+        let mut map = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        let busy = |k: &InFlightKey, cap: u32| map.get(k).is_some_and(|n| *n >= cap);
+        if busy(&keys[0], MAX_IN_FLIGHT_PER_IP) || busy(&keys[1], 1) {
+            return None;
+        }
+        for k in &keys {
+            *map.entry(k.clone()).or_insert(0) += 1;
+        }
+        drop(map);
+        Some(InFlight {
+            map: &self.in_flight,
+            keys,
+        })
     }
 
     /// Reads and checks a login body: same-origin POST, size/time caps, form or JSON, and the
@@ -361,6 +433,9 @@ impl Login {
         }
         if form.username.trim().is_empty() || form.password.is_empty() {
             return Err(Refusal::Bad("username and password are required"));
+        }
+        if form.username.len() > MAX_USER_BYTES {
+            return Err(Refusal::Bad("username too long"));
         }
         Ok(form)
     }
@@ -733,14 +808,25 @@ fn check_same_origin(parts: &Parts, host: &HeaderValue) -> Result<(), Refusal> {
     let Some(origin) = parts.headers.get(header::ORIGIN) else {
         return Ok(());
     };
-    let authority = origin
-        .to_str()
-        .ok()
-        .and_then(|o| o.split_once("://"))
-        .map(|(_, a)| a);
-    match authority {
-        Some(a) if a.as_bytes().eq_ignore_ascii_case(host.as_bytes()) => Ok(()),
-        _ => Err(Refusal::Forbidden("cross-origin request refused")),
+    // Only the authority is compared: behind a TLS terminator tessera cannot know the public
+    // scheme. Default ports are dropped on both sides (`https://h` == `Host: h:443`).
+    let strip = |a: &str, scheme: &str| -> String {
+        let a = a.to_ascii_lowercase();
+        let default = if scheme == "https" { ":443" } else { ":80" };
+        a.strip_suffix(default).map_or(a.clone(), str::to_owned)
+    };
+    let (scheme, authority) = match origin.to_str().ok().and_then(|o| o.split_once("://")) {
+        Some(p) => p,
+        None => return Err(Refusal::Forbidden("cross-origin request refused")),
+    };
+    let host = host.to_str().unwrap_or_default();
+    let same = strip(authority, scheme) == strip(host, scheme)
+        || strip(authority, scheme)
+            == strip(host, if scheme == "https" { "http" } else { "https" });
+    if same {
+        Ok(())
+    } else {
+        Err(Refusal::Forbidden("cross-origin request refused"))
     }
 }
 
@@ -804,10 +890,8 @@ struct FailureLimit<K: Hash + Eq + Clone> {
     gcra: Gcra<K>,
     clock: MonotonicClock,
     blocked: Mutex<HashMap<K, Instant>>,
+    failures: std::sync::atomic::AtomicU64,
 }
-
-/// Keys kept in the blocked map before expired ones are swept.
-const BLOCKED_SWEEP_AT: usize = 10_000;
 
 impl<K: Hash + Eq + Clone> FailureLimit<K> {
     fn new(burst: u32, window: Duration) -> Self {
@@ -826,6 +910,7 @@ impl<K: Hash + Eq + Clone> FailureLimit<K> {
             .with_middleware::<StateInformationMiddleware>(),
             clock,
             blocked: Mutex::new(HashMap::new()),
+            failures: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -837,6 +922,22 @@ impl<K: Hash + Eq + Clone> FailureLimit<K> {
     }
 
     fn record_failure(&self, key: K) {
+        // Keys whose counts have refilled are forgotten now and then, so memory follows the
+        // attackers of the last window, not every name ever tried.
+        if self
+            .failures
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            % 1024
+            == 1023
+        {
+            self.gcra.retain_recent();
+            self.gcra.shrink_to_fit();
+            let now = Instant::now();
+            self.blocked
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|_, t| *t > now);
+        }
         let until = match self.gcra.check_key(&key) {
             Ok(snapshot) if snapshot.remaining_burst_capacity() == 0 => {
                 Instant::now() + snapshot.quota().replenish_interval()
@@ -844,13 +945,10 @@ impl<K: Hash + Eq + Clone> FailureLimit<K> {
             Ok(_) => return,
             Err(not_until) => Instant::now() + not_until.wait_time_from(self.clock.now()),
         };
-        let mut blocked = self.blocked.lock().unwrap_or_else(|p| p.into_inner());
-        if blocked.len() >= BLOCKED_SWEEP_AT {
-            let now = Instant::now();
-            blocked.retain(|_, t| *t > now);
-            self.gcra.retain_recent();
-        }
-        blocked.insert(key, until);
+        self.blocked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, until);
     }
 }
 
@@ -898,6 +996,17 @@ mod tests {
             "{wait:?}"
         );
         assert!(l.blocked_for(&"b".to_string()).is_none());
+    }
+
+    #[test]
+    fn ipv6_clients_are_limited_by_prefix() {
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:bbbb::9".parse().unwrap();
+        let c: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(client_key(a), client_key(b));
+        assert_ne!(client_key(a), client_key(c));
+        let mapped: IpAddr = "::ffff:192.0.2.7".parse().unwrap();
+        assert_eq!(client_key(mapped), "192.0.2.7".parse::<IpAddr>().unwrap());
     }
 
     #[test]

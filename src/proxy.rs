@@ -98,11 +98,12 @@ impl Proxy {
         }
     }
 
-    /// Builds the sealer + store + proxy from config (what `serve` uses).
+    /// Builds the sealer + store + cached session layer + proxy from config (what `serve` uses;
+    /// needs a tokio runtime).
     ///
     /// Errors: the session store cannot be opened.
     pub fn from_config(cfg: &Config) -> Result<Self, crate::session::StoreError> {
-        Ok(Self::new(cfg, crate::sessions_from_config(cfg)?))
+        Ok(Self::new(cfg, crate::serving_sessions(cfg)?))
     }
 
     /// The token verifier (its key set refreshes the JWKS).
@@ -207,7 +208,11 @@ impl Proxy {
     }
 
     /// extract -> verify -> resolve (+ unseal): the session a request's token names.
-    async fn authenticate(&self, parts: &Parts, ctx: &mut Ctx) -> Result<Session, ProxyError> {
+    async fn authenticate(
+        &self,
+        parts: &Parts,
+        ctx: &mut Ctx,
+    ) -> Result<std::sync::Arc<Session>, ProxyError> {
         let token = token::extract(&parts.headers, &self.sources)?;
         let verified = self.verifier.verify_refreshing(&token, unix_now()).await?;
         drop(token);

@@ -40,7 +40,10 @@ fn login_page_in_headless_chromium() {
             port,
             &up,
             &format!("embedded:{}/s", dir.display()),
-            &[("login", "page_title = \"Sign in\"")],
+            &[
+                ("login", "page_title = \"Sign in\""),
+                ("login", "verify_path = \"/\""),
+            ],
         )
     });
     let shot = t.dir.path().join("login-page.png");

@@ -202,7 +202,10 @@ fn wrong_password_is_401_and_stores_nothing_and_upstream_down_is_502() {
             port,
             &format!("http://127.0.0.1:{dead}"),
             &url,
-            &[("login", "cookie_secure = false")],
+            &[
+                ("login", "cookie_secure = false"),
+                ("login", "verify_path = \"/check\""),
+            ],
         )
     });
     let a = login(&down, "alice", "alice-pw");

@@ -4,6 +4,7 @@
 //! Must never: return or log plaintext credentials except as the sensitive header value, or turn a
 //! store failure into "unknown session" (that would be a 401 where 503 is true).
 
+mod cache;
 pub mod store;
 
 use std::sync::Arc;
@@ -18,7 +19,9 @@ use sha2::{Digest, Sha256};
 use crate::config::{SessionConfig, SessionFormat};
 use crate::seal::{Credentials, SealError, Sealer, SEALED_PREFIX};
 use crate::unix_now;
-pub use store::{Store, StoreError};
+pub use cache::CacheConfig;
+use cache::{Cached, SessionCache};
+pub use store::{Invalidation, Store, StoreError};
 
 /// A resolved session, ready to inject.
 #[derive(Debug, Clone)]
@@ -54,6 +57,9 @@ struct Record {
     sub: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     expires_at: Option<u64>,
+    /// Members tessera does not know (written by another tool): kept as they are on reseal.
+    #[serde(flatten)]
+    extra: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A newly created session.
@@ -89,7 +95,7 @@ pub struct ResealReport {
     pub already_active: usize,
     /// Could not be opened (retired key, corrupt, plaintext not allowed); left as they were.
     pub unreadable: usize,
-    /// Revoked or expired between read and write; not resurrected.
+    /// Revoked, expired or rewritten between read and write; left as it is.
     pub gone: usize,
 }
 
@@ -110,6 +116,7 @@ pub struct Sessions {
     key_prefix: String,
     timeout: Duration,
     allow_plaintext_legacy: bool,
+    cache: Option<Arc<SessionCache>>,
 }
 
 /// Short, non-reversible tag for a sid, for logs: first 12 hex digits of SHA-256.
@@ -133,6 +140,57 @@ impl Sessions {
             key_prefix: cfg.key_prefix.clone(),
             timeout: cfg.timeout,
             allow_plaintext_legacy,
+            cache: None,
+        }
+    }
+
+    /// Adds the local session cache and starts following the store's invalidation stream
+    /// (needs a tokio runtime). Until the stream reports `Live`, and whenever it is lost, every
+    /// request reads the store: the cache never serves what it cannot trust.
+    pub fn with_cache(mut self, cfg: CacheConfig) -> Self {
+        if cfg.max_entries == 0 {
+            return self;
+        }
+        let cache = Arc::new(SessionCache::new(cfg));
+        let mut rx = self.store.watch(self.scan_prefix());
+        let weak = Arc::downgrade(&cache);
+        let prefix = self.scan_prefix().to_owned();
+        tokio::spawn(async move {
+            while let Some(msg) = rx.recv().await {
+                let Some(cache) = weak.upgrade() else { return };
+                match msg {
+                    Invalidation::Keys(keys) => {
+                        for key in keys {
+                            if let Some(sid) = key.strip_prefix(prefix.as_str()) {
+                                cache.invalidate(sid).await;
+                            }
+                        }
+                    }
+                    Invalidation::Live => {
+                        cache.flush();
+                        cache.set_live(true);
+                    }
+                    Invalidation::Lost => {
+                        cache.set_live(false);
+                        cache.flush();
+                    }
+                }
+            }
+        });
+        self.cache = Some(cache);
+        self
+    }
+
+    /// Store reads done to fill the session cache since start (`None` without a cache).
+    pub fn cache_loads(&self) -> Option<u64> {
+        self.cache.as_ref().map(|c| c.loads())
+    }
+
+    /// Entries in the session cache (`None` without a cache).
+    pub async fn cache_len(&self) -> Option<u64> {
+        match &self.cache {
+            Some(c) => Some(c.len().await),
+            None => None,
         }
     }
 
@@ -165,7 +223,21 @@ impl Sessions {
     /// Looks up `sid` and unseals its credentials into a ready `Authorization` value.
     ///
     /// Errors: [`ResolveError`]; `Store` only when the store itself failed or timed out.
-    pub async fn resolve(&self, sid: &str) -> Result<Session, ResolveError> {
+    pub async fn resolve(&self, sid: &str) -> Result<Arc<Session>, ResolveError> {
+        match &self.cache {
+            Some(cache) if cache.is_live() => {
+                match cache.get_or_load(sid, self.resolve_from_store(sid)).await? {
+                    Cached::Found(s) => Ok(s),
+                    Cached::Missing("unknown session") => Err(ResolveError::Unknown),
+                    Cached::Missing(why) => Err(ResolveError::Corrupt(why)),
+                }
+            }
+            _ => self.resolve_from_store(sid).await.map(Arc::new),
+        }
+    }
+
+    /// resolve without the cache: one store read and one unseal.
+    async fn resolve_from_store(&self, sid: &str) -> Result<Session, ResolveError> {
         let raw = self
             .deadline(self.store.get(&self.key(sid)))
             .await?
@@ -246,9 +318,10 @@ impl Sessions {
     }
 
     /// Re-seals every stored session under the active sealing key (`credentials.active`),
-    /// keeping each session's expiry. Legacy plaintext records are sealed too when
-    /// `credentials.allow_plaintext_legacy` lets tessera read them. A session revoked while this
-    /// runs stays revoked.
+    /// keeping each session's expiry and any members tessera does not know. Legacy plaintext
+    /// records are sealed too when `credentials.allow_plaintext_legacy` lets tessera read them.
+    /// Each record is replaced only if it is still exactly what was read (compare-and-set): a
+    /// session revoked or rewritten meanwhile is left alone and counted as `gone`.
     ///
     /// Errors: the store failed; records that cannot be opened are counted, not fatal.
     pub async fn reseal(&self) -> Result<ResealReport, StoreError> {
@@ -271,7 +344,8 @@ impl Sessions {
             };
             record.credentials = self.sealer.seal(sid, &pair);
             let value = serde_json::to_vec(&record).expect("record serializes");
-            if self.store.replace(&key, &value).await? {
+            if self.store.replace(&key, &raw, &value).await? {
+                self.evict(sid).await;
                 report.resealed += 1;
             } else {
                 report.gone += 1;
@@ -296,10 +370,12 @@ impl Sessions {
             credentials: self.sealer.seal(&sid, &creds.to_pair()),
             sub: (self.format == SessionFormat::Tessera).then(|| creds.user().to_owned()),
             expires_at: (self.format == SessionFormat::Tessera).then_some(expires_at),
+            extra: serde_json::Map::new(),
         };
         let value = serde_json::to_vec(&record).expect("record serializes");
         self.deadline(self.store.put(&self.key(&sid), &value, ttl_seconds))
             .await?;
+        self.evict(&sid).await;
         Ok(Created { sid, expires_at })
     }
 
@@ -307,7 +383,16 @@ impl Sessions {
     ///
     /// Errors: the store failed or timed out.
     pub async fn revoke(&self, sid: &str) -> Result<bool, StoreError> {
-        self.deadline(self.store.delete(&self.key(sid))).await
+        let existed = self.deadline(self.store.delete(&self.key(sid))).await;
+        self.evict(sid).await;
+        existed
+    }
+
+    /// Evicts `sid` from this process's cache (other processes hear it from the store).
+    async fn evict(&self, sid: &str) {
+        if let Some(cache) = &self.cache {
+            cache.invalidate(sid).await;
+        }
     }
 
     /// Stores a raw record value at the key for `sid` (tests and migration tooling).
@@ -318,7 +403,9 @@ impl Sessions {
         ttl_seconds: u64,
     ) -> Result<(), StoreError> {
         self.deadline(self.store.put(&self.key(sid), value, ttl_seconds))
-            .await
+            .await?;
+        self.evict(sid).await;
+        Ok(())
     }
 }
 
@@ -355,6 +442,11 @@ mod tests {
             key_prefix: "tessera:session:".into(),
             ttl_seconds: 60,
             timeout: Duration::from_secs(2),
+            cache: CacheConfig {
+                max_entries: 1000,
+                ttl: Duration::from_secs(60),
+                negative_ttl: Duration::from_secs(5),
+            },
         };
         Sessions::new(
             Store::open(&spec, cfg.timeout).unwrap(),
@@ -447,6 +539,87 @@ mod tests {
         for sid in &sids {
             assert!(only_new.resolve(sid).await.is_ok());
         }
+    }
+
+    async fn wait_live(s: &Sessions) {
+        for _ in 0..200 {
+            if s.cache.as_ref().unwrap().is_live() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("cache never went live");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cache_single_flight_negative_and_cross_process_invalidation() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = CacheConfig {
+            max_entries: 1000,
+            ttl: Duration::from_secs(60),
+            negative_ttl: Duration::from_secs(5),
+        };
+        let cached = sessions(dir.path(), SessionFormat::Tessera, false).with_cache(cfg);
+        wait_live(&cached).await;
+        // another process (the CLI) writing the same store
+        let other = sessions(dir.path(), SessionFormat::Tessera, false);
+        let c = other
+            .create(&Credentials::new("alice".into(), "pw".into()).unwrap(), 60)
+            .await
+            .unwrap();
+
+        // 200 concurrent cold requests: one store read
+        let before = cached.cache_loads().unwrap();
+        let tasks: Vec<_> = (0..200)
+            .map(|_| {
+                let s = cached.clone();
+                let sid = c.sid.clone();
+                tokio::spawn(async move { s.resolve(&sid).await.map(|s| s.sub.clone()) })
+            })
+            .collect();
+        for t in tasks {
+            assert_eq!(t.await.unwrap().unwrap().as_deref(), Some("alice"));
+        }
+        assert_eq!(cached.cache_loads().unwrap() - before, 1);
+        cached.resolve(&c.sid).await.unwrap();
+        assert_eq!(
+            cached.cache_loads().unwrap() - before,
+            1,
+            "warm: no store read"
+        );
+
+        // unknown sids are remembered
+        for _ in 0..50 {
+            assert!(matches!(
+                cached.resolve("nope").await,
+                Err(ResolveError::Unknown)
+            ));
+        }
+        assert_eq!(cached.cache_loads().unwrap() - before, 2);
+
+        // revoked by the other process: evicted within a few polls
+        other.revoke(&c.sid).await.unwrap();
+        let mut gone = false;
+        for _ in 0..100 {
+            if matches!(cached.resolve(&c.sid).await, Err(ResolveError::Unknown)) {
+                gone = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(gone, "revocation by another process reached the cache");
+
+        // a local revoke evicts at once
+        let d = cached
+            .create(&Credentials::new("bob".into(), "pw".into()).unwrap(), 60)
+            .await
+            .unwrap();
+        cached.resolve(&d.sid).await.unwrap();
+        cached.revoke(&d.sid).await.unwrap();
+        assert!(matches!(
+            cached.resolve(&d.sid).await,
+            Err(ResolveError::Unknown)
+        ));
     }
 
     #[tokio::test]

@@ -241,11 +241,24 @@ impl Keys {
                             "key `{name}` is active but has only a public key; give private_key too"
                         ))
                     })?;
-                signer = Some(Signer {
+                let s = Signer {
                     kid: spec.kid.clone(),
                     alg: primary,
                     key,
-                });
+                };
+                // A private key that does not match its public key would issue tokens nobody
+                // accepts: sign and verify a probe now.
+                let probe = b"tessera key probe";
+                let sig = jsonwebtoken::crypto::sign(probe, &s.key, primary.jwt())
+                    .map_err(|e| KeyError(format!("key `{name}`: cannot sign: {e}")))?;
+                if !jsonwebtoken::crypto::verify(&sig, probe, &vk.key, primary.jwt())
+                    .unwrap_or(false)
+                {
+                    return Err(KeyError(format!(
+                        "key `{name}`: private_key and public_key are not a pair"
+                    )));
+                }
+                signer = Some(s);
             }
             match &spec.kid {
                 Some(kid) => {
@@ -430,8 +443,20 @@ async fn fetch_http(uri: &http::Uri) -> Result<Vec<u8>, KeyError> {
 /// Errors: not a JWKS JSON document.
 fn parse_jwks(doc: &[u8], allowed: &[Algorithm]) -> Result<HashMap<String, VerifyKey>, KeyError> {
     use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, PublicKeyUse};
-    let set: JwkSet =
+    #[derive(serde::Deserialize)]
+    struct Doc {
+        keys: Vec<serde_json::Value>,
+    }
+    let doc: Doc =
         serde_json::from_slice(doc).map_err(|e| KeyError(format!("not a JWKS document: {e}")))?;
+    // Each key on its own: one key this crate cannot represent must not void the others.
+    let set = JwkSet {
+        keys: doc
+            .keys
+            .into_iter()
+            .filter_map(|v| serde_json::from_value(v).ok())
+            .collect(),
+    };
     let mut out = HashMap::new();
     for jwk in &set.keys {
         let Some(kid) = jwk.common.key_id.clone() else {
@@ -459,6 +484,32 @@ fn parse_jwks(doc: &[u8], allowed: &[Algorithm]) -> Result<HashMap<String, Verif
         let Some(alg) = alg.filter(|a| allowed.contains(a) && !a.is_hmac()) else {
             continue;
         };
+        // The key's type and size must fit its algorithm (a short Ed25519 `x` would otherwise
+        // reach the verifier).
+        let fits = match (&jwk.algorithm, alg) {
+            (AlgorithmParameters::RSA(_), a) => {
+                a.name().starts_with("RS") || a.name().starts_with("PS")
+            }
+            (AlgorithmParameters::EllipticCurve(p), Algorithm::ES256) => {
+                p.curve == EllipticCurve::P256
+            }
+            (AlgorithmParameters::EllipticCurve(p), Algorithm::ES384) => {
+                p.curve == EllipticCurve::P384
+            }
+            (AlgorithmParameters::OctetKeyPair(p), Algorithm::EdDSA) => {
+                p.curve == EllipticCurve::Ed25519
+                    && base64::Engine::decode(
+                        &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+                        &p.x,
+                    )
+                    .is_ok_and(|x| x.len() == 32)
+            }
+            _ => false,
+        };
+        if !fits {
+            tracing::warn!(kid = %kid, "JWKS key skipped: type or size does not fit its algorithm");
+            continue;
+        }
         match DecodingKey::from_jwk(jwk) {
             Ok(key) => {
                 out.insert(
@@ -485,7 +536,10 @@ mod tests {
             {"kty":"oct","kid":"h","k":"c2VjcmV0","alg":"HS256"},
             {"kty":"OKP","crv":"Ed25519","kid":"ed","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"},
             {"kty":"OKP","crv":"Ed25519","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"},
-            {"kty":"OKP","crv":"Ed25519","kid":"enc","use":"enc","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}
+            {"kty":"OKP","crv":"Ed25519","kid":"enc","use":"enc","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"},
+            {"kty":"OKP","crv":"Ed25519","kid":"short","x":"11qYAYKxCrfVS_7TyWQ"},
+            {"kty":"OKP","crv":"X25519","kid":"x","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"},
+            {"kty":"weird","kid":"w"}
         ]}"#;
         let keys = parse_jwks(doc, &[Algorithm::EdDSA, Algorithm::HS256]).unwrap();
         assert_eq!(keys.keys().collect::<Vec<_>>(), vec!["ed"]);

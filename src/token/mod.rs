@@ -13,8 +13,9 @@ pub use verify::{Claims, TokenError, VerifiedToken, Verifier};
 
 /// A JWS algorithm tessera accepts (RFC 7518 section 3, RFC 8037 for EdDSA).
 ///
-/// Every key is bound to exactly one algorithm; a token's `alg` must equal its key's, so an RSA
-/// public key can never be used as an HMAC secret (RFC 8725 2.1 algorithm confusion).
+/// Every `[[token.keys]]` key is bound to exactly one algorithm (the legacy `token.secret` to the
+/// configured HMAC ones); a token's `alg` must be one of its key's, so an RSA public key can never
+/// be used as an HMAC secret (RFC 8725 2.1 algorithm confusion).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Algorithm {
     /// HMAC with SHA-256.

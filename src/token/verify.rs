@@ -113,6 +113,8 @@ struct RawHeader<'a> {
 pub struct Verifier {
     algorithms: Vec<Algorithm>,
     keys: Arc<Keys>,
+    /// Verified tokens by their exact text, each living until its `exp` + leeway.
+    cache: Option<moka::sync::Cache<String, VerifiedToken>>,
     sid_claim: String,
     leeway: u64,
     issuer: Option<String>,
@@ -130,9 +132,17 @@ impl Verifier {
             &cfg.algorithms,
         )
         .expect("token keys were validated with the config");
+        let leeway = cfg.leeway_seconds;
+        let cache = (cfg.cache_max_entries > 0).then(|| {
+            moka::sync::Cache::builder()
+                .max_capacity(cfg.cache_max_entries)
+                .expire_after(TokenExpiry { leeway })
+                .build()
+        });
         Self {
             algorithms: cfg.algorithms.clone(),
             keys: Arc::new(keys),
+            cache,
             sid_claim: cfg.sid_claim.clone(),
             leeway: cfg.leeway_seconds,
             issuer: cfg.issuer.clone(),
@@ -154,9 +164,12 @@ impl Verifier {
         now: u64,
     ) -> Result<VerifiedToken, TokenError> {
         match self.verify(token, now) {
-            Err(TokenError::UnknownKey)
-                if self.keys.has_jwks() && self.keys.refresh_for_unknown_kid().await =>
-            {
+            Err(TokenError::UnknownKey) if self.keys.has_jwks() => {
+                // Whether this call refreshed or another one did meanwhile, try again: the key
+                // may be there now.
+                if self.keys.refresh_for_unknown_kid().await {
+                    self.clear_cache();
+                }
                 self.verify(token, now)
             }
             other => other,
@@ -166,8 +179,31 @@ impl Verifier {
     /// Verifies `token` at time `now` (seconds since the Unix epoch).
     ///
     /// Errors: the first [`TokenError`] found, in the order of the module docs.
+    ///
+    /// A token verified before is answered from the verified-token cache until its `exp` +
+    /// leeway: the signature and claims of a given token text never change, and every
+    /// time-dependent check but `exp` only gets easier with time.
     pub fn verify(&self, token: &str, now: u64) -> Result<VerifiedToken, TokenError> {
-        self.verify_inner(token, now, true)
+        let Some(cache) = &self.cache else {
+            return self.verify_inner(token, now, true);
+        };
+        if let Some(hit) = cache.get(token) {
+            if hit.exp.saturating_add(self.leeway) > now {
+                return Ok(hit);
+            }
+        }
+        let verified = self.verify_inner(token, now, true)?;
+        if token.len() <= self.max_bytes {
+            cache.insert(token.to_owned(), verified.clone());
+        }
+        Ok(verified)
+    }
+
+    /// Forgets every cached verification (the key set changed).
+    pub fn clear_cache(&self) {
+        if let Some(c) = &self.cache {
+            c.invalidate_all();
+        }
     }
 
     /// Like [`Verifier::verify`] without the `exp` check (logout of an expired token's session).
@@ -292,6 +328,25 @@ impl Verifier {
     }
 }
 
+struct TokenExpiry {
+    leeway: u64,
+}
+
+impl moka::Expiry<String, VerifiedToken> for TokenExpiry {
+    fn expire_after_create(
+        &self,
+        _: &String,
+        v: &VerifiedToken,
+        _: std::time::Instant,
+    ) -> Option<std::time::Duration> {
+        let left = v
+            .exp
+            .saturating_add(self.leeway)
+            .saturating_sub(crate::unix_now());
+        Some(std::time::Duration::from_secs(left))
+    }
+}
+
 /// NumericDate (RFC 7519 section 2): a non-negative JSON number; fractions are truncated.
 fn numeric_date(v: Option<&serde_json::Value>) -> Option<u64> {
     let n = v?.as_number()?;
@@ -338,6 +393,7 @@ mod tests {
             }],
             active_kid: None,
             jwks: None,
+            cache_max_entries: 100,
             sources: vec![TokenSource::Bearer],
             sid_claim: "sid".into(),
             leeway_seconds: 5,

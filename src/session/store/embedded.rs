@@ -10,13 +10,19 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::StoreError;
+use super::{Invalidation, StoreError};
 use crate::unix_now;
 
 /// The embedded SQLite store.
+#[derive(Clone)]
 pub struct EmbeddedStore {
     inner: Arc<Inner>,
 }
+
+/// How often the change log is polled for writes by other processes (the CLI).
+const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(25);
+/// Change-log rows older than this are pruned, seconds.
+const LOG_KEEP_SECONDS: i64 = 300;
 
 struct Inner {
     file: PathBuf,
@@ -42,7 +48,8 @@ impl EmbeddedStore {
         let conn = inner.connect()?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value BLOB NOT NULL, expires_at INTEGER NOT NULL);
-             CREATE INDEX IF NOT EXISTS kv_expires ON kv(expires_at);",
+             CREATE INDEX IF NOT EXISTS kv_expires ON kv(expires_at);
+             CREATE TABLE IF NOT EXISTS kv_log (seq INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL, at INTEGER NOT NULL);",
         )
         .map_err(err)?;
         inner.release(conn);
@@ -89,7 +96,9 @@ impl EmbeddedStore {
                 "INSERT OR REPLACE INTO kv (key, value, expires_at) VALUES (?1, ?2, ?3)",
             )?
             .execute(params![key, value, now.saturating_add(ttl_seconds as i64)])?;
-            Ok(())
+            c.prepare_cached("DELETE FROM kv_log WHERE at < ?1")?
+                .execute(params![now - LOG_KEEP_SECONDS])?;
+            log_change(c, &key)
         })
         .await
     }
@@ -97,9 +106,12 @@ impl EmbeddedStore {
     pub(super) async fn delete(&self, key: &str) -> Result<bool, StoreError> {
         let key = key.to_owned();
         self.run(move |c| {
-            Ok(c.prepare_cached("DELETE FROM kv WHERE key = ?1")?
+            let existed = c
+                .prepare_cached("DELETE FROM kv WHERE key = ?1")?
                 .execute(params![key])?
-                > 0)
+                > 0;
+            log_change(c, &key)?;
+            Ok(existed)
         })
         .await
     }
@@ -122,17 +134,101 @@ impl EmbeddedStore {
         .await
     }
 
-    pub(super) async fn replace(&self, key: &str, value: &[u8]) -> Result<bool, StoreError> {
-        let (key, value) = (key.to_owned(), value.to_vec());
+    pub(super) async fn replace(
+        &self,
+        key: &str,
+        old: &[u8],
+        value: &[u8],
+    ) -> Result<bool, StoreError> {
+        let (key, old, value) = (key.to_owned(), old.to_vec(), value.to_vec());
         self.run(move |c| {
-            Ok(
-                c.prepare_cached("UPDATE kv SET value = ?1 WHERE key = ?2 AND expires_at > ?3")?
-                    .execute(params![value, key, unix_now() as i64])?
-                    > 0,
-            )
+            let replaced = c
+                .prepare_cached(
+                    "UPDATE kv SET value = ?1 WHERE key = ?2 AND value = ?3 AND expires_at > ?4",
+                )?
+                .execute(params![value, key, old, unix_now() as i64])?
+                > 0;
+            if replaced {
+                log_change(c, &key)?;
+            }
+            Ok(replaced)
         })
         .await
     }
+}
+
+impl EmbeddedStore {
+    /// Polls the change log every [`WATCH_EVERY`]; every process writing this store (serve and
+    /// the CLI) appends the keys it changed there.
+    pub(super) async fn watch(self, prefix: String, tx: tokio::sync::mpsc::Sender<Invalidation>) {
+        let mut last: Option<i64> = None;
+        let mut tick = tokio::time::interval(WATCH_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if tx.is_closed() {
+                return;
+            }
+            let after = last;
+            let rows = self
+                .run(move |c| match after {
+                    None => c
+                        .query_row("SELECT COALESCE(MAX(seq), 0) FROM kv_log", [], |r| r.get(0))
+                        .map(|max: i64| vec![(max, String::new())]),
+                    Some(after) => {
+                        let mut stmt = c.prepare_cached(
+                            "SELECT seq, key FROM kv_log WHERE seq > ?1 ORDER BY seq LIMIT 10000",
+                        )?;
+                        let rows =
+                            stmt.query_map(params![after], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                        rows.collect()
+                    }
+                })
+                .await;
+            let msg = match (rows, last) {
+                (Err(e), _) => {
+                    tracing::warn!(error = %e, "embedded change log unreadable; session cache off");
+                    last = None;
+                    Invalidation::Lost
+                }
+                (Ok(rows), None) => {
+                    last = rows.first().map(|r| r.0);
+                    Invalidation::Live
+                }
+                (Ok(rows), Some(prev)) if rows.is_empty() => {
+                    last = Some(prev);
+                    continue;
+                }
+                (Ok(rows), Some(prev)) => {
+                    let gap = rows[0].0 != prev + 1;
+                    last = rows.last().map(|r| r.0);
+                    if gap {
+                        // Rows were pruned before we read them: we cannot know what changed.
+                        if tx.send(Invalidation::Lost).await.is_err() {
+                            return;
+                        }
+                        Invalidation::Live
+                    } else {
+                        Invalidation::Keys(
+                            rows.into_iter()
+                                .map(|(_, k)| k)
+                                .filter(|k| k.starts_with(&prefix))
+                                .collect(),
+                        )
+                    }
+                }
+            };
+            if tx.send(msg).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+fn log_change(c: &Connection, key: &str) -> rusqlite::Result<()> {
+    c.prepare_cached("INSERT INTO kv_log (key, at) VALUES (?1, ?2)")?
+        .execute(params![key, unix_now() as i64])?;
+    Ok(())
 }
 
 impl Inner {

@@ -14,6 +14,17 @@ mod redis;
 pub use self::embedded::EmbeddedStore;
 pub use self::redis::RedisStore;
 
+/// A change notice from the store's invalidation stream ([`Store::watch`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Invalidation {
+    /// These keys were written, deleted or expired.
+    Keys(Vec<String>),
+    /// The stream is (again) live and complete from now on; anything cached before may be stale.
+    Live,
+    /// The stream was lost: nothing cached can be trusted until the next `Live`.
+    Lost,
+}
+
 /// The store could not answer (down, timed out, I/O error). Maps to 503.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("session store unavailable: {0}")]
@@ -64,8 +75,9 @@ impl Store {
         }
     }
 
-    /// Every live entry whose key starts with `prefix`, as (key, value). Walks the whole key
-    /// space in batches (Redis `SCAN`, never `KEYS`): an operator command, not a request path.
+    /// Every live entry whose key starts with `prefix`, as (key, value), each key once. Walks
+    /// the whole key space in batches (Redis `SCAN`, never `KEYS`): an operator command, not a
+    /// request path.
     pub async fn scan(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
         match self {
             Self::Embedded(s) => s.scan(prefix).await,
@@ -73,14 +85,33 @@ impl Store {
         }
     }
 
-    /// Replaces the value at `key` only if the key still exists, keeping its expiry (Redis
-    /// `SET .. XX KEEPTTL`). Returns whether it was replaced: a session revoked meanwhile stays
-    /// revoked.
-    pub async fn replace(&self, key: &str, value: &[u8]) -> Result<bool, StoreError> {
+    /// Replaces the value at `key` with `value` only if it is still `old` (compare-and-set),
+    /// keeping its expiry. Returns whether it was replaced: a session revoked or rewritten
+    /// meanwhile is left alone.
+    pub async fn replace(&self, key: &str, old: &[u8], value: &[u8]) -> Result<bool, StoreError> {
         match self {
-            Self::Embedded(s) => s.replace(key, value).await,
-            Self::Redis(s) => s.replace(key, value).await,
+            Self::Embedded(s) => s.replace(key, old, value).await,
+            Self::Redis(s) => s.replace(key, old, value).await,
         }
+    }
+
+    /// Starts watching keys under `prefix` for changes by any process: Redis server-assisted
+    /// client-side caching (RESP3 `CLIENT TRACKING ON BCAST PREFIX`, its own connection, pinged
+    /// every second), or the embedded store's change log (polled every 25 ms). The receiver
+    /// gets `Live` once watching works, `Keys` per change, and `Lost` whenever the stream broke
+    /// (it reconnects by itself). Dropping the receiver stops the watcher.
+    pub fn watch(&self, prefix: &str) -> tokio::sync::mpsc::Receiver<Invalidation> {
+        let (tx, rx) = tokio::sync::mpsc::channel(1024);
+        let prefix = prefix.to_owned();
+        match self {
+            Self::Embedded(s) => {
+                tokio::spawn(EmbeddedStore::clone(s).watch(prefix, tx));
+            }
+            Self::Redis(s) => {
+                tokio::spawn(s.clone().watch(prefix, tx));
+            }
+        }
+        rx
     }
 
     /// Checks the store answers (used by `check-config`).

@@ -7,7 +7,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::AsyncCommands;
 use tokio::sync::OnceCell;
 
-use super::StoreError;
+use super::{Invalidation, StoreError};
 
 /// The Redis store.
 pub struct RedisStore {
@@ -72,8 +72,10 @@ impl RedisStore {
         let pattern = format!("{}*", glob_escape(prefix));
         let mut cursor: u64 = 0;
         let mut out = Vec::new();
+        // SCAN may return a key more than once.
+        let mut seen = std::collections::HashSet::new();
         loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            let (next, mut keys): (u64, Vec<String>) = redis::cmd("SCAN")
                 .arg(cursor)
                 .arg("MATCH")
                 .arg(&pattern)
@@ -82,6 +84,7 @@ impl RedisStore {
                 .query_async(&mut conn)
                 .await
                 .map_err(err)?;
+            keys.retain(|k| seen.insert(k.clone()));
             if !keys.is_empty() {
                 let values: Vec<Option<Vec<u8>>> = conn.mget(&keys).await.map_err(err)?;
                 out.extend(
@@ -97,16 +100,133 @@ impl RedisStore {
         }
     }
 
-    pub(super) async fn replace(&self, key: &str, value: &[u8]) -> Result<bool, StoreError> {
-        let reply: Option<String> = redis::cmd("SET")
+    pub(super) async fn replace(
+        &self,
+        key: &str,
+        old: &[u8],
+        value: &[u8],
+    ) -> Result<bool, StoreError> {
+        // Compare-and-set in one atomic script; KEEPTTL keeps the session's expiry.
+        const CAS: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+               return redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL') \
+             else return false end";
+        let reply: Option<String> = redis::cmd("EVAL")
+            .arg(CAS)
+            .arg(1)
             .arg(key)
+            .arg(old)
             .arg(value)
-            .arg("XX")
-            .arg("KEEPTTL")
             .query_async(&mut self.conn().await?)
             .await
             .map_err(err)?;
         Ok(reply.is_some())
+    }
+}
+
+impl RedisStore {
+    /// The tracking loop: (re)connect, enable tracking, forward invalidations; on any failure
+    /// report `Lost` and retry with backoff (100 ms doubling to 2 s).
+    pub(super) async fn watch(
+        self: std::sync::Arc<Self>,
+        prefix: String,
+        tx: tokio::sync::mpsc::Sender<Invalidation>,
+    ) {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let result = self.track(&prefix, &tx).await;
+            if tx.is_closed() {
+                return;
+            }
+            if let Err(e) = result {
+                tracing::warn!(error = %e, "redis invalidation stream lost; session cache off until it is back");
+            }
+            if tx.send(Invalidation::Lost).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    async fn track(
+        &self,
+        prefix: &str,
+        tx: &tokio::sync::mpsc::Sender<Invalidation>,
+    ) -> Result<(), StoreError> {
+        let mut info = self.client.get_connection_info().clone();
+        info.redis.protocol = redis::ProtocolVersion::RESP3;
+        let client = redis::Client::open(info).map_err(err)?;
+        let (push_tx, mut push_rx) = tokio::sync::mpsc::unbounded_channel();
+        let cfg = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(self.timeout)
+            .set_response_timeout(self.timeout)
+            .set_push_sender(push_tx);
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&cfg)
+            .await
+            .map_err(err)?;
+        let mut cmd = redis::cmd("CLIENT");
+        cmd.arg("TRACKING").arg("ON").arg("BCAST");
+        if !prefix.is_empty() {
+            cmd.arg("PREFIX").arg(prefix);
+        }
+        cmd.query_async::<()>(&mut conn).await.map_err(err)?;
+        if tx.send(Invalidation::Live).await.is_err() {
+            return Ok(());
+        }
+        let mut ping = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                push = push_rx.recv() => {
+                    let Some(push) = push else {
+                        return Err(err("push channel closed"));
+                    };
+                    match push.kind {
+                        redis::PushKind::Invalidate => {
+                            let keys = match push.data.into_iter().next() {
+                                Some(redis::Value::Array(keys)) => keys
+                                    .into_iter()
+                                    .filter_map(|k| match k {
+                                        redis::Value::BulkString(b) => String::from_utf8(b).ok(),
+                                        redis::Value::SimpleString(s) => Some(s),
+                                        _ => None,
+                                    })
+                                    .collect(),
+                                // Nil: FLUSHDB/FLUSHALL — everything is gone.
+                                _ => {
+                                    if tx.send(Invalidation::Lost).await.is_err()
+                                        || tx.send(Invalidation::Live).await.is_err()
+                                    {
+                                        return Ok(());
+                                    }
+                                    continue;
+                                }
+                            };
+                            if tx.send(Invalidation::Keys(keys)).await.is_err() {
+                                return Ok(());
+                            }
+                        }
+                        redis::PushKind::Disconnection => return Err(err("disconnected")),
+                        _ => {}
+                    }
+                }
+                _ = ping.tick() => {
+                    if tx.is_closed() {
+                        return Ok(());
+                    }
+                    let pong = tokio::time::timeout(
+                        self.timeout,
+                        redis::cmd("PING").query_async::<String>(&mut conn),
+                    )
+                    .await;
+                    match pong {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => return Err(err(e)),
+                        Err(_) => return Err(err("ping timed out")),
+                    }
+                }
+            }
+        }
     }
 }
 
