@@ -3,15 +3,17 @@
 
 Input: a JSON list of {"target", "concurrency", "rps", "p50_ms", "p99_ms"} (one entry per
 target and concurrency; when several entries share a target and concurrency, e.g. repetitions,
-their median is plotted). Output: two files in --out-dir:
+their median is plotted), or a JSON object holding such lists by name (bench/suite.sh's
+suite-<date>.json): --section picks one (default "matrix"). Output: two files in --out-dir:
   <name>-rps.<fmt>      grouped bars, one group per concurrency, one bar per target (req/s)
   <name>-latency.<fmt>  same grouping; solid bar = p50, lighter bar on top = p99 (log scale ms)
 Targets keep their order of first appearance in the input.
 
 Usage:
-  python3 bench/plot.py results.json [--out-dir bench/results] [--name NAME] [--format svg|png]
-NAME defaults to the input's file name without .json. matplotlib comes from
-bench/requirements-plot.txt, installed in bench/.venv on first run.
+  python3 bench/plot.py results.json [--out-dir bench/results] [--name NAME] [--format svg|png] \
+      [--section NAME] [--title TEXT]
+NAME defaults to the input's file name without .json, plus -SECTION when --section is given.
+matplotlib comes from bench/requirements-plot.txt, installed in bench/.venv on first run.
 """
 
 import os
@@ -35,9 +37,16 @@ import matplotlib.ticker  # noqa: E402
 FIELDS = ("target", "concurrency", "rps", "p50_ms", "p99_ms")
 
 
-def load(path):
+def load(path, section=None):
     with open(path) as f:
         rows = json.load(f)
+    if isinstance(rows, dict):
+        section = section or "matrix"
+        if section not in rows:
+            raise SystemExit(f"{path}: no section {section!r} (has {', '.join(rows)})")
+        rows = rows[section]
+    elif section:
+        raise SystemExit(f"{path}: --section needs a JSON object, this is a list")
     if not isinstance(rows, list) or not rows:
         raise SystemExit(f"{path}: expected a non-empty JSON list")
     cells = {}
@@ -70,10 +79,14 @@ def main():
     p.add_argument("--out-dir", default=None, help="default: the input's directory")
     p.add_argument("--name", default=None, help="file name stem (default: input name)")
     p.add_argument("--format", choices=("svg", "png"), default="svg")
+    p.add_argument("--section", help="list to plot when the input is a JSON object")
+    p.add_argument("--title", default="", help="prefix for the chart titles")
     args = p.parse_args()
-    targets, concs, med = load(args.results)
+    targets, concs, med = load(args.results, args.section)
     out_dir = args.out_dir or os.path.dirname(os.path.abspath(args.results))
-    name = args.name or os.path.splitext(os.path.basename(args.results))[0]
+    name = args.name or os.path.splitext(os.path.basename(args.results))[0] + \
+        (f"-{args.section}" if args.section else "")
+    prefix = f"{args.title}: " if args.title else ""
     os.makedirs(out_dir, exist_ok=True)
     labels = [f"c={c}" for c in concs]
     written = []
@@ -84,7 +97,7 @@ def main():
                      padding=2)
     ax.set_xticks(range(len(concs)), labels)
     ax.set_ylabel("requests per second")
-    ax.set_title("Throughput by target and concurrency")
+    ax.set_title(prefix + "Throughput by target and concurrency")
     ax.legend([plt.Rectangle((0, 0), 1, 1, color=f"C{i}") for i in range(len(targets))], targets,
               loc="upper left", fontsize=8)
     ax.grid(axis="y", alpha=0.3)
@@ -101,7 +114,7 @@ def main():
     ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_xticks(range(len(concs)), labels)
     ax.set_ylabel("latency, ms (log scale)")
-    ax.set_title("Latency: p50 (solid) and p99 (light)")
+    ax.set_title(prefix + "Latency: p50 (solid) and p99 (light)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=f"C{i}") for i in range(len(targets))]
     handles += [plt.Rectangle((0, 0), 1, 1, color="grey"),
                 plt.Rectangle((0, 0), 1, 1, color="grey", alpha=0.35)]

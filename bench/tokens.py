@@ -4,21 +4,30 @@
 Each session: sid = base64url of 18 random bytes (144 bits, as tessera makes them); Redis key
 `<prefix><sid>` (default prefix `tessera:session:`) set with EX ttl to
 `{"credentials":"tsl1.<kid>.<b64url(nonce[12] || ciphertext || tag[16])>","sub":USER,"expires_at":T}`,
-sealed with AES-256-GCM under --cred-key with the sid as associated data; token = HS512 JWT
-(header typ JWT) with claims sub, sid, iat, exp. Both tessera (`session.store = "redis://..."`,
-same secret and key) and bench/reference/proxy.py accept them.
+sealed with AES-256-GCM under --cred-key with the sid as associated data; token = a JWT (header
+typ JWT, and kid when --kid is given) with claims sub, sid, iat, exp, signed with --alg (default
+HS512). Both tessera (`session.store = "redis://..."`, same secret and key) and
+bench/reference/proxy.py (HS512 only) accept them.
+
+--alg HS256/384/512 signs with the secret --jwt-secret; RS256/384/512, PS256/384/512, ES256/384
+and EdDSA sign with the PEM private key --jwt-key (PKCS#8 or traditional, e.g. from
+`openssl genpkey -algorithm ed25519` or `openssl genpkey -algorithm RSA -pkeyopt
+rsa_keygen_bits:2048`). tessera verifies those with a `[[token.keys]]` entry holding the same
+kid, alg and `public_key`.
 
 Usage (secrets: literal, env:NAME or file:PATH; the password is read from stdin or env):
   printf 'bench-password\n' | python3 bench/tokens.py --count 1000 --redis redis://127.0.0.1:6379/0 \
       --jwt-secret env:TESSERA_JWT_SECRET --cred-key env:TESSERA_CRED_KEY --user alice \
       --password-stdin --out /tmp/bench.tokens.jsonl [--format jsonl|plain] \
       [--lua /tmp/wrk-rotate.lua] [--ttl 43200] [--cred-kid k1] [--key-prefix tessera:session:]
+  ... --alg EdDSA --kid ed1 --jwt-key file:/tmp/ed25519.pem   (instead of --jwt-secret)
   wrk -t2 -c8 -d10s -s /tmp/wrk-rotate.lua http://127.0.0.1:8080/1k
 
 --out: jsonl (default) writes `{"sid","token","expires_at"}` per line, the shape
 `tessera session create` prints (bench/revocation.py reads it); plain writes one token per line.
 --lua writes a wrk script that reads --out at start and rotates over the tokens, one per request
-(`Authorization: Bearer`); each wrk thread starts at a different offset. Files are mode 0600;
+(`Authorization: Bearer`), keeping headers given with `wrk -H`; each wrk thread starts at a
+different offset. Files are mode 0600;
 stdout says only how many sessions were written where (no token, sid or key).
 """
 
@@ -37,7 +46,11 @@ import time  # noqa: E402
 
 import jwt  # noqa: E402
 import redis  # noqa: E402
+from cryptography.hazmat.primitives import serialization  # noqa: E402
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # noqa: E402
+
+HMAC_ALGS = {"HS256", "HS384", "HS512"}
+PEM_ALGS = {"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "EdDSA"}
 
 LUA = r"""-- wrk script written by bench/tokens.py: one bearer token per request, rotating over the
 -- tokens in TOKENS (one per line, plain or the jsonl of bench/tokens.py). No token is in here.
@@ -61,11 +74,15 @@ function init(args)
   assert(#tokens > 0, "no token in " .. TOKENS)
   -- spread threads over the list so they do not ask for the same session at the same moment
   i = math.floor((offset or 0) * #tokens / 8) %% #tokens
+  -- keep the headers given with wrk -H (e.g. Connection: close); Authorization is set per request
+  headers = {}
+  for name, value in pairs(wrk.headers) do headers[name] = value end
 end
 
 function request()
   i = i %% #tokens + 1
-  return wrk.format(nil, nil, { ["Authorization"] = "Bearer " .. tokens[i] })
+  headers["Authorization"] = "Bearer " .. tokens[i]
+  return wrk.format(nil, nil, headers)
 end
 """
 
@@ -97,7 +114,11 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--count", type=int, required=True)
     p.add_argument("--redis", required=True, help="redis://host:port/db holding tessera records")
-    p.add_argument("--jwt-secret", required=True, help="HS512 secret: literal, env:NAME, file:PATH")
+    p.add_argument("--alg", default="HS512", choices=sorted(HMAC_ALGS | PEM_ALGS),
+                   help="JWT algorithm (default HS512)")
+    p.add_argument("--kid", help="JWT header kid (default: none, tessera's token.secret)")
+    p.add_argument("--jwt-secret", help="HS* secret: literal, env:NAME, file:PATH")
+    p.add_argument("--jwt-key", help="PEM private key for RS*/PS*/ES*/EdDSA: file:PATH, env:NAME")
     p.add_argument("--cred-key", required=True, help="base64 of 32 bytes: literal, env:, file:")
     p.add_argument("--cred-kid", default="k1")
     p.add_argument("--key-prefix", default="tessera:session:")
@@ -119,7 +140,18 @@ def main():
     key = base64.b64decode(secret(args.cred_key), validate=True)
     if len(key) != 32:
         p.error("--cred-key must be base64 of 32 bytes")
-    jwt_key = secret(args.jwt_secret)
+    if args.alg in HMAC_ALGS:
+        if not args.jwt_secret or args.jwt_key:
+            p.error(f"--alg {args.alg} takes --jwt-secret (not --jwt-key)")
+        jwt_key = secret(args.jwt_secret)
+    else:
+        if not args.jwt_key or args.jwt_secret:
+            p.error(f"--alg {args.alg} takes --jwt-key (a PEM private key), not --jwt-secret")
+        # Parsed once: PyJWT would otherwise parse the PEM for every token.
+        jwt_key = serialization.load_pem_private_key(secret(args.jwt_key).encode(), password=None)
+    headers = {"typ": "JWT"}
+    if args.kid:
+        headers["kid"] = args.kid
     pair = f"{args.user}:{password}".encode()
 
     r = redis.Redis.from_url(args.redis)
@@ -134,7 +166,7 @@ def main():
             pipe.set(args.key_prefix + sid, json.dumps(record, separators=(",", ":")),
                      ex=args.ttl)
             token = jwt.encode({"sub": args.user, "sid": sid, "iat": now, "exp": exp}, jwt_key,
-                               algorithm="HS512", headers={"typ": "JWT"})
+                               algorithm=args.alg, headers=headers)
             if args.format == "jsonl":
                 out.write(json.dumps({"sid": sid, "token": token, "expires_at": exp}) + "\n")
             else:
@@ -145,7 +177,8 @@ def main():
     if args.lua:
         with open(args.lua, "w") as f:
             f.write(LUA % json.dumps(os.path.abspath(args.out)))
-    print(f"{args.count} sessions in {args.redis.split('@')[-1]} "
+    print(f"{args.count} sessions in {args.redis.split('@')[-1]} ({args.alg} tokens"
+          + (f", kid {args.kid}" if args.kid else "") + ") "
           f"(prefix {args.key_prefix}, ttl {args.ttl} s); tokens: {args.out} ({args.format})"
           + (f"; wrk script: {args.lua}" if args.lua else ""))
 

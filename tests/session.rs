@@ -807,3 +807,63 @@ fn jwks_over_http_is_fetched_at_start() {
     assert_eq!(curl(&["-H", &bearer(&idp), &t.url("/x")]).0, 200);
     assert!(t.log().contains("JWKS loaded"), "{}", t.log());
 }
+
+fn redis_calls(redis: &Redis, cmd: &str) -> u64 {
+    redis
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+#[test]
+fn warm_requests_touch_no_store_and_any_writer_evicts() {
+    let up = users();
+    let redis = Redis::start();
+    let a = on_redis(&up, &redis, &[]);
+    let b = on_redis(&up, &redis, &[]);
+    let token = token_of(&login(&a, "alice", "alice-pw"));
+    assert_eq!(curl(&["-H", &bearer(&token), &b.url("/x")]).0, 200);
+    let gets = redis_calls(&redis, "get");
+    for _ in 0..25 {
+        assert_eq!(curl(&["-H", &bearer(&token), &b.url("/x")]).0, 200);
+    }
+    assert_eq!(
+        redis_calls(&redis, "get") - gets,
+        0,
+        "warm requests read no session"
+    );
+
+    // A DEL by any writer (here redis-cli, not tessera) reaches B's cache through tracking.
+    let key = session_keys(&redis).pop().unwrap();
+    redis.cli(&["DEL", &key]);
+    let refused = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(2));
+        curl(&["-H", &bearer(&token), &b.url("/x")]).0 == 401
+    });
+    assert!(refused, "external DEL evicted the cached session");
+
+    // Losing the invalidation connection flushes the cache; a revocation made while it
+    // reconnects is still honoured.
+    let token = token_of(&login(&a, "bob", "bob-pw"));
+    assert_eq!(curl(&["-H", &bearer(&token), &b.url("/x")]).0, 200);
+    redis.cli(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]);
+    let key = session_keys(&redis).pop().unwrap();
+    redis.cli(&["DEL", &key]);
+    assert_eq!(curl(&["-H", &bearer(&token), &b.url("/x")]).0, 401);
+    assert!(b.log().contains("invalidation stream lost"), "{}", b.log());
+    // and the cache comes back: warm again after one read
+    let token = token_of(&login(&a, "alice", "alice-pw"));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(curl(&["-H", &bearer(&token), &b.url("/x")]).0, 200);
+    let gets = redis_calls(&redis, "get");
+    for _ in 0..10 {
+        assert_eq!(curl(&["-H", &bearer(&token), &b.url("/x")]).0, 200);
+    }
+    assert_eq!(
+        redis_calls(&redis, "get") - gets,
+        0,
+        "cache live again after reconnect"
+    );
+}

@@ -46,7 +46,14 @@ impl RedisStore {
     }
 
     pub(super) async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        self.conn().await?.get(key).await.map_err(err)
+        match self.conn().await?.get(key).await {
+            // The multiplexed connection was found dead (server restart, CLIENT KILL, idle cut):
+            // the manager reconnects; a GET is idempotent, so ask once more before saying 503.
+            Err(e) if e.is_connection_dropped() || e.is_io_error() => {
+                self.conn().await?.get(key).await.map_err(err)
+            }
+            other => other.map_err(err),
+        }
     }
 
     pub(super) async fn put(
@@ -55,15 +62,26 @@ impl RedisStore {
         value: &[u8],
         ttl_seconds: u64,
     ) -> Result<(), StoreError> {
-        self.conn()
-            .await?
-            .set_ex(key, value, ttl_seconds)
-            .await
-            .map_err(err)
+        match self.conn().await?.set_ex(key, value, ttl_seconds).await {
+            // SET of the same value is idempotent: retry once on a dropped connection.
+            Err(e) if e.is_connection_dropped() || e.is_io_error() => self
+                .conn()
+                .await?
+                .set_ex(key, value, ttl_seconds)
+                .await
+                .map_err(err),
+            other => other.map_err(err),
+        }
     }
 
     pub(super) async fn delete(&self, key: &str) -> Result<bool, StoreError> {
-        let n: u64 = self.conn().await?.del(key).await.map_err(err)?;
+        let n: u64 = match self.conn().await?.del(key).await {
+            // DEL is idempotent: retry once on a dropped connection, as `get` does.
+            Err(e) if e.is_connection_dropped() || e.is_io_error() => {
+                self.conn().await?.del(key).await.map_err(err)?
+            }
+            other => other.map_err(err)?,
+        };
         Ok(n > 0)
     }
 

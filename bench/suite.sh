@@ -1,0 +1,686 @@
+#!/usr/bin/env bash
+# The issue-4 benchmark suite, in one go on loopback.
+#
+#   bench/suite.sh                          # DURATION=5s REPS=3 (about 12 minutes)
+#   DURATION=2s REPS=1 bench/suite.sh       # quick check of every piece
+#   SECTIONS="matrix memory" bench/suite.sh # only some sections (matrix algs close revocation memory)
+#
+# Processes (all on 127.0.0.1, free ports, stopped by PID on exit, as bench/run.sh does):
+#   redis-server (no persistence); nginx "origin" (worker_processes 1) serving the 1 KiB JSON at
+#   /1k plus stub_status on a separate port; nginx "proxy" (a second nginx process, worker_processes
+#   1): plain reverse proxy to the origin with upstream keepalive 64, no auth (bench/run.sh's
+#   server block, in its own process so the origin's `accepted` counter sees only upstream
+#   connections); bench/reference/proxy.py (one worker) on Redis; tessera on Redis; tessera on the
+#   embedded store. Every tessera: `[log] level = "warn"`, `access_log = false`, the HS512
+#   `token.secret` plus `[[token.keys]]` rs1 (RS256) and ed1 (EdDSA) with `public_key = "file:..."`.
+#
+# Sections:
+#   matrix     targets direct, nginx-proxy, python-ref, tessera-redis, tessera-embedded; GET /1k with
+#              a bearer token rotating over SESSIONS (1,000) sessions (tokens.py's wrk Lua script,
+#              the same script for every target, direct and nginx-proxy included);
+#              wrk -t (1 if c<2 else 2) -c c -d DURATION --latency, c in 1 8 64, REPS repetitions
+#              round-robin over the targets within each repetition; medians. Per run: Redis commands
+#              (INFO commandstats delta, INFO itself excluded) and upstream connections opened (the
+#              origin's stub_status `accepted` delta, minus the status request's own connection).
+#              Sessions for tessera-embedded: `tessera session create` run EMBEDDED_SESSIONS times.
+#   algs       c=8: tessera-redis (warm: default session and token caches) and tessera-cold
+#              (`[session] cache_max_entries = 0`, `[token] cache_max_entries = 0`: every request
+#              verifies, reads Redis, unseals), each with HS512, RS256 (kid rs1) and EdDSA (kid ed1)
+#              tokens from tokens.py (1,000 sessions each); round-robin, REPS repetitions.
+#              Covers "RS256/EdDSA vs HS512" and "cold vs warm".
+#   close      `wrk -H "Connection: close"` (a new client connection per request): tessera-pool16
+#              (`upstream.max_connections = 16`) at c=8 and c=64, nginx-proxy at c=8; upstream
+#              connections opened (origin `accepted` delta) and the most upstream connections open at
+#              once (tessera's sockets to the origin, sampled with `ss -tnp` every 50 ms).
+#   revocation two tessera instances (tessera-redis = A, tessera-b = B) on one Redis;
+#              bench/revocation.py, REVOCATION_TRIALS (1,000) trials, revoke = DEL in Redis.
+#   memory     a fresh tessera on Redis (session and token cache_max_entries = 120000,
+#              cache_ttl_seconds = 3600 so nothing expires meanwhile); MEMORY_SESSIONS (100,000)
+#              sessions made by tokens.py, each requested once (Python keep-alive clients, 4
+#              processes, every answer must be 200), then VmRSS/VmHWM from /proc/PID/status; a
+#              second pass counts Redis GETs (0 = every session was still cached).
+#
+# Output: bench/results/suite-<date>.json (object: matrix = list of {target, concurrency, rps,
+# p50_ms, p99_ms, redis_cmds_per_req, upstream_conns, ...}, algs, close, revocation, memory, meta),
+# suite-<date>.md (tables, targets met/missed, command, machine facts), SVG plots
+# suite-<date>-{matrix,algs,close}-{rps,latency}.svg via bench/plot.py, raw wrk output in
+# suite-<date>.raw.txt. Needs target/release/tessera (never built here), redis-server, redis-cli,
+# nginx (with stub_status), wrk, curl, openssl, ss, python3.
+set -euo pipefail
+
+DURATION="${DURATION:-5s}"
+REPS="${REPS:-3}"
+SECTIONS="${SECTIONS:-matrix algs close revocation memory}"
+SESSIONS="${SESSIONS:-1000}"
+EMBEDDED_SESSIONS="${EMBEDDED_SESSIONS:-1000}"
+REVOCATION_TRIALS="${REVOCATION_TRIALS:-1000}"
+MEMORY_SESSIONS="${MEMORY_SESSIONS:-100000}"
+CONCURRENCIES=(1 8 64)
+TARGETS=(direct nginx-proxy python-ref tessera-redis tessera-embedded)
+POOL_CAP=16
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BENCH="$ROOT/bench"
+BIN="$ROOT/target/release/tessera"
+RESULTS_DIR="$BENCH/results"
+START_EPOCH=$(date +%s)
+LOAD_START="$(cut -d' ' -f1-3 /proc/loadavg)"
+
+log() { printf '[suite %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+has_section() { [[ " $SECTIONS " == *" $1 "* ]]; }
+
+[[ "$REPS" =~ ^[1-9][0-9]*$ ]] || die "REPS must be a positive integer, got '$REPS'"
+[[ "$DURATION" =~ ^[0-9]+[smh]?$ ]] || die "DURATION must look like 5s, 1m, 30, got '$DURATION'"
+for s in $SECTIONS; do
+  [[ " matrix algs close revocation memory " == *" $s "* ]] || die "unknown section '$s'"
+done
+
+# ---------------------------------------------------------------- processes and cleanup
+PIDS=()
+WORK=""
+KEEP_WORK=1 # cleared after a successful run
+
+stop_pid() {
+  local pid=$1 i
+  kill -0 "$pid" 2>/dev/null || return 0
+  kill -TERM "$pid" 2>/dev/null || true
+  for ((i = 0; i < 100; i++)); do
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.05
+  done
+  kill -KILL "$pid" 2>/dev/null || true
+}
+
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  local i
+  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
+    stop_pid "${PIDS[$i]}"
+  done
+  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
+    wait "${PIDS[$i]}" 2>/dev/null || true
+  done
+  if [[ -n "$WORK" && -d "$WORK" ]]; then
+    if [[ $KEEP_WORK -eq 1 ]]; then
+      log "run failed (exit $rc): logs kept in $WORK"
+    else
+      rm -rf "$WORK"
+    fi
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# ---------------------------------------------------------------- prerequisites
+for tool in redis-server redis-cli nginx wrk curl openssl ss pgrep python3 git; do
+  command -v "$tool" >/dev/null 2>&1 || die "$tool is not installed"
+done
+nginx -V 2>&1 | grep -q with-http_stub_status_module || die "nginx lacks stub_status"
+[[ -x "$BIN" ]] || die "$BIN not found: build it first with 'cargo build --release'"
+STALE=""
+if [[ -n "$(find "$ROOT/src" "$ROOT/Cargo.toml" "$ROOT/Cargo.lock" -newer "$BIN" -print -quit 2>/dev/null)" ]]; then
+  STALE="yes"
+  log "WARNING: sources are newer than $BIN; the numbers are for the binary as built"
+fi
+COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+if ! git -C "$ROOT" diff --quiet HEAD -- src Cargo.toml Cargo.lock 2>/dev/null; then
+  COMMIT="$COMMIT (src/Cargo files modified vs HEAD at start)"
+fi
+BIN_BUILT="$(date -u -r "$BIN" '+%Y-%m-%d %H:%M:%S UTC')"
+PY="$(python3 "$BENCH/_venv.py")" # bench/.venv (created on first use)
+
+# ---------------------------------------------------------------- work dir and ports
+WORK="$(mktemp -d /tmp/tessera-suite.XXXXXX)"
+chmod 711 "$WORK" # nginx workers (nobody when run as root) must reach 1k.json
+mkdir -p "$WORK/tmp" "$WORK/tmp2" "$WORK/raw" "$WORK/keys" "$WORK/tok" "$WORK/emb"
+chmod 700 "$WORK/keys" "$WORK/tok"
+RAW="$WORK/raw"
+RUNS="$WORK/runs.tsv"
+: >"$RUNS"
+
+read -r P_REDIS P_ORIGIN P_STATUS P_PROXY P_PYREF P_TR P_TE P_TCOLD P_TPOOL P_TB P_TMEM < <(python3 - <<'PY'
+import socket
+socks = []
+for _ in range(11):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+for s in socks:
+    s.close()
+PY
+)
+
+wait_port() { # port what pid
+  local port=$1 what=$2 pid=$3 i
+  for ((i = 0; i < 300; i++)); do
+    kill -0 "$pid" 2>/dev/null || die "$what exited before listening on $port (logs in $WORK)"
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      return 0
+    fi
+    sleep 0.05
+  done
+  die "$what did not listen on $port within 15 s"
+}
+
+declare -A PID_OF URL_OF CPU_PID_OF
+
+# ---------------------------------------------------------------- redis
+redis-server --port "$P_REDIS" --bind 127.0.0.1 --save '' --appendonly no --protected-mode no \
+  >"$WORK/redis.log" 2>&1 &
+PID_OF[redis]=$!
+PIDS+=("$!")
+wait_port "$P_REDIS" redis-server "$!"
+REDIS="redis://127.0.0.1:$P_REDIS/0"
+rcli() { redis-cli -p "$P_REDIS" "$@"; }
+
+# ---------------------------------------------------------------- nginx: origin and plain proxy
+python3 - "$WORK/1k.json" <<'PY'
+import sys
+s = '{"items":['
+while len(s) < 1000:
+    s += '"lorem-ipsum",'
+s += '"end"]}'
+body = s.ljust(1023) + "\n"
+assert len(body.encode()) == 1024
+open(sys.argv[1], "w").write(body)
+PY
+
+cat >"$WORK/origin.conf" <<EOF
+worker_processes 1;
+daemon off;
+pid $WORK/origin.pid;
+error_log $WORK/origin-error.log warn;
+events { worker_connections 8192; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/tmp; proxy_temp_path $WORK/tmp; fastcgi_temp_path $WORK/tmp;
+  uwsgi_temp_path $WORK/tmp; scgi_temp_path $WORK/tmp;
+
+  # direct: the origin, upstream of every proxy.
+  server {
+    listen 127.0.0.1:$P_ORIGIN;
+    keepalive_requests 1000000;
+    location = /1k { default_type application/json; alias $WORK/1k.json; }
+  }
+  # stub_status of this process: 'accepted' counts every connection the origin accepted.
+  server {
+    listen 127.0.0.1:$P_STATUS;
+    location = /status { stub_status; }
+  }
+}
+EOF
+
+cat >"$WORK/proxy.conf" <<EOF
+worker_processes 1;
+daemon off;
+pid $WORK/proxy.pid;
+error_log $WORK/proxy-error.log warn;
+events { worker_connections 8192; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/tmp2; proxy_temp_path $WORK/tmp2; fastcgi_temp_path $WORK/tmp2;
+  uwsgi_temp_path $WORK/tmp2; scgi_temp_path $WORK/tmp2;
+
+  # nginx-proxy: plain reverse proxy to the origin, pooled keep-alive upstream connections, no auth.
+  upstream direct_pool {
+    server 127.0.0.1:$P_ORIGIN;
+    keepalive 64;
+    keepalive_requests 1000000;
+  }
+  server {
+    listen 127.0.0.1:$P_PROXY;
+    keepalive_requests 1000000;
+    location / {
+      proxy_pass http://direct_pool;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+    }
+  }
+}
+EOF
+
+log "starting nginx origin (:$P_ORIGIN, status :$P_STATUS) and nginx proxy (:$P_PROXY) in $WORK"
+nginx -e "$WORK/origin-error.log" -p "$WORK" -c "$WORK/origin.conf" >"$WORK/origin.out" 2>&1 &
+PID_OF[origin]=$!
+PIDS+=("$!")
+wait_port "$P_ORIGIN" "nginx origin" "$!"
+wait_port "$P_STATUS" "nginx origin" "$!"
+nginx -e "$WORK/proxy-error.log" -p "$WORK" -c "$WORK/proxy.conf" >"$WORK/proxy.out" 2>&1 &
+PID_OF[nginx-proxy]=$!
+PIDS+=("$!")
+wait_port "$P_PROXY" "nginx proxy" "$!"
+STATUS_URL="http://127.0.0.1:$P_STATUS/status"
+# The worker (not the master) serves, holds the sockets and burns the CPU.
+worker_of() { # nginx master pid -> its worker's pid
+  local i w
+  for ((i = 0; i < 100; i++)); do
+    w="$(pgrep -P "$1" | head -1 || true)"
+    [[ -n $w ]] && echo "$w" && return 0
+    sleep 0.05
+  done
+  die "no worker under nginx master $1"
+}
+WORKER_OF_ORIGIN="$(worker_of "${PID_OF[origin]}")"
+WORKER_OF_PROXY="$(worker_of "${PID_OF[nginx-proxy]}")"
+URL_OF[direct]="http://127.0.0.1:$P_ORIGIN/1k"
+URL_OF[nginx-proxy]="http://127.0.0.1:$P_PROXY/1k"
+CPU_PID_OF[direct]="$WORKER_OF_ORIGIN"
+CPU_PID_OF[nginx-proxy]="$WORKER_OF_PROXY"
+
+# ---------------------------------------------------------------- keys (throwaway, files 0600)
+umask 077
+KEYS="$("$BIN" keygen)"
+sed -n 's/^TESSERA_JWT_SECRET=//p' <<<"$KEYS" >"$WORK/keys/jwt.secret"
+sed -n 's/^TESSERA_CRED_KEY=//p' <<<"$KEYS" >"$WORK/keys/cred.key"
+[[ $(wc -c <"$WORK/keys/jwt.secret") -ge 65 ]] || die "tessera keygen gave no usable TESSERA_JWT_SECRET"
+[[ -s "$WORK/keys/cred.key" ]] || die "tessera keygen gave no TESSERA_CRED_KEY"
+openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$WORK/keys/rs256.pem" 2>/dev/null
+openssl pkey -in "$WORK/keys/rs256.pem" -pubout -out "$WORK/keys/rs256.pub.pem"
+openssl genpkey -algorithm ed25519 -out "$WORK/keys/ed25519.pem"
+openssl pkey -in "$WORK/keys/ed25519.pem" -pubout -out "$WORK/keys/ed25519.pub.pem"
+umask 022
+export BENCH_PASSWORD="bench-password"
+
+# ---------------------------------------------------------------- tessera instances
+write_conf() { # name port store [session extra] [token extra] [upstream extra]
+  local name=$1 port=$2 store=$3 sess=${4:-} tok=${5:-} up=${6:-}
+  cat >"$WORK/$name.toml" <<EOF
+[server]
+listen = "127.0.0.1:$port"
+
+[upstream]
+url = "http://127.0.0.1:$P_ORIGIN"
+$up
+
+[token]
+secret = "file:$WORK/keys/jwt.secret"
+$tok
+
+[session]
+store = "$store"
+$sess
+
+[credentials]
+keys = { k1 = "file:$WORK/keys/cred.key" }
+
+[log]
+level = "warn"
+access_log = false
+
+[[token.keys]]
+kid = "rs1"
+alg = "RS256"
+public_key = "file:$WORK/keys/rs256.pub.pem"
+
+[[token.keys]]
+kid = "ed1"
+alg = "EdDSA"
+public_key = "file:$WORK/keys/ed25519.pub.pem"
+EOF
+}
+
+start_tessera() { # name port
+  local name=$1 port=$2
+  "$BIN" serve --config "$WORK/$name.toml" >"$WORK/$name.log" 2>&1 &
+  PID_OF[$name]=$!
+  PIDS+=("$!")
+  wait_port "$port" "$name" "$!"
+  URL_OF[$name]="http://127.0.0.1:$port/1k"
+  CPU_PID_OF[$name]="${PID_OF[$name]}"
+  log "started $name (:$port, pid ${PID_OF[$name]})"
+}
+
+stop_named() { # name
+  stop_pid "${PID_OF[$1]}"
+  wait "${PID_OF[$1]}" 2>/dev/null || true
+}
+
+write_conf tessera-redis "$P_TR" "$REDIS"
+write_conf tessera-embedded "$P_TE" "embedded:$WORK/emb/sessions"
+write_conf tessera-cold "$P_TCOLD" "$REDIS" "cache_max_entries = 0" "cache_max_entries = 0"
+write_conf tessera-pool16 "$P_TPOOL" "$REDIS" "" "" "max_connections = $POOL_CAP"
+write_conf tessera-b "$P_TB" "$REDIS"
+write_conf tessera-mem "$P_TMEM" "$REDIS" "cache_max_entries = 120000
+cache_ttl_seconds = 3600" "cache_max_entries = 120000"
+for name in tessera-redis tessera-embedded tessera-cold tessera-pool16 tessera-b tessera-mem; do
+  "$BIN" check-config --config "$WORK/$name.toml" >"$WORK/$name.check" 2>&1 ||
+    die "$name config refused: $(cat "$WORK/$name.check")"
+done
+
+start_tessera tessera-redis "$P_TR"
+
+# ---------------------------------------------------------------- sessions and tokens
+mk_tokens() { # out-stem count [tokens.py args...]
+  local stem=$1 count=$2
+  shift 2
+  "$PY" "$BENCH/tokens.py" --count "$count" --redis "$REDIS" --cred-key "file:$WORK/keys/cred.key" \
+    --user alice --password-env BENCH_PASSWORD --out "$WORK/tok/$stem.jsonl" \
+    --lua "$WORK/tok/$stem.lua" "$@" >&2
+}
+first_token() { python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["token"])' "$1"; }
+
+log "tokens.py: $SESSIONS sessions each for HS512, RS256 (kid rs1), EdDSA (kid ed1)"
+mk_tokens hs512 "$SESSIONS" --jwt-secret "file:$WORK/keys/jwt.secret"
+if has_section algs; then
+  mk_tokens rs256 "$SESSIONS" --alg RS256 --kid rs1 --jwt-key "file:$WORK/keys/rs256.pem"
+  mk_tokens eddsa "$SESSIONS" --alg EdDSA --kid ed1 --jwt-key "file:$WORK/keys/ed25519.pem"
+fi
+TOK_HS512="$(first_token "$WORK/tok/hs512.jsonl")"
+
+check_target() { # target url token (empty: no auth)
+  local target=$1 url=$2 token=$3 got
+  if [[ -n $token ]]; then
+    got="$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$url" || true)"
+    [[ $got == 401 ]] || die "$target answered $got without a token, expected 401"
+    got="$(curl -s -o /dev/null -w '%{http_code} %{size_download}' --max-time 5 \
+      -H "Authorization: Bearer $token" "$url" || true)"
+  else
+    got="$(curl -s -o /dev/null -w '%{http_code} %{size_download}' --max-time 5 "$url" || true)"
+  fi
+  [[ $got == "200 1024" ]] || die "$target ($url) answered '$got', expected '200 1024'"
+}
+
+# ---------------------------------------------------------------- one measured wrk run
+SAMPLER_PID=""
+sample_upstream() { # pid out: most sockets of pid established to the origin, every 50 ms
+  local pid=$1 out=$2 max=0 n
+  while :; do
+    n=$(ss -tnpH state established dst "127.0.0.1:$P_ORIGIN" 2>/dev/null | grep -c "pid=$pid," || true)
+    ((n > max)) && max=$n && echo "$max" >"$out"
+    sleep 0.05
+  done
+}
+
+measure() { # section target c rep lua [wrk args...]
+  local section=$1 target=$2 c=$3 rep=$4 lua=$5
+  shift 5
+  local id="$section-$target-c$c-r$rep" threads=$((c < 2 ? 1 : 2)) url
+  url="${URL_OF[$target]}"
+  local sample_pid="${SAMPLE_PID:-}" cpu_pid="${CPU_PID_OF[$target]}"
+  rcli info commandstats >"$RAW/$id.redis0"
+  cpu_ticks "$cpu_pid" >"$RAW/$id.cpu0"
+  curl -s --max-time 5 "$STATUS_URL" >"$RAW/$id.nginx0"
+  if [[ -n $sample_pid ]]; then
+    echo 0 >"$RAW/$id.maxopen"
+    sample_upstream "$sample_pid" "$RAW/$id.maxopen" &
+    SAMPLER_PID=$!
+    PIDS+=("$SAMPLER_PID")
+  fi
+  wrk -t "$threads" -c "$c" -d "$DURATION" --latency -s "$lua" "$@" "$url" >"$RAW/$id.txt" 2>&1 &
+  local wrk_pid=$!
+  PIDS+=("$wrk_pid")
+  wait "$wrk_pid" || die "wrk failed for $id: $(cat "$RAW/$id.txt")"
+  if [[ -n $sample_pid ]]; then
+    stop_pid "$SAMPLER_PID"
+    wait "$SAMPLER_PID" 2>/dev/null || true
+  fi
+  cpu_ticks "$cpu_pid" >"$RAW/$id.cpu1"
+  curl -s --max-time 5 "$STATUS_URL" >"$RAW/$id.nginx1"
+  rcli info commandstats >"$RAW/$id.redis1"
+  printf '%s\t%s\t%s\t%s\t%s\n' "$section" "$target" "$c" "$rep" "$id" >>"$RUNS"
+  local name
+  for name in "${!PID_OF[@]}"; do
+    [[ -n ${PID_OF[$name]} ]] || continue
+    kill -0 "${PID_OF[$name]}" 2>/dev/null || die "$name (pid ${PID_OF[$name]}) died during $id"
+  done
+}
+
+cpu_ticks() { # pid -> user + system CPU time in clock ticks (fields 14, 15 of /proc/PID/stat)
+  awk '{print $14 + $15}' "/proc/$1/stat"
+}
+export CLK_TCK="$(getconf CLK_TCK)"
+
+proc_mem() { # pid -> "VmRSS_kB VmHWM_kB"
+  awk '/^VmRSS:/ {r=$2} /^VmHWM:/ {h=$2} END {print r, h}' "/proc/$1/status"
+}
+
+# Every token of FILE (jsonl or plain) requested once on PORT, by PROCS keep-alive clients; dies
+# unless every answer is 200. Prints "requests seconds".
+warm_tokens() { # file port procs
+  python3 - "$1" "$2" "$3" <<'PY'
+import http.client, json, multiprocessing, sys, time
+path, port, procs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+tokens = []
+for line in open(path):
+    line = line.strip()
+    if line:
+        tokens.append(json.loads(line)["token"] if line.startswith("{") else line)
+
+def run(part):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    bad = 0
+    for t in part:
+        conn.request("GET", "/1k", headers={"Authorization": "Bearer " + t})
+        r = conn.getresponse()
+        r.read()
+        bad += r.status != 200
+    return bad
+
+start = time.perf_counter()
+with multiprocessing.Pool(procs) as pool:
+    bad = sum(pool.map(run, [tokens[i::procs] for i in range(procs)]))
+if bad:
+    sys.exit(f"{bad} of {len(tokens)} answers from port {port} were not 200")
+print(len(tokens), round(time.perf_counter() - start, 1))
+PY
+}
+
+SECTION_TIMES=""
+section_done() { SECTION_TIMES+="$1=$(($(date +%s) - $2)) "; }
+
+# ---------------------------------------------------------------- section: matrix
+if has_section matrix; then
+  t0=$(date +%s)
+  log "python-ref (bench/reference/proxy.py, 1 worker) on Redis"
+  "$PY" "$BENCH/reference/proxy.py" --listen "127.0.0.1:$P_PYREF" --upstream "http://127.0.0.1:$P_ORIGIN" \
+    --redis "$REDIS" --jwt-secret "file:$WORK/keys/jwt.secret" --cred-key "file:$WORK/keys/cred.key" \
+    >"$WORK/python-ref.log" 2>&1 &
+  PID_OF[python-ref]=$!
+  PIDS+=("$!")
+  wait_port "$P_PYREF" python-ref "$!"
+  URL_OF[python-ref]="http://127.0.0.1:$P_PYREF/1k"
+  CPU_PID_OF[python-ref]="${PID_OF[python-ref]}"
+
+  start_tessera tessera-embedded "$P_TE"
+  log "tessera session create x $EMBEDDED_SESSIONS (embedded store)"
+  emb_t0=$(date +%s.%N)
+  for ((n = 0; n < EMBEDDED_SESSIONS; n++)); do
+    printf '%s\n' "$BENCH_PASSWORD" |
+      "$BIN" session create --config "$WORK/tessera-embedded.toml" --user alice --password-stdin
+  done >"$WORK/tok/emb.jsonl" 2>"$WORK/emb-create.err" || die "session create failed: $(tail -3 "$WORK/emb-create.err")"
+  EMB_CREATE_S="$(python3 -c "import sys; print(round($(date +%s.%N) - $emb_t0, 1))")"
+  [[ $(grep -c '"token"' "$WORK/tok/emb.jsonl") -eq $EMBEDDED_SESSIONS ]] || die "session create wrote too few tokens"
+  sed "s|$WORK/tok/hs512.jsonl|$WORK/tok/emb.jsonl|" "$WORK/tok/hs512.lua" >"$WORK/tok/emb.lua"
+  grep -q "emb.jsonl" "$WORK/tok/emb.lua" || die "could not write the embedded wrk script"
+  log "made $EMBEDDED_SESSIONS embedded sessions in $EMB_CREATE_S s"
+  TOK_EMB="$(first_token "$WORK/tok/emb.jsonl")"
+
+  lua_of() { [[ $1 == tessera-embedded ]] && echo "$WORK/tok/emb.lua" || echo "$WORK/tok/hs512.lua"; }
+  token_of() {
+    case $1 in
+      direct | nginx-proxy) echo "" ;;
+      tessera-embedded) echo "$TOK_EMB" ;;
+      *) echo "$TOK_HS512" ;;
+    esac
+  }
+  # Warm-up (not recorded): 2 s of wrk at c=8 per target (pools open), then every session once
+  # through each tessera (caches filled).
+  log "warm-up: 2 s at c=8 per target, every token once per tessera"
+  for target in "${TARGETS[@]}"; do
+    check_target "$target" "${URL_OF[$target]}" "$(token_of "$target")"
+    wrk -t 2 -c 8 -d 2s -s "$(lua_of "$target")" "${URL_OF[$target]}" >"$RAW/warmup-$target.txt" 2>&1 ||
+      die "warm-up wrk failed for $target"
+  done
+  warm_tokens "$WORK/tok/hs512.jsonl" "$P_TR" 2 >/dev/null || die "warm-up of tessera-redis failed"
+  warm_tokens "$WORK/tok/emb.jsonl" "$P_TE" 2 >/dev/null || die "warm-up of tessera-embedded failed"
+  log "matrix: ${#TARGETS[@]} targets x c in (${CONCURRENCIES[*]}) x $REPS reps x $DURATION"
+  for ((rep = 1; rep <= REPS; rep++)); do
+    for c in "${CONCURRENCIES[@]}"; do
+      for target in "${TARGETS[@]}"; do
+        check_target "$target" "${URL_OF[$target]}" "$(token_of "$target")"
+        log "matrix rep $rep/$REPS c=$c $target"
+        measure matrix "$target" "$c" "$rep" "$(lua_of "$target")"
+      done
+    done
+  done
+  for name in python-ref tessera-redis tessera-embedded redis; do
+    echo "$name $(proc_mem "${PID_OF[$name]}")"
+  done >"$WORK/matrix-mem.txt"
+  echo "nginx-proxy-worker $(proc_mem "$WORKER_OF_PROXY")" >>"$WORK/matrix-mem.txt"
+  echo "origin-worker $(proc_mem "$WORKER_OF_ORIGIN")" >>"$WORK/matrix-mem.txt"
+  stop_named python-ref
+  stop_named tessera-embedded
+  PID_OF[python-ref]="" PID_OF[tessera-embedded]=""
+  section_done matrix "$t0"
+fi
+
+# ---------------------------------------------------------------- section: algs (+ cold vs warm)
+if has_section algs; then
+  t0=$(date +%s)
+  start_tessera tessera-cold "$P_TCOLD"
+  for alg in hs512 rs256 eddsa; do
+    tok="$(first_token "$WORK/tok/$alg.jsonl")"
+    check_target "tessera-redis" "${URL_OF[tessera-redis]}" "$tok"
+    check_target "tessera-cold" "${URL_OF[tessera-cold]}" "$tok"
+    # every token once through tessera-redis: its token and session caches hold all of them
+    warm_tokens "$WORK/tok/$alg.jsonl" "$P_TR" 2 >/dev/null || die "warm-up with $alg tokens failed"
+    wrk -t 2 -c 8 -d 1s -s "$WORK/tok/$alg.lua" "${URL_OF[tessera-cold]}" >"$RAW/warmup-$alg.txt" 2>&1 ||
+      die "warm-up wrk failed for $alg"
+  done
+  log "algs: (tessera-redis warm, tessera-cold) x (HS512 RS256 EdDSA) x $REPS reps x $DURATION at c=8"
+  for ((rep = 1; rep <= REPS; rep++)); do
+    for alg in hs512 rs256 eddsa; do
+      for target in tessera-redis tessera-cold; do
+        log "algs rep $rep/$REPS $alg $target"
+        measure "algs_$alg" "$target" 8 "$rep" "$WORK/tok/$alg.lua"
+      done
+    done
+  done
+  stop_named tessera-cold
+  PID_OF[tessera-cold]=""
+  section_done algs "$t0"
+fi
+
+# ---------------------------------------------------------------- section: close
+if has_section close; then
+  t0=$(date +%s)
+  start_tessera tessera-pool16 "$P_TPOOL"
+  check_target tessera-pool16 "${URL_OF[tessera-pool16]}" "$TOK_HS512"
+  log "close: wrk -H 'Connection: close'; tessera-pool16 (max_connections = $POOL_CAP) c=8, c=64; nginx-proxy c=8"
+  for ((rep = 1; rep <= REPS; rep++)); do
+    for cell in "tessera-pool16 8" "nginx-proxy 8" "tessera-pool16 64"; do
+      read -r target c <<<"$cell"
+      log "close rep $rep/$REPS c=$c $target"
+      # Whose sockets to the origin are counted: tessera's, or the nginx proxy's worker.
+      owner="${PID_OF[$target]}"
+      [[ $target == nginx-proxy ]] && owner="$(pgrep -P "$owner" | head -1)"
+      SAMPLE_PID="$owner" measure close "$target" "$c" "$rep" "$WORK/tok/hs512.lua" \
+        -H "Connection: close"
+    done
+  done
+  echo "tessera-pool16 $(proc_mem "${PID_OF[tessera-pool16]}")" >"$WORK/close-mem.txt"
+  stop_named tessera-pool16
+  PID_OF[tessera-pool16]=""
+  section_done close "$t0"
+fi
+
+# ---------------------------------------------------------------- section: revocation
+if has_section revocation; then
+  t0=$(date +%s)
+  start_tessera tessera-b "$P_TB"
+  mk_tokens rev "$REVOCATION_TRIALS" --jwt-secret "file:$WORK/keys/jwt.secret"
+  log "revocation: $REVOCATION_TRIALS trials, A = tessera-redis, B = tessera-b, DEL in Redis"
+  "$PY" "$BENCH/revocation.py" --a "http://127.0.0.1:$P_TR" --b "http://127.0.0.1:$P_TB" \
+    --redis "$REDIS" --sessions "$WORK/tok/rev.jsonl" --trials "$REVOCATION_TRIALS" \
+    --out "$WORK/revocation.json" >/dev/null || die "revocation.py failed"
+  stop_named tessera-b
+  PID_OF[tessera-b]=""
+  section_done revocation "$t0"
+fi
+
+# ---------------------------------------------------------------- section: memory
+if has_section memory; then
+  t0=$(date +%s)
+  start_tessera tessera-mem "$P_TMEM"
+  read -r MEM_RSS0 MEM_HWM0 < <(proc_mem "${PID_OF[tessera-mem]}")
+  log "memory: tokens.py $MEMORY_SESSIONS sessions"
+  mem_t0=$(date +%s)
+  "$PY" "$BENCH/tokens.py" --count "$MEMORY_SESSIONS" --redis "$REDIS" \
+    --cred-key "file:$WORK/keys/cred.key" --jwt-secret "file:$WORK/keys/jwt.secret" \
+    --user alice --password-env BENCH_PASSWORD --out "$WORK/tok/mem.tokens" --format plain >&2
+  MEM_CREATE_S=$(($(date +%s) - mem_t0))
+  warm_pass() { warm_tokens "$WORK/tok/mem.tokens" "$P_TMEM" 4; }
+  log "memory: pass 1, every session once"
+  gets0=$(rcli info commandstats | sed -n 's/^cmdstat_get:calls=\([0-9]*\),.*/\1/p')
+  read -r MEM_REQ1 MEM_T1 < <(warm_pass) || die "memory pass 1 failed"
+  gets1=$(rcli info commandstats | sed -n 's/^cmdstat_get:calls=\([0-9]*\),.*/\1/p')
+  sleep 1
+  read -r MEM_RSS1 MEM_HWM1 < <(proc_mem "${PID_OF[tessera-mem]}")
+  log "memory: pass 2 (cached sessions need no Redis GET)"
+  read -r MEM_REQ2 MEM_T2 < <(warm_pass) || die "memory pass 2 failed"
+  gets2=$(rcli info commandstats | sed -n 's/^cmdstat_get:calls=\([0-9]*\),.*/\1/p')
+  read -r MEM_RSS2 MEM_HWM2 < <(proc_mem "${PID_OF[tessera-mem]}")
+  REDIS_USED="$(rcli info memory | sed -n 's/^used_memory:\([0-9]*\).*/\1/p')"
+  cat >"$WORK/memory.json" <<EOF
+{"sessions": $MEMORY_SESSIONS, "create_s": $MEM_CREATE_S,
+ "start": {"vmrss_kib": $MEM_RSS0, "vmhwm_kib": $MEM_HWM0},
+ "after_pass1": {"vmrss_kib": $MEM_RSS1, "vmhwm_kib": $MEM_HWM1, "requests": $MEM_REQ1, "seconds": $MEM_T1, "redis_gets": $((${gets1:-0} - ${gets0:-0}))},
+ "after_pass2": {"vmrss_kib": $MEM_RSS2, "vmhwm_kib": $MEM_HWM2, "requests": $MEM_REQ2, "seconds": $MEM_T2, "redis_gets": $((${gets2:-0} - ${gets1:-0}))},
+ "redis_used_memory_bytes": ${REDIS_USED:-0}}
+EOF
+  stop_named tessera-mem
+  PID_OF[tessera-mem]=""
+  section_done memory "$t0"
+fi
+
+# ---------------------------------------------------------------- report
+mkdir -p "$RESULTS_DIR"
+STAMP="$(date +%Y-%m-%d)"
+[[ -e "$RESULTS_DIR/suite-$STAMP.json" ]] && STAMP="$STAMP-$(date +%H%M%S)"
+RAWOUT="$RESULTS_DIR/suite-$STAMP.raw.txt"
+for f in "$RAW"/*.txt; do
+  printf '===== %s\n' "$(basename "$f" .txt)"
+  cat "$f"
+done >"$RAWOUT"
+
+export DURATION REPS SECTIONS SESSIONS EMBEDDED_SESSIONS REVOCATION_TRIALS MEMORY_SESSIONS POOL_CAP
+export COMMIT STALE BIN_BUILT SECTION_TIMES STAMP
+export EMB_CREATE_S="${EMB_CREATE_S:-}"
+export BENCH_CMD="DURATION=$DURATION REPS=$REPS$([[ $SECTIONS != "matrix algs close revocation memory" ]] && echo " SECTIONS=\"$SECTIONS\"") bench/suite.sh"
+export NPROC="$(nproc)"
+export KERNEL="$(uname -sr)"
+export CPU="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
+export MEM_TOTAL="$(awk '/^MemTotal:/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)"
+export NGINX_V="$(nginx -v 2>&1 | sed 's/^nginx version: //')"
+export WRK_V="$(wrk -v 2>&1 | head -1 | sed 's/ Copyright.*//')"
+export REDIS_V="$(redis-server --version | sed 's/ sha=.*//')"
+export PY_V="$("$PY" --version 2>&1)"
+export TESSERA_V="$("$BIN" --version 2>/dev/null || echo unknown)"
+export LOAD_START
+export LOAD_END="$(cut -d' ' -f1-3 /proc/loadavg)"
+export ELAPSED=$(($(date +%s) - START_EPOCH))
+export WHEN="$(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+LOGS=""
+for f in "$WORK"/*.log; do
+  LOGS+="$(basename "$f"):$(grep -c . "$f" || true) "
+done
+export LOGS
+
+"$PY" "$BENCH/suite_report.py" --work "$WORK" --json "$RESULTS_DIR/suite-$STAMP.json" \
+  --md "$RESULTS_DIR/suite-$STAMP.md" --raw-name "$(basename "$RAWOUT")"
+for section in matrix algs close; do
+  if "$PY" -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1])).get(sys.argv[2]) else 1)' \
+    "$RESULTS_DIR/suite-$STAMP.json" "$section"; then
+    "$PY" "$BENCH/plot.py" "$RESULTS_DIR/suite-$STAMP.json" --section "$section" \
+      --out-dir "$RESULTS_DIR" --title "$section" >&2
+  fi
+done
+
+KEEP_WORK=0
+log "results: $RESULTS_DIR/suite-$STAMP.{json,md} (raw wrk output: $RAWOUT)"
+log "took $(($(date +%s) - START_EPOCH)) s"
