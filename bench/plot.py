@@ -111,7 +111,9 @@ def main():
     list(bars(ax, targets, concs, med, "p99_ms", alpha=0.35))
     list(bars(ax, targets, concs, med, "p50_ms"))
     ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)  # narrow ranges label minor ticks: no 4x10^0
     ax.set_xticks(range(len(concs)), labels)
     ax.set_ylabel("latency, ms (log scale)")
     ax.set_title(prefix + "Latency: p50 (solid) and p99 (light)")

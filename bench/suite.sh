@@ -36,7 +36,8 @@
 #              bench/revocation.py, REVOCATION_TRIALS (1,000) trials, revoke = DEL in Redis.
 #   memory     a fresh tessera on Redis (session and token cache_max_entries = 120000,
 #              cache_ttl_seconds = 3600 so nothing expires meanwhile); MEMORY_SESSIONS (100,000)
-#              sessions made by tokens.py, each requested once (Python keep-alive clients, 4
+#              sessions made by tokens.py (MEMORY_TOKEN_CACHE sets the token cache size; 0 shows
+#              what the session cache alone takes), each requested once (Python keep-alive clients, 4
 #              processes, every answer must be 200), then VmRSS/VmHWM from /proc/PID/status; a
 #              second pass counts Redis GETs (0 = every session was still cached).
 #
@@ -55,6 +56,7 @@ SESSIONS="${SESSIONS:-1000}"
 EMBEDDED_SESSIONS="${EMBEDDED_SESSIONS:-1000}"
 REVOCATION_TRIALS="${REVOCATION_TRIALS:-1000}"
 MEMORY_SESSIONS="${MEMORY_SESSIONS:-100000}"
+MEMORY_TOKEN_CACHE="${MEMORY_TOKEN_CACHE:-120000}" # [token] cache_max_entries of tessera-mem
 CONCURRENCIES=(1 8 64)
 TARGETS=(direct nginx-proxy python-ref tessera-redis tessera-embedded)
 POOL_CAP=16
@@ -346,7 +348,7 @@ write_conf tessera-cold "$P_TCOLD" "$REDIS" "cache_max_entries = 0" "cache_max_e
 write_conf tessera-pool16 "$P_TPOOL" "$REDIS" "" "" "max_connections = $POOL_CAP"
 write_conf tessera-b "$P_TB" "$REDIS"
 write_conf tessera-mem "$P_TMEM" "$REDIS" "cache_max_entries = 120000
-cache_ttl_seconds = 3600" "cache_max_entries = 120000"
+cache_ttl_seconds = 3600" "cache_max_entries = $MEMORY_TOKEN_CACHE"
 for name in tessera-redis tessera-embedded tessera-cold tessera-pool16 tessera-b tessera-mem; do
   "$BIN" check-config --config "$WORK/$name.toml" >"$WORK/$name.check" 2>&1 ||
     die "$name config refused: $(cat "$WORK/$name.check")"
@@ -627,7 +629,8 @@ if has_section memory; then
   read -r MEM_RSS2 MEM_HWM2 < <(proc_mem "${PID_OF[tessera-mem]}")
   REDIS_USED="$(rcli info memory | sed -n 's/^used_memory:\([0-9]*\).*/\1/p')"
   cat >"$WORK/memory.json" <<EOF
-{"sessions": $MEMORY_SESSIONS, "create_s": $MEM_CREATE_S,
+{"sessions": $MEMORY_SESSIONS, "create_s": $MEM_CREATE_S, "session_cache_max_entries": 120000,
+ "token_cache_max_entries": $MEMORY_TOKEN_CACHE,
  "start": {"vmrss_kib": $MEM_RSS0, "vmhwm_kib": $MEM_HWM0},
  "after_pass1": {"vmrss_kib": $MEM_RSS1, "vmhwm_kib": $MEM_HWM1, "requests": $MEM_REQ1, "seconds": $MEM_T1, "redis_gets": $((${gets1:-0} - ${gets0:-0}))},
  "after_pass2": {"vmrss_kib": $MEM_RSS2, "vmhwm_kib": $MEM_HWM2, "requests": $MEM_REQ2, "seconds": $MEM_T2, "redis_gets": $((${gets2:-0} - ${gets1:-0}))},
@@ -643,15 +646,26 @@ mkdir -p "$RESULTS_DIR"
 STAMP="$(date +%Y-%m-%d)"
 [[ -e "$RESULTS_DIR/suite-$STAMP.json" ]] && STAMP="$STAMP-$(date +%H%M%S)"
 RAWOUT="$RESULTS_DIR/suite-$STAMP.raw.txt"
-for f in "$RAW"/*.txt; do
-  printf '===== %s\n' "$(basename "$f" .txt)"
-  cat "$f"
-done >"$RAWOUT"
+shopt -s nullglob
+raw_files=("$RAW"/*.txt)
+shopt -u nullglob
+if ((${#raw_files[@]})); then
+  for f in "${raw_files[@]}"; do
+    printf '===== %s\n' "$(basename "$f" .txt)"
+    cat "$f"
+  done >"$RAWOUT"
+else
+  RAWOUT="" # no wrk run (e.g. SECTIONS=memory)
+fi
 
 export DURATION REPS SECTIONS SESSIONS EMBEDDED_SESSIONS REVOCATION_TRIALS MEMORY_SESSIONS POOL_CAP
+export MEMORY_TOKEN_CACHE
 export COMMIT STALE BIN_BUILT SECTION_TIMES STAMP
 export EMB_CREATE_S="${EMB_CREATE_S:-}"
-export BENCH_CMD="DURATION=$DURATION REPS=$REPS$([[ $SECTIONS != "matrix algs close revocation memory" ]] && echo " SECTIONS=\"$SECTIONS\"") bench/suite.sh"
+BENCH_CMD="DURATION=$DURATION REPS=$REPS"
+[[ $SECTIONS != "matrix algs close revocation memory" ]] && BENCH_CMD+=" SECTIONS=\"$SECTIONS\""
+[[ $MEMORY_TOKEN_CACHE != 120000 ]] && BENCH_CMD+=" MEMORY_TOKEN_CACHE=$MEMORY_TOKEN_CACHE"
+export BENCH_CMD+=" bench/suite.sh"
 export NPROC="$(nproc)"
 export KERNEL="$(uname -sr)"
 export CPU="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
@@ -672,7 +686,7 @@ done
 export LOGS
 
 "$PY" "$BENCH/suite_report.py" --work "$WORK" --json "$RESULTS_DIR/suite-$STAMP.json" \
-  --md "$RESULTS_DIR/suite-$STAMP.md" --raw-name "$(basename "$RAWOUT")"
+  --md "$RESULTS_DIR/suite-$STAMP.md" --raw-name "$([[ -n $RAWOUT ]] && basename "$RAWOUT")"
 for section in matrix algs close; do
   if "$PY" -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1])).get(sys.argv[2]) else 1)' \
     "$RESULTS_DIR/suite-$STAMP.json" "$section"; then
@@ -682,5 +696,5 @@ for section in matrix algs close; do
 done
 
 KEEP_WORK=0
-log "results: $RESULTS_DIR/suite-$STAMP.{json,md} (raw wrk output: $RAWOUT)"
+log "results: $RESULTS_DIR/suite-$STAMP.{json,md}${RAWOUT:+ (raw wrk output: $RAWOUT)}"
 log "took $(($(date +%s) - START_EPOCH)) s"

@@ -323,6 +323,9 @@ def main():
         def mib(k):
             return f"{k / 1024:.1f} MiB"
         md += [f"## Memory with {mem['sessions']:,} sessions (tessera on Redis)", "",
+               f"`[session] cache_max_entries = {mem.get('session_cache_max_entries', '?')}`, "
+               f"`cache_ttl_seconds = 3600`, `[token] cache_max_entries = "
+               f"{mem.get('token_cache_max_entries', '?')}`.", "",
                "| moment | VmRSS | VmHWM | requests | Redis GETs |", "|---|---:|---:|---:|---:|",
                f"| after start | {mib(mem['start']['vmrss_kib'])} | {mib(mem['start']['vmhwm_kib'])} | | |",
                f"| after pass 1 (each session once, {mem['after_pass1']['seconds']} s) | "
