@@ -1,12 +1,15 @@
 //! Micro-benchmark of one request's CPU work before forwarding: screen + extract + verify +
 //! unseal + inject, for HS512 and EdDSA tokens, cold (verify and unseal every time, as without
-//! the caches) and warm (verified-token cache hit, ready header from the session cache).
+//! the caches) and warm (ready header from the session cache; EdDSA from the verified-token
+//! cache, HS512 verified every time since HMAC costs no more than a lookup).
 //!
 //! Run: `cargo bench --bench hot_path` (criterion; reports in target/criterion/).
 
 use std::collections::BTreeMap;
 
-use criterion::{black_box, criterion_group, criterion_main, Criterion};
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, Criterion};
 use http::{header, HeaderValue, Request};
 use tessera::config::{Config, CredentialsConfig};
 use tessera::screen::{screen_request, Limits};

@@ -231,7 +231,8 @@ pub struct TokenConfig {
     pub active_kid: Option<String>,
     /// External identity provider's key set, when `token.jwks` is set.
     pub jwks: Option<JwksConfig>,
-    /// Verified-token cache entries (0 = off). Default 100000. An entry lives until the token's
+    /// Verified-token cache entries (0 = off). Default 100000. Only RS*/PS*/ES*/EdDSA tokens
+    /// are cached (HMAC costs no more than a lookup). An entry lives until the token's
     /// `exp` + leeway, so a warm RS256/ES256/EdDSA token costs a lookup, not a signature check.
     pub cache_max_entries: u64,
     /// Where tokens are looked for, in order. Default `bearer`, `cookie:tessera`, `cookie-b64:Authorization`.
@@ -292,7 +293,7 @@ pub struct SessionConfig {
     /// Deadline for one store operation; past it the request gets 503. Default 1000 ms.
     pub timeout: Duration,
     /// Local session cache: entries (0 = no cache; default 100000), longest life of an entry
-    /// (`cache_ttl_seconds`, default 60 s — a bound even if an invalidation were missed) and life
+    /// (`cache_ttl_seconds`, default 300 s — a bound even if an invalidation were missed) and life
     /// of a remembered unknown sid (`negative_cache_ms`, default 1000 ms).
     pub cache: crate::session::CacheConfig,
 }
@@ -1038,7 +1039,7 @@ fn validate_session(s: RawSession) -> Result<SessionConfig, ConfigError> {
         timeout: ms("session.timeout_ms", s.timeout_ms, 1_000)?,
         cache: crate::session::CacheConfig {
             max_entries: s.cache_max_entries.unwrap_or(100_000),
-            ttl: Duration::from_secs(match s.cache_ttl_seconds.unwrap_or(60) {
+            ttl: Duration::from_secs(match s.cache_ttl_seconds.unwrap_or(300) {
                 0 => {
                     return Err(ConfigError::new(
                         "session.cache_ttl_seconds",
