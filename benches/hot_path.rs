@@ -91,6 +91,9 @@ fn bench(c: &mut Criterion) {
             .unwrap()
             .issue(&cfg.token, "alice", sid, now, now + 3600)
             .unwrap();
+        let mut hmac_cfg = cfg.token.clone();
+        hmac_cfg.cache_hmac = true;
+        let hmac_cached = Verifier::new(&hmac_cfg);
         let mut cold_cfg = cfg.token.clone();
         cold_cfg.cache_max_entries = 0;
         let cold_verifier = Verifier::new(&cold_cfg);
@@ -115,6 +118,17 @@ fn bench(c: &mut Criterion) {
                 })
             },
         );
+        c.bench_function(&format!("request path {name} warm, cache_hmac"), |b| {
+            b.iter(|| {
+                let mut parts = request(&token);
+                let _screened = screen_request(&mut parts, &limits).unwrap();
+                let tok = token::extract(&parts.headers, &cfg.token.sources).unwrap();
+                let v = hmac_cached.verify(&tok, now).unwrap();
+                black_box(&v.sid);
+                parts.headers.insert(header::AUTHORIZATION, ready.clone());
+                black_box(parts)
+            })
+        });
         c.bench_function(&format!("request path {name} warm (caches hit)"), |b| {
             b.iter(|| {
                 let mut parts = request(&token);

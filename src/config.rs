@@ -98,6 +98,7 @@ struct RawToken {
     jwks_refresh_seconds: Option<u64>,
     jwks_min_refresh_seconds: Option<u64>,
     cache_max_entries: Option<u64>,
+    cache_hmac: Option<bool>,
     sources: Option<Vec<String>>,
     sid_claim: Option<String>,
     leeway_seconds: Option<u64>,
@@ -235,6 +236,9 @@ pub struct TokenConfig {
     /// are cached (HMAC costs no more than a lookup). An entry lives until the token's
     /// `exp` + leeway, so a warm RS256/ES256/EdDSA token costs a lookup, not a signature check.
     pub cache_max_entries: u64,
+    /// Cache HS* tokens too (default false): saves about 4.5 µs of JSON parsing and HMAC per
+    /// warm request (benches/hot_path.rs) for about 0.7 KiB per cached token.
+    pub cache_hmac: bool,
     /// Where tokens are looked for, in order. Default `bearer`, `cookie:tessera`, `cookie-b64:Authorization`.
     pub sources: Vec<TokenSource>,
     /// Claim holding the session id. Default `sid`.
@@ -848,6 +852,7 @@ fn validate_token(
         active_kid,
         jwks,
         cache_max_entries: t.cache_max_entries.unwrap_or(100_000),
+        cache_hmac: t.cache_hmac.unwrap_or(false),
         sources,
         sid_claim: t.sid_claim.unwrap_or_else(|| "sid".into()),
         leeway_seconds: t.leeway_seconds.unwrap_or(5),

@@ -115,6 +115,8 @@ pub struct Verifier {
     keys: Arc<Keys>,
     /// Verified tokens by their exact text, each living until its `exp` + leeway.
     cache: Option<moka::sync::Cache<String, VerifiedToken>>,
+    /// `token.cache_hmac`: HS* tokens are cached too.
+    cache_hmac: bool,
     sid_claim: String,
     leeway: u64,
     issuer: Option<String>,
@@ -133,8 +135,9 @@ impl Verifier {
         )
         .expect("token keys were validated with the config");
         let leeway = cfg.leeway_seconds;
-        let asymmetric =
-            cfg.jwks.is_some() || cfg.keys.iter().any(|k| k.algs.iter().any(|a| !a.is_hmac()));
+        let asymmetric = cfg.cache_hmac
+            || cfg.jwks.is_some()
+            || cfg.keys.iter().any(|k| k.algs.iter().any(|a| !a.is_hmac()));
         let cache = (cfg.cache_max_entries > 0 && asymmetric).then(|| {
             moka::sync::Cache::builder()
                 .max_capacity(cfg.cache_max_entries)
@@ -145,6 +148,7 @@ impl Verifier {
             algorithms: cfg.algorithms.clone(),
             keys: Arc::new(keys),
             cache,
+            cache_hmac: cfg.cache_hmac,
             sid_claim: cfg.sid_claim.clone(),
             leeway: cfg.leeway_seconds,
             issuer: cfg.issuer.clone(),
@@ -198,7 +202,7 @@ impl Verifier {
         let (verified, alg) = self.verify_inner(token, now, true)?;
         // HMAC checks cost about as much as a cache lookup: only signatures worth 30-100 us
         // (RS*/PS*/ES*/EdDSA) are remembered, which keeps the cache's memory for them.
-        if !alg.is_hmac() {
+        if self.cache_hmac || !alg.is_hmac() {
             cache.insert(token.to_owned(), verified.clone());
         }
         Ok(verified)
@@ -399,6 +403,7 @@ mod tests {
             active_kid: None,
             jwks: None,
             cache_max_entries: 100,
+            cache_hmac: false,
             sources: vec![TokenSource::Bearer],
             sid_claim: "sid".into(),
             leeway_seconds: 5,
