@@ -34,7 +34,7 @@ use crate::error::ProxyError;
 use crate::forward::{empty_body, BoxError, ProxyBody, Upstream};
 use crate::seal::Credentials;
 use crate::session::{sid_hash, Sessions};
-use crate::token::{self, Keys, TokenSource, Verifier};
+use crate::token::{self, Keys, Verifier};
 use crate::unix_now;
 
 /// Largest login/logout request body, bytes.
@@ -208,7 +208,8 @@ impl Login {
     }
 
     /// Serves one endpoint request. `host` is the screened request `Host` (for the Origin check).
-    /// Never fails: every outcome is a response; the `&'static str` is the log reason.
+    /// Never fails: every outcome is a response, with the reason for the access log when there
+    /// is one. The sid the request named (if any) is written to `sid_out`, for the same log.
     #[allow(clippy::too_many_arguments)]
     pub async fn handle<B>(
         &self,
@@ -707,11 +708,6 @@ impl Login {
                 .get(header::ACCEPT)
                 .and_then(|v| v.to_str().ok())
                 .is_some_and(|a| a.contains("text/html"))
-    }
-
-    /// The configured token sources (login adds its cookie).
-    pub fn sources(&self) -> &[TokenSource] {
-        &self.token.sources
     }
 }
 

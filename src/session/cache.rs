@@ -23,8 +23,10 @@ use crate::unix_now;
 pub(super) enum Cached {
     /// A usable session.
     Found(Arc<Session>),
-    /// No usable session (unknown, expired, corrupt): answered 401 without asking the store.
-    Missing(&'static str),
+    /// No session (never created, revoked, expired): 401 without asking the store.
+    Unknown,
+    /// A record that cannot be used (the reason): 401 without asking the store.
+    Corrupt(&'static str),
 }
 
 struct Expiry {
@@ -41,7 +43,7 @@ impl moka::Expiry<Arc<str>, Cached> for Expiry {
                     .min(Duration::from_secs(at.saturating_sub(unix_now()))),
                 None => self.ttl,
             },
-            Cached::Missing(_) => self.negative_ttl,
+            Cached::Unknown | Cached::Corrupt(_) => self.negative_ttl,
         })
     }
 }
@@ -110,8 +112,8 @@ impl SessionCache {
                 self.loads.fetch_add(1, Ordering::Relaxed);
                 match load.await {
                     Ok(s) => Ok(Cached::Found(Arc::new(s))),
-                    Err(ResolveError::Unknown) => Ok(Cached::Missing("unknown session")),
-                    Err(ResolveError::Corrupt(why)) => Ok(Cached::Missing(why)),
+                    Err(ResolveError::Unknown) => Ok(Cached::Unknown),
+                    Err(ResolveError::Corrupt(why)) => Ok(Cached::Corrupt(why)),
                     Err(ResolveError::Store(e)) => Err(e),
                 }
             })
@@ -140,11 +142,5 @@ impl SessionCache {
     /// Store reads done for cache misses since start.
     pub(super) fn loads(&self) -> u64 {
         self.loads.load(Ordering::Relaxed)
-    }
-
-    /// Entries currently held (approximate, for tests and metrics).
-    pub(super) async fn len(&self) -> u64 {
-        self.entries.run_pending_tasks().await;
-        self.entries.entry_count()
     }
 }

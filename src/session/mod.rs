@@ -186,14 +186,6 @@ impl Sessions {
         self.cache.as_ref().map(|c| c.loads())
     }
 
-    /// Entries in the session cache (`None` without a cache).
-    pub async fn cache_len(&self) -> Option<u64> {
-        match &self.cache {
-            Some(c) => Some(c.len().await),
-            None => None,
-        }
-    }
-
     /// The store (for health checks).
     pub fn store(&self) -> &Store {
         &self.store
@@ -228,8 +220,8 @@ impl Sessions {
             Some(cache) if cache.is_live() => {
                 match cache.get_or_load(sid, self.resolve_from_store(sid)).await? {
                     Cached::Found(s) => Ok(s),
-                    Cached::Missing("unknown session") => Err(ResolveError::Unknown),
-                    Cached::Missing(why) => Err(ResolveError::Corrupt(why)),
+                    Cached::Unknown => Err(ResolveError::Unknown),
+                    Cached::Corrupt(why) => Err(ResolveError::Corrupt(why)),
                 }
             }
             _ => self.resolve_from_store(sid).await.map(Arc::new),
@@ -304,6 +296,7 @@ impl Sessions {
             let sid = &key[prefix.len()..];
             out.push(Listed {
                 sid_hash: sid_hash(sid),
+                key_id: sealed_key_id(&record.credentials).map(str::to_owned),
                 sub: record.sub.clone().or_else(|| {
                     self.open_record(sid, &record)
                         .ok()
@@ -311,7 +304,6 @@ impl Sessions {
                         .map(|c| c.user().to_owned())
                 }),
                 expires_at: record.expires_at,
-                key_id: sealed_key_id(&record.credentials).map(str::to_owned),
             });
         }
         Ok(out)

@@ -89,11 +89,6 @@ pub struct Signer {
 }
 
 impl Signer {
-    /// The JOSE algorithm of issued tokens.
-    pub fn alg(&self) -> Algorithm {
-        self.alg
-    }
-
     /// The `kid` put in issued tokens' headers, if any.
     pub fn kid(&self) -> Option<&str> {
         self.kid.as_deref()
@@ -350,13 +345,6 @@ impl Keys {
     /// Periodic JWKS refresh interval, when a JWKS is configured.
     pub fn jwks_refresh_interval(&self) -> Option<Duration> {
         self.jwks.as_ref().map(|j| j.cfg.refresh)
-    }
-
-    /// Number of keys currently loaded from the JWKS (for logs and tests).
-    pub fn jwks_len(&self) -> usize {
-        self.jwks.as_ref().map_or(0, |j| {
-            j.keys.read().unwrap_or_else(|p| p.into_inner()).len()
-        })
     }
 }
 

@@ -45,15 +45,25 @@ impl RedisStore {
             .map_err(err)
     }
 
-    pub(super) async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        match self.conn().await?.get(key).await {
-            // The multiplexed connection was found dead (server restart, CLIENT KILL, idle cut):
-            // the manager reconnects; a GET is idempotent, so ask once more before saying 503.
+    /// Runs an idempotent command; if the multiplexed connection was found dead (server
+    /// restart, CLIENT KILL, idle cut), the manager reconnects and the command is sent once more
+    /// before the caller sees a store failure (503).
+    async fn idempotent<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
+    where
+        F: Fn(ConnectionManager) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        match f(self.conn().await?).await {
             Err(e) if e.is_connection_dropped() || e.is_io_error() => {
-                self.conn().await?.get(key).await.map_err(err)
+                f(self.conn().await?).await.map_err(err)
             }
             other => other.map_err(err),
         }
+    }
+
+    pub(super) async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.idempotent(|mut c| async move { c.get(key).await })
+            .await
     }
 
     pub(super) async fn put(
@@ -62,26 +72,14 @@ impl RedisStore {
         value: &[u8],
         ttl_seconds: u64,
     ) -> Result<(), StoreError> {
-        match self.conn().await?.set_ex(key, value, ttl_seconds).await {
-            // SET of the same value is idempotent: retry once on a dropped connection.
-            Err(e) if e.is_connection_dropped() || e.is_io_error() => self
-                .conn()
-                .await?
-                .set_ex(key, value, ttl_seconds)
-                .await
-                .map_err(err),
-            other => other.map_err(err),
-        }
+        self.idempotent(|mut c| async move { c.set_ex(key, value, ttl_seconds).await })
+            .await
     }
 
     pub(super) async fn delete(&self, key: &str) -> Result<bool, StoreError> {
-        let n: u64 = match self.conn().await?.del(key).await {
-            // DEL is idempotent: retry once on a dropped connection, as `get` does.
-            Err(e) if e.is_connection_dropped() || e.is_io_error() => {
-                self.conn().await?.del(key).await.map_err(err)?
-            }
-            other => other.map_err(err)?,
-        };
+        let n: u64 = self
+            .idempotent(|mut c| async move { c.del(key).await })
+            .await?;
         Ok(n > 0)
     }
 
