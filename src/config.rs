@@ -85,6 +85,7 @@ struct RawUpstream {
     idle_timeout_ms: Option<u64>,
     preserve_host: Option<bool>,
     strip_response_headers: Option<Vec<String>>,
+    affinity: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -215,6 +216,11 @@ pub struct UpstreamConfig {
     pub preserve_host: bool,
     /// Response headers removed besides hop-by-hop ones. Default `["alt-svc"]`.
     pub strip_response_headers: Vec<http::HeaderName>,
+    /// `"none"` (default: any idle connection serves any request) or `"session"`: a connection
+    /// only carries requests with the same upstream credential, so it never carries two users'
+    /// requests. Costs a new connection whenever a user has no idle one of their own (see
+    /// BENCHMARKS.md).
+    pub affinity: crate::forward::Affinity,
 }
 
 /// `[token]`.
@@ -585,9 +591,20 @@ fn validate_upstream(u: RawUpstream) -> Result<UpstreamConfig, ConfigError> {
         })?;
         strip.push(header);
     }
+    let affinity = match u.affinity.as_deref().unwrap_or("none") {
+        "none" => crate::forward::Affinity::None,
+        "session" => crate::forward::Affinity::Session,
+        other => {
+            return Err(ConfigError::new(
+                "upstream.affinity",
+                format!("`{other}` is not an affinity; use \"none\" or \"session\""),
+            ))
+        }
+    };
     Ok(UpstreamConfig {
         url,
         max_connections,
+        affinity,
         connect_timeout: ms("upstream.connect_timeout_ms", u.connect_timeout_ms, 5_000)?,
         response_header_timeout: ms(
             "upstream.response_header_timeout_ms",
@@ -1149,6 +1166,21 @@ mod tests {
         assert_eq!(c.session.format, SessionFormat::Tessera);
         assert_eq!(c.credentials.active, "k1");
         assert!(!c.credentials.allow_plaintext_legacy);
+    }
+
+    #[test]
+    fn upstream_affinity_is_none_or_session() {
+        let c = Config::from_toml_with(&minimal(), env).unwrap();
+        assert_eq!(c.upstream.affinity, crate::forward::Affinity::None);
+        let text = minimal().replace("[token]", "affinity = \"session\"\n[token]");
+        let c = Config::from_toml_with(&text, env).unwrap();
+        assert_eq!(c.upstream.affinity, crate::forward::Affinity::Session);
+        let text = minimal().replace("[token]", "affinity = \"user\"\n[token]");
+        let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
+        assert!(
+            err.contains("upstream.affinity") && err.contains("\"session\""),
+            "{err}"
+        );
     }
 
     #[test]

@@ -75,6 +75,7 @@ impl Proxy {
             cfg.upstream.connect_timeout,
             cfg.upstream.idle_timeout,
             cfg.upstream.response_header_timeout,
+            cfg.upstream.affinity,
         );
         let verifier = Verifier::new(&cfg.token);
         let login = Login::from_config(cfg, &verifier);

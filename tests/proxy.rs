@@ -359,6 +359,125 @@ fn pool_caps_upstream_connections_and_queues() {
     );
 }
 
+/// What the upstream saw in [`three_users_through_two_connections`].
+struct Shared {
+    /// Upstream connection number -> the distinct credentials it carried.
+    users_by_connection: std::collections::HashMap<usize, std::collections::BTreeSet<String>>,
+    /// The most connections the upstream had open at once.
+    most_open: usize,
+    /// tessera's log, with `tessera::forward` at debug.
+    log: String,
+}
+
+/// Three users, 8 rounds of one request each at once (a thread per user), through a tessera
+/// with `max_connections = 2` and the given extra `[upstream]` lines; every answer must be 200.
+fn three_users_through_two_connections(extra: Extra) -> Shared {
+    let up = upstream::start(Behavior::Echo {
+        delay: Duration::from_millis(5),
+    });
+    let embedded = embedded(&up.url(), extra);
+    let t = Tessera::start(move |port, dir| {
+        embedded(port, dir).replace(
+            "level = \"info\"",
+            "level = \"info,tessera::forward=debug\"",
+        )
+    });
+    let tokens: Vec<String> = ["alice", "bob", "carol"]
+        .iter()
+        .map(|u| t.create_session(u, &format!("{u}-pw")).1)
+        .collect();
+    for round in 0..8 {
+        let handles: Vec<_> = tokens
+            .iter()
+            .map(|token| {
+                let (h, u) = (bearer(token), t.url(&format!("/r{round}")));
+                std::thread::spawn(move || curl(&["-H", &h, &u]).0)
+            })
+            .collect();
+        for h in handles {
+            assert_eq!(h.join().unwrap(), 200, "round {round}");
+        }
+    }
+    use std::sync::atomic::Ordering::SeqCst;
+    assert_eq!(up.stats.requests.load(SeqCst), 24);
+    let users_by_connection = up.stats.auth_by_connection.lock().unwrap().clone();
+    Shared {
+        users_by_connection,
+        most_open: up.stats.max_concurrent.load(SeqCst),
+        log: t.log(),
+    }
+}
+
+#[test]
+fn session_affinity_never_puts_two_users_on_one_upstream_connection() {
+    const CAP: &str = "max_connections = 2";
+    // Without affinity, three users over two pooled connections share them (the control: the
+    // check below can fail).
+    let shared = three_users_through_two_connections(&[("upstream", CAP)]).users_by_connection;
+    assert!(
+        shared.values().any(|users| users.len() > 1),
+        "expected some connection to carry two users without affinity: {shared:?}"
+    );
+    // With affinity every connection carries exactly one user's credential; the users take
+    // turns on the two slots, so connections are closed and opened as they alternate.
+    let bound = three_users_through_two_connections(&[
+        ("upstream", CAP),
+        ("upstream", "affinity = \"session\""),
+    ]);
+    let by_conn = &bound.users_by_connection;
+    for (conn, users) in by_conn {
+        assert_eq!(users.len(), 1, "connection {conn} carried {users:?}");
+    }
+    let users: std::collections::BTreeSet<_> = by_conn.values().flatten().collect();
+    assert_eq!(users.len(), 3, "all three users were served: {by_conn:?}");
+    assert!(
+        by_conn.len() > 3,
+        "users alternating over a cap of 2 need new connections: {by_conn:?}"
+    );
+    // At the cap, an idle connection of another user is closed (its task has shut the socket)
+    // before a new one opens. The upstream counts a connection until it has read the EOF, which
+    // may come after it accepted the new one, so it may see cap + 1 for that moment; never more.
+    assert!(
+        bound
+            .log
+            .contains("closed an idle upstream connection of another credential"),
+        "{}",
+        bound.log
+    );
+    assert!(
+        bound.most_open <= 3,
+        "{} connections open at once",
+        bound.most_open
+    );
+}
+
+#[test]
+fn queued_requests_reach_the_upstream_in_arrival_order() {
+    // One connection, a 150 ms upstream: the first request holds the only slot while nine more
+    // arrive 40 ms apart; the pool's queue is FIFO, so the upstream sees them in that order.
+    let up = upstream::start(Behavior::Echo {
+        delay: Duration::from_millis(150),
+    });
+    let (t, token) = behind(&up.url(), &[("upstream", "max_connections = 1")]);
+    let handles: Vec<_> = (0..10)
+        .map(|i| {
+            let (h, u) = (bearer(&token), t.url(&format!("/q{i}")));
+            let handle = std::thread::spawn(move || curl(&["-H", &h, &u]).0);
+            std::thread::sleep(Duration::from_millis(40));
+            handle
+        })
+        .collect();
+    for h in handles {
+        assert_eq!(h.join().unwrap(), 200);
+    }
+    let paths = up.stats.paths.lock().unwrap().clone();
+    let want: Vec<String> = (0..10).map(|i| format!("/q{i}")).collect();
+    assert_eq!(
+        paths, want,
+        "the upstream saw the queued requests out of order"
+    );
+}
+
 #[test]
 fn keepalive_race_retries_bodyless_get_once_but_never_a_post_with_body() {
     use std::sync::atomic::Ordering::SeqCst;

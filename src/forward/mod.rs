@@ -25,7 +25,7 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::BodyExt;
 
 pub use body::{ProxyBody, UpstreamBody};
-pub use pool::{Pool, PoolStats};
+pub use pool::{Affinity, Pool, PoolStats};
 
 /// Boxed error type of request bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -76,9 +76,16 @@ impl Upstream {
         connect_timeout: Duration,
         idle_timeout: Duration,
         header_timeout: Duration,
+        affinity: Affinity,
     ) -> Self {
         Self {
-            pool: Pool::new(addr, max_connections, connect_timeout, idle_timeout),
+            pool: Pool::new(
+                addr,
+                max_connections,
+                connect_timeout,
+                idle_timeout,
+                affinity,
+            ),
             header_timeout,
         }
     }
@@ -126,7 +133,9 @@ impl Upstream {
         req: Request<UpBody>,
         progress: Option<Arc<Progress>>,
     ) -> Result<Response<ProxyBody>, ForwardError> {
-        let mut conn = self.pool.checkout().await?;
+        // Affinity key: the credential inject set (a cheap refcounted clone of the header).
+        let credential = req.headers().get(http::header::AUTHORIZATION).cloned();
+        let mut conn = self.pool.checkout(credential.as_ref()).await?;
         conn.set_request_progress(progress.clone());
         let replay = (conn.reused && idempotent(req.method()) && req.body().is_end_stream())
             .then(|| head_copy(&req));
@@ -148,7 +157,7 @@ impl Upstream {
             return Err(classify(err));
         };
         tracing::debug!(cause = %err, "reused upstream connection failed; retrying once on a fresh one");
-        let mut conn = self.pool.checkout_fresh().await?;
+        let mut conn = self.pool.checkout_fresh(credential.as_ref()).await?;
         conn.set_request_progress(progress);
         match conn.sender().send_request(req).await {
             Ok(resp) => Ok(wrap(resp, conn)),

@@ -9,15 +9,24 @@
 //! the kernel may briefly see one more socket; Cyrus serves the newcomer once the old one closes.)
 //! Must never: hand one connection to two requests at once, or keep a connection whose response
 //! body was not read to the end.
+//!
+//! **Affinity.** With [`Affinity::Session`] every connection is bound to the first request's
+//! upstream credential (its `Authorization` value) and is reused only for requests carrying the
+//! same one, so one upstream connection never carries two users' requests (an upstream that keeps
+//! per-connection auth state cannot mix them up). A request whose credential has no idle
+//! connection opens one; at the cap it first closes the longest-idle connection of another user
+//! and waits until that connection's task has closed the socket.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use http::HeaderValue;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
 
 use super::{ForwardError, Progress, UpBody};
 
@@ -30,6 +39,18 @@ pub struct PoolStats {
     pub reused: AtomicU64,
     /// Requests retried on a fresh connection after a reused one failed.
     pub retried: AtomicU64,
+    /// Idle connections closed to make room for another credential ([`Affinity::Session`]).
+    pub evicted: AtomicU64,
+}
+
+/// Which requests may share an upstream connection (`upstream.affinity`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Affinity {
+    /// Any request may reuse any idle connection (`"none"`, the default).
+    #[default]
+    None,
+    /// A connection carries only requests with the same upstream credential (`"session"`).
+    Session,
 }
 
 /// The pool for one upstream address.
@@ -39,6 +60,7 @@ pub struct Pool {
     idle: Mutex<Vec<Idle>>,
     connect_timeout: Duration,
     idle_timeout: Duration,
+    affinity: Affinity,
     /// Activity counters, read by tests, benchmarks and (later) metrics.
     pub stats: PoolStats,
 }
@@ -46,6 +68,10 @@ pub struct Pool {
 struct Idle {
     tx: SendRequest<UpBody>,
     since: Instant,
+    /// The credential this connection is bound to (affinity only).
+    key: Option<HeaderValue>,
+    /// The connection's task; it ends once the socket is closed.
+    task: JoinHandle<()>,
 }
 
 /// A checked-out connection. Dropping it returns the connection to the pool only when
@@ -53,6 +79,8 @@ struct Idle {
 /// after the connection is back, so a waiter finds it idle instead of opening another.
 pub struct Conn {
     tx: Option<SendRequest<UpBody>>,
+    key: Option<HeaderValue>,
+    task: Option<JoinHandle<()>>,
     pool: Arc<Pool>,
     /// Whether this connection served a request before this one.
     pub reused: bool,
@@ -70,6 +98,7 @@ impl Pool {
         max_connections: usize,
         connect_timeout: Duration,
         idle_timeout: Duration,
+        affinity: Affinity,
     ) -> Arc<Self> {
         let pool = Arc::new(Self {
             addr,
@@ -77,6 +106,7 @@ impl Pool {
             idle: Mutex::new(Vec::new()),
             connect_timeout,
             idle_timeout,
+            affinity,
             stats: PoolStats::default(),
         });
         spawn_reaper(Arc::downgrade(&pool), idle_timeout);
@@ -88,19 +118,43 @@ impl Pool {
     }
 
     /// Waits (FIFO) for a slot, then reuses the most recently idle live connection or opens one.
+    /// `credential` is the request's upstream `Authorization` value; with
+    /// [`Affinity::Session`] only a connection bound to the same value is reused.
     ///
     /// Errors: [`ForwardError::Connect`] / [`ForwardError::ConnectTimeout`] when a new connection
     /// is needed and cannot be made.
-    pub async fn checkout(self: &Arc<Self>) -> Result<Conn, ForwardError> {
+    pub async fn checkout(
+        self: &Arc<Self>,
+        credential: Option<&HeaderValue>,
+    ) -> Result<Conn, ForwardError> {
         let permit = self
             .permits
             .clone()
             .acquire_owned()
             .await
             .map_err(|_| ForwardError::Closed)?;
+        let key = match self.affinity {
+            Affinity::None => None,
+            Affinity::Session => credential.cloned(),
+        };
         loop {
-            let candidate = self.idle().pop();
-            let Some(Idle { mut tx, since }) = candidate else {
+            let candidate = {
+                let mut idle = self.idle();
+                match self.affinity {
+                    Affinity::None => idle.pop(),
+                    Affinity::Session => idle
+                        .iter()
+                        .rposition(|i| i.key == key)
+                        .map(|at| idle.remove(at)),
+                }
+            };
+            let Some(Idle {
+                mut tx,
+                since,
+                key,
+                task,
+            }) = candidate
+            else {
                 break;
             };
             if since.elapsed() >= self.idle_timeout || tx.is_closed() {
@@ -112,6 +166,8 @@ impl Pool {
                     self.stats.reused.fetch_add(1, Ordering::Relaxed);
                     return Ok(Conn {
                         tx: Some(tx),
+                        key,
+                        task: Some(task),
                         pool: self.clone(),
                         reused: true,
                         reusable: false,
@@ -122,13 +178,37 @@ impl Pool {
                 _ => continue,
             }
         }
-        self.connect(permit).await
+        if self.affinity == Affinity::Session {
+            self.make_room().await;
+        }
+        self.connect(permit, key).await
+    }
+
+    /// Affinity only: before opening a connection, closes the longest-idle connections (bound to
+    /// other credentials) until busy + idle stays within the cap, and waits (at most the connect
+    /// timeout) for their sockets to close.
+    async fn make_room(&self) {
+        let evicted: Vec<Idle> = {
+            let mut idle = self.idle();
+            // Busy connections, this request's included, hold the permits not available.
+            let excess = idle.len().saturating_sub(self.permits.available_permits());
+            idle.drain(..excess).collect()
+        };
+        for Idle { tx, task, .. } in evicted {
+            drop(tx);
+            self.stats.evicted.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!("closed an idle upstream connection of another credential (affinity)");
+            let _ = tokio::time::timeout(self.connect_timeout, task).await;
+        }
     }
 
     /// Like [`Pool::checkout`] but never reuses: opens a new connection (closing one idle
     /// connection, if any: after one reused connection failed, its idle peers are suspect too).
     /// Used for the single retry.
-    pub async fn checkout_fresh(self: &Arc<Self>) -> Result<Conn, ForwardError> {
+    pub async fn checkout_fresh(
+        self: &Arc<Self>,
+        credential: Option<&HeaderValue>,
+    ) -> Result<Conn, ForwardError> {
         let permit = self
             .permits
             .clone()
@@ -137,10 +217,15 @@ impl Pool {
             .map_err(|_| ForwardError::Closed)?;
         drop(self.idle().pop());
         self.stats.retried.fetch_add(1, Ordering::Relaxed);
-        self.connect(permit).await
+        let key = credential.filter(|_| self.affinity == Affinity::Session);
+        self.connect(permit, key.cloned()).await
     }
 
-    async fn connect(self: &Arc<Self>, permit: OwnedSemaphorePermit) -> Result<Conn, ForwardError> {
+    async fn connect(
+        self: &Arc<Self>,
+        permit: OwnedSemaphorePermit,
+        key: Option<HeaderValue>,
+    ) -> Result<Conn, ForwardError> {
         let handshake = async {
             let stream = TcpStream::connect(&self.addr)
                 .await
@@ -150,19 +235,21 @@ impl Pool {
                 .handshake::<_, UpBody>(TokioIo::new(stream))
                 .await
                 .map_err(|e| ForwardError::Connect(e.to_string()))?;
-            tokio::spawn(async move {
+            let task = tokio::spawn(async move {
                 if let Err(e) = conn.await {
                     tracing::debug!(cause = %e, "upstream connection ended with an error");
                 }
             });
-            Ok::<_, ForwardError>(tx)
+            Ok::<_, ForwardError>((tx, task))
         };
-        let tx = tokio::time::timeout(self.connect_timeout, handshake)
+        let (tx, task) = tokio::time::timeout(self.connect_timeout, handshake)
             .await
             .map_err(|_| ForwardError::ConnectTimeout)??;
         self.stats.opened.fetch_add(1, Ordering::Relaxed);
         Ok(Conn {
             tx: Some(tx),
+            key,
+            task: Some(task),
             pool: self.clone(),
             reused: false,
             reusable: false,
@@ -192,12 +279,14 @@ impl Conn {
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        if let Some(tx) = self.tx.take() {
+        if let (Some(tx), Some(task)) = (self.tx.take(), self.task.take()) {
             let request_sent = self.request.as_ref().is_none_or(|p| p.done());
             if self.reusable && request_sent && !tx.is_closed() {
                 self.pool.idle().push(Idle {
                     tx,
                     since: Instant::now(),
+                    key: self.key.take(),
+                    task,
                 });
             }
         }

@@ -37,6 +37,11 @@ pub struct Stats {
     pub raw_bytes: Mutex<Vec<u8>>,
     /// `Users` behaviour: user -> password; tests change it to simulate a password change.
     pub users: Mutex<std::collections::HashMap<String, String>>,
+    /// hyper behaviours: connection number -> the distinct `Authorization` values it carried.
+    pub auth_by_connection:
+        Mutex<std::collections::HashMap<usize, std::collections::BTreeSet<String>>>,
+    /// hyper behaviours: request paths in the order the requests arrived.
+    pub paths: Mutex<Vec<String>>,
 }
 
 impl Stats {
@@ -85,7 +90,7 @@ pub fn start(behavior: Behavior) -> TestUpstream {
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
             };
-            s.connections.fetch_add(1, Ordering::SeqCst);
+            let conn = s.connections.fetch_add(1, Ordering::SeqCst);
             let now = s.current.fetch_add(1, Ordering::SeqCst) + 1;
             s.max_concurrent.fetch_max(now, Ordering::SeqCst);
             let s = s.clone();
@@ -96,7 +101,7 @@ pub fn start(behavior: Behavior) -> TestUpstream {
                     }
                     _ => {
                         let s2 = s.clone();
-                        let svc = service_fn(move |req| handle(req, behavior, s2.clone()));
+                        let svc = service_fn(move |req| handle(req, behavior, s2.clone(), conn));
                         let _ = hyper::server::conn::http1::Builder::new()
                             .serve_connection(TokioIo::new(stream), svc)
                             .await;
@@ -115,14 +120,22 @@ async fn handle(
     req: Request<Incoming>,
     behavior: Behavior,
     s: Arc<Stats>,
+    conn: usize,
 ) -> Result<Response<Out>, Infallible> {
     s.requests.fetch_add(1, Ordering::SeqCst);
+    s.paths.lock().unwrap().push(req.uri().path().to_string());
     let auth = req
         .headers()
         .get("authorization")
         .map(|v| v.to_str().unwrap_or("").to_string())
         .unwrap_or_default();
     *s.last_authorization.lock().unwrap() = auth.clone();
+    s.auth_by_connection
+        .lock()
+        .unwrap()
+        .entry(conn)
+        .or_default()
+        .insert(auth.clone());
     let mut body = req.into_body();
     let mut n = 0u64;
     while let Some(Ok(frame)) = body.frame().await {

@@ -1,0 +1,310 @@
+#!/usr/bin/env bash
+# A/B benchmark: tessera binaries vs a plain nginx reverse proxy, one run, loopback; a code change
+# is kept only with its number.
+#   BINS="/tmp/tessera-base target/release/tessera" bench/ab.sh
+#   BINS="/tmp/a /tmp/b" ENVS="TOKIO_WORKER_THREADS=1 -" CONC=8 DURATION=2s REPS=1 bench/ab.sh
+# Env: BINS (space-separated, default target/release/tessera; relative paths from the current dir,
+# else the repo root; labeled t0, t1, ...), CONC ("8 64"), DURATION (5s), REPS (3), WARMUP (2s, one
+# unrecorded c=8 run per target), ENVS (aligned with BINS: NAME=VALUE[,NAME=VALUE] for that binary's
+# `serve`, "-" for none), EXTRA_TOML (TOML for every tessera config: lines under a section it has,
+# [server] [upstream] [token] [session] [credentials] [log], go there, replacing a same-named key;
+# the rest is appended).
+# Processes (127.0.0.1, free ports, stopped by PID on exit, the work dir with logs kept on failure):
+# nginx origin (worker_processes 1, access_log off, keepalive_requests 1000000) with a 1 KiB JSON at
+# /1k; nginx-proxy, a second nginx proxying to it (upstream keepalive 64, no auth); per binary, one
+# `tessera serve` with its own embedded store, [log] level "warn", access_log false, token.secret
+# from `keygen` and one session (`tessera session create`); it must answer 200 with 1024 bytes with
+# the token and 401 without. Each rep, each c, round-robin over nginx-proxy, t0, t1, ...:
+# `wrk -t (1 if c<2 else 2) -c c -d DURATION --latency` (+ -H "Authorization: Bearer T" for tessera).
+# Per run: req/s, p50, p99, non-2xx + socket errors (any: WARNING), the target's CPU (user+sys,
+# /proc/PID/stat; nginx: its worker) per request.
+# Output: Markdown on stdout (medians per target and c: req/s, p50, p99, req/s vs nginx-proxy, CPU
+# µs/req; then every run), also in bench/results/ab-<date>-<time>.md with the command line and the
+# binaries' sha256. Progress on stderr. Needs nginx, wrk, curl, python3.
+set -euo pipefail
+
+CONC="${CONC:-8 64}" DURATION="${DURATION:-5s}" REPS="${REPS:-3}" WARMUP="${WARMUP:-2s}"
+BINS="${BINS:-target/release/tessera}" ENVS="${ENVS:-}" EXTRA_TOML="${EXTRA_TOML:-}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+log() { printf '[ab %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+[[ "$REPS" =~ ^[1-9][0-9]*$ ]] || die "REPS must be a positive integer, got '$REPS'"
+for d in "$DURATION" "$WARMUP"; do [[ "$d" =~ ^[0-9]+[smh]?$ ]] || die "bad duration '$d'"; done
+read -r -a CONCS <<<"$CONC"
+((${#CONCS[@]})) || die "CONC is empty"
+for c in "${CONCS[@]}"; do [[ "$c" =~ ^[1-9][0-9]*$ ]] || die "bad concurrency '$c' in CONC"; done
+for t in nginx wrk curl python3 sha256sum pgrep; do command -v "$t" >/dev/null || die "$t is not installed"; done
+
+read -r -a BIN_ARGS <<<"$BINS"
+read -r -a ENV_ARGS <<<"$ENVS"
+((${#BIN_ARGS[@]})) || die "BINS is empty"
+((${#ENV_ARGS[@]} == 0 || ${#ENV_ARGS[@]} == ${#BIN_ARGS[@]})) ||
+  die "ENVS has ${#ENV_ARGS[@]} entries for ${#BIN_ARGS[@]} binaries (use - for none)"
+BIN_PATHS=() BIN_HASHES=() BIN_ENVS=() LABELS=()
+for i in "${!BIN_ARGS[@]}"; do
+  b="${BIN_ARGS[$i]}" e="${ENV_ARGS[$i]:--}"
+  [[ $b != /* && ! -e $b && -e "$ROOT/$b" ]] && b="$ROOT/$b"
+  [[ -f $b && -x $b ]] || die "${BIN_ARGS[$i]} is not an executable file (build it first)"
+  b="$(cd "$(dirname "$b")" && pwd)/$(basename "$b")"
+  [[ $e == - || $e =~ ^[A-Za-z_][A-Za-z0-9_]*=[^,]*(,[A-Za-z_][A-Za-z0-9_]*=[^,]*)*$ ]] ||
+    die "ENVS entry '$e' is not NAME=VALUE[,NAME=VALUE...] or -"
+  [[ $b != "$ROOT/target/"* || -z "$(find "$ROOT/src" "$ROOT/Cargo.toml" "$ROOT/Cargo.lock" -newer "$b" \
+    -print -quit 2>/dev/null)" ]] || log "WARNING: sources are newer than $b; the numbers are for it as built"
+  BIN_PATHS+=("$b") BIN_ENVS+=("$e") LABELS+=("t$i") BIN_HASHES+=("$(sha256sum "$b" | cut -c1-12)")
+  log "t$i = $b (sha256 ${BIN_HASHES[$i]}$([[ $e == - ]] || echo ", env $e"))"
+done
+TARGETS=(nginx-proxy "${LABELS[@]}")
+
+# ---------------------------------------------------------------- processes and cleanup
+PIDS=() WORK="" KEEP_WORK=1 # KEEP_WORK is cleared after a successful run
+stop_pid() {
+  local pid=$1 i
+  kill -0 "$pid" 2>/dev/null || return 0
+  kill -TERM "$pid" 2>/dev/null || true
+  for ((i = 0; i < 100; i++)); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.05; done
+  kill -KILL "$pid" 2>/dev/null || true
+}
+cleanup() {
+  local rc=$? i
+  trap - EXIT INT TERM
+  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do stop_pid "${PIDS[$i]}"; done
+  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do wait "${PIDS[$i]}" 2>/dev/null || true; done
+  if [[ -n "$WORK" && -d "$WORK" ]]; then
+    if ((KEEP_WORK)); then log "run failed (exit $rc): logs kept in $WORK"; else rm -rf "$WORK"; fi
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+WORK="$(mktemp -d /tmp/tessera-ab.XXXXXX)"
+chmod 711 "$WORK" # nginx workers (nobody when run as root) must reach 1k.json
+mkdir -p "$WORK/tmp" "$WORK/tmp2" "$WORK/raw" "$WORK/keys" && chmod 700 "$WORK/keys"
+RAW="$WORK/raw"
+: >"$WORK/runs.tsv"
+read -r -a PORTS < <(python3 -c '
+import socket, sys
+socks = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in socks: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))' "$((2 + ${#LABELS[@]}))")
+P_ORIGIN=${PORTS[0]} P_PROXY=${PORTS[1]}
+
+wait_port() { # port what pid
+  local i
+  for ((i = 0; i < 300; i++)); do
+    kill -0 "$3" 2>/dev/null || die "$2 exited before listening on $1 (logs in $WORK)"
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.05
+  done
+  die "$2 did not listen on $1 within 15 s"
+}
+declare -A PID_OF URL_OF CPU_PID_OF TOKEN_OF
+
+# ---------------------------------------------------------------- nginx: origin and plain proxy
+python3 -c 'import sys; open(sys.argv[1], "w").write(("{\"items\":[" + "\"lorem-ipsum\"," * 71 + "\"end\"]}")
+.ljust(1023) + "\n")' "$WORK/1k.json" # the 1 KiB body of bench/suite.sh
+[[ $(wc -c <"$WORK/1k.json") -eq 1024 ]] || die "1k.json is not 1024 bytes"
+nginx_conf() { # name tmpdir http-block
+  cat >"$WORK/$1.conf" <<EOF
+worker_processes 1; daemon off; pid $WORK/$1.pid; error_log $WORK/$1-error.log warn;
+events { worker_connections 8192; }
+http {
+  access_log off;
+  client_body_temp_path $2; proxy_temp_path $2; fastcgi_temp_path $2; uwsgi_temp_path $2; scgi_temp_path $2;
+$3
+}
+EOF
+}
+nginx_conf origin "$WORK/tmp" "  server { listen 127.0.0.1:$P_ORIGIN; keepalive_requests 1000000;
+    location = /1k { default_type application/json; alias $WORK/1k.json; } }"
+nginx_conf proxy "$WORK/tmp2" "  upstream origin_pool {
+    server 127.0.0.1:$P_ORIGIN; keepalive 64; keepalive_requests 1000000; }
+  server { listen 127.0.0.1:$P_PROXY; keepalive_requests 1000000;
+    location / { proxy_pass http://origin_pool; proxy_http_version 1.1; proxy_set_header Connection \"\"; } }"
+log "starting nginx origin (:$P_ORIGIN) and nginx-proxy (:$P_PROXY) in $WORK"
+for n in origin:$P_ORIGIN proxy:$P_PROXY; do
+  nginx -e "$WORK/${n%:*}-error.log" -p "$WORK" -c "$WORK/${n%:*}.conf" >"$WORK/${n%:*}.out" 2>&1 &
+  PID_OF[${n%:*}]=$! && PIDS+=("$!")
+  wait_port "${n#*:}" "nginx ${n%:*}" "$!"
+done
+for ((i = 0; i < 100; i++)); do # the worker, not the master, serves and burns the CPU
+  CPU_PID_OF[nginx-proxy]="$(pgrep -P "${PID_OF[proxy]}" | head -1 || true)"
+  [[ -n ${CPU_PID_OF[nginx-proxy]} ]] && break || sleep 0.05
+done
+[[ -n ${CPU_PID_OF[nginx-proxy]} ]] || die "no worker under the nginx-proxy master"
+PID_OF[nginx-proxy]="${PID_OF[proxy]}" URL_OF[nginx-proxy]="http://127.0.0.1:$P_PROXY/1k"
+TOKEN_OF[nginx-proxy]=""
+
+# ---------------------------------------------------------------- tessera instances
+KEYS="$("${BIN_PATHS[0]}" keygen)"
+(umask 077 && sed -n 's/^TESSERA_JWT_SECRET=//p' <<<"$KEYS" >"$WORK/keys/jwt.secret" &&
+  sed -n 's/^TESSERA_CRED_KEY=//p' <<<"$KEYS" >"$WORK/keys/cred.key")
+[[ $(wc -c <"$WORK/keys/jwt.secret") -ge 65 && -s "$WORK/keys/cred.key" ]] || die "keygen gave no usable keys"
+merge_toml() { # file: EXTRA_TOML into it (see the header)
+  python3 - "$1" <<'PY'
+import os, re, sys
+hdr = lambda l: (m := re.match(r"\s*\[([^\[\]]+)\]\s*(#.*)?$", l)) and m.group(1).strip()
+key = lambda l: (m := re.match(r"\s*([\w.\"-]+)\s*=", l)) and m.group(1)
+base = open(sys.argv[1]).read().splitlines()
+secs, add, tail, sec = {hdr(l) for l in base} - {None}, {}, [], None
+for l in os.environ["EXTRA_TOML"].splitlines():
+    if l.lstrip().startswith("["):
+        sec = hdr(l) or "[["  # an array of tables goes to the end
+    if sec is None or sec in secs:
+        add.setdefault(sec, []).extend([] if hdr(l) else [l])
+    else:
+        tail.append(l)
+out, sec = [], None
+for l in base + [None]:
+    if l is None or hdr(l):
+        out += add.pop(sec, [])
+        sec = l and hdr(l)
+    if l is not None and (hdr(l) or key(l) not in {key(x) for x in add.get(sec, [])} - {None}):
+        out.append(l)
+open(sys.argv[1], "w").write("\n".join(out + tail) + "\n")
+PY
+}
+for i in "${!LABELS[@]}"; do
+  t="${LABELS[$i]}" port="${PORTS[$((2 + i))]}"
+  mkdir -p "$WORK/emb-$t"
+  cat >"$WORK/$t.toml" <<EOF
+[server]
+listen = "127.0.0.1:$port"
+[upstream]
+url = "http://127.0.0.1:$P_ORIGIN"
+[token]
+secret = "file:$WORK/keys/jwt.secret"
+[session]
+store = "embedded:$WORK/emb-$t/sessions"
+[credentials]
+keys = { k1 = "file:$WORK/keys/cred.key" }
+[log]
+level = "warn"
+access_log = false
+EOF
+  [[ -z $EXTRA_TOML ]] || EXTRA_TOML="$EXTRA_TOML" merge_toml "$WORK/$t.toml"
+  "${BIN_PATHS[$i]}" check-config --config "$WORK/$t.toml" >"$WORK/$t.check" 2>&1 ||
+    die "$t config refused: $(cat "$WORK/$t.check")"
+  env_args=()
+  [[ ${BIN_ENVS[$i]} == - ]] || IFS=, read -r -a env_args <<<"${BIN_ENVS[$i]}"
+  env ${env_args[@]+"${env_args[@]}"} "${BIN_PATHS[$i]}" serve --config "$WORK/$t.toml" \
+    >"$WORK/$t.log" 2>&1 &
+  PID_OF[$t]=$! CPU_PID_OF[$t]=$! URL_OF[$t]="http://127.0.0.1:$port/1k" && PIDS+=("$!")
+  wait_port "$port" "$t" "$!"
+  (umask 077 && printf '%s\n' bench-password | "${BIN_PATHS[$i]}" session create --config "$WORK/$t.toml" \
+    --user alice --password-stdin >"$WORK/$t.session" 2>"$WORK/$t.session.err") ||
+    die "$t session create failed: $(cat "$WORK/$t.session.err")"
+  TOKEN_OF[$t]="$(sed -n 's/.*"token" *: *"\([^"]*\)".*/\1/p' "$WORK/$t.session" | head -1)"
+  [[ -n ${TOKEN_OF[$t]} ]] || die "no token in $t's session create output: $(cat "$WORK/$t.session")"
+  log "started $t (:$port, pid ${PID_OF[$t]}) and made its session"
+done
+
+check_target() { # target: 200 with 1024 bytes (with the token), 401 without it (tessera)
+  local t=$1 got url="${URL_OF[$1]}" auth=()
+  if [[ -n ${TOKEN_OF[$t]} ]]; then
+    got="$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$url" || true)"
+    [[ $got == 401 ]] || die "$t answered $got without a token, expected 401"
+    auth=(-H "Authorization: Bearer ${TOKEN_OF[$t]}")
+  fi
+  got="$(curl -s -o /dev/null -w '%{http_code} %{size_download}' --max-time 5 ${auth[@]+"${auth[@]}"} "$url" ||
+    true)"
+  [[ $got == "200 1024" ]] || die "$t ($url) answered '$got', expected '200 1024'"
+}
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; } # user + system, clock ticks
+wrk_run() { # target c duration out
+  local t=$1 c=$2 auth=() name
+  [[ -z ${TOKEN_OF[$t]} ]] || auth=(-H "Authorization: Bearer ${TOKEN_OF[$t]}")
+  wrk -t $((c < 2 ? 1 : 2)) -c "$c" -d "$3" --latency ${auth[@]+"${auth[@]}"} "${URL_OF[$t]}" >"$4" 2>&1 &
+  PIDS+=("$!")
+  wait "$!" || die "wrk failed for $t c=$c: $(cat "$4")"
+  for name in origin proxy "${LABELS[@]}"; do
+    kill -0 "${PID_OF[$name]}" 2>/dev/null || die "$name (pid ${PID_OF[$name]}) died during a run on $t"
+  done
+}
+
+for t in "${TARGETS[@]}"; do check_target "$t"; done
+log "warm-up: $WARMUP at c=8 per target (not recorded)"
+for t in "${TARGETS[@]}"; do wrk_run "$t" 8 "$WARMUP" "$RAW/warmup-$t.txt"; done
+log "runs: ${#TARGETS[@]} targets x c in (${CONCS[*]}) x $REPS reps x $DURATION"
+for ((rep = 1; rep <= REPS; rep++)); do
+  for c in "${CONCS[@]}"; do
+    for t in "${TARGETS[@]}"; do
+      id="$t-c$c-r$rep"
+      log "rep $rep/$REPS c=$c $t"
+      cpu0=$(cpu_ticks "${CPU_PID_OF[$t]}")
+      wrk_run "$t" "$c" "$DURATION" "$RAW/$id.txt"
+      cpu1=$(cpu_ticks "${CPU_PID_OF[$t]}")
+      ! grep -Eq 'Non-2xx|Socket errors' "$RAW/$id.txt" ||
+        log "WARNING: $id: $(grep -E 'Non-2xx|Socket errors' "$RAW/$id.txt" | tr -s ' \n' ' ')"
+      printf '%s\t%s\t%s\t%s\t%s\n' "$rep" "$c" "$t" "$id" "$((cpu1 - cpu0))" >>"$WORK/runs.tsv"
+    done
+  done
+done
+
+# ---------------------------------------------------------------- report
+for i in "${!LABELS[@]}"; do
+  printf '%s\t%s\t%s\t%s\n' "${LABELS[$i]}" "${BIN_PATHS[$i]}" "${BIN_HASHES[$i]}" "${BIN_ENVS[$i]}"
+done >"$WORK/bins.tsv"
+CMD="BINS=\"$BINS\" CONC=\"$CONC\" DURATION=$DURATION REPS=$REPS WARMUP=$WARMUP"
+[[ -z $ENVS ]] || CMD+=" ENVS=\"$ENVS\""
+[[ -z $EXTRA_TOML ]] || CMD+=" EXTRA_TOML=$(printf '%q' "$EXTRA_TOML")"
+mkdir -p "$ROOT/bench/results"
+export CMD="$CMD bench/ab.sh" OUT="$ROOT/bench/results/ab-$(date +%Y-%m-%d-%H%M%S).md" CONC
+export CLK_TCK="$(getconf CLK_TCK)" COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+MACHINE="nproc $(nproc), $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), load"
+export MACHINE="$MACHINE $(cut -d' ' -f1-3 /proc/loadavg), $(nginx -v 2>&1 | sed 's/^nginx version: //'), \
+$(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2)"
+python3 - "$WORK" <<'PY'
+import os, re, statistics, sys, time
+work, env = sys.argv[1], os.environ
+UNIT, LAT = {"us": 1.0, "ms": 1e3, "s": 1e6, "m": 60e6, "h": 3600e6}, r"\s+([0-9.]+)(us|ms|s|m|h)\s*$"
+def parse(path):  # one wrk --latency output
+    t = open(path).read()
+    g = [re.search(p, t, re.M) for p in (r"^Requests/sec:\s+([0-9.]+)", r"^\s+50%" + LAT, r"^\s+99%" + LAT,
+                                          r"^\s+(\d+) requests in", r"Non-2xx or 3xx responses:\s+(\d+)",
+                                          r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)")]
+    if not all(g[:4]):
+        sys.exit(f"cannot parse wrk output {path}:\n{t}")
+    r = dict(rps=float(g[0][1]), p50=float(g[1][1]) * UNIT[g[1][2]], p99=float(g[2][1]) * UNIT[g[2][2]],
+             reqs=int(g[3][1]), non2xx=int(g[4][1]) if g[4] else 0, sock=sum(map(int, g[5].groups())) if g[5] else 0)
+    r["warn"] = f"WARNING: non-2xx {r['non2xx']}, {g[5][0] if g[5] else 'no socket errors'}" \
+        if r["non2xx"] or r["sock"] else ""
+    return r
+bins = [l.rstrip("\n").split("\t") for l in open(f"{work}/bins.tsv")]
+runs = []
+for line in open(f"{work}/runs.tsv"):
+    rep, c, t, rid, ticks = line.split()
+    r = parse(f"{work}/raw/{rid}.txt")
+    r.update(rep=rep, c=int(c), t=t, cpu=int(ticks) / int(env["CLK_TCK"]) * 1e6 / r["reqs"] if r["reqs"] else None)
+    runs.append(r)
+ms, f1 = lambda us: f"{us / 1000:.3f} ms", lambda x: "" if x is None else f"{x:.1f}"
+med = lambda rs, k: statistics.median(v) if (v := [r[k] for r in rs if r[k] is not None]) else None
+md = [f"# tessera A/B vs nginx-proxy, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}", "", f"- command: `{env['CMD']}`",
+      f"- commit: {env['COMMIT']}", f"- machine: {env['MACHINE']}", "", "| label | binary | sha256 | env |",
+      "|---|---|---|---|", "| nginx-proxy | nginx, upstream keepalive 64, no auth | | |"]
+md += [f"| {b[0]} | `{b[1]}` | {b[2]} | {'' if b[3] == '-' else '`' + b[3] + '`'} |" for b in bins]
+md += ["", "## Medians per target and c", "", "| target | c | req/s | p50 | p99 | req/s vs nginx-proxy | "
+       "CPU µs/req | runs | warnings |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+for c in [int(x) for x in env["CONC"].split()]:
+    base = med([r for r in runs if r["c"] == c and r["t"] == "nginx-proxy"], "rps")
+    for t in ["nginx-proxy"] + [b[0] for b in bins]:
+        rs = [r for r in runs if r["c"] == c and r["t"] == t]
+        bad = sum(1 for r in rs if r["warn"])
+        md.append(f"| {t} | {c} | {med(rs, 'rps'):,.0f} | {ms(med(rs, 'p50'))} | {ms(med(rs, 'p99'))} | "
+                  f"{med(rs, 'rps') / base:.3f} | {f1(med(rs, 'cpu'))} | {len(rs)} | "
+                  f"{'WARNING: %d run(s) with errors' % bad if bad else ''} |")
+md += ["", "## Every run", "", "| rep | c | target | req/s | p50 | p99 | requests | CPU µs/req | non-2xx | "
+       "socket errors | note |", "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+md += [f"| {r['rep']} | {r['c']} | {r['t']} | {r['rps']:,.0f} | {ms(r['p50'])} | {ms(r['p99'])} | {r['reqs']} | "
+       f"{f1(r['cpu'])} | {r['non2xx']} | {r['sock']} | {r['warn'] or ''} |" for r in runs]
+md += ["", "CPU: user+sys time of the target process (nginx-proxy: its worker) during the run "
+       "(/proc/PID/stat) per request wrk completed; every process shares the machine.", ""]
+open(env["OUT"], "w").write("\n".join(md))
+print("\n".join(md), end="")
+PY
+
+KEEP_WORK=0
+log "report: $OUT"
