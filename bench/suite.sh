@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The issue-4 benchmark suite, in one go on loopback.
 #
-#   bench/suite.sh                          # DURATION=5s REPS=3 (about 12 minutes)
+#   bench/suite.sh                          # DURATION=5s REPS=3 (about 10 minutes)
 #   DURATION=2s REPS=1 bench/suite.sh       # quick check of every piece
-#   SECTIONS="matrix memory" bench/suite.sh # only some sections (matrix algs close revocation memory)
+#   SECTIONS="matrix memory" bench/suite.sh # only some sections
+#                                           # (matrix algs close revocation affinity memory)
+#   TESSERA_BIN=/path/to/tessera bench/suite.sh  # another binary (default target/release/tessera)
 #
 # Processes (all on 127.0.0.1, free ports, stopped by PID on exit, as bench/run.sh does):
 #   redis-server (no persistence); nginx "origin" (worker_processes 1) serving the 1 KiB JSON at
@@ -34,6 +36,15 @@
 #              once (tessera's sockets to the origin, sampled with `ss -tnp` every 50 ms).
 #   revocation two tessera instances (tessera-redis = A, tessera-b = B) on one Redis;
 #              bench/revocation.py, REVOCATION_TRIALS (1,000) trials, revoke = DEL in Redis.
+#   affinity   the cost of `[upstream] affinity = "session"` (a pooled upstream connection only
+#              carries requests with one upstream credential): tessera-redis (affinity "none") vs
+#              tessera-affinity (same config plus `affinity = "session"`), default max_connections
+#              (64), each with two session sets from tokens.py --distinct-users (session n = user
+#              alice-n, so every session has its own injected `Authorization: Basic`): SESSIONS
+#              (1,000; more users than pool slots, the worst case) and AFFINITY_FEW_SESSIONS (16;
+#              fewer users than slots); c in 8 64, REPS repetitions round-robin, medians; upstream
+#              connections opened per run (origin `accepted` delta, as in matrix). Every token once
+#              through both instances and 1 s of wrk per (instance, set) first.
 #   memory     a fresh tessera on Redis (session and token cache_max_entries = 120000,
 #              cache_ttl_seconds = 3600 so nothing expires meanwhile); MEMORY_SESSIONS (100,000)
 #              sessions made by tokens.py (MEMORY_TOKEN_CACHE sets the token cache size; 0 shows
@@ -42,28 +53,32 @@
 #              second pass counts Redis GETs (0 = every session was still cached).
 #
 # Output: bench/results/suite-<date>.json (object: matrix = list of {target, concurrency, rps,
-# p50_ms, p99_ms, redis_cmds_per_req, upstream_conns, ...}, algs, close, revocation, memory, meta),
+# p50_ms, p99_ms, redis_cmds_per_req, upstream_conns, ...}, algs, close, revocation, affinity =
+# list of {affinity, sessions, concurrency, rps, ..., upstream_conns, vs_none}, memory, meta),
 # suite-<date>.md (tables, targets met/missed, command, machine facts), SVG plots
-# suite-<date>-{matrix,algs,close}-{rps,latency}.svg via bench/plot.py, raw wrk output in
-# suite-<date>.raw.txt. Needs target/release/tessera (never built here), redis-server, redis-cli,
-# nginx (with stub_status), wrk, curl, openssl, ss, python3.
+# suite-<date>-{matrix,algs,close,affinity}-{rps,latency}.svg via bench/plot.py, raw wrk output in
+# suite-<date>.raw.txt. Needs target/release/tessera (never built here; TESSERA_BIN picks another
+# binary), redis-server, redis-cli, nginx (with stub_status), wrk, curl, openssl, ss, python3.
 set -euo pipefail
 
 DURATION="${DURATION:-5s}"
 REPS="${REPS:-3}"
-SECTIONS="${SECTIONS:-matrix algs close revocation memory}"
+ALL_SECTIONS="matrix algs close revocation affinity memory"
+SECTIONS="${SECTIONS:-$ALL_SECTIONS}"
 SESSIONS="${SESSIONS:-1000}"
+AFFINITY_FEW_SESSIONS="${AFFINITY_FEW_SESSIONS:-16}"
 EMBEDDED_SESSIONS="${EMBEDDED_SESSIONS:-1000}"
 REVOCATION_TRIALS="${REVOCATION_TRIALS:-1000}"
 MEMORY_SESSIONS="${MEMORY_SESSIONS:-100000}"
 MEMORY_TOKEN_CACHE="${MEMORY_TOKEN_CACHE:-120000}" # [token] cache_max_entries of tessera-mem
 CONCURRENCIES=(1 8 64)
+AFFINITY_CONCURRENCIES=(8 64)
 TARGETS=(direct nginx-proxy python-ref tessera-redis tessera-embedded)
 POOL_CAP=16
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BENCH="$ROOT/bench"
-BIN="$ROOT/target/release/tessera"
+BIN="${TESSERA_BIN:-$ROOT/target/release/tessera}"
 RESULTS_DIR="$BENCH/results"
 START_EPOCH=$(date +%s)
 LOAD_START="$(cut -d' ' -f1-3 /proc/loadavg)"
@@ -75,8 +90,10 @@ has_section() { [[ " $SECTIONS " == *" $1 "* ]]; }
 [[ "$REPS" =~ ^[1-9][0-9]*$ ]] || die "REPS must be a positive integer, got '$REPS'"
 [[ "$DURATION" =~ ^[0-9]+[smh]?$ ]] || die "DURATION must look like 5s, 1m, 30, got '$DURATION'"
 for s in $SECTIONS; do
-  [[ " matrix algs close revocation memory " == *" $s "* ]] || die "unknown section '$s'"
+  [[ " $ALL_SECTIONS " == *" $s "* ]] || die "unknown section '$s'"
 done
+[[ "$AFFINITY_FEW_SESSIONS" =~ ^[1-9][0-9]*$ ]] ||
+  die "AFFINITY_FEW_SESSIONS must be a positive integer, got '$AFFINITY_FEW_SESSIONS'"
 
 # ---------------------------------------------------------------- processes and cleanup
 PIDS=()
@@ -122,7 +139,7 @@ for tool in redis-server redis-cli nginx wrk curl openssl ss pgrep python3 git; 
   command -v "$tool" >/dev/null 2>&1 || die "$tool is not installed"
 done
 nginx -V 2>&1 | grep -q with-http_stub_status_module || die "nginx lacks stub_status"
-[[ -x "$BIN" ]] || die "$BIN not found: build it first with 'cargo build --release'"
+[[ -x "$BIN" ]] || die "$BIN not found: build it first with 'cargo build --release' (or set TESSERA_BIN)"
 STALE=""
 if [[ -n "$(find "$ROOT/src" "$ROOT/Cargo.toml" "$ROOT/Cargo.lock" -newer "$BIN" -print -quit 2>/dev/null)" ]]; then
   STALE="yes"
@@ -144,10 +161,10 @@ RAW="$WORK/raw"
 RUNS="$WORK/runs.tsv"
 : >"$RUNS"
 
-read -r P_REDIS P_ORIGIN P_STATUS P_PROXY P_PYREF P_TR P_TE P_TCOLD P_TPOOL P_TB P_TMEM < <(python3 - <<'PY'
+read -r P_REDIS P_ORIGIN P_STATUS P_PROXY P_PYREF P_TR P_TE P_TCOLD P_TPOOL P_TB P_TMEM P_TAFF < <(python3 - <<'PY'
 import socket
 socks = []
-for _ in range(11):
+for _ in range(12):
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.bind(("127.0.0.1", 0))
     socks.append(s)
@@ -349,7 +366,13 @@ write_conf tessera-pool16 "$P_TPOOL" "$REDIS" "" "" "max_connections = $POOL_CAP
 write_conf tessera-b "$P_TB" "$REDIS"
 write_conf tessera-mem "$P_TMEM" "$REDIS" "cache_max_entries = 120000
 cache_ttl_seconds = 3600" "cache_max_entries = $MEMORY_TOKEN_CACHE"
-for name in tessera-redis tessera-embedded tessera-cold tessera-pool16 tessera-b tessera-mem; do
+INSTANCES=(tessera-redis tessera-embedded tessera-cold tessera-pool16 tessera-b tessera-mem)
+# Only when the section runs: a binary older than upstream.affinity refuses the key.
+if has_section affinity; then
+  write_conf tessera-affinity "$P_TAFF" "$REDIS" "" "" 'affinity = "session"'
+  INSTANCES+=(tessera-affinity)
+fi
+for name in "${INSTANCES[@]}"; do
   "$BIN" check-config --config "$WORK/$name.toml" >"$WORK/$name.check" 2>&1 ||
     die "$name config refused: $(cat "$WORK/$name.check")"
 done
@@ -363,6 +386,25 @@ mk_tokens() { # out-stem count [tokens.py args...]
   "$PY" "$BENCH/tokens.py" --count "$count" --redis "$REDIS" --cred-key "file:$WORK/keys/cred.key" \
     --user alice --password-env BENCH_PASSWORD --out "$WORK/tok/$stem.jsonl" \
     --lua "$WORK/tok/$stem.lua" "$@" >&2
+}
+# Distinct upstream credentials among the sessions of a tokens.py jsonl: each Redis record's sealed
+# `credentials` opened with the credential key (as tessera does: AES-256-GCM, the sid as AAD).
+distinct_credentials() { # jsonl
+  "$PY" - "$1" "$REDIS" "$WORK/keys/cred.key" <<'PY'
+import base64, json, sys
+import redis
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+path, url, keyfile = sys.argv[1:4]
+aead = AESGCM(base64.b64decode(open(keyfile).read().strip()))
+sids = [json.loads(line)["sid"] for line in open(path) if line.strip()]
+records = redis.Redis.from_url(url).mget(["tessera:session:" + sid for sid in sids])
+creds = set()
+for sid, record in zip(sids, records):
+    blob = json.loads(record)["credentials"].split(".", 2)[2]
+    blob = base64.urlsafe_b64decode(blob + "=" * (-len(blob) % 4))
+    creds.add(aead.decrypt(blob[:12], blob[12:], sid.encode()))
+print(len(creds))
+PY
 }
 first_token() { python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["token"])' "$1"; }
 
@@ -605,6 +647,50 @@ if has_section revocation; then
   section_done revocation "$t0"
 fi
 
+# ---------------------------------------------------------------- section: affinity
+if has_section affinity; then
+  t0=$(date +%s)
+  start_tessera tessera-affinity "$P_TAFF"
+  declare -A PORT_OF=([tessera-redis]="$P_TR" [tessera-affinity]="$P_TAFF")
+  declare -A COUNT_OF=([many]="$SESSIONS" [few]="$AFFINITY_FEW_SESSIONS")
+  log "affinity: tokens.py --distinct-users, $SESSIONS and $AFFINITY_FEW_SESSIONS sessions"
+  for group in many few; do
+    mk_tokens "aff-$group" "${COUNT_OF[$group]}" --jwt-secret "file:$WORK/keys/jwt.secret" --distinct-users
+    # The measurement means nothing unless each session injects its own credential.
+    n="$(distinct_credentials "$WORK/tok/aff-$group.jsonl")" || die "could not read the $group sessions back"
+    [[ $n == "${COUNT_OF[$group]}" ]] ||
+      die "$group set: $n distinct credentials among ${COUNT_OF[$group]} sessions"
+  done
+  # Warm-up (not recorded): every token once through each instance (caches filled), then 1 s of
+  # wrk at c=64 per (instance, set) (pools open).
+  log "affinity warm-up: every token once per instance, 1 s at c=64 per (instance, set)"
+  for target in tessera-redis tessera-affinity; do
+    check_target "$target" "${URL_OF[$target]}" "$(first_token "$WORK/tok/aff-few.jsonl")"
+    for group in many few; do
+      warm_tokens "$WORK/tok/aff-$group.jsonl" "${PORT_OF[$target]}" 2 >/dev/null ||
+        die "affinity warm-up of $target ($group) failed"
+      wrk -t 2 -c 64 -d 1s -s "$WORK/tok/aff-$group.lua" "${URL_OF[$target]}" \
+        >"$RAW/warmup-affinity-$target-$group.txt" 2>&1 || die "warm-up wrk failed for $target ($group)"
+    done
+  done
+  log "affinity: (tessera-redis none, tessera-affinity session) x ($SESSIONS, $AFFINITY_FEW_SESSIONS" \
+    "sessions) x c in (${AFFINITY_CONCURRENCIES[*]}) x $REPS reps x $DURATION"
+  for ((rep = 1; rep <= REPS; rep++)); do
+    for c in "${AFFINITY_CONCURRENCIES[@]}"; do
+      for group in many few; do
+        for target in tessera-redis tessera-affinity; do
+          log "affinity rep $rep/$REPS c=$c ${COUNT_OF[$group]} sessions $target"
+          measure "affinity_$group" "$target" "$c" "$rep" "$WORK/tok/aff-$group.lua"
+        done
+      done
+    done
+  done
+  echo "tessera-affinity $(proc_mem "${PID_OF[tessera-affinity]}")" >"$WORK/affinity-mem.txt"
+  stop_named tessera-affinity
+  PID_OF[tessera-affinity]=""
+  section_done affinity "$t0"
+fi
+
 # ---------------------------------------------------------------- section: memory
 if has_section memory; then
   t0=$(date +%s)
@@ -659,12 +745,15 @@ else
 fi
 
 export DURATION REPS SECTIONS SESSIONS EMBEDDED_SESSIONS REVOCATION_TRIALS MEMORY_SESSIONS POOL_CAP
-export MEMORY_TOKEN_CACHE
-export COMMIT STALE BIN_BUILT SECTION_TIMES STAMP
+export MEMORY_TOKEN_CACHE AFFINITY_FEW_SESSIONS
+export COMMIT STALE BIN_BUILT SECTION_TIMES STAMP BIN
 export EMB_CREATE_S="${EMB_CREATE_S:-}"
 BENCH_CMD="DURATION=$DURATION REPS=$REPS"
-[[ $SECTIONS != "matrix algs close revocation memory" ]] && BENCH_CMD+=" SECTIONS=\"$SECTIONS\""
+[[ $SECTIONS != "$ALL_SECTIONS" ]] && BENCH_CMD+=" SECTIONS=\"$SECTIONS\""
+[[ $SESSIONS != 1000 ]] && BENCH_CMD+=" SESSIONS=$SESSIONS"
+[[ $AFFINITY_FEW_SESSIONS != 16 ]] && BENCH_CMD+=" AFFINITY_FEW_SESSIONS=$AFFINITY_FEW_SESSIONS"
 [[ $MEMORY_TOKEN_CACHE != 120000 ]] && BENCH_CMD+=" MEMORY_TOKEN_CACHE=$MEMORY_TOKEN_CACHE"
+[[ -n ${TESSERA_BIN:-} ]] && BENCH_CMD+=" TESSERA_BIN=$TESSERA_BIN"
 export BENCH_CMD+=" bench/suite.sh"
 export NPROC="$(nproc)"
 export KERNEL="$(uname -sr)"
@@ -687,7 +776,7 @@ export LOGS
 
 "$PY" "$BENCH/suite_report.py" --work "$WORK" --json "$RESULTS_DIR/suite-$STAMP.json" \
   --md "$RESULTS_DIR/suite-$STAMP.md" --raw-name "$([[ -n $RAWOUT ]] && basename "$RAWOUT")"
-for section in matrix algs close; do
+for section in matrix algs close affinity; do
   if "$PY" -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1])).get(sys.argv[2]) else 1)' \
     "$RESULTS_DIR/suite-$STAMP.json" "$section"; then
     "$PY" "$BENCH/plot.py" "$RESULTS_DIR/suite-$STAMP.json" --section "$section" \

@@ -5,8 +5,8 @@ Called by bench/suite.sh (not meant to be run by hand, though it can be re-run o
 directory): reads WORK/runs.tsv (section, target, c, rep, id per wrk run), WORK/raw/<id>.txt (wrk
 --latency output), <id>.redis0/.redis1 (INFO commandstats before/after), <id>.nginx0/.nginx1 (the
 origin's stub_status before/after), <id>.maxopen (most upstream sockets open at once, close
-section), WORK/revocation.json, WORK/memory.json, WORK/*-mem.txt; machine facts come from the
-environment suite.sh exports.
+section), WORK/revocation.json, WORK/memory.json, WORK/*-mem.txt, WORK/tok/aff-{many,few}.jsonl
+(session counts of the affinity section); machine facts come from the environment suite.sh exports.
 
 Per run: Redis commands = sum of `calls` deltas over every command but INFO (the snapshots' own
 calls); upstream connections opened = origin `accepted` delta - 1 (the after-snapshot's own
@@ -35,6 +35,9 @@ UNIT = {"us": 1.0, "ms": 1e3, "s": 1e6, "m": 60e6, "h": 3600e6}
 MATRIX_TARGETS = ["direct", "nginx-proxy", "python-ref", "tessera-redis", "tessera-embedded"]
 TESSERAS = ["tessera-redis", "tessera-embedded"]
 ALGS = [("hs512", "HS512"), ("rs256", "RS256"), ("eddsa", "EdDSA")]
+# affinity section: (instance, upstream.affinity), and the session sets (runs.tsv section suffix).
+AFFINITY_TARGETS = [("tessera-redis", "none"), ("tessera-affinity", "session")]
+AFFINITY_GROUPS = [("many", "SESSIONS"), ("few", "AFFINITY_FEW_SESSIONS")]
 
 
 def to_us(text):
@@ -149,6 +152,17 @@ def cell(runs, label, concurrency, client_side=False):
     return row
 
 
+def frac(a, b, digits=2):
+    return round(a / b, digits) if a is not None and b else None
+
+
+def session_count(work, group, env_name):
+    path = os.path.join(work, "tok", f"aff-{group}.jsonl")
+    if os.path.exists(path):
+        return sum(1 for line in open(path) if line.strip())
+    return int(os.environ.get(env_name) or 0) or None
+
+
 def us(ms):
     x = ms * 1e3
     return f"{x:.0f} µs" if x < 10000 else f"{x / 1000:.1f} ms"
@@ -188,7 +202,8 @@ def main():
     for r in runs:
         by.setdefault((r["section"], r["target"], r["c"]), []).append(r)
 
-    out = {"meta": {}, "matrix": [], "algs": [], "close": [], "revocation": None, "memory": None}
+    out = {"meta": {}, "matrix": [], "algs": [], "close": [], "revocation": None, "affinity": [],
+           "memory": None}
     concs = sorted({r["c"] for r in runs if r["section"] == "matrix"})
     for c in concs:
         for t in MATRIX_TARGETS:
@@ -205,6 +220,31 @@ def main():
             row = cell(by[("close", t, c)], f"{t} (Connection: close)", c)
             row["instance"] = t
             out["close"].append(row)
+    aff_concs = sorted({r["c"] for r in runs if r["section"].startswith("affinity_")})
+    for c in aff_concs:
+        for group, env_name in AFFINITY_GROUPS:
+            count = session_count(work, group, env_name)
+            base = None
+            for t, mode in AFFINITY_TARGETS:
+                if (f"affinity_{group}", t, c) not in by:
+                    continue
+                row = cell(by[(f"affinity_{group}", t, c)], f"{mode}, {count} sessions", c)
+                row.update(affinity=mode, sessions=count, instance=t,
+                           upstream_conns_per_1k_req=round(
+                               sum(row["origin_accepted_per_rep"]) * 1000 / row["requests"], 2)
+                           if row["requests"] else None)
+                if mode == "none":
+                    base = row
+                elif base:
+                    # session / none, same session set and concurrency
+                    row["vs_none"] = {
+                        "rps": frac(row["rps"], base["rps"]),
+                        "p50_ms": frac(row["p50_ms"], base["p50_ms"]),
+                        "p99_ms": frac(row["p99_ms"], base["p99_ms"]),
+                        "upstream_conns": frac(row["upstream_conns"], base["upstream_conns"], 1),
+                        "cpu_us_per_req": frac(row["cpu_us_per_req"], base["cpu_us_per_req"]),
+                    }
+                out["affinity"].append(row)
     rev = os.path.join(work, "revocation.json")
     if os.path.exists(rev):
         out["revocation"] = json.load(open(rev))
@@ -212,7 +252,7 @@ def main():
     if os.path.exists(mem):
         out["memory"] = json.load(open(mem))
     procmem = {}
-    for name in ("matrix-mem.txt", "close-mem.txt"):
+    for name in ("matrix-mem.txt", "close-mem.txt", "affinity-mem.txt"):
         path = os.path.join(work, name)
         if os.path.exists(path):
             for line in open(path):
@@ -222,8 +262,8 @@ def main():
     out["process_memory_after_load"] = procmem
     out["meta"] = {k: env.get(k, "") for k in (
         "WHEN", "BENCH_CMD", "DURATION", "REPS", "SECTIONS", "SESSIONS", "EMBEDDED_SESSIONS",
-        "EMB_CREATE_S", "REVOCATION_TRIALS", "MEMORY_SESSIONS", "POOL_CAP", "COMMIT",
-        "BIN_BUILT", "TESSERA_V", "NPROC", "CPU", "KERNEL", "MEM_TOTAL", "LOAD_START",
+        "EMB_CREATE_S", "REVOCATION_TRIALS", "MEMORY_SESSIONS", "POOL_CAP",
+        "AFFINITY_FEW_SESSIONS", "COMMIT", "BIN", "BIN_BUILT", "TESSERA_V", "NPROC", "CPU", "KERNEL", "MEM_TOTAL", "LOAD_START",
         "LOAD_END", "ELAPSED", "SECTION_TIMES", "NGINX_V", "WRK_V", "REDIS_V", "PY_V", "LOGS",
         "STALE")}
     with open(args.json, "w") as f:
@@ -317,6 +357,50 @@ def main():
                f"trip on B: {rev['poll_ms_mean']} ms (the resolution); the DEL call itself: "
                f"{rev['revoke_call_p50_ms']} ms p50.", ""]
         summary += ["", f"revocation: p50 {rev['p50_ms']} ms, p99 {rev['p99_ms']} ms, max {rev['max_ms']} ms"]
+
+    if out["affinity"]:
+        def opened(r):
+            return f"{r['upstream_conns']} ({', '.join(map(str, r['origin_accepted_per_rep']))})"
+
+        def times(v):
+            return "n/a" if v is None else f"{v:.2f}x"
+        t = ["| affinity | sessions (users) | c | req/s | p50 | p99 | upstream conns opened "
+             "(max; per rep) | opened per 1,000 requests | tessera CPU per request | non-2xx | "
+             "socket errors |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in out["affinity"]:
+            t.append(f"| {r['affinity']} | {r['sessions']:,} | {r['concurrency']} | {r['rps']:,.0f} | "
+                     f"{us(r['p50_ms'])} | {us(r['p99_ms'])} | {opened(r)} | "
+                     f"{r['upstream_conns_per_1k_req']} | {cpu(r)} | {r['non2xx']} | "
+                     f"{r['socket_errors']} |")
+        rt = ["| sessions (users) | c | req/s | p50 | p99 | tessera CPU per request | "
+              "upstream conns opened (session vs none) |", "|---:|---:|---:|---:|---:|---:|---:|"]
+        nones = {(r["sessions"], r["concurrency"]): r for r in out["affinity"]
+                 if r["affinity"] == "none"}
+        for r in out["affinity"]:
+            v = r.get("vs_none")
+            if not v:
+                continue
+            b = nones[(r["sessions"], r["concurrency"])]
+            rt.append(f"| {r['sessions']:,} | {r['concurrency']} | {times(v['rps'])} | {times(v['p50_ms'])} | "
+                      f"{times(v['p99_ms'])} | {times(v['cpu_us_per_req'])} | "
+                      f"{r['upstream_conns']} vs {b['upstream_conns']} |")
+        sets = " and ".join(f"{n:,} sessions" for n in
+                            sorted({r["sessions"] for r in out["affinity"]}, reverse=True))
+        md += ["## Upstream affinity cost (`[upstream] affinity = \"session\"` vs `\"none\"`, "
+               "tessera on Redis, medians)", "",
+               "tessera-redis (`affinity = \"none\"`, the default) and tessera-affinity (the same "
+               "config plus `affinity = \"session\"`), both with the default `max_connections = 64`. "
+               "Two session sets from `tokens.py --distinct-users` (session n = user alice-n, so each "
+               "session injects its own `Authorization: Basic`; checked by opening every sealed "
+               f"credential): {sets} "
+               "(more users than pool slots: with affinity almost every request finds no idle "
+               "connection of its own user, closes another user's and opens one; fewer users than "
+               "slots: each user keeps its own connections). The wrk script rotates over the set, one "
+               "session per request. Every token went once through both instances, then 1 s of wrk "
+               "per (instance, set), before the measured runs. Upstream connections opened: origin "
+               "`accepted` delta per run (the most of the repetitions; per rep in brackets).", ""] + t + [""]
+        md += ["### affinity \"session\" / \"none\" (same sessions and c)", ""] + rt + [""]
+        summary += [""] + t + [""] + rt
 
     mem = out["memory"]
     if mem:
@@ -416,16 +500,20 @@ def main():
         md = ["## Targets (issue 4)", ""] + gt + [""] + md
         summary += [""] + gt
 
-    stale = ("\n**Warning:** files under src/ or Cargo.* were newer than target/release/tessera "
+    binary = env.get("BIN") or "target/release/tessera"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if binary.startswith(root + os.sep):
+        binary = os.path.relpath(binary, root)
+    stale = (f"\n**Warning:** files under src/ or Cargo.* were newer than {binary} "
              "at run time; the numbers are for the binary as built.\n") if env.get("STALE") else ""
     stamp = os.path.splitext(os.path.basename(args.json))[0]
-    plots = [f"{stamp}-{s}-{k}.svg" for s in ("matrix", "algs", "close") if out[s]
+    plots = [f"{stamp}-{s}-{k}.svg" for s in ("matrix", "algs", "close", "affinity") if out[s]
              for k in ("rps", "latency")]
     head = f"""# Benchmark suite (issue 4): tessera vs nginx and the Python reference, loopback
 
 - when: {env.get('WHEN')} (run took {int(env.get('ELAPSED', 0)) // 60} min {int(env.get('ELAPSED', 0)) % 60} s; sections: {env.get('SECTION_TIMES', '').strip()} seconds)
 - command: `{env.get('BENCH_CMD')}`
-- commit at start: {env.get('COMMIT')}; binary: target/release/tessera ({env.get('TESSERA_V')}, built {env.get('BIN_BUILT')})
+- commit at start: {env.get('COMMIT')}; binary: {binary} ({env.get('TESSERA_V')}, built {env.get('BIN_BUILT')})
 - machine: nproc {env.get('NPROC')}, {env.get('CPU') or 'cpu model unknown'}, {env.get('MEM_TOTAL')} RAM, kernel {env.get('KERNEL')}
 - load average (1/5/15 min): {env.get('LOAD_START')} before, {env.get('LOAD_END')} after
 - {env.get('NGINX_V') and 'nginx ' + env.get('NGINX_V')}, {env.get('WRK_V')}, {env.get('REDIS_V')}, {env.get('PY_V')}

@@ -6,7 +6,10 @@ Each session: sid = base64url of 18 random bytes (144 bits, as tessera makes the
 `{"credentials":"tsl1.<kid>.<b64url(nonce[12] || ciphertext || tag[16])>","sub":USER,"expires_at":T}`,
 sealed with AES-256-GCM under --cred-key with the sid as associated data; token = a JWT (header
 typ JWT, and kid when --kid is given) with claims sub, sid, iat, exp, signed with --alg (default
-HS512). Both tessera (`session.store = "redis://..."`, same secret and key) and
+HS512). Every session holds the same USER:PASSWORD unless --distinct-users is given: then
+session n (1-based) is user `USER-n` (its sub and its sealed credential), so each session has its
+own upstream `Authorization` value (what `upstream.affinity = "session"` keys connections on).
+Both tessera (`session.store = "redis://..."`, same secret and key) and
 bench/reference/proxy.py (HS512 only) accept them.
 
 --alg HS256/384/512 signs with the secret --jwt-secret; RS256/384/512, PS256/384/512, ES256/384
@@ -19,7 +22,8 @@ Usage (secrets: literal, env:NAME or file:PATH; the password is read from stdin 
   printf 'bench-password\n' | python3 bench/tokens.py --count 1000 --redis redis://127.0.0.1:6379/0 \
       --jwt-secret env:TESSERA_JWT_SECRET --cred-key env:TESSERA_CRED_KEY --user alice \
       --password-stdin --out /tmp/bench.tokens.jsonl [--format jsonl|plain] \
-      [--lua /tmp/wrk-rotate.lua] [--ttl 43200] [--cred-kid k1] [--key-prefix tessera:session:]
+      [--lua /tmp/wrk-rotate.lua] [--ttl 43200] [--cred-kid k1] [--key-prefix tessera:session:] \
+      [--distinct-users]
   ... --alg EdDSA --kid ed1 --jwt-key file:/tmp/ed25519.pem   (instead of --jwt-secret)
   wrk -t2 -c8 -d10s -s /tmp/wrk-rotate.lua http://127.0.0.1:8080/1k
 
@@ -123,6 +127,8 @@ def main():
     p.add_argument("--cred-kid", default="k1")
     p.add_argument("--key-prefix", default="tessera:session:")
     p.add_argument("--user", required=True)
+    p.add_argument("--distinct-users", action="store_true",
+                   help="session n is user USER-n (one credential per session); default: all USER")
     pw = p.add_mutually_exclusive_group(required=True)
     pw.add_argument("--password-stdin", action="store_true", help="first line of stdin")
     pw.add_argument("--password-env", metavar="NAME", help="environment variable holding it")
@@ -152,7 +158,6 @@ def main():
     headers = {"typ": "JWT"}
     if args.kid:
         headers["kid"] = args.kid
-    pair = f"{args.user}:{password}".encode()
 
     r = redis.Redis.from_url(args.redis)
     now = int(time.time())
@@ -161,11 +166,13 @@ def main():
         pipe = r.pipeline(transaction=False)
         for n in range(1, args.count + 1):
             sid = base64.urlsafe_b64encode(os.urandom(18)).decode()
-            record = {"credentials": seal(key, args.cred_kid, sid, pair), "sub": args.user,
+            user = f"{args.user}-{n}" if args.distinct_users else args.user
+            pair = f"{user}:{password}".encode()
+            record = {"credentials": seal(key, args.cred_kid, sid, pair), "sub": user,
                       "expires_at": exp}
             pipe.set(args.key_prefix + sid, json.dumps(record, separators=(",", ":")),
                      ex=args.ttl)
-            token = jwt.encode({"sub": args.user, "sid": sid, "iat": now, "exp": exp}, jwt_key,
+            token = jwt.encode({"sub": user, "sid": sid, "iat": now, "exp": exp}, jwt_key,
                                algorithm=args.alg, headers=headers)
             if args.format == "jsonl":
                 out.write(json.dumps({"sid": sid, "token": token, "expires_at": exp}) + "\n")
@@ -178,7 +185,9 @@ def main():
         with open(args.lua, "w") as f:
             f.write(LUA % json.dumps(os.path.abspath(args.out)))
     print(f"{args.count} sessions in {args.redis.split('@')[-1]} ({args.alg} tokens"
-          + (f", kid {args.kid}" if args.kid else "") + ") "
+          + (f", kid {args.kid}" if args.kid else "")
+          + (f", users {args.user}-1..{args.user}-{args.count}" if args.distinct_users else "")
+          + ") "
           f"(prefix {args.key_prefix}, ttl {args.ttl} s); tokens: {args.out} ({args.format})"
           + (f"; wrk script: {args.lua}" if args.lua else ""))
 

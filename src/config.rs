@@ -73,6 +73,7 @@ struct RawServer {
     max_uri_bytes: Option<usize>,
     max_body_bytes: Option<u64>,
     header_read_timeout_ms: Option<u64>,
+    threads: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -194,6 +195,9 @@ pub struct ServerConfig {
     pub max_body_bytes: u64,
     /// Time a client has to send the request head (HTTP/1.1). Default 30 s.
     pub header_read_timeout: Duration,
+    /// Serving threads, each a single-threaded runtime that accepts from the shared listener and
+    /// runs its connections start to finish (thread per core). Default: the number of CPUs.
+    pub threads: usize,
 }
 
 /// `[upstream]`.
@@ -526,8 +530,19 @@ fn validate_server(s: RawServer) -> Result<ServerConfig, ConfigError> {
             "must be between 256 and 65534",
         ));
     }
+    let threads = match s.threads {
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        Some(n @ 1..=1024) => n,
+        Some(_) => {
+            return Err(ConfigError::new(
+                "server.threads",
+                "must be between 1 and 1024 (leave it out for one per CPU)",
+            ))
+        }
+    };
     Ok(ServerConfig {
         listen,
+        threads,
         max_header_bytes,
         max_uri_bytes,
         max_body_bytes: s.max_body_bytes.unwrap_or(0),
@@ -1166,6 +1181,17 @@ mod tests {
         assert_eq!(c.session.format, SessionFormat::Tessera);
         assert_eq!(c.credentials.active, "k1");
         assert!(!c.credentials.allow_plaintext_legacy);
+    }
+
+    #[test]
+    fn server_threads_default_to_the_cpus_and_are_bounded() {
+        let c = Config::from_toml_with(&minimal(), env).unwrap();
+        assert!(c.server.threads >= 1);
+        let text = format!("{}[server]\nthreads = 3\n", minimal());
+        assert_eq!(Config::from_toml_with(&text, env).unwrap().server.threads, 3);
+        let text = format!("{}[server]\nthreads = 0\n", minimal());
+        let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
+        assert!(err.contains("server.threads"), "{err}");
     }
 
     #[test]

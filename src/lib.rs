@@ -56,6 +56,12 @@ pub fn serving_sessions(cfg: &Config) -> Result<session::Sessions, session::Stor
 
 /// Runs the proxy on an already-bound `listener` until `shutdown` resolves (tests bind port 0).
 ///
+/// The proxy, its caches and the session store live on the caller's runtime, with the background
+/// tasks (cache invalidation, JWKS refresh, pool reaper). Requests are served by
+/// `server.threads` threads, each a single-threaded tokio runtime accepting from the same
+/// listener: a connection, its requests and the upstream connections they use stay on one
+/// thread, with no cross-thread wake-ups (measured in BENCHMARKS.md, "Serving threads").
+///
 /// Errors: the session store cannot be opened.
 pub async fn run(
     cfg: Config,
@@ -76,7 +82,69 @@ pub async fn run(
             }
         });
     }
-    tracing::info!(listen = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), upstream = %cfg.upstream.url, "tessera serving");
-    server::serve(listener, proxy, &cfg.server, shutdown).await;
+    tracing::info!(listen = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), upstream = %cfg.upstream.url, threads = cfg.server.threads, "tessera serving");
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let std_listener = listener.into_std().expect("a tokio listener has a socket");
+    let mut threads = Vec::with_capacity(cfg.server.threads);
+    for index in 0..cfg.server.threads {
+        let spawned = std_listener.try_clone().and_then(|listener| {
+            let (proxy, server, mut stopped) = (proxy.clone(), cfg.server.clone(), stopped.clone());
+            std::thread::Builder::new()
+                .name(format!("tessera-serve-{index}"))
+                .spawn(move || {
+                    serving_thread(index, listener, proxy, server, async move {
+                        let _ = stopped.wait_for(|stop| *stop).await;
+                    })
+                })
+        });
+        match spawned {
+            Ok(handle) => threads.push(handle),
+            Err(e) => tracing::error!(cause = %e, index, "cannot start a serving thread"),
+        }
+    }
+    if threads.is_empty() {
+        // No thread could be started: serve on the caller's runtime instead.
+        match TcpListener::from_std(std_listener) {
+            Ok(listener) => server::serve(listener, proxy, &cfg.server, shutdown).await,
+            Err(e) => tracing::error!(cause = %e, "cannot register the listener"),
+        }
+        return Ok(());
+    }
+    shutdown.await;
+    let _ = stop.send(true);
+    // Each thread drains its connections (bounded by the server's drain time), then ends.
+    let _ = tokio::task::spawn_blocking(move || {
+        for t in threads {
+            let _ = t.join();
+        }
+    })
+    .await;
     Ok(())
+}
+
+/// One serving thread: a current-thread runtime accepting from its clone of the listener.
+fn serving_thread(
+    index: usize,
+    listener: std::net::TcpListener,
+    proxy: Arc<Proxy>,
+    cfg: config::ServerConfig,
+    shutdown: impl Future<Output = ()>,
+) {
+    forward::set_serving_thread(index);
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(cause = %e, index, "cannot start a serving thread's runtime");
+            return;
+        }
+    };
+    rt.block_on(async move {
+        match TcpListener::from_std(listener) {
+            Ok(listener) => server::serve(listener, proxy, &cfg, shutdown).await,
+            Err(e) => tracing::error!(cause = %e, index, "cannot register the listener"),
+        }
+    });
 }

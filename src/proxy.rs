@@ -76,6 +76,7 @@ impl Proxy {
             cfg.upstream.idle_timeout,
             cfg.upstream.response_header_timeout,
             cfg.upstream.affinity,
+            cfg.server.threads,
         );
         let verifier = Verifier::new(&cfg.token);
         let login = Login::from_config(cfg, &verifier);

@@ -440,7 +440,7 @@ fn session_affinity_never_puts_two_users_on_one_upstream_connection() {
     assert!(
         bound
             .log
-            .contains("closed an idle upstream connection of another credential"),
+            .contains("closed an idle upstream connection to stay within max_connections"),
         "{}",
         bound.log
     );
@@ -453,25 +453,32 @@ fn session_affinity_never_puts_two_users_on_one_upstream_connection() {
 
 #[test]
 fn queued_requests_reach_the_upstream_in_arrival_order() {
-    // One connection, a 150 ms upstream: the first request holds the only slot while nine more
-    // arrive 40 ms apart; the pool's queue is FIFO, so the upstream sees them in that order.
+    use std::io::{Read, Write};
+    // One connection, a 150 ms upstream: the first request holds the only slot while seven more
+    // arrive 60 ms apart; the pool's queue is FIFO, so the upstream sees them in that order.
+    // The client connections are opened first, so each request goes out the moment it is
+    // written (no process start or connect in between).
     let up = upstream::start(Behavior::Echo {
         delay: Duration::from_millis(150),
     });
     let (t, token) = behind(&up.url(), &[("upstream", "max_connections = 1")]);
-    let handles: Vec<_> = (0..10)
-        .map(|i| {
-            let (h, u) = (bearer(&token), t.url(&format!("/q{i}")));
-            let handle = std::thread::spawn(move || curl(&["-H", &h, &u]).0);
-            std::thread::sleep(Duration::from_millis(40));
-            handle
-        })
+    let mut clients: Vec<std::net::TcpStream> = (0..8)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap())
         .collect();
-    for h in handles {
-        assert_eq!(h.join().unwrap(), 200);
+    for (i, c) in clients.iter_mut().enumerate() {
+        let head = format!(
+            "GET /q{i} HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+        );
+        c.write_all(head.as_bytes()).unwrap();
+        std::thread::sleep(Duration::from_millis(60));
+    }
+    for (i, mut c) in clients.into_iter().enumerate() {
+        let mut answer = String::new();
+        c.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "q{i}: {answer}");
     }
     let paths = up.stats.paths.lock().unwrap().clone();
-    let want: Vec<String> = (0..10).map(|i| format!("/q{i}")).collect();
+    let want: Vec<String> = (0..8).map(|i| format!("/q{i}")).collect();
     assert_eq!(
         paths, want,
         "the upstream saw the queued requests out of order"

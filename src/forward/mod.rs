@@ -25,7 +25,7 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::BodyExt;
 
 pub use body::{ProxyBody, UpstreamBody};
-pub use pool::{Affinity, Pool, PoolStats};
+pub use pool::{set_serving_thread, Affinity, Pool, PoolStats};
 
 /// Boxed error type of request bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -77,6 +77,7 @@ impl Upstream {
         idle_timeout: Duration,
         header_timeout: Duration,
         affinity: Affinity,
+        threads: usize,
     ) -> Self {
         Self {
             pool: Pool::new(
@@ -85,6 +86,7 @@ impl Upstream {
                 connect_timeout,
                 idle_timeout,
                 affinity,
+                threads,
             ),
             header_timeout,
         }

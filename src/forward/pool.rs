@@ -16,7 +16,15 @@
 //! per-connection auth state cannot mix them up). A request whose credential has no idle
 //! connection opens one; at the cap it first closes the longest-idle connection of another user
 //! and waits until that connection's task has closed the socket.
+//!
+//! **Serving threads.** tessera serves on several single-threaded runtimes (`server.threads`).
+//! A connection's task runs on the thread that opened it, so the idle connections are kept in one
+//! list per thread and a request takes one from its own thread's list first: then the request and
+//! the connection wake each other without crossing threads. Only when its own list has none does
+//! it take another thread's idle connection; a new one is opened only when no thread has any
+//! (the cap counts them all).
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -53,11 +61,23 @@ pub enum Affinity {
     Session,
 }
 
+thread_local! {
+    static THREAD: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Marks the calling thread as serving thread `index` (0-based, below `server.threads`): its
+/// requests prefer the idle connections its own thread opened. Threads never marked count as 0.
+pub fn set_serving_thread(index: usize) {
+    THREAD.with(|t| t.set(index));
+}
+
 /// The pool for one upstream address.
 pub struct Pool {
     addr: String,
     permits: Arc<Semaphore>,
-    idle: Mutex<Vec<Idle>>,
+    /// Idle connections, one list per serving thread (the thread whose runtime runs the
+    /// connection's task), most recently idle last.
+    idle: Vec<Mutex<Vec<Idle>>>,
     connect_timeout: Duration,
     idle_timeout: Duration,
     affinity: Affinity,
@@ -67,6 +87,8 @@ pub struct Pool {
 
 struct Idle {
     tx: SendRequest<UpBody>,
+    /// The serving thread that runs the connection's task.
+    home: usize,
     since: Instant,
     /// The credential this connection is bound to (affinity only).
     key: Option<HeaderValue>,
@@ -79,6 +101,7 @@ struct Idle {
 /// after the connection is back, so a waiter finds it idle instead of opening another.
 pub struct Conn {
     tx: Option<SendRequest<UpBody>>,
+    home: usize,
     key: Option<HeaderValue>,
     task: Option<JoinHandle<()>>,
     pool: Arc<Pool>,
@@ -92,18 +115,22 @@ pub struct Conn {
 }
 
 impl Pool {
-    /// A pool for `addr` (`host:port`) with at most `max_connections` open connections.
+    /// A pool for `addr` (`host:port`) with at most `max_connections` open connections, used
+    /// from `threads` serving threads (see [`set_serving_thread`]).
     pub fn new(
         addr: String,
         max_connections: usize,
         connect_timeout: Duration,
         idle_timeout: Duration,
         affinity: Affinity,
+        threads: usize,
     ) -> Arc<Self> {
         let pool = Arc::new(Self {
             addr,
             permits: Arc::new(Semaphore::new(max_connections)),
-            idle: Mutex::new(Vec::new()),
+            idle: (0..threads.max(1))
+                .map(|_| Mutex::new(Vec::new()))
+                .collect(),
             connect_timeout,
             idle_timeout,
             affinity,
@@ -113,8 +140,29 @@ impl Pool {
         pool
     }
 
-    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    fn idle(&self, thread: usize) -> std::sync::MutexGuard<'_, Vec<Idle>> {
+        self.idle[thread].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The calling serving thread's index into `idle`.
+    fn this_thread(&self) -> usize {
+        THREAD.with(Cell::get) % self.idle.len()
+    }
+
+    /// Takes an idle connection for `key` (any, without affinity): the calling thread's most
+    /// recently idle one first, then the other threads'.
+    fn take_idle(&self, key: &Option<HeaderValue>) -> Option<Idle> {
+        let first = self.this_thread();
+        (0..self.idle.len()).find_map(|offset| {
+            let mut idle = self.idle((first + offset) % self.idle.len());
+            match self.affinity {
+                Affinity::None => idle.pop(),
+                Affinity::Session => idle
+                    .iter()
+                    .rposition(|i| i.key == *key)
+                    .map(|at| idle.remove(at)),
+            }
+        })
     }
 
     /// Waits (FIFO) for a slot, then reuses the most recently idle live connection or opens one.
@@ -138,22 +186,13 @@ impl Pool {
             Affinity::Session => credential.cloned(),
         };
         loop {
-            let candidate = {
-                let mut idle = self.idle();
-                match self.affinity {
-                    Affinity::None => idle.pop(),
-                    Affinity::Session => idle
-                        .iter()
-                        .rposition(|i| i.key == key)
-                        .map(|at| idle.remove(at)),
-                }
-            };
             let Some(Idle {
                 mut tx,
+                home,
                 since,
                 key,
                 task,
-            }) = candidate
+            }) = self.take_idle(&key)
             else {
                 break;
             };
@@ -166,6 +205,7 @@ impl Pool {
                     self.stats.reused.fetch_add(1, Ordering::Relaxed);
                     return Ok(Conn {
                         tx: Some(tx),
+                        home,
                         key,
                         task: Some(task),
                         pool: self.clone(),
@@ -184,20 +224,24 @@ impl Pool {
         self.connect(permit, key).await
     }
 
-    /// Affinity only: before opening a connection, closes the longest-idle connections (bound to
-    /// other credentials) until busy + idle stays within the cap, and waits (at most the connect
-    /// timeout) for their sockets to close.
+    /// Before opening a connection while idle ones exist (affinity: bound to other credentials;
+    /// the retry), closes the longest-idle connections until busy + idle stays within the cap,
+    /// and waits (at most the connect timeout) for their sockets to close.
     async fn make_room(&self) {
-        let evicted: Vec<Idle> = {
-            let mut idle = self.idle();
-            // Busy connections, this request's included, hold the permits not available.
-            let excess = idle.len().saturating_sub(self.permits.available_permits());
-            idle.drain(..excess).collect()
-        };
+        // Busy connections, this request's included, hold the permits not available.
+        let idle_now: usize = (0..self.idle.len()).map(|t| self.idle(t).len()).sum();
+        let mut excess = idle_now.saturating_sub(self.permits.available_permits());
+        let mut evicted = Vec::new();
+        for t in 0..self.idle.len() {
+            let mut idle = self.idle(t);
+            let n = excess.min(idle.len());
+            evicted.extend(idle.drain(..n));
+            excess -= n;
+        }
         for Idle { tx, task, .. } in evicted {
             drop(tx);
             self.stats.evicted.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!("closed an idle upstream connection of another credential (affinity)");
+            tracing::debug!("closed an idle upstream connection to stay within max_connections");
             let _ = tokio::time::timeout(self.connect_timeout, task).await;
         }
     }
@@ -215,7 +259,8 @@ impl Pool {
             .acquire_owned()
             .await
             .map_err(|_| ForwardError::Closed)?;
-        drop(self.idle().pop());
+        drop(self.idle(self.this_thread()).pop());
+        self.make_room().await;
         self.stats.retried.fetch_add(1, Ordering::Relaxed);
         let key = credential.filter(|_| self.affinity == Affinity::Session);
         self.connect(permit, key.cloned()).await
@@ -248,6 +293,7 @@ impl Pool {
         self.stats.opened.fetch_add(1, Ordering::Relaxed);
         Ok(Conn {
             tx: Some(tx),
+            home: self.this_thread(),
             key,
             task: Some(task),
             pool: self.clone(),
@@ -282,8 +328,9 @@ impl Drop for Conn {
         if let (Some(tx), Some(task)) = (self.tx.take(), self.task.take()) {
             let request_sent = self.request.as_ref().is_none_or(|p| p.done());
             if self.reusable && request_sent && !tx.is_closed() {
-                self.pool.idle().push(Idle {
+                self.pool.idle(self.home).push(Idle {
                     tx,
+                    home: self.home,
                     since: Instant::now(),
                     key: self.key.take(),
                     task,
@@ -304,8 +351,10 @@ fn spawn_reaper(pool: Weak<Pool>, idle_timeout: Duration) {
         loop {
             tick.tick().await;
             let Some(pool) = pool.upgrade() else { return };
-            pool.idle()
-                .retain(|i| i.since.elapsed() < pool.idle_timeout && !i.tx.is_closed());
+            for t in 0..pool.idle.len() {
+                pool.idle(t)
+                    .retain(|i| i.since.elapsed() < pool.idle_timeout && !i.tx.is_closed());
+            }
         }
     });
 }
