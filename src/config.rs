@@ -1188,7 +1188,10 @@ mod tests {
         let c = Config::from_toml_with(&minimal(), env).unwrap();
         assert!(c.server.threads >= 1);
         let text = format!("{}[server]\nthreads = 3\n", minimal());
-        assert_eq!(Config::from_toml_with(&text, env).unwrap().server.threads, 3);
+        assert_eq!(
+            Config::from_toml_with(&text, env).unwrap().server.threads,
+            3
+        );
         let text = format!("{}[server]\nthreads = 0\n", minimal());
         let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
         assert!(err.contains("server.threads"), "{err}");
