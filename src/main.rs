@@ -65,7 +65,8 @@ enum SessionCommand {
     Revoke {
         #[arg(long)]
         config: PathBuf,
-        #[arg(long)]
+        /// The session id (base64url, so it may begin with `-`).
+        #[arg(long, allow_hyphen_values = true)]
         sid: String,
     },
     /// List live sessions: sid hash, subject, expiry, sealing key id (never credentials).
@@ -289,4 +290,21 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     let term = std::future::pending::<()>();
     tokio::select! { () = ctrl_c => {}, () = term => {} }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sid_starting_with_a_hyphen_is_a_value_not_a_flag() {
+        let cli = Cli::try_parse_from([
+            "tessera", "session", "revoke", "--config", "t.toml", "--sid", "-Oq3x",
+        ])
+        .unwrap();
+        let Command::Session(SessionCommand::Revoke { sid, .. }) = cli.command else {
+            panic!("not a revoke");
+        };
+        assert_eq!(sid, "-Oq3x");
+    }
 }
