@@ -151,11 +151,13 @@ fn support_now() -> u64 {
 fn expired_session_is_refused() {
     let up = users();
     let redis = Redis::start();
-    let t = on_redis(&up, &redis, &[("session", "ttl_seconds = 1")]);
+    // 2 s, not 1: Redis expires `EX 1` anywhere within that second, and a loaded CI machine can
+    // take that long between the login and the first request.
+    let t = on_redis(&up, &redis, &[("session", "ttl_seconds = 2")]);
     let token = token_of(&login(&t, "alice", "alice-pw"));
     let (code, _) = curl(&["-H", &bearer(&token), &t.url("/x")]);
     assert_eq!(code, 200);
-    std::thread::sleep(Duration::from_millis(2200));
+    std::thread::sleep(Duration::from_millis(3200));
     // the token itself is still inside its 5 s leeway: the session's expiry refuses it
     let (code, _) = curl(&["-H", &bearer(&token), &t.url("/x")]);
     assert_eq!(code, 401);
