@@ -60,7 +60,8 @@ pub fn serving_sessions(cfg: &Config) -> Result<session::Sessions, session::Stor
 /// tasks (cache invalidation, JWKS refresh, pool reaper). Requests are served by
 /// `server.threads` threads, each a single-threaded tokio runtime accepting from the same
 /// listener: a connection, its requests and the upstream connections they use stay on one
-/// thread, with no cross-thread wake-ups (measured in BENCHMARKS.md, "Serving threads").
+/// thread, with no cross-thread wake-ups (measured in BENCHMARKS.md, "Tuning, one change at a
+/// time").
 ///
 /// Errors: the session store cannot be opened.
 pub async fn run(

@@ -135,9 +135,8 @@ impl Upstream {
         req: Request<UpBody>,
         progress: Option<Arc<Progress>>,
     ) -> Result<Response<ProxyBody>, ForwardError> {
-        // Affinity key: the credential inject set (a cheap refcounted clone of the header).
-        let credential = req.headers().get(http::header::AUTHORIZATION).cloned();
-        let mut conn = self.pool.checkout(credential.as_ref()).await?;
+        let key = self.pool.affinity_key(req.headers());
+        let mut conn = self.pool.checkout(key.clone()).await?;
         conn.set_request_progress(progress.clone());
         let replay = (conn.reused && idempotent(req.method()) && req.body().is_end_stream())
             .then(|| head_copy(&req));
@@ -159,7 +158,7 @@ impl Upstream {
             return Err(classify(err));
         };
         tracing::debug!(cause = %err, "reused upstream connection failed; retrying once on a fresh one");
-        let mut conn = self.pool.checkout_fresh(credential.as_ref()).await?;
+        let mut conn = self.pool.checkout_fresh(key).await?;
         conn.set_request_progress(progress);
         match conn.sender().send_request(req).await {
             Ok(resp) => Ok(wrap(resp, conn)),

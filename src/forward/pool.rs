@@ -47,8 +47,6 @@ pub struct PoolStats {
     pub reused: AtomicU64,
     /// Requests retried on a fresh connection after a reused one failed.
     pub retried: AtomicU64,
-    /// Idle connections closed to make room for another credential ([`Affinity::Session`]).
-    pub evicted: AtomicU64,
 }
 
 /// Which requests may share an upstream connection (`upstream.affinity`).
@@ -87,8 +85,6 @@ pub struct Pool {
 
 struct Idle {
     tx: SendRequest<UpBody>,
-    /// The serving thread that runs the connection's task.
-    home: usize,
     since: Instant,
     /// The credential this connection is bound to (affinity only).
     key: Option<HeaderValue>,
@@ -101,6 +97,7 @@ struct Idle {
 /// after the connection is back, so a waiter finds it idle instead of opening another.
 pub struct Conn {
     tx: Option<SendRequest<UpBody>>,
+    /// The serving thread that runs the connection's task (its idle list).
     home: usize,
     key: Option<HeaderValue>,
     task: Option<JoinHandle<()>>,
@@ -149,31 +146,42 @@ impl Pool {
         THREAD.with(Cell::get) % self.idle.len()
     }
 
+    /// The affinity key of a request with these (injected) headers: its `Authorization` value
+    /// with [`Affinity::Session`] (a refcounted clone), else `None`.
+    pub fn affinity_key(&self, headers: &http::HeaderMap) -> Option<HeaderValue> {
+        match self.affinity {
+            Affinity::None => None,
+            Affinity::Session => headers.get(http::header::AUTHORIZATION).cloned(),
+        }
+    }
+
     /// Takes an idle connection for `key` (any, without affinity): the calling thread's most
-    /// recently idle one first, then the other threads'.
-    fn take_idle(&self, key: &Option<HeaderValue>) -> Option<Idle> {
+    /// recently idle one first, then the other threads'. Returns it with its thread's index.
+    fn take_idle(&self, key: &Option<HeaderValue>) -> Option<(usize, Idle)> {
         let first = self.this_thread();
         (0..self.idle.len()).find_map(|offset| {
-            let mut idle = self.idle((first + offset) % self.idle.len());
-            match self.affinity {
+            let thread = (first + offset) % self.idle.len();
+            let mut idle = self.idle(thread);
+            let taken = match self.affinity {
                 Affinity::None => idle.pop(),
                 Affinity::Session => idle
                     .iter()
                     .rposition(|i| i.key == *key)
                     .map(|at| idle.remove(at)),
-            }
+            };
+            taken.map(|i| (thread, i))
         })
     }
 
     /// Waits (FIFO) for a slot, then reuses the most recently idle live connection or opens one.
-    /// `credential` is the request's upstream `Authorization` value; with
-    /// [`Affinity::Session`] only a connection bound to the same value is reused.
+    /// `key` is the request's [`Pool::affinity_key`]: with [`Affinity::Session`] only a
+    /// connection bound to the same key is reused.
     ///
     /// Errors: [`ForwardError::Connect`] / [`ForwardError::ConnectTimeout`] when a new connection
     /// is needed and cannot be made.
     pub async fn checkout(
         self: &Arc<Self>,
-        credential: Option<&HeaderValue>,
+        key: Option<HeaderValue>,
     ) -> Result<Conn, ForwardError> {
         let permit = self
             .permits
@@ -181,18 +189,16 @@ impl Pool {
             .acquire_owned()
             .await
             .map_err(|_| ForwardError::Closed)?;
-        let key = match self.affinity {
-            Affinity::None => None,
-            Affinity::Session => credential.cloned(),
-        };
         loop {
-            let Some(Idle {
-                mut tx,
+            let Some((
                 home,
-                since,
-                key,
-                task,
-            }) = self.take_idle(&key)
+                Idle {
+                    mut tx,
+                    since,
+                    key,
+                    task,
+                },
+            )) = self.take_idle(&key)
             else {
                 break;
             };
@@ -240,18 +246,17 @@ impl Pool {
         }
         for Idle { tx, task, .. } in evicted {
             drop(tx);
-            self.stats.evicted.fetch_add(1, Ordering::Relaxed);
             tracing::debug!("closed an idle upstream connection to stay within max_connections");
             let _ = tokio::time::timeout(self.connect_timeout, task).await;
         }
     }
 
     /// Like [`Pool::checkout`] but never reuses: opens a new connection (closing one idle
-    /// connection, if any: after one reused connection failed, its idle peers are suspect too).
-    /// Used for the single retry.
+    /// connection of this thread, if any: after one reused connection failed, its idle peers are
+    /// suspect too; then as many more as the cap needs). Used for the single retry.
     pub async fn checkout_fresh(
         self: &Arc<Self>,
-        credential: Option<&HeaderValue>,
+        key: Option<HeaderValue>,
     ) -> Result<Conn, ForwardError> {
         let permit = self
             .permits
@@ -262,8 +267,7 @@ impl Pool {
         drop(self.idle(self.this_thread()).pop());
         self.make_room().await;
         self.stats.retried.fetch_add(1, Ordering::Relaxed);
-        let key = credential.filter(|_| self.affinity == Affinity::Session);
-        self.connect(permit, key.cloned()).await
+        self.connect(permit, key).await
     }
 
     async fn connect(
@@ -330,7 +334,6 @@ impl Drop for Conn {
             if self.reusable && request_sent && !tx.is_closed() {
                 self.pool.idle(self.home).push(Idle {
                     tx,
-                    home: self.home,
                     since: Instant::now(),
                     key: self.key.take(),
                     task,
