@@ -29,6 +29,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 log() { printf '[ab %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
+# shellcheck source=bench/lib.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
 
 [[ "$REPS" =~ ^[1-9][0-9]*$ ]] || die "REPS must be a positive integer, got '$REPS'"
 for d in "$DURATION" "$WARMUP"; do [[ "$d" =~ ^[0-9]+[smh]?$ ]] || die "bad duration '$d'"; done
@@ -85,22 +87,9 @@ chmod 711 "$WORK" # nginx workers (nobody when run as root) must reach 1k.json
 mkdir -p "$WORK/tmp" "$WORK/tmp2" "$WORK/raw" "$WORK/keys" && chmod 700 "$WORK/keys"
 RAW="$WORK/raw"
 : >"$WORK/runs.tsv"
-read -r -a PORTS < <(python3 -c '
-import socket, sys
-socks = [socket.socket() for _ in range(int(sys.argv[1]))]
-for s in socks: s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in socks))' "$((2 + ${#LABELS[@]}))")
+read -r -a PORTS < <(free_ports "$((2 + ${#LABELS[@]}))")
 P_ORIGIN=${PORTS[0]} P_PROXY=${PORTS[1]}
 
-wait_port() { # port what pid
-  local i
-  for ((i = 0; i < 300; i++)); do
-    kill -0 "$3" 2>/dev/null || die "$2 exited before listening on $1 (logs in $WORK)"
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  die "$2 did not listen on $1 within 15 s"
-}
 declare -A PID_OF URL_OF CPU_PID_OF TOKEN_OF
 
 # ---------------------------------------------------------------- nginx: origin and plain proxy

@@ -35,6 +35,8 @@ LOAD_START="$(cut -d' ' -f1-3 /proc/loadavg)"
 
 log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
+# shellcheck source=bench/lib.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
 
 [[ "$REPS" =~ ^[1-9][0-9]*$ ]] || die "REPS must be a positive integer, got '$REPS'"
 [[ "$DURATION" =~ ^[0-9]+[smh]?$ ]] || die "DURATION must look like 10s, 1m, 30, got '$DURATION'"
@@ -120,30 +122,8 @@ chmod 711 "$WORK"
 mkdir -p "$WORK/tmp" "$WORK/raw" "$WORK/sessions"
 
 # Three distinct free loopback ports: all bound at once, then released.
-read -r P_DIRECT P_PROXY P_TESSERA < <(python3 - <<'PY'
-import socket
-socks = []
-for _ in range(3):
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.bind(("127.0.0.1", 0))
-    socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-for s in socks:
-    s.close()
-PY
-)
+read -r P_DIRECT P_PROXY P_TESSERA < <(free_ports 3)
 
-wait_port() { # port what pid
-  local port=$1 what=$2 pid=$3 i
-  for ((i = 0; i < 300; i++)); do
-    kill -0 "$pid" 2>/dev/null || die "$what exited before listening on $port"
-    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-      return 0
-    fi
-    sleep 0.05
-  done
-  die "$what did not listen on $port within 15 s"
-}
 
 # ---------------------------------------------------------------- nginx (direct + plain proxy)
 # The same 1 KiB JSON body as tests/support/mod.rs one_kib_json().

@@ -17,6 +17,8 @@ set -euo pipefail
 BENCH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 log() { printf '[smoke %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "FAIL: $*"; exit 1; }
+# shellcheck source=bench/lib.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
 
 PIDS=()
 WORK=""
@@ -46,21 +48,8 @@ PY="$(python3 "$BENCH/_venv.py")" # creates bench/.venv on first use
 WORK="$(mktemp -d /tmp/tessera-smoke.XXXXXX)"
 chmod 711 "$WORK"
 mkdir -p "$WORK/tmp"
-read -r P_REDIS P_NGINX P_A P_B < <(python3 -c '
-import socket
-s = [socket.socket() for _ in range(4)]
-for x in s: x.bind(("127.0.0.1", 0))
-print(*[x.getsockname()[1] for x in s])')
+read -r P_REDIS P_NGINX P_A P_B < <(free_ports 4)
 
-wait_port() { # port what pid
-  local i
-  for ((i = 0; i < 300; i++)); do
-    kill -0 "$3" 2>/dev/null || die "$2 exited before listening on $1 (see $WORK)"
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  die "$2 did not listen on $1"
-}
 
 redis-server --port "$P_REDIS" --bind 127.0.0.1 --save '' --appendonly no \
   --protected-mode no >"$WORK/redis.log" 2>&1 &

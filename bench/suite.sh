@@ -85,6 +85,8 @@ LOAD_START="$(cut -d' ' -f1-3 /proc/loadavg)"
 
 log() { printf '[suite %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
+# shellcheck source=bench/lib.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
 has_section() { [[ " $SECTIONS " == *" $1 "* ]]; }
 
 [[ "$REPS" =~ ^[1-9][0-9]*$ ]] || die "REPS must be a positive integer, got '$REPS'"
@@ -161,30 +163,8 @@ RAW="$WORK/raw"
 RUNS="$WORK/runs.tsv"
 : >"$RUNS"
 
-read -r P_REDIS P_ORIGIN P_STATUS P_PROXY P_PYREF P_TR P_TE P_TCOLD P_TPOOL P_TB P_TMEM P_TAFF < <(python3 - <<'PY'
-import socket
-socks = []
-for _ in range(12):
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.bind(("127.0.0.1", 0))
-    socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-for s in socks:
-    s.close()
-PY
-)
+read -r P_REDIS P_ORIGIN P_STATUS P_PROXY P_PYREF P_TR P_TE P_TCOLD P_TPOOL P_TB P_TMEM P_TAFF < <(free_ports 12)
 
-wait_port() { # port what pid
-  local port=$1 what=$2 pid=$3 i
-  for ((i = 0; i < 300; i++)); do
-    kill -0 "$pid" 2>/dev/null || die "$what exited before listening on $port (logs in $WORK)"
-    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-      return 0
-    fi
-    sleep 0.05
-  done
-  die "$what did not listen on $port within 15 s"
-}
 
 declare -A PID_OF URL_OF CPU_PID_OF
 
