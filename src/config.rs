@@ -144,6 +144,7 @@ struct RawSession {
     ttl_seconds: Option<u64>,
     timeout_ms: Option<u64>,
     cache_max_entries: Option<u64>,
+    cache_max_bytes: Option<u64>,
     cache_ttl_seconds: Option<u64>,
     negative_cache_ms: Option<u64>,
 }
@@ -306,7 +307,8 @@ pub struct SessionConfig {
     pub ttl_seconds: u64,
     /// Deadline for one store operation; past it the request gets 503. Default 1000 ms.
     pub timeout: Duration,
-    /// Local session cache: entries (0 = no cache; default 100000), longest life of an entry
+    /// Local session cache: entries (0 = no cache; default 100000), bytes (`cache_max_bytes`,
+    /// default 64 MiB, about 0.35 KiB counted per session), longest life of an entry
     /// (`cache_ttl_seconds`, default 300 s — a bound even if an invalidation were missed) and life
     /// of a remembered unknown sid (`negative_cache_ms`, default 1000 ms).
     pub cache: crate::session::CacheConfig,
@@ -1076,6 +1078,15 @@ fn validate_session(s: RawSession) -> Result<SessionConfig, ConfigError> {
         timeout: ms("session.timeout_ms", s.timeout_ms, 1_000)?,
         cache: crate::session::CacheConfig {
             max_entries: s.cache_max_entries.unwrap_or(100_000),
+            max_bytes: match s.cache_max_bytes.unwrap_or(64 << 20) {
+                0 => {
+                    return Err(ConfigError::new(
+                        "session.cache_max_bytes",
+                        "must be greater than 0 (bytes, default 67108864 = 64 MiB); set session.cache_max_entries = 0 to disable the cache",
+                    ))
+                }
+                n => n,
+            },
             ttl: Duration::from_secs(match s.cache_ttl_seconds.unwrap_or(300) {
                 0 => {
                     return Err(ConfigError::new(
@@ -1210,6 +1221,19 @@ mod tests {
             err.contains("upstream.affinity") && err.contains("\"session\""),
             "{err}"
         );
+    }
+
+    #[test]
+    fn session_cache_is_bounded_by_entries_and_bytes() {
+        let c = Config::from_toml_with(&minimal(), env).unwrap();
+        assert_eq!(c.session.cache.max_entries, 100_000);
+        assert_eq!(c.session.cache.max_bytes, 64 << 20);
+        let text = format!("{}[session]\ncache_max_bytes = 1048576\n", minimal());
+        let c = Config::from_toml_with(&text, env).unwrap();
+        assert_eq!(c.session.cache.max_bytes, 1 << 20);
+        let text = format!("{}[session]\ncache_max_bytes = 0\n", minimal());
+        let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
+        assert!(err.contains("session.cache_max_bytes"), "{err}");
     }
 
     #[test]

@@ -162,7 +162,7 @@ impl Sessions {
                     Invalidation::Keys(keys) => {
                         for key in keys {
                             if let Some(sid) = key.strip_prefix(prefix.as_str()) {
-                                cache.invalidate(sid).await;
+                                cache.invalidate(sid);
                             }
                         }
                     }
@@ -383,7 +383,7 @@ impl Sessions {
     /// Evicts `sid` from this process's cache (other processes hear it from the store).
     async fn evict(&self, sid: &str) {
         if let Some(cache) = &self.cache {
-            cache.invalidate(sid).await;
+            cache.invalidate(sid);
         }
     }
 
@@ -436,6 +436,7 @@ mod tests {
             timeout: Duration::from_secs(2),
             cache: CacheConfig {
                 max_entries: 1000,
+                max_bytes: 1 << 20,
                 ttl: Duration::from_secs(60),
                 negative_ttl: Duration::from_secs(5),
             },
@@ -548,6 +549,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cfg = CacheConfig {
             max_entries: 1000,
+            max_bytes: 1 << 20,
             ttl: Duration::from_secs(60),
             negative_ttl: Duration::from_secs(5),
         };

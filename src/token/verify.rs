@@ -114,7 +114,7 @@ pub struct Verifier {
     algorithms: Vec<Algorithm>,
     keys: Arc<Keys>,
     /// Verified tokens by their exact text, each living until its `exp` + leeway.
-    cache: Option<moka::sync::Cache<String, VerifiedToken>>,
+    cache: Option<quick_cache::sync::Cache<String, VerifiedToken>>,
     /// `token.cache_hmac`: HS* tokens are cached too.
     cache_hmac: bool,
     sid_claim: String,
@@ -134,15 +134,13 @@ impl Verifier {
             &cfg.algorithms,
         )
         .expect("token keys were validated with the config");
-        let leeway = cfg.leeway_seconds;
         let asymmetric = cfg.cache_hmac
             || cfg.jwks.is_some()
             || cfg.keys.iter().any(|k| k.algs.iter().any(|a| !a.is_hmac()));
         let cache = (cfg.cache_max_entries > 0 && asymmetric).then(|| {
-            moka::sync::Cache::builder()
-                .max_capacity(cfg.cache_max_entries)
-                .expire_after(TokenExpiry { leeway })
-                .build()
+            quick_cache::sync::Cache::new(
+                usize::try_from(cfg.cache_max_entries).unwrap_or(usize::MAX),
+            )
         });
         Self {
             algorithms: cfg.algorithms.clone(),
@@ -198,6 +196,7 @@ impl Verifier {
             if hit.exp.saturating_add(self.leeway) > now {
                 return Ok(hit);
             }
+            cache.remove(token); // expired: answered below (401) and not kept
         }
         let (verified, alg) = self.verify_inner(token, now, true)?;
         // HMAC checks cost about as much as a cache lookup: only signatures worth 30-100 us
@@ -211,7 +210,7 @@ impl Verifier {
     /// Forgets every cached verification (the key set changed).
     pub fn clear_cache(&self) {
         if let Some(c) = &self.cache {
-            c.invalidate_all();
+            c.clear();
         }
     }
 
@@ -334,25 +333,6 @@ impl Verifier {
                 .map(str::to_owned),
             exp,
         })
-    }
-}
-
-struct TokenExpiry {
-    leeway: u64,
-}
-
-impl moka::Expiry<String, VerifiedToken> for TokenExpiry {
-    fn expire_after_create(
-        &self,
-        _: &String,
-        v: &VerifiedToken,
-        _: std::time::Instant,
-    ) -> Option<std::time::Duration> {
-        let left = v
-            .exp
-            .saturating_add(self.leeway)
-            .saturating_sub(crate::unix_now());
-        Some(std::time::Duration::from_secs(left))
     }
 }
 
