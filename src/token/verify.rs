@@ -109,12 +109,50 @@ struct RawHeader<'a> {
     x5c: Option<serde::de::IgnoredAny>,
 }
 
+/// The verified-token cache: `exp` is checked on every hit, so an entry is never served after
+/// its token's `exp` + leeway.
+///
+/// Keyed by SipHash-2-4-128 of the token text under a random 128-bit key drawn at start: 16
+/// bytes per entry instead of the token (0.3-1 KiB), and a hit without the key means finding a
+/// 128-bit collision of a keyed PRF (Aumasson and Bernstein, "SipHash: a fast short-input PRF",
+/// 2012), which no one without the key can aim at a cached token.
+struct TokenCache {
+    entries: quick_cache::sync::Cache<u128, VerifiedToken>,
+    k0: u64,
+    k1: u64,
+}
+
+impl TokenCache {
+    /// A cache of at most `max_entries` verified tokens.
+    fn new(max_entries: u64) -> Self {
+        let mut k = [0u8; 16];
+        getrandom::getrandom(&mut k).expect("the OS random source works");
+        let (a, b) = k.split_at(8);
+        Self {
+            entries: quick_cache::sync::Cache::new(
+                usize::try_from(max_entries).unwrap_or(usize::MAX),
+            ),
+            k0: u64::from_le_bytes(a.try_into().expect("8 bytes")),
+            k1: u64::from_le_bytes(b.try_into().expect("8 bytes")),
+        }
+    }
+
+    /// The cache key of `token`.
+    fn key(&self, token: &str) -> u128 {
+        use siphasher::sip128::Hasher128;
+        use std::hash::Hasher;
+        let mut h = siphasher::sip128::SipHasher24::new_with_keys(self.k0, self.k1);
+        h.write(token.as_bytes());
+        h.finish128().into()
+    }
+}
+
 /// Verifies tokens under one pinned policy (built once from `[token]`).
 pub struct Verifier {
     algorithms: Vec<Algorithm>,
     keys: Arc<Keys>,
-    /// Verified tokens by their exact text, each living until its `exp` + leeway.
-    cache: Option<quick_cache::sync::Cache<String, VerifiedToken>>,
+    /// Verified tokens by a keyed 128-bit hash of their exact text ([`TokenCache`]).
+    cache: Option<TokenCache>,
     /// `token.cache_hmac`: HS* tokens are cached too.
     cache_hmac: bool,
     sid_claim: String,
@@ -137,11 +175,8 @@ impl Verifier {
         let asymmetric = cfg.cache_hmac
             || cfg.jwks.is_some()
             || cfg.keys.iter().any(|k| k.algs.iter().any(|a| !a.is_hmac()));
-        let cache = (cfg.cache_max_entries > 0 && asymmetric).then(|| {
-            quick_cache::sync::Cache::new(
-                usize::try_from(cfg.cache_max_entries).unwrap_or(usize::MAX),
-            )
-        });
+        let cache = (cfg.cache_max_entries > 0 && asymmetric)
+            .then(|| TokenCache::new(cfg.cache_max_entries));
         Self {
             algorithms: cfg.algorithms.clone(),
             keys: Arc::new(keys),
@@ -184,25 +219,25 @@ impl Verifier {
     ///
     /// Errors: the first [`TokenError`] found, in the order of the module docs.
     ///
-    /// An RS*/PS*/ES*/EdDSA token verified before is answered from the verified-token cache
-    /// until its `exp` + leeway: the signature and claims of a given token text never change,
-    /// and every time-dependent check but `exp` only gets easier with time. HMAC tokens are
-    /// checked every time (about 1 us, no dearer than a lookup).
+    /// A token verified before is answered from the verified-token cache until its `exp` +
+    /// leeway: the signature and claims of a given token text never change, and every
+    /// time-dependent check but `exp` only gets easier with time. With `token.cache_hmac =
+    /// false`, HS* tokens are checked every time.
     pub fn verify(&self, token: &str, now: u64) -> Result<VerifiedToken, TokenError> {
         let Some(cache) = &self.cache else {
             return self.verify_inner(token, now, true).map(|(v, _)| v);
         };
-        if let Some(hit) = cache.get(token) {
+        let key = cache.key(token);
+        if let Some(hit) = cache.entries.get(&key) {
             if hit.exp.saturating_add(self.leeway) > now {
                 return Ok(hit);
             }
-            cache.remove(token); // expired: answered below (401) and not kept
+            cache.entries.remove(&key); // expired: answered below (401) and not kept
         }
         let (verified, alg) = self.verify_inner(token, now, true)?;
-        // HMAC checks cost about as much as a cache lookup: only signatures worth 30-100 us
-        // (RS*/PS*/ES*/EdDSA) are remembered, which keeps the cache's memory for them.
+        // Refused tokens are never remembered: a flood of bad tokens cannot evict good ones.
         if self.cache_hmac || !alg.is_hmac() {
-            cache.insert(token.to_owned(), verified.clone());
+            cache.entries.insert(key, verified.clone());
         }
         Ok(verified)
     }
@@ -210,7 +245,7 @@ impl Verifier {
     /// Forgets every cached verification (the key set changed).
     pub fn clear_cache(&self) {
         if let Some(c) = &self.cache {
-            c.clear();
+            c.entries.clear();
         }
     }
 
@@ -415,6 +450,45 @@ mod tests {
 
     fn v() -> Verifier {
         Verifier::new(&cfg())
+    }
+
+    #[test]
+    fn verified_tokens_are_cached_by_exact_text_until_exp() {
+        let t = raw(
+            r#"{"alg":"HS512","typ":"JWT"}"#,
+            &good_claims(),
+            &[7; 64],
+            Algorithm::HS512,
+        );
+        let mut c = cfg();
+        c.cache_hmac = true;
+        let v = Verifier::new(&c);
+        let cache = v
+            .cache
+            .as_ref()
+            .expect("HS* tokens are cached with cache_hmac");
+        assert_eq!(v.verify(&t, NOW).unwrap().sid, "s1");
+        assert_eq!(cache.entries.len(), 1);
+        // A hit is served from the cache: plant another answer under the token's key.
+        let planted = VerifiedToken {
+            sid: "from-cache".into(),
+            sub: None,
+            exp: NOW + 60,
+        };
+        cache.entries.insert(cache.key(&t), planted);
+        assert_eq!(v.verify(&t, NOW).unwrap().sid, "from-cache");
+        // One character more or less is another key, verified in full (and refused).
+        let longer = format!("{t}A");
+        assert_eq!(v.verify(&longer, NOW), Err(TokenError::Signature));
+        assert_eq!(v.verify(&t[..t.len() - 1], NOW), Err(TokenError::Signature));
+        assert_ne!(cache.key(&t), cache.key(&longer));
+        // Two caches key the same text differently (random per-process key).
+        assert_ne!(cache.key(&t), Verifier::new(&c).cache.unwrap().key(&t));
+        // After exp + leeway the hit is refused and dropped.
+        assert_eq!(v.verify(&t, NOW + 60 + 5), Err(TokenError::Expired));
+        assert!(cache.entries.get(&cache.key(&t)).is_none());
+        // Without cache_hmac, an HS*-only key set has no cache at all.
+        assert!(self::v().cache.is_none());
     }
 
     #[test]
