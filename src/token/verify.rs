@@ -172,10 +172,10 @@ impl Verifier {
             &cfg.algorithms,
         )
         .expect("token keys were validated with the config");
-        let asymmetric = cfg.cache_hmac
+        let worth_caching = cfg.cache_hmac
             || cfg.jwks.is_some()
             || cfg.keys.iter().any(|k| k.algs.iter().any(|a| !a.is_hmac()));
-        let cache = (cfg.cache_max_entries > 0 && asymmetric)
+        let cache = (cfg.cache_max_entries > 0 && worth_caching)
             .then(|| TokenCache::new(cfg.cache_max_entries));
         Self {
             algorithms: cfg.algorithms.clone(),
