@@ -310,7 +310,8 @@ pub struct SessionConfig {
     /// Deadline for one store operation; past it the request gets 503. Default 1000 ms.
     pub timeout: Duration,
     /// Local session cache: entries (0 = no cache; default 100000), bytes (`cache_max_bytes`,
-    /// default 64 MiB, about 0.35 KiB counted per session), longest life of an entry
+    /// default 64 MiB, at least 64 KiB; a session counts as the larger of its size, about
+    /// 0.35 KiB, and `cache_max_bytes / cache_max_entries`), longest life of an entry
     /// (`cache_ttl_seconds`, default 300 s — a bound even if an invalidation were missed) and life
     /// of a remembered unknown sid (`negative_cache_ms`, default 1000 ms).
     pub cache: crate::session::CacheConfig,
@@ -1081,10 +1082,10 @@ fn validate_session(s: RawSession) -> Result<SessionConfig, ConfigError> {
         cache: crate::session::CacheConfig {
             max_entries: s.cache_max_entries.unwrap_or(100_000),
             max_bytes: match s.cache_max_bytes.unwrap_or(64 << 20) {
-                0 => {
+                n if n < 64 << 10 => {
                     return Err(ConfigError::new(
                         "session.cache_max_bytes",
-                        "must be greater than 0 (bytes, default 67108864 = 64 MiB); set session.cache_max_entries = 0 to disable the cache",
+                        "must be at least 65536 (bytes, default 67108864 = 64 MiB); set session.cache_max_entries = 0 to disable the cache",
                     ))
                 }
                 n => n,
@@ -1230,10 +1231,11 @@ mod tests {
         let c = Config::from_toml_with(&minimal(), env).unwrap();
         assert_eq!(c.session.cache.max_entries, 100_000);
         assert_eq!(c.session.cache.max_bytes, 64 << 20);
+        assert!(c.token.cache_hmac, "HS* tokens are cached by default");
         let text = format!("{}[session]\ncache_max_bytes = 1048576\n", minimal());
         let c = Config::from_toml_with(&text, env).unwrap();
         assert_eq!(c.session.cache.max_bytes, 1 << 20);
-        let text = format!("{}[session]\ncache_max_bytes = 0\n", minimal());
+        let text = format!("{}[session]\ncache_max_bytes = 65535\n", minimal());
         let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
         assert!(err.contains("session.cache_max_bytes"), "{err}");
     }

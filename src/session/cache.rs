@@ -5,8 +5,8 @@
 //! counted by [`entry_bytes`]); each entry expires at the earliest of `session.cache_ttl_seconds`
 //! and the session's own expiry; unknown sids are remembered for `session.negative_cache_ms` so a
 //! flood of random sids cannot hammer the store. Concurrent misses of one sid share one store
-//! read (quick_cache's placeholder guard), and a store failure is handed to every request that
-//! waited on that read instead of each retrying in turn.
+//! read (quick_cache's placeholder guard), and that read's store failure is handed to every
+//! request that waited on it instead of each retrying in turn.
 //!
 //! Entries are evicted by the store's invalidation stream ([`super::store::Store::watch`]): a
 //! write or delete of a session on any instance evicts it here; when that stream is lost the whole
@@ -14,7 +14,7 @@
 //! Must never: cache a store failure, or keep an entry that a concurrent invalidation raced.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use quick_cache::sync::Cache;
@@ -34,11 +34,22 @@ pub(super) enum Cached {
 }
 
 /// One cached answer and the instant it stops being served.
+///
+/// `Err` is a failed store read handed to the requests waiting on it: it is put through the
+/// placeholder already expired and removed at once, so no later request is answered with it.
 #[derive(Clone)]
 struct Entry {
-    cached: Cached,
+    cached: Result<Cached, StoreError>,
     until: Instant,
 }
+
+/// Longest life of any entry: keeps `Instant` arithmetic far from overflow whatever the config.
+const MAX_LIFE: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Least bytes and entries per shard: quick_cache splits both bounds evenly over its shards and
+/// refuses an entry heavier than 97% of one shard's share, so shards must not be too small.
+const SHARD_MIN_BYTES: u64 = 64 << 10;
+const SHARD_MIN_ENTRIES: u64 = 64;
 
 /// Fixed bytes counted per entry on top of its variable parts: the cache slot (with the slab's
 /// growth slack), the hash index, the `Arc<str>` and `Arc<Session>` allocations and allocator
@@ -47,11 +58,11 @@ struct Entry {
 const ENTRY_OVERHEAD: u64 = 288;
 
 /// Bytes an entry is counted as: [`ENTRY_OVERHEAD`] + sid + credential header + user name.
-fn entry_bytes(sid: &str, cached: &Cached) -> u64 {
+fn entry_bytes(sid: &str, cached: &Result<Cached, StoreError>) -> u64 {
     let variable = sid.len()
         + match cached {
-            Cached::Found(s) => s.authorization.len() + s.sub.as_ref().map_or(0, String::len),
-            Cached::Unknown | Cached::Corrupt(_) => 0,
+            Ok(Cached::Found(s)) => s.authorization.len() + s.sub.as_ref().map_or(0, String::len),
+            Ok(Cached::Unknown | Cached::Corrupt(_)) | Err(_) => 0,
         };
     ENTRY_OVERHEAD + variable as u64
 }
@@ -74,8 +85,9 @@ impl quick_cache::Weighter<Arc<str>, Entry> for Weigh {
 pub struct CacheConfig {
     /// Most entries kept (positive and negative). 0 disables the cache.
     pub max_entries: u64,
-    /// Most bytes kept, as counted by [`entry_bytes`] (about 0.35 KiB per session, close to the
-    /// RSS it costs). Must be > 0 when the cache is on.
+    /// Most bytes kept. An entry counts as the larger of its size (about 0.35 KiB per session,
+    /// close to the RSS it costs) and `max_bytes / max_entries`, so both bounds hold. Should be
+    /// at least 64 KiB when the cache is on (config validation).
     pub max_bytes: u64,
     /// Longest life of a positive entry.
     pub ttl: Duration,
@@ -90,11 +102,6 @@ pub(super) struct SessionCache {
     negative_ttl: Duration,
     /// Bumped by every invalidation; a load that saw it change may have read a stale value.
     epoch: AtomicU64,
-    /// Bumped by every failed store read; a request that waited on a read which then failed
-    /// answers with that failure instead of reading again.
-    failures: AtomicU64,
-    /// The newest store failure (shared with the requests that waited on it).
-    last_failure: Mutex<Option<StoreError>>,
     /// Store reads done on behalf of the cache (misses), for tests and benchmarks.
     loads: AtomicU64,
     /// The invalidation stream is live; while false the cache is bypassed.
@@ -102,22 +109,33 @@ pub(super) struct SessionCache {
 }
 
 impl SessionCache {
-    /// An empty cache; `cfg.max_entries` and `cfg.max_bytes` must be > 0.
+    /// An empty cache. A bound below 2 entries is raised to 2 (one entry weighing the whole
+    /// capacity would never be admitted).
     pub(super) fn new(cfg: CacheConfig) -> Self {
-        let max_entries = cfg.max_entries.max(1);
+        let max_entries = cfg.max_entries.max(2);
         let max_bytes = cfg.max_bytes.max(1);
         let floor = max_bytes.div_ceil(max_entries).max(1);
+        let cores = std::thread::available_parallelism().map_or(1, usize::from) as u64;
+        let shards = (cores * 4)
+            .min(max_entries / SHARD_MIN_ENTRIES)
+            .min(max_bytes / SHARD_MIN_BYTES)
+            .max(1);
+        let options = quick_cache::OptionsBuilder::new()
+            .shards(usize::try_from(shards).unwrap_or(1))
+            .estimated_items_capacity(usize::try_from(max_entries).unwrap_or(usize::MAX))
+            .weight_capacity(max_bytes)
+            .build()
+            .expect("capacities are set");
         Self {
-            entries: Cache::with_weighter(
-                usize::try_from(max_entries).unwrap_or(usize::MAX),
-                max_bytes,
+            entries: Cache::with_options(
+                options,
                 Weigh { floor },
+                quick_cache::DefaultHashBuilder::default(),
+                quick_cache::sync::DefaultLifecycle::default(),
             ),
-            ttl: cfg.ttl,
-            negative_ttl: cfg.negative_ttl,
+            ttl: cfg.ttl.min(MAX_LIFE),
+            negative_ttl: cfg.negative_ttl.min(MAX_LIFE),
             epoch: AtomicU64::new(0),
-            failures: AtomicU64::new(0),
-            last_failure: Mutex::new(None),
             loads: AtomicU64::new(0),
             live: AtomicBool::new(false),
         }
@@ -155,48 +173,44 @@ impl SessionCache {
         if let Some(hit) = self.entries.get(sid) {
             let now = Instant::now();
             if hit.until > now {
-                return Ok(hit.cached);
+                if let Ok(cached) = hit.cached {
+                    return Ok(cached);
+                }
             }
-            self.entries.remove_if(sid, |e| e.until <= now);
+            self.entries
+                .remove_if(sid, |e| e.until <= now || e.cached.is_err());
         }
-        let failures = self.failures.load(Ordering::Acquire);
         let key: Arc<str> = Arc::from(sid);
         let guard = match self.entries.get_value_or_guard_async(&key).await {
-            // filled by the request that did the read: true when read, like that request's answer
-            Ok(filled) => return Ok(filled.cached),
+            // Filled by the request that did the read: its answer (true when read) or its
+            // store failure, shared rather than read again by each waiter in turn.
+            Ok(filled) => return filled.cached,
             Err(guard) => guard,
         };
-        if self.failures.load(Ordering::Acquire) != failures {
-            // The read this request waited on failed (the guard came to us because its holder
-            // gave up): answer with that failure rather than queueing one more read per waiter.
-            let shared = self.last_failure.lock().expect("not poisoned").clone();
-            if let Some(e) = shared {
-                return Err(e);
-            }
-        }
         let before = self.epoch.load(Ordering::Acquire);
         self.loads.fetch_add(1, Ordering::Relaxed);
         let cached = match load.await {
-            Ok(s) => Cached::Found(Arc::new(s)),
-            Err(ResolveError::Unknown) => Cached::Unknown,
-            Err(ResolveError::Corrupt(why)) => Cached::Corrupt(why),
-            Err(ResolveError::Store(e)) => {
-                *self.last_failure.lock().expect("not poisoned") = Some(e.clone());
-                self.failures.fetch_add(1, Ordering::AcqRel);
-                return Err(e); // the guard drops uninserted: nothing is cached
-            }
+            Ok(s) => Ok(Cached::Found(Arc::new(s))),
+            Err(ResolveError::Unknown) => Ok(Cached::Unknown),
+            Err(ResolveError::Corrupt(why)) => Ok(Cached::Corrupt(why)),
+            Err(ResolveError::Store(e)) => Err(e),
         };
-        let until = Instant::now() + self.life(&cached);
+        let now = Instant::now();
+        let until = match &cached {
+            Ok(c) => now + self.life(c),
+            Err(_) => now, // handed to the waiters, never served from the cache
+        };
         let _ = guard.insert(Entry {
             cached: cached.clone(),
             until,
         });
-        if self.epoch.load(Ordering::Acquire) != before {
-            // An invalidation arrived while the store was read: the answer is good for this
-            // request (it was true when read) but must not be served to the next one.
+        if cached.is_err() || self.epoch.load(Ordering::Acquire) != before {
+            // A failure is not kept. And an invalidation (of any sid: the counter is global)
+            // arrived while the store was read: the answer is good for this request (it was
+            // true when read) but must not be served to the next one.
             self.entries.remove(sid);
         }
-        Ok(cached)
+        cached
     }
 
     /// Evicts `sid` (a local write, or the store said it changed).
@@ -275,6 +289,88 @@ mod tests {
         assert_eq!(c.loads(), before + 1);
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_sids_failure_is_not_another_sids_answer() {
+        let c = cache(1000, 1 << 20);
+        // A read of "good" that never ends (its client will go away) ...
+        let c1 = c.clone();
+        let stuck = tokio::spawn(async move {
+            let _ = c1
+                .get_or_load("good", std::future::pending::<Result<Session, _>>())
+                .await;
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // ... with requests for "good" waiting on it,
+        let waiters: Vec<_> = (0..10)
+            .map(|_| {
+                let c = c.clone();
+                tokio::spawn(async move {
+                    c.get_or_load("good", async { Ok(session("alice")) })
+                        .await
+                        .is_ok()
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // while a read of "bad" fails.
+        let bad = c
+            .get_or_load("bad", async {
+                Err(ResolveError::Store(StoreError("down".into())))
+            })
+            .await;
+        assert!(bad.is_err());
+        // The stuck read is cancelled: a waiter takes over and reads "good" itself.
+        stuck.abort();
+        for w in waiters {
+            assert!(w.await.unwrap(), "a waiter for good got bad's failure");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_invalidation_during_a_read_is_not_kept() {
+        let c = cache(1000, 1 << 20);
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let c2 = c.clone();
+        let read = tokio::spawn(async move {
+            c2.get_or_load("sid", async move {
+                let _ = rx.await; // the store answers after the invalidation below
+                Ok(session("old"))
+            })
+            .await
+            .map(|_| ())
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        c.invalidate("sid"); // e.g. a DEL seen on the tracking connection meanwhile
+        tx.send(()).unwrap();
+        read.await.unwrap().unwrap();
+        // The read's answer was not kept: the next request reads the store again.
+        let again = c
+            .get_or_load("sid", async { Err(ResolveError::Unknown) })
+            .await;
+        assert!(matches!(again, Ok(Cached::Unknown)));
+        assert_eq!(c.loads(), 2);
+    }
+
+    #[tokio::test]
+    async fn huge_lifetimes_do_not_overflow() {
+        let c = SessionCache::new(CacheConfig {
+            max_entries: 1000,
+            max_bytes: 1 << 20,
+            ttl: Duration::MAX,
+            negative_ttl: Duration::MAX,
+        });
+        c.set_live(true);
+        assert!(c
+            .get_or_load("a", async { Ok(session("alice")) })
+            .await
+            .is_ok());
+        assert!(c
+            .get_or_load("b", async { Err(ResolveError::Unknown) })
+            .await
+            .is_ok());
+        assert_eq!(c.loads(), 2);
+    }
+
     #[tokio::test]
     async fn negative_entries_expire() {
         let c = cache(1000, 1 << 20);
@@ -315,7 +411,7 @@ mod tests {
 
         // bytes bind: 10,000 entries allowed, but 8 KiB hold only about 8 KiB / 0.35 KiB
         let c = cache(10_000, 8 * 1024);
-        let per = entry_bytes("sid-0000", &Cached::Found(Arc::new(session("alice"))));
+        let per = entry_bytes("sid-0000", &Ok(Cached::Found(Arc::new(session("alice")))));
         for i in 0..1000 {
             let sid = format!("sid-{i:04}");
             c.get_or_load(&sid, async { Ok(session("alice")) })

@@ -112,14 +112,18 @@ struct RawHeader<'a> {
 /// The verified-token cache: `exp` is checked on every hit, so an entry is never served after
 /// its token's `exp` + leeway.
 ///
-/// Keyed by SipHash-2-4-128 of the token text under a random 128-bit key drawn at start: 16
-/// bytes per entry instead of the token (0.3-1 KiB), and a hit without the key means finding a
-/// 128-bit collision of a keyed PRF (Aumasson and Bernstein, "SipHash: a fast short-input PRF",
-/// 2012), which no one without the key can aim at a cached token.
+/// Keyed by SipHash-2-4 with 128-bit output (the reference implementation's `siphash` with
+/// `outlen` 16) of the token text under a random 128-bit key drawn at start: 16 bytes per entry
+/// instead of the token (0.3-1 KiB). SipHash is a keyed PRF (Aumasson and Bernstein, "SipHash: a
+/// fast short-input PRF", 2012); a forged token would need a second preimage of a cached token's
+/// 128-bit tag under a key it never sees.
 struct TokenCache {
     entries: quick_cache::sync::Cache<u128, VerifiedToken>,
     k0: u64,
     k1: u64,
+    /// Bumped by every clear: a verification that began before a clear (under a key set since
+    /// changed) is not inserted after it.
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl TokenCache {
@@ -134,6 +138,7 @@ impl TokenCache {
             ),
             k0: u64::from_le_bytes(a.try_into().expect("8 bytes")),
             k1: u64::from_le_bytes(b.try_into().expect("8 bytes")),
+            generation: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -234,9 +239,12 @@ impl Verifier {
             }
             cache.entries.remove(&key); // expired: answered below (401) and not kept
         }
+        let generation = cache.generation.load(std::sync::atomic::Ordering::Acquire);
         let (verified, alg) = self.verify_inner(token, now, true)?;
         // Refused tokens are never remembered: a flood of bad tokens cannot evict good ones.
-        if self.cache_hmac || !alg.is_hmac() {
+        if (self.cache_hmac || !alg.is_hmac())
+            && cache.generation.load(std::sync::atomic::Ordering::Acquire) == generation
+        {
             cache.entries.insert(key, verified.clone());
         }
         Ok(verified)
@@ -245,6 +253,8 @@ impl Verifier {
     /// Forgets every cached verification (the key set changed).
     pub fn clear_cache(&self) {
         if let Some(c) = &self.cache {
+            c.generation
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
             c.entries.clear();
         }
     }
