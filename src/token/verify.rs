@@ -462,14 +462,19 @@ mod tests {
         Verifier::new(&cfg())
     }
 
-    #[test]
-    fn verified_tokens_are_cached_by_exact_text_until_exp() {
-        let t = raw(
+    /// A valid HS512 token with [`good_claims`].
+    fn good_token() -> String {
+        raw(
             r#"{"alg":"HS512","typ":"JWT"}"#,
             &good_claims(),
             &[7; 64],
             Algorithm::HS512,
-        );
+        )
+    }
+
+    #[test]
+    fn verified_tokens_are_cached_by_exact_text_until_exp() {
+        let t = good_token();
         let mut c = cfg();
         c.cache_hmac = true;
         let v = Verifier::new(&c);
@@ -503,12 +508,7 @@ mod tests {
 
     #[test]
     fn good_token_verifies_and_sign_roundtrips() {
-        let t = raw(
-            r#"{"alg":"HS512","typ":"JWT"}"#,
-            &good_claims(),
-            &[7; 64],
-            Algorithm::HS512,
-        );
+        let t = good_token();
         let out = v().verify(&t, NOW).unwrap();
         assert_eq!(
             out,
