@@ -434,13 +434,13 @@ fn session_affinity_never_puts_two_users_on_one_upstream_connection() {
         by_conn.len() > 3,
         "users alternating over a cap of 2 need new connections: {by_conn:?}"
     );
-    // At the cap, an idle connection of another user is closed (its task has shut the socket)
-    // before a new one opens. The upstream counts a connection until it has read the EOF, which
-    // may come after it accepted the new one, so it may see cap + 1 for that moment; never more.
+    // At the cap, an idle connection of another user is closed (its socket is shut) before a
+    // new one opens. The upstream counts a connection until it has read the EOF, which may come
+    // after it accepted the new one, so it may see cap + 1 for that moment; never more.
     assert!(
         bound
             .log
-            .contains("closed an idle upstream connection to stay within max_connections"),
+            .contains("closed idle upstream connections to stay within max_connections"),
         "{}",
         bound.log
     );
@@ -774,4 +774,149 @@ fn slow_upload_is_not_cut_off_by_the_response_head_timeout() {
     );
     assert_eq!(code, 200, "{out}");
     assert_eq!(json(&out)["bytes"].as_u64(), Some(60_000));
+}
+
+/// Canned upstream answers by request path, for the HTTP/1.1 framing test below, and whether the
+/// upstream closes the connection after each.
+fn framing_script(line: &str) -> (Vec<u8>, bool) {
+    let path = line.split(' ').nth(1).unwrap_or("");
+    let (text, close): (String, bool) = match path {
+        "/length" => (
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".into(),
+            false,
+        ),
+        "/chunked" => (
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
+             5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n"
+                .into(),
+            false,
+        ),
+        "/interim" => (
+            "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n\
+             HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfinal"
+                .into(),
+            false,
+        ),
+        "/no-content" => ("HTTP/1.1 204 No Content\r\n\r\n".into(), false),
+        "/head" => (
+            "HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n".into(),
+            false,
+        ),
+        "/until-close" => ("HTTP/1.1 200 OK\r\n\r\nuntil close".into(), true),
+        "/connection-close" => (
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok".into(),
+            true,
+        ),
+        // The upstream leaves these two open; tessera must still not reuse them.
+        "/http10" => (
+            "HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok".into(),
+            false,
+        ),
+        "/extra" => (
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA".into(),
+            false,
+        ),
+        "/conflicting-length" => (
+            "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello".into(),
+            false,
+        ),
+        "/huge-head" => (
+            format!(
+                "HTTP/1.1 200 OK\r\nX-Big: {}\r\nContent-Length: 2\r\n\r\nok",
+                "a".repeat(70_000)
+            ),
+            false,
+        ),
+        "/garbage" => ("220 smtp.example ESMTP\r\n\r\n".into(), true),
+        "/switch" => (
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n"
+                .into(),
+            false,
+        ),
+        "/short-body" => (
+            "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc".into(),
+            true,
+        ),
+        "/bad-chunk" => (
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\nzz\r\n".into(),
+            false,
+        ),
+        _ => (
+            "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".into(),
+            false,
+        ),
+    };
+    (text.into_bytes(), close)
+}
+
+#[test]
+fn upstream_http1_framing_and_connection_reuse() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let up = upstream::start(Behavior::Scripted(framing_script));
+    let (t, token) = behind(&up.url(), &[]);
+    let auth = bearer(&token);
+    let get = |path: &str, extra: &[&str]| {
+        let mut args = vec!["-H", auth.as_str()];
+        args.extend_from_slice(extra);
+        let url = t.url(path);
+        args.push(&url);
+        curl(&args)
+    };
+    // Whether the next request reuses the connection the previous one used.
+    let next_reuses = || {
+        let before = up.stats.connections.load(SeqCst);
+        assert_eq!(get("/length", &[]), (200, "ok".to_string()));
+        up.stats.connections.load(SeqCst) == before
+    };
+    assert_eq!(get("/length", &[]), (200, "ok".into()));
+    assert!(
+        next_reuses(),
+        "a Content-Length response leaves the connection reusable"
+    );
+    let cases: [(&str, &[&str], u16, &str, bool); 9] = [
+        ("/chunked", &[], 200, "hello world", true),
+        ("/interim", &[], 200, "final", true),
+        ("/no-content", &[], 204, "", true),
+        ("/until-close", &[], 200, "until close", false),
+        ("/connection-close", &[], 200, "ok", false),
+        ("/http10", &[], 200, "ok", false),
+        ("/extra", &[], 200, "ok", false),
+        ("/conflicting-length", &[], 502, "", false),
+        ("/huge-head", &[], 502, "", false),
+    ];
+    for (path, extra, code, body, reusable) in cases {
+        let (got, text) = get(path, extra);
+        assert_eq!(got, code, "{path}: {text}");
+        if code == 200 || code == 204 {
+            assert_eq!(text, body, "{path}");
+        }
+        assert_eq!(next_reuses(), reusable, "{path}: reused afterwards?");
+    }
+    // HEAD: the head says 1000 bytes, none follow, and the connection stays usable.
+    let (code, head) = get("/head", &["-I"]);
+    assert_eq!(code, 200);
+    assert!(
+        head.to_lowercase().contains("content-length: 1000"),
+        "{head}"
+    );
+    assert!(next_reuses(), "HEAD response");
+    for path in ["/garbage", "/switch"] {
+        assert_eq!(get(path, &[]).0, 502, "{path}");
+        assert!(!next_reuses(), "{path}");
+    }
+    // A body cut short or mis-framed after the head went out: the client sees an incomplete
+    // transfer (curl exits non-zero), never a complete-looking response.
+    for path in ["/short-body", "/bad-chunk"] {
+        let out = std::process::Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-H", &auth, &t.url(path)])
+            .status()
+            .unwrap();
+        assert!(!out.success(), "{path}: curl saw a complete response");
+        assert!(!next_reuses(), "{path}");
+    }
+    assert!(
+        t.log().contains("invalid response head"),
+        "the 502s say why: {}",
+        t.log()
+    );
 }

@@ -6,9 +6,10 @@ use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 
+use super::h1::{self, Framing};
 use super::pool::Conn;
+use super::BoxError;
 
 /// The downstream response body.
 pub enum ProxyBody {
@@ -31,27 +32,32 @@ impl ProxyBody {
     }
 }
 
-/// The upstream body plus the connection it arrives on.
+/// The upstream body, read from the connection it arrives on (held until the body's end).
 pub struct UpstreamBody {
-    body: Incoming,
     conn: Option<Conn>,
+    framing: Framing,
+    /// Whether the connection may be reused once the body was read to its end.
+    keep_alive: bool,
 }
 
 impl UpstreamBody {
-    pub(super) fn new(body: Incoming, conn: Conn) -> Self {
+    pub(super) fn new(conn: Conn, framing: Framing, keep_alive: bool) -> Self {
         let mut this = Self {
-            body,
             conn: Some(conn),
+            framing,
+            keep_alive,
         };
-        if this.body.is_end_stream() {
+        if framing == Framing::Done {
             this.release(true);
         }
         this
     }
 
+    /// Gives the connection back: to the pool when the body was read to its end and the
+    /// upstream keeps the connection open, else closed.
     fn release(&mut self, complete: bool) {
         if let Some(mut conn) = self.conn.take() {
-            if complete {
+            if complete && self.keep_alive {
                 conn.set_reusable();
             }
         }
@@ -60,7 +66,7 @@ impl UpstreamBody {
 
 impl Body for ProxyBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
@@ -69,12 +75,14 @@ impl Body for ProxyBody {
         match self.get_mut() {
             Self::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             Self::Upstream(u) => {
-                let frame = ready!(Pin::new(&mut u.body).poll_frame(cx));
+                let Some(conn) = u.conn.as_mut() else {
+                    return Poll::Ready(None);
+                };
+                let frame = ready!(conn.h1().poll_body(cx, &mut u.framing));
                 match &frame {
-                    None => u.release(true),
                     Some(Err(_)) => u.release(false),
-                    Some(Ok(_)) if u.body.is_end_stream() => u.release(true),
-                    Some(Ok(_)) => {}
+                    _ if u.framing == Framing::Done => u.release(true),
+                    _ => {}
                 }
                 Poll::Ready(frame)
             }
@@ -84,7 +92,7 @@ impl Body for ProxyBody {
     fn is_end_stream(&self) -> bool {
         match self {
             Self::Full(b) => b.is_none(),
-            Self::Upstream(u) => u.body.is_end_stream(),
+            Self::Upstream(u) => u.conn.is_none(),
         }
     }
 
@@ -92,7 +100,7 @@ impl Body for ProxyBody {
         match self {
             Self::Full(None) => SizeHint::with_exact(0),
             Self::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
-            Self::Upstream(u) => u.body.size_hint(),
+            Self::Upstream(u) => h1::size_hint(u.framing),
         }
     }
 }

@@ -4,12 +4,15 @@
 //! Owns: timeouts (connect, response head) and the single retry. The response-head timeout counts
 //! from the later of the request entering the queue and the last request-body byte sent, so a
 //! slow upload is not cut off while it makes progress. A request is retried once, on a
-//! fresh connection, only when it went out on a *reused* connection and either hyper gave it back
-//! unsent, or it is idempotent with no body and the connection closed before any response byte
+//! fresh connection, only when it went out on a *reused* connection and either the socket took
+//! none of it, or it is idempotent with no body and the connection closed before any response byte
 //! (the keep-alive race of RFC 9112 section 9.3.1). Must never: retry a request whose body was
 //! partly sent.
+//!
+//! The HTTP/1.1 exchange itself runs in the request's own task (`forward/h1.rs`): no connection task.
 
 mod body;
+mod h1;
 mod pool;
 
 use std::pin::Pin;
@@ -25,6 +28,7 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::BodyExt;
 
 pub use body::{ProxyBody, UpstreamBody};
+use h1::SendError;
 pub use pool::{set_serving_thread, Affinity, Pool, PoolStats};
 
 /// Boxed error type of request bodies.
@@ -138,31 +142,29 @@ impl Upstream {
         let key = self.pool.affinity_key(req.headers());
         let mut conn = self.pool.checkout(key.clone()).await?;
         conn.set_request_progress(progress.clone());
-        let replay = (conn.reused && idempotent(req.method()) && req.body().is_end_stream())
-            .then(|| head_copy(&req));
-        let err = match conn.sender().try_send_request(req).await {
-            Ok(resp) => return Ok(wrap(resp, conn)),
-            Err(e) => e,
+        let (retry, err) = match conn.h1().send(req).await {
+            Ok(head) => return Ok(wrap(head, conn)),
+            Err(SendError::Unsent(req, e)) => (Some(req), e),
+            Err(SendError::ClosedBeforeResponse(req, e)) => {
+                (req.filter(|r| idempotent(r.method())), e)
+            }
+            Err(SendError::Failed(e)) => (None, e),
         };
         let reused = conn.reused;
         drop(conn);
-        let (retry, err) = {
-            let mut err = err;
-            let unsent = err.take_message();
-            let e = err.into_error();
-            let retry =
-                unsent.or_else(|| replay.filter(|_| e.is_incomplete_message() || is_reset(&e)));
-            (retry.filter(|_| reused), e)
-        };
-        let Some(req) = retry else {
-            return Err(classify(err));
+        let Some(req) = retry.filter(|_| reused) else {
+            return Err(err);
         };
         tracing::debug!(cause = %err, "reused upstream connection failed; retrying once on a fresh one");
         let mut conn = self.pool.checkout_fresh(key).await?;
         conn.set_request_progress(progress);
-        match conn.sender().send_request(req).await {
-            Ok(resp) => Ok(wrap(resp, conn)),
-            Err(e) => Err(classify(e)),
+        match conn.h1().send(req).await {
+            Ok(head) => Ok(wrap(head, conn)),
+            Err(
+                SendError::Unsent(_, e)
+                | SendError::ClosedBeforeResponse(_, e)
+                | SendError::Failed(e),
+            ) => Err(e),
         }
     }
 }
@@ -218,18 +220,13 @@ impl Body for Tracked {
     }
 }
 
-fn wrap(resp: Response<hyper::body::Incoming>, conn: pool::Conn) -> Response<ProxyBody> {
-    resp.map(|b| ProxyBody::Upstream(UpstreamBody::new(b, conn)))
-}
-
-/// A body-less copy of the request head, for replaying an idempotent request.
-fn head_copy(req: &Request<UpBody>) -> Request<UpBody> {
-    let mut copy = Request::new(empty_body());
-    *copy.method_mut() = req.method().clone();
-    *copy.uri_mut() = req.uri().clone();
-    *copy.version_mut() = req.version();
-    *copy.headers_mut() = req.headers().clone();
-    copy
+fn wrap(head: h1::Head, conn: pool::Conn) -> Response<ProxyBody> {
+    let h1::Head {
+        response,
+        framing,
+        keep_alive,
+    } = head;
+    response.map(|()| ProxyBody::Upstream(UpstreamBody::new(conn, framing, keep_alive)))
 }
 
 /// An empty request body.
@@ -237,29 +234,4 @@ pub fn empty_body() -> UpBody {
     http_body_util::Empty::<Bytes>::new()
         .map_err(|never| match never {})
         .boxed()
-}
-
-fn is_reset(e: &hyper::Error) -> bool {
-    let mut src: Option<&dyn std::error::Error> = std::error::Error::source(e);
-    while let Some(s) = src {
-        if let Some(io) = s.downcast_ref::<std::io::Error>() {
-            return matches!(
-                io.kind(),
-                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
-            );
-        }
-        src = s.source();
-    }
-    false
-}
-
-fn classify(e: hyper::Error) -> ForwardError {
-    let mut src: Option<&dyn std::error::Error> = std::error::Error::source(&e);
-    while let Some(s) = src {
-        if s.is::<http_body_util::LengthLimitError>() {
-            return ForwardError::BodyTooLarge;
-        }
-        src = s.source();
-    }
-    ForwardError::Broken(e.to_string())
 }

@@ -5,8 +5,8 @@
 //! upstream like Cyrus (one process per connection, `maxchild`) leaves connections above its limit
 //! accepted but never served. Invariant: every busy connection holds a permit, and a connection is
 //! opened only by a permit holder that found no idle one, so busy + idle <= `max_connections`.
-//! (A discarded connection is closed by its background task a moment after its permit is freed, so
-//! the kernel may briefly see one more socket; Cyrus serves the newcomer once the old one closes.)
+//! (A discarded connection's socket is closed before its permit is freed; the upstream may still
+//! count it until it reads the close, and Cyrus serves the newcomer once it has.)
 //! Must never: hand one connection to two requests at once, or keep a connection whose response
 //! body was not read to the end.
 //!
@@ -14,13 +14,12 @@
 //! upstream credential (its `Authorization` value) and is reused only for requests carrying the
 //! same one, so one upstream connection never carries two users' requests (an upstream that keeps
 //! per-connection auth state cannot mix them up). A request whose credential has no idle
-//! connection opens one; at the cap it first closes the longest-idle connection of another user
-//! and waits until that connection's task has closed the socket.
+//! connection opens one; at the cap it first closes the longest-idle connection of another user.
 //!
 //! **Serving threads.** tessera serves on several single-threaded runtimes (`server.threads`).
-//! A connection's task runs on the thread that opened it, so the idle connections are kept in one
-//! list per thread and a request takes one from its own thread's list first: then the request and
-//! the connection wake each other without crossing threads. Only when its own list has none does
+//! A connection's socket is registered with the I/O driver of the thread that opened it, so the
+//! idle connections are kept in one list per thread and a request takes one from its own thread's
+//! list first: then the socket's readiness wakes the request without crossing threads. Only when its own list has none does
 //! it take another thread's idle connection; a new one is opened only when no thread has any
 //! (the cap counts them all).
 
@@ -30,13 +29,11 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use http::HeaderValue;
-use hyper::client::conn::http1::{self, SendRequest};
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::task::JoinHandle;
 
-use super::{ForwardError, Progress, UpBody};
+use super::h1::H1;
+use super::{ForwardError, Progress};
 
 /// Counters of pool activity (monotonic since start).
 #[derive(Debug, Default)]
@@ -73,8 +70,8 @@ pub fn set_serving_thread(index: usize) {
 pub struct Pool {
     addr: String,
     permits: Arc<Semaphore>,
-    /// Idle connections, one list per serving thread (the thread whose runtime runs the
-    /// connection's task), most recently idle last.
+    /// Idle connections, one list per serving thread (the thread whose runtime the socket is
+    /// registered with), most recently idle last.
     idle: Vec<Mutex<Vec<Idle>>>,
     connect_timeout: Duration,
     idle_timeout: Duration,
@@ -84,29 +81,26 @@ pub struct Pool {
 }
 
 struct Idle {
-    tx: SendRequest<UpBody>,
+    h1: H1,
     since: Instant,
     /// The credential this connection is bound to (affinity only).
     key: Option<HeaderValue>,
-    /// The connection's task; it ends once the socket is closed.
-    task: JoinHandle<()>,
 }
 
 /// A checked-out connection. Dropping it returns the connection to the pool only when
 /// [`Conn::set_reusable`] was called (the response was read to the end); the permit is released
 /// after the connection is back, so a waiter finds it idle instead of opening another.
 pub struct Conn {
-    tx: Option<SendRequest<UpBody>>,
-    /// The serving thread that runs the connection's task (its idle list).
+    h1: Option<H1>,
+    /// The serving thread whose runtime the socket is registered with (its idle list).
     home: usize,
     key: Option<HeaderValue>,
-    task: Option<JoinHandle<()>>,
     pool: Arc<Pool>,
     /// Whether this connection served a request before this one.
     pub reused: bool,
     reusable: bool,
     /// The request body's progress; the connection is reused only once the body was fully sent
-    /// (an upstream may answer early, e.g. 413, while hyper is still writing).
+    /// (an upstream may answer early, e.g. 413, while the body is still being written).
     request: Option<Arc<Progress>>,
     _permit: OwnedSemaphorePermit,
 }
@@ -190,50 +184,34 @@ impl Pool {
             .await
             .map_err(|_| ForwardError::Closed)?;
         loop {
-            let Some((
-                home,
-                Idle {
-                    mut tx,
-                    since,
-                    key,
-                    task,
-                },
-            )) = self.take_idle(&key)
-            else {
+            let Some((home, Idle { mut h1, since, key })) = self.take_idle(&key) else {
                 break;
             };
-            if since.elapsed() >= self.idle_timeout || tx.is_closed() {
+            if since.elapsed() >= self.idle_timeout || !h1.is_alive() {
                 continue;
             }
-            // Ready resolves at once for a live idle connection, with an error for a closed one.
-            match tokio::time::timeout(self.connect_timeout, tx.ready()).await {
-                Ok(Ok(())) => {
-                    self.stats.reused.fetch_add(1, Ordering::Relaxed);
-                    return Ok(Conn {
-                        tx: Some(tx),
-                        home,
-                        key,
-                        task: Some(task),
-                        pool: self.clone(),
-                        reused: true,
-                        reusable: false,
-                        request: None,
-                        _permit: permit,
-                    });
-                }
-                _ => continue,
-            }
+            self.stats.reused.fetch_add(1, Ordering::Relaxed);
+            return Ok(Conn {
+                h1: Some(h1),
+                home,
+                key,
+                pool: self.clone(),
+                reused: true,
+                reusable: false,
+                request: None,
+                _permit: permit,
+            });
         }
         if self.affinity == Affinity::Session {
-            self.make_room().await;
+            self.make_room();
         }
         self.connect(permit, key).await
     }
 
     /// Before opening a connection while idle ones exist (affinity: bound to other credentials;
-    /// the retry), closes the longest-idle connections until busy + idle stays within the cap,
-    /// and waits (at most the connect timeout) for their sockets to close.
-    async fn make_room(&self) {
+    /// the retry), closes the longest-idle connections until busy + idle stays within the cap
+    /// (the sockets are closed before this returns).
+    fn make_room(&self) {
         // Busy connections, this request's included, hold the permits not available.
         let idle_now: usize = (0..self.idle.len()).map(|t| self.idle(t).len()).sum();
         let mut excess = idle_now.saturating_sub(self.permits.available_permits());
@@ -244,10 +222,11 @@ impl Pool {
             evicted.extend(idle.drain(..n));
             excess -= n;
         }
-        for Idle { tx, task, .. } in evicted {
-            drop(tx);
-            tracing::debug!("closed an idle upstream connection to stay within max_connections");
-            let _ = tokio::time::timeout(self.connect_timeout, task).await;
+        if !evicted.is_empty() {
+            tracing::debug!(
+                closed = evicted.len(),
+                "closed idle upstream connections to stay within max_connections"
+            );
         }
     }
 
@@ -265,7 +244,7 @@ impl Pool {
             .await
             .map_err(|_| ForwardError::Closed)?;
         drop(self.idle(self.this_thread()).pop());
-        self.make_room().await;
+        self.make_room();
         self.stats.retried.fetch_add(1, Ordering::Relaxed);
         self.connect(permit, key).await
     }
@@ -275,31 +254,16 @@ impl Pool {
         permit: OwnedSemaphorePermit,
         key: Option<HeaderValue>,
     ) -> Result<Conn, ForwardError> {
-        let handshake = async {
-            let stream = TcpStream::connect(&self.addr)
-                .await
-                .map_err(|e| ForwardError::Connect(e.to_string()))?;
-            let _ = stream.set_nodelay(true);
-            let (tx, conn) = http1::Builder::new()
-                .handshake::<_, UpBody>(TokioIo::new(stream))
-                .await
-                .map_err(|e| ForwardError::Connect(e.to_string()))?;
-            let task = tokio::spawn(async move {
-                if let Err(e) = conn.await {
-                    tracing::debug!(cause = %e, "upstream connection ended with an error");
-                }
-            });
-            Ok::<_, ForwardError>((tx, task))
-        };
-        let (tx, task) = tokio::time::timeout(self.connect_timeout, handshake)
+        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.addr))
             .await
-            .map_err(|_| ForwardError::ConnectTimeout)??;
+            .map_err(|_| ForwardError::ConnectTimeout)?
+            .map_err(|e| ForwardError::Connect(e.to_string()))?;
+        let _ = stream.set_nodelay(true);
         self.stats.opened.fetch_add(1, Ordering::Relaxed);
         Ok(Conn {
-            tx: Some(tx),
+            h1: Some(H1::new(stream)),
             home: self.this_thread(),
             key,
-            task: Some(task),
             pool: self.clone(),
             reused: false,
             reusable: false,
@@ -310,9 +274,11 @@ impl Pool {
 }
 
 impl Conn {
-    /// The request sender; present until the connection is dropped.
-    pub fn sender(&mut self) -> &mut SendRequest<UpBody> {
-        self.tx.as_mut().expect("sender present while Conn lives")
+    /// The connection; present until the `Conn` is dropped.
+    pub fn h1(&mut self) -> &mut H1 {
+        self.h1
+            .as_mut()
+            .expect("connection present while Conn lives")
     }
 
     /// Marks the response complete: on drop the connection goes back to the pool, provided the
@@ -329,14 +295,13 @@ impl Conn {
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        if let (Some(tx), Some(task)) = (self.tx.take(), self.task.take()) {
+        if let Some(h1) = self.h1.take() {
             let request_sent = self.request.as_ref().is_none_or(|p| p.done());
-            if self.reusable && request_sent && !tx.is_closed() {
+            if self.reusable && request_sent && !h1.has_leftover() {
                 self.pool.idle(self.home).push(Idle {
-                    tx,
+                    h1,
                     since: Instant::now(),
                     key: self.key.take(),
-                    task,
                 });
             }
         }
@@ -356,7 +321,7 @@ fn spawn_reaper(pool: Weak<Pool>, idle_timeout: Duration) {
             let Some(pool) = pool.upgrade() else { return };
             for t in 0..pool.idle.len() {
                 pool.idle(t)
-                    .retain(|i| i.since.elapsed() < pool.idle_timeout && !i.tx.is_closed());
+                    .retain_mut(|i| i.since.elapsed() < pool.idle_timeout && i.h1.is_alive());
             }
         }
     });

@@ -218,7 +218,11 @@ impl Sessions {
     pub async fn resolve(&self, sid: &str) -> Result<Arc<Session>, ResolveError> {
         match &self.cache {
             Some(cache) if cache.is_live() => {
-                match cache.get_or_load(sid, self.resolve_from_store(sid)).await? {
+                let cached = match cache.get_fresh(sid) {
+                    Some(hit) => hit,
+                    None => cache.get_or_load(sid, self.resolve_from_store(sid)).await?,
+                };
+                match cached {
                     Cached::Found(s) => Ok(s),
                     Cached::Unknown => Err(ResolveError::Unknown),
                     Cached::Corrupt(why) => Err(ResolveError::Corrupt(why)),

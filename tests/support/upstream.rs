@@ -78,6 +78,9 @@ pub enum Behavior {
     Users,
     /// raw: answers with Cyrus-like `Connection: Upgrade`, `Upgrade: h2c`, `Alt-Svc`, `Keep-Alive`.
     HopHeaders,
+    /// raw: answers each (bodyless) request with the bytes the function gives for its request
+    /// line, e.g. `GET /x HTTP/1.1`; closes the connection after them when it says `true`.
+    Scripted(fn(&str) -> (Vec<u8>, bool)),
 }
 
 pub fn start(behavior: Behavior) -> TestUpstream {
@@ -96,7 +99,7 @@ pub fn start(behavior: Behavior) -> TestUpstream {
             let s = s.clone();
             tokio::spawn(async move {
                 match behavior {
-                    Behavior::DropSecondRequest | Behavior::HopHeaders => {
+                    Behavior::DropSecondRequest | Behavior::HopHeaders | Behavior::Scripted(_) => {
                         raw(stream, behavior, &s).await
                     }
                     _ => {
@@ -217,9 +220,17 @@ async fn raw(mut stream: tokio::net::TcpStream, behavior: Behavior, s: &Stats) {
         buf.extend_from_slice(&tmp[..n]);
         s.raw_bytes.lock().unwrap().extend_from_slice(&tmp[..n]);
         while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            buf.drain(..end + 4);
+            let head: Vec<u8> = buf.drain(..end + 4).collect();
             s.requests.fetch_add(1, Ordering::SeqCst);
             served += 1;
+            if let Behavior::Scripted(script) = behavior {
+                let line = String::from_utf8_lossy(&head);
+                let (resp, close) = script(line.lines().next().unwrap_or(""));
+                if stream.write_all(&resp).await.is_err() || close {
+                    return;
+                }
+                continue;
+            }
             let resp: &[u8] = match behavior {
                 Behavior::DropSecondRequest if served > 1 => return,
                 Behavior::DropSecondRequest => b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",

@@ -1,0 +1,829 @@
+//! HTTP/1.1 on one pooled upstream connection, driven by the task of the request that holds it
+//! (RFC 9112): the request head and body are written and the response is read and de-framed
+//! right where the downstream connection's task polls them, with no connection task, no channel
+//! and no wake-up between tasks in between. Parsing is `httparse` (hyper's own parser).
+//!
+//! Why ours and not hyper's client connection: hyper's client runs each connection in a task of
+//! its own and hands the request over a channel and the response and every body chunk back over
+//! channels: four task hand-offs per request. Measured in BENCHMARKS.md ("Upstream HTTP/1.1 in
+//! the request's task"); the downstream side stays hyper's server.
+//!
+//! Must never: reuse a connection whose response was not read exactly to its end, accept a
+//! response head over [`MAX_HEAD`] bytes, or replay a request whose body was partly consumed.
+
+use std::future::poll_fn;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::task::{ready, Context, Poll, Waker};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{self, HeaderName};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Version};
+use http_body::{Body, Frame, SizeHint};
+use tokio::io::AsyncWrite;
+use tokio::net::TcpStream;
+
+use super::{BoxError, ForwardError, UpBody};
+
+/// Largest response head accepted (status line + headers), bytes. Larger: 502.
+pub const MAX_HEAD: usize = 64 * 1024;
+/// Most response header fields accepted (hyper's default is 100).
+const MAX_HEADERS: usize = 128;
+/// Read size, bytes: enough for a typical JSON response with its head in one `recv`.
+const READ_CHUNK: usize = 16 * 1024;
+/// Longest chunk-size line (size + extensions), bytes.
+const MAX_CHUNK_LINE: usize = 4096;
+
+/// One upstream connection: the socket and the bytes read from it but not yet consumed.
+pub struct H1 {
+    io: TcpStream,
+    buf: BytesMut,
+}
+
+/// Why sending a request failed, and whether it may be replayed on another connection.
+pub enum SendError {
+    /// Not one byte of the request was accepted by the socket; the request is handed back whole.
+    Unsent(Request<UpBody>, ForwardError),
+    /// The connection closed (EOF or reset) before any response byte arrived. The request is
+    /// handed back when it had no body (only its head was sent).
+    ClosedBeforeResponse(Option<Request<UpBody>>, ForwardError),
+    /// Anything else; never replayed.
+    Failed(ForwardError),
+}
+
+/// A response head read from the upstream, with how its body is framed.
+pub struct Head {
+    /// Status, version and headers (the body is read through [`Framing`]).
+    pub response: Response<()>,
+    /// How the body ends.
+    pub framing: Framing,
+    /// Whether the connection may carry another request after this response.
+    pub keep_alive: bool,
+}
+
+/// How a response body is delimited (RFC 9112 section 6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// No body (HEAD, 1xx, 204, 304) or nothing left to read.
+    Done,
+    /// `Content-Length`: this many bytes are left.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`, in the given decoding state.
+    Chunked(Chunk),
+    /// Neither: the body runs until the upstream closes the connection.
+    Close,
+}
+
+/// Where the chunked decoder is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Chunk {
+    /// Expecting a chunk-size line.
+    Size,
+    /// Inside chunk data, this many bytes left.
+    Data(u64),
+    /// Expecting the CRLF after chunk data.
+    DataEnd,
+    /// After the last chunk: the trailer section up to its empty line.
+    Trailers,
+}
+
+fn broken(what: impl Into<String>) -> ForwardError {
+    ForwardError::Broken(what.into())
+}
+
+impl H1 {
+    /// Wraps a connected socket.
+    pub fn new(io: TcpStream) -> Self {
+        Self {
+            io,
+            buf: BytesMut::with_capacity(READ_CHUNK),
+        }
+    }
+
+    /// Whether an idle connection can still take a request: no bytes left over and no close
+    /// (or stray bytes) signalled by the socket. Costs a `recv` only when the socket has
+    /// signalled readiness since it went idle.
+    pub fn is_alive(&mut self) -> bool {
+        if !self.buf.is_empty() {
+            return false;
+        }
+        let mut cx = Context::from_waker(Waker::noop());
+        match self.io.poll_read_ready(&mut cx) {
+            Poll::Pending => true,
+            Poll::Ready(Err(_)) => false,
+            Poll::Ready(Ok(())) => {
+                let mut probe = [0u8; 1];
+                matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+            }
+        }
+    }
+
+    /// Whether bytes beyond the last response are buffered (the connection is then unusable).
+    pub fn has_leftover(&self) -> bool {
+        !self.buf.is_empty()
+    }
+
+    /// Reads more bytes into the buffer. `Ok(0)` is end of stream.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.buf.capacity() - self.buf.len() < READ_CHUNK / 4 {
+            self.buf.reserve(READ_CHUNK);
+        }
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf)
+    }
+
+    /// Writes the first of `out` (advancing it); `Ok(0)` from the socket is an error.
+    fn poll_write_out(&mut self, cx: &mut Context<'_>, out: &mut Out) -> Poll<io::Result<usize>> {
+        let mut slices = [IoSlice::new(&[]); 3];
+        let n = out.slices(&mut slices);
+        let written = ready!(Pin::new(&mut self.io).poll_write_vectored(cx, &slices[..n]))?;
+        if written == 0 {
+            return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+        }
+        out.advance(written);
+        Poll::Ready(Ok(written))
+    }
+
+    /// Sends `req` (origin-form URI, final headers) and reads the response head. The body is then
+    /// read with [`H1::poll_body`].
+    ///
+    /// Framing sent: no body for a bodyless GET/HEAD/DELETE/OPTIONS/TRACE, else
+    /// `Content-Length` when the body's size is known, else `Transfer-Encoding: chunked`; the
+    /// client's framing headers are replaced. A response that arrives while the body is still
+    /// being sent is returned at once (the rest of the body is not sent; the caller must not
+    /// reuse the connection, see `Progress`).
+    ///
+    /// Errors: see [`SendError`]; request-body errors are [`ForwardError::BodyTooLarge`] when the
+    /// body exceeded its limit, else [`ForwardError::Broken`].
+    pub async fn send(&mut self, req: Request<UpBody>) -> Result<Head, SendError> {
+        let head_request = req.method() == Method::HEAD;
+        let (parts, mut body) = req.into_parts();
+        let framing = if body.is_end_stream() {
+            match parts.method {
+                Method::GET
+                | Method::HEAD
+                | Method::DELETE
+                | Method::OPTIONS
+                | Method::TRACE
+                | Method::CONNECT => BodyFraming::None,
+                _ => BodyFraming::Length(0),
+            }
+        } else {
+            match body.size_hint().exact() {
+                Some(n) => BodyFraming::Length(n),
+                None => BodyFraming::Chunked,
+            }
+        };
+        let mut out = Out::default();
+        out.push(encode_head(&parts, framing));
+        let mut sent_any = false;
+        let mut body_done = matches!(framing, BodyFraming::None | BodyFraming::Length(0));
+        let mut polled_body = false;
+        let mut eof = false;
+        let result = poll_fn(|cx| {
+            // Send the head and body; an early answer from the upstream ends the sending.
+            while !(body_done && out.is_empty()) {
+                if !eof {
+                    match self.poll_fill(cx) {
+                        Poll::Ready(Ok(0)) => eof = true,
+                        Poll::Ready(Ok(_)) => {
+                            if head_complete(&self.buf) {
+                                return Poll::Ready(Ok(()));
+                            }
+                            continue;
+                        }
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(Fail::Io(e))),
+                        Poll::Pending => {}
+                    }
+                }
+                if !out.is_empty() {
+                    match self.poll_write_out(cx, &mut out) {
+                        Poll::Ready(Ok(_)) => {
+                            sent_any = true;
+                            continue;
+                        }
+                        Poll::Ready(Err(e)) => {
+                            // An upstream that answered early (413, 401) and closed makes the
+                            // write fail; its answer may already be readable.
+                            if !eof
+                                && matches!(self.poll_fill(cx), Poll::Ready(Ok(n)) if n > 0)
+                                && head_complete(&self.buf)
+                            {
+                                return Poll::Ready(Ok(()));
+                            }
+                            return Poll::Ready(Err(Fail::Io(e)));
+                        }
+                        Poll::Pending => return Poll::Pending,
+                    }
+                }
+                polled_body = true;
+                match ready!(Pin::new(&mut body).poll_frame(cx)) {
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data() {
+                            if data.is_empty() {
+                                continue;
+                            }
+                            if framing == BodyFraming::Chunked {
+                                out.push(Bytes::from(format!("{:x}\r\n", data.len())));
+                                out.push(data);
+                                out.push(Bytes::from_static(b"\r\n"));
+                            } else {
+                                out.push(data);
+                            }
+                        }
+                        // Request trailers are dropped (hop-by-hop `TE`/`Trailer` were removed).
+                    }
+                    Some(Err(e)) => return Poll::Ready(Err(Fail::Body(e))),
+                    None => {
+                        if framing == BodyFraming::Chunked {
+                            out.push(Bytes::from_static(b"0\r\n\r\n"));
+                        }
+                        body_done = true;
+                    }
+                }
+            }
+            Poll::Ready(Ok(()))
+        })
+        .await;
+        if let Err(fail) = result {
+            return Err(match fail {
+                Fail::Body(e) => SendError::Failed(body_error(e)),
+                Fail::Io(e) if !sent_any && !polled_body => SendError::Unsent(
+                    Request::from_parts(parts, body),
+                    broken(format!("writing the request: {e}")),
+                ),
+                Fail::Io(e) => SendError::Failed(broken(format!("writing the request: {e}"))),
+            });
+        }
+        match self.read_head(head_request, eof).await {
+            Err(SendError::ClosedBeforeResponse(None, e)) if !polled_body => Err(
+                SendError::ClosedBeforeResponse(Some(Request::from_parts(parts, body)), e),
+            ),
+            other => other,
+        }
+    }
+
+    /// Reads response heads until a final (non-1xx) one.
+    async fn read_head(&mut self, head_request: bool, mut eof: bool) -> Result<Head, SendError> {
+        let mut received_any = !self.buf.is_empty();
+        loop {
+            if let Some(head) = self.parse_head(head_request).map_err(SendError::Failed)? {
+                if head.response.status().is_informational() {
+                    if head.response.status() == StatusCode::SWITCHING_PROTOCOLS {
+                        return Err(SendError::Failed(broken(
+                            "upstream switched protocols (upgrades are not proxied)",
+                        )));
+                    }
+                    continue;
+                }
+                return Ok(head);
+            }
+            let closed = |what: String| {
+                if received_any {
+                    SendError::Failed(broken(format!("{what} inside the response head")))
+                } else {
+                    SendError::ClosedBeforeResponse(
+                        None,
+                        broken(format!("{what} before a response")),
+                    )
+                }
+            };
+            if eof {
+                return Err(closed("connection closed".into()));
+            }
+            match poll_fn(|cx| self.poll_fill(cx)).await {
+                Ok(0) => eof = true,
+                Ok(_) => received_any = true,
+                Err(e) => return Err(closed(format!("read failed ({e})"))),
+            }
+        }
+    }
+
+    /// Parses one response head from the buffer, consuming it; `None` when incomplete.
+    fn parse_head(&mut self, head_request: bool) -> Result<Option<Head>, ForwardError> {
+        let mut headers =
+            [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut []);
+        let config = httparse::ParserConfig::default();
+        let len =
+            match config.parse_response_with_uninit_headers(&mut parsed, &self.buf, &mut headers) {
+                Ok(httparse::Status::Complete(len)) if len <= MAX_HEAD => len,
+                Ok(httparse::Status::Partial) if self.buf.len() <= MAX_HEAD => return Ok(None),
+                Ok(_) => {
+                    return Err(broken(format!(
+                        "invalid response head: larger than {MAX_HEAD} bytes"
+                    )))
+                }
+                Err(e) => return Err(broken(format!("invalid response head: {e}"))),
+            };
+        let status = StatusCode::from_u16(parsed.code.unwrap_or(0))
+            .map_err(|_| broken("invalid response status"))?;
+        let version = if parsed.version == Some(0) {
+            Version::HTTP_10
+        } else {
+            Version::HTTP_11
+        };
+        // Header values become slices of the frozen head (no copy per value).
+        let base = self.buf.as_ptr() as usize;
+        let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
+        let count = parsed.headers.len();
+        for (span, h) in spans.iter_mut().zip(parsed.headers.iter()) {
+            // Offsets within the head, which is at most MAX_HEAD (64 KiB) long.
+            let name = (h.name.as_ptr() as usize - base) as u32;
+            let value = (h.value.as_ptr() as usize - base) as u32;
+            *span = (
+                name,
+                name + h.name.len() as u32,
+                value,
+                value + h.value.len() as u32,
+            );
+        }
+        let head = self.buf.split_to(len).freeze();
+        let mut map = HeaderMap::with_capacity(count);
+        for &(ns, ne, vs, ve) in &spans[..count] {
+            let (ns, ne, vs, ve) = (ns as usize, ne as usize, vs as usize, ve as usize);
+            let name = HeaderName::from_bytes(&head[ns..ne])
+                .map_err(|_| broken("invalid response header name"))?;
+            let value = HeaderValue::from_maybe_shared(head.slice(vs..ve))
+                .map_err(|_| broken("invalid response header value"))?;
+            map.append(name, value);
+        }
+        let keep_alive = keep_alive(version, &map);
+        let framing = framing(head_request, status, &map)?;
+        let mut response = Response::new(());
+        *response.status_mut() = status;
+        *response.version_mut() = version;
+        *response.headers_mut() = map;
+        Ok(Some(Head {
+            response,
+            framing,
+            keep_alive: keep_alive && framing != Framing::Close,
+        }))
+    }
+
+    /// Reads the next body frame, advancing `framing`; `None` once the body ended (then
+    /// `framing` is [`Framing::Done`]).
+    ///
+    /// Errors (as text for the downstream log): the connection closed or failed before the
+    /// body's end, or the chunked coding is malformed.
+    pub fn poll_body(
+        &mut self,
+        cx: &mut Context<'_>,
+        framing: &mut Framing,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        loop {
+            match *framing {
+                Framing::Done => return Poll::Ready(None),
+                Framing::Length(left) => {
+                    if !self.buf.is_empty() {
+                        let n = (self.buf.len() as u64).min(left) as usize;
+                        *framing = match left - n as u64 {
+                            0 => Framing::Done,
+                            left => Framing::Length(left),
+                        };
+                        return Poll::Ready(Some(Ok(Frame::data(self.buf.split_to(n).freeze()))));
+                    }
+                }
+                Framing::Close => {
+                    if !self.buf.is_empty() {
+                        return Poll::Ready(Some(Ok(Frame::data(self.buf.split().freeze()))));
+                    }
+                }
+                Framing::Chunked(state) => match self.chunk_step(state) {
+                    Ok(Step::Next(next)) => {
+                        *framing = next;
+                        continue;
+                    }
+                    Ok(Step::Data(data, next)) => {
+                        *framing = next;
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    }
+                    Ok(Step::Trailers(trailers)) => {
+                        *framing = Framing::Done;
+                        return Poll::Ready(trailers.map(|t| Ok(Frame::trailers(t))));
+                    }
+                    Ok(Step::More) => {}
+                    Err(e) => return Poll::Ready(Some(Err(e.into()))),
+                },
+            }
+            match ready!(self.poll_fill(cx)) {
+                Ok(0) if *framing == Framing::Close => {
+                    *framing = Framing::Done;
+                    return Poll::Ready(None);
+                }
+                Ok(0) => {
+                    return Poll::Ready(Some(Err(
+                        "upstream closed the connection before the body's end".into(),
+                    )))
+                }
+                Ok(_) => {}
+                Err(e) => return Poll::Ready(Some(Err(e.into()))),
+            }
+        }
+    }
+
+    /// One step of the chunked decoder over the buffered bytes.
+    fn chunk_step(&mut self, state: Chunk) -> Result<Step, String> {
+        match state {
+            Chunk::Size => {
+                let Some(end) = find_crlf(&self.buf) else {
+                    return if self.buf.len() > MAX_CHUNK_LINE {
+                        Err("chunk-size line too long".into())
+                    } else {
+                        Ok(Step::More)
+                    };
+                };
+                let size = chunk_size(&self.buf[..end])?;
+                self.buf.advance(end + 2);
+                Ok(Step::Next(Framing::Chunked(if size == 0 {
+                    Chunk::Trailers
+                } else {
+                    Chunk::Data(size)
+                })))
+            }
+            Chunk::Data(left) => {
+                if self.buf.is_empty() {
+                    return Ok(Step::More);
+                }
+                let n = (self.buf.len() as u64).min(left) as usize;
+                let next = match left - n as u64 {
+                    0 => Chunk::DataEnd,
+                    left => Chunk::Data(left),
+                };
+                Ok(Step::Data(
+                    self.buf.split_to(n).freeze(),
+                    Framing::Chunked(next),
+                ))
+            }
+            Chunk::DataEnd => {
+                if self.buf.len() < 2 {
+                    return Ok(Step::More);
+                }
+                if &self.buf[..2] != b"\r\n" {
+                    return Err("chunk data not followed by CRLF".into());
+                }
+                self.buf.advance(2);
+                Ok(Step::Next(Framing::Chunked(Chunk::Size)))
+            }
+            Chunk::Trailers => {
+                let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+                match httparse::parse_headers(&self.buf, &mut headers) {
+                    Ok(httparse::Status::Complete((len, fields))) => {
+                        let mut map = HeaderMap::new();
+                        for h in fields {
+                            if let (Ok(name), Ok(value)) = (
+                                HeaderName::from_bytes(h.name.as_bytes()),
+                                HeaderValue::from_bytes(h.value),
+                            ) {
+                                map.append(name, value);
+                            }
+                        }
+                        self.buf.advance(len);
+                        Ok(Step::Trailers((!map.is_empty()).then_some(map)))
+                    }
+                    Ok(httparse::Status::Partial) if self.buf.len() <= MAX_HEAD => Ok(Step::More),
+                    Ok(httparse::Status::Partial) => Err("trailer section too large".into()),
+                    Err(e) => Err(format!("invalid trailer section: {e}")),
+                }
+            }
+        }
+    }
+}
+
+/// What one step of the chunked decoder produced.
+enum Step {
+    /// A new state; keep decoding.
+    Next(Framing),
+    /// Chunk data and the state after it.
+    Data(Bytes, Framing),
+    /// The body ended, with its trailer fields if any.
+    Trailers(Option<HeaderMap>),
+    /// More bytes are needed.
+    More,
+}
+
+enum Fail {
+    Io(io::Error),
+    Body(BoxError),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum BodyFraming {
+    None,
+    Length(u64),
+    Chunked,
+}
+
+/// Bytes queued for the socket (the head, then body pieces), written with one `writev` where
+/// several are queued.
+#[derive(Default)]
+struct Out {
+    queue: std::collections::VecDeque<Bytes>,
+}
+
+impl Out {
+    fn push(&mut self, b: Bytes) {
+        if !b.is_empty() {
+            self.queue.push_back(b);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    fn slices<'a>(&'a self, into: &mut [IoSlice<'a>; 3]) -> usize {
+        let mut n = 0;
+        for (slot, b) in into.iter_mut().zip(self.queue.iter()) {
+            *slot = IoSlice::new(b);
+            n += 1;
+        }
+        n
+    }
+
+    fn advance(&mut self, mut n: usize) {
+        while n > 0 {
+            let Some(front) = self.queue.front_mut() else {
+                return;
+            };
+            if n >= front.len() {
+                n -= front.len();
+                self.queue.pop_front();
+            } else {
+                front.advance(n);
+                n = 0;
+            }
+        }
+    }
+}
+
+/// The request line and header section, with tessera's framing header.
+fn encode_head(parts: &http::request::Parts, framing: BodyFraming) -> Bytes {
+    let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let mut out = Vec::with_capacity(256 + parts.headers.len() * 48);
+    out.extend_from_slice(parts.method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in &parts.headers {
+        if name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    match framing {
+        BodyFraming::None => {}
+        BodyFraming::Length(n) => {
+            out.extend_from_slice(b"content-length: ");
+            out.extend_from_slice(n.to_string().as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        BodyFraming::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+    }
+    out.extend_from_slice(b"\r\n");
+    Bytes::from(out)
+}
+
+/// Whether the buffer holds a complete response head (blank line seen).
+fn head_complete(buf: &[u8]) -> bool {
+    buf.windows(4).any(|w| w == b"\r\n\r\n")
+}
+
+fn find_crlf(buf: &[u8]) -> Option<usize> {
+    buf.windows(2).position(|w| w == b"\r\n")
+}
+
+/// `chunk-size [ chunk-ext ]` (RFC 9112 section 7.1): hex digits, then nothing, or whitespace
+/// or `;` starting extensions (ignored).
+fn chunk_size(line: &[u8]) -> Result<u64, String> {
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 || digits > 16 {
+        return Err("invalid chunk size".into());
+    }
+    match line.get(digits) {
+        None | Some(b';' | b' ' | b'\t') => {}
+        Some(_) => return Err("invalid chunk size".into()),
+    }
+    let text = std::str::from_utf8(&line[..digits]).map_err(|_| "invalid chunk size")?;
+    u64::from_str_radix(text, 16).map_err(|_| "invalid chunk size".into())
+}
+
+/// Persistence after this response (RFC 9112 section 9.3): HTTP/1.1 unless `Connection: close`;
+/// HTTP/1.0 only with `Connection: keep-alive`.
+fn keep_alive(version: Version, headers: &HeaderMap) -> bool {
+    let has = |token: &str| {
+        headers.get_all(header::CONNECTION).iter().any(|v| {
+            v.as_bytes()
+                .split(|&b| b == b',')
+                .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+        })
+    };
+    if version == Version::HTTP_10 {
+        has("keep-alive")
+    } else {
+        !has("close")
+    }
+}
+
+/// The response body's framing (RFC 9112 section 6.3).
+///
+/// Errors: `Content-Length` values that are not one non-negative integer.
+fn framing(
+    head_request: bool,
+    status: StatusCode,
+    headers: &HeaderMap,
+) -> Result<Framing, ForwardError> {
+    if head_request
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        return Ok(Framing::Done);
+    }
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        let chunked_last = headers
+            .get_all(header::TRANSFER_ENCODING)
+            .iter()
+            .next_back()
+            .and_then(|v| v.as_bytes().rsplit(|&b| b == b',').next())
+            .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+        return Ok(if chunked_last {
+            Framing::Chunked(Chunk::Size)
+        } else {
+            Framing::Close
+        });
+    }
+    let mut length = None;
+    for v in headers.get_all(header::CONTENT_LENGTH) {
+        for item in v.as_bytes().split(|&b| b == b',') {
+            let item = item.trim_ascii();
+            if item.is_empty() || !item.iter().all(u8::is_ascii_digit) || item.len() > 19 {
+                return Err(broken("invalid content-length"));
+            }
+            let n: u64 = std::str::from_utf8(item)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| broken("invalid content-length"))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(broken("conflicting content-length values"));
+            }
+            length = Some(n);
+        }
+    }
+    Ok(match length {
+        Some(0) => Framing::Done,
+        Some(n) => Framing::Length(n),
+        None => Framing::Close,
+    })
+}
+
+/// A request-body error as the forward phase reports it.
+fn body_error(e: BoxError) -> ForwardError {
+    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(&*e);
+    while let Some(s) = src {
+        if s.is::<http_body_util::LengthLimitError>() {
+            return ForwardError::BodyTooLarge;
+        }
+        src = s.source();
+    }
+    broken(format!("reading the request body: {e}"))
+}
+
+/// Size hint of a response body in the given framing.
+pub fn size_hint(framing: Framing) -> SizeHint {
+    match framing {
+        Framing::Done => SizeHint::with_exact(0),
+        Framing::Length(n) => SizeHint::with_exact(n),
+        _ => SizeHint::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(k, v)| {
+                (
+                    HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    HeaderValue::from_str(v).unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn response_framing_follows_rfc_9112_section_6_3() {
+        let ok = StatusCode::OK;
+        let f = |head, status, h: &[(&str, &str)]| framing(head, status, &map(h));
+        assert_eq!(
+            f(true, ok, &[("content-length", "5")]).unwrap(),
+            Framing::Done
+        );
+        assert_eq!(
+            f(false, StatusCode::NO_CONTENT, &[]).unwrap(),
+            Framing::Done
+        );
+        assert_eq!(
+            f(false, StatusCode::NOT_MODIFIED, &[("content-length", "5")]).unwrap(),
+            Framing::Done
+        );
+        assert_eq!(
+            f(false, ok, &[("content-length", "5")]).unwrap(),
+            Framing::Length(5)
+        );
+        assert_eq!(
+            f(false, ok, &[("content-length", "5, 5")]).unwrap(),
+            Framing::Length(5)
+        );
+        assert_eq!(
+            f(false, ok, &[("content-length", "0")]).unwrap(),
+            Framing::Done
+        );
+        assert!(f(
+            false,
+            ok,
+            &[("content-length", "5"), ("content-length", "6")]
+        )
+        .is_err());
+        assert!(f(false, ok, &[("content-length", "-1")]).is_err());
+        assert!(f(false, ok, &[("content-length", "+5")]).is_err());
+        assert!(f(false, ok, &[("content-length", "99999999999999999999")]).is_err());
+        // Transfer-Encoding wins over Content-Length; chunked must be the last coding.
+        assert_eq!(
+            f(
+                false,
+                ok,
+                &[("transfer-encoding", "chunked"), ("content-length", "5")]
+            )
+            .unwrap(),
+            Framing::Chunked(Chunk::Size)
+        );
+        assert_eq!(
+            f(false, ok, &[("transfer-encoding", "gzip, chunked")]).unwrap(),
+            Framing::Chunked(Chunk::Size)
+        );
+        assert_eq!(
+            f(false, ok, &[("transfer-encoding", "chunked, gzip")]).unwrap(),
+            Framing::Close
+        );
+        assert_eq!(f(false, ok, &[]).unwrap(), Framing::Close);
+    }
+
+    #[test]
+    fn keep_alive_by_version_and_connection_tokens() {
+        assert!(keep_alive(Version::HTTP_11, &map(&[])));
+        assert!(!keep_alive(
+            Version::HTTP_11,
+            &map(&[("connection", "foo, Close")])
+        ));
+        assert!(!keep_alive(Version::HTTP_10, &map(&[])));
+        assert!(keep_alive(
+            Version::HTTP_10,
+            &map(&[("connection", "Keep-Alive")])
+        ));
+    }
+
+    #[test]
+    fn chunk_size_lines() {
+        assert_eq!(chunk_size(b"1a").unwrap(), 26);
+        assert_eq!(chunk_size(b"0").unwrap(), 0);
+        assert_eq!(chunk_size(b"A;name=value").unwrap(), 10);
+        assert_eq!(chunk_size(b"a \t; x").unwrap(), 10);
+        for bad in [&b""[..], b"g", b";", b"-1", b"1x", b"11111111111111111"] {
+            assert!(chunk_size(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(chunk_size(b"ffffffffffffffff").unwrap(), u64::MAX);
+    }
+
+    #[test]
+    fn head_keeps_everything_but_the_framing_headers_and_sets_its_own() {
+        let req = Request::builder()
+            .method("POST")
+            .uri("/a/b?c=d")
+            .header("host", "up")
+            .header("content-length", "999")
+            .header("transfer-encoding", "chunked")
+            .header("x-a", "1")
+            .body(())
+            .unwrap();
+        let (parts, ()) = req.into_parts();
+        let text = |f| String::from_utf8(encode_head(&parts, f).to_vec()).unwrap();
+        assert_eq!(
+            text(BodyFraming::Length(3)),
+            "POST /a/b?c=d HTTP/1.1\r\nhost: up\r\nx-a: 1\r\ncontent-length: 3\r\n\r\n"
+        );
+        assert_eq!(
+            text(BodyFraming::Chunked),
+            "POST /a/b?c=d HTTP/1.1\r\nhost: up\r\nx-a: 1\r\ntransfer-encoding: chunked\r\n\r\n"
+        );
+        assert_eq!(
+            text(BodyFraming::None),
+            "POST /a/b?c=d HTTP/1.1\r\nhost: up\r\nx-a: 1\r\n\r\n"
+        );
+    }
+}
