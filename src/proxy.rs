@@ -47,6 +47,25 @@ pub struct Proxy {
 const UPSTREAM_REJECTED: &str =
     "Bearer realm=\"tessera\", error=\"invalid_token\", error_description=\"upstream rejected credentials\"";
 
+/// The downstream peer of a connection, with its `X-Forwarded-For` value formatted once per
+/// connection rather than per request (formatting the address was 2-3% of a warm request's
+/// user CPU in the profile).
+pub struct Peer {
+    /// The client's socket address.
+    pub addr: SocketAddr,
+    forwarded_for: Option<HeaderValue>,
+}
+
+impl Peer {
+    /// The peer at `addr`.
+    pub fn new(addr: SocketAddr) -> Self {
+        Self {
+            addr,
+            forwarded_for: HeaderValue::from_str(&addr.ip().to_string()).ok(),
+        }
+    }
+}
+
 /// Per-request facts carried through the phases, for the access log.
 #[derive(Default)]
 struct Ctx {
@@ -119,7 +138,7 @@ impl Proxy {
     }
 
     /// Handles one downstream request end to end. Never fails: errors become responses.
-    pub async fn handle<B>(&self, req: Request<B>, peer: SocketAddr) -> Response<ProxyBody>
+    pub async fn handle<B>(&self, req: Request<B>, peer: &Peer) -> Response<ProxyBody>
     where
         B: Body<Data = Bytes> + Send + Sync + 'static,
         B::Error: Into<BoxError>,
@@ -139,7 +158,7 @@ impl Proxy {
         if let Some((method, path)) = logged {
             tracing::info!(
                 target: "tessera::access",
-                peer = %peer.ip(),
+                peer = %peer.addr.ip(),
                 method = %method,
                 path = %path,
                 status = resp.status().as_u16(),
@@ -154,7 +173,7 @@ impl Proxy {
     async fn process<B>(
         &self,
         req: Request<B>,
-        peer: SocketAddr,
+        peer: &Peer,
         ctx: &mut Ctx,
     ) -> Result<Response<ProxyBody>, ProxyError>
     where
@@ -171,7 +190,7 @@ impl Proxy {
                         &parts,
                         body,
                         &screened.host,
-                        peer,
+                        peer.addr,
                         &self.verifier,
                         &self.sessions,
                         &self.upstream,
@@ -261,7 +280,7 @@ impl Proxy {
         parts: &mut Parts,
         screened: &Screened,
         session: &Session,
-        peer: SocketAddr,
+        peer: &Peer,
         target: Uri,
     ) {
         let headers = &mut parts.headers;
@@ -272,7 +291,7 @@ impl Proxy {
             token::strip_token_cookies(headers, &self.sources);
         }
         headers.insert(header::AUTHORIZATION, session.authorization.clone());
-        screen::set_forwarded(headers, peer.ip(), "http", &screened.host);
+        screen::set_forwarded(headers, peer.forwarded_for.as_ref(), "http", &screened.host);
         let host = if self.preserve_host && !screened.host.is_empty() {
             screened.host.clone()
         } else {
@@ -287,6 +306,10 @@ impl Proxy {
     ///
     /// Errors: 400 for `*` under a base path, 414 if the result is no valid URI (too long).
     fn upstream_uri(&self, uri: &Uri) -> Result<Uri, ProxyError> {
+        if self.base_path.is_empty() && uri.scheme().is_none() && uri.authority().is_none() {
+            // Already origin-form: reused as is (its bytes are shared, not copied or re-parsed).
+            return Ok(uri.clone());
+        }
         let pq = uri.path_and_query().map_or("/", PathAndQuery::as_str);
         if self.base_path.is_empty() {
             return pq.parse().map_err(|_| ProxyError::UriTooLong);

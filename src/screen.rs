@@ -89,14 +89,26 @@ pub fn screen_request(parts: &mut Parts, limits: &Limits) -> Result<Screened, Pr
         return Err(ProxyError::BadRequest("dot segment in path"));
     }
     let host = authority(parts)?;
-    let cookie_is_hop_by_hop = remove_hop_by_hop(&mut parts.headers, true);
-    for name in SPOOFABLE {
-        parts.headers.remove(name);
+    let mut cookie_is_hop_by_hop = false;
+    if needs_cleaning(&parts.headers) {
+        cookie_is_hop_by_hop = remove_hop_by_hop(&mut parts.headers, true);
+        for name in SPOOFABLE {
+            parts.headers.remove(name);
+        }
     }
     Ok(Screened {
         host,
         cookie_is_hop_by_hop,
     })
+}
+
+/// Whether any header is hop-by-hop or spoofable: one pass over the names instead of 13
+/// removals, which the profile showed at 5% of a warm request's user CPU; most requests carry
+/// none of them.
+fn needs_cleaning(headers: &HeaderMap) -> bool {
+    headers
+        .keys()
+        .any(|n| HOP_BY_HOP.contains(n) || SPOOFABLE.iter().any(|s| n.as_str() == *s))
 }
 
 fn authority(parts: &Parts) -> Result<HeaderValue, ProxyError> {
@@ -180,12 +192,12 @@ pub fn screen_response(headers: &mut HeaderMap, strip: &[HeaderName]) {
 /// removed by [`screen_request`]).
 pub fn set_forwarded(
     headers: &mut HeaderMap,
-    peer: std::net::IpAddr,
+    forwarded_for: Option<&HeaderValue>,
     proto: &'static str,
     host: &HeaderValue,
 ) {
-    if let Ok(v) = HeaderValue::from_str(&peer.to_string()) {
-        headers.insert(HeaderName::from_static("x-forwarded-for"), v);
+    if let Some(v) = forwarded_for {
+        headers.insert(HeaderName::from_static("x-forwarded-for"), v.clone());
     }
     headers.insert(
         HeaderName::from_static("x-forwarded-proto"),
@@ -253,13 +265,28 @@ mod tests {
         let s = screen_request(&mut p, &L).unwrap();
         set_forwarded(
             &mut p.headers,
-            "127.0.0.9".parse().unwrap(),
+            Some(&HeaderValue::from_static("127.0.0.9")),
             "http",
             &s.host,
         );
         assert_eq!(p.headers["x-forwarded-for"], "127.0.0.9");
         assert_eq!(p.headers["x-forwarded-host"], "h.example");
         assert!(p.headers.get("forwarded").is_none() && p.headers.get("x-real-ip").is_none());
+    }
+
+    #[test]
+    fn the_cleaning_shortcut_sees_every_hop_by_hop_and_spoofable_name() {
+        let plain = parts(&[("host", "a"), ("accept", "*/*"), ("x-custom", "1")], "/");
+        assert!(!needs_cleaning(&plain.headers));
+        let hop_by_hop = HOP_BY_HOP;
+        let names = hop_by_hop
+            .iter()
+            .map(HeaderName::as_str)
+            .chain(SPOOFABLE.iter().copied());
+        for name in names {
+            let p = parts(&[("host", "a"), (name, "x")], "/");
+            assert!(needs_cleaning(&p.headers), "{name}");
+        }
     }
 
     #[test]

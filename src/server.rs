@@ -12,7 +12,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
 use crate::config::ServerConfig;
-use crate::proxy::Proxy;
+use crate::proxy::{Peer, Proxy};
 
 /// How long open connections get to finish after shutdown is signalled.
 const DRAIN: Duration = Duration::from_secs(10);
@@ -52,9 +52,10 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let proxy = proxy.clone();
+        let peer = Arc::new(Peer::new(peer));
         let service = service_fn(move |req| {
-            let proxy = proxy.clone();
-            async move { Ok::<_, std::convert::Infallible>(proxy.handle(req, peer).await) }
+            let (proxy, peer) = (proxy.clone(), peer.clone());
+            async move { Ok::<_, std::convert::Infallible>(proxy.handle(req, &peer).await) }
         });
         let conn = builder
             .serve_connection(TokioIo::new(stream), service)

@@ -75,7 +75,10 @@ fn now() -> u64 {
 }
 
 async fn status(f: &Fixture, req: Request<Full<Bytes>>) -> (StatusCode, http::HeaderMap, String) {
-    let resp = f.proxy.handle(req, peer()).await;
+    let resp = f
+        .proxy
+        .handle(req, &tessera::proxy::Peer::new(peer()))
+        .await;
     let (parts, body) = resp.into_parts();
     let body = body.collect().await.unwrap().to_bytes();
     (
