@@ -143,10 +143,13 @@ impl Proxy {
         B: Body<Data = Bytes> + Send + Sync + 'static,
         B::Error: Into<BoxError>,
     {
-        let started = Instant::now();
-        let logged = self
-            .access_log
-            .then(|| (req.method().clone(), req.uri().path().to_owned()));
+        let logged = self.access_log.then(|| {
+            (
+                req.method().clone(),
+                req.uri().path().to_owned(),
+                Instant::now(),
+            )
+        });
         let mut ctx = Ctx::default();
         let (resp, reason) = match self.process(req, peer, &mut ctx).await {
             Ok(resp) => (resp, None),
@@ -155,7 +158,7 @@ impl Proxy {
                 (e.into_response(), Some(reason))
             }
         };
-        if let Some((method, path)) = logged {
+        if let Some((method, path, started)) = logged {
             tracing::info!(
                 target: "tessera::access",
                 peer = %peer.addr.ip(),
