@@ -156,6 +156,18 @@ impl Upstream {
             return Err(err);
         };
         tracing::debug!(cause = %err, "reused upstream connection failed; retrying once on a fresh one");
+        // Boxed: the rare retry (and its connect) would otherwise double the size of every
+        // request's future, which is copied as it is awaited.
+        Box::pin(self.retry(key, req, progress)).await
+    }
+
+    /// The single retry of [`Upstream::send`], on a fresh connection.
+    async fn retry(
+        &self,
+        key: Option<http::HeaderValue>,
+        req: Request<UpBody>,
+        progress: Option<Arc<Progress>>,
+    ) -> Result<Response<ProxyBody>, ForwardError> {
         let mut conn = self.pool.checkout_fresh(key).await?;
         conn.set_request_progress(progress);
         match conn.h1().send(req).await {

@@ -205,7 +205,9 @@ impl Pool {
         if self.affinity == Affinity::Session {
             self.make_room();
         }
-        self.connect(permit, key).await
+        // Boxed: connecting is rare once the pool is warm, and inline it would enlarge every
+        // request's future.
+        Box::pin(self.connect(permit, key)).await
     }
 
     /// Before opening a connection while idle ones exist (affinity: bound to other credentials;
