@@ -778,9 +778,33 @@ fn slow_upload_is_not_cut_off_by_the_response_head_timeout() {
 
 /// Canned upstream answers by request path, for the HTTP/1.1 framing test below, and whether the
 /// upstream closes the connection after each.
-fn framing_script(line: &str) -> (Vec<u8>, bool) {
+fn framing_script(line: &str) -> upstream::Script {
     let path = line.split(' ').nth(1).unwrap_or("");
     let (text, close): (String, bool) = match path {
+        "/upload" => (
+            "HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nuploaded".into(),
+            false,
+        ),
+        "/early-413" => {
+            let text = "HTTP/1.1 413 Content Too Large\r\nContent-Length: 0\r\n\r\n";
+            return upstream::Script {
+                bytes: text.into(),
+                close: false,
+                early: true,
+            };
+        }
+        "/te-and-length" => (
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n\
+             b\r\nhello world\r\n0\r\n\r\n"
+                .into(),
+            false,
+        ),
+        "/http10-chunked" => (
+            "HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n\
+             2\r\nok\r\n0\r\n\r\n"
+                .into(),
+            false,
+        ),
         "/length" => (
             "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".into(),
             false,
@@ -846,14 +870,22 @@ fn framing_script(line: &str) -> (Vec<u8>, bool) {
             false,
         ),
     };
-    (text.into_bytes(), close)
+    upstream::Script {
+        bytes: text.into_bytes(),
+        close,
+        early: false,
+    }
 }
 
 #[test]
 fn upstream_http1_framing_and_connection_reuse() {
     use std::sync::atomic::Ordering::SeqCst;
     let up = upstream::start(Behavior::Scripted(framing_script));
-    let (t, token) = behind(&up.url(), &[]);
+    // A short response-head timeout, so a request stuck waiting fails fast.
+    let (t, token) = behind(
+        &up.url(),
+        &[("upstream", "response_header_timeout_ms = 3000")],
+    );
     let auth = bearer(&token);
     let get = |path: &str, extra: &[&str]| {
         let mut args = vec!["-H", auth.as_str()];
@@ -873,7 +905,10 @@ fn upstream_http1_framing_and_connection_reuse() {
         next_reuses(),
         "a Content-Length response leaves the connection reusable"
     );
-    let cases: [(&str, &[&str], u16, &str, bool); 9] = [
+    let cases: [(&str, &[&str], u16, &str, bool); 11] = [
+        // Both framings: chunked wins, all 11 bytes arrive, the connection is not trusted again.
+        ("/te-and-length", &[], 200, "hello world", false),
+        ("/http10-chunked", &[], 502, "", false),
         ("/chunked", &[], 200, "hello world", true),
         ("/interim", &[], 200, "final", true),
         ("/no-content", &[], 204, "", true),
@@ -919,4 +954,29 @@ fn upstream_http1_framing_and_connection_reuse() {
         "the 502s say why: {}",
         t.log()
     );
+    // Uploads. The upstream's `100 Continue` arrives while the body is being sent: skipped, the
+    // body goes out in full, the final answer follows, and the connection stays usable.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("body");
+    std::fs::write(&file, vec![b'u'; 2 << 20]).unwrap();
+    let data = format!("@{}", file.display());
+    let before = up.stats.body_bytes.load(SeqCst);
+    let (code, text) = get(
+        "/upload",
+        &["--data-binary", &data, "-H", "Expect: 100-continue"],
+    );
+    assert_eq!((code, text.as_str()), (200, "uploaded"));
+    assert_eq!(up.stats.body_bytes.load(SeqCst) - before, 2 << 20);
+    assert!(next_reuses(), "after an upload with 100 Continue");
+    // An upstream that answers 413 at once and drains the body: the client gets the 413, and
+    // whatever part of the body was not yet written, the next request is not mixed into it.
+    for _ in 0..3 {
+        let (code, _) = get("/early-413", &["--data-binary", &data, "-H", "Expect:"]);
+        assert_eq!(code, 413);
+        assert_eq!(
+            get("/length", &[]),
+            (200, "ok".to_string()),
+            "after an early 413"
+        );
+    }
 }

@@ -148,9 +148,10 @@ impl H1 {
     ///
     /// Framing sent: no body for a bodyless GET/HEAD/DELETE/OPTIONS/TRACE, else
     /// `Content-Length` when the body's size is known, else `Transfer-Encoding: chunked`; the
-    /// client's framing headers are replaced. A response that arrives while the body is still
-    /// being sent is returned at once (the rest of the body is not sent; the caller must not
-    /// reuse the connection, see `Progress`).
+    /// client's framing headers are replaced. Heads that arrive while the body is being sent:
+    /// 1xx are skipped; an error (>= 400) ends the sending and is returned at once; another
+    /// final head waits until the body was sent. The connection is marked reusable
+    /// ([`Head::keep_alive`]) only if the whole request was written.
     ///
     /// Errors: see [`SendError`]; request-body errors are [`ForwardError::BodyTooLarge`] when the
     /// body exceeded its limit, else [`ForwardError::Broken`].
@@ -179,18 +180,37 @@ impl H1 {
         let mut body_done = matches!(framing, BodyFraming::None | BodyFraming::Length(0));
         let mut polled_body = false;
         let mut eof = false;
+        // A final response head that arrived while the request was still being sent.
+        let mut early: Option<Head> = None;
         let result = poll_fn(|cx| {
-            // Send the head and body; an early answer from the upstream ends the sending.
             while !(body_done && out.is_empty()) {
-                if !eof {
+                // Watch for an answer while sending (RFC 9112 section 9.5): interim (1xx) heads
+                // are consumed, an error (>= 400, or 101) stops the sending, any other final head
+                // is kept and the body is still sent in full.
+                if !eof && early.is_none() {
                     match self.poll_fill(cx) {
-                        Poll::Ready(Ok(0)) => eof = true,
-                        Poll::Ready(Ok(_)) => {
-                            if head_complete(&self.buf) {
-                                return Poll::Ready(Ok(()));
-                            }
-                            continue;
+                        Poll::Ready(Ok(_)) if !sent_any => {
+                            // Bytes or a close before any of the request was written: nothing
+                            // of it was sent, so it may be replayed on another connection.
+                            return Poll::Ready(Err(Fail::Io(io::Error::new(
+                                io::ErrorKind::ConnectionAborted,
+                                "upstream spoke or closed before the request",
+                            ))));
                         }
+                        Poll::Ready(Ok(0)) => eof = true,
+                        Poll::Ready(Ok(_)) => match self.early_head(head_request) {
+                            Ok(None) => continue,
+                            Ok(Some(head)) => {
+                                let stop = head.response.status().as_u16() >= 400
+                                    || head.response.status() == StatusCode::SWITCHING_PROTOCOLS;
+                                early = Some(head);
+                                if stop {
+                                    return Poll::Ready(Ok(()));
+                                }
+                                continue;
+                            }
+                            Err(e) => return Poll::Ready(Err(Fail::Head(e))),
+                        },
                         Poll::Ready(Err(e)) => return Poll::Ready(Err(Fail::Io(e))),
                         Poll::Pending => {}
                     }
@@ -203,11 +223,14 @@ impl H1 {
                         }
                         Poll::Ready(Err(e)) => {
                             // An upstream that answered early (413, 401) and closed makes the
-                            // write fail; its answer may already be readable.
-                            if !eof
+                            // write fail; its answer may already be here or readable.
+                            if early.is_none()
+                                && !eof
                                 && matches!(self.poll_fill(cx), Poll::Ready(Ok(n)) if n > 0)
-                                && head_complete(&self.buf)
                             {
+                                early = self.early_head(head_request).ok().flatten();
+                            }
+                            if early.is_some() {
                                 return Poll::Ready(Ok(()));
                             }
                             return Poll::Ready(Err(Fail::Io(e)));
@@ -247,6 +270,7 @@ impl H1 {
         if let Err(fail) = result {
             return Err(match fail {
                 Fail::Body(e) => SendError::Failed(body_error(e)),
+                Fail::Head(e) => SendError::Failed(e),
                 Fail::Io(e) if !sent_any && !polled_body => SendError::Unsent(
                     Request::from_parts(parts, body),
                     broken(format!("writing the request: {e}")),
@@ -254,11 +278,49 @@ impl H1 {
                 Fail::Io(e) => SendError::Failed(broken(format!("writing the request: {e}"))),
             });
         }
-        match self.read_head(head_request, eof).await {
-            Err(SendError::ClosedBeforeResponse(None, e)) if !polled_body => Err(
-                SendError::ClosedBeforeResponse(Some(Request::from_parts(parts, body)), e),
-            ),
-            other => other,
+        // The upstream may take another request only if this one was written to its end.
+        let request_complete = body_done && out.is_empty();
+        let head = match early {
+            Some(head) if head.response.status() == StatusCode::SWITCHING_PROTOCOLS => {
+                return Err(SendError::Failed(broken(
+                    "upstream switched protocols (upgrades are not proxied)",
+                )))
+            }
+            Some(head) => Ok(head),
+            None => match self.read_head(head_request, eof).await {
+                Err(SendError::ClosedBeforeResponse(None, e)) if !polled_body => Err(
+                    SendError::ClosedBeforeResponse(Some(Request::from_parts(parts, body)), e),
+                ),
+                other => other,
+            },
+        };
+        head.map(|mut head| {
+            head.keep_alive &= request_complete;
+            head
+        })
+    }
+
+    /// Consumes the complete response heads buffered while the request is being sent: interim
+    /// (1xx, but 101) heads are dropped; the first other one is returned. `None`: no final head
+    /// yet. A head growing past [`MAX_HEAD`] is an error here, not a reason to read on.
+    fn early_head(&mut self, head_request: bool) -> Result<Option<Head>, ForwardError> {
+        loop {
+            if !head_complete(&self.buf) {
+                if self.buf.len() > MAX_HEAD {
+                    return Err(broken(format!(
+                        "invalid response head: larger than {MAX_HEAD} bytes"
+                    )));
+                }
+                return Ok(None);
+            }
+            let Some(head) = self.parse_head(head_request)? else {
+                return Ok(None);
+            };
+            let status = head.response.status();
+            if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
+                continue;
+            }
+            return Ok(Some(head));
         }
     }
 
@@ -347,7 +409,20 @@ impl H1 {
                 .map_err(|_| broken("invalid response header value"))?;
             map.append(name, value);
         }
-        let keep_alive = keep_alive(version, &map);
+        let mut keep_alive = keep_alive(version, &map);
+        if map.contains_key(header::TRANSFER_ENCODING) {
+            // RFC 9112 section 6.1: chunked framing is HTTP/1.1; section 6.3: with both fields,
+            // Transfer-Encoding wins, Content-Length must not be forwarded, and the connection
+            // is not trusted with another request.
+            if version == Version::HTTP_10 {
+                return Err(broken(
+                    "invalid response head: Transfer-Encoding in an HTTP/1.0 response",
+                ));
+            }
+            if map.remove(header::CONTENT_LENGTH).is_some() {
+                keep_alive = false;
+            }
+        }
         let framing = framing(head_request, status, &map)?;
         let mut response = Response::new(());
         *response.status_mut() = status;
@@ -425,12 +500,10 @@ impl H1 {
     fn chunk_step(&mut self, state: Chunk) -> Result<Step, String> {
         match state {
             Chunk::Size => {
-                let Some(end) = find_crlf(&self.buf) else {
-                    return if self.buf.len() > MAX_CHUNK_LINE {
-                        Err("chunk-size line too long".into())
-                    } else {
-                        Ok(Step::More)
-                    };
+                let end = match find_crlf(&self.buf) {
+                    Some(end) if end <= MAX_CHUNK_LINE => end,
+                    None if self.buf.len() <= MAX_CHUNK_LINE => return Ok(Step::More),
+                    _ => return Err("chunk-size line too long".into()),
                 };
                 let size = chunk_size(&self.buf[..end])?;
                 self.buf.advance(end + 2);
@@ -504,6 +577,7 @@ enum Step {
 enum Fail {
     Io(io::Error),
     Body(BoxError),
+    Head(ForwardError),
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -598,6 +672,9 @@ fn find_crlf(buf: &[u8]) -> Option<usize> {
 /// `chunk-size [ chunk-ext ]` (RFC 9112 section 7.1): hex digits, then nothing, or whitespace
 /// or `;` starting extensions (ignored).
 fn chunk_size(line: &[u8]) -> Result<u64, String> {
+    if line.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f) {
+        return Err("invalid chunk size".into());
+    }
     let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
     if digits == 0 || digits > 16 {
         return Err("invalid chunk size".into());
@@ -794,7 +871,16 @@ mod tests {
         assert_eq!(chunk_size(b"0").unwrap(), 0);
         assert_eq!(chunk_size(b"A;name=value").unwrap(), 10);
         assert_eq!(chunk_size(b"a \t; x").unwrap(), 10);
-        for bad in [&b""[..], b"g", b";", b"-1", b"1x", b"11111111111111111"] {
+        for bad in [
+            &b""[..],
+            b"g",
+            b";",
+            b"-1",
+            b"1x",
+            b"11111111111111111",
+            b"a;x\ry",
+            b"a;\n",
+        ] {
             assert!(chunk_size(bad).is_err(), "{bad:?}");
         }
         assert_eq!(chunk_size(b"ffffffffffffffff").unwrap(), u64::MAX);

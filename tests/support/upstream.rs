@@ -78,9 +78,20 @@ pub enum Behavior {
     Users,
     /// raw: answers with Cyrus-like `Connection: Upgrade`, `Upgrade: h2c`, `Alt-Svc`, `Keep-Alive`.
     HopHeaders,
-    /// raw: answers each (bodyless) request with the bytes the function gives for its request
-    /// line, e.g. `GET /x HTTP/1.1`; closes the connection after them when it says `true`.
-    Scripted(fn(&str) -> (Vec<u8>, bool)),
+    /// raw: answers each request with the bytes the function gives for its request line, e.g.
+    /// `GET /x HTTP/1.1` (see [`Script`]). A `Content-Length` request body is read (and
+    /// dropped) before the answer, after it when the script says `early`; with
+    /// `Expect: 100-continue` a `100 Continue` goes first, as nginx does.
+    Scripted(fn(&str) -> Script),
+}
+
+/// A scripted answer.
+pub struct Script {
+    pub bytes: Vec<u8>,
+    /// Close the connection after the answer.
+    pub close: bool,
+    /// Answer before reading the request body (then read it anyway, like a server that drains).
+    pub early: bool,
 }
 
 pub fn start(behavior: Behavior) -> TestUpstream {
@@ -224,9 +235,35 @@ async fn raw(mut stream: tokio::net::TcpStream, behavior: Behavior, s: &Stats) {
             s.requests.fetch_add(1, Ordering::SeqCst);
             served += 1;
             if let Behavior::Scripted(script) = behavior {
-                let line = String::from_utf8_lossy(&head);
-                let (resp, close) = script(line.lines().next().unwrap_or(""));
-                if stream.write_all(&resp).await.is_err() || close {
+                let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+                let answer = script(String::from_utf8_lossy(&head).lines().next().unwrap_or(""));
+                let body_len: usize = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                let first: &[u8] = if answer.early {
+                    &answer.bytes
+                } else if text.contains("\r\nexpect: 100-continue") {
+                    b"HTTP/1.1 100 Continue\r\n\r\n"
+                } else {
+                    b""
+                };
+                if stream.write_all(first).await.is_err() {
+                    return;
+                }
+                while buf.len() < body_len {
+                    match stream.read(&mut tmp).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&tmp[..n]),
+                    }
+                }
+                buf.drain(..body_len);
+                s.body_bytes.fetch_add(body_len as u64, Ordering::SeqCst);
+                if !answer.early && stream.write_all(&answer.bytes).await.is_err() {
+                    return;
+                }
+                if answer.close {
                     return;
                 }
                 continue;
