@@ -8,8 +8,9 @@
 //! channels: four task hand-offs per request. Measured in BENCHMARKS.md ("Upstream HTTP/1.1 in
 //! the request's task"); the downstream side stays hyper's server.
 //!
-//! Must never: reuse a connection whose response was not read exactly to its end, accept a
-//! response head over [`MAX_HEAD`] bytes, or replay a request whose body was partly consumed.
+//! Must never: reuse a connection whose request was not written in full or whose response was
+//! not read exactly to its end, accept a response head over [`MAX_HEAD`] bytes, or replay a
+//! request whose body was partly consumed.
 
 use std::future::poll_fn;
 use std::io::{self, IoSlice};
