@@ -13,7 +13,7 @@
 //! request whose body was partly consumed.
 
 use std::future::poll_fn;
-use std::io::{self, IoSlice};
+use std::io::{self, IoSlice, Write};
 use std::pin::Pin;
 use std::task::{ready, Context, Poll, Waker};
 
@@ -651,9 +651,8 @@ fn encode_head(parts: &http::request::Parts, framing: BodyFraming) -> Bytes {
     match framing {
         BodyFraming::None => {}
         BodyFraming::Length(n) => {
-            out.extend_from_slice(b"content-length: ");
-            out.extend_from_slice(n.to_string().as_bytes());
-            out.extend_from_slice(b"\r\n");
+            // Writing into a Vec cannot fail.
+            let _ = write!(out, "content-length: {n}\r\n");
         }
         BodyFraming::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
     }
