@@ -199,15 +199,16 @@ pub fn set_forwarded(
     proto: &'static str,
     host: &HeaderValue,
 ) {
+    // Validated at compile time (a `from_static` call outside a const checks the name per call).
+    const FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+    const PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+    const HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
     if let Some(v) = forwarded_for {
-        headers.insert(HeaderName::from_static("x-forwarded-for"), v.clone());
+        headers.insert(FOR, v.clone());
     }
-    headers.insert(
-        HeaderName::from_static("x-forwarded-proto"),
-        HeaderValue::from_static(proto),
-    );
+    headers.insert(PROTO, HeaderValue::from_static(proto));
     if !host.is_empty() {
-        headers.insert(HeaderName::from_static("x-forwarded-host"), host.clone());
+        headers.insert(HOST, host.clone());
     }
 }
 

@@ -1,23 +1,30 @@
 //! The accept phase: plain HTTP/1.1 and h2c (prior knowledge) on one TCP listener, with graceful
-//! shutdown. Must never: do request work here (that is `proxy`).
+//! shutdown. Each connection starts on the HTTP/1.1 fast path ([`h1`]), which hands anything
+//! else to hyper. Must never: do request work here (that is `proxy`).
+
+mod h1;
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::config::ServerConfig;
 use crate::proxy::{Peer, Proxy};
 
+pub use h1::MAX_FAST_BODY;
+
 /// How long open connections get to finish after shutdown is signalled.
 const DRAIN: Duration = Duration::from_secs(10);
 
-/// Serves `proxy` on `listener` until `shutdown` resolves, then drains open connections.
+/// Serves `proxy` on `listener` until `shutdown` resolves, then drains open connections: idle
+/// ones close at once, busy ones finish their request (answered with `Connection: close`), for
+/// at most 10 s.
 ///
 /// Errors: none from accept (a failed accept is logged and retried after a short pause).
 pub async fn serve(
@@ -26,17 +33,30 @@ pub async fn serve(
     cfg: &ServerConfig,
     shutdown: impl Future<Output = ()>,
 ) {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
+    let max_head = (cfg.max_header_bytes + cfg.max_uri_bytes + 1024).max(8192);
+    let mut hyper = auto::Builder::new(TokioExecutor::new());
+    hyper
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(cfg.header_read_timeout)
-        .max_buf_size((cfg.max_header_bytes + cfg.max_uri_bytes + 1024).max(8192));
-    builder
+        .max_buf_size(max_head);
+    hyper
         .http2()
         .timer(TokioTimer::new())
         .max_header_list_size((cfg.max_header_bytes + cfg.max_uri_bytes) as u32);
-    let graceful = GracefulShutdown::new();
+    let stop = CancellationToken::new();
+    let serving = Arc::new(h1::Serving {
+        proxy,
+        hyper,
+        header_read_timeout: cfg.header_read_timeout,
+        max_head,
+        max_body: match cfg.max_body_bytes {
+            0 => MAX_FAST_BODY,
+            cap => cap.min(MAX_FAST_BODY),
+        },
+        shutdown: stop.clone(),
+    });
+    let connections = TaskTracker::new();
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -51,24 +71,12 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let proxy = proxy.clone();
-        let peer = Arc::new(Peer::new(peer));
-        let service = service_fn(move |req| {
-            let (proxy, peer) = (proxy.clone(), peer.clone());
-            async move { Ok::<_, std::convert::Infallible>(proxy.handle(req, &peer).await) }
-        });
-        let conn = builder
-            .serve_connection(TokioIo::new(stream), service)
-            .into_owned();
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(cause = %e, "downstream connection ended with an error");
-            }
-        });
+        connections.spawn(h1::serve(serving.clone(), stream, Peer::new(peer)));
     }
     drop(listener);
-    if tokio::time::timeout(DRAIN, graceful.shutdown())
+    stop.cancel();
+    connections.close();
+    if tokio::time::timeout(DRAIN, connections.wait())
         .await
         .is_err()
     {

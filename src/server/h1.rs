@@ -1,0 +1,751 @@
+//! The downstream HTTP/1.1 fast path: a connection's plain HTTP/1.1 requests (no body, or a
+//! `Content-Length` body of at most [`MAX_FAST_BODY`] bytes) are read, handed to the proxy and
+//! answered by this loop in the connection's own task, without hyper's dispatcher.
+//!
+//! Everything else goes to hyper for the rest of the connection, together with the bytes already
+//! read (hyper parses the request from its first byte): h2c prior knowledge, HTTP/1.0,
+//! `Transfer-Encoding`, `Expect`, `Upgrade`, `CONNECT`, a second `Content-Length`, a body larger
+//! than the fast path buffers or than `server.max_body_bytes`, a head over the size limit, and any
+//! head `httparse` (hyper's own parser) refuses. hyper's answers to those stay what they were.
+//!
+//! Why: hyper's server side (read, dispatch, head encoding, its flush) was about a third of a
+//! warm request's user CPU in the profile (BENCHMARKS.md, "Downstream HTTP/1.1 fast path").
+//!
+//! Framing (RFC 9112 section 6.3): a request is taken here only when one `Content-Length` of
+//! plain digits, or none, frames it; its whole body is read before the proxy sees the request,
+//! so no body byte is ever left in the buffer to be mistaken for the next request. Responses
+//! are framed by the body's exact length when known, else chunked; bodyless for `HEAD`, 204 and
+//! 304. Must never: guess at a request's framing (any doubt goes to hyper), or keep a
+//! connection whose response was cut short.
+
+use std::future::{poll_fn, Future};
+use std::io::{self, IoSlice};
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{self, HeaderName};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
+use http_body::Body;
+use http_body_util::{BodyExt, Full};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+
+use crate::forward::ProxyBody;
+use crate::proxy::{Peer, Proxy};
+
+/// Largest request body, bytes, the fast path reads into memory before forwarding; a larger
+/// `Content-Length` goes to hyper, which streams it.
+pub const MAX_FAST_BODY: u64 = 64 * 1024;
+/// Most request header fields the fast path parses (hyper's default limit); more go to hyper.
+const MAX_HEADERS: usize = 100;
+/// Bytes read per `recv`.
+const READ_CHUNK: usize = 8 * 1024;
+
+/// What every connection of one serving thread shares.
+pub struct Serving {
+    /// The request path.
+    pub proxy: Arc<Proxy>,
+    /// The server for connections handed to hyper (h1 + h2c, the same limits).
+    pub hyper: auto::Builder<TokioExecutor>,
+    /// Time a client has for a request head (and a fast-path body) from the moment the
+    /// connection starts waiting for it; idle keep-alive connections close after it too.
+    pub header_read_timeout: Duration,
+    /// Largest head, bytes, the fast path waits for; a longer one goes to hyper (which answers
+    /// 431). The same size as hyper's read buffer limit.
+    pub max_head: usize,
+    /// Largest body, bytes, the fast path buffers: [`MAX_FAST_BODY`] or `server.max_body_bytes`
+    /// when that is smaller and set.
+    pub max_body: u64,
+    /// Cancelled when the server shuts down: idle connections close, busy ones finish their
+    /// request and answer it with `Connection: close`.
+    pub shutdown: CancellationToken,
+}
+
+/// Serves one accepted connection until it closes, the client asks to close, or shutdown.
+pub async fn serve(serving: Arc<Serving>, io: TcpStream, peer: Peer) {
+    let mut conn = Conn {
+        io,
+        buf: BytesMut::new(),
+        out: Vec::new(),
+        spans: Vec::new(),
+    };
+    let timer = tokio::time::sleep(serving.header_read_timeout);
+    let cancelled = serving.shutdown.cancelled();
+    tokio::pin!(timer, cancelled);
+    let mut wait = Wait {
+        timer: timer.as_mut(),
+        cancelled: cancelled.as_mut(),
+        timeout: serving.header_read_timeout,
+        deadline: None,
+        stopping: false,
+    };
+    loop {
+        let (req, close) = match conn.read_request(&serving, &mut wait).await {
+            Next::Request(req, close) => (req, close),
+            Next::HandOff => return hand_off(&serving, conn, peer, wait.stopping).await,
+            Next::Close => break,
+            Next::Timeout => {
+                tracing::debug!(peer = %peer.addr.ip(), "request head not received in time");
+                let _ = conn.io.write_all(REQUEST_TIMEOUT).await;
+                break;
+            }
+        };
+        let head = req.method() == Method::HEAD;
+        let resp = serving.proxy.handle(req, &peer).await;
+        let close = close || serving.shutdown.is_cancelled();
+        if !conn.write_response(resp, head, close).await || close {
+            break;
+        }
+    }
+    let _ = conn.io.shutdown().await;
+}
+
+/// Sent when a request started but its head (or fast-path body) did not arrive in time.
+const REQUEST_TIMEOUT: &[u8] =
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+
+/// Gives the connection, and the bytes read but not yet served, to hyper (h1 or h2c).
+async fn hand_off(serving: &Serving, conn: Conn, peer: Peer, stopping: bool) {
+    let io = Prefixed {
+        pre: conn.buf.freeze(),
+        io: conn.io,
+    };
+    let peer = Arc::new(peer);
+    let proxy = serving.proxy.clone();
+    let service = service_fn(move |req| {
+        let (proxy, peer) = (proxy.clone(), peer.clone());
+        async move { Ok::<_, std::convert::Infallible>(proxy.handle(req, &peer).await) }
+    });
+    let conn = serving.hyper.serve_connection(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    if !stopping {
+        tokio::select! {
+            done = conn.as_mut() => {
+                if let Err(e) = done {
+                    tracing::debug!(cause = %e, "downstream connection ended with an error");
+                }
+                return;
+            }
+            () = serving.shutdown.cancelled() => {}
+        }
+    }
+    conn.as_mut().graceful_shutdown();
+    if let Err(e) = conn.await {
+        tracing::debug!(cause = %e, "downstream connection ended with an error");
+    }
+}
+
+/// One downstream connection on the fast path.
+struct Conn {
+    io: TcpStream,
+    /// Bytes read and not yet served (the next request's head, pipelined requests).
+    buf: BytesMut,
+    /// The response head being written (reused).
+    out: Vec<u8>,
+    /// Offsets of the parsed head's header names and values (reused).
+    spans: Vec<[u32; 4]>,
+}
+
+/// The head-read timer and the shutdown signal, kept across a connection's requests.
+struct Wait<'a, 'b> {
+    /// Fires at or before the current deadline; pushed forward lazily, only when it fires
+    /// early, so a busy connection does not touch the timer wheel per request.
+    timer: Pin<&'a mut Sleep>,
+    cancelled: Pin<&'a mut WaitForCancellationFuture<'b>>,
+    timeout: Duration,
+    /// When the request being read must be complete; set on the first wait for it.
+    deadline: Option<Instant>,
+    /// Shutdown was seen (the cancellation future is done and must not be polled again).
+    stopping: bool,
+}
+
+// Made once per request and moved straight into the proxy: boxing the request would cost an
+// allocation per request to save a move.
+#[allow(clippy::large_enum_variant)]
+enum Next {
+    /// A request, and whether the client asked to close after it.
+    Request(Request<Full<Bytes>>, bool),
+    /// Not for the fast path: hyper takes the connection.
+    HandOff,
+    /// EOF, a read error, or shutdown while idle.
+    Close,
+    /// A started request did not complete within the head-read timeout.
+    Timeout,
+}
+
+enum Fill {
+    Read,
+    Closed,
+    Timeout,
+}
+
+/// A request head the fast path takes: where its parts are in the buffer.
+struct Parsed {
+    len: usize,
+    method: Method,
+    path: (usize, usize),
+    body: u64,
+    close: bool,
+}
+
+enum Parse {
+    Partial,
+    HandOff,
+    Head(Parsed),
+}
+
+impl Conn {
+    async fn read_request(&mut self, serving: &Serving, wait: &mut Wait<'_, '_>) -> Next {
+        wait.deadline = None;
+        let parsed = loop {
+            if !self.buf.is_empty() {
+                match self.parse(serving.max_body) {
+                    Parse::Head(p) => break p,
+                    Parse::HandOff => return Next::HandOff,
+                    Parse::Partial if self.buf.len() >= serving.max_head => return Next::HandOff,
+                    Parse::Partial => {}
+                }
+            }
+            match self.fill(wait).await {
+                Fill::Read => {}
+                Fill::Closed => return Next::Close,
+                Fill::Timeout if self.buf.is_empty() => return Next::Close,
+                Fill::Timeout => return Next::Timeout,
+            }
+        };
+        let whole = parsed.len + parsed.body as usize;
+        while self.buf.len() < whole {
+            match self.fill(wait).await {
+                Fill::Read => {}
+                Fill::Closed => return Next::Close,
+                Fill::Timeout => return Next::Timeout,
+            }
+        }
+        match self.build(&parsed) {
+            Some(req) => Next::Request(req, parsed.close),
+            None => Next::HandOff,
+        }
+    }
+
+    /// Parses the head at the front of the buffer, recording its header offsets in `spans`.
+    fn parse(&mut self, max_body: u64) -> Parse {
+        let mut headers = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut []);
+        let len = match httparse::ParserConfig::default().parse_request_with_uninit_headers(
+            &mut req,
+            &self.buf,
+            &mut headers,
+        ) {
+            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Partial) => return Parse::Partial,
+            Err(_) => return Parse::HandOff,
+        };
+        if req.version != Some(1) {
+            return Parse::HandOff;
+        }
+        let Ok(method) = Method::from_bytes(req.method.unwrap_or("").as_bytes()) else {
+            return Parse::HandOff;
+        };
+        if method == Method::CONNECT {
+            return Parse::HandOff;
+        }
+        let base = self.buf.as_ptr() as usize;
+        let offset = |s: &[u8]| s.as_ptr() as usize - base;
+        let path = req.path.unwrap_or("");
+        let path = (
+            offset(path.as_bytes()),
+            offset(path.as_bytes()) + path.len(),
+        );
+        let (mut body, mut close) = (None, false);
+        self.spans.clear();
+        for h in req.headers.iter() {
+            let name = h.name.as_bytes();
+            if name.eq_ignore_ascii_case(b"content-length") {
+                match (body, digits(h.value)) {
+                    (None, Some(n)) if n <= max_body => body = Some(n),
+                    _ => return Parse::HandOff,
+                }
+            } else if name.eq_ignore_ascii_case(b"connection") {
+                close |= has_token(h.value, b"close");
+            } else if name.eq_ignore_ascii_case(b"transfer-encoding")
+                || name.eq_ignore_ascii_case(b"expect")
+                || name.eq_ignore_ascii_case(b"upgrade")
+            {
+                return Parse::HandOff;
+            }
+            // Offsets within the head, which is at most `max_head` (< 4 GiB) long.
+            let (n, v) = (offset(name) as u32, offset(h.value) as u32);
+            self.spans
+                .push([n, n + name.len() as u32, v, v + h.value.len() as u32]);
+        }
+        Parse::Head(Parsed {
+            len,
+            method,
+            path,
+            body: body.unwrap_or(0),
+            close,
+        })
+    }
+
+    /// Splits the parsed head and its body off the buffer and builds the request; `None` (the
+    /// bytes put back) when hyper should answer it: an invalid target or header.
+    fn build(&mut self, p: &Parsed) -> Option<Request<Full<Bytes>>> {
+        let head = self.buf.split_to(p.len).freeze();
+        let body = self.buf.split_to(p.body as usize).freeze();
+        match request(&head, p, &self.spans, body.clone()) {
+            Some(req) => Some(req),
+            None => {
+                let mut all = BytesMut::with_capacity(head.len() + body.len() + self.buf.len());
+                all.extend_from_slice(&head);
+                all.extend_from_slice(&body);
+                all.extend_from_slice(&self.buf);
+                self.buf = all;
+                None
+            }
+        }
+    }
+
+    /// Reads more bytes, waiting at most until the current request's deadline.
+    async fn fill(&mut self, wait: &mut Wait<'_, '_>) -> Fill {
+        poll_fn(|cx| {
+            if self.buf.capacity() - self.buf.len() < READ_CHUNK / 2 {
+                self.buf.reserve(READ_CHUNK);
+            }
+            match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf) {
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(Fill::Closed),
+                Poll::Ready(Ok(_)) => return Poll::Ready(Fill::Read),
+                Poll::Pending => {}
+            }
+            if wait.poll_expired(cx) {
+                return Poll::Ready(Fill::Timeout);
+            }
+            if !wait.stopping && self.buf.is_empty() && wait.cancelled.as_mut().poll(cx).is_ready()
+            {
+                wait.stopping = true;
+                return Poll::Ready(Fill::Closed);
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Writes the response; `false` when the connection cannot carry another request (a write
+    /// failed, or the body ended early, failed or ran long).
+    async fn write_response(&mut self, resp: Response<ProxyBody>, head: bool, close: bool) -> bool {
+        let (parts, mut body) = resp.into_parts();
+        let status = parts.status;
+        let framing =
+            if head || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+                Framing::Bodyless
+            } else {
+                match body.size_hint().exact() {
+                    Some(n) => Framing::Length(n),
+                    None => Framing::Chunked,
+                }
+            };
+        encode_head(&mut self.out, status, &parts.headers, framing, close);
+        match framing {
+            Framing::Bodyless | Framing::Length(0) => {
+                drop(body);
+                self.io.write_all(&self.out).await.is_ok()
+            }
+            Framing::Length(n) => self.write_sized(body, n).await,
+            Framing::Chunked => self.write_chunked(&mut body).await,
+        }
+    }
+
+    /// A body of exactly `n` bytes, its first frame in the head's write.
+    async fn write_sized(&mut self, mut body: ProxyBody, n: u64) -> bool {
+        let mut head = Some(std::mem::take(&mut self.out));
+        let mut left = n;
+        let complete = loop {
+            let data = match next_data(&mut body).await {
+                Ok(Some(d)) => d,
+                Ok(None) => break left == 0,
+                Err(()) => break false,
+            };
+            if data.len() as u64 > left {
+                tracing::debug!("response body longer than its length; connection closed");
+                break false;
+            }
+            left -= data.len() as u64;
+            let sent = match head.take() {
+                Some(h) => {
+                    let ok = write_all_vectored(&mut self.io, &[&h[..], &data[..]]).await;
+                    self.out = h;
+                    ok
+                }
+                None => self.io.write_all(&data).await.is_ok(),
+            };
+            if !sent {
+                return false;
+            }
+        };
+        if let Some(h) = head {
+            // The body ended before its first byte: the head alone, then the connection closes.
+            let _ = self.io.write_all(&h).await;
+            self.out = h;
+        }
+        if !complete {
+            tracing::debug!("response body ended before its length; connection closed");
+        }
+        complete
+    }
+
+    /// A body of unknown length, chunked (RFC 9112 section 7.1); the head goes with the first
+    /// chunk.
+    async fn write_chunked(&mut self, body: &mut ProxyBody) -> bool {
+        let mut head = Some(std::mem::take(&mut self.out));
+        loop {
+            let data = match next_data(body).await {
+                Ok(Some(d)) if d.is_empty() => continue,
+                Ok(Some(d)) => d,
+                Ok(None) => break,
+                Err(()) => {
+                    if let Some(h) = head {
+                        let _ = self.io.write_all(&h).await;
+                        self.out = h;
+                    }
+                    return false;
+                }
+            };
+            let size = format!("{:x}\r\n", data.len());
+            let h = head.take().unwrap_or_default();
+            let ok =
+                write_all_vectored(&mut self.io, &[&h[..], size.as_bytes(), &data[..], b"\r\n"])
+                    .await;
+            if !h.is_empty() {
+                self.out = h;
+            }
+            if !ok {
+                return false;
+            }
+        }
+        let h = head.take().unwrap_or_default();
+        let ok = write_all_vectored(&mut self.io, &[&h[..], b"0\r\n\r\n"]).await;
+        if !h.is_empty() {
+            self.out = h;
+        }
+        ok
+    }
+}
+
+/// The next data frame (trailers are dropped: HTTP/1.1 clients did not ask for them).
+async fn next_data(body: &mut ProxyBody) -> Result<Option<Bytes>, ()> {
+    loop {
+        match body.frame().await {
+            None => return Ok(None),
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    return Ok(Some(data));
+                }
+            }
+            Some(Err(e)) => {
+                tracing::debug!(cause = %e, "response body failed; connection closed");
+                return Err(());
+            }
+        }
+    }
+}
+
+/// Writes every slice, in as few `writev` calls as the socket takes.
+async fn write_all_vectored(io: &mut TcpStream, parts: &[&[u8]]) -> bool {
+    let mut bufs = [IoSlice::new(&[]); 4];
+    let mut n = 0;
+    for p in parts.iter().filter(|p| !p.is_empty()) {
+        bufs[n] = IoSlice::new(p);
+        n += 1;
+    }
+    let mut bufs = &mut bufs[..n];
+    while !bufs.is_empty() {
+        match io.write_vectored(bufs).await {
+            Ok(0) | Err(_) => return false,
+            Ok(written) => IoSlice::advance_slices(&mut bufs, written),
+        }
+    }
+    true
+}
+
+impl Wait<'_, '_> {
+    /// Whether the current request's deadline passed; registers for the wake-up otherwise.
+    fn poll_expired(&mut self, cx: &mut Context<'_>) -> bool {
+        let deadline = *self
+            .deadline
+            .get_or_insert_with(|| Instant::now() + self.timeout);
+        while self.timer.as_mut().poll(cx).is_ready() {
+            if Instant::now() >= deadline {
+                return true;
+            }
+            self.timer.as_mut().reset(deadline);
+        }
+        false
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Framing {
+    Bodyless,
+    Length(u64),
+    Chunked,
+}
+
+/// The status line and header section; tessera's own framing fields replace any in `headers`
+/// (a bodyless answer keeps `Content-Length`, which then describes the representation, except
+/// on 204 where RFC 9110 section 8.6 forbids it). Adds `Date` when missing, as hyper did.
+fn encode_head(
+    out: &mut Vec<u8>,
+    status: StatusCode,
+    headers: &HeaderMap,
+    framing: Framing,
+    close: bool,
+) {
+    out.clear();
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    let keep_length = matches!(framing, Framing::Bodyless) && status != StatusCode::NO_CONTENT;
+    for (name, value) in headers {
+        if name == header::TRANSFER_ENCODING
+            || (name == header::CONTENT_LENGTH && !keep_length)
+            || name == header::CONNECTION
+        {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    match framing {
+        Framing::Bodyless => {}
+        Framing::Length(n) => {
+            out.extend_from_slice(b"content-length: ");
+            out.extend_from_slice(itoa(n, &mut [0; 20]));
+            out.extend_from_slice(b"\r\n");
+        }
+        Framing::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+    }
+    if !headers.contains_key(header::DATE) {
+        out.extend_from_slice(b"date: ");
+        out.extend_from_slice(&http_date());
+        out.extend_from_slice(b"\r\n");
+    }
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// `n` in decimal, written into the end of `buf`.
+fn itoa(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[i..];
+        }
+    }
+}
+
+/// The current time as an IMF-fixdate (RFC 9110 section 5.6.7), formatted once a second per
+/// thread.
+fn http_date() -> [u8; 29] {
+    use std::cell::Cell;
+    use std::time::{SystemTime, UNIX_EPOCH};
+    thread_local! {
+        static CACHED: Cell<(u64, [u8; 29])> = const { Cell::new((u64::MAX, [0; 29])) };
+    }
+    let now = SystemTime::now();
+    let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    CACHED.with(|c| {
+        let (at, text) = c.get();
+        if at == secs {
+            return text;
+        }
+        let mut text = [0u8; 29];
+        text.copy_from_slice(&httpdate::fmt_http_date(now).as_bytes()[..29]);
+        c.set((secs, text));
+        text
+    })
+}
+
+/// The request from a parsed head; `None` for a target or header `http` refuses.
+fn request(
+    head: &Bytes,
+    p: &Parsed,
+    spans: &[[u32; 4]],
+    body: Bytes,
+) -> Option<Request<Full<Bytes>>> {
+    let uri = Uri::from_maybe_shared(head.slice(p.path.0..p.path.1)).ok()?;
+    // Room for what inject adds (credential, X-Forwarded-*), so the map never grows.
+    let mut headers = HeaderMap::with_capacity(spans.len() + 6);
+    for &[ns, ne, vs, ve] in spans {
+        let name = HeaderName::from_bytes(&head[ns as usize..ne as usize]).ok()?;
+        let value = HeaderValue::from_maybe_shared(head.slice(vs as usize..ve as usize)).ok()?;
+        headers.append(name, value);
+    }
+    let mut req = Request::new(Full::new(body));
+    *req.method_mut() = p.method.clone();
+    *req.uri_mut() = uri;
+    *req.version_mut() = Version::HTTP_11;
+    *req.headers_mut() = headers;
+    Some(req)
+}
+
+/// A `Content-Length` value of 1 to 19 ASCII digits (RFC 9110 section 8.6), else `None`.
+fn digits(v: &[u8]) -> Option<u64> {
+    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(v.iter().fold(0, |n, &d| n * 10 + u64::from(d - b'0')))
+}
+
+/// Whether a comma-separated field value lists `token` (ASCII case-insensitive).
+fn has_token(v: &[u8], token: &[u8]) -> bool {
+    v.split(|&b| b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
+}
+
+/// A stream that first yields bytes already read from it: how a connection reaches hyper with
+/// the request the fast path did not take.
+struct Prefixed {
+    pre: Bytes,
+    io: TcpStream,
+}
+
+impl AsyncRead for Prefixed {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.pre.is_empty() {
+            let n = self.pre.len().min(buf.remaining());
+            buf.put_slice(&self.pre[..n]);
+            self.pre.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Prefixed {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_length_digits_only() {
+        assert_eq!(digits(b"0"), Some(0));
+        assert_eq!(digits(b"65536"), Some(65536));
+        for bad in [
+            &b""[..],
+            b"+5",
+            b"-1",
+            b"5 ",
+            b"5,5",
+            b"0x10",
+            b"99999999999999999999",
+        ] {
+            assert_eq!(digits(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn head_framing_fields_are_tesseras_own() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("999"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
+        h.insert(
+            header::DATE,
+            HeaderValue::from_static("Sat, 21 Nov 2026 00:00:00 GMT"),
+        );
+        h.insert("x-a", HeaderValue::from_static("1"));
+        let text = |status, framing, close| {
+            let mut out = Vec::new();
+            encode_head(&mut out, status, &h, framing, close);
+            String::from_utf8(out).unwrap()
+        };
+        assert_eq!(
+            text(StatusCode::OK, Framing::Length(5), false),
+            "HTTP/1.1 200 OK\r\ndate: Sat, 21 Nov 2026 00:00:00 GMT\r\nx-a: 1\r\ncontent-length: 5\r\n\r\n"
+        );
+        assert_eq!(
+            text(StatusCode::OK, Framing::Chunked, true),
+            "HTTP/1.1 200 OK\r\ndate: Sat, 21 Nov 2026 00:00:00 GMT\r\nx-a: 1\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+        );
+        // HEAD / 304 keep the representation's length; 204 may not carry one.
+        assert!(text(StatusCode::NOT_MODIFIED, Framing::Bodyless, false)
+            .contains("content-length: 999\r\n"));
+        assert!(!text(StatusCode::NO_CONTENT, Framing::Bodyless, false).contains("content-length"));
+        let mut out = Vec::new();
+        encode_head(
+            &mut out,
+            StatusCode::BAD_GATEWAY,
+            &HeaderMap::new(),
+            Framing::Length(0),
+            false,
+        );
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.starts_with("HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\ndate: "),
+            "{text}"
+        );
+        assert!(text.ends_with(" GMT\r\n\r\n") && text.len() == 84, "{text}");
+    }
+
+    #[test]
+    fn itoa_and_tokens() {
+        for n in [0u64, 7, 10, 1024, u64::MAX] {
+            assert_eq!(itoa(n, &mut [0; 20]), n.to_string().as_bytes());
+        }
+        assert!(has_token(b"keep-alive, Close", b"close"));
+        assert!(!has_token(b"closed", b"close"));
+    }
+}

@@ -1,0 +1,438 @@
+//! The downstream side over raw TCP: the real `tessera serve` binary, a client that writes exact
+//! bytes (pipelining, split bodies, ambiguous framing, slow heads) and reads exact responses.
+//! Requests the HTTP/1.1 fast path takes and those it hands to hyper must both come out right, on
+//! the same connection.
+
+mod support;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use support::upstream::{self, Behavior, Script};
+use support::*;
+
+type Extra = &'static [(&'static str, &'static str)];
+
+fn behind(upstream: &str, extra: Extra) -> (Tessera, String) {
+    let upstream = upstream.to_string();
+    let t = Tessera::start(move |port, dir| {
+        config(
+            port,
+            &upstream,
+            &format!("embedded:{}/sessions", dir.display()),
+            extra,
+        )
+    });
+    let (_, token) = t.create_session("alice", "pw");
+    (t, token)
+}
+
+/// One response as the client read it.
+#[derive(Debug)]
+struct Resp {
+    status: u16,
+    /// Header lines, names lowercased: `name: value`.
+    headers: Vec<String>,
+    body: Vec<u8>,
+}
+
+impl Resp {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find_map(|h| {
+            h.split_once(": ")
+                .filter(|(n, _)| *n == name)
+                .map(|(_, v)| v)
+        })
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// A raw client connection with a read buffer.
+struct Client {
+    s: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Client {
+    fn connect(t: &Tessera) -> Self {
+        let s = TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        Self { s, buf: Vec::new() }
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        self.s.write_all(bytes).unwrap();
+    }
+
+    /// Reads more bytes; `false` on EOF.
+    fn more(&mut self) -> bool {
+        let mut tmp = [0u8; 16384];
+        match self.s.read(&mut tmp) {
+            Ok(0) => false,
+            Ok(n) => {
+                self.buf.extend_from_slice(&tmp[..n]);
+                true
+            }
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => false,
+            Err(e) => panic!("read failed: {e}"),
+        }
+    }
+
+    /// Reads one response (a 1xx is a response of its own); `head` for a HEAD request's answer.
+    fn response(&mut self, head: bool) -> Resp {
+        let end = loop {
+            if let Some(i) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i;
+            }
+            assert!(self.more(), "EOF before a response head: {:?}", self.text());
+        };
+        let text = String::from_utf8(self.buf.drain(..end + 4).collect()).unwrap();
+        let mut lines = text.trim_end().split("\r\n");
+        let status_line = lines.next().unwrap();
+        assert!(status_line.starts_with("HTTP/1.1 "), "{status_line}");
+        let status: u16 = status_line[9..12].parse().unwrap();
+        let headers: Vec<String> = lines
+            .map(|l| {
+                let (n, v) = l.split_once(':').unwrap();
+                format!("{}: {}", n.to_ascii_lowercase(), v.trim())
+            })
+            .collect();
+        let mut r = Resp {
+            status,
+            headers,
+            body: Vec::new(),
+        };
+        if head || status < 200 || status == 204 || status == 304 {
+            return r;
+        }
+        if let Some(n) = r.header("content-length") {
+            let n: usize = n.parse().unwrap();
+            while self.buf.len() < n {
+                assert!(self.more(), "EOF inside a {n}-byte body");
+            }
+            r.body = self.buf.drain(..n).collect();
+        } else if r.header("transfer-encoding") == Some("chunked") {
+            loop {
+                let line = loop {
+                    if let Some(i) = self.buf.windows(2).position(|w| w == b"\r\n") {
+                        break i;
+                    }
+                    assert!(self.more(), "EOF inside a chunk size line");
+                };
+                let size_text = String::from_utf8(self.buf.drain(..line + 2).collect()).unwrap();
+                let size = usize::from_str_radix(size_text.trim(), 16).unwrap();
+                while self.buf.len() < size + 2 {
+                    assert!(self.more(), "EOF inside a chunk");
+                }
+                r.body.extend(self.buf.drain(..size));
+                assert_eq!(self.buf.drain(..2).collect::<Vec<_>>(), b"\r\n");
+                if size == 0 {
+                    break;
+                }
+            }
+        } else {
+            while self.more() {}
+            r.body = std::mem::take(&mut self.buf);
+        }
+        r
+    }
+
+    /// Whether the server closes the connection (EOF) within `within`, with no further bytes.
+    fn closed_within(&mut self, within: Duration) -> bool {
+        self.s.set_read_timeout(Some(within)).unwrap();
+        let mut tmp = [0u8; 64];
+        let closed = match self.s.read(&mut tmp) {
+            Ok(0) => true,
+            Ok(n) => panic!("unexpected bytes: {:?}", String::from_utf8_lossy(&tmp[..n])),
+            Err(e) => e.kind() == ErrorKind::ConnectionReset,
+        };
+        self.s
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        closed
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.buf).into_owned()
+    }
+}
+
+fn get(path: &str, token: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: app\r\nAuthorization: Bearer {token}\r\n\r\n")
+}
+
+fn post(path: &str, token: &str, body: &str) -> String {
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: app\r\nAuthorization: Bearer {token}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+fn bytes_seen(r: &Resp) -> u64 {
+    let v: serde_json::Value =
+        serde_json::from_slice(&r.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", r.text()));
+    v["bytes"].as_u64().unwrap()
+}
+
+#[test]
+fn pipelined_split_and_handed_off_requests_on_one_connection() {
+    let up = upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    });
+    let (t, token) = behind(&up.url(), &[]);
+    let mut c = Client::connect(&t);
+
+    // Three requests in one write: answered in order, the body counted once.
+    c.send(
+        format!(
+            "{}{}{}",
+            get("/a", &token),
+            get("/b", &token),
+            post("/c", &token, "hello")
+        )
+        .as_bytes(),
+    );
+    for want in [0, 0, 5] {
+        let r = c.response(false);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(bytes_seen(&r), want);
+        assert!(r.header("date").is_some(), "{:?}", r.headers);
+    }
+
+    // A body that looks like a request is body: it is never parsed or forwarded as one.
+    let inner = "GET /smuggled HTTP/1.1\r\nHost: app\r\n\r\n";
+    c.send(post("/d", &token, inner).as_bytes());
+    assert_eq!(bytes_seen(&c.response(false)), inner.len() as u64);
+
+    // Head first, body later: the fast path waits for the whole body.
+    let body = "x".repeat(3000);
+    let full = post("/e", &token, &body);
+    let (head, rest) = full.split_at(full.find("\r\n\r\n").unwrap() + 4);
+    c.send(head.as_bytes());
+    std::thread::sleep(Duration::from_millis(150));
+    c.send(&rest.as_bytes()[..1000]);
+    std::thread::sleep(Duration::from_millis(150));
+    c.send(&rest.as_bytes()[1000..]);
+    assert_eq!(bytes_seen(&c.response(false)), 3000);
+
+    // A chunked upload goes to hyper with the bytes already read, then the connection goes on.
+    c.send(
+        format!(
+            "POST /f HTTP/1.1\r\nHost: app\r\nAuthorization: Bearer {token}\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n4\r\ndefg\r\n0\r\n\r\n{}",
+            get("/g", &token)
+        )
+        .as_bytes(),
+    );
+    assert_eq!(bytes_seen(&c.response(false)), 7);
+    assert_eq!(bytes_seen(&c.response(false)), 0);
+
+    // A body larger than the fast path buffers (64 KiB) streams through hyper.
+    let big = "y".repeat(100_000);
+    c.send(post("/h", &token, &big).as_bytes());
+    assert_eq!(bytes_seen(&c.response(false)), 100_000);
+
+    let paths = up.stats.paths.lock().unwrap().clone();
+    assert_eq!(paths, ["/a", "/b", "/c", "/d", "/e", "/f", "/g", "/h"]);
+    assert_eq!(up.stats.connections.load(Ordering::SeqCst), 1);
+
+    // HEAD: the representation's length, no body bytes (the next answer parses cleanly).
+    let nginx = Nginx::start();
+    let (t2, token2) = behind(&nginx.url(), &[]);
+    let mut c = Client::connect(&t2);
+    c.send(
+        format!(
+            "HEAD /1k HTTP/1.1\r\nHost: app\r\nAuthorization: Bearer {token2}\r\n\r\n{}",
+            get("/1k", &token2)
+        )
+        .as_bytes(),
+    );
+    let head = c.response(true);
+    assert_eq!(
+        (head.status, head.header("content-length")),
+        (200, Some("1024"))
+    );
+    let r = c.response(false);
+    assert_eq!((r.status, r.body.len()), (200, 1024));
+    assert_eq!(r.body, one_kib_json().as_bytes());
+}
+
+#[test]
+fn ambiguous_framing_never_reaches_the_upstream() {
+    let up = upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    });
+    let (t, token) = behind(&up.url(), &[("server", "max_body_bytes = 1000")]);
+    let auth = format!("Authorization: Bearer {token}");
+    for (what, request) in [
+        ("two lengths", format!("POST /x HTTP/1.1\r\nHost: app\r\n{auth}\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!")),
+        ("signed length", format!("POST /x HTTP/1.1\r\nHost: app\r\n{auth}\r\nContent-Length: +5\r\n\r\nhello")),
+        ("length list", format!("POST /x HTTP/1.1\r\nHost: app\r\n{auth}\r\nContent-Length: 5, 6\r\n\r\nhello!")),
+        ("unknown coding", format!("POST /x HTTP/1.1\r\nHost: app\r\n{auth}\r\nTransfer-Encoding: gzip\r\n\r\nhello")),
+        ("space before colon", format!("POST /x HTTP/1.1\r\nHost: app\r\n{auth}\r\nContent-Length : 5\r\n\r\nhello")),
+        ("folded field", format!("GET /x HTTP/1.1\r\nHost: app\r\n{auth}\r\nX-A: 1\r\n 2\r\n\r\n")),
+        ("HTTP/2 request line", format!("GET /x HTTP/2.0\r\nHost: app\r\n{auth}\r\n\r\n")),
+        ("no target", "GET\r\nHost: app\r\n\r\n".to_string()),
+    ] {
+        let mut c = Client::connect(&t);
+        c.send(request.as_bytes());
+        let r = c.response(false);
+        assert!(
+            (400..500).contains(&r.status) || r.status == 501,
+            "{what}: {} {}",
+            r.status,
+            r.text()
+        );
+        assert!(c.closed_within(Duration::from_secs(5)), "{what}: connection kept");
+    }
+    // Over `server.max_body_bytes`: 413 before any body byte is read or forwarded.
+    let mut c = Client::connect(&t);
+    c.send(
+        format!("POST /x HTTP/1.1\r\nHost: app\r\n{auth}\r\nContent-Length: 5000\r\n\r\n")
+            .as_bytes(),
+    );
+    assert_eq!(c.response(false).status, 413);
+    assert_eq!(
+        up.stats.requests.load(Ordering::SeqCst),
+        0,
+        "{:?}",
+        up.stats.paths
+    );
+
+    // `Expect: 100-continue` (hyper) and an absolute-form target (fast path) still work.
+    let mut c = Client::connect(&t);
+    c.send(format!("POST /x HTTP/1.1\r\nHost: app\r\n{auth}\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n").as_bytes());
+    assert_eq!(c.response(false).status, 100);
+    c.send(b"hello");
+    assert_eq!(bytes_seen(&c.response(false)), 5);
+    c.send(format!("GET http://app/abs HTTP/1.1\r\nHost: app\r\n{auth}\r\n\r\n").as_bytes());
+    assert_eq!(c.response(false).status, 200);
+    assert_eq!(up.stats.paths.lock().unwrap().clone(), ["/x", "/abs"]);
+}
+
+#[test]
+fn closing_rules_timeouts_and_graceful_shutdown() {
+    let up = upstream::start(Behavior::Echo {
+        delay: Duration::from_millis(600),
+    });
+    let (t, token) = behind(&up.url(), &[("server", "header_read_timeout_ms = 400")]);
+
+    // `Connection: close`: answered with `connection: close`, then EOF.
+    let mut c = Client::connect(&t);
+    c.send(format!("GET /a HTTP/1.1\r\nHost: app\r\nConnection: close\r\nAuthorization: Bearer {token}\r\n\r\n").as_bytes());
+    let r = c.response(false);
+    assert_eq!((r.status, r.header("connection")), (200, Some("close")));
+    assert!(c.closed_within(Duration::from_secs(2)));
+
+    // HTTP/1.0 without keep-alive (hyper): answered, then EOF.
+    let mut c = Client::connect(&t);
+    c.send(
+        format!("GET /b HTTP/1.0\r\nHost: app\r\nAuthorization: Bearer {token}\r\n\r\n").as_bytes(),
+    );
+    let mut raw = Vec::new();
+    let _ = c.s.read_to_end(&mut raw);
+    assert!(
+        raw.starts_with(b"HTTP/1.1 200 ") || raw.starts_with(b"HTTP/1.0 200 "),
+        "{}",
+        String::from_utf8_lossy(&raw)
+    );
+
+    // A head that stalls: 408 after the timeout, then EOF; an idle connection just closes.
+    let mut c = Client::connect(&t);
+    let started = Instant::now();
+    c.send(b"GET /c HTTP/1.1\r\nHost: app\r\n");
+    let r = c.response(false);
+    assert_eq!(r.status, 408);
+    assert!(
+        started.elapsed() >= Duration::from_millis(350),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(c.closed_within(Duration::from_secs(2)));
+    let mut idle = Client::connect(&t);
+    assert!(idle.closed_within(Duration::from_secs(3)));
+    // Keep-alive requests each get the whole timeout (the deadline restarts per request).
+    let mut c = Client::connect(&t);
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(250));
+        c.send(get("/d", &token).as_bytes());
+        assert_eq!(c.response(false).status, 200);
+    }
+
+    // Shutdown: the request in flight is answered (with `connection: close`), an idle
+    // connection is closed, and the process exits.
+    let mut busy = Client::connect(&t);
+    let mut idle = Client::connect(&t);
+    busy.send(get("/e", &token).as_bytes());
+    std::thread::sleep(Duration::from_millis(200));
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &t.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    assert!(idle.closed_within(Duration::from_secs(2)));
+    let r = busy.response(false);
+    assert_eq!(
+        (r.status, r.header("connection")),
+        (200, Some("close")),
+        "{}",
+        t.log()
+    );
+    assert!(busy.closed_within(Duration::from_secs(2)));
+}
+
+fn responses(line: &str) -> Script {
+    let bytes = if line.starts_with("GET /chunked ") {
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n".to_vec()
+    } else if line.starts_with("GET /short ") {
+        b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello".to_vec()
+    } else if line.starts_with("GET /until-close ") {
+        b"HTTP/1.1 200 OK\r\n\r\nuntil close".to_vec()
+    } else {
+        b"HTTP/1.1 204 No Content\r\n\r\n".to_vec()
+    };
+    let close = !line.starts_with("GET /chunked ") && !line.starts_with("GET /none ");
+    Script {
+        bytes,
+        close,
+        early: false,
+    }
+}
+
+#[test]
+fn response_framing_chunked_short_and_until_close() {
+    let up = upstream::start(Behavior::Scripted(responses));
+    let (t, token) = behind(&up.url(), &[]);
+    let mut c = Client::connect(&t);
+    c.send(format!("{}{}", get("/chunked", &token), get("/none", &token)).as_bytes());
+    let r = c.response(false);
+    assert_eq!((r.status, r.text().as_str()), (200, "hello world"));
+    assert_eq!(r.header("transfer-encoding"), Some("chunked"));
+    let r = c.response(false);
+    assert_eq!((r.status, r.header("content-length")), (204, None));
+
+    // An upstream body of unknown length is chunked downstream, and the connection stays.
+    c.send(get("/until-close", &token).as_bytes());
+    let r = c.response(false);
+    assert_eq!((r.status, r.text().as_str()), (200, "until close"));
+    c.send(get("/none", &token).as_bytes());
+    assert_eq!(c.response(false).status, 204);
+
+    // A body cut short upstream: the client gets the promised length and then EOF, never a
+    // complete-looking response.
+    c.send(get("/short", &token).as_bytes());
+    let end = loop {
+        if let Some(i) = c.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i;
+        }
+        assert!(c.more());
+    };
+    let head = String::from_utf8_lossy(&c.buf[..end]).to_ascii_lowercase();
+    assert!(head.contains("content-length: 10"), "{head}");
+    while c.more() {}
+    assert_eq!(&c.buf[end + 4..], b"hello");
+}
