@@ -143,6 +143,19 @@ impl Proxy {
         B: Body<Data = Bytes> + Send + Sync + 'static,
         B::Error: Into<BoxError>,
     {
+        let mut resp = self.respond(req, peer).await;
+        crate::forward::materialize(&mut resp);
+        resp
+    }
+
+    /// [`Proxy::handle`] for a writer that reads an upstream response's fields from the body
+    /// ([`ProxyBody::take_fields`], already screened) and the rest from the `HeaderMap`: the
+    /// fields never become map entries.
+    pub async fn respond<B>(&self, req: Request<B>, peer: &Peer) -> Response<ProxyBody>
+    where
+        B: Body<Data = Bytes> + Send + Sync + 'static,
+        B::Error: Into<BoxError>,
+    {
         let logged = self.access_log.then(|| {
             (
                 req.method().clone(),
@@ -225,6 +238,9 @@ impl Proxy {
         let req = Request::from_parts(parts, self.limit_body(body));
         let mut resp = self.upstream.forward(req).await?;
         screen::screen_response(resp.headers_mut(), &self.strip_response);
+        if let Some(fields) = resp.body_mut().fields_mut() {
+            screen::screen_raw_response(fields, &self.strip_response);
+        }
         if resp.status() == http::StatusCode::UNAUTHORIZED {
             return Ok(self.upstream_rejected(ctx).await);
         }

@@ -12,6 +12,7 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Version};
 
 use crate::error::ProxyError;
+use crate::forward::RawHead;
 
 /// Request limits from `[server]`.
 #[derive(Debug, Clone, Copy)]
@@ -44,6 +45,18 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::TRANSFER_ENCODING,
     header::UPGRADE,
     header::PROXY_AUTHORIZATION,
+];
+
+/// [`HOP_BY_HOP`] as lowercase bytes, for fields kept raw (a test keeps the two lists equal).
+const HOP_BY_HOP_BYTES: [&[u8]; 8] = [
+    b"connection",
+    b"keep-alive",
+    b"proxy-connection",
+    b"te",
+    b"trailer",
+    b"transfer-encoding",
+    b"upgrade",
+    b"proxy-authorization",
 ];
 
 const SPOOFABLE: [HeaderName; 5] = [
@@ -191,6 +204,54 @@ pub fn screen_response(headers: &mut HeaderMap, strip: &[HeaderName]) {
     }
 }
 
+/// [`screen_response`] for fields still kept raw ([`RawHead`]): the same names go (hop-by-hop,
+/// those named in `Connection`, the configured extras), compared ASCII case-insensitively.
+pub fn screen_raw_response(fields: &mut RawHead, strip: &[HeaderName]) {
+    // The tokens of `Connection` (nginx and Cyrus send one, `keep-alive`); past 8, the slow way.
+    let mut listed: [&[u8]; 8] = [&[]; 8];
+    let mut count = 0;
+    for value in fields.get_all(b"connection") {
+        for token in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+            if let Some(slot) = listed.get_mut(count) {
+                *slot = token;
+            }
+            count += 1;
+        }
+    }
+    let in_connection = |name: &[u8]| {
+        if count <= listed.len() {
+            listed[..count].iter().any(|t| t.eq_ignore_ascii_case(name))
+        } else {
+            fields.get_all(b"connection").any(|v| {
+                v.split(|&b| b == b',')
+                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(name))
+            })
+        }
+    };
+    let mut drop = 0u128;
+    for (i, (name, _)) in fields.iter().enumerate() {
+        let screened = HOP_BY_HOP_BYTES
+            .iter()
+            .any(|n| n.eq_ignore_ascii_case(name))
+            || strip
+                .iter()
+                .any(|n| n.as_str().as_bytes().eq_ignore_ascii_case(name))
+            || in_connection(name);
+        // A head has at most 128 fields (the upstream parser's limit).
+        if screened && i < 128 {
+            drop |= 1 << i;
+        }
+    }
+    if drop != 0 {
+        let mut i = 0;
+        fields.retain(|_, _| {
+            let keep = drop & (1 << i) == 0;
+            i += 1;
+            keep
+        });
+    }
+}
+
 /// Sets `X-Forwarded-For`, `-Proto` and `-Host` from the connection (the client's values were
 /// removed by [`screen_request`]).
 pub fn set_forwarded(
@@ -215,6 +276,42 @@ pub fn set_forwarded(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn raw_and_map_response_screening_keep_the_same_fields() {
+        let pairs = [
+            ("Connection", "keep-alive, X-Internal"),
+            ("Keep-Alive", "timeout=5"),
+            ("x-internal", "secret"),
+            ("Transfer-Encoding", "chunked"),
+            ("Upgrade", "h2c"),
+            ("Alt-Svc", "h2=\":443\""),
+            ("Set-Cookie", "a=1"),
+            ("Content-Type", "text/plain"),
+            ("set-cookie", "b=2"),
+        ];
+        let strip = [HeaderName::from_static("alt-svc")];
+        let mut raw = crate::forward::raw::from_pairs(&pairs);
+        screen_raw_response(&mut raw, &strip);
+        let mut from_raw = HeaderMap::new();
+        raw.append_to(&mut from_raw);
+        let mut map = HeaderMap::new();
+        crate::forward::raw::from_pairs(&pairs).append_to(&mut map);
+        screen_response(&mut map, &strip);
+        assert_eq!(from_raw, map);
+        let kept: Vec<_> = raw
+            .iter()
+            .map(|(n, _)| String::from_utf8_lossy(n).into_owned())
+            .collect();
+        assert_eq!(kept, ["Set-Cookie", "Content-Type", "set-cookie"]);
+    }
+
+    #[test]
+    fn hop_by_hop_lists_agree() {
+        let hop = HOP_BY_HOP;
+        let names: Vec<&[u8]> = hop.iter().map(|n| n.as_str().as_bytes()).collect();
+        assert_eq!(names, HOP_BY_HOP_BYTES);
+    }
 
     fn parts(headers: &[(&str, &str)], uri: &str) -> Parts {
         let mut b = http::Request::builder().uri(uri);

@@ -9,9 +9,13 @@ use http_body::{Body, Frame, SizeHint};
 
 use super::h1::{self, Framing};
 use super::pool::Conn;
+use super::raw::RawHead;
 use super::BoxError;
 
 /// The downstream response body.
+// One per response, moved a few times: boxing the upstream variant would add an allocation per
+// response to save those copies.
+#[allow(clippy::large_enum_variant)]
 pub enum ProxyBody {
     /// A local answer (errors, health); `None` once sent.
     Full(Option<Bytes>),
@@ -30,10 +34,29 @@ impl ProxyBody {
     pub fn empty() -> Self {
         Self::Full(None)
     }
+
+    /// The upstream response's fields not yet moved into the response's `HeaderMap` (see
+    /// [`super::materialize`]); `None` for a local answer or once taken.
+    pub fn fields_mut(&mut self) -> Option<&mut RawHead> {
+        match self {
+            Self::Upstream(u) => u.fields.as_mut(),
+            Self::Full(_) => None,
+        }
+    }
+
+    /// Takes the upstream response's fields out (the writer then owns them).
+    pub fn take_fields(&mut self) -> Option<RawHead> {
+        match self {
+            Self::Upstream(u) => u.fields.take(),
+            Self::Full(_) => None,
+        }
+    }
 }
 
 /// The upstream body, read from the connection it arrives on (held until the body's end).
 pub struct UpstreamBody {
+    /// The response's fields, until they are written or moved into the `HeaderMap`.
+    fields: Option<RawHead>,
     conn: Option<Conn>,
     framing: Framing,
     /// Whether the connection may be reused once the body was read to its end.
@@ -41,8 +64,9 @@ pub struct UpstreamBody {
 }
 
 impl UpstreamBody {
-    pub(super) fn new(conn: Conn, framing: Framing, keep_alive: bool) -> Self {
+    pub(super) fn new(fields: RawHead, conn: Conn, framing: Framing, keep_alive: bool) -> Self {
         let mut this = Self {
+            fields: Some(fields),
             conn: Some(conn),
             framing,
             keep_alive,

@@ -24,6 +24,7 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
 
+use super::raw::RawHead;
 use super::{BoxError, ForwardError, UpBody};
 
 /// Largest response head accepted (status line + headers), bytes. Larger: 502.
@@ -54,8 +55,10 @@ pub enum SendError {
 
 /// A response head read from the upstream, with how its body is framed.
 pub struct Head {
-    /// Status, version and headers (the body is read through [`Framing`]).
+    /// Status and version; the header map is empty (the fields are in `fields`).
     pub response: Response<()>,
+    /// The fields as received (the framing fields included).
+    pub fields: RawHead,
     /// How the body ends.
     pub framing: Framing,
     /// Whether the connection may carry another request after this response.
@@ -385,33 +388,26 @@ impl H1 {
         } else {
             Version::HTTP_11
         };
-        // Header values become slices of the frozen head (no copy per value).
+        // The fields stay in the frozen head as offsets (see `raw.rs`).
         let base = self.buf.as_ptr() as usize;
-        let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
-        let count = parsed.headers.len();
-        for (span, h) in spans.iter_mut().zip(parsed.headers.iter()) {
-            // Offsets within the head, which is at most MAX_HEAD (64 KiB) long.
-            let name = (h.name.as_ptr() as usize - base) as u32;
-            let value = (h.value.as_ptr() as usize - base) as u32;
-            *span = (
-                name,
-                name + h.name.len() as u32,
-                value,
-                value + h.value.len() as u32,
-            );
-        }
-        let head = self.buf.split_to(len).freeze();
-        let mut map = HeaderMap::with_capacity(count);
-        for &(ns, ne, vs, ve) in &spans[..count] {
-            let (ns, ne, vs, ve) = (ns as usize, ne as usize, vs as usize, ve as usize);
-            let name = HeaderName::from_bytes(&head[ns..ne])
-                .map_err(|_| broken("invalid response header name"))?;
-            let value = HeaderValue::from_maybe_shared(head.slice(vs..ve))
-                .map_err(|_| broken("invalid response header value"))?;
-            map.append(name, value);
-        }
-        let mut keep_alive = keep_alive(version, &map);
-        if map.contains_key(header::TRANSFER_ENCODING) {
+        let spans = parsed
+            .headers
+            .iter()
+            .map(|h| {
+                // Offsets within the head, which is at most MAX_HEAD (64 KiB) long.
+                let name = (h.name.as_ptr() as usize - base) as u32;
+                let value = (h.value.as_ptr() as usize - base) as u32;
+                [
+                    name,
+                    name + h.name.len() as u32,
+                    value,
+                    value + h.value.len() as u32,
+                ]
+            })
+            .collect();
+        let mut fields = RawHead::new(self.buf.split_to(len).freeze(), spans);
+        let mut keep_alive = keep_alive(version, &fields);
+        if fields.contains(b"transfer-encoding") {
             // RFC 9112 section 6.1: chunked framing is HTTP/1.1; section 6.3: with both fields,
             // Transfer-Encoding wins, Content-Length must not be forwarded, and the connection
             // is not trusted with another request.
@@ -420,17 +416,18 @@ impl H1 {
                     "invalid response head: Transfer-Encoding in an HTTP/1.0 response",
                 ));
             }
-            if map.remove(header::CONTENT_LENGTH).is_some() {
+            if fields.contains(b"content-length") {
+                fields.remove(b"content-length");
                 keep_alive = false;
             }
         }
-        let framing = framing(head_request, status, &map)?;
+        let framing = framing(head_request, status, &fields)?;
         let mut response = Response::new(());
         *response.status_mut() = status;
         *response.version_mut() = version;
-        *response.headers_mut() = map;
         Ok(Some(Head {
             response,
+            fields,
             framing,
             keep_alive: keep_alive && framing != Framing::Close,
         }))
@@ -689,11 +686,10 @@ fn chunk_size(line: &[u8]) -> Result<u64, String> {
 
 /// Persistence after this response (RFC 9112 section 9.3): HTTP/1.1 unless `Connection: close`;
 /// HTTP/1.0 only with `Connection: keep-alive`.
-fn keep_alive(version: Version, headers: &HeaderMap) -> bool {
+fn keep_alive(version: Version, fields: &RawHead) -> bool {
     let has = |token: &str| {
-        headers.get_all(header::CONNECTION).iter().any(|v| {
-            v.as_bytes()
-                .split(|&b| b == b',')
+        fields.get_all(b"connection").any(|v| {
+            v.split(|&b| b == b',')
                 .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
         })
     };
@@ -710,7 +706,7 @@ fn keep_alive(version: Version, headers: &HeaderMap) -> bool {
 fn framing(
     head_request: bool,
     status: StatusCode,
-    headers: &HeaderMap,
+    fields: &RawHead,
 ) -> Result<Framing, ForwardError> {
     if head_request
         || status.is_informational()
@@ -719,12 +715,11 @@ fn framing(
     {
         return Ok(Framing::Done);
     }
-    if headers.contains_key(header::TRANSFER_ENCODING) {
-        let chunked_last = headers
-            .get_all(header::TRANSFER_ENCODING)
-            .iter()
-            .next_back()
-            .and_then(|v| v.as_bytes().rsplit(|&b| b == b',').next())
+    if fields.contains(b"transfer-encoding") {
+        let chunked_last = fields
+            .get_all(b"transfer-encoding")
+            .last()
+            .and_then(|v| v.rsplit(|&b| b == b',').next())
             .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"));
         return Ok(if chunked_last {
             Framing::Chunked(Chunk::Size)
@@ -733,8 +728,8 @@ fn framing(
         });
     }
     let mut length = None;
-    for v in headers.get_all(header::CONTENT_LENGTH) {
-        for item in v.as_bytes().split(|&b| b == b',') {
+    for v in fields.get_all(b"content-length") {
+        for item in v.split(|&b| b == b',') {
             let item = item.trim_ascii();
             if item.is_empty() || !item.iter().all(u8::is_ascii_digit) || item.len() > 19 {
                 return Err(broken("invalid content-length"));
@@ -781,22 +776,12 @@ pub fn size_hint(framing: Framing) -> SizeHint {
 mod tests {
     use super::*;
 
-    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
-        pairs
-            .iter()
-            .map(|(k, v)| {
-                (
-                    HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                    HeaderValue::from_str(v).unwrap(),
-                )
-            })
-            .collect()
-    }
+    use crate::forward::raw::from_pairs;
 
     #[test]
     fn response_framing_follows_rfc_9112_section_6_3() {
         let ok = StatusCode::OK;
-        let f = |head, status, h: &[(&str, &str)]| framing(head, status, &map(h));
+        let f = |head, status, h: &[(&str, &str)]| framing(head, status, &from_pairs(h));
         assert_eq!(
             f(true, ok, &[("content-length", "5")]).unwrap(),
             Framing::Done
@@ -853,15 +838,15 @@ mod tests {
 
     #[test]
     fn keep_alive_by_version_and_connection_tokens() {
-        assert!(keep_alive(Version::HTTP_11, &map(&[])));
+        assert!(keep_alive(Version::HTTP_11, &from_pairs(&[])));
         assert!(!keep_alive(
             Version::HTTP_11,
-            &map(&[("connection", "foo, Close")])
+            &from_pairs(&[("connection", "foo, Close")])
         ));
-        assert!(!keep_alive(Version::HTTP_10, &map(&[])));
+        assert!(!keep_alive(Version::HTTP_10, &from_pairs(&[])));
         assert!(keep_alive(
             Version::HTTP_10,
-            &map(&[("connection", "Keep-Alive")])
+            &from_pairs(&[("connection", "Keep-Alive")])
         ));
     }
 

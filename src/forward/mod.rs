@@ -14,6 +14,7 @@
 mod body;
 mod h1;
 mod pool;
+pub(crate) mod raw;
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,6 +31,7 @@ use http_body_util::BodyExt;
 pub use body::{ProxyBody, UpstreamBody};
 use h1::SendError;
 pub use pool::{set_serving_thread, Affinity, Pool, PoolStats};
+pub use raw::RawHead;
 
 /// Boxed error type of request bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -235,10 +237,24 @@ impl Body for Tracked {
 fn wrap(head: h1::Head, conn: pool::Conn) -> Response<ProxyBody> {
     let h1::Head {
         response,
+        fields,
         framing,
         keep_alive,
     } = head;
-    response.map(|()| ProxyBody::Upstream(UpstreamBody::new(conn, framing, keep_alive)))
+    response.map(|()| ProxyBody::Upstream(UpstreamBody::new(fields, conn, framing, keep_alive)))
+}
+
+/// Moves the upstream's fields, if still kept raw in the body, into the response's `HeaderMap`
+/// (ahead of any entries already there): what every consumer but the HTTP/1.1 fast path needs.
+pub fn materialize(resp: &mut Response<ProxyBody>) {
+    if let Some(fields) = resp.body_mut().take_fields() {
+        let added = std::mem::take(resp.headers_mut());
+        let map = resp.headers_mut();
+        fields.append_to(map);
+        for (name, value) in added.iter() {
+            map.append(name.clone(), value.clone());
+        }
+    }
 }
 
 /// An empty request body.

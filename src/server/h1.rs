@@ -39,7 +39,7 @@ use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
-use crate::forward::ProxyBody;
+use crate::forward::{ProxyBody, RawHead};
 use crate::proxy::{Peer, Proxy};
 
 /// Largest request body, bytes, the fast path reads into memory before forwarding; a larger
@@ -100,7 +100,7 @@ pub async fn serve(serving: Arc<Serving>, io: TcpStream, peer: Peer) {
             }
         };
         let head = req.method() == Method::HEAD;
-        let resp = serving.proxy.handle(req, &peer).await;
+        let resp = serving.proxy.respond(req, &peer).await;
         let close = close || serving.shutdown.is_cancelled();
         if !conn.write_response(resp, head, close).await || close {
             break;
@@ -352,7 +352,15 @@ impl Conn {
                     None => Framing::Chunked,
                 }
             };
-        encode_head(&mut self.out, status, &parts.headers, framing, close);
+        let fields = body.take_fields();
+        encode_head(
+            &mut self.out,
+            status,
+            fields.as_ref(),
+            &parts.headers,
+            framing,
+            close,
+        );
         match framing {
             Framing::Bodyless | Framing::Length(0) => {
                 drop(body);
@@ -498,12 +506,14 @@ enum Framing {
     Chunked,
 }
 
-/// The status line and header section; tessera's own framing fields replace any in `headers`
-/// (a bodyless answer keeps `Content-Length`, which then describes the representation, except
-/// on 204 where RFC 9110 section 8.6 forbids it). Adds `Date` when missing, as hyper did.
+/// The status line and header section: the upstream's raw `fields` (as received, already
+/// screened), then `headers`. tessera's own framing fields replace any there (a bodyless answer
+/// keeps `Content-Length`, which then describes the representation, except on 204 where RFC 9110
+/// section 8.6 forbids it). Adds `Date` when missing, as hyper did.
 fn encode_head(
     out: &mut Vec<u8>,
     status: StatusCode,
+    fields: Option<&RawHead>,
     headers: &HeaderMap,
     framing: Framing,
     close: bool,
@@ -515,17 +525,22 @@ fn encode_head(
     out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
     let keep_length = matches!(framing, Framing::Bodyless) && status != StatusCode::NO_CONTENT;
-    for (name, value) in headers {
-        if name == header::TRANSFER_ENCODING
-            || (name == header::CONTENT_LENGTH && !keep_length)
-            || name == header::CONNECTION
-        {
-            continue;
+    let mut field = |name: &[u8], value: &[u8]| {
+        let framing_field = name.eq_ignore_ascii_case(b"transfer-encoding")
+            || (name.eq_ignore_ascii_case(b"content-length") && !keep_length)
+            || name.eq_ignore_ascii_case(b"connection");
+        if !framing_field {
+            out.extend_from_slice(name);
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value);
+            out.extend_from_slice(b"\r\n");
         }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+    };
+    for (name, value) in fields.into_iter().flat_map(RawHead::iter) {
+        field(name, value);
+    }
+    for (name, value) in headers {
+        field(name.as_str().as_bytes(), value.as_bytes());
     }
     match framing {
         Framing::Bodyless => {}
@@ -536,7 +551,7 @@ fn encode_head(
         }
         Framing::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
     }
-    if !headers.contains_key(header::DATE) {
+    if !headers.contains_key(header::DATE) && !fields.is_some_and(|f| f.contains(b"date")) {
         out.extend_from_slice(b"date: ");
         out.extend_from_slice(&http_date());
         out.extend_from_slice(b"\r\n");
@@ -709,7 +724,7 @@ mod tests {
         h.insert("x-a", HeaderValue::from_static("1"));
         let text = |status, framing, close| {
             let mut out = Vec::new();
-            encode_head(&mut out, status, &h, framing, close);
+            encode_head(&mut out, status, None, &h, framing, close);
             String::from_utf8(out).unwrap()
         };
         assert_eq!(
@@ -728,6 +743,7 @@ mod tests {
         encode_head(
             &mut out,
             StatusCode::BAD_GATEWAY,
+            None,
             &HeaderMap::new(),
             Framing::Length(0),
             false,
@@ -738,6 +754,32 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with(" GMT\r\n\r\n") && text.len() == 84, "{text}");
+    }
+
+    #[test]
+    fn raw_upstream_fields_go_first_as_received_minus_framing() {
+        let raw = crate::forward::raw::from_pairs(&[
+            ("Server", "up"),
+            ("Content-Length", "999"),
+            ("Transfer-Encoding", "chunked"),
+            ("Connection", "keep-alive"),
+            ("Date", "Sat, 21 Nov 2026 00:00:00 GMT"),
+        ]);
+        let mut map = HeaderMap::new();
+        map.insert("x-local", HeaderValue::from_static("1"));
+        let mut out = Vec::new();
+        encode_head(
+            &mut out,
+            StatusCode::OK,
+            Some(&raw),
+            &map,
+            Framing::Length(3),
+            false,
+        );
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.1 200 OK\r\nServer: up\r\nDate: Sat, 21 Nov 2026 00:00:00 GMT\r\nx-local: 1\r\ncontent-length: 3\r\n\r\n"
+        );
     }
 
     #[test]
