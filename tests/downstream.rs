@@ -355,6 +355,26 @@ fn closing_rules_timeouts_and_graceful_shutdown() {
     assert!(c.closed_within(Duration::from_secs(2)));
     let mut idle = Client::connect(&t);
     assert!(idle.closed_within(Duration::from_secs(3)));
+    // Blank lines after a request (RFC 9112 2.2) start nothing: no 408, just the idle close.
+    let mut c = Client::connect(&t);
+    c.send(format!("{}\r\n", get("/c2", &token)).as_bytes());
+    assert_eq!(c.response(false).status, 200);
+    assert!(c.closed_within(Duration::from_secs(3)));
+    // The head's time counts from its first byte, not from the idle wait before it.
+    let mut c = Client::connect(&t);
+    std::thread::sleep(Duration::from_millis(300));
+    let request = get("/c3", &token);
+    c.send(&request.as_bytes()[..10]);
+    std::thread::sleep(Duration::from_millis(250));
+    c.send(&request.as_bytes()[10..]);
+    assert_eq!(c.response(false).status, 200);
+    // HEAD to a local answer states its length, as its GET would.
+    c.send(b"HEAD /c4 HTTP/1.1\r\nHost: app\r\n\r\n");
+    let r = c.response(true);
+    assert_eq!(r.status, 401);
+    let n: usize = r.header("content-length").unwrap().parse().unwrap();
+    c.send(b"GET /c4 HTTP/1.1\r\nHost: app\r\n\r\n");
+    assert_eq!(c.response(false).body.len(), n);
     // Keep-alive requests each get the whole timeout (the deadline restarts per request).
     let mut c = Client::connect(&t);
     for _ in 0..3 {

@@ -31,6 +31,8 @@ use super::{BoxError, ForwardError, UpBody};
 pub const MAX_HEAD: usize = 64 * 1024;
 /// Most response header fields accepted (hyper's default is 100).
 const MAX_HEADERS: usize = 128;
+// `screen::screen_raw_response` marks fields in a 128-bit mask.
+const _: () = assert!(MAX_HEADERS <= 128);
 /// Read size, bytes: enough for a typical JSON response with its head in one `recv`.
 const READ_CHUNK: usize = 16 * 1024;
 /// Longest chunk-size line (size + extensions), bytes.

@@ -104,6 +104,8 @@ impl Upstream {
     }
 
     /// Sends `req` (origin-form URI, headers final) and returns the response with a streaming body.
+    /// The response's `HeaderMap` is empty: the upstream's fields stay raw in the body
+    /// ([`ProxyBody::fields_mut`]) until [`materialize`] moves them into it.
     ///
     /// Errors: [`ForwardError`], after at most one retry (see module docs).
     pub async fn forward(&self, req: Request<UpBody>) -> Result<Response<ProxyBody>, ForwardError> {

@@ -91,7 +91,7 @@ pub async fn serve(serving: Arc<Serving>, io: TcpStream, peer: Peer) {
     loop {
         let (req, close) = match conn.read_request(&serving, &mut wait).await {
             Next::Request(req, close) => (req, close),
-            Next::HandOff => return hand_off(&serving, conn, peer, wait.stopping).await,
+            Next::HandOff => return hand_off(&serving, conn, peer).await,
             Next::Close => break,
             Next::Timeout => {
                 tracing::debug!(peer = %peer.addr.ip(), "request head not received in time");
@@ -114,7 +114,7 @@ const REQUEST_TIMEOUT: &[u8] =
     b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
 
 /// Gives the connection, and the bytes read but not yet served, to hyper (h1 or h2c).
-async fn hand_off(serving: &Serving, conn: Conn, peer: Peer, stopping: bool) {
+async fn hand_off(serving: &Serving, conn: Conn, peer: Peer) {
     let io = Prefixed {
         pre: conn.buf.freeze(),
         io: conn.io,
@@ -127,16 +127,14 @@ async fn hand_off(serving: &Serving, conn: Conn, peer: Peer, stopping: bool) {
     });
     let conn = serving.hyper.serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
-    if !stopping {
-        tokio::select! {
-            done = conn.as_mut() => {
-                if let Err(e) = done {
-                    tracing::debug!(cause = %e, "downstream connection ended with an error");
-                }
-                return;
+    tokio::select! {
+        done = conn.as_mut() => {
+            if let Err(e) = done {
+                tracing::debug!(cause = %e, "downstream connection ended with an error");
             }
-            () = serving.shutdown.cancelled() => {}
+            return;
         }
+        () = serving.shutdown.cancelled() => {}
     }
     conn.as_mut().graceful_shutdown();
     if let Err(e) = conn.await {
@@ -206,8 +204,23 @@ enum Parse {
 impl Conn {
     async fn read_request(&mut self, serving: &Serving, wait: &mut Wait<'_, '_>) -> Next {
         wait.deadline = None;
+        let mut started = false;
         let parsed = loop {
-            if !self.buf.is_empty() {
+            // RFC 9112 section 2.2: empty lines before a request line are ignored (some clients
+            // send CRLF after a body); they neither start a request nor keep one open.
+            let blank = self
+                .buf
+                .iter()
+                .take_while(|&&b| b == b'\r' || b == b'\n')
+                .count();
+            self.buf.advance(blank);
+            if !self.buf.is_empty() && !started {
+                // The request's first bytes: its own timeout starts now (the idle wait before
+                // it has one of its own, ended silently as hyper's is).
+                started = true;
+                wait.deadline = None;
+            }
+            if started {
                 match self.parse(serving.max_body) {
                     Parse::Head(p) => break p,
                     Parse::HandOff => return Next::HandOff,
@@ -218,8 +231,8 @@ impl Conn {
             match self.fill(wait).await {
                 Fill::Read => {}
                 Fill::Closed => return Next::Close,
-                Fill::Timeout if self.buf.is_empty() => return Next::Close,
-                Fill::Timeout => return Next::Timeout,
+                Fill::Timeout if started => return Next::Timeout,
+                Fill::Timeout => return Next::Close,
             }
         };
         let whole = parsed.len + parsed.body as usize;
@@ -341,7 +354,7 @@ impl Conn {
     /// Writes the response; `false` when the connection cannot carry another request (a write
     /// failed, or the body ended early, failed or ran long).
     async fn write_response(&mut self, resp: Response<ProxyBody>, head: bool, close: bool) -> bool {
-        let (parts, mut body) = resp.into_parts();
+        let (mut parts, mut body) = resp.into_parts();
         let status = parts.status;
         let framing =
             if head || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
@@ -353,6 +366,14 @@ impl Conn {
                 }
             };
         let fields = body.take_fields();
+        if head && fields.is_none() && !parts.headers.contains_key(header::CONTENT_LENGTH) {
+            // A local answer to HEAD states the length its GET would have, as hyper did.
+            if let Some(n) = body.size_hint().exact() {
+                parts
+                    .headers
+                    .insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+            }
+        }
         encode_head(
             &mut self.out,
             status,
@@ -426,11 +447,10 @@ impl Conn {
                     return false;
                 }
             };
-            let size = format!("{:x}\r\n", data.len());
+            let mut size = [0u8; 18];
+            let size = chunk_size_line(data.len(), &mut size);
             let h = head.take().unwrap_or_default();
-            let ok =
-                write_all_vectored(&mut self.io, &[&h[..], size.as_bytes(), &data[..], b"\r\n"])
-                    .await;
+            let ok = write_all_vectored(&mut self.io, &[&h[..], size, &data[..], b"\r\n"]).await;
             if !h.is_empty() {
                 self.out = h;
             }
@@ -560,6 +580,20 @@ fn encode_head(
         out.extend_from_slice(b"connection: close\r\n");
     }
     out.extend_from_slice(b"\r\n");
+}
+
+/// `{n:x}\r\n`, the size line of a chunk (RFC 9112 section 7.1), written into `buf`.
+fn chunk_size_line(mut n: usize, buf: &mut [u8; 18]) -> &[u8] {
+    let mut i = buf.len() - 2;
+    buf[i..].copy_from_slice(b"\r\n");
+    loop {
+        i -= 1;
+        buf[i] = b"0123456789abcdef"[n % 16];
+        n /= 16;
+        if n == 0 {
+            return &buf[i..];
+        }
+    }
 }
 
 /// `n` in decimal, written into the end of `buf`.
@@ -786,6 +820,12 @@ mod tests {
     fn itoa_and_tokens() {
         for n in [0u64, 7, 10, 1024, u64::MAX] {
             assert_eq!(itoa(n, &mut [0; 20]), n.to_string().as_bytes());
+        }
+        for n in [0usize, 9, 10, 255, 65536, usize::MAX] {
+            assert_eq!(
+                chunk_size_line(n, &mut [0; 18]),
+                format!("{n:x}\r\n").as_bytes()
+            );
         }
         assert!(has_token(b"keep-alive, Close", b"close"));
         assert!(!has_token(b"closed", b"close"));
