@@ -194,7 +194,9 @@ pub struct ServerConfig {
     pub max_uri_bytes: usize,
     /// Cap on the request body, bytes; above -> 413. `0` = unlimited. Default 0.
     pub max_body_bytes: u64,
-    /// Time a client has to send the request head (HTTP/1.1). Default 30 s.
+    /// HTTP/1.1: time a client has to send a request head, from its first byte (then 408 and
+    /// close; on the fast path also for a buffered body); an idle keep-alive connection is closed
+    /// after the same time. Default 30 s.
     pub header_read_timeout: Duration,
     /// Serving threads, each a single-threaded runtime that accepts from the shared listener and
     /// runs its connections start to finish (thread per core). Default: the number of CPUs.

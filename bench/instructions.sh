@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# User-space instructions per proxied request, counted by callgrind: a cost measure that does not
+# move with the machine's load (req/s on this shared 2-core VM varies by 10-40% within an hour).
+#
+#   BINS="/tmp/tessera-old target/release/tessera" bench/instructions.sh
+#   N=5000 C=8 bench/instructions.sh
+#
+# Env: BINS (default target/release/tessera), N requests measured (5000), C connections (8).
+# For each binary: an nginx origin (worker_processes 1, the 1 KiB JSON at /1k) and one
+# `tessera serve` under `valgrind --tool=callgrind` (`[server] threads = 1`, embedded store,
+# warn log, no access log, one session made with `tessera session create`), driven by
+# `h2load --h1 -c C` with the bearer token. Two runs: 500 warm-up requests, then 500 + N; the
+# difference of the two runs' total Ir (every thread, start-up and shutdown included in both) over
+# N is the cost of one warm request in user space (kernel time is not counted: compare it with
+# bench/ab.sh's CPU µs/req).
+# Last, the same two runs of nginx as a plain keep-alive proxy (no auth, `master_process off`),
+# the floor. Output: one line per target on stdout: label, Ir per request, the two totals.
+# Needs valgrind, nginx, h2load, curl, python3.
+set -euo pipefail
+BINS="${BINS:-target/release/tessera}" N="${N:-5000}" C="${C:-8}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+log() { printf '[instructions %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
+for t in valgrind nginx h2load curl python3; do command -v "$t" >/dev/null || die "$t is not installed"; done
+[[ "$N" =~ ^[1-9][0-9]*$ && "$C" =~ ^[1-9][0-9]*$ ]] || die "N and C must be positive integers"
+
+PIDS=() WORK="$(mktemp -d /tmp/tessera-ir.XXXXXX)"
+cleanup() {
+  local p
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+chmod 711 "$WORK"
+python3 -c 'import sys; open(sys.argv[1], "w").write(("{\"items\":[" + "\"lorem-ipsum\"," * 71 + "\"end\"]}")
+.ljust(1023) + "\n")' "$WORK/1k.json"
+read -r P_ORIGIN P_T < <(free_ports 2)
+mkdir -p "$WORK/tmp"
+cat >"$WORK/origin.conf" <<EOF
+worker_processes 1; daemon off; pid $WORK/origin.pid; error_log $WORK/origin-error.log warn;
+events { worker_connections 1024; }
+http { access_log off; client_body_temp_path $WORK/tmp; proxy_temp_path $WORK/tmp;
+  fastcgi_temp_path $WORK/tmp; uwsgi_temp_path $WORK/tmp; scgi_temp_path $WORK/tmp;
+  server { listen 127.0.0.1:$P_ORIGIN; keepalive_requests 1000000;
+    location = /1k { default_type application/json; alias $WORK/1k.json; } } }
+EOF
+nginx -e "$WORK/origin-error.log" -p "$WORK" -c "$WORK/origin.conf" >"$WORK/origin.out" 2>&1 &
+PIDS+=("$!")
+wait_port "$P_ORIGIN" "nginx origin" "$!"
+
+# one REQUESTS COMMAND...: total Ir of COMMAND under callgrind serving 500 + REQUESTS requests
+# on port P_T.
+one() {
+  local n=$1 vp total=0 f t
+  shift
+  rm -f "$WORK"/cg.out.*
+  valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.out.%p" "$@" >"$WORK/vg.log" 2>&1 &
+  vp=$!
+  wait_port "$P_T" "$1 under callgrind" "$vp"
+  for k in warm run; do
+    local count=500
+    [[ $k == run ]] && count=$n
+    ((count > 0)) || continue
+    h2load --h1 -n "$count" -c "$C" -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$P_T/1k" \
+      >"$WORK/h2load.out" 2>&1 || die "h2load failed: $(cat "$WORK/h2load.out")"
+    grep -q "^status codes: $count 2xx" "$WORK/h2load.out" || die "not all 2xx: $(grep '^status' "$WORK/h2load.out")"
+  done
+  kill -TERM "$vp" && wait "$vp" 2>/dev/null || true
+  for f in "$WORK"/cg.out.*; do
+    t="$(sed -n 's/^summary: *//p' "$f" | head -1)"
+    total=$((total + ${t:-0}))
+  done
+  echo "$total"
+}
+
+read -r -a BIN_ARGS <<<"$BINS"
+for i in "${!BIN_ARGS[@]}"; do
+  b="${BIN_ARGS[$i]}"
+  [[ $b != /* && ! -e $b && -e "$ROOT/$b" ]] && b="$ROOT/$b"
+  [[ -x $b ]] || die "$b is not an executable file (build it first)"
+  mkdir -p "$WORK/t$i" && chmod 700 "$WORK/t$i"
+  keys="$("$b" keygen)"
+  cat >"$WORK/t$i/t.toml" <<EOF
+[server]
+listen = "127.0.0.1:$P_T"
+threads = 1
+[upstream]
+url = "http://127.0.0.1:$P_ORIGIN"
+[token]
+secret = "$(sed -n 's/^TESSERA_JWT_SECRET=//p' <<<"$keys")"
+[session]
+store = "embedded:$WORK/t$i/sessions"
+[credentials]
+keys = { k1 = "$(sed -n 's/^TESSERA_CRED_KEY=//p' <<<"$keys")" }
+[log]
+level = "warn"
+access_log = false
+EOF
+  TOKEN="$(printf '%s\n' bench-password | "$b" session create --config "$WORK/t$i/t.toml" --user alice \
+    --password-stdin | sed -n 's/.*"token" *: *"\([^"]*\)".*/\1/p' | head -1)"
+  [[ -n $TOKEN ]] || die "no token from $b session create"
+  log "t$i = $b: two callgrind runs (500, then 500 + $N requests, c=$C)"
+  a="$(one 0 "$b" serve --config "$WORK/t$i/t.toml")"
+  z="$(one "$N" "$b" serve --config "$WORK/t$i/t.toml")"
+  printf 't%s %s: %d Ir per request (totals %d and %d)\n' "$i" "$b" $(((z - a) / N)) "$a" "$z"
+done
+
+# The floor for reference: nginx as a plain keep-alive proxy (no auth), one process
+# (`master_process off`), the same port, requests and client; the token header is sent and ignored.
+cat >"$WORK/proxy.conf" <<EOF
+master_process off; daemon off; pid $WORK/proxy.pid; error_log $WORK/proxy-error.log warn;
+events { worker_connections 1024; }
+http { access_log off; client_body_temp_path $WORK/tmp; proxy_temp_path $WORK/tmp;
+  fastcgi_temp_path $WORK/tmp; uwsgi_temp_path $WORK/tmp; scgi_temp_path $WORK/tmp;
+  upstream origin_pool { server 127.0.0.1:$P_ORIGIN; keepalive 64; keepalive_requests 1000000; }
+  server { listen 127.0.0.1:$P_T; keepalive_requests 1000000;
+    location / { proxy_pass http://origin_pool; proxy_http_version 1.1; proxy_set_header Connection ""; } } }
+EOF
+log "nginx-proxy: two callgrind runs (500, then 500 + $N requests, c=$C)"
+a="$(one 0 nginx -e "$WORK/proxy-error.log" -p "$WORK" -c "$WORK/proxy.conf")"
+z="$(one "$N" nginx -e "$WORK/proxy-error.log" -p "$WORK" -c "$WORK/proxy.conf")"
+printf 'nginx-proxy: %d Ir per request (totals %d and %d)\n' $(((z - a) / N)) "$a" "$z"
