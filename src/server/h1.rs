@@ -744,18 +744,16 @@ mod tests {
 
     #[test]
     fn head_framing_fields_are_tesseras_own() {
-        let mut h = HeaderMap::new();
-        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("999"));
-        h.insert(
-            header::TRANSFER_ENCODING,
-            HeaderValue::from_static("chunked"),
-        );
-        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
-        h.insert(
-            header::DATE,
-            HeaderValue::from_static("Sat, 21 Nov 2026 00:00:00 GMT"),
-        );
-        h.insert("x-a", HeaderValue::from_static("1"));
+        let h: HeaderMap = [
+            ("content-length", "999"),
+            ("transfer-encoding", "chunked"),
+            ("connection", "keep-alive"),
+            ("date", "Sat, 21 Nov 2026 00:00:00 GMT"),
+            ("x-a", "1"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (HeaderName::from_static(k), HeaderValue::from_static(v)))
+        .collect();
         let text = |status, framing, close| {
             let mut out = Vec::new();
             encode_head(&mut out, status, None, &h, framing, close);
