@@ -236,8 +236,18 @@ fn pipelined_split_and_handed_off_requests_on_one_connection() {
     c.send(post("/h", &token, &big).as_bytes());
     assert_eq!(bytes_seen(&c.response(false)), 100_000);
 
+    // An h2 preface after a fast-path request is refused (closed), not a switch to h2.
+    let mut c = Client::connect(&t);
+    c.send(get("/pri", &token).as_bytes());
+    assert_eq!(c.response(false).status, 200);
+    c.send(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+    assert!(c.closed_within(Duration::from_secs(5)));
+
     let paths = up.stats.paths.lock().unwrap().clone();
-    assert_eq!(paths, ["/a", "/b", "/c", "/d", "/e", "/f", "/g", "/h"]);
+    assert_eq!(
+        paths,
+        ["/a", "/b", "/c", "/d", "/e", "/f", "/g", "/h", "/pri"]
+    );
     assert_eq!(up.stats.connections.load(Ordering::SeqCst), 1);
 
     // HEAD: the representation's length, no body bytes (the next answer parses cleanly).

@@ -54,8 +54,12 @@ const READ_CHUNK: usize = 8 * 1024;
 pub struct Serving {
     /// The request path.
     pub proxy: Arc<Proxy>,
-    /// The server for connections handed to hyper (h1 + h2c, the same limits).
+    /// The server for connections handed to hyper before any request was served (h1 + h2c,
+    /// the same limits).
     pub hyper: auto::Builder<TokioExecutor>,
+    /// The same, HTTP/1 only: for a connection that already carried HTTP/1.1 requests (an h2
+    /// preface there is a bad request, not a protocol switch).
+    pub hyper_h1: auto::Builder<TokioExecutor>,
     /// Time a client has for a request head (and a fast-path body) from the moment the
     /// connection starts waiting for it; idle keep-alive connections close after it too.
     pub header_read_timeout: Duration,
@@ -88,10 +92,11 @@ pub async fn serve(serving: Arc<Serving>, io: TcpStream, peer: Peer) {
         deadline: None,
         stopping: false,
     };
+    let mut served = false;
     loop {
         let (req, close) = match conn.read_request(&serving, &mut wait).await {
             Next::Request(req, close) => (req, close),
-            Next::HandOff => return hand_off(&serving, conn, peer).await,
+            Next::HandOff => return hand_off(&serving, conn, peer, served).await,
             Next::Close => break,
             Next::Timeout => {
                 tracing::debug!(peer = %peer.addr.ip(), "request head not received in time");
@@ -105,6 +110,7 @@ pub async fn serve(serving: Arc<Serving>, io: TcpStream, peer: Peer) {
         if !conn.write_response(resp, head, close).await || close {
             break;
         }
+        served = true;
     }
     let _ = conn.io.shutdown().await;
 }
@@ -113,8 +119,9 @@ pub async fn serve(serving: Arc<Serving>, io: TcpStream, peer: Peer) {
 const REQUEST_TIMEOUT: &[u8] =
     b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
 
-/// Gives the connection, and the bytes read but not yet served, to hyper (h1 or h2c).
-async fn hand_off(serving: &Serving, conn: Conn, peer: Peer) {
+/// Gives the connection, and the bytes read but not yet served, to hyper: h1 or h2c, or h1 only
+/// once the fast path has `served` a request on it.
+async fn hand_off(serving: &Serving, conn: Conn, peer: Peer, served: bool) {
     let io = Prefixed {
         pre: conn.buf.freeze(),
         io: conn.io,
@@ -125,7 +132,12 @@ async fn hand_off(serving: &Serving, conn: Conn, peer: Peer) {
         let (proxy, peer) = (proxy.clone(), peer.clone());
         async move { Ok::<_, std::convert::Infallible>(proxy.handle(req, &peer).await) }
     });
-    let conn = serving.hyper.serve_connection(TokioIo::new(io), service);
+    let hyper = if served {
+        &serving.hyper_h1
+    } else {
+        &serving.hyper
+    };
+    let conn = hyper.serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
     tokio::select! {
         done = conn.as_mut() => {

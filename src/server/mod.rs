@@ -47,6 +47,7 @@ pub async fn serve(
     let stop = CancellationToken::new();
     let serving = Arc::new(h1::Serving {
         proxy,
+        hyper_h1: hyper.clone().http1_only(),
         hyper,
         header_read_timeout: cfg.header_read_timeout,
         max_head,
