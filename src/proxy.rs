@@ -237,9 +237,10 @@ impl Proxy {
         self.inject(&mut parts, &screened, &session, peer, target);
         let req = Request::from_parts(parts, self.limit_body(body));
         let mut resp = self.upstream.forward(req).await?;
-        screen::screen_response(resp.headers_mut(), &self.strip_response);
+        // An upstream response's fields are all in its body until `materialize` (its map is
+        // empty), so they are screened there.
         if let Some(fields) = resp.body_mut().fields_mut() {
-            screen::screen_raw_response(fields, &self.strip_response);
+            screen::screen_response(fields, &self.strip_response);
         }
         if resp.status() == http::StatusCode::UNAUTHORIZED {
             return Ok(self.upstream_rejected(ctx).await);

@@ -195,18 +195,18 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_credentials: bool) -> boo
     cookie_named
 }
 
-/// Cleans an upstream response head: hop-by-hop headers, those named in `Connection`, and the
-/// configured extras (`Alt-Svc` by default: Cyrus advertises its own h2c/h3, which is not ours).
-pub fn screen_response(headers: &mut HeaderMap, strip: &[HeaderName]) {
-    remove_hop_by_hop(headers, false);
-    for name in strip {
-        headers.remove(name);
-    }
+/// Whether a comma-separated field value (RFC 9110 section 5.6.1) lists `token`, ASCII
+/// case-insensitively (`Connection: keep-alive, Close` lists `close`).
+pub fn has_token(value: &[u8], token: &[u8]) -> bool {
+    value
+        .split(|&b| b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
 }
 
-/// [`screen_response`] for fields still kept raw ([`RawHead`]): the same names go (hop-by-hop,
-/// those named in `Connection`, the configured extras), compared ASCII case-insensitively.
-pub fn screen_raw_response(fields: &mut RawHead, strip: &[HeaderName]) {
+/// Cleans an upstream response head, its fields as received ([`RawHead`]): hop-by-hop fields,
+/// those named in `Connection`, and the configured extras (`Alt-Svc` by default: Cyrus advertises
+/// its own h2c/h3, which is not ours); names compare ASCII case-insensitively.
+pub fn screen_response(fields: &mut RawHead, strip: &[HeaderName]) {
     // The tokens of `Connection` (nginx and Cyrus send one, `keep-alive`); past 8, the slow way.
     let mut listed: [&[u8]; 8] = [&[]; 8];
     let mut count = 0;
@@ -222,10 +222,7 @@ pub fn screen_raw_response(fields: &mut RawHead, strip: &[HeaderName]) {
         if count <= listed.len() {
             listed[..count].iter().any(|t| t.eq_ignore_ascii_case(name))
         } else {
-            fields.get_all(b"connection").any(|v| {
-                v.split(|&b| b == b',')
-                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(name))
-            })
+            fields.get_all(b"connection").any(|v| has_token(v, name))
         }
     };
     let mut drop = 0u128;
@@ -278,8 +275,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn raw_and_map_response_screening_keep_the_same_fields() {
-        let pairs = [
+    fn response_screening_keeps_only_end_to_end_fields_in_order() {
+        let mut raw = crate::forward::raw::from_pairs(&[
             ("Connection", "keep-alive, X-Internal"),
             ("Keep-Alive", "timeout=5"),
             ("x-internal", "secret"),
@@ -289,21 +286,33 @@ mod tests {
             ("Set-Cookie", "a=1"),
             ("Content-Type", "text/plain"),
             ("set-cookie", "b=2"),
-        ];
-        let strip = [HeaderName::from_static("alt-svc")];
-        let mut raw = crate::forward::raw::from_pairs(&pairs);
-        screen_raw_response(&mut raw, &strip);
-        let mut from_raw = HeaderMap::new();
-        raw.append_to(&mut from_raw);
-        let mut map = HeaderMap::new();
-        crate::forward::raw::from_pairs(&pairs).append_to(&mut map);
-        screen_response(&mut map, &strip);
-        assert_eq!(from_raw, map);
+        ]);
+        screen_response(&mut raw, &[HeaderName::from_static("alt-svc")]);
         let kept: Vec<_> = raw
             .iter()
-            .map(|(n, _)| String::from_utf8_lossy(n).into_owned())
+            .map(|(n, v)| String::from_utf8_lossy(&[n, b": ", v].concat()).into_owned())
             .collect();
-        assert_eq!(kept, ["Set-Cookie", "Content-Type", "set-cookie"]);
+        assert_eq!(
+            kept,
+            [
+                "Set-Cookie: a=1",
+                "Content-Type: text/plain",
+                "set-cookie: b=2"
+            ]
+        );
+        // More `Connection` tokens than the fast path collects: each is still honoured.
+        let mut pairs = vec![("connection", "a, b, c, d, e, f, g, h, x-ninth")];
+        pairs.extend([("x-ninth", "1"), ("x-a", "2")]);
+        let mut raw = crate::forward::raw::from_pairs(&pairs);
+        screen_response(&mut raw, &[]);
+        assert_eq!(raw.iter().map(|(n, _)| n).collect::<Vec<_>>(), [b"x-a"]);
+    }
+
+    #[test]
+    fn field_value_tokens() {
+        assert!(has_token(b"keep-alive, Close", b"close"));
+        assert!(has_token(b" close ", b"close"));
+        assert!(!has_token(b"closed", b"close"));
     }
 
     #[test]
@@ -485,18 +494,17 @@ mod tests {
 
     #[test]
     fn response_hygiene() {
-        let mut h = HeaderMap::new();
-        for (k, v) in [
+        let mut h = crate::forward::raw::from_pairs(&[
             ("connection", "Upgrade, x-internal"),
             ("upgrade", "h2c"),
             ("alt-svc", "h3=\":443\""),
             ("x-internal", "1"),
             ("content-type", "a/b"),
-        ] {
-            h.insert(HeaderName::from_static(k), HeaderValue::from_static(v));
-        }
+        ]);
         screen_response(&mut h, &[HeaderName::from_static("alt-svc")]);
-        assert_eq!(h.len(), 1);
-        assert!(h.contains_key("content-type"));
+        assert_eq!(
+            h.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            [b"content-type"]
+        );
     }
 }

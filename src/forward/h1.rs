@@ -31,7 +31,7 @@ use super::{BoxError, ForwardError, UpBody};
 pub const MAX_HEAD: usize = 64 * 1024;
 /// Most response header fields accepted (hyper's default is 100).
 const MAX_HEADERS: usize = 128;
-// `screen::screen_raw_response` marks fields in a 128-bit mask.
+// `screen::screen_response` marks fields in a 128-bit mask.
 const _: () = assert!(MAX_HEADERS <= 128);
 /// Read size, bytes: enough for a typical JSON response with its head in one `recv`.
 const READ_CHUNK: usize = 16 * 1024;
@@ -690,10 +690,9 @@ fn chunk_size(line: &[u8]) -> Result<u64, String> {
 /// HTTP/1.0 only with `Connection: keep-alive`.
 fn keep_alive(version: Version, fields: &RawHead) -> bool {
     let has = |token: &str| {
-        fields.get_all(b"connection").any(|v| {
-            v.split(|&b| b == b',')
-                .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
-        })
+        fields
+            .get_all(b"connection")
+            .any(|v| crate::screen::has_token(v, token.as_bytes()))
     };
     if version == Version::HTTP_10 {
         has("keep-alive")

@@ -41,6 +41,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::forward::{ProxyBody, RawHead};
 use crate::proxy::{Peer, Proxy};
+use crate::screen::has_token;
 
 /// Largest request body, bytes, the fast path reads into memory before forwarding; a larger
 /// `Content-Length` goes to hyper, which streams it.
@@ -326,8 +327,8 @@ impl Conn {
     fn build(&mut self, p: &Parsed) -> Option<Request<Full<Bytes>>> {
         let head = self.buf.split_to(p.len).freeze();
         let body = self.buf.split_to(p.body as usize).freeze();
-        match request(&head, p, &self.spans, body.clone()) {
-            Some(req) => Some(req),
+        match request(&head, p, &self.spans) {
+            Some(req) => Some(req.map(|()| Full::new(body))),
             None => {
                 let mut all = BytesMut::with_capacity(head.len() + body.len() + self.buf.len());
                 all.extend_from_slice(&head);
@@ -643,13 +644,9 @@ fn http_date() -> [u8; 29] {
     })
 }
 
-/// The request from a parsed head; `None` for a target or header `http` refuses.
-fn request(
-    head: &Bytes,
-    p: &Parsed,
-    spans: &[[u32; 4]],
-    body: Bytes,
-) -> Option<Request<Full<Bytes>>> {
+/// The request (its body attached by the caller) from a parsed head; `None` for a target or
+/// header `http` refuses.
+fn request(head: &Bytes, p: &Parsed, spans: &[[u32; 4]]) -> Option<Request<()>> {
     let uri = Uri::from_maybe_shared(head.slice(p.path.0..p.path.1)).ok()?;
     // Room for what inject adds (credential, X-Forwarded-*), so the map never grows.
     let mut headers = HeaderMap::with_capacity(spans.len() + 6);
@@ -658,7 +655,7 @@ fn request(
         let value = HeaderValue::from_maybe_shared(head.slice(vs as usize..ve as usize)).ok()?;
         headers.append(name, value);
     }
-    let mut req = Request::new(Full::new(body));
+    let mut req = Request::new(());
     *req.method_mut() = p.method.clone();
     *req.uri_mut() = uri;
     *req.version_mut() = Version::HTTP_11;
@@ -672,12 +669,6 @@ fn digits(v: &[u8]) -> Option<u64> {
         return None;
     }
     Some(v.iter().fold(0, |n, &d| n * 10 + u64::from(d - b'0')))
-}
-
-/// Whether a comma-separated field value lists `token` (ASCII case-insensitive).
-fn has_token(v: &[u8], token: &[u8]) -> bool {
-    v.split(|&b| b == b',')
-        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
 }
 
 /// A stream that first yields bytes already read from it: how a connection reaches hyper with
@@ -827,7 +818,7 @@ mod tests {
     }
 
     #[test]
-    fn itoa_and_tokens() {
+    fn decimal_and_chunk_size_lines() {
         for n in [0u64, 7, 10, 1024, u64::MAX] {
             assert_eq!(itoa(n, &mut [0; 20]), n.to_string().as_bytes());
         }
@@ -837,7 +828,5 @@ mod tests {
                 format!("{n:x}\r\n").as_bytes()
             );
         }
-        assert!(has_token(b"keep-alive, Close", b"close"));
-        assert!(!has_token(b"closed", b"close"));
     }
 }
