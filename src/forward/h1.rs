@@ -124,6 +124,16 @@ impl H1 {
         }
     }
 
+    /// Moves the socket to the calling thread's runtime: deregisters it from the I/O driver it
+    /// was registered with and registers it with the current one, so its readiness wakes the
+    /// calling thread directly. Must be called within a tokio runtime.
+    ///
+    /// Errors: deregistration or registration failed (the socket is then closed).
+    pub fn rehome(self) -> io::Result<Self> {
+        let io = TcpStream::from_std(self.io.into_std()?)?;
+        Ok(Self { io, buf: self.buf })
+    }
+
     /// Whether bytes beyond the last response are buffered (the connection is then unusable).
     pub fn has_leftover(&self) -> bool {
         !self.buf.is_empty()

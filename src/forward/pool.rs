@@ -19,9 +19,13 @@
 //! **Serving threads.** tessera serves on several single-threaded runtimes (`server.threads`).
 //! A connection's socket is registered with the I/O driver of the thread that opened it, so the
 //! idle connections are kept in one list per thread and a request takes one from its own thread's
-//! list first: then the socket's readiness wakes the request without crossing threads. Only when its own list has none does
-//! it take another thread's idle connection; a new one is opened only when no thread has any
-//! (the cap counts them all).
+//! list first: then the socket's readiness wakes the request without crossing threads. Only when
+//! its own list has none does it take another thread's idle connection, and it first moves the
+//! socket to its own thread's I/O driver (two `epoll_ctl` calls, once per move): left registered
+//! where it was, every readiness event of that connection would wake the other thread, which
+//! then wakes this one (measured in BENCHMARKS.md, "Pooled connections moved to the thread that
+//! uses them"). A new connection is opened only when no thread has an idle one (the cap counts
+//! them all). Callers outside the serving threads (login, the CLI, tests) share one more list.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,6 +48,8 @@ pub struct PoolStats {
     pub reused: AtomicU64,
     /// Requests retried on a fresh connection after a reused one failed.
     pub retried: AtomicU64,
+    /// Idle connections moved to the I/O driver of another serving thread that took them.
+    pub moved: AtomicU64,
 }
 
 /// Which requests may share an upstream connection (`upstream.affinity`).
@@ -57,13 +63,15 @@ pub enum Affinity {
 }
 
 thread_local! {
-    static THREAD: Cell<usize> = const { Cell::new(0) };
+    static THREAD: Cell<Option<usize>> = const { Cell::new(None) };
 }
 
-/// Marks the calling thread as serving thread `index` (0-based, below `server.threads`): its
-/// requests prefer the idle connections its own thread opened. Threads never marked count as 0.
+/// Marks the calling thread as serving thread `index` (0-based, below `server.threads`; the
+/// thread must run its own current-thread runtime): its requests prefer the idle connections its
+/// own thread opened, and move the ones they take from other threads to it. Threads never marked
+/// share one list, apart from the serving threads'.
 pub fn set_serving_thread(index: usize) {
-    THREAD.with(|t| t.set(index));
+    THREAD.with(|t| t.set(Some(index)));
 }
 
 /// The pool for one upstream address.
@@ -71,7 +79,7 @@ pub struct Pool {
     addr: String,
     permits: Arc<Semaphore>,
     /// Idle connections, one list per serving thread (the thread whose runtime the socket is
-    /// registered with), most recently idle last.
+    /// registered with) and a last one for every other thread, most recently idle last.
     idle: Vec<Mutex<Vec<Idle>>>,
     connect_timeout: Duration,
     idle_timeout: Duration,
@@ -119,7 +127,7 @@ impl Pool {
         let pool = Arc::new(Self {
             addr,
             permits: Arc::new(Semaphore::new(max_connections)),
-            idle: (0..threads.max(1))
+            idle: (0..threads.max(1) + 1)
                 .map(|_| Mutex::new(Vec::new()))
                 .collect(),
             connect_timeout,
@@ -135,9 +143,13 @@ impl Pool {
         self.idle[thread].lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The calling serving thread's index into `idle`.
+    /// The calling thread's index into `idle`: its serving-thread index, or the last list for
+    /// threads that are not serving threads.
     fn this_thread(&self) -> usize {
-        THREAD.with(Cell::get) % self.idle.len()
+        let others = self.idle.len() - 1;
+        THREAD
+            .with(Cell::get)
+            .map_or(others, |index| index % others)
     }
 
     /// The affinity key of a request with these (injected) headers: its `Authorization` value
@@ -150,7 +162,7 @@ impl Pool {
     }
 
     /// Takes an idle connection for `key` (any, without affinity): the calling thread's most
-    /// recently idle one first, then the other threads'. Returns it with its thread's index.
+    /// recently idle one first, then the other threads'. Returns it with its list's index.
     fn take_idle(&self, key: &Option<HeaderValue>) -> Option<(usize, Idle)> {
         let first = self.this_thread();
         (0..self.idle.len()).find_map(|offset| {
@@ -183,6 +195,7 @@ impl Pool {
             .acquire_owned()
             .await
             .map_err(|_| ForwardError::Closed)?;
+        let here = self.this_thread();
         loop {
             let Some((home, Idle { mut h1, since, key })) = self.take_idle(&key) else {
                 break;
@@ -190,10 +203,20 @@ impl Pool {
             if since.elapsed() >= self.idle_timeout || !h1.is_alive() {
                 continue;
             }
+            if home != here {
+                h1 = match h1.rehome() {
+                    Ok(h1) => h1,
+                    Err(e) => {
+                        tracing::debug!(cause = %e, "could not move an idle upstream connection to this thread; closed it");
+                        continue;
+                    }
+                };
+                self.stats.moved.fetch_add(1, Ordering::Relaxed);
+            }
             self.stats.reused.fetch_add(1, Ordering::Relaxed);
             return Ok(Conn {
                 h1: Some(h1),
-                home,
+                home: here,
                 key,
                 pool: self.clone(),
                 reused: true,

@@ -1,0 +1,120 @@
+//! The upstream pool across serving threads, against a real HTTP upstream (the demo upstream, a
+//! hyper server on its own runtime): an idle connection opened by one serving thread and taken
+//! by another must be moved to the taker's I/O driver.
+
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use base64::Engine;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use tessera::demo::{serve_demo_upstream, DEMO_PASSWORD, DEMO_USER};
+use tessera::forward::{empty_body, set_serving_thread, Affinity, Upstream};
+
+/// One GET with the demo credential, its body read to the end (which returns the connection to
+/// the pool). Returns the status and the body's length in bytes.
+async fn get(upstream: &Upstream) -> (StatusCode, usize) {
+    let basic =
+        base64::engine::general_purpose::STANDARD.encode(format!("{DEMO_USER}:{DEMO_PASSWORD}"));
+    let req = Request::get("/pool")
+        .header(http::header::HOST, "upstream.test")
+        .header(http::header::AUTHORIZATION, format!("Basic {basic}"))
+        .body(empty_body())
+        .expect("request");
+    let resp = upstream.forward(req).await.expect("forwarded");
+    let status = resp.status();
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, body.len())
+}
+
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// Serving thread 0 opens a connection and leaves it idle, then stops driving its runtime (its
+/// thread blocks outside `block_on`, as a serving thread busy with other work would not poll its
+/// I/O driver for that socket's sake). Serving thread 1 then takes that idle connection. If the
+/// socket stayed registered with thread 0's driver, nothing would ever report the response's
+/// arrival to thread 1 and its request would hang until the timeout below.
+#[test]
+fn an_idle_connection_taken_by_another_serving_thread_moves_to_it() {
+    let up_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("upstream runtime");
+    let listener = up_rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("bind upstream");
+    let addr = listener.local_addr().expect("addr").to_string();
+    up_rt.spawn(serve_demo_upstream(listener));
+
+    let upstream = Arc::new(Upstream::new(
+        addr,
+        4,
+        Duration::from_secs(2),
+        Duration::from_secs(60),
+        Duration::from_secs(5),
+        Affinity::None,
+        2,
+    ));
+
+    // Thread 0: one request, then its runtime stays alive but undriven until the test ends.
+    let (opened_tx, opened_rx) = mpsc::channel();
+    let (end_tx, end_rx) = mpsc::channel::<()>();
+    let first = {
+        let upstream = upstream.clone();
+        std::thread::spawn(move || {
+            set_serving_thread(0);
+            let rt = current_thread();
+            let answer = rt.block_on(get(&upstream));
+            opened_tx.send(answer).expect("report");
+            let _ = end_rx.recv();
+            drop(rt);
+        })
+    };
+    let (status, len) = opened_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("thread 0 answered");
+    assert_eq!(status, StatusCode::OK);
+    assert!(len > 0);
+
+    // Thread 1: takes thread 0's idle connection (the only one), twice.
+    let second = {
+        let upstream = upstream.clone();
+        std::thread::spawn(move || {
+            set_serving_thread(1);
+            let rt = current_thread();
+            rt.block_on(async {
+                let mut answers = Vec::new();
+                for _ in 0..2 {
+                    answers
+                        .push(tokio::time::timeout(Duration::from_secs(5), get(&upstream)).await);
+                }
+                answers
+            })
+        })
+    };
+    let answers = second.join().expect("thread 1");
+    let _ = end_tx.send(());
+    first.join().expect("thread 0");
+
+    for answer in answers {
+        let (status, body) =
+            answer.expect("thread 1's request was answered (not stuck on thread 0's driver)");
+        assert_eq!((status, body), (StatusCode::OK, len));
+    }
+    let stats = upstream.stats();
+    let count = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(
+        count(&stats.opened),
+        1,
+        "one connection served all three requests"
+    );
+    assert_eq!(count(&stats.reused), 2);
+    assert_eq!(count(&stats.moved), 1, "moved once, then thread 1's own");
+    drop(up_rt);
+}
