@@ -221,7 +221,7 @@ impl Login {
         verifier: &Verifier,
         sessions: &Sessions,
         upstream: &Upstream,
-        sid_out: &mut Option<String>,
+        sid_out: &mut Option<Arc<str>>,
     ) -> (Response<ProxyBody>, Option<String>)
     where
         B: Body<Data = Bytes> + Send + 'static,
@@ -273,7 +273,7 @@ impl Login {
         peer: SocketAddr,
         sessions: &Sessions,
         upstream: &Upstream,
-        sid_out: &mut Option<String>,
+        sid_out: &mut Option<Arc<str>>,
     ) -> (Response<ProxyBody>, Option<String>)
     where
         B: Body<Data = Bytes> + Send + 'static,
@@ -339,7 +339,7 @@ impl Login {
                 );
             }
         };
-        *sid_out = Some(created.sid);
+        *sid_out = Some(created.sid.into());
         let cookie = self.token_cookie(&jwt, exp - now);
         let mut resp = match rd {
             Some(rd) => redirect(rd, Some(cookie)),
@@ -483,7 +483,7 @@ impl Login {
         host: &HeaderValue,
         verifier: &Verifier,
         sessions: &Sessions,
-        sid_out: &mut Option<String>,
+        sid_out: &mut Option<Arc<str>>,
     ) -> (Response<ProxyBody>, Option<String>)
     where
         B: Body<Data = Bytes> + Send + 'static,
@@ -543,7 +543,7 @@ impl Login {
         parts: &Parts,
         verifier: &Verifier,
         sessions: &Sessions,
-        sid_out: &mut Option<String>,
+        sid_out: &mut Option<Arc<str>>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let tok = token::extract(&parts.headers, &self.token.sources)?;
         let v = verifier.verify_refreshing(&tok, unix_now()).await?;

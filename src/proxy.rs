@@ -6,6 +6,7 @@
 //! request after any failure, or write a token or credential to a log line.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -70,7 +71,7 @@ impl Peer {
 #[derive(Default)]
 struct Ctx {
     /// The verified session id (hashed only when a log line is written).
-    sid: Option<String>,
+    sid: Option<Arc<str>>,
     /// Log reason of a response that is not a [`ProxyError`] (login endpoints).
     reason: Option<String>,
 }

@@ -42,6 +42,8 @@ const MAX_CHUNK_LINE: usize = 4096;
 pub struct H1 {
     io: TcpStream,
     buf: BytesMut,
+    /// The write queue, kept between requests so that sending one allocates no queue.
+    out: Out,
 }
 
 /// Why sending a request failed, and whether it may be replayed on another connection.
@@ -103,6 +105,7 @@ impl H1 {
         Self {
             io,
             buf: BytesMut::with_capacity(READ_CHUNK),
+            out: Out::default(),
         }
     }
 
@@ -131,7 +134,11 @@ impl H1 {
     /// Errors: deregistration or registration failed (the socket is then closed).
     pub fn rehome(self) -> io::Result<Self> {
         let io = TcpStream::from_std(self.io.into_std()?)?;
-        Ok(Self { io, buf: self.buf })
+        Ok(Self {
+            io,
+            buf: self.buf,
+            out: self.out,
+        })
     }
 
     /// Whether bytes beyond the last response are buffered (the connection is then unusable).
@@ -190,7 +197,7 @@ impl H1 {
                 None => BodyFraming::Chunked,
             }
         };
-        let mut out = Out::default();
+        let mut out = std::mem::take(&mut self.out);
         out.push(encode_head(&parts, framing));
         let mut sent_any = false;
         let mut body_done = matches!(framing, BodyFraming::None | BodyFraming::Length(0));
@@ -296,6 +303,8 @@ impl H1 {
         }
         // The upstream may take another request only if this one was written to its end.
         let request_complete = body_done && out.is_empty();
+        out.queue.clear();
+        self.out = out;
         let head = match early {
             Some(head) if head.response.status() == StatusCode::SWITCHING_PROTOCOLS => {
                 return Err(SendError::Failed(broken(

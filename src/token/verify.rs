@@ -67,10 +67,11 @@ pub enum TokenError {
 /// What a verified token says, the parts tessera uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerifiedToken {
-    /// Session id from the configured claim (`sid` by default).
-    pub sid: String,
-    /// `sub`, when present.
-    pub sub: Option<String>,
+    /// Session id from the configured claim (`sid` by default). Shared with the verified-token
+    /// cache entry: a warm request copies no string.
+    pub sid: Arc<str>,
+    /// `sub`, when present (shared like `sid`).
+    pub sub: Option<Arc<str>>,
     /// `exp`, seconds since the Unix epoch.
     pub exp: u64,
 }
@@ -371,11 +372,8 @@ impl Verifier {
             .filter(|s| !s.is_empty())
             .ok_or(TokenError::MissingSid)?;
         Ok(VerifiedToken {
-            sid: sid.to_owned(),
-            sub: claims
-                .get("sub")
-                .and_then(|v| v.as_str())
-                .map(str::to_owned),
+            sid: sid.into(),
+            sub: claims.get("sub").and_then(|v| v.as_str()).map(Arc::from),
             exp,
         })
     }
@@ -482,7 +480,7 @@ mod tests {
             .cache
             .as_ref()
             .expect("HS* tokens are cached with cache_hmac");
-        assert_eq!(v.verify(&t, NOW).unwrap().sid, "s1");
+        assert_eq!(v.verify(&t, NOW).unwrap().sid.as_ref(), "s1");
         assert_eq!(cache.entries.len(), 1);
         // A hit is served from the cache: plant another answer under the token's key.
         let planted = VerifiedToken {
@@ -491,7 +489,7 @@ mod tests {
             exp: NOW + 60,
         };
         cache.entries.insert(cache.key(&t), planted);
-        assert_eq!(v.verify(&t, NOW).unwrap().sid, "from-cache");
+        assert_eq!(v.verify(&t, NOW).unwrap().sid.as_ref(), "from-cache");
         // One character more or less is another key, verified in full (and refused).
         let longer = format!("{t}A");
         assert_eq!(v.verify(&longer, NOW), Err(TokenError::Signature));
@@ -527,7 +525,7 @@ mod tests {
             aud: Some("webmail".into()),
         };
         let t = v().keys().signer().unwrap().sign(&claims).unwrap();
-        assert_eq!(v().verify(&t, NOW).unwrap().sid, "s2");
+        assert_eq!(v().verify(&t, NOW).unwrap().sid.as_ref(), "s2");
     }
 
     #[test]
