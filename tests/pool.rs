@@ -14,8 +14,13 @@ use tessera::forward::{empty_body, set_serving_thread, Affinity, Upstream};
 /// One GET with the demo credential, its body read to the end (which returns the connection to
 /// the pool). Returns the status and the body's length in bytes.
 async fn get(upstream: &Upstream) -> (StatusCode, usize) {
-    let basic =
-        base64::engine::general_purpose::STANDARD.encode(format!("{DEMO_USER}:{DEMO_PASSWORD}"));
+    get_as(upstream, DEMO_USER, DEMO_PASSWORD).await
+}
+
+/// [`get`] with another user's `Authorization: Basic` (the demo upstream answers 401 to users
+/// other than the demo user; the pool treats every complete response alike).
+async fn get_as(upstream: &Upstream, user: &str, password: &str) -> (StatusCode, usize) {
+    let basic = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
     let req = Request::get("/pool")
         .header(http::header::HOST, "upstream.test")
         .header(http::header::AUTHORIZATION, format!("Basic {basic}"))
@@ -25,6 +30,25 @@ async fn get(upstream: &Upstream) -> (StatusCode, usize) {
     let status = resp.status();
     let body = resp.into_body().collect().await.expect("body").to_bytes();
     (status, body.len())
+}
+
+/// The demo upstream on its own runtime; returns the runtime (keep it) and `host:port`.
+fn demo_upstream() -> (tokio::runtime::Runtime, String) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("upstream runtime");
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("bind upstream");
+    let addr = listener.local_addr().expect("addr").to_string();
+    rt.spawn(serve_demo_upstream(listener));
+    (rt, addr)
+}
+
+fn count(c: &std::sync::atomic::AtomicU64) -> u64 {
+    c.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 fn current_thread() -> tokio::runtime::Runtime {
@@ -41,16 +65,7 @@ fn current_thread() -> tokio::runtime::Runtime {
 /// arrival to thread 1 and its request would hang until the timeout below.
 #[test]
 fn an_idle_connection_taken_by_another_serving_thread_moves_to_it() {
-    let up_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("upstream runtime");
-    let listener = up_rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .expect("bind upstream");
-    let addr = listener.local_addr().expect("addr").to_string();
-    up_rt.spawn(serve_demo_upstream(listener));
+    let (up_rt, addr) = demo_upstream();
 
     let upstream = Arc::new(Upstream::new(
         addr,
@@ -108,7 +123,6 @@ fn an_idle_connection_taken_by_another_serving_thread_moves_to_it() {
         assert_eq!((status, body), (StatusCode::OK, len));
     }
     let stats = upstream.stats();
-    let count = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(
         count(&stats.opened),
         1,
@@ -116,5 +130,52 @@ fn an_idle_connection_taken_by_another_serving_thread_moves_to_it() {
     );
     assert_eq!(count(&stats.reused), 2);
     assert_eq!(count(&stats.moved), 1, "moved once, then thread 1's own");
+    drop(up_rt);
+}
+
+/// With `affinity = "session"` at the connection cap, the connection closed to make room is the
+/// longest-idle one of all serving threads. Here the cap is 2: user A's connection idles in
+/// serving thread 1's list (the oldest), user B's in thread 0's. User C's request on thread 0
+/// must close A's; closing B's instead (the oldest of thread 0's own list) makes B's next request
+/// open a fourth connection.
+#[test]
+fn at_the_cap_the_longest_idle_connection_of_any_thread_is_closed() {
+    let (up_rt, addr) = demo_upstream();
+    let upstream = Arc::new(Upstream::new(
+        addr,
+        2,
+        Duration::from_secs(2),
+        Duration::from_secs(60),
+        Duration::from_secs(5),
+        Affinity::Session,
+        2,
+    ));
+    let on_thread = |index: usize, users: &'static [&'static str]| {
+        let upstream = upstream.clone();
+        std::thread::spawn(move || {
+            set_serving_thread(index);
+            current_thread().block_on(async {
+                let mut answers = Vec::new();
+                for user in users {
+                    answers.push(get_as(&upstream, user, "pw").await.0);
+                }
+                answers
+            })
+        })
+        .join()
+        .expect("serving thread")
+    };
+    assert_eq!(on_thread(1, &["alice"]), [StatusCode::UNAUTHORIZED]);
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(
+        on_thread(0, &["bob", "carol", "bob"]),
+        [StatusCode::UNAUTHORIZED; 3]
+    );
+    let stats = upstream.stats();
+    assert_eq!(
+        (count(&stats.opened), count(&stats.reused)),
+        (3, 1),
+        "alice's idle connection (the oldest) was closed for carol; bob's was kept and reused"
+    );
     drop(up_rt);
 }

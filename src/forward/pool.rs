@@ -201,6 +201,10 @@ impl Pool {
                 break;
             };
             if since.elapsed() >= self.idle_timeout || !h1.is_alive() {
+                tracing::debug!(
+                    expired = since.elapsed() >= self.idle_timeout,
+                    "idle upstream connection closed at checkout"
+                );
                 continue;
             }
             if home != here {
@@ -239,13 +243,20 @@ impl Pool {
     fn make_room(&self) {
         // Busy connections, this request's included, hold the permits not available.
         let idle_now: usize = (0..self.idle.len()).map(|t| self.idle(t).len()).sum();
-        let mut excess = idle_now.saturating_sub(self.permits.available_permits());
-        let mut evicted = Vec::new();
-        for t in 0..self.idle.len() {
+        let excess = idle_now.saturating_sub(self.permits.available_permits());
+        let mut evicted = Vec::with_capacity(excess);
+        for _ in 0..excess {
+            // The longest-idle connection of all threads (each list's first is its oldest).
+            // Taking the first list's oldest instead closed busy users' connections while
+            // another thread's stale ones stayed, and with affinity that churned for good.
+            let oldest = (0..self.idle.len())
+                .filter_map(|t| self.idle(t).first().map(|i| (i.since, t)))
+                .min();
+            let Some((_, t)) = oldest else { break };
             let mut idle = self.idle(t);
-            let n = excess.min(idle.len());
-            evicted.extend(idle.drain(..n));
-            excess -= n;
+            if !idle.is_empty() {
+                evicted.push(idle.remove(0));
+            }
         }
         if !evicted.is_empty() {
             tracing::debug!(
@@ -328,6 +339,13 @@ impl Drop for Conn {
                     since: Instant::now(),
                     key: self.key.take(),
                 });
+            } else {
+                tracing::debug!(
+                    response_complete = self.reusable,
+                    request_sent,
+                    leftover = h1.has_leftover(),
+                    "upstream connection closed after its request"
+                );
             }
         }
         // `_permit` is released after this body runs: the connection is already idle.
