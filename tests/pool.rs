@@ -32,8 +32,10 @@ async fn get_as(upstream: &Upstream, user: &str, password: &str) -> (StatusCode,
     (status, body.len())
 }
 
-/// The demo upstream on its own runtime; returns the runtime (keep it) and `host:port`.
-fn demo_upstream() -> (tokio::runtime::Runtime, String) {
+/// The demo upstream on its own runtime, and an `Upstream` for it used from two serving threads
+/// (connect timeout 2 s, idle timeout 60 s, header timeout 5 s) with at most `cap` connections.
+/// Keep the runtime while the upstream is used.
+fn demo_upstream(cap: usize, affinity: Affinity) -> (tokio::runtime::Runtime, Arc<Upstream>) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -44,7 +46,16 @@ fn demo_upstream() -> (tokio::runtime::Runtime, String) {
         .expect("bind upstream");
     let addr = listener.local_addr().expect("addr").to_string();
     rt.spawn(serve_demo_upstream(listener));
-    (rt, addr)
+    let upstream = Upstream::new(
+        addr,
+        cap,
+        Duration::from_secs(2),
+        Duration::from_secs(60),
+        Duration::from_secs(5),
+        affinity,
+        2,
+    );
+    (rt, Arc::new(upstream))
 }
 
 fn count(c: &std::sync::atomic::AtomicU64) -> u64 {
@@ -65,17 +76,7 @@ fn current_thread() -> tokio::runtime::Runtime {
 /// arrival to thread 1 and its request would hang until the timeout below.
 #[test]
 fn an_idle_connection_taken_by_another_serving_thread_moves_to_it() {
-    let (up_rt, addr) = demo_upstream();
-
-    let upstream = Arc::new(Upstream::new(
-        addr,
-        4,
-        Duration::from_secs(2),
-        Duration::from_secs(60),
-        Duration::from_secs(5),
-        Affinity::None,
-        2,
-    ));
+    let (up_rt, upstream) = demo_upstream(4, Affinity::None);
 
     // Thread 0: one request, then its runtime stays alive but undriven until the test ends.
     let (opened_tx, opened_rx) = mpsc::channel();
@@ -140,16 +141,7 @@ fn an_idle_connection_taken_by_another_serving_thread_moves_to_it() {
 /// open a fourth connection.
 #[test]
 fn at_the_cap_the_longest_idle_connection_of_any_thread_is_closed() {
-    let (up_rt, addr) = demo_upstream();
-    let upstream = Arc::new(Upstream::new(
-        addr,
-        2,
-        Duration::from_secs(2),
-        Duration::from_secs(60),
-        Duration::from_secs(5),
-        Affinity::Session,
-        2,
-    ));
+    let (up_rt, upstream) = demo_upstream(2, Affinity::Session);
     let on_thread = |index: usize, users: &'static [&'static str]| {
         let upstream = upstream.clone();
         std::thread::spawn(move || {
