@@ -17,7 +17,7 @@ mod pool;
 pub(crate) mod raw;
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -41,10 +41,10 @@ pub type UpBody = BoxBody<Bytes, BoxError>;
 /// Why forwarding failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ForwardError {
-    /// TCP connect or HTTP handshake failed (refused, reset). 502.
+    /// TCP connect failed (refused, unreachable, reset). 502.
     #[error("upstream connect failed: {0}")]
     Connect(String),
-    /// Connect + handshake took longer than `upstream.connect_timeout_ms`. 504.
+    /// The TCP connect took longer than `upstream.connect_timeout_ms`. 504.
     #[error("upstream connect timed out")]
     ConnectTimeout,
     /// No response head within `upstream.response_header_timeout_ms` (queue wait included). 504.
@@ -119,7 +119,7 @@ impl Upstream {
                 Some(progress),
             )
         };
-        let send = self.send(req, progress.clone());
+        let send = self.send(req);
         tokio::pin!(send);
         let mut last = 0;
         loop {
@@ -138,14 +138,9 @@ impl Upstream {
         }
     }
 
-    async fn send(
-        &self,
-        req: Request<UpBody>,
-        progress: Option<Arc<Progress>>,
-    ) -> Result<Response<ProxyBody>, ForwardError> {
+    async fn send(&self, req: Request<UpBody>) -> Result<Response<ProxyBody>, ForwardError> {
         let key = self.pool.affinity_key(req.headers());
         let mut conn = self.pool.checkout(key.clone()).await?;
-        conn.set_request_progress(progress.clone());
         let (retry, err) = match conn.h1().send(req).await {
             Ok(head) => return Ok(wrap(head, conn)),
             Err(SendError::Unsent(req, e)) => (Some(req), e),
@@ -162,7 +157,7 @@ impl Upstream {
         tracing::debug!(cause = %err, "reused upstream connection failed; retrying once on a fresh one");
         // Boxed: the rare retry (and its connect) would otherwise double the size of every
         // request's future, which is copied as it is awaited.
-        Box::pin(self.retry(key, req, progress)).await
+        Box::pin(self.retry(key, req)).await
     }
 
     /// The single retry of [`Upstream::send`], on a fresh connection.
@@ -170,10 +165,8 @@ impl Upstream {
         &self,
         key: Option<http::HeaderValue>,
         req: Request<UpBody>,
-        progress: Option<Arc<Progress>>,
     ) -> Result<Response<ProxyBody>, ForwardError> {
         let mut conn = self.pool.checkout_fresh(key).await?;
-        conn.set_request_progress(progress);
         match conn.h1().send(req).await {
             Ok(head) => Ok(wrap(head, conn)),
             Err(
@@ -185,18 +178,12 @@ impl Upstream {
     }
 }
 
-/// Request-body progress: frames sent so far and whether the body ended.
+/// Request-body progress, for the response-head timeout (which restarts while the body still
+/// moves): the frames taken from the body so far. Whether the body was sent to its end decides
+/// reuse in the upstream client (`Head::keep_alive` in `h1.rs`).
 #[derive(Default)]
-pub struct Progress {
+struct Progress {
     frames: AtomicU64,
-    done: AtomicBool,
-}
-
-impl Progress {
-    /// Whether the request body was sent to the end.
-    pub fn done(&self) -> bool {
-        self.done.load(Ordering::Acquire)
-    }
 }
 
 /// A request body that reports its progress.
@@ -214,15 +201,8 @@ impl Body for Tracked {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let frame = Pin::new(&mut self.inner).poll_frame(cx);
-        match &frame {
-            Poll::Ready(Some(Ok(_))) => {
-                self.progress.frames.fetch_add(1, Ordering::Relaxed);
-                if self.inner.is_end_stream() {
-                    self.progress.done.store(true, Ordering::Release);
-                }
-            }
-            Poll::Ready(None) => self.progress.done.store(true, Ordering::Release),
-            _ => {}
+        if let Poll::Ready(Some(Ok(_))) = &frame {
+            self.progress.frames.fetch_add(1, Ordering::Relaxed);
         }
         frame
     }

@@ -37,7 +37,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::h1::H1;
-use super::{ForwardError, Progress};
+use super::ForwardError;
 
 /// Counters of pool activity (monotonic since start).
 #[derive(Debug, Default)]
@@ -107,9 +107,6 @@ pub struct Conn {
     /// Whether this connection served a request before this one.
     pub reused: bool,
     reusable: bool,
-    /// The request body's progress; the connection is reused only once the body was fully sent
-    /// (an upstream may answer early, e.g. 413, while the body is still being written).
-    request: Option<Arc<Progress>>,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -225,7 +222,6 @@ impl Pool {
                 pool: self.clone(),
                 reused: true,
                 reusable: false,
-                request: None,
                 _permit: permit,
             });
         }
@@ -303,7 +299,6 @@ impl Pool {
             pool: self.clone(),
             reused: false,
             reusable: false,
-            request: None,
             _permit: permit,
         })
     }
@@ -317,23 +312,18 @@ impl Conn {
             .expect("connection present while Conn lives")
     }
 
-    /// Marks the response complete: on drop the connection goes back to the pool, provided the
-    /// request body (if any) was sent to the end.
+    /// Marks the exchange complete (the response read to its end, and the request written to its
+    /// end, which the upstream client's `keep_alive` includes): on drop the connection goes back
+    /// to the pool.
     pub fn set_reusable(&mut self) {
         self.reusable = true;
-    }
-
-    /// Attaches the request body's progress (see [`Conn::set_reusable`]).
-    pub fn set_request_progress(&mut self, progress: Option<Arc<Progress>>) {
-        self.request = progress;
     }
 }
 
 impl Drop for Conn {
     fn drop(&mut self) {
         if let Some(h1) = self.h1.take() {
-            let request_sent = self.request.as_ref().is_none_or(|p| p.done());
-            if self.reusable && request_sent && !h1.has_leftover() {
+            if self.reusable && !h1.has_leftover() {
                 self.pool.idle(self.home).push(Idle {
                     h1,
                     since: Instant::now(),
@@ -341,8 +331,7 @@ impl Drop for Conn {
                 });
             } else {
                 tracing::debug!(
-                    response_complete = self.reusable,
-                    request_sent,
+                    exchange_complete = self.reusable,
                     leftover = h1.has_leftover(),
                     "upstream connection closed after its request"
                 );

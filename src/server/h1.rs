@@ -61,8 +61,8 @@ pub struct Serving {
     /// The same, HTTP/1 only: for a connection that already carried HTTP/1.1 requests (an h2
     /// preface there is a bad request, not a protocol switch).
     pub hyper_h1: auto::Builder<TokioExecutor>,
-    /// Time a client has for a request head (and a fast-path body) from the moment the
-    /// connection starts waiting for it; idle keep-alive connections close after it too.
+    /// Time a client has for a request head (and a fast-path body), counted from the request's
+    /// first byte; an idle keep-alive connection closes after it too.
     pub header_read_timeout: Duration,
     /// Largest head, bytes, the fast path waits for; a longer one goes to hyper (which answers
     /// 431). The same size as hyper's read buffer limit.
