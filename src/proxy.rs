@@ -201,19 +201,20 @@ impl Proxy {
         let screened = screen::screen_request(&mut parts, &self.limits)?;
         if let Some(login) = &self.login {
             if let Some(endpoint) = login.route(parts.uri.path()) {
-                let (resp, reason) = login
-                    .handle(
-                        endpoint,
-                        &parts,
-                        body,
-                        &screened.host,
-                        peer.addr,
-                        &self.verifier,
-                        &self.sessions,
-                        &self.upstream,
-                        &mut ctx.sid,
-                    )
-                    .await;
+                // Boxed: the login future (an upstream check, a store write) is many times the
+                // size of the proxy path's, and every request's future would carry its size.
+                let (resp, reason) = Box::pin(login.handle(
+                    endpoint,
+                    &parts,
+                    body,
+                    &screened.host,
+                    peer.addr,
+                    &self.verifier,
+                    &self.sessions,
+                    &self.upstream,
+                    &mut ctx.sid,
+                ))
+                .await;
                 ctx.reason = reason;
                 return Ok(resp);
             }
@@ -244,7 +245,8 @@ impl Proxy {
             screen::screen_response(fields, &self.strip_response);
         }
         if resp.status() == http::StatusCode::UNAUTHORIZED {
-            return Ok(self.upstream_rejected(ctx).await);
+            // Boxed, as the session store's futures are (see `Sessions::resolve`).
+            return Ok(Box::pin(self.upstream_rejected(ctx)).await);
         }
         Ok(resp)
     }

@@ -35,19 +35,34 @@ pub struct Screened {
 }
 
 /// Hop-by-hop headers always removed (RFC 9110 7.6.1, plus the legacy `Proxy-Connection` and
-/// `Keep-Alive`), and the headers the upstream must not see from a client.
-const HOP_BY_HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-    header::PROXY_AUTHORIZATION,
+/// `Keep-Alive`), and the headers the upstream must not see from a client; lowercase.
+const HOP_BY_HOP_NAMES: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "proxy-authorization",
 ];
 
-const SPOOFABLE: [HeaderName; 5] = [
+/// [`HOP_BY_HOP_NAMES`] as header names, for the request's `HeaderMap`. A `static`, not a
+/// `const`: `HeaderName` has drop glue, so every use of a `const` array built and dropped a fresh
+/// copy.
+static HOP_BY_HOP: [HeaderName; 8] = [
+    HeaderName::from_static(HOP_BY_HOP_NAMES[0]),
+    HeaderName::from_static(HOP_BY_HOP_NAMES[1]),
+    HeaderName::from_static(HOP_BY_HOP_NAMES[2]),
+    HeaderName::from_static(HOP_BY_HOP_NAMES[3]),
+    HeaderName::from_static(HOP_BY_HOP_NAMES[4]),
+    HeaderName::from_static(HOP_BY_HOP_NAMES[5]),
+    HeaderName::from_static(HOP_BY_HOP_NAMES[6]),
+    HeaderName::from_static(HOP_BY_HOP_NAMES[7]),
+];
+
+/// Client-supplied forwarding headers, replaced from the connection by [`set_forwarded`].
+static SPOOFABLE: [HeaderName; 5] = [
     HeaderName::from_static("forwarded"),
     HeaderName::from_static("x-forwarded-for"),
     HeaderName::from_static("x-forwarded-proto"),
@@ -152,10 +167,11 @@ fn authority(parts: &Parts) -> Result<HeaderValue, ProxyError> {
 /// Whether `path` has a `.` or `..` segment, plain or percent-encoded (RFC 3986 5.2.4): refused so
 /// that a path can never climb out of `upstream.url`'s base path after upstream normalisation.
 fn has_dot_segment(path: &str) -> bool {
-    path.split('/').any(|seg| {
-        [".", "..", "%2e", "%2e%2e", ".%2e", "%2e."]
-            .iter()
-            .any(|d| seg.eq_ignore_ascii_case(d))
+    path.as_bytes().split(|&b| b == b'/').any(|seg| {
+        seg.len() <= 6
+            && [&b"."[..], b"..", b"%2e", b"%2e%2e", b".%2e", b"%2e."]
+                .iter()
+                .any(|d| seg.eq_ignore_ascii_case(d))
     })
 }
 
@@ -217,9 +233,9 @@ pub fn screen_response(fields: &mut RawHead, strip: &[HeaderName]) {
     };
     let mut drop = 0u128;
     for (i, (name, _)) in fields.iter().enumerate() {
-        let screened = HOP_BY_HOP
+        let screened = HOP_BY_HOP_NAMES
             .iter()
-            .any(|n| n.as_str().as_bytes().eq_ignore_ascii_case(name))
+            .any(|n| n.as_bytes().eq_ignore_ascii_case(name))
             || strip
                 .iter()
                 .any(|n| n.as_str().as_bytes().eq_ignore_ascii_case(name))
@@ -369,7 +385,7 @@ mod tests {
 
     #[test]
     fn every_hop_by_hop_and_spoofable_name_is_removed_and_nothing_else() {
-        let (hop_by_hop, spoofable) = (HOP_BY_HOP, SPOOFABLE);
+        let (hop_by_hop, spoofable) = (&HOP_BY_HOP, &SPOOFABLE);
         for name in hop_by_hop.iter().chain(spoofable.iter()) {
             let mut p = parts(
                 &[("host", "a"), ("x-custom", "1"), (name.as_str(), "x")],

@@ -218,9 +218,11 @@ impl Sessions {
     pub async fn resolve(&self, sid: &str) -> Result<Arc<Session>, ResolveError> {
         match &self.cache {
             Some(cache) if cache.is_live() => {
+                // The store's futures are boxed: they are about 16 KiB, and a warm request's
+                // future (which is moved as it is awaited) would otherwise carry that size.
                 let cached = match cache.get_fresh(sid) {
                     Some(hit) => hit,
-                    None => cache.get_or_load(sid, self.resolve_from_store(sid)).await?,
+                    None => Box::pin(cache.get_or_load(sid, self.resolve_from_store(sid))).await?,
                 };
                 match cached {
                     Cached::Found(s) => Ok(s),
@@ -228,7 +230,7 @@ impl Sessions {
                     Cached::Corrupt(why) => Err(ResolveError::Corrupt(why)),
                 }
             }
-            _ => self.resolve_from_store(sid).await.map(Arc::new),
+            _ => Box::pin(self.resolve_from_store(sid)).await.map(Arc::new),
         }
     }
 
