@@ -307,7 +307,7 @@ impl Proxy {
         target: Uri,
     ) {
         let headers = &mut parts.headers;
-        headers.remove(header::AUTHORIZATION);
+        // The client's `Authorization` values go with the insert of the upstream's below.
         if screened.cookie_is_hop_by_hop {
             headers.remove(header::COOKIE);
         } else {

@@ -313,12 +313,16 @@ impl H1 {
             }
             Some(head) => Ok(head),
             None => match self.read_head(head_request, eof).await {
-                Err(SendError::ClosedBeforeResponse(None, e)) if !polled_body => Err(
-                    SendError::ClosedBeforeResponse(Some(Request::from_parts(parts, body)), e),
-                ),
+                Err(SendError::ClosedBeforeResponse(None, e)) if !polled_body => {
+                    return Err(SendError::ClosedBeforeResponse(
+                        Some(Request::from_parts(parts, body)),
+                        e,
+                    ))
+                }
                 other => other,
             },
         };
+        super::recycle_header_map(parts.headers);
         head.map(|mut head| {
             head.keep_alive &= request_complete;
             head
@@ -754,10 +758,8 @@ fn framing(
             if item.is_empty() || !item.iter().all(u8::is_ascii_digit) || item.len() > 19 {
                 return Err(broken("invalid content-length"));
             }
-            let n: u64 = std::str::from_utf8(item)
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .ok_or_else(|| broken("invalid content-length"))?;
+            // At most 19 digits: below u64::MAX.
+            let n = item.iter().fold(0, |n, &d| n * 10 + u64::from(d - b'0'));
             if length.is_some_and(|l| l != n) {
                 return Err(broken("conflicting content-length values"));
             }

@@ -16,6 +16,7 @@ mod h1;
 mod pool;
 pub(crate) mod raw;
 
+use std::cell::RefCell;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -23,7 +24,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Method, Request, Response};
+use http::{HeaderMap, Method, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::BoxBody;
 use http_body_util::BodyExt;
@@ -239,9 +240,64 @@ pub fn materialize(resp: &mut Response<ProxyBody>) {
     }
 }
 
+thread_local! {
+    /// Request header maps given back after their request was written upstream, cleared with
+    /// their allocation kept, for the next request read on this thread.
+    static SPARE_MAPS: RefCell<Vec<HeaderMap>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Most spare maps kept per thread.
+const MAX_SPARE_MAPS: usize = 64;
+/// Largest map kept, in entries: a map grown by an unusually large request is dropped.
+const MAX_SPARE_CAPACITY: usize = 64;
+
+/// An empty header map with room for at least `fields` fields: a spare one of this thread's
+/// when there is one (no allocation), else a new one.
+pub fn spare_header_map(fields: usize) -> HeaderMap {
+    let mut map = SPARE_MAPS
+        .with(|s| s.borrow_mut().pop())
+        .unwrap_or_default();
+    map.reserve(fields);
+    map
+}
+
+/// Gives a request's header map back for [`spare_header_map`] (cleared here); kept only while
+/// this thread holds fewer than 64 and the map is not unusually large.
+pub fn recycle_header_map(mut map: HeaderMap) {
+    if map.capacity() > MAX_SPARE_CAPACITY {
+        return;
+    }
+    map.clear();
+    SPARE_MAPS.with(|s| {
+        let mut spare = s.borrow_mut();
+        if spare.len() < MAX_SPARE_MAPS {
+            spare.push(map);
+        }
+    });
+}
+
 /// An empty request body.
 pub fn empty_body() -> UpBody {
     http_body_util::Empty::<Bytes>::new()
         .map_err(|never| match never {})
         .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recycled_header_map_comes_back_empty_with_its_room_and_a_large_one_is_dropped() {
+        let mut map = HeaderMap::with_capacity(20);
+        map.insert("x-secret", http::HeaderValue::from_static("1"));
+        let room = map.capacity();
+        recycle_header_map(map);
+        let again = spare_header_map(4);
+        assert!(again.is_empty(), "a previous request's field came back");
+        assert_eq!(again.capacity(), room, "not the recycled allocation");
+        let big = HeaderMap::with_capacity(4 * MAX_SPARE_CAPACITY);
+        recycle_header_map(big);
+        assert!(spare_header_map(0).capacity() <= MAX_SPARE_CAPACITY);
+    }
 }

@@ -16,7 +16,13 @@ pub struct RawHead {
     bytes: Bytes,
     /// Per field: name start, name end, value start, value end (offsets into `bytes`).
     fields: Vec<[u32; 4]>,
+    /// Bit `i` clear: no field named `TRACKED[i]` (a set bit may outlive a removal).
+    seen: u8,
 }
+
+/// Names every response is asked for (framing and `Connection`), recorded in the one pass of
+/// [`RawHead::new`] so that asking for an absent one costs no scan.
+const TRACKED: [&[u8]; 3] = [b"connection", b"transfer-encoding", b"content-length"];
 
 impl RawHead {
     /// Fields at `spans` of `bytes` (offsets must lie within `bytes`; a head is at most
@@ -25,9 +31,19 @@ impl RawHead {
         debug_assert!(spans
             .iter()
             .all(|s| s[1] as usize <= bytes.len() && s[3] as usize <= bytes.len()));
+        let mut seen = 0;
+        for s in &spans {
+            let name = &bytes[s[0] as usize..s[1] as usize];
+            for (i, t) in TRACKED.iter().enumerate() {
+                if name.eq_ignore_ascii_case(t) {
+                    seen |= 1 << i;
+                }
+            }
+        }
         Self {
             bytes,
             fields: spans,
+            seen,
         }
     }
 
@@ -38,7 +54,14 @@ impl RawHead {
 
     /// The values of the fields named `name` (lowercase), in order.
     pub fn get_all<'a>(&'a self, name: &'a [u8]) -> impl Iterator<Item = &'a [u8]> + 'a {
-        self.iter()
+        let absent = TRACKED
+            .iter()
+            .position(|t| *t == name)
+            .is_some_and(|i| self.seen & (1 << i) == 0);
+        let fields = if absent { &[][..] } else { &self.fields[..] };
+        fields
+            .iter()
+            .map(|s| self.field(s))
             .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| v)
     }
@@ -62,6 +85,35 @@ impl RawHead {
                 &bytes[s[2] as usize..s[3] as usize],
             )
         });
+    }
+
+    /// Appends the fields whose name `keep` accepts to `out` as field lines (`name:value` as
+    /// received, the colon and any whitespace after it included (RFC 9112 section 5), then CRLF).
+    /// Lines that were adjacent in the head are copied together.
+    pub fn write_lines(&self, out: &mut Vec<u8>, mut keep: impl FnMut(&[u8]) -> bool) {
+        let b = &self.bytes[..];
+        // Kept lines not yet written: `b[start..end]`, ending at a value whose CRLF is not.
+        let mut run: Option<(usize, usize)> = None;
+        for s in &self.fields {
+            let (ns, ne, ve) = (s[0] as usize, s[1] as usize, s[3] as usize);
+            if !keep(&b[ns..ne]) {
+                continue;
+            }
+            run = match run {
+                // Only a bare CRLF between the two: the next line follows on.
+                Some((start, end)) if b.get(end..ns) == Some(b"\r\n") => Some((start, ve)),
+                Some((start, end)) => {
+                    out.extend_from_slice(&b[start..end]);
+                    out.extend_from_slice(b"\r\n");
+                    Some((ns, ve))
+                }
+                None => Some((ns, ve)),
+            };
+        }
+        if let Some((start, end)) = run {
+            out.extend_from_slice(&b[start..end]);
+            out.extend_from_slice(b"\r\n");
+        }
     }
 
     /// Appends the fields to `map` (values share the head's bytes). A field `http` refuses,
@@ -115,6 +167,10 @@ mod tests {
             [b"a=1", b"b=2"]
         );
         assert!(h.contains(b"x-a") && !h.contains(b"x-b"));
+        assert!(!h.contains(b"connection") && !h.contains(b"content-length"));
+        let framed = from_pairs(&[("Content-Length", "1"), ("CONNECTION", "close")]);
+        assert!(framed.contains(b"content-length") && framed.contains(b"connection"));
+        assert!(!framed.contains(b"transfer-encoding"));
         let mut map = HeaderMap::new();
         h.append_to(&mut map);
         assert_eq!(map.len(), 3);
@@ -124,5 +180,40 @@ mod tests {
         );
         h.remove(b"set-cookie");
         assert_eq!(h.iter().collect::<Vec<_>>(), [(&b"X-A"[..], &b"x"[..])]);
+    }
+
+    /// A head as an upstream may send it: odd spacing, an empty value, a bare-LF line end.
+    fn received() -> RawHead {
+        let text = b"HTTP/1.1 200 OK\r\nA: 1\r\nB:2  \r\nC:\r\nD:\t4\nE: 5\r\nF: 6\r\n\r\n";
+        let mut headers = [httparse::EMPTY_HEADER; 8];
+        let mut parsed = httparse::Response::new(&mut headers);
+        assert!(parsed.parse(text).unwrap().is_complete());
+        let base = text.as_ptr() as usize;
+        let spans = parsed
+            .headers
+            .iter()
+            .map(|h| {
+                let (n, v) = (
+                    h.name.as_ptr() as usize - base,
+                    h.value.as_ptr() as usize - base,
+                );
+                [n, n + h.name.len(), v, v + h.value.len()].map(|o| o as u32)
+            })
+            .collect();
+        RawHead::new(Bytes::from_static(text), spans)
+    }
+
+    #[test]
+    fn written_lines_keep_each_kept_field_as_received_and_end_every_line_in_crlf() {
+        let h = received();
+        let mut out = Vec::new();
+        h.write_lines(&mut out, |_| true);
+        assert_eq!(out, b"A: 1\r\nB:2\r\nC:\r\nD:\t4\r\nE: 5\r\nF: 6\r\n");
+        out.clear();
+        h.write_lines(&mut out, |n| n != b"B" && n != b"E");
+        assert_eq!(out, b"A: 1\r\nC:\r\nD:\t4\r\nF: 6\r\n");
+        out.clear();
+        h.write_lines(&mut out, |_| false);
+        assert!(out.is_empty());
     }
 }

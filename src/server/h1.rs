@@ -558,22 +558,22 @@ fn encode_head(
     out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
     let keep_length = matches!(framing, Framing::Bodyless) && status != StatusCode::NO_CONTENT;
-    let mut field = |name: &[u8], value: &[u8]| {
-        let framing_field = name.eq_ignore_ascii_case(b"transfer-encoding")
+    // This writer frames the body and says whether the connection stays open.
+    let passed = |name: &[u8]| {
+        !(name.eq_ignore_ascii_case(b"transfer-encoding")
             || (name.eq_ignore_ascii_case(b"content-length") && !keep_length)
-            || name.eq_ignore_ascii_case(b"connection");
-        if !framing_field {
-            out.extend_from_slice(name);
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value);
-            out.extend_from_slice(b"\r\n");
-        }
+            || name.eq_ignore_ascii_case(b"connection"))
     };
-    for (name, value) in fields.into_iter().flat_map(RawHead::iter) {
-        field(name, value);
+    if let Some(fields) = fields {
+        fields.write_lines(out, passed);
     }
     for (name, value) in headers {
-        field(name.as_str().as_bytes(), value.as_bytes());
+        if passed(name.as_str().as_bytes()) {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
     }
     match framing {
         Framing::Bodyless => {}
@@ -648,8 +648,9 @@ fn http_date() -> [u8; 29] {
 /// header `http` refuses.
 fn request(head: &Bytes, p: &Parsed, spans: &[[u32; 4]]) -> Option<Request<()>> {
     let uri = Uri::from_maybe_shared(head.slice(p.path.0..p.path.1)).ok()?;
-    // Room for what inject adds (credential, X-Forwarded-*), so the map never grows.
-    let mut headers = HeaderMap::with_capacity(spans.len() + 6);
+    // Room for what inject adds (credential, X-Forwarded-*), so the map never grows; a map an
+    // earlier request gave back when it was sent upstream, so no allocation either.
+    let mut headers = crate::forward::spare_header_map(spans.len() + 6);
     for &[ns, ne, vs, ve] in spans {
         let name = HeaderName::from_bytes(&head[ns as usize..ne as usize]).ok()?;
         let value = HeaderValue::from_maybe_shared(head.slice(vs as usize..ve as usize)).ok()?;

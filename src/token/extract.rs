@@ -2,6 +2,8 @@
 //!
 //! Must never: decode or trust the token (that is `verify`), or keep it past the request.
 
+use std::borrow::Cow;
+
 use base64::Engine;
 use http::header::{AUTHORIZATION, COOKIE};
 use http::{HeaderMap, HeaderValue};
@@ -59,17 +61,23 @@ pub enum ExtractError {
 /// Returns the token from the first configured source that carries one.
 ///
 /// The first present source decides: a malformed value there is an error even if a later
-/// source would have a token (RFC 6750 section 2: one method per request).
-pub fn extract(headers: &HeaderMap, sources: &[TokenSource]) -> Result<String, ExtractError> {
+/// source would have a token (RFC 6750 section 2: one method per request). The token is borrowed
+/// from the header when it is carried as is, decoded into an owned string from a base64 cookie.
+pub fn extract<'a>(
+    headers: &'a HeaderMap,
+    sources: &[TokenSource],
+) -> Result<Cow<'a, str>, ExtractError> {
     for source in sources {
         let found = match source {
             TokenSource::Bearer => bearer(headers),
             TokenSource::Cookie(name) => cookie(headers, name).map(|v| {
                 std::str::from_utf8(v)
-                    .map(str::to_owned)
+                    .map(Cow::Borrowed)
                     .map_err(|_| ExtractError::Malformed)
             }),
-            TokenSource::CookieB64(name) => cookie(headers, name).map(decode_b64_cookie),
+            TokenSource::CookieB64(name) => {
+                cookie(headers, name).map(|v| decode_b64_cookie(v).map(Cow::Owned))
+            }
         };
         if let Some(result) = found {
             return result.and_then(|t| {
@@ -84,14 +92,14 @@ pub fn extract(headers: &HeaderMap, sources: &[TokenSource]) -> Result<String, E
     Err(ExtractError::Missing)
 }
 
-fn bearer(headers: &HeaderMap) -> Option<Result<String, ExtractError>> {
+fn bearer(headers: &HeaderMap) -> Option<Result<Cow<'_, str>, ExtractError>> {
     for value in headers.get_all(AUTHORIZATION) {
         let bytes = value.as_bytes();
         if bytes.len() > 7 && bytes[..7].eq_ignore_ascii_case(b"bearer ") {
             let token = bytes[7..].trim_ascii();
             return Some(
                 std::str::from_utf8(token)
-                    .map(str::to_owned)
+                    .map(Cow::Borrowed)
                     .map_err(|_| ExtractError::Malformed),
             );
         }
