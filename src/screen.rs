@@ -302,6 +302,18 @@ mod tests {
         let mut raw = crate::forward::raw::from_pairs(&pairs);
         screen_response(&mut raw, &[]);
         assert_eq!(raw.iter().map(|(n, _)| n).collect::<Vec<_>>(), [b"x-a"]);
+        // Long names, named in `Connection` or configured, are compared in full.
+        let long = format!("x-{}", "l".repeat(70));
+        let strip = HeaderName::from_bytes(format!("{long}-s").as_bytes()).unwrap();
+        let pairs = [
+            ("connection", long.as_str()),
+            (long.as_str(), "1"),
+            (strip.as_str(), "2"),
+            ("x-b", "3"),
+        ];
+        let mut raw = crate::forward::raw::from_pairs(&pairs);
+        screen_response(&mut raw, &[strip.clone()]);
+        assert_eq!(raw.iter().map(|(n, _)| n).collect::<Vec<_>>(), [b"x-b"]);
     }
 
     #[test]
