@@ -5,7 +5,8 @@
 #   BINS="/tmp/tessera-old target/release/tessera" bench/instructions.sh
 #   N=5000 C=8 bench/instructions.sh
 #
-# Env: BINS (default target/release/tessera), N requests measured (5000), C connections (8).
+# Env: BINS (default target/release/tessera), N requests measured (5000), C connections (8),
+# HELD connections for the memory measure (2000; 0 skips it).
 # For each binary: an nginx origin (worker_processes 1, the 1 KiB JSON at /1k) and one
 # `tessera serve` under `valgrind --tool=callgrind` (`[server] threads = 1`, embedded store,
 # warn log, no access log, one session made with `tessera session create`), driven by
@@ -15,9 +16,12 @@
 # bench/ab.sh's CPU µs/req).
 # Last, the same two runs of nginx as a plain keep-alive proxy (no auth, `master_process off`),
 # the floor. Output: one line per target on stdout: label, Ir per request, the two totals.
+# Then, with HELD > 0, memory per client connection: each target again, not under valgrind, holds
+# HELD keep-alive connections, each after one answered request (a Python client); the growth of
+# the process's VmRSS over HELD is printed as bytes per connection.
 # Needs valgrind, nginx, h2load, curl, python3.
 set -euo pipefail
-BINS="${BINS:-target/release/tessera}" N="${N:-5000}" C="${C:-8}"
+BINS="${BINS:-target/release/tessera}" N="${N:-5000}" C="${C:-8}" HELD="${HELD:-2000}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 log() { printf '[instructions %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -25,6 +29,7 @@ die() { log "ERROR: $*"; exit 1; }
 source "$ROOT/bench/lib.sh"
 for t in valgrind nginx h2load curl python3; do command -v "$t" >/dev/null || die "$t is not installed"; done
 [[ "$N" =~ ^[1-9][0-9]*$ && "$C" =~ ^[1-9][0-9]*$ ]] || die "N and C must be positive integers"
+[[ "$HELD" =~ ^[0-9]+$ ]] || die "HELD must be a non-negative integer"
 
 PIDS=() WORK="$(mktemp -d /tmp/tessera-ir.XXXXXX)"
 cleanup() {
@@ -76,6 +81,47 @@ one() {
   echo "$total"
 }
 
+# held LABEL COMMAND...: COMMAND (listening on P_T) holds HELD connections, one request answered on
+# each; prints its VmRSS growth per connection.
+held() {
+  local label=$1 p
+  shift
+  "$@" >"$WORK/held.log" 2>&1 &
+  p=$!
+  wait_port "$P_T" "$label" "$p"
+  python3 - "$p" "$P_T" "$HELD" "$TOKEN" <<'PY' || die "$label: held-connection run failed"
+import socket, sys, time
+pid, port, n, token = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+def rss_kib():
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmRSS:"))
+request = f"GET /1k HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {token}\r\n\r\n".encode()
+warm = socket.create_connection(("127.0.0.1", port))  # first request: caches and pool warm
+warm.sendall(request)
+warm.recv(65536)
+time.sleep(0.2)
+before = rss_kib()
+held = []
+for _ in range(n):
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(request)
+    held.append(s)
+for s in held:
+    got = b""
+    while b"\r\n\r\n" not in got:
+        chunk = s.recv(65536)
+        if not chunk:
+            sys.exit("connection closed before the answer")
+        got += chunk
+    if not got.startswith(b"HTTP/1.1 200"):
+        sys.exit(f"not 200: {got[:40]!r}")
+time.sleep(0.5)
+after = rss_kib()
+print(f"VmRSS {before} -> {after} KiB: {(after - before) * 1024 // n} bytes per held connection")
+PY
+  kill -TERM "$p" && wait "$p" 2>/dev/null || true
+}
+
 read -r -a BIN_ARGS <<<"$BINS"
 for i in "${!BIN_ARGS[@]}"; do
   b="${BIN_ARGS[$i]}"
@@ -106,6 +152,10 @@ EOF
   a="$(one 0 "$b" serve --config "$WORK/t$i/t.toml")"
   z="$(one "$N" "$b" serve --config "$WORK/t$i/t.toml")"
   printf 't%s %s: %d Ir per request (totals %d and %d)\n' "$i" "$b" $(((z - a) / N)) "$a" "$z"
+  if ((HELD > 0)); then
+    log "t$i = $b: $HELD held connections"
+    printf 't%s %s: %s\n' "$i" "$b" "$(held "t$i" "$b" serve --config "$WORK/t$i/t.toml")"
+  fi
 done
 
 # The floor for reference: nginx as a plain keep-alive proxy (no auth), one process
@@ -123,3 +173,8 @@ log "nginx-proxy: two callgrind runs (500, then 500 + $N requests, c=$C)"
 a="$(one 0 nginx -e "$WORK/proxy-error.log" -p "$WORK" -c "$WORK/proxy.conf")"
 z="$(one "$N" nginx -e "$WORK/proxy-error.log" -p "$WORK" -c "$WORK/proxy.conf")"
 printf 'nginx-proxy: %d Ir per request (totals %d and %d)\n' $(((z - a) / N)) "$a" "$z"
+if ((HELD > 0)); then
+  log "nginx-proxy: $HELD held connections"
+  sed -i "s/worker_connections 1024/worker_connections $((2 * HELD + 64))/" "$WORK/proxy.conf"
+  printf 'nginx-proxy: %s\n' "$(held nginx-proxy nginx -e "$WORK/proxy-error.log" -p "$WORK" -c "$WORK/proxy.conf")"
+fi
