@@ -312,7 +312,7 @@ mod tests {
             ("x-b", "3"),
         ];
         let mut raw = crate::forward::raw::from_pairs(&pairs);
-        screen_response(&mut raw, &[strip.clone()]);
+        screen_response(&mut raw, std::slice::from_ref(&strip));
         assert_eq!(raw.iter().map(|(n, _)| n).collect::<Vec<_>>(), [b"x-b"]);
     }
 
