@@ -17,7 +17,7 @@
 # the token and 401 without. Each rep, each c, round-robin over nginx-proxy, t0, t1, ...:
 # `wrk -t (1 if c<2 else 2) -c c -d DURATION --latency` (+ -H "Authorization: Bearer T" for tessera).
 # Per run: req/s, p50, p99, non-2xx + socket errors (any: WARNING), the target's CPU (user+sys,
-# /proc/PID/stat; nginx: its worker) per request.
+# /proc/PID/stat; nginx: its worker) per request, and of it the user-space part.
 # Output: Markdown on stdout (medians per target and c: req/s, p50, p99, req/s vs nginx-proxy, CPU
 # µs/req; then every run), also in bench/results/ab-<date>-<time>.md with the command line and the
 # binaries' sha256. Progress on stderr. Needs nginx, wrk, curl, python3.
@@ -202,7 +202,7 @@ check_target() { # target: 200 with 1024 bytes (with the token), 401 without it 
     true)"
   [[ $got == "200 1024" ]] || die "$t ($url) answered '$got', expected '200 1024'"
 }
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; } # user + system, clock ticks
+cpu_ticks() { awk '{print $14, $15}' "/proc/$1/stat"; } # user, system: clock ticks
 wrk_run() { # target c duration out
   local t=$1 c=$2 auth=() name
   [[ -z ${TOKEN_OF[$t]} ]] || auth=(-H "Authorization: Bearer ${TOKEN_OF[$t]}")
@@ -223,12 +223,13 @@ for ((rep = 1; rep <= REPS; rep++)); do
     for t in "${TARGETS[@]}"; do
       id="$t-c$c-r$rep"
       log "rep $rep/$REPS c=$c $t"
-      cpu0=$(cpu_ticks "${CPU_PID_OF[$t]}")
+      read -r user0 sys0 < <(cpu_ticks "${CPU_PID_OF[$t]}")
       wrk_run "$t" "$c" "$DURATION" "$RAW/$id.txt"
-      cpu1=$(cpu_ticks "${CPU_PID_OF[$t]}")
+      read -r user1 sys1 < <(cpu_ticks "${CPU_PID_OF[$t]}")
       ! grep -Eq 'Non-2xx|Socket errors' "$RAW/$id.txt" ||
         log "WARNING: $id: $(grep -E 'Non-2xx|Socket errors' "$RAW/$id.txt" | tr -s ' \n' ' ')"
-      printf '%s\t%s\t%s\t%s\t%s\n' "$rep" "$c" "$t" "$id" "$((cpu1 - cpu0))" >>"$WORK/runs.tsv"
+      printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$rep" "$c" "$t" "$id" "$((user1 - user0))" "$((sys1 - sys0))" \
+        >>"$WORK/runs.tsv"
     done
   done
 done
@@ -265,9 +266,10 @@ def parse(path):  # one wrk --latency output
 bins = [l.rstrip("\n").split("\t") for l in open(f"{work}/bins.tsv")]
 runs = []
 for line in open(f"{work}/runs.tsv"):
-    rep, c, t, rid, ticks = line.split()
+    rep, c, t, rid, user, system = line.split()
     r = parse(f"{work}/raw/{rid}.txt")
-    r.update(rep=rep, c=int(c), t=t, cpu=int(ticks) / int(env["CLK_TCK"]) * 1e6 / r["reqs"] if r["reqs"] else None)
+    per_req = lambda ticks: int(ticks) / int(env["CLK_TCK"]) * 1e6 / r["reqs"] if r["reqs"] else None
+    r.update(rep=rep, c=int(c), t=t, cpu=per_req(int(user) + int(system)), user=per_req(user))
     runs.append(r)
 ms, f1 = lambda us: f"{us / 1000:.3f} ms", lambda x: "" if x is None else f"{x:.1f}"
 med = lambda rs, k: statistics.median(v) if (v := [r[k] for r in rs if r[k] is not None]) else None
@@ -276,21 +278,22 @@ md = [f"# tessera A/B vs nginx-proxy, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}", 
       "|---|---|---|---|", "| nginx-proxy | nginx, upstream keepalive 64, no auth | | |"]
 md += [f"| {b[0]} | `{b[1]}` | {b[2]} | {'' if b[3] == '-' else '`' + b[3] + '`'} |" for b in bins]
 md += ["", "## Medians per target and c", "", "| target | c | req/s | p50 | p99 | req/s vs nginx-proxy | "
-       "CPU µs/req | runs | warnings |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+       "CPU µs/req | of it user | runs | warnings |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
 for c in [int(x) for x in env["CONC"].split()]:
     base = med([r for r in runs if r["c"] == c and r["t"] == "nginx-proxy"], "rps")
     for t in ["nginx-proxy"] + [b[0] for b in bins]:
         rs = [r for r in runs if r["c"] == c and r["t"] == t]
         bad = sum(1 for r in rs if r["warn"])
         md.append(f"| {t} | {c} | {med(rs, 'rps'):,.0f} | {ms(med(rs, 'p50'))} | {ms(med(rs, 'p99'))} | "
-                  f"{med(rs, 'rps') / base:.3f} | {f1(med(rs, 'cpu'))} | {len(rs)} | "
+                  f"{med(rs, 'rps') / base:.3f} | {f1(med(rs, 'cpu'))} | {f1(med(rs, 'user'))} | {len(rs)} | "
                   f"{'WARNING: %d run(s) with errors' % bad if bad else ''} |")
-md += ["", "## Every run", "", "| rep | c | target | req/s | p50 | p99 | requests | CPU µs/req | non-2xx | "
-       "socket errors | note |", "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+md += ["", "## Every run", "", "| rep | c | target | req/s | p50 | p99 | requests | CPU µs/req | of it user | "
+       "non-2xx | socket errors | note |", "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
 md += [f"| {r['rep']} | {r['c']} | {r['t']} | {r['rps']:,.0f} | {ms(r['p50'])} | {ms(r['p99'])} | {r['reqs']} | "
-       f"{f1(r['cpu'])} | {r['non2xx']} | {r['sock']} | {r['warn'] or ''} |" for r in runs]
+       f"{f1(r['cpu'])} | {f1(r['user'])} | {r['non2xx']} | {r['sock']} | {r['warn'] or ''} |" for r in runs]
 md += ["", "CPU: user+sys time of the target process (nginx-proxy: its worker) during the run "
-       "(/proc/PID/stat) per request wrk completed; every process shares the machine.", ""]
+       "(/proc/PID/stat) per request wrk completed, and its user-space part (the rest is the kernel's: "
+       "system calls, loopback TCP); every process shares the machine.", ""]
 open(env["OUT"], "w").write("\n".join(md))
 print("\n".join(md), end="")
 PY
