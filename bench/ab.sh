@@ -19,7 +19,7 @@
 # Per run: req/s, p50, p99, non-2xx + socket errors (any: WARNING), the target's CPU (user+sys,
 # /proc/PID/stat; nginx: its worker) per request, and of it the user-space part.
 # Output: Markdown on stdout (medians per target and c: req/s, p50, p99, req/s vs nginx-proxy, CPU
-# µs/req; then every run), also in bench/results/ab-<date>-<time>.md with the command line and the
+# µs/req and its user part; then every run), also in bench/results/ab-<date>-<time>.md with the command line and the
 # binaries' sha256. Progress on stderr. Needs nginx, wrk, curl, python3.
 set -euo pipefail
 

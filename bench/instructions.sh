@@ -29,7 +29,12 @@ die() { log "ERROR: $*"; exit 1; }
 source "$ROOT/bench/lib.sh"
 for t in valgrind nginx h2load curl python3; do command -v "$t" >/dev/null || die "$t is not installed"; done
 [[ "$N" =~ ^[1-9][0-9]*$ && "$C" =~ ^[1-9][0-9]*$ ]] || die "N and C must be positive integers"
-[[ "$HELD" =~ ^[0-9]+$ ]] || die "HELD must be a non-negative integer"
+[[ "$HELD" =~ ^(0|[1-9][0-9]*)$ ]] || die "HELD must be a non-negative integer"
+# The client and the target each hold HELD sockets (nginx-proxy also one per upstream connection).
+if ((HELD > 0 && $(ulimit -n) < 2 * HELD + 256)); then
+  ulimit -n $((2 * HELD + 256)) 2>/dev/null ||
+    die "HELD=$HELD needs $((2 * HELD + 256)) open files, the limit is $(ulimit -n): lower HELD or raise it"
+fi
 
 PIDS=() WORK="$(mktemp -d /tmp/tessera-ir.XXXXXX)"
 cleanup() {
@@ -46,7 +51,7 @@ read -r P_ORIGIN P_T < <(free_ports 2)
 mkdir -p "$WORK/tmp"
 cat >"$WORK/origin.conf" <<EOF
 worker_processes 1; daemon off; pid $WORK/origin.pid; error_log $WORK/origin-error.log warn;
-events { worker_connections 1024; }
+events { worker_connections $((2 * HELD + 1024)); }
 http { access_log off; client_body_temp_path $WORK/tmp; proxy_temp_path $WORK/tmp;
   fastcgi_temp_path $WORK/tmp; uwsgi_temp_path $WORK/tmp; scgi_temp_path $WORK/tmp;
   server { listen 127.0.0.1:$P_ORIGIN; keepalive_requests 1000000;
@@ -82,14 +87,17 @@ one() {
 }
 
 # held LABEL COMMAND...: COMMAND (listening on P_T) holds HELD connections, one request answered on
-# each; prints its VmRSS growth per connection.
+# each; prints "LABEL: " and its VmRSS growth per connection. Any failure ends the script (the
+# process is in PIDS, so the cleanup stops it).
 held() {
   local label=$1 p
   shift
   "$@" >"$WORK/held.log" 2>&1 &
   p=$!
+  PIDS+=("$p")
   wait_port "$P_T" "$label" "$p"
-  python3 - "$p" "$P_T" "$HELD" "$TOKEN" <<'PY' || die "$label: held-connection run failed"
+  printf '%s: ' "$label"
+  python3 - "$p" "$P_T" "$HELD" "$TOKEN" <<'PY' || die "$label: held-connection run failed (log: $WORK/held.log)"
 import socket, sys, time
 pid, port, n, token = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 def rss_kib():
@@ -154,7 +162,7 @@ EOF
   printf 't%s %s: %d Ir per request (totals %d and %d)\n' "$i" "$b" $(((z - a) / N)) "$a" "$z"
   if ((HELD > 0)); then
     log "t$i = $b: $HELD held connections"
-    printf 't%s %s: %s\n' "$i" "$b" "$(held "t$i" "$b" serve --config "$WORK/t$i/t.toml")"
+    held "t$i $b" "$b" serve --config "$WORK/t$i/t.toml"
   fi
 done
 
@@ -176,5 +184,5 @@ printf 'nginx-proxy: %d Ir per request (totals %d and %d)\n' $(((z - a) / N)) "$
 if ((HELD > 0)); then
   log "nginx-proxy: $HELD held connections"
   sed -i "s/worker_connections 1024/worker_connections $((2 * HELD + 64))/" "$WORK/proxy.conf"
-  printf 'nginx-proxy: %s\n' "$(held nginx-proxy nginx -e "$WORK/proxy-error.log" -p "$WORK" -c "$WORK/proxy.conf")"
+  held nginx-proxy nginx -e "$WORK/proxy-error.log" -p "$WORK" -c "$WORK/proxy.conf"
 fi

@@ -252,7 +252,7 @@ const MAX_SPARE_MAPS: usize = 64;
 const MAX_SPARE_CAPACITY: usize = 64;
 
 /// An empty header map with room for at least `fields` fields: a spare one of this thread's
-/// when there is one (no allocation), else a new one.
+/// when there is one (no allocation unless it is smaller than `fields`), else a new one.
 pub fn spare_header_map(fields: usize) -> HeaderMap {
     let mut map = SPARE_MAPS
         .with(|s| s.borrow_mut().pop())
@@ -262,7 +262,8 @@ pub fn spare_header_map(fields: usize) -> HeaderMap {
 }
 
 /// Gives a request's header map back for [`spare_header_map`] (cleared here); kept only while
-/// this thread holds fewer than 64 and the map is not unusually large.
+/// this thread holds fewer than 64 and the map has room for at most 64 entries. (Its storage for
+/// repeated names is not counted there; it is bounded by the request's field limit, 100.)
 pub fn recycle_header_map(mut map: HeaderMap) {
     if map.capacity() > MAX_SPARE_CAPACITY {
         return;

@@ -88,8 +88,9 @@ impl RawHead {
     }
 
     /// Appends the fields whose name `keep` accepts to `out` as field lines (`name:value` as
-    /// received, the colon and any whitespace after it included (RFC 9112 section 5), then CRLF).
-    /// Lines that were adjacent in the head are copied together.
+    /// received, the colon and any whitespace after it included (RFC 9112 section 5; for a value
+    /// of only whitespace, that whitespace), then CRLF). Lines that were adjacent in the head are
+    /// copied together.
     pub fn write_lines(&self, out: &mut Vec<u8>, mut keep: impl FnMut(&[u8]) -> bool) {
         let b = &self.bytes[..];
         // Kept lines not yet written: `b[start..end]`, ending at a value whose CRLF is not.
