@@ -158,10 +158,9 @@ fn authority(parts: &Parts) -> Result<HeaderValue, ProxyError> {
 /// that a path can never climb out of `upstream.url`'s base path after upstream normalisation.
 fn has_dot_segment(path: &str) -> bool {
     path.as_bytes().split(|&b| b == b'/').any(|seg| {
-        seg.len() <= 6
-            && [&b"."[..], b"..", b"%2e", b"%2e%2e", b".%2e", b"%2e."]
-                .iter()
-                .any(|d| seg.eq_ignore_ascii_case(d))
+        [&b"."[..], b"..", b"%2e", b"%2e%2e", b".%2e", b"%2e."]
+            .iter()
+            .any(|d| seg.eq_ignore_ascii_case(d))
     })
 }
 
@@ -197,6 +196,15 @@ pub fn has_token(value: &[u8], token: &[u8]) -> bool {
     value
         .split(|&b| b == b',')
         .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
+}
+
+/// A `Content-Length` value, or one item of a comma-separated list of them: 1 to 19 ASCII
+/// digits (RFC 9110 section 8.6; 19 digits stay below `u64::MAX`), else `None`.
+pub fn content_length(v: &[u8]) -> Option<u64> {
+    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(v.iter().fold(0, |n, &d| n * 10 + u64::from(d - b'0')))
 }
 
 /// Cleans an upstream response head, its fields as received ([`RawHead`]): hop-by-hop fields,
@@ -314,6 +322,28 @@ mod tests {
         let mut raw = crate::forward::raw::from_pairs(&pairs);
         screen_response(&mut raw, std::slice::from_ref(&strip));
         assert_eq!(raw.iter().map(|(n, _)| n).collect::<Vec<_>>(), [b"x-b"]);
+    }
+
+    #[test]
+    fn content_length_digits_only() {
+        assert_eq!(content_length(b"0"), Some(0));
+        assert_eq!(content_length(b"65536"), Some(65536));
+        for bad in [
+            &b""[..],
+            b"+5",
+            b"-1",
+            b"5 ",
+            b"5,5",
+            b"0x10",
+            b"99999999999999999999",
+        ] {
+            assert_eq!(
+                content_length(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
     }
 
     #[test]

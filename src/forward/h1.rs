@@ -754,12 +754,8 @@ fn framing(
     let mut length = None;
     for v in fields.get_all(b"content-length") {
         for item in v.split(|&b| b == b',') {
-            let item = item.trim_ascii();
-            if item.is_empty() || !item.iter().all(u8::is_ascii_digit) || item.len() > 19 {
-                return Err(broken("invalid content-length"));
-            }
-            // At most 19 digits: below u64::MAX.
-            let n = item.iter().fold(0, |n, &d| n * 10 + u64::from(d - b'0'));
+            let n = crate::screen::content_length(item.trim_ascii())
+                .ok_or_else(|| broken("invalid content-length"))?;
             if length.is_some_and(|l| l != n) {
                 return Err(broken("conflicting content-length values"));
             }

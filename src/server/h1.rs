@@ -41,7 +41,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::forward::{ProxyBody, RawHead};
 use crate::proxy::{Peer, Proxy};
-use crate::screen::has_token;
+use crate::screen::{content_length, has_token};
 
 /// Largest request body, bytes, the fast path reads into memory before forwarding; a larger
 /// `Content-Length` goes to hyper, which streams it.
@@ -296,7 +296,7 @@ impl Conn {
         for h in req.headers.iter() {
             let name = h.name.as_bytes();
             if name.eq_ignore_ascii_case(b"content-length") {
-                match (body, digits(h.value)) {
+                match (body, content_length(h.value)) {
                     (None, Some(n)) if n <= max_body => body = Some(n),
                     _ => return Parse::HandOff,
                 }
@@ -664,14 +664,6 @@ fn request(head: &Bytes, p: &Parsed, spans: &[[u32; 4]]) -> Option<Request<()>> 
     Some(req)
 }
 
-/// A `Content-Length` value of 1 to 19 ASCII digits (RFC 9110 section 8.6), else `None`.
-fn digits(v: &[u8]) -> Option<u64> {
-    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    Some(v.iter().fold(0, |n, &d| n * 10 + u64::from(d - b'0')))
-}
-
 /// A stream that first yields bytes already read from it: how a connection reaches hyper with
 /// the request the fast path did not take.
 struct Prefixed {
@@ -728,23 +720,6 @@ impl AsyncWrite for Prefixed {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn content_length_digits_only() {
-        assert_eq!(digits(b"0"), Some(0));
-        assert_eq!(digits(b"65536"), Some(65536));
-        for bad in [
-            &b""[..],
-            b"+5",
-            b"-1",
-            b"5 ",
-            b"5,5",
-            b"0x10",
-            b"99999999999999999999",
-        ] {
-            assert_eq!(digits(bad), None, "{:?}", String::from_utf8_lossy(bad));
-        }
-    }
 
     #[test]
     fn head_framing_fields_are_tesseras_own() {
