@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# Builds tessera with profile-guided optimization (PGO): the release binary the benchmarks in
+# BENCHMARKS.md measure as "PGO build", at target/pgo/release/tessera.
+#   scripts/build-pgo.sh            # then: target/pgo/release/tessera serve --config tessera.toml
+# Why: with the same instructions per request as nginx, tessera spent more CPU cycles on them (user
+# time per request, BENCHMARKS.md "Profile-guided optimization (session 9)"); a profile of the real
+# workload lets LLVM lay out and inline the hot path for it. It is the plain `cargo build --release`
+# otherwise: same source, same Cargo profile, same behaviour.
+# Steps: 1. an instrumented build (RUSTFLAGS=-Cprofile-generate, target/pgo-instr); 2. the training
+# workload below against it, on loopback; 3. llvm-profdata merge; 4. the final build
+# (RUSTFLAGS=-Cprofile-use, target/pgo). About 10 minutes on 2 cores.
+# Training workload (127.0.0.1, free ports, processes stopped by PID): an nginx origin with a 1 KiB
+# JSON, one `tessera serve` (embedded store, one session), then wrk GET with the token at c=1, 8 and
+# 64, wrk POST of 16 KiB bodies, h2load over h2c, and requests without a token (401); tessera is
+# stopped with SIGTERM so that it exits normally and writes its profile.
+# Needs: cargo, nginx, wrk, h2load (nghttp2-client), curl, python3, and llvm-profdata of the LLVM
+# major version rustc reports (`rustc -vV`); on Debian as root, missing ones are installed with
+# apt-get (llvm-<major> from the configured sources).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+log() { printf '[pgo %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
+
+LLVM_MAJOR="$(rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')"
+[[ -n $LLVM_MAJOR ]] || die "rustc -vV reports no LLVM version"
+profdata_ok() { "$1" merge --help >/dev/null 2>&1 && "$1" --version 2>/dev/null | grep -q "LLVM version $LLVM_MAJOR\."; }
+find_profdata() {
+  local c
+  for c in "llvm-profdata-$LLVM_MAJOR" llvm-profdata \
+    "$(rustc --print sysroot)/lib/rustlib/$(rustc -vV | sed -n 's/^host: //p')/bin/llvm-profdata"; do
+    c="$(command -v "$c" || true)"
+    [[ -n $c ]] && profdata_ok "$c" && { echo "$c"; return 0; }
+  done
+  return 1
+}
+need=()
+command -v nginx >/dev/null || need+=(nginx)
+command -v wrk >/dev/null || need+=(wrk)
+command -v h2load >/dev/null || need+=(nghttp2-client)
+command -v curl >/dev/null || need+=(curl)
+PROFDATA="$(find_profdata || true)"
+[[ -n $PROFDATA ]] || need+=("llvm-$LLVM_MAJOR")
+if ((${#need[@]})); then
+  [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null ||
+    die "missing: ${need[*]} (install them; llvm-profdata must be from LLVM $LLVM_MAJOR, like rustc)"
+  log "installing ${need[*]}"
+  [ -e /usr/sbin/policy-rc.d ] || { printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; }
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null ||
+    die "apt-get install ${need[*]} failed (llvm-$LLVM_MAJOR may need the apt.llvm.org source)"
+  PROFDATA="$(find_profdata || true)"
+  [[ -n $PROFDATA ]] || die "no llvm-profdata of LLVM $LLVM_MAJOR after installing llvm-$LLVM_MAJOR"
+fi
+log "rustc's LLVM is $LLVM_MAJOR; llvm-profdata: $PROFDATA"
+
+PIDS=() WORK="" TESSERA_PID=""
+cleanup() {
+  local rc=$? pid
+  trap - EXIT INT TERM
+  for pid in $TESSERA_PID "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in $TESSERA_PID "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  if [[ -n $WORK && -d $WORK ]]; then
+    if ((rc)); then log "failed (exit $rc): logs kept in $WORK"; else rm -rf "$WORK"; fi
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+WORK="$(mktemp -d /tmp/tessera-pgo.XXXXXX)"
+chmod 711 "$WORK" # nginx workers (nobody when run as root) must reach 1k.json
+mkdir -p "$WORK/tmp" "$WORK/keys" "$WORK/emb" && chmod 700 "$WORK/keys"
+# A fixed path, so that a second run rebuilds only what changed.
+PROFILES="$ROOT/target/pgo-instr/profiles"
+rm -rf "$PROFILES" && mkdir -p "$PROFILES"
+
+# ---------------------------------------------------------------- 1. instrumented build
+log "instrumented build (target/pgo-instr)"
+RUSTFLAGS="${RUSTFLAGS:-} -Cprofile-generate=$PROFILES" CARGO_TARGET_DIR="$ROOT/target/pgo-instr" \
+  cargo build --release --locked --quiet
+BIN="$ROOT/target/pgo-instr/release/tessera"
+
+# ---------------------------------------------------------------- 2. training workload
+read -r P_ORIGIN P_TESSERA < <(free_ports 2)
+python3 -c 'import sys; open(sys.argv[1], "w").write(("{\"items\":[" + "\"lorem-ipsum\"," * 71 + "\"end\"]}")
+.ljust(1023) + "\n")' "$WORK/1k.json"
+cat >"$WORK/origin.conf" <<EOF
+worker_processes 1; daemon off; pid $WORK/origin.pid; error_log $WORK/origin-error.log warn;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/tmp; proxy_temp_path $WORK/tmp; fastcgi_temp_path $WORK/tmp;
+  uwsgi_temp_path $WORK/tmp; scgi_temp_path $WORK/tmp;
+  server { listen 127.0.0.1:$P_ORIGIN; keepalive_requests 1000000; client_max_body_size 1m;
+    location = /1k { default_type application/json; alias $WORK/1k.json; }
+    location = /upload { return 200 "stored\n"; } }
+}
+EOF
+nginx -e "$WORK/origin-error.log" -p "$WORK" -c "$WORK/origin.conf" >"$WORK/origin.out" 2>&1 &
+PIDS+=("$!")
+wait_port "$P_ORIGIN" "nginx origin" "$!"
+
+KEYS="$("$BIN" keygen)"
+(umask 077 && sed -n 's/^TESSERA_JWT_SECRET=//p' <<<"$KEYS" >"$WORK/keys/jwt.secret" &&
+  sed -n 's/^TESSERA_CRED_KEY=//p' <<<"$KEYS" >"$WORK/keys/cred.key")
+cat >"$WORK/tessera.toml" <<EOF
+[server]
+listen = "127.0.0.1:$P_TESSERA"
+[upstream]
+url = "http://127.0.0.1:$P_ORIGIN"
+[token]
+secret = "file:$WORK/keys/jwt.secret"
+[session]
+store = "embedded:$WORK/emb/sessions"
+[credentials]
+keys = { k1 = "file:$WORK/keys/cred.key" }
+[log]
+level = "warn"
+access_log = false
+EOF
+"$BIN" serve --config "$WORK/tessera.toml" >"$WORK/tessera.log" 2>&1 &
+TESSERA_PID=$!
+wait_port "$P_TESSERA" tessera "$TESSERA_PID"
+TOKEN="$(printf '%s\n' pgo-password | "$BIN" session create --config "$WORK/tessera.toml" --user alice \
+  --password-stdin | sed -n 's/.*"token" *: *"\([^"]*\)".*/\1/p' | head -1)"
+[[ -n $TOKEN ]] || die "session create printed no token"
+URL="http://127.0.0.1:$P_TESSERA"
+got="$(curl -s -o /dev/null -w '%{http_code} %{size_download}' -H "Authorization: Bearer $TOKEN" "$URL/1k")"
+[[ $got == "200 1024" ]] || die "tessera answered '$got' with the token, expected '200 1024'"
+
+printf 'wrk.method = "POST"\nwrk.body = string.rep("x", 16384)\nwrk.headers["Content-Type"] = "application/octet-stream"\n' \
+  >"$WORK/post.lua"
+run() { # step command...: runs it, output in $WORK/step.out (the token is not logged)
+  local step=$1 && shift
+  log "training: $step"
+  "$@" >"$WORK/$step.out" 2>&1 || die "training step $step failed (see $WORK/$step.out)"
+}
+ok() { ! grep -qE "Non-2xx|Socket errors" "$WORK/$1.out" || die "training step $1 had errors: $(cat "$WORK/$1.out")"; }
+for c in 1 8 64; do
+  run "get-c$c" wrk -t "$((c < 2 ? 1 : 2))" -c "$c" -d 4s -H "Authorization: Bearer $TOKEN" "$URL/1k"
+  ok "get-c$c"
+done
+run post-16k wrk -t 2 -c 8 -d 2s -s "$WORK/post.lua" -H "Authorization: Bearer $TOKEN" "$URL/upload"
+ok post-16k
+run h2c h2load -n 40000 -c 8 -m 8 -H "authorization: Bearer $TOKEN" "$URL/1k"
+grep -q "40000 succeeded" "$WORK/h2c.out" || die "h2load: not every request succeeded: $(cat "$WORK/h2c.out")"
+run no-token wrk -t 1 -c 8 -d 1s "$URL/1k"
+grep -q "Non-2xx" "$WORK/no-token.out" || die "requests without a token were not refused: is the token check off?"
+
+log "stopping tessera (SIGTERM) so that it writes its profile"
+kill -TERM "$TESSERA_PID"
+rc=0 && wait "$TESSERA_PID" || rc=$?
+TESSERA_PID=""
+((rc == 0)) || die "tessera exited with $rc on SIGTERM (no profile written)"
+compgen -G "$PROFILES/*.profraw" >/dev/null || die "no .profraw written in $PROFILES"
+
+# ---------------------------------------------------------------- 3. merge, 4. final build
+"$PROFDATA" merge -o "$WORK/tessera.profdata" "$PROFILES"
+log "final build with the profile (target/pgo)"
+RUSTFLAGS="${RUSTFLAGS:-} -Cprofile-use=$WORK/tessera.profdata" CARGO_TARGET_DIR="$ROOT/target/pgo" \
+  cargo build --release --locked --quiet
+log "built $ROOT/target/pgo/release/tessera"
