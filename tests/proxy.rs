@@ -980,3 +980,57 @@ fn upstream_http1_framing_and_connection_reuse() {
         );
     }
 }
+
+/// An upload answered early (the upstream's 413 while the client is still sending): tessera
+/// answers, then drains the rest of the body before closing (a lingering close). Closing with the
+/// body unread would make the kernel reset the connection, and the client's next writes, or even
+/// its read of the 413, would fail (curl then reported no status at all).
+#[test]
+fn an_upload_answered_early_is_closed_without_a_reset() {
+    use std::io::{Read, Write};
+    let up = upstream::start(Behavior::Scripted(framing_script));
+    let (t, token) = behind(&up.url(), &[]);
+    let total: usize = 4 << 20;
+    let chunk = vec![b'u'; 64 * 1024];
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "POST /early-413 HTTP/1.1\r\nHost: x\r\n{}\r\nContent-Length: {total}\r\n\r\n",
+        bearer(&token)
+    )
+    .unwrap();
+    s.write_all(&chunk).unwrap();
+    let mut got = Vec::new();
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let mut tmp = [0u8; 4096];
+        let n = s.read(&mut tmp).expect("reading the early answer");
+        assert!(
+            n > 0,
+            "EOF before the answer: {:?}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&tmp[..n]);
+    }
+    let head = String::from_utf8_lossy(&got).to_string();
+    assert!(head.starts_with("HTTP/1.1 413"), "{head}");
+    // The client goes on sending the body it announced: no write meets a reset.
+    let mut sent = chunk.len();
+    while sent < total {
+        let n = chunk.len().min(total - sent);
+        s.write_all(&chunk[..n])
+            .unwrap_or_else(|e| panic!("write after the answer, at byte {sent} of {total}: {e}"));
+        sent += n;
+    }
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    // Then it reads tessera's clean close (FIN, not RST) after whatever followed the head.
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest)
+        .unwrap_or_else(|e| panic!("reading to the end after the answer: {e}"));
+    assert!(
+        rest.is_empty(),
+        "nothing after the empty 413: {:?}",
+        String::from_utf8_lossy(&rest)
+    );
+}

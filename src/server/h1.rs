@@ -114,6 +114,64 @@ pub async fn serve(serving: Arc<Serving>, io: TcpStream, peer: Peer) {
         served = true;
     }
     let _ = conn.io.shutdown().await;
+    let mut linger = Linger::default();
+    poll_fn(|cx| linger.poll(&mut conn.io, cx)).await;
+}
+
+/// Longest a closing connection is drained in all, and with no bytes arriving (the lingering
+/// close of nginx's `lingering_time` / `lingering_timeout`, shorter).
+const LINGER_TOTAL: Duration = Duration::from_secs(5);
+const LINGER_IDLE: Duration = Duration::from_secs(1);
+
+/// A lingering close: after the last response and our FIN (`shutdown(SHUT_WR)`), the client's
+/// remaining bytes (an upload answered early, say with 413; pipelined requests after a close) are
+/// read and discarded until it closes too, for at most [`LINGER_TOTAL`] and [`LINGER_IDLE`]
+/// without data. Closing a socket with unread bytes makes the kernel send RST (RFC 9112
+/// section 9.6 warns of it), and an RST can reach the client before it has read the response,
+/// which it then never sees.
+#[derive(Default)]
+struct Linger {
+    /// The total deadline, from the first poll.
+    until: Option<Instant>,
+    /// The idle timer, made when the first read finds nothing to read (a client that has closed
+    /// already costs one read and no timer).
+    idle: Option<Pin<Box<Sleep>>>,
+}
+
+impl Linger {
+    /// Drains `io` (whose write side is shut down); ready at the client's EOF, a read error, or
+    /// a deadline. Reads at most 16 times per poll, then yields.
+    fn poll(&mut self, io: &mut TcpStream, cx: &mut Context<'_>) -> Poll<()> {
+        let until = *self
+            .until
+            .get_or_insert_with(|| Instant::now() + LINGER_TOTAL);
+        let mut scratch = [MaybeUninit::<u8>::uninit(); 16 * 1024];
+        for _ in 0..16 {
+            let mut buf = ReadBuf::uninit(&mut scratch);
+            match Pin::new(&mut *io).poll_read(cx, &mut buf) {
+                Poll::Ready(Ok(())) if !buf.filled().is_empty() => {
+                    let now = Instant::now();
+                    if now >= until {
+                        return Poll::Ready(());
+                    }
+                    if let Some(idle) = &mut self.idle {
+                        idle.as_mut().reset((now + LINGER_IDLE).min(until));
+                    }
+                }
+                Poll::Ready(_) => return Poll::Ready(()),
+                Poll::Pending => {
+                    let idle = self.idle.get_or_insert_with(|| {
+                        Box::pin(tokio::time::sleep_until(
+                            (Instant::now() + LINGER_IDLE).min(until),
+                        ))
+                    });
+                    return idle.as_mut().poll(cx);
+                }
+            }
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
 }
 
 /// Sent when a request started but its head (or fast-path body) did not arrive in time.
@@ -126,6 +184,7 @@ async fn hand_off(serving: &Serving, conn: Conn, peer: Peer, served: bool) {
     let io = Prefixed {
         pre: conn.buf.freeze(),
         io: conn.io,
+        linger: None,
     };
     let peer = Arc::new(peer);
     let proxy = serving.proxy.clone();
@@ -669,6 +728,8 @@ fn request(head: &Bytes, p: &Parsed, spans: &[[u32; 4]]) -> Option<Request<()>> 
 struct Prefixed {
     pre: Bytes,
     io: TcpStream,
+    /// Set once the write side is shut down: the lingering close in progress.
+    linger: Option<Linger>,
 }
 
 impl AsyncRead for Prefixed {
@@ -712,8 +773,16 @@ impl AsyncWrite for Prefixed {
         Pin::new(&mut self.io).poll_flush(cx)
     }
 
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
+    /// Shuts the write side down, then drains the client's remaining bytes ([`Linger`]): hyper
+    /// calls this when it closes a connection, also one whose request body it left unread.
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.linger.is_none() {
+            std::task::ready!(Pin::new(&mut this.io).poll_shutdown(cx))?;
+            this.linger = Some(Linger::default());
+        }
+        let linger = this.linger.as_mut().expect("set above");
+        linger.poll(&mut this.io, cx).map(Ok)
     }
 }
 
