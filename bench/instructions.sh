@@ -17,8 +17,10 @@
 # Last, the same two runs of nginx as a plain keep-alive proxy (no auth, `master_process off`),
 # the floor. Output: one line per target on stdout: label, Ir per request, the two totals.
 # Then, with HELD > 0, memory per client connection: each target again, not under valgrind, holds
-# HELD keep-alive connections, each after one answered request (a Python client); the growth of
-# the process's VmRSS over HELD is printed as bytes per connection.
+# HELD keep-alive connections, each after one answered request (a Python client), opened one by
+# one (each answered before the next opens), then HELD more in a burst (all requests sent before
+# any answer is read); for each, the growth of the process's VmRSS over HELD is printed as bytes
+# per connection.
 # Needs valgrind, nginx, h2load, curl, python3.
 set -euo pipefail
 BINS="${BINS:-target/release/tessera}" N="${N:-5000}" C="${C:-8}" HELD="${HELD:-2000}"
@@ -31,9 +33,9 @@ for t in valgrind nginx h2load curl python3; do command -v "$t" >/dev/null || di
 [[ "$N" =~ ^[1-9][0-9]*$ && "$C" =~ ^[1-9][0-9]*$ ]] || die "N and C must be positive integers"
 [[ "$HELD" =~ ^(0|[1-9][0-9]*)$ ]] || die "HELD must be a non-negative integer"
 # The client and the target each hold HELD sockets (nginx-proxy also one per upstream connection).
-if ((HELD > 0 && $(ulimit -n) < 2 * HELD + 256)); then
-  ulimit -n $((2 * HELD + 256)) 2>/dev/null ||
-    die "HELD=$HELD needs $((2 * HELD + 256)) open files, the limit is $(ulimit -n): lower HELD or raise it"
+if ((HELD > 0 && $(ulimit -n) < 4 * HELD + 256)); then
+  ulimit -n $((4 * HELD + 256)) 2>/dev/null ||
+    die "HELD=$HELD needs $((4 * HELD + 256)) open files, the limit is $(ulimit -n): lower HELD or raise it"
 fi
 
 PIDS=() WORK="$(mktemp -d /tmp/tessera-ir.XXXXXX)"
@@ -86,8 +88,9 @@ one() {
   echo "$total"
 }
 
-# held LABEL COMMAND...: COMMAND (listening on P_T) holds HELD connections, one request answered on
-# each; prints "LABEL: " and its VmRSS growth per connection. Any failure ends the script (the
+# held LABEL COMMAND...: COMMAND (listening on P_T) holds HELD connections opened one by one, then
+# HELD more opened in a burst, one request answered on each; prints "LABEL: " and its VmRSS growth
+# per connection for each. Any failure ends the script (the
 # process is in PIDS, so the cleanup stops it).
 held() {
   local label=$1 p
@@ -109,12 +112,7 @@ warm.sendall(request)
 warm.recv(65536)
 time.sleep(0.2)
 before = rss_kib()
-held = []
-for _ in range(n):
-    s = socket.create_connection(("127.0.0.1", port))
-    s.sendall(request)
-    held.append(s)
-for s in held:
+def answered(s):
     got = b""
     while b"\r\n\r\n" not in got:
         chunk = s.recv(65536)
@@ -123,9 +121,25 @@ for s in held:
         got += chunk
     if not got.startswith(b"HTTP/1.1 200"):
         sys.exit(f"not 200: {got[:40]!r}")
-time.sleep(0.5)
-after = rss_kib()
-print(f"VmRSS {before} -> {after} KiB: {(after - before) * 1024 // n} bytes per held connection")
+# One by one: each connection is answered before the next opens (connections that went idle over
+# time); then a burst: all send before any answer is read (their requests in flight at once).
+held, out = [], []
+for mode in ("one by one", "burst"):
+    before = rss_kib()
+    batch = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(request)
+        if mode == "one by one":
+            answered(s)
+        batch.append(s)
+    for s in batch if mode == "burst" else []:
+        answered(s)
+    held += batch
+    time.sleep(0.5)
+    after = rss_kib()
+    out.append(f"{mode}: VmRSS {before} -> {after} KiB, {(after - before) * 1024 // n} bytes per held connection")
+print("; ".join(out))
 PY
   kill -TERM "$p" && wait "$p" 2>/dev/null || true
 }
@@ -183,6 +197,6 @@ z="$(one "$N" nginx -e "$WORK/proxy-error.log" -p "$WORK" -c "$WORK/proxy.conf")
 printf 'nginx-proxy: %d Ir per request (totals %d and %d)\n' $(((z - a) / N)) "$a" "$z"
 if ((HELD > 0)); then
   log "nginx-proxy: $HELD held connections"
-  sed -i "s/worker_connections 1024/worker_connections $((2 * HELD + 64))/" "$WORK/proxy.conf"
+  sed -i "s/worker_connections 1024/worker_connections $((4 * HELD + 64))/" "$WORK/proxy.conf"
   held nginx-proxy nginx -e "$WORK/proxy-error.log" -p "$WORK" -c "$WORK/proxy.conf"
 fi

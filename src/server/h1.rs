@@ -18,6 +18,7 @@
 //! 304. Must never: guess at a request's framing (any doubt goes to hyper), or keep a
 //! connection whose response was cut short.
 
+use std::cell::RefCell;
 use std::future::{poll_fn, Future};
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
@@ -172,6 +173,37 @@ impl Linger {
         cx.waker().wake_by_ref();
         Poll::Pending
     }
+}
+
+thread_local! {
+    /// Read buffers given back by this thread's idle fast-path connections.
+    static SPARE_READ_BUFS: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Most spare read buffers kept per thread.
+const MAX_SPARE_READ_BUFS: usize = 64;
+
+/// An empty read buffer: one of this thread's spares, else a new one of [`READ_CHUNK`] bytes.
+fn spare_read_buf() -> BytesMut {
+    SPARE_READ_BUFS
+        .with(|s| s.borrow_mut().pop())
+        .unwrap_or_else(|| BytesMut::with_capacity(READ_CHUNK))
+}
+
+/// Gives an empty read buffer back for [`spare_read_buf`]; kept only while this thread holds
+/// fewer than [`MAX_SPARE_READ_BUFS`] and when it has at least half a [`READ_CHUNK`] of room and
+/// at most four (one grown by a large head is dropped).
+fn recycle_read_buf(buf: BytesMut) {
+    debug_assert!(buf.is_empty());
+    if !(READ_CHUNK / 2..=4 * READ_CHUNK).contains(&buf.capacity()) {
+        return;
+    }
+    SPARE_READ_BUFS.with(|s| {
+        let mut spare = s.borrow_mut();
+        if spare.len() < MAX_SPARE_READ_BUFS {
+            spare.push(buf);
+        }
+    });
 }
 
 /// Sent when a request started but its head (or fast-path body) did not arrive in time.
@@ -402,13 +434,20 @@ impl Conn {
     /// Reads more bytes, waiting at most until the current request's deadline.
     async fn fill(&mut self, wait: &mut Wait<'_, '_>) -> Fill {
         poll_fn(|cx| {
-            if self.buf.capacity() - self.buf.len() < READ_CHUNK / 2 {
+            if self.buf.capacity() == 0 {
+                self.buf = spare_read_buf();
+            } else if self.buf.capacity() - self.buf.len() < READ_CHUNK / 2 {
                 self.buf.reserve(READ_CHUNK);
             }
             match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf) {
                 Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(Fill::Closed),
                 Poll::Ready(Ok(_)) => return Poll::Ready(Fill::Read),
                 Poll::Pending => {}
+            }
+            if self.buf.is_empty() {
+                // Nothing of a next request yet: the connection waits without a read buffer
+                // (most of an idle keep-alive connection's memory) and takes one when woken.
+                recycle_read_buf(std::mem::take(&mut self.buf));
             }
             if wait.poll_expired(cx) {
                 return Poll::Ready(Fill::Timeout);
@@ -789,6 +828,26 @@ impl AsyncWrite for Prefixed {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_recycled_read_buffer_comes_back_with_its_room_and_an_odd_one_is_dropped() {
+        let mut buf = BytesMut::with_capacity(READ_CHUNK);
+        buf.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
+        buf.clear();
+        let at = buf.as_ptr();
+        recycle_read_buf(buf);
+        let again = spare_read_buf();
+        assert!(again.is_empty());
+        assert_eq!(again.as_ptr(), at, "not the recycled allocation");
+        recycle_read_buf(BytesMut::with_capacity(16 * READ_CHUNK));
+        recycle_read_buf(BytesMut::new());
+        let fresh = spare_read_buf();
+        assert_eq!(
+            fresh.capacity(),
+            READ_CHUNK,
+            "a too large or too small buffer was kept"
+        );
+    }
 
     #[test]
     fn head_framing_fields_are_tesseras_own() {
