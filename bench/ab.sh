@@ -60,30 +60,7 @@ done
 TARGETS=(nginx-proxy "${LABELS[@]}")
 
 # ---------------------------------------------------------------- processes and cleanup
-PIDS=() WORK="" KEEP_WORK=1 # KEEP_WORK is cleared after a successful run
-stop_pid() {
-  local pid=$1 i
-  kill -0 "$pid" 2>/dev/null || return 0
-  kill -TERM "$pid" 2>/dev/null || true
-  for ((i = 0; i < 100; i++)); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.05; done
-  kill -KILL "$pid" 2>/dev/null || true
-}
-cleanup() {
-  local rc=$? i
-  trap - EXIT INT TERM
-  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do stop_pid "${PIDS[$i]}"; done
-  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do wait "${PIDS[$i]}" 2>/dev/null || true; done
-  if [[ -n "$WORK" && -d "$WORK" ]]; then
-    if ((KEEP_WORK)); then log "run failed (exit $rc): logs kept in $WORK"; else rm -rf "$WORK"; fi
-  fi
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-WORK="$(mktemp -d /tmp/tessera-ab.XXXXXX)"
-chmod 711 "$WORK" # nginx workers (nobody when run as root) must reach 1k.json
+work_dir tessera-ab # WORK, PIDS, KEEP_WORK (cleared after a successful run) and the cleanup: bench/lib.sh
 mkdir -p "$WORK/tmp" "$WORK/tmp2" "$WORK/raw" "$WORK/keys" && chmod 700 "$WORK/keys"
 RAW="$WORK/raw"
 : >"$WORK/runs.tsv"
@@ -93,9 +70,7 @@ P_ORIGIN=${PORTS[0]} P_PROXY=${PORTS[1]}
 declare -A PID_OF URL_OF CPU_PID_OF TOKEN_OF
 
 # ---------------------------------------------------------------- nginx: origin and plain proxy
-python3 -c 'import sys; open(sys.argv[1], "w").write(("{\"items\":[" + "\"lorem-ipsum\"," * 71 + "\"end\"]}")
-.ljust(1023) + "\n")' "$WORK/1k.json" # the 1 KiB body of bench/suite.sh
-[[ $(wc -c <"$WORK/1k.json") -eq 1024 ]] || die "1k.json is not 1024 bytes"
+write_1k "$WORK/1k.json"
 nginx_conf() { # name tmpdir http-block
   cat >"$WORK/$1.conf" <<EOF
 worker_processes 1; daemon off; pid $WORK/$1.pid; error_log $WORK/$1-error.log warn;

@@ -38,17 +38,8 @@ if ((HELD > 0 && $(ulimit -n) < 4 * HELD + 256)); then
     die "HELD=$HELD needs $((4 * HELD + 256)) open files, the limit is $(ulimit -n): lower HELD or raise it"
 fi
 
-PIDS=() WORK="$(mktemp -d /tmp/tessera-ir.XXXXXX)"
-cleanup() {
-  local p
-  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-chmod 711 "$WORK"
-python3 -c 'import sys; open(sys.argv[1], "w").write(("{\"items\":[" + "\"lorem-ipsum\"," * 71 + "\"end\"]}")
-.ljust(1023) + "\n")' "$WORK/1k.json"
+work_dir tessera-ir # WORK, PIDS and the cleanup: bench/lib.sh
+write_1k "$WORK/1k.json"
 read -r P_ORIGIN P_T < <(free_ports 2)
 mkdir -p "$WORK/tmp"
 cat >"$WORK/origin.conf" <<EOF
@@ -200,3 +191,4 @@ if ((HELD > 0)); then
   sed -i "s/worker_connections 1024/worker_connections $((4 * HELD + 64))/" "$WORK/proxy.conf"
   held nginx-proxy nginx -e "$WORK/proxy-error.log" -p "$WORK" -c "$WORK/proxy.conf"
 fi
+KEEP_WORK=0

@@ -20,3 +20,40 @@ wait_port() {
   done
   die "$what did not listen on $port within 15 s"
 }
+
+# work_dir PREFIX: makes WORK (/tmp/PREFIX.XXXXXX, mode 711 so that nginx workers running as
+# nobody reach files in it) and sets traps so that on exit every PID in PIDS is stopped (stop_pid,
+# last started first) and WORK is removed, or kept with a message when the script fails or has
+# not cleared KEEP_WORK (set KEEP_WORK=0 once a run succeeded). The caller defines log().
+PIDS=() WORK="" KEEP_WORK=1
+stop_pid() { # pid: TERM, then KILL after 5 s
+  local pid=$1 i
+  kill -0 "$pid" 2>/dev/null || return 0
+  kill -TERM "$pid" 2>/dev/null || true
+  for ((i = 0; i < 100; i++)); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.05; done
+  kill -KILL "$pid" 2>/dev/null || true
+}
+cleanup() {
+  local rc=$? i
+  trap - EXIT INT TERM
+  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do stop_pid "${PIDS[$i]}"; done
+  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do wait "${PIDS[$i]}" 2>/dev/null || true; done
+  if [[ -n "$WORK" && -d "$WORK" ]]; then
+    if ((rc || KEEP_WORK)); then log "run failed (exit $rc): logs kept in $WORK"; else rm -rf "$WORK"; fi
+  fi
+  exit "$rc"
+}
+work_dir() {
+  trap cleanup EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  WORK="$(mktemp -d "/tmp/$1.XXXXXX")"
+  chmod 711 "$WORK"
+}
+
+# write_1k FILE: the 1 KiB JSON body every bench origin serves (the body of bench/suite.sh).
+write_1k() {
+  python3 -c 'import sys; open(sys.argv[1], "w").write(("{\"items\":[" + "\"lorem-ipsum\"," * 71 + "\"end\"]}")
+.ljust(1023) + "\n")' "$1"
+  [[ $(wc -c <"$1") -eq 1024 ]] || die "$1 is not 1024 bytes"
+}

@@ -57,22 +57,7 @@ if ((${#need[@]})); then
 fi
 log "rustc's LLVM is $LLVM_MAJOR; llvm-profdata: $PROFDATA"
 
-PIDS=() WORK="" TESSERA_PID=""
-cleanup() {
-  local rc=$? pid
-  trap - EXIT INT TERM
-  for pid in $TESSERA_PID "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in $TESSERA_PID "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  if [[ -n $WORK && -d $WORK ]]; then
-    if ((rc)); then log "failed (exit $rc): logs kept in $WORK"; else rm -rf "$WORK"; fi
-  fi
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-WORK="$(mktemp -d /tmp/tessera-pgo.XXXXXX)"
-chmod 711 "$WORK" # nginx workers (nobody when run as root) must reach 1k.json
+work_dir tessera-pgo # WORK, PIDS and the cleanup: bench/lib.sh
 mkdir -p "$WORK/tmp" "$WORK/keys" "$WORK/emb" && chmod 700 "$WORK/keys"
 # A fixed path, so that a second run rebuilds only what changed.
 PROFILES="$ROOT/target/pgo-instr/profiles"
@@ -86,8 +71,7 @@ BIN="$ROOT/target/pgo-instr/release/tessera"
 
 # ---------------------------------------------------------------- 2. training workload
 read -r P_ORIGIN P_TESSERA < <(free_ports 2)
-python3 -c 'import sys; open(sys.argv[1], "w").write(("{\"items\":[" + "\"lorem-ipsum\"," * 71 + "\"end\"]}")
-.ljust(1023) + "\n")' "$WORK/1k.json"
+write_1k "$WORK/1k.json"
 cat >"$WORK/origin.conf" <<EOF
 worker_processes 1; daemon off; pid $WORK/origin.pid; error_log $WORK/origin-error.log warn;
 events { worker_connections 1024; }
@@ -124,6 +108,7 @@ access_log = false
 EOF
 "$BIN" serve --config "$WORK/tessera.toml" >"$WORK/tessera.log" 2>&1 &
 TESSERA_PID=$!
+PIDS+=("$TESSERA_PID")
 wait_port "$P_TESSERA" tessera "$TESSERA_PID"
 TOKEN="$(printf '%s\n' pgo-password | "$BIN" session create --config "$WORK/tessera.toml" --user alice \
   --password-stdin | sed -n 's/.*"token" *: *"\([^"]*\)".*/\1/p' | head -1)"
@@ -154,7 +139,6 @@ grep -q "Non-2xx" "$WORK/no-token.out" || die "requests without a token were not
 log "stopping tessera (SIGTERM) so that it writes its profile"
 kill -TERM "$TESSERA_PID"
 rc=0 && wait "$TESSERA_PID" || rc=$?
-TESSERA_PID=""
 ((rc == 0)) || die "tessera exited with $rc on SIGTERM (no profile written)"
 compgen -G "$PROFILES/*.profraw" >/dev/null || die "no .profraw written in $PROFILES"
 
@@ -163,4 +147,7 @@ compgen -G "$PROFILES/*.profraw" >/dev/null || die "no .profraw written in $PROF
 log "final build with the profile (target/pgo)"
 RUSTFLAGS="${RUSTFLAGS:-} -Cprofile-use=$WORK/tessera.profdata" CARGO_TARGET_DIR="$ROOT/target/pgo" \
   cargo build --release --locked --quiet
+"$ROOT/target/pgo/release/tessera" check-config --config "$WORK/tessera.toml" >"$WORK/check.out" 2>&1 ||
+  die "the PGO build refused the training config: $(cat "$WORK/check.out")"
+KEEP_WORK=0
 log "built $ROOT/target/pgo/release/tessera"
