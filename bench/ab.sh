@@ -103,10 +103,7 @@ PID_OF[nginx-proxy]="${PID_OF[proxy]}" URL_OF[nginx-proxy]="http://127.0.0.1:$P_
 TOKEN_OF[nginx-proxy]=""
 
 # ---------------------------------------------------------------- tessera instances
-KEYS="$("${BIN_PATHS[0]}" keygen)"
-(umask 077 && sed -n 's/^TESSERA_JWT_SECRET=//p' <<<"$KEYS" >"$WORK/keys/jwt.secret" &&
-  sed -n 's/^TESSERA_CRED_KEY=//p' <<<"$KEYS" >"$WORK/keys/cred.key")
-[[ $(wc -c <"$WORK/keys/jwt.secret") -ge 65 && -s "$WORK/keys/cred.key" ]] || die "keygen gave no usable keys"
+tessera_keys "${BIN_PATHS[0]}"
 merge_toml() { # file: EXTRA_TOML into it (see the header)
   python3 - "$1" <<'PY'
 import os, re, sys
@@ -134,21 +131,7 @@ PY
 for i in "${!LABELS[@]}"; do
   t="${LABELS[$i]}" port="${PORTS[$((2 + i))]}"
   mkdir -p "$WORK/emb-$t"
-  cat >"$WORK/$t.toml" <<EOF
-[server]
-listen = "127.0.0.1:$port"
-[upstream]
-url = "http://127.0.0.1:$P_ORIGIN"
-[token]
-secret = "file:$WORK/keys/jwt.secret"
-[session]
-store = "embedded:$WORK/emb-$t/sessions"
-[credentials]
-keys = { k1 = "file:$WORK/keys/cred.key" }
-[log]
-level = "warn"
-access_log = false
-EOF
+  tessera_toml "$WORK/$t.toml" "$port" "$P_ORIGIN" "$WORK/emb-$t"
   [[ -z $EXTRA_TOML ]] || EXTRA_TOML="$EXTRA_TOML" merge_toml "$WORK/$t.toml"
   "${BIN_PATHS[$i]}" check-config --config "$WORK/$t.toml" >"$WORK/$t.check" 2>&1 ||
     die "$t config refused: $(cat "$WORK/$t.check")"

@@ -57,3 +57,34 @@ write_1k() {
 .ljust(1023) + "\n")' "$1"
   [[ $(wc -c <"$1") -eq 1024 ]] || die "$1 is not 1024 bytes"
 }
+
+# tessera_keys BIN: a JWT secret and a sealing key from `BIN keygen`, in $WORK/keys/jwt.secret and
+# $WORK/keys/cred.key (mode 600; $WORK/keys must exist).
+tessera_keys() {
+  local keys
+  keys="$("$1" keygen)" || die "$1 keygen failed"
+  (umask 077 && sed -n 's/^TESSERA_JWT_SECRET=//p' <<<"$keys" >"$WORK/keys/jwt.secret" &&
+    sed -n 's/^TESSERA_CRED_KEY=//p' <<<"$keys" >"$WORK/keys/cred.key")
+  [[ $(wc -c <"$WORK/keys/jwt.secret") -ge 65 && -s "$WORK/keys/cred.key" ]] || die "keygen gave no usable keys"
+}
+
+# tessera_toml FILE PORT ORIGIN_PORT STORE_DIR: a bench config: listen on 127.0.0.1:PORT, the
+# origin on 127.0.0.1:ORIGIN_PORT, the embedded store in STORE_DIR, the keys of tessera_keys,
+# log level warn, no access log.
+tessera_toml() {
+  cat >"$1" <<TOML
+[server]
+listen = "127.0.0.1:$2"
+[upstream]
+url = "http://127.0.0.1:$3"
+[token]
+secret = "file:$WORK/keys/jwt.secret"
+[session]
+store = "embedded:$4/sessions"
+[credentials]
+keys = { k1 = "file:$WORK/keys/cred.key" }
+[log]
+level = "warn"
+access_log = false
+TOML
+}

@@ -88,24 +88,8 @@ nginx -e "$WORK/origin-error.log" -p "$WORK" -c "$WORK/origin.conf" >"$WORK/orig
 PIDS+=("$!")
 wait_port "$P_ORIGIN" "nginx origin" "$!"
 
-KEYS="$("$BIN" keygen)"
-(umask 077 && sed -n 's/^TESSERA_JWT_SECRET=//p' <<<"$KEYS" >"$WORK/keys/jwt.secret" &&
-  sed -n 's/^TESSERA_CRED_KEY=//p' <<<"$KEYS" >"$WORK/keys/cred.key")
-cat >"$WORK/tessera.toml" <<EOF
-[server]
-listen = "127.0.0.1:$P_TESSERA"
-[upstream]
-url = "http://127.0.0.1:$P_ORIGIN"
-[token]
-secret = "file:$WORK/keys/jwt.secret"
-[session]
-store = "embedded:$WORK/emb/sessions"
-[credentials]
-keys = { k1 = "file:$WORK/keys/cred.key" }
-[log]
-level = "warn"
-access_log = false
-EOF
+tessera_keys "$BIN"
+tessera_toml "$WORK/tessera.toml" "$P_TESSERA" "$P_ORIGIN" "$WORK/emb"
 "$BIN" serve --config "$WORK/tessera.toml" >"$WORK/tessera.log" 2>&1 &
 TESSERA_PID=$!
 PIDS+=("$TESSERA_PID")
