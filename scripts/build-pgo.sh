@@ -27,7 +27,7 @@ source "$ROOT/bench/lib.sh"
 
 LLVM_MAJOR="$(rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')"
 [[ -n $LLVM_MAJOR ]] || die "rustc -vV reports no LLVM version"
-profdata_ok() { "$1" merge --help >/dev/null 2>&1 && "$1" --version 2>/dev/null | grep -q "LLVM version $LLVM_MAJOR\."; }
+profdata_ok() { "$1" --version 2>/dev/null | grep -q "LLVM version $LLVM_MAJOR\."; }
 find_profdata() {
   local c
   for c in "llvm-profdata-$LLVM_MAJOR" llvm-profdata \

@@ -115,7 +115,7 @@ pub async fn serve(serving: Arc<Serving>, io: TcpStream, peer: Peer) {
         served = true;
     }
     let _ = conn.io.shutdown().await;
-    let mut linger = Linger::default();
+    let mut linger = Linger::new();
     poll_fn(|cx| linger.poll(&mut conn.io, cx)).await;
 }
 
@@ -130,22 +130,27 @@ const LINGER_IDLE: Duration = Duration::from_secs(1);
 /// without data. Closing a socket with unread bytes makes the kernel send RST (RFC 9112
 /// section 9.6 warns of it), and an RST can reach the client before it has read the response,
 /// which it then never sees.
-#[derive(Default)]
 struct Linger {
-    /// The total deadline, from the first poll.
-    until: Option<Instant>,
+    /// The total deadline.
+    until: Instant,
     /// The idle timer, made when the first read finds nothing to read (a client that has closed
     /// already costs one read and no timer).
     idle: Option<Pin<Box<Sleep>>>,
 }
 
 impl Linger {
+    /// Starts lingering now (once the write side is shut down).
+    fn new() -> Self {
+        Self {
+            until: Instant::now() + LINGER_TOTAL,
+            idle: None,
+        }
+    }
+
     /// Drains `io` (whose write side is shut down); ready at the client's EOF, a read error, or
     /// a deadline. Reads at most 16 times per poll, then yields.
     fn poll(&mut self, io: &mut TcpStream, cx: &mut Context<'_>) -> Poll<()> {
-        let until = *self
-            .until
-            .get_or_insert_with(|| Instant::now() + LINGER_TOTAL);
+        let until = self.until;
         let mut scratch = [MaybeUninit::<u8>::uninit(); 16 * 1024];
         for _ in 0..16 {
             let mut buf = ReadBuf::uninit(&mut scratch);
@@ -818,7 +823,7 @@ impl AsyncWrite for Prefixed {
         let this = self.get_mut();
         if this.linger.is_none() {
             std::task::ready!(Pin::new(&mut this.io).poll_shutdown(cx))?;
-            this.linger = Some(Linger::default());
+            this.linger = Some(Linger::new());
         }
         let linger = this.linger.as_mut().expect("set above");
         linger.poll(&mut this.io, cx).map(Ok)
