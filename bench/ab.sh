@@ -8,7 +8,8 @@
 # unrecorded c=8 run per target), ENVS (aligned with BINS: NAME=VALUE[,NAME=VALUE] for that binary's
 # `serve`, "-" for none), EXTRA_TOML (TOML for every tessera config: lines under a section it has,
 # [server] [upstream] [token] [session] [credentials] [log], go there, replacing a same-named key;
-# the rest is appended).
+# the rest is appended), TOMLS (aligned with BINS: section.key=VALUE[,section.key=VALUE] merged
+# into that binary's config after EXTRA_TOML, "-" for none; e.g. TOMLS="- server.busy_poll_us=50").
 # Processes (127.0.0.1, free ports, stopped by PID on exit, the work dir with logs kept on failure):
 # nginx origin (worker_processes 1, access_log off, keepalive_requests 1000000) with a 1 KiB JSON at
 # /1k; nginx-proxy, a second nginx proxying to it (upstream keepalive 64, no auth); per binary, one
@@ -24,7 +25,7 @@
 set -euo pipefail
 
 CONC="${CONC:-8 64}" DURATION="${DURATION:-5s}" REPS="${REPS:-3}" WARMUP="${WARMUP:-2s}"
-BINS="${BINS:-target/release/tessera}" ENVS="${ENVS:-}" EXTRA_TOML="${EXTRA_TOML:-}"
+BINS="${BINS:-target/release/tessera}" ENVS="${ENVS:-}" EXTRA_TOML="${EXTRA_TOML:-}" TOMLS="${TOMLS:-}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 log() { printf '[ab %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
@@ -41,21 +42,26 @@ for t in nginx wrk curl python3 sha256sum pgrep; do command -v "$t" >/dev/null |
 
 read -r -a BIN_ARGS <<<"$BINS"
 read -r -a ENV_ARGS <<<"$ENVS"
+read -r -a TOML_ARGS <<<"$TOMLS"
 ((${#BIN_ARGS[@]})) || die "BINS is empty"
 ((${#ENV_ARGS[@]} == 0 || ${#ENV_ARGS[@]} == ${#BIN_ARGS[@]})) ||
   die "ENVS has ${#ENV_ARGS[@]} entries for ${#BIN_ARGS[@]} binaries (use - for none)"
-BIN_PATHS=() BIN_HASHES=() BIN_ENVS=() LABELS=()
+((${#TOML_ARGS[@]} == 0 || ${#TOML_ARGS[@]} == ${#BIN_ARGS[@]})) ||
+  die "TOMLS has ${#TOML_ARGS[@]} entries for ${#BIN_ARGS[@]} binaries (use - for none)"
+BIN_PATHS=() BIN_HASHES=() BIN_ENVS=() BIN_TOMLS=() LABELS=()
 for i in "${!BIN_ARGS[@]}"; do
-  b="${BIN_ARGS[$i]}" e="${ENV_ARGS[$i]:--}"
+  b="${BIN_ARGS[$i]}" e="${ENV_ARGS[$i]:--}" o="${TOML_ARGS[$i]:--}"
   [[ $b != /* && ! -e $b && -e "$ROOT/$b" ]] && b="$ROOT/$b"
   [[ -f $b && -x $b ]] || die "${BIN_ARGS[$i]} is not an executable file (build it first)"
   b="$(cd "$(dirname "$b")" && pwd)/$(basename "$b")"
   [[ $e == - || $e =~ ^[A-Za-z_][A-Za-z0-9_]*=[^,]*(,[A-Za-z_][A-Za-z0-9_]*=[^,]*)*$ ]] ||
     die "ENVS entry '$e' is not NAME=VALUE[,NAME=VALUE...] or -"
+  [[ $o == - || $o =~ ^[a-z_]+\.[a-z_]+=[^,]+(,[a-z_]+\.[a-z_]+=[^,]+)*$ ]] ||
+    die "TOMLS entry '$o' is not section.key=VALUE[,section.key=VALUE...] or -"
   [[ $b != "$ROOT/target/"* || -z "$(find "$ROOT/src" "$ROOT/Cargo.toml" "$ROOT/Cargo.lock" -newer "$b" \
     -print -quit 2>/dev/null)" ]] || log "WARNING: sources are newer than $b; the numbers are for it as built"
-  BIN_PATHS+=("$b") BIN_ENVS+=("$e") LABELS+=("t$i") BIN_HASHES+=("$(sha256sum "$b" | cut -c1-12)")
-  log "t$i = $b (sha256 ${BIN_HASHES[$i]}$([[ $e == - ]] || echo ", env $e"))"
+  BIN_PATHS+=("$b") BIN_ENVS+=("$e") BIN_TOMLS+=("$o") LABELS+=("t$i") BIN_HASHES+=("$(sha256sum "$b" | cut -c1-12)")
+  log "t$i = $b (sha256 ${BIN_HASHES[$i]}$([[ $e == - ]] || echo ", env $e")$([[ $o == - ]] || echo ", $o"))"
 done
 TARGETS=(nginx-proxy "${LABELS[@]}")
 
@@ -133,6 +139,10 @@ for i in "${!LABELS[@]}"; do
   mkdir -p "$WORK/emb-$t"
   tessera_toml "$WORK/$t.toml" "$port" "$P_ORIGIN" "$WORK/emb-$t"
   [[ -z $EXTRA_TOML ]] || EXTRA_TOML="$EXTRA_TOML" merge_toml "$WORK/$t.toml"
+  if [[ ${BIN_TOMLS[$i]} != - ]]; then # section.key=VALUE,... as "[section]\nkey = VALUE" lines
+    EXTRA_TOML="$(tr , '\n' <<<"${BIN_TOMLS[$i]}" | sed -E 's/^([a-z_]+)\.([a-z_]+)=(.*)$/[\1]\n\2 = \3/')" \
+      merge_toml "$WORK/$t.toml"
+  fi
   "${BIN_PATHS[$i]}" check-config --config "$WORK/$t.toml" >"$WORK/$t.check" 2>&1 ||
     die "$t config refused: $(cat "$WORK/$t.check")"
   env_args=()
@@ -194,10 +204,12 @@ done
 
 # ---------------------------------------------------------------- report
 for i in "${!LABELS[@]}"; do
-  printf '%s\t%s\t%s\t%s\n' "${LABELS[$i]}" "${BIN_PATHS[$i]}" "${BIN_HASHES[$i]}" "${BIN_ENVS[$i]}"
+  printf '%s\t%s\t%s\t%s\t%s\n' "${LABELS[$i]}" "${BIN_PATHS[$i]}" "${BIN_HASHES[$i]}" "${BIN_ENVS[$i]}" \
+    "${BIN_TOMLS[$i]}"
 done >"$WORK/bins.tsv"
 CMD="BINS=\"$BINS\" CONC=\"$CONC\" DURATION=$DURATION REPS=$REPS WARMUP=$WARMUP"
 [[ -z $ENVS ]] || CMD+=" ENVS=\"$ENVS\""
+[[ -z $TOMLS ]] || CMD+=" TOMLS=\"$TOMLS\""
 [[ -z $EXTRA_TOML ]] || CMD+=" EXTRA_TOML=$(printf '%q' "$EXTRA_TOML")"
 mkdir -p "$ROOT/bench/results"
 export CMD="$CMD bench/ab.sh" OUT="$ROOT/bench/results/ab-$(date +%Y-%m-%d-%H%M%S).md" CONC
@@ -232,9 +244,10 @@ for line in open(f"{work}/runs.tsv"):
 ms, f1 = lambda us: f"{us / 1000:.3f} ms", lambda x: "" if x is None else f"{x:.1f}"
 med = lambda rs, k: statistics.median(v) if (v := [r[k] for r in rs if r[k] is not None]) else None
 md = [f"# tessera A/B vs nginx-proxy, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}", "", f"- command: `{env['CMD']}`",
-      f"- commit: {env['COMMIT']}", f"- machine: {env['MACHINE']}", "", "| label | binary | sha256 | env |",
-      "|---|---|---|---|", "| nginx-proxy | nginx, upstream keepalive 64, no auth | | |"]
-md += [f"| {b[0]} | `{b[1]}` | {b[2]} | {'' if b[3] == '-' else '`' + b[3] + '`'} |" for b in bins]
+      f"- commit: {env['COMMIT']}", f"- machine: {env['MACHINE']}", "", "| label | binary | sha256 | env | config |",
+      "|---|---|---|---|---|", "| nginx-proxy | nginx, upstream keepalive 64, no auth | | | |"]
+code = lambda v: "" if v == "-" else f"`{v}`"
+md += [f"| {b[0]} | `{b[1]}` | {b[2]} | {code(b[3])} | {code(b[4])} |" for b in bins]
 md += ["", "## Medians per target and c", "", "| target | c | req/s | p50 | p99 | req/s vs nginx-proxy | "
        "CPU µs/req | of it user | runs | warnings |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
 for c in [int(x) for x in env["CONC"].split()]:
