@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+mod busy_poll;
 pub mod config;
 pub mod demo;
 pub mod error;
@@ -132,8 +133,10 @@ fn serving_thread(
     shutdown: impl Future<Output = ()>,
 ) {
     forward::set_serving_thread(index);
+    busy_poll::enable(cfg.busy_poll);
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .on_thread_park(busy_poll::before_park)
         .build()
     {
         Ok(rt) => rt,

@@ -1034,3 +1034,48 @@ fn an_upload_answered_early_is_closed_without_a_reset() {
         String::from_utf8_lossy(&rest)
     );
 }
+
+/// With busy polling on (`server.busy_poll_us`) on two serving threads, requests over one
+/// keep-alive connection and over many parallel ones are all answered whole, and the upstream
+/// connections stay pooled. (Its effect on latency is a benchmark: BENCHMARKS.md.)
+#[test]
+fn busy_polling_answers_like_the_default() {
+    let nginx = Nginx::start();
+    let (t, token) = behind(
+        &nginx.url(),
+        &[("server", "busy_poll_us = 200"), ("server", "threads = 2")],
+    );
+    let url = t.url("/1k");
+    let before = nginx.accepted();
+    for parallel in [false, true] {
+        let mut cmd = std::process::Command::new("curl");
+        cmd.args([
+            "-s",
+            "--max-time",
+            "30",
+            "-H",
+            &bearer(&token),
+            "-w",
+            "%{http_code} %{size_download}\n",
+        ]);
+        if parallel {
+            cmd.args(["-Z", "--parallel-max", "16"]);
+        }
+        for _ in 0..100 {
+            cmd.args(["-o", "/dev/null", &url]);
+        }
+        let out = cmd.output().expect("curl");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 100, "parallel {parallel}: {text}");
+        assert!(
+            lines.iter().all(|l| *l == "200 1024"),
+            "parallel {parallel}: {text}"
+        );
+    }
+    // At most 16 requests were in flight; `accepted` also counts its own status requests.
+    let opened = nginx.accepted() - before;
+    assert!(opened <= 16 + 1, "upstream connections opened: {opened}");
+    let log = t.log();
+    assert!(!log.contains("ERROR") && !log.contains("panicked"), "{log}");
+}

@@ -14,7 +14,9 @@
 
 use std::future::poll_fn;
 use std::io::{self, IoSlice, Write};
+use std::os::fd::OwnedFd;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll, Waker};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -26,6 +28,7 @@ use tokio::net::TcpStream;
 
 use super::raw::RawHead;
 use super::{BoxError, ForwardError, UpBody};
+use crate::busy_poll;
 
 /// Largest response head accepted (status line + headers), bytes. Larger: 502.
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -44,6 +47,8 @@ pub struct H1 {
     buf: BytesMut,
     /// The write queue, kept between requests so that sending one allocates no queue.
     out: Out,
+    /// The busy-poll watch set of the thread the socket is registered with (`None`: polling off).
+    watched: Option<Arc<OwnedFd>>,
 }
 
 /// Why sending a request failed, and whether it may be replayed on another connection.
@@ -100,12 +105,15 @@ fn broken(what: impl Into<String>) -> ForwardError {
 }
 
 impl H1 {
-    /// Wraps a connected socket.
+    /// Wraps a connected socket (registered with the calling thread's runtime), and adds it to
+    /// that thread's busy-poll watch set.
     pub fn new(io: TcpStream) -> Self {
+        let watched = busy_poll::watch(&io);
         Self {
             io,
             buf: BytesMut::with_capacity(READ_CHUNK),
             out: Out::default(),
+            watched,
         }
     }
 
@@ -129,12 +137,17 @@ impl H1 {
 
     /// Moves the socket to the calling thread's runtime: deregisters it from the I/O driver it
     /// was registered with and registers it with the current one, so its readiness wakes the
-    /// calling thread directly. Must be called within a tokio runtime.
+    /// calling thread directly; likewise with the busy-poll watch sets. Must be called within a
+    /// tokio runtime.
     ///
     /// Errors: deregistration or registration failed (the socket is then closed).
     pub fn rehome(self) -> io::Result<Self> {
+        if let Some(set) = &self.watched {
+            busy_poll::unwatch(set, &self.io);
+        }
         let io = TcpStream::from_std(self.io.into_std()?)?;
         Ok(Self {
+            watched: busy_poll::watch(&io),
             io,
             buf: self.buf,
             out: self.out,
@@ -795,6 +808,61 @@ mod tests {
     use super::*;
 
     use crate::forward::raw::from_pairs;
+
+    /// A connection moved to another thread's runtime leaves the first thread's busy-poll watch
+    /// set and joins the second's: its response ends the second thread's poll, not the first's.
+    #[test]
+    fn a_rehomed_connection_moves_between_busy_poll_watch_sets() {
+        use std::io::Write as _;
+        use std::time::{Duration, Instant};
+
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (h1_tx, h1_rx) = std::sync::mpsc::channel::<H1>();
+        let (moved_tx, moved_rx) = std::sync::mpsc::channel::<()>();
+        let (sent_tx, sent_rx) = std::sync::mpsc::channel::<()>();
+
+        // Thread A: connects (the socket joins A's set), hands the connection to B, then polls
+        // after the upstream has written to it.
+        let a = std::thread::spawn(move || {
+            busy_poll::enable(Duration::from_millis(40));
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let h1 = rt.block_on(async { H1::new(TcpStream::connect(addr).await.unwrap()) });
+            assert!(h1.watched.is_some());
+            h1_tx.send(h1).unwrap();
+            sent_rx.recv().unwrap();
+            let t = Instant::now();
+            busy_poll::before_park();
+            t.elapsed()
+        });
+        let (mut upstream, _) = listener.accept().unwrap();
+
+        // Thread B: takes the connection over, then polls once the upstream wrote to it.
+        let b = std::thread::spawn(move || {
+            busy_poll::enable(Duration::from_secs(10));
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let h1 = h1_rx.recv().unwrap();
+            let h1 = rt.block_on(async { h1.rehome().unwrap() });
+            moved_tx.send(()).unwrap();
+            rt.block_on(h1.io.readable()).unwrap();
+            let t = Instant::now();
+            busy_poll::before_park();
+            (t.elapsed(), h1)
+        });
+        moved_rx.recv().unwrap();
+        upstream.write_all(b"H").unwrap();
+        let (b_polled, _h1) = b.join().unwrap();
+        sent_tx.send(()).unwrap();
+        let a_polled = a.join().unwrap();
+        assert!(b_polled < Duration::from_secs(5), "B: {b_polled:?}");
+        assert!(a_polled >= Duration::from_millis(40), "A: {a_polled:?}");
+    }
 
     #[test]
     fn response_framing_follows_rfc_9112_section_6_3() {

@@ -78,6 +78,8 @@ pub struct Serving {
 
 /// Serves one accepted connection until it closes, the client asks to close, or shutdown.
 pub async fn serve(serving: Arc<Serving>, io: TcpStream, peer: Peer) {
+    // The watch set keeps the socket until it is closed (hyper's too, after a hand-off).
+    crate::busy_poll::watch(&io);
     let mut conn = Conn {
         io,
         buf: BytesMut::new(),

@@ -1,0 +1,158 @@
+//! Busy polling before a serving thread sleeps (`server.busy_poll_us`, off by default).
+//!
+//! A serving thread with nothing to run parks in `epoll_wait`. On a VM, sleeping there and being
+//! woken by the next packet costs each side several microseconds (an idle vCPU halts; waking it
+//! takes an inter-processor interrupt), and a proxied request waits twice: for the upstream's
+//! response and for the client's next request. With busy polling on, the thread first spends up
+//! to `busy_poll_us` checking whether one of its sockets became readable, yielding the CPU
+//! between checks, and parks only after that; tokio's own `epoll_wait` then returns at once.
+//!
+//! The check is a second, level-triggered epoll set per serving thread holding the sockets that
+//! thread serves (client connections from accept, upstream connections while they are registered
+//! with it), polled with a zero timeout. The kernel drops a socket from every epoll set when it is
+//! closed. Linux's `SO_BUSY_POLL` does the same for NIC queues but not for loopback or a socket
+//! the thread does not read yet; Go's scheduler spins with a non-blocking netpoll likewise.
+//!
+//! Trade-off (BENCHMARKS.md, "Busy polling"): at c=1 the added latency and req/s improve, and
+//! the thread keeps its core busy between requests; on a saturated host the spinning takes CPU
+//! from other processes.
+
+use std::cell::Cell;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rustix::event::{epoll, Timespec};
+
+thread_local! {
+    /// How long this thread polls before it parks; zero (the default) = off.
+    static SPIN: Cell<Duration> = const { Cell::new(Duration::ZERO) };
+    /// This thread's watch set, made on first use by a thread with polling on. `None` when
+    /// `epoll_create1` failed (polling is then skipped).
+    static SET: Option<Arc<OwnedFd>> = epoll::create(epoll::CreateFlags::CLOEXEC).ok().map(Arc::new);
+}
+
+/// Most a thread may poll before parking, µs (`server.busy_poll_us` is checked against it).
+pub const MAX_BUSY_POLL_US: u64 = 1000;
+
+/// Turns busy polling on for the calling thread, polling for up to `spin` before each park
+/// ([`Duration::ZERO`] = off). Call it on a serving thread before its runtime starts, and pass
+/// [`before_park`] to the runtime's `on_thread_park`.
+pub fn enable(spin: Duration) {
+    SPIN.with(|s| s.set(spin));
+}
+
+/// Adds `socket` (readable, peer closed) to the calling thread's watch set when that thread
+/// polls; returns the set for [`unwatch`] (`None`: polling is off here, or the set or the
+/// registration failed, which only means this socket does not end a poll early).
+pub fn watch(socket: impl AsFd) -> Option<Arc<OwnedFd>> {
+    if SPIN.with(Cell::get).is_zero() {
+        return None;
+    }
+    SET.with(|set| {
+        let set = set.as_ref()?;
+        epoll::add(
+            set,
+            socket,
+            epoll::EventData::new_u64(0),
+            epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
+        )
+        .ok()?;
+        Some(set.clone())
+    })
+}
+
+/// Removes `socket` from `set` (a socket that moves to another thread; a closed socket leaves
+/// every set by itself).
+pub fn unwatch(set: &OwnedFd, socket: impl AsFd) {
+    let _ = epoll::delete(set, socket);
+}
+
+/// The runtime's park hook: with polling on, returns as soon as a watched socket is readable or
+/// the thread's poll time has passed, yielding the CPU between checks. Returns at once when
+/// polling is off.
+pub fn before_park() {
+    let spin = SPIN.with(Cell::get);
+    if spin.is_zero() {
+        return;
+    }
+    SET.with(|set| {
+        let Some(set) = set else { return };
+        let start = Instant::now();
+        let now = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let mut event = [MaybeUninit::<epoll::Event>::uninit(); 1];
+        loop {
+            match epoll::wait(set.as_fd(), &mut event[..], Some(&now)) {
+                Ok(([], _)) => {}
+                // Readable, or the set is unusable: park.
+                _ => return,
+            }
+            if start.elapsed() >= spin {
+                return;
+            }
+            std::thread::yield_now();
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn a_readable_watched_socket_ends_the_poll_and_an_idle_one_does_not() {
+        std::thread::spawn(|| {
+            enable(Duration::from_millis(30));
+            let (a, mut b) = UnixStream::pair().unwrap();
+            let set = watch(&a).expect("polling is on for this thread");
+
+            // Nothing to read: the whole poll time passes.
+            let t = Instant::now();
+            before_park();
+            assert!(
+                t.elapsed() >= Duration::from_millis(30),
+                "{:?}",
+                t.elapsed()
+            );
+
+            // A readable socket ends it at once (well under the poll time, even on a busy box).
+            enable(Duration::from_secs(10));
+            b.write_all(b"x").unwrap();
+            let t = Instant::now();
+            before_park();
+            assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+
+            // Unwatched, it no longer does.
+            unwatch(&set, &a);
+            enable(Duration::from_millis(30));
+            let t = Instant::now();
+            before_park();
+            assert!(
+                t.elapsed() >= Duration::from_millis(30),
+                "{:?}",
+                t.elapsed()
+            );
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn off_by_default_and_then_nothing_is_watched() {
+        std::thread::spawn(|| {
+            let (a, _b) = UnixStream::pair().unwrap();
+            assert!(watch(&a).is_none());
+            let t = Instant::now();
+            before_park();
+            assert!(t.elapsed() < Duration::from_secs(1));
+        })
+        .join()
+        .unwrap();
+    }
+}
