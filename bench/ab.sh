@@ -9,7 +9,8 @@
 # `serve`, "-" for none), EXTRA_TOML (TOML for every tessera config: lines under a section it has,
 # [server] [upstream] [token] [session] [credentials] [log], go there, replacing a same-named key;
 # the rest is appended), TOMLS (aligned with BINS: section.key=VALUE[,section.key=VALUE] merged
-# into that binary's config after EXTRA_TOML, "-" for none; e.g. TOMLS="- server.busy_poll_us=50").
+# into that binary's config after EXTRA_TOML, "-" for none; VALUE is a TOML literal without spaces
+# or commas, e.g. TOMLS="- server.busy_poll_us=50 log.level=\"info\"").
 # Processes (127.0.0.1, free ports, stopped by PID on exit, the work dir with logs kept on failure):
 # nginx origin (worker_processes 1, access_log off, keepalive_requests 1000000) with a 1 KiB JSON at
 # /1k; nginx-proxy, a second nginx proxying to it (upstream keepalive 64, no auth); per binary, one
@@ -21,7 +22,7 @@
 # /proc/PID/stat; nginx: its worker) per request, and of it the user-space part.
 # Output: Markdown on stdout (medians per target and c: req/s, p50, p99, req/s vs nginx-proxy, CPU
 # µs/req and its user part; then every run), also in bench/results/ab-<date>-<time>.md with the command line and the
-# binaries' sha256. Progress on stderr. Needs nginx, wrk, curl, python3.
+# binaries' sha256, env and TOMLS config. Progress on stderr. Needs nginx, wrk, curl, python3.
 set -euo pipefail
 
 CONC="${CONC:-8 64}" DURATION="${DURATION:-5s}" REPS="${REPS:-3}" WARMUP="${WARMUP:-2s}"
@@ -209,7 +210,7 @@ for i in "${!LABELS[@]}"; do
 done >"$WORK/bins.tsv"
 CMD="BINS=\"$BINS\" CONC=\"$CONC\" DURATION=$DURATION REPS=$REPS WARMUP=$WARMUP"
 [[ -z $ENVS ]] || CMD+=" ENVS=\"$ENVS\""
-[[ -z $TOMLS ]] || CMD+=" TOMLS=\"$TOMLS\""
+[[ -z $TOMLS ]] || CMD+=" TOMLS=$(printf '%q' "$TOMLS")"
 [[ -z $EXTRA_TOML ]] || CMD+=" EXTRA_TOML=$(printf '%q' "$EXTRA_TOML")"
 mkdir -p "$ROOT/bench/results"
 export CMD="$CMD bench/ab.sh" OUT="$ROOT/bench/results/ab-$(date +%Y-%m-%d-%H%M%S).md" CONC

@@ -7,11 +7,15 @@
 //! to `busy_poll_us` checking whether one of its sockets became readable, yielding the CPU
 //! between checks, and parks only after that; tokio's own `epoll_wait` then returns at once.
 //!
-//! The check is a second, level-triggered epoll set per serving thread holding the sockets that
-//! thread serves (client connections from accept, upstream connections while they are registered
-//! with it), polled with a zero timeout. The kernel drops a socket from every epoll set when it is
-//! closed. Linux's `SO_BUSY_POLL` does the same for NIC queues but not for loopback or a socket
-//! the thread does not read yet; Go's scheduler spins with a non-blocking netpoll likewise.
+//! The check is a second, edge-triggered epoll set per serving thread holding the sockets that
+//! thread serves (its listener, client connections from accept, upstream connections while they
+//! are registered with it), polled with a zero timeout; a task woken from another thread (a
+//! session-store lookup on the blocking pool, say) ends the poll too. Edge-triggered, so a socket
+//! that stays readable (an upload the upstream does not take yet, a closed idle upstream
+//! connection) ends one poll, not all of them. The kernel drops a socket from every epoll set when
+//! the last reference to it is closed. Linux's `SO_BUSY_POLL` does the same for NIC queues but not
+//! for loopback; Go's scheduler spins with a non-blocking netpoll likewise. A timer that comes due
+//! during a poll fires when it ends, at most `busy_poll_us` late.
 //!
 //! Trade-off (BENCHMARKS.md, "Busy polling"): at c=1 the added latency and req/s improve, and
 //! the thread keeps its core busy between requests; on a saturated host the spinning takes CPU
@@ -43,9 +47,9 @@ pub fn enable(spin: Duration) {
     SPIN.with(|s| s.set(spin));
 }
 
-/// Adds `socket` (readable, peer closed) to the calling thread's watch set when that thread
-/// polls; returns the set for [`unwatch`] (`None`: polling is off here, or the set or the
-/// registration failed, which only means this socket does not end a poll early).
+/// Adds `socket` (new data, peer closed; edge-triggered) to the calling thread's watch set when
+/// that thread polls; returns the set for [`unwatch`] (`None`: polling is off here, or the set or
+/// the registration failed, which only means this socket does not end a poll early).
 pub fn watch(socket: impl AsFd) -> Option<Arc<OwnedFd>> {
     if SPIN.with(Cell::get).is_zero() {
         return None;
@@ -56,7 +60,7 @@ pub fn watch(socket: impl AsFd) -> Option<Arc<OwnedFd>> {
             set,
             socket,
             epoll::EventData::new_u64(0),
-            epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
+            epoll::EventFlags::IN | epoll::EventFlags::RDHUP | epoll::EventFlags::ET,
         )
         .ok()?;
         Some(set.clone())
@@ -64,14 +68,15 @@ pub fn watch(socket: impl AsFd) -> Option<Arc<OwnedFd>> {
 }
 
 /// Removes `socket` from `set` (a socket that moves to another thread; a closed socket leaves
-/// every set by itself).
+/// every set by itself). Errors are ignored: a socket not in `set` is simply not there.
 pub fn unwatch(set: &OwnedFd, socket: impl AsFd) {
     let _ = epoll::delete(set, socket);
 }
 
-/// The runtime's park hook: with polling on, returns as soon as a watched socket is readable or
-/// the thread's poll time has passed, yielding the CPU between checks. Returns at once when
-/// polling is off.
+/// The runtime's park hook: with polling on, returns as soon as a watched socket has news, a task
+/// was woken from another thread, or the thread's poll time has passed (overrun by at most one
+/// `sched_yield`), yielding the CPU between checks; an epoll error ends it too. Returns at once
+/// when polling is off.
 pub fn before_park() {
     let spin = SPIN.with(Cell::get);
     if spin.is_zero() {
@@ -79,6 +84,10 @@ pub fn before_park() {
     }
     SET.with(|set| {
         let Some(set) = set else { return };
+        // Tasks woken from other threads wait in the runtime's queue for this thread.
+        let metrics = tokio::runtime::Handle::try_current()
+            .ok()
+            .map(|h| h.metrics());
         let start = Instant::now();
         let now = Timespec {
             tv_sec: 0,
@@ -91,7 +100,9 @@ pub fn before_park() {
                 // Readable, or the set is unusable: park.
                 _ => return,
             }
-            if start.elapsed() >= spin {
+            if start.elapsed() >= spin
+                || metrics.as_ref().is_some_and(|m| m.global_queue_depth() > 0)
+            {
                 return;
             }
             std::thread::yield_now();

@@ -556,7 +556,10 @@ fn validate_server(s: RawServer) -> Result<ServerConfig, ConfigError> {
     if busy_poll_us > crate::busy_poll::MAX_BUSY_POLL_US {
         return Err(ConfigError::new(
             "server.busy_poll_us",
-            "must be between 0 (off, the default) and 1000 microseconds",
+            format!(
+                "must be between 0 (off, the default) and {} microseconds",
+                crate::busy_poll::MAX_BUSY_POLL_US
+            ),
         ));
     }
     Ok(ServerConfig {
@@ -1235,6 +1238,8 @@ mod tests {
             Config::from_toml_with(&text, env).unwrap().server.busy_poll,
             Duration::from_micros(50)
         );
+        let text = format!("{}[server]\nbusy_poll_us = 1000\n", minimal());
+        assert!(Config::from_toml_with(&text, env).is_ok());
         let text = format!("{}[server]\nbusy_poll_us = 1001\n", minimal());
         let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
         assert!(err.contains("server.busy_poll_us"), "{err}");

@@ -84,7 +84,7 @@ pub async fn run(
             }
         });
     }
-    tracing::info!(listen = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), upstream = %cfg.upstream.url, threads = cfg.server.threads, "tessera serving");
+    tracing::info!(listen = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), upstream = %cfg.upstream.url, threads = cfg.server.threads, busy_poll_us = cfg.server.busy_poll.as_micros() as u64, "tessera serving");
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let std_listener = listener.into_std().expect("a tokio listener has a socket");
     let mut threads = Vec::with_capacity(cfg.server.threads);
@@ -147,7 +147,11 @@ fn serving_thread(
     };
     rt.block_on(async move {
         match TcpListener::from_std(listener) {
-            Ok(listener) => server::serve(listener, proxy, &cfg, shutdown).await,
+            Ok(listener) => {
+                // A new connection ends a busy poll too.
+                busy_poll::watch(&listener);
+                server::serve(listener, proxy, &cfg, shutdown).await
+            }
             Err(e) => tracing::error!(cause = %e, index, "cannot register the listener"),
         }
     });

@@ -1077,5 +1077,10 @@ fn busy_polling_answers_like_the_default() {
     let opened = nginx.accepted() - before;
     assert!(opened <= 16 + 1, "upstream connections opened: {opened}");
     let log = t.log();
+    assert!(
+        !log.contains('\u{1b}'),
+        "no ANSI escapes in a log file: {log}"
+    );
+    assert!(log.contains("busy_poll_us=200"), "polling on: {log}");
     assert!(!log.contains("ERROR") && !log.contains("panicked"), "{log}");
 }

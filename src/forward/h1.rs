@@ -47,7 +47,8 @@ pub struct H1 {
     buf: BytesMut,
     /// The write queue, kept between requests so that sending one allocates no queue.
     out: Out,
-    /// The busy-poll watch set of the thread the socket is registered with (`None`: polling off).
+    /// The busy-poll watch set of the thread the socket is registered with (`None`: polling off
+    /// there, or the registration failed).
     watched: Option<Arc<OwnedFd>>,
 }
 

@@ -78,7 +78,8 @@ pub struct Serving {
 
 /// Serves one accepted connection until it closes, the client asks to close, or shutdown.
 pub async fn serve(serving: Arc<Serving>, io: TcpStream, peer: Peer) {
-    // The watch set keeps the socket until it is closed (hyper's too, after a hand-off).
+    // Never unwatched: a client connection stays on this thread (also after a hand-off to
+    // hyper), and a socket leaves the set when it is closed.
     crate::busy_poll::watch(&io);
     let mut conn = Conn {
         io,
