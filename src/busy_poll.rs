@@ -110,19 +110,20 @@ pub fn before_park() {
     });
 }
 
+/// Turns polling on for `spin` on the calling thread and times one [`before_park`] (tests).
+#[cfg(test)]
+pub fn timed_poll(spin: Duration) -> Duration {
+    enable(spin);
+    let t = Instant::now();
+    before_park();
+    t.elapsed()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io::Write;
     use std::os::unix::net::UnixStream;
-
-    /// Turns polling on for `spin` on this thread and times one [`before_park`].
-    fn timed_poll(spin: Duration) -> Duration {
-        enable(spin);
-        let t = Instant::now();
-        before_park();
-        t.elapsed()
-    }
 
     #[test]
     fn new_data_on_a_watched_socket_ends_the_poll_and_nothing_else_does() {

@@ -815,7 +815,16 @@ mod tests {
     #[test]
     fn a_rehomed_connection_moves_between_busy_poll_watch_sets() {
         use std::io::Write as _;
-        use std::time::{Duration, Instant};
+        use std::time::Duration;
+
+        /// A current-thread runtime on a thread that busy-polls for `spin`.
+        fn polling_runtime(spin: Duration) -> tokio::runtime::Runtime {
+            busy_poll::enable(spin);
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        }
 
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
@@ -826,35 +835,23 @@ mod tests {
         // Thread A: connects (the socket joins A's set), hands the connection to B, then polls
         // after the upstream has written to it.
         let a = std::thread::spawn(move || {
-            busy_poll::enable(Duration::from_millis(40));
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
+            let rt = polling_runtime(Duration::from_millis(40));
             let h1 = rt.block_on(async { H1::new(TcpStream::connect(addr).await.unwrap()) });
             assert!(h1.watched.is_some());
             h1_tx.send(h1).unwrap();
             sent_rx.recv().unwrap();
-            let t = Instant::now();
-            busy_poll::before_park();
-            t.elapsed()
+            busy_poll::timed_poll(Duration::from_millis(40))
         });
         let (mut upstream, _) = listener.accept().unwrap();
 
         // Thread B: takes the connection over, then polls once the upstream wrote to it.
         let b = std::thread::spawn(move || {
-            busy_poll::enable(Duration::from_secs(10));
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
+            let rt = polling_runtime(Duration::from_secs(10));
             let h1 = h1_rx.recv().unwrap();
             let h1 = rt.block_on(async { h1.rehome().unwrap() });
             moved_tx.send(()).unwrap();
             rt.block_on(h1.io.readable()).unwrap();
-            let t = Instant::now();
-            busy_poll::before_park();
-            (t.elapsed(), h1)
+            (busy_poll::timed_poll(Duration::from_secs(10)), h1)
         });
         moved_rx.recv().unwrap();
         upstream.write_all(b"H").unwrap();
