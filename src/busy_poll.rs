@@ -19,7 +19,11 @@
 //!
 //! Trade-off (BENCHMARKS.md, "Busy polling"): at c=1 the added latency and req/s improve, and
 //! the thread keeps its core busy between requests; on a saturated host the spinning takes CPU
-//! from other processes.
+//! from other processes. So a thread backs off when its CPU is contended: a poll of at least
+//! [`JUDGED_AFTER`] in which the thread ran less than half the wall time (its `sched_yield`s let
+//! other runnable tasks in, or it was preempted; `CLOCK_THREAD_CPUTIME_ID` vs the monotonic clock)
+//! is contended, and after [`BACKOFF_STREAK`] contended polls in a row the thread parks without
+//! polling for [`BACKOFF`].
 
 use std::cell::Cell;
 use std::mem::MaybeUninit;
@@ -35,16 +39,72 @@ thread_local! {
     /// This thread's watch set, made on first use by a thread with polling on. `None` when
     /// `epoll_create1` failed (polling is then skipped).
     static SET: Option<Arc<OwnedFd>> = epoll::create(epoll::CreateFlags::CLOEXEC).ok().map(Arc::new);
+    /// This thread's contention record (see [`Backoff::judge`]).
+    static BACKOFF_STATE: Cell<Backoff> = const { Cell::new(Backoff::CLEAR) };
+}
+
+/// A poll that lasted at least this long is judged for contention (shorter ones say too little).
+pub const JUDGED_AFTER: Duration = Duration::from_micros(10);
+/// Contended polls in a row that pause polling (one alone is usually a stray preemption: at c=1
+/// on an otherwise idle 2-core VM, about 1 poll in 1,000 looks contended).
+pub const BACKOFF_STREAK: u32 = 2;
+/// How long a thread parks without polling once it backs off (then it tries again).
+pub const BACKOFF: Duration = Duration::from_millis(20);
+
+/// One thread's contention record: contended polls in a row, and the end of a pause.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Backoff {
+    streak: u32,
+    paused_until: Option<Instant>,
+}
+
+impl Backoff {
+    const CLEAR: Backoff = Backoff {
+        streak: 0,
+        paused_until: None,
+    };
+
+    /// The record after a poll that ended at `now`, lasted `wall` and in which the thread ran
+    /// for `cpu`: contended when `wall >= JUDGED_AFTER` and `cpu < wall / 2`; a poll under
+    /// [`JUDGED_AFTER`] leaves it as it is, an uncontended one resets the streak.
+    fn judge(self, wall: Duration, cpu: Duration, now: Instant) -> Backoff {
+        if wall < JUDGED_AFTER {
+            self
+        } else if cpu * 2 >= wall {
+            Backoff { streak: 0, ..self }
+        } else if self.streak + 1 >= BACKOFF_STREAK {
+            Backoff {
+                streak: 0,
+                paused_until: Some(now + BACKOFF),
+            }
+        } else {
+            Backoff {
+                streak: self.streak + 1,
+                ..self
+            }
+        }
+    }
+
+    fn paused_at(&self, now: Instant) -> bool {
+        self.paused_until.is_some_and(|t| now < t)
+    }
+}
+
+/// CPU time the calling thread has run (`CLOCK_THREAD_CPUTIME_ID`, ns resolution).
+fn thread_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
 /// Most a thread may poll before parking, µs (`server.busy_poll_us` is checked against it).
 pub const MAX_BUSY_POLL_US: u64 = 1000;
 
 /// Turns busy polling on for the calling thread, polling for up to `spin` before each park
-/// ([`Duration::ZERO`] = off). Call it on a serving thread before its runtime starts, and pass
-/// [`before_park`] to the runtime's `on_thread_park`.
+/// ([`Duration::ZERO`] = off), and clears its contention record. Call it on a serving thread
+/// before its runtime starts, and pass [`before_park`] to the runtime's `on_thread_park`.
 pub fn enable(spin: Duration) {
     SPIN.with(|s| s.set(spin));
+    BACKOFF_STATE.with(|b| b.set(Backoff::CLEAR));
 }
 
 /// Adds `socket` (new data, peer closed; edge-triggered) to the calling thread's watch set when
@@ -76,7 +136,8 @@ pub fn unwatch(set: &OwnedFd, socket: impl AsFd) {
 /// The runtime's park hook: with polling on, returns as soon as a watched socket has news, a task
 /// was woken from another thread, or the thread's poll time has passed (overrun by at most one
 /// `sched_yield`), yielding the CPU between checks; an epoll error ends it too. Returns at once
-/// when polling is off.
+/// when polling is off or paused by contention (module docs). A poll that ends at its first check
+/// costs one `epoll_wait`; a longer one also reads the thread's CPU clock twice.
 pub fn before_park() {
     let spin = SPIN.with(Cell::get);
     if spin.is_zero() {
@@ -89,21 +150,36 @@ pub fn before_park() {
             .ok()
             .map(|h| h.metrics());
         let start = Instant::now();
+        let record = BACKOFF_STATE.with(Cell::get);
+        if record.paused_at(start) {
+            return;
+        }
         let now = Timespec {
             tv_sec: 0,
             tv_nsec: 0,
         };
         let mut event = [MaybeUninit::<epoll::Event>::uninit(); 1];
+        // Read after the first empty check: a poll that ends at once is not judged.
+        let mut cpu_start = None;
         loop {
-            match epoll::wait(set.as_fd(), &mut event[..], Some(&now)) {
-                Ok(([], _)) => {}
+            let done = match epoll::wait(set.as_fd(), &mut event[..], Some(&now)) {
+                Ok(([], _)) => {
+                    start.elapsed() >= spin
+                        || metrics.as_ref().is_some_and(|m| m.global_queue_depth() > 0)
+                }
                 // Readable, or the set is unusable: park.
-                _ => return,
-            }
-            if start.elapsed() >= spin
-                || metrics.as_ref().is_some_and(|m| m.global_queue_depth() > 0)
-            {
+                _ => true,
+            };
+            if done {
+                if let Some(cpu_start) = cpu_start {
+                    let end = Instant::now();
+                    let judged = record.judge(end - start, thread_cpu() - cpu_start, end);
+                    BACKOFF_STATE.with(|b| b.set(judged));
+                }
                 return;
+            }
+            if cpu_start.is_none() {
+                cpu_start = Some(thread_cpu());
             }
             std::thread::yield_now();
         }
@@ -148,6 +224,92 @@ mod tests {
             unwatch(&set, &a);
             b.write_all(b"y").unwrap();
             assert!(timed_poll(short) >= short);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn two_contended_polls_in_a_row_pause_polling() {
+        let now = Instant::now();
+        let long = JUDGED_AFTER * 10;
+        let clear = Backoff::CLEAR;
+        // Ran the whole time, or half of it: not contended.
+        assert_eq!(clear.judge(long, long, now), clear);
+        assert_eq!(clear.judge(long, long / 2, now), clear);
+        // Too short to judge, however little the thread ran.
+        assert_eq!(clear.judge(JUDGED_AFTER / 2, Duration::ZERO, now), clear);
+        // One contended poll counts; an uncontended one after it resets the count.
+        let once = clear.judge(long, long / 3, now);
+        assert_eq!(once.streak, 1);
+        assert!(!once.paused_at(now));
+        assert_eq!(once.judge(long, long, now), clear);
+        // A short poll between two contended ones changes nothing.
+        let twice =
+            once.judge(JUDGED_AFTER / 2, Duration::ZERO, now)
+                .judge(long, Duration::ZERO, now);
+        assert_eq!(twice.streak, 0);
+        assert!(twice.paused_at(now));
+        assert!(twice.paused_at(now + BACKOFF - Duration::from_micros(1)));
+        assert!(!twice.paused_at(now + BACKOFF));
+    }
+
+    #[test]
+    fn a_paused_thread_parks_without_polling() {
+        std::thread::spawn(|| {
+            let spin = Duration::from_secs(10);
+            enable(spin);
+            let (a, _b) = UnixStream::pair().unwrap();
+            watch(&a).expect("polling is on for this thread");
+            BACKOFF_STATE.with(|b| {
+                b.set(Backoff {
+                    streak: 0,
+                    paused_until: Some(Instant::now() + spin),
+                })
+            });
+            let t = Instant::now();
+            before_park();
+            assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+            // `enable` clears the pause: the whole poll time passes again.
+            assert!(timed_poll(Duration::from_millis(30)) >= Duration::from_millis(30));
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_thread_sharing_its_cpu_with_a_busy_one_backs_off() {
+        use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
+        use std::sync::atomic::{AtomicBool, Ordering};
+        std::thread::spawn(|| {
+            // Both threads on the first CPU this process may use.
+            let allowed = sched_getaffinity(None).unwrap();
+            let first = (0..CpuSet::MAX_CPU).find(|&c| allowed.is_set(c)).unwrap();
+            let mut one = CpuSet::new();
+            one.set(first);
+            let stop = Arc::new(AtomicBool::new(false));
+            let rival = {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    sched_setaffinity(None, &one).unwrap();
+                    while !stop.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            };
+            sched_setaffinity(None, &one).unwrap();
+            enable(Duration::from_millis(20));
+            let (a, _b) = UnixStream::pair().unwrap();
+            watch(&a).expect("polling is on for this thread");
+            // Each poll yields to the rival and runs for a fraction of its wall time.
+            let polls = (1..=50).find(|_| {
+                before_park();
+                BACKOFF_STATE.with(Cell::get).paused_at(Instant::now())
+            });
+            stop.store(true, Ordering::Relaxed);
+            rival.join().unwrap();
+            let polls = polls.expect("50 contended polls did not pause polling");
+            assert!(polls >= BACKOFF_STREAK as usize, "{polls}");
         })
         .join()
         .unwrap();
