@@ -10,7 +10,9 @@
 # [server] [upstream] [token] [session] [credentials] [log], go there, replacing a same-named key;
 # the rest is appended), TOMLS (aligned with BINS: section.key=VALUE[,section.key=VALUE] merged
 # into that binary's config after EXTRA_TOML, "-" for none; VALUE is a TOML literal without spaces
-# or commas, e.g. TOMLS="- server.busy_poll_us=50 log.level=\"info\"").
+# or commas, e.g. TOMLS="- server.busy_poll_us=50 log.level=\"info\""), HOGS (0: CPU-bound
+# neighbours, `python3 -c "while True: pass"` at normal priority, running from before the warm-up to
+# the end; each run then also reports the hogs' CPU share: what a target leaves to other work).
 # Processes (127.0.0.1, free ports, stopped by PID on exit, the work dir with logs kept on failure):
 # nginx origin (worker_processes 1, access_log off, keepalive_requests 1000000) with a 1 KiB JSON at
 # /1k; nginx-proxy, a second nginx proxying to it (upstream keepalive 64, no auth); per binary, one
@@ -25,7 +27,7 @@
 # binaries' sha256, env and TOMLS config. Progress on stderr. Needs nginx, wrk, curl, python3.
 set -euo pipefail
 
-CONC="${CONC:-8 64}" DURATION="${DURATION:-5s}" REPS="${REPS:-3}" WARMUP="${WARMUP:-2s}"
+CONC="${CONC:-8 64}" DURATION="${DURATION:-5s}" REPS="${REPS:-3}" WARMUP="${WARMUP:-2s}" HOGS="${HOGS:-0}"
 BINS="${BINS:-target/release/tessera}" ENVS="${ENVS:-}" EXTRA_TOML="${EXTRA_TOML:-}" TOMLS="${TOMLS:-}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -35,6 +37,7 @@ die() { log "ERROR: $*"; exit 1; }
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
 
 [[ "$REPS" =~ ^[1-9][0-9]*$ ]] || die "REPS must be a positive integer, got '$REPS'"
+[[ "$HOGS" =~ ^[0-9]+$ ]] || die "HOGS must be a whole number, got '$HOGS'"
 for d in "$DURATION" "$WARMUP"; do [[ "$d" =~ ^[0-9]+[smh]?$ ]] || die "bad duration '$d'"; done
 read -r -a CONCS <<<"$CONC"
 ((${#CONCS[@]})) || die "CONC is empty"
@@ -184,6 +187,20 @@ wrk_run() { # target c duration out
 }
 
 for t in "${TARGETS[@]}"; do check_target "$t"; done
+HOG_PIDS=()
+for ((i = 0; i < HOGS; i++)); do
+  python3 -c 'while True: pass' &
+  HOG_PIDS+=("$!") PIDS+=("$!")
+done
+((HOGS == 0)) || log "started $HOGS CPU hog(s): ${HOG_PIDS[*]}"
+hog_ticks() { # user+sys clock ticks of every hog, summed (0 without hogs)
+  local p sum=0 u s
+  for p in ${HOG_PIDS[@]+"${HOG_PIDS[@]}"}; do
+    read -r u s < <(cpu_ticks "$p") || die "CPU hog $p is gone"
+    sum=$((sum + u + s))
+  done
+  echo "$sum"
+}
 log "warm-up: $WARMUP at c=8 per target (not recorded)"
 for t in "${TARGETS[@]}"; do wrk_run "$t" 8 "$WARMUP" "$RAW/warmup-$t.txt"; done
 log "runs: ${#TARGETS[@]} targets x c in (${CONCS[*]}) x $REPS reps x $DURATION"
@@ -193,12 +210,14 @@ for ((rep = 1; rep <= REPS; rep++)); do
       id="$t-c$c-r$rep"
       log "rep $rep/$REPS c=$c $t"
       read -r user0 sys0 < <(cpu_ticks "${CPU_PID_OF[$t]}")
+      hog0=$(hog_ticks) ns0=$(date +%s%N)
       wrk_run "$t" "$c" "$DURATION" "$RAW/$id.txt"
+      hog1=$(hog_ticks) ns1=$(date +%s%N)
       read -r user1 sys1 < <(cpu_ticks "${CPU_PID_OF[$t]}")
       ! grep -Eq 'Non-2xx|Socket errors' "$RAW/$id.txt" ||
         log "WARNING: $id: $(grep -E 'Non-2xx|Socket errors' "$RAW/$id.txt" | tr -s ' \n' ' ')"
-      printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$rep" "$c" "$t" "$id" "$((user1 - user0))" "$((sys1 - sys0))" \
-        >>"$WORK/runs.tsv"
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$rep" "$c" "$t" "$id" "$((user1 - user0))" "$((sys1 - sys0))" \
+        "$((hog1 - hog0))" "$((ns1 - ns0))" >>"$WORK/runs.tsv"
     done
   done
 done
@@ -209,11 +228,12 @@ for i in "${!LABELS[@]}"; do
     "${BIN_TOMLS[$i]}"
 done >"$WORK/bins.tsv"
 CMD="BINS=\"$BINS\" CONC=\"$CONC\" DURATION=$DURATION REPS=$REPS WARMUP=$WARMUP"
+((HOGS == 0)) || CMD+=" HOGS=$HOGS"
 [[ -z $ENVS ]] || CMD+=" ENVS=\"$ENVS\""
 [[ -z $TOMLS ]] || CMD+=" TOMLS=$(printf '%q' "$TOMLS")"
 [[ -z $EXTRA_TOML ]] || CMD+=" EXTRA_TOML=$(printf '%q' "$EXTRA_TOML")"
 mkdir -p "$ROOT/bench/results"
-export CMD="$CMD bench/ab.sh" OUT="$ROOT/bench/results/ab-$(date +%Y-%m-%d-%H%M%S).md" CONC
+export CMD="$CMD bench/ab.sh" OUT="$ROOT/bench/results/ab-$(date +%Y-%m-%d-%H%M%S).md" CONC HOGS
 export CLK_TCK="$(getconf CLK_TCK)" COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 MACHINE="nproc $(nproc), $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), load"
 export MACHINE="$MACHINE $(cut -d' ' -f1-3 /proc/loadavg), $(nginx -v 2>&1 | sed 's/^nginx version: //'), \
@@ -237,12 +257,16 @@ def parse(path):  # one wrk --latency output
 bins = [l.rstrip("\n").split("\t") for l in open(f"{work}/bins.tsv")]
 runs = []
 for line in open(f"{work}/runs.tsv"):
-    rep, c, t, rid, user, system = line.split()
+    rep, c, t, rid, user, system, hog, ns = line.split()
     r = parse(f"{work}/raw/{rid}.txt")
     per_req = lambda ticks: int(ticks) / int(env["CLK_TCK"]) * 1e6 / r["reqs"] if r["reqs"] else None
-    r.update(rep=rep, c=int(c), t=t, cpu=per_req(int(user) + int(system)), user=per_req(user))
+    r.update(rep=rep, c=int(c), t=t, cpu=per_req(int(user) + int(system)), user=per_req(user),
+             hog=int(hog) / int(env["CLK_TCK"]) / (int(ns) / 1e9) * 100)
     runs.append(r)
 ms, f1 = lambda us: f"{us / 1000:.3f} ms", lambda x: "" if x is None else f"{x:.1f}"
+hogs = int(env["HOGS"])  # with hogs, one more column: their CPU share, % of one core (all hogs)
+hog_h, hog_a = (" hogs' CPU % |", "---:|") if hogs else ("", "")
+hog_v = lambda x: f" {x:.0f} |" if hogs else ""
 med = lambda rs, k: statistics.median(v) if (v := [r[k] for r in rs if r[k] is not None]) else None
 md = [f"# tessera A/B vs nginx-proxy, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}", "", f"- command: `{env['CMD']}`",
       f"- commit: {env['COMMIT']}", f"- machine: {env['MACHINE']}", "", "| label | binary | sha256 | env | config |",
@@ -250,22 +274,28 @@ md = [f"# tessera A/B vs nginx-proxy, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}", 
 code = lambda v: "" if v == "-" else f"`{v}`"
 md += [f"| {b[0]} | `{b[1]}` | {b[2]} | {code(b[3])} | {code(b[4])} |" for b in bins]
 md += ["", "## Medians per target and c", "", "| target | c | req/s | p50 | p99 | req/s vs nginx-proxy | "
-       "CPU µs/req | of it user | runs | warnings |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+       f"CPU µs/req | of it user |{hog_h} runs | warnings |", f"|---|---:|---:|---:|---:|---:|---:|---:|{hog_a}---:|---|"]
 for c in [int(x) for x in env["CONC"].split()]:
     base = med([r for r in runs if r["c"] == c and r["t"] == "nginx-proxy"], "rps")
     for t in ["nginx-proxy"] + [b[0] for b in bins]:
         rs = [r for r in runs if r["c"] == c and r["t"] == t]
         bad = sum(1 for r in rs if r["warn"])
         md.append(f"| {t} | {c} | {med(rs, 'rps'):,.0f} | {ms(med(rs, 'p50'))} | {ms(med(rs, 'p99'))} | "
-                  f"{med(rs, 'rps') / base:.3f} | {f1(med(rs, 'cpu'))} | {f1(med(rs, 'user'))} | {len(rs)} | "
+                  f"{med(rs, 'rps') / base:.3f} | {f1(med(rs, 'cpu'))} | {f1(med(rs, 'user'))} |"
+                  f"{hog_v(med(rs, 'hog'))} {len(rs)} | "
                   f"{'WARNING: %d run(s) with errors' % bad if bad else ''} |")
-md += ["", "## Every run", "", "| rep | c | target | req/s | p50 | p99 | requests | CPU µs/req | of it user | "
-       "non-2xx | socket errors | note |", "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+md += ["", "## Every run", "", "| rep | c | target | req/s | p50 | p99 | requests | CPU µs/req | of it user |"
+       f"{hog_h} non-2xx | socket errors | note |", f"|---:|---:|---|---:|---:|---:|---:|---:|---:|{hog_a}---:|---:|---|"]
 md += [f"| {r['rep']} | {r['c']} | {r['t']} | {r['rps']:,.0f} | {ms(r['p50'])} | {ms(r['p99'])} | {r['reqs']} | "
-       f"{f1(r['cpu'])} | {f1(r['user'])} | {r['non2xx']} | {r['sock']} | {r['warn'] or ''} |" for r in runs]
+       f"{f1(r['cpu'])} | {f1(r['user'])} |{hog_v(r['hog'])} {r['non2xx']} | {r['sock']} | {r['warn'] or ''} |"
+       for r in runs]
 md += ["", "CPU: user+sys time of the target process (nginx-proxy: its worker) during the run "
        "(/proc/PID/stat) per request wrk completed, and its user-space part (the rest is the kernel's: "
-       "system calls, loopback TCP); every process shares the machine.", ""]
+       "system calls, loopback TCP); every process shares the machine."]
+if hogs:
+    md += ["", f"Hogs: {hogs} CPU-bound `python3` process(es) at normal priority ran throughout; their CPU "
+           "share is their user+sys time during the run over its wall time, % of one core, summed."]
+md += [""]
 open(env["OUT"], "w").write("\n".join(md))
 print("\n".join(md), end="")
 PY
