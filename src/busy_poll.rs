@@ -159,8 +159,8 @@ pub fn before_park() {
             tv_nsec: 0,
         };
         let mut event = [MaybeUninit::<epoll::Event>::uninit(); 1];
-        // Read after the first empty check: a poll that ends at once is not judged.
-        let mut cpu_start = None;
+        // Clocks read after the first empty check: a poll that ends at once is not judged.
+        let mut judged_from: Option<(Instant, Duration)> = None;
         loop {
             let done = match epoll::wait(set.as_fd(), &mut event[..], Some(&now)) {
                 Ok(([], _)) => {
@@ -171,15 +171,15 @@ pub fn before_park() {
                 _ => true,
             };
             if done {
-                if let Some(cpu_start) = cpu_start {
+                if let Some((wall_start, cpu_start)) = judged_from {
                     let end = Instant::now();
-                    let judged = record.judge(end - start, thread_cpu() - cpu_start, end);
+                    let judged = record.judge(end - wall_start, thread_cpu() - cpu_start, end);
                     BACKOFF_STATE.with(|b| b.set(judged));
                 }
                 return;
             }
-            if cpu_start.is_none() {
-                cpu_start = Some(thread_cpu());
+            if judged_from.is_none() {
+                judged_from = Some((Instant::now(), thread_cpu()));
             }
             std::thread::yield_now();
         }
