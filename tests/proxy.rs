@@ -840,6 +840,11 @@ fn framing_script(line: &str) -> upstream::Script {
             "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA".into(),
             false,
         ),
+        // Answering a HEAD: no body follows, and the field is not a length.
+        "/head-bad-length" => (
+            "HTTP/1.1 200 OK\r\nContent-Length: 5, 6\r\n\r\n".into(),
+            false,
+        ),
         "/conflicting-length" => (
             "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello".into(),
             false,
@@ -935,6 +940,11 @@ fn upstream_http1_framing_and_connection_reuse() {
         "{head}"
     );
     assert!(next_reuses(), "HEAD response");
+    // A HEAD answer's Content-Length is passed on, so a broken one is a 502, not forwarded.
+    let (code, head) = get("/head-bad-length", &["-I"]);
+    assert_eq!(code, 502, "{head}");
+    assert!(!head.contains("5, 6"), "{head}");
+    assert!(!next_reuses(), "/head-bad-length");
     for path in ["/garbage", "/switch"] {
         assert_eq!(get(path, &[]).0, 502, "{path}");
         assert!(!next_reuses(), "{path}");

@@ -740,17 +740,22 @@ fn keep_alive(version: Version, fields: &RawHead) -> bool {
 
 /// The response body's framing (RFC 9112 section 6.3).
 ///
-/// Errors: `Content-Length` values that are not one non-negative integer.
+/// Errors: `Content-Length` values that are not one non-negative integer, also on a HEAD or 304
+/// response (no body, but the field is passed downstream); 1xx and 204 ignore the field.
 fn framing(
     head_request: bool,
     status: StatusCode,
     fields: &RawHead,
 ) -> Result<Framing, ForwardError> {
-    if head_request
-        || status.is_informational()
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED
-    {
+    if status.is_informational() || status == StatusCode::NO_CONTENT {
+        return Ok(Framing::Done);
+    }
+    if head_request || status == StatusCode::NOT_MODIFIED {
+        // No body, but a Content-Length is passed downstream (it describes the representation,
+        // RFC 9110 section 8.6), so it must be one a client can trust.
+        if !fields.contains(b"transfer-encoding") {
+            declared_length(fields)?;
+        }
         return Ok(Framing::Done);
     }
     if fields.contains(b"transfer-encoding") {
@@ -765,6 +770,17 @@ fn framing(
             Framing::Close
         });
     }
+    Ok(match declared_length(fields)? {
+        Some(0) => Framing::Done,
+        Some(n) => Framing::Length(n),
+        None => Framing::Close,
+    })
+}
+
+/// The response's Content-Length (RFC 9110 section 8.6), bytes; `None` without the field. Errors
+/// (502) on a value that is not 1*DIGIT within `u64`, and on differing values (RFC 9112 section
+/// 6.3 item 5); repeated equal values, in one field line or several, count once.
+fn declared_length(fields: &RawHead) -> Result<Option<u64>, ForwardError> {
     let mut length = None;
     for v in fields.get_all(b"content-length") {
         for item in v.split(|&b| b == b',') {
@@ -776,11 +792,7 @@ fn framing(
             length = Some(n);
         }
     }
-    Ok(match length {
-        Some(0) => Framing::Done,
-        Some(n) => Framing::Length(n),
-        None => Framing::Close,
-    })
+    Ok(length)
 }
 
 /// A request-body error as the forward phase reports it.
@@ -876,6 +888,28 @@ mod tests {
         );
         assert_eq!(
             f(false, StatusCode::NOT_MODIFIED, &[("content-length", "5")]).unwrap(),
+            Framing::Done
+        );
+        // HEAD and 304 pass Content-Length on, so a broken one is refused there too; 204 and
+        // 1xx drop it (the downstream writer does not send it).
+        for bad in [
+            &[("content-length", "abc")][..],
+            &[("content-length", "5, 6")],
+        ] {
+            assert!(f(true, ok, bad).is_err());
+            assert!(f(false, StatusCode::NOT_MODIFIED, bad).is_err());
+            assert_eq!(
+                f(false, StatusCode::NO_CONTENT, bad).unwrap(),
+                Framing::Done
+            );
+        }
+        assert_eq!(
+            f(
+                true,
+                ok,
+                &[("content-length", "5"), ("content-length", "5")]
+            )
+            .unwrap(),
             Framing::Done
         );
         assert_eq!(
