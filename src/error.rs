@@ -3,6 +3,7 @@
 //! | failure | status |
 //! |---|---|
 //! | malformed request (Host missing/duplicated/with userinfo, dot segments) | 400 |
+//! | request body cut short or malformed by the client while it streams upstream | 400 |
 //! | TRACE (would echo the injected credential) or CONNECT | 405 + `Allow` |
 //! | body larger than `server.max_body_bytes` | 413 |
 //! | request-target longer than `server.max_uri_bytes` | 414 |
@@ -112,6 +113,7 @@ impl ProxyError {
                 }
                 ForwardError::ConnectTimeout | ForwardError::Timeout => StatusCode::GATEWAY_TIMEOUT,
                 ForwardError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+                ForwardError::ClientBody(_) => StatusCode::BAD_REQUEST,
             },
         }
     }

@@ -1094,3 +1094,50 @@ fn busy_polling_answers_like_the_default() {
     assert!(log.contains("busy_poll_us=200"), "polling on: {log}");
     assert!(!log.contains("ERROR") && !log.contains("panicked"), "{log}");
 }
+
+/// A client that closes before sending the body it announced: the request fails as the
+/// client's (400 in the access log, with the reason), not as an upstream failure (502), and the
+/// half-sent upstream connection is not reused.
+#[test]
+fn an_upload_cut_short_by_the_client_is_logged_as_the_clients_failure() {
+    use std::io::Write;
+    let up = upstream::start(Behavior::Scripted(framing_script));
+    let (t, token) = behind(&up.url(), &[]);
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+    write!(
+        s,
+        "POST /cut-upload HTTP/1.1\r\nHost: x\r\n{}\r\nContent-Length: 100000\r\n\r\n{}",
+        bearer(&token),
+        "u".repeat(1000)
+    )
+    .unwrap();
+    drop(s);
+    let access_line = || {
+        t.log()
+            .lines()
+            .find(|l| l.contains("tessera::access") && l.contains("/cut-upload"))
+            .map(str::to_owned)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while access_line().is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let line =
+        access_line().unwrap_or_else(|| panic!("no access line for the cut upload: {}", t.log()));
+    assert!(line.contains("status=400"), "{line}");
+    assert!(line.contains("client request body"), "{line}");
+    assert!(!line.contains(&token));
+    // The upstream connection that carried half a request is closed, not pooled.
+    let before = up
+        .stats
+        .connections
+        .load(std::sync::atomic::Ordering::SeqCst);
+    let (code, _) = curl(&["-H", &bearer(&token), &t.url("/length")]);
+    assert_eq!(code, 200);
+    assert_eq!(
+        up.stats
+            .connections
+            .load(std::sync::atomic::Ordering::SeqCst),
+        before + 1
+    );
+}

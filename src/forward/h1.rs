@@ -191,7 +191,7 @@ impl H1 {
     /// ([`Head::keep_alive`]) only if the whole request was written.
     ///
     /// Errors: see [`SendError`]; request-body errors are [`ForwardError::BodyTooLarge`] when the
-    /// body exceeded its limit, else [`ForwardError::Broken`].
+    /// body exceeded its limit, else [`ForwardError::ClientBody`].
     pub async fn send(&mut self, req: Request<UpBody>) -> Result<Head, SendError> {
         let head_request = req.method() == Method::HEAD;
         let (parts, mut body) = req.into_parts();
@@ -804,7 +804,7 @@ fn body_error(e: BoxError) -> ForwardError {
         }
         src = s.source();
     }
-    broken(format!("reading the request body: {e}"))
+    ForwardError::ClientBody(e.to_string())
 }
 
 /// Size hint of a response body in the given framing.

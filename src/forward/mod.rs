@@ -54,6 +54,11 @@ pub enum ForwardError {
     /// The client's body exceeded `server.max_body_bytes` while streaming. 413.
     #[error("request body too large")]
     BodyTooLarge,
+    /// The client's body broke off or was malformed while being sent upstream (the client closed
+    /// or reset its connection before the announced end, a bad chunk). 400, as nginx's "client
+    /// prematurely closed connection" (the client is usually gone; the status is for the log).
+    #[error("client request body: {0}")]
+    ClientBody(String),
     /// The connection broke or the upstream sent an invalid response. 502.
     #[error("upstream failed: {0}")]
     Broken(String),
