@@ -37,7 +37,7 @@ die() { log "ERROR: $*"; exit 1; }
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
 
 [[ "$REPS" =~ ^[1-9][0-9]*$ ]] || die "REPS must be a positive integer, got '$REPS'"
-[[ "$HOGS" =~ ^[0-9]+$ ]] || die "HOGS must be a whole number, got '$HOGS'"
+[[ "$HOGS" =~ ^(0|[1-9][0-9]*)$ ]] || die "HOGS must be a whole number, got '$HOGS'"
 for d in "$DURATION" "$WARMUP"; do [[ "$d" =~ ^[0-9]+[smh]?$ ]] || die "bad duration '$d'"; done
 read -r -a CONCS <<<"$CONC"
 ((${#CONCS[@]})) || die "CONC is empty"
@@ -210,9 +210,11 @@ for ((rep = 1; rep <= REPS; rep++)); do
       id="$t-c$c-r$rep"
       log "rep $rep/$REPS c=$c $t"
       read -r user0 sys0 < <(cpu_ticks "${CPU_PID_OF[$t]}")
-      hog0=$(hog_ticks) ns0=$(date +%s%N)
+      hog0=$(hog_ticks) # alone on its line, so that set -e sees hog_ticks fail
+      ns0=$(date +%s%N)
       wrk_run "$t" "$c" "$DURATION" "$RAW/$id.txt"
-      hog1=$(hog_ticks) ns1=$(date +%s%N)
+      hog1=$(hog_ticks)
+      ns1=$(date +%s%N)
       read -r user1 sys1 < <(cpu_ticks "${CPU_PID_OF[$t]}")
       ! grep -Eq 'Non-2xx|Socket errors' "$RAW/$id.txt" ||
         log "WARNING: $id: $(grep -E 'Non-2xx|Socket errors' "$RAW/$id.txt" | tr -s ' \n' ' ')"

@@ -51,7 +51,8 @@ pub enum ProxyError {
     /// resolve: the store did not answer.
     #[error("session store unavailable")]
     StoreUnavailable,
-    /// forward: the upstream failed.
+    /// forward: the upstream failed, or the client's body broke off while it was streamed
+    /// upstream ([`ForwardError::ClientBody`], 400).
     #[error(transparent)]
     Upstream(#[from] ForwardError),
 }

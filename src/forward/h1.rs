@@ -752,10 +752,9 @@ fn framing(
     }
     if head_request || status == StatusCode::NOT_MODIFIED {
         // No body, but a Content-Length is passed downstream (it describes the representation,
-        // RFC 9110 section 8.6), so it must be one a client can trust.
-        if !fields.contains(b"transfer-encoding") {
-            declared_length(fields)?;
-        }
+        // RFC 9110 section 8.6), so it must be one a client can trust. (With Transfer-Encoding
+        // too, `parse_head` has already removed it.)
+        declared_length(fields)?;
         return Ok(Framing::Done);
     }
     if fields.contains(b"transfer-encoding") {
