@@ -145,15 +145,15 @@ pub fn before_park() {
     }
     SET.with(|set| {
         let Some(set) = set else { return };
-        // Tasks woken from other threads wait in the runtime's queue for this thread.
-        let metrics = tokio::runtime::Handle::try_current()
-            .ok()
-            .map(|h| h.metrics());
         let start = Instant::now();
         let record = BACKOFF_STATE.with(Cell::get);
         if record.paused_at(start) {
             return;
         }
+        // Tasks woken from other threads wait in the runtime's queue for this thread.
+        let metrics = tokio::runtime::Handle::try_current()
+            .ok()
+            .map(|h| h.metrics());
         let now = Timespec {
             tv_sec: 0,
             tv_nsec: 0,
