@@ -645,8 +645,26 @@ fn demo_prints_a_working_curl_line() {
         .arg(&curl_line)
         .output()
         .unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
+    // SIGTERM, as an operator's Ctrl-C or a service manager would: the demo removes its
+    // session store directory on the way out (a SIGKILL here left one behind per test run).
+    let store_dir = std::env::temp_dir().join(format!("tessera-demo-{}", child.id()));
+    let existed = store_dir.exists();
+    let termed = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     let body = String::from_utf8_lossy(&out.stdout);
     assert!(
         body.contains(&format!(
@@ -654,6 +672,19 @@ fn demo_prints_a_working_curl_line() {
             basic("demo", "demo-password")
         )),
         "{body}"
+    );
+    assert!(termed.success());
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "demo did not exit cleanly within 10 s of SIGTERM: {status:?}"
+    );
+    assert!(
+        existed,
+        "the demo's store directory {store_dir:?} was not where expected"
+    );
+    assert!(
+        !store_dir.exists(),
+        "{store_dir:?} left behind after SIGTERM"
     );
 }
 
