@@ -166,15 +166,38 @@ impl Credentials {
     }
 
     /// The `Authorization: Basic base64(user:password)` value, marked sensitive (RFC 7617).
+    ///
+    /// Its bytes are wiped when the last clone of the value is dropped (see [`wiped_header`]):
+    /// the session cache keeps one per cached session for up to its TTL.
     pub fn basic_header(&self) -> HeaderValue {
         let pair = self.to_pair();
-        let mut value = Zeroizing::new(String::with_capacity(6 + pair.len().div_ceil(3) * 4));
-        value.push_str("Basic ");
-        STANDARD.encode_string(pair.as_slice(), &mut value);
-        let mut header = HeaderValue::from_str(&value).expect("base64 is a valid header value");
-        header.set_sensitive(true);
-        header
+        let mut value = Zeroizing::new(Vec::with_capacity(6 + pair.len().div_ceil(3) * 4));
+        value.extend_from_slice(b"Basic ");
+        let start = value.len();
+        value.resize(
+            start + base64::encoded_len(pair.len(), true).unwrap_or(0),
+            0,
+        );
+        let written = STANDARD
+            .encode_slice(pair.as_slice(), &mut value[start..])
+            .expect("the buffer was sized by encoded_len");
+        value.truncate(start + written);
+        wiped_header(value).expect("base64 is a valid header value")
     }
+}
+
+/// A sensitive header value that owns `bytes` without copying them: every clone shares that one
+/// buffer, and it is zeroized when the last clone is dropped. (`HeaderValue::from_bytes` would
+/// copy into a buffer that is freed unwiped.) The copy in each upstream request head is wiped
+/// separately (src/forward/h1.rs, `SecretHead`); the kernel's socket buffers are out of reach.
+///
+/// Errors: `bytes` holds a byte not allowed in a field value (RFC 9110 section 5.5).
+pub fn wiped_header(
+    bytes: Zeroizing<Vec<u8>>,
+) -> Result<HeaderValue, http::header::InvalidHeaderValue> {
+    let mut header = HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(bytes))?;
+    header.set_sensitive(true);
+    Ok(header)
 }
 
 impl std::fmt::Debug for Credentials {
@@ -252,5 +275,23 @@ mod tests {
         assert!(Credentials::from_pair(b"nocolon").is_err());
         assert_eq!(Credentials::from_pair(b"u:p:q").unwrap().user(), "u");
         assert!(!format!("{c:?}").contains("p:w"));
+    }
+
+    #[test]
+    fn a_wiped_header_shares_the_zeroizing_buffer_it_was_given() {
+        let bytes = Zeroizing::new(b"Basic YWxpY2U6cHc=".to_vec());
+        let at = bytes.as_ptr();
+        let header = wiped_header(bytes).unwrap();
+        // The same heap buffer, so dropping the last clone drops (and zeroizes) it: a copy here
+        // would leave the credential in freed memory.
+        assert_eq!(header.as_bytes().as_ptr(), at);
+        assert_eq!(header.clone().as_bytes().as_ptr(), at);
+        assert!(header.is_sensitive());
+        assert_eq!(header, "Basic YWxpY2U6cHc=");
+        assert!(wiped_header(Zeroizing::new(b"Basic \r\nX-Evil: 1".to_vec())).is_err());
+        let basic = Credentials::new("alice".into(), "pw".into())
+            .unwrap()
+            .basic_header();
+        assert_eq!(basic, "Basic YWxpY2U6cHc=");
     }
 }
