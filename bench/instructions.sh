@@ -6,7 +6,8 @@
 #   N=5000 C=8 bench/instructions.sh
 #
 # Env: BINS (default target/release/tessera), N requests measured (5000), C connections (8),
-# HELD connections for the memory measure (2000; 0 skips it).
+# HELD connections for the memory measure (2000; 0 skips it), EXTRA_TOML (appended to every
+# tessera config as is, e.g. EXTRA_TOML=$'[metrics]\nlisten = "127.0.0.1:0"').
 # For each binary: an nginx origin (worker_processes 1, the 1 KiB JSON at /1k) and one
 # `tessera serve` under `valgrind --tool=callgrind` (`[server] threads = 1`, embedded store,
 # warn log, no access log, one session made with `tessera session create`), driven by
@@ -158,6 +159,7 @@ keys = { k1 = "$(sed -n 's/^TESSERA_CRED_KEY=//p' <<<"$keys")" }
 level = "warn"
 access_log = false
 EOF
+  [[ -z ${EXTRA_TOML:-} ]] || printf '%s\n' "$EXTRA_TOML" >>"$WORK/t$i/t.toml"
   TOKEN="$(printf '%s\n' bench-password | "$b" session create --config "$WORK/t$i/t.toml" --user alice \
     --password-stdin | sed -n 's/.*"token" *: *"\([^"]*\)".*/\1/p' | head -1)"
   [[ -n $TOKEN ]] || die "no token from $b session create"

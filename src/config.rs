@@ -63,6 +63,7 @@ struct RawConfig {
     credentials: Option<RawCredentials>,
     login: Option<RawLogin>,
     log: Option<RawLog>,
+    metrics: Option<RawMetrics>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -160,6 +161,12 @@ struct RawCredentials {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct RawMetrics {
+    listen: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct RawLog {
     level: Option<String>,
     access_log: Option<bool>,
@@ -182,6 +189,16 @@ pub struct Config {
     pub login: Option<LoginConfig>,
     /// Logging.
     pub log: LogConfig,
+    /// The Prometheus endpoint; `None` when `[metrics]` is absent.
+    pub metrics: Option<MetricsConfig>,
+}
+
+/// `[metrics]`.
+#[derive(Debug, Clone)]
+pub struct MetricsConfig {
+    /// Address of the listener serving `GET /metrics` (OpenMetrics text), apart from
+    /// `server.listen` so it can stay private. Required in `[metrics]`.
+    pub listen: SocketAddr,
 }
 
 /// `[server]`.
@@ -506,6 +523,10 @@ fn validate(raw: RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Conf
         _ => None,
     };
     let log = raw.log.unwrap_or_default();
+    let metrics = raw
+        .metrics
+        .map(|m| validate_metrics(m, server.listen))
+        .transpose()?;
     Ok(Config {
         server,
         upstream,
@@ -517,7 +538,33 @@ fn validate(raw: RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Conf
             level: log.level.unwrap_or_else(|| "info".into()),
             access_log: log.access_log.unwrap_or(true),
         },
+        metrics,
     })
+}
+
+fn validate_metrics(
+    m: RawMetrics,
+    server_listen: SocketAddr,
+) -> Result<MetricsConfig, ConfigError> {
+    let Some(text) = m.listen else {
+        return Err(ConfigError::new(
+            "metrics.listen",
+            "missing: set the address to serve /metrics on, e.g. \"127.0.0.1:9464\", or remove [metrics]",
+        ));
+    };
+    let listen: SocketAddr = text.parse().map_err(|_| {
+        ConfigError::new(
+            "metrics.listen",
+            format!("`{text}` is not IP:PORT, e.g. \"127.0.0.1:9464\""),
+        )
+    })?;
+    if listen == server_listen && listen.port() != 0 {
+        return Err(ConfigError::new(
+            "metrics.listen",
+            "is the same address as server.listen; give the metrics their own port",
+        ));
+    }
+    Ok(MetricsConfig { listen })
 }
 
 fn validate_server(s: RawServer) -> Result<ServerConfig, ConfigError> {
@@ -1227,6 +1274,40 @@ mod tests {
         let text = format!("{}[server]\nthreads = 0\n", minimal());
         let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
         assert!(err.contains("server.threads"), "{err}");
+    }
+
+    #[test]
+    fn metrics_are_off_by_default_and_need_their_own_address() {
+        assert!(Config::from_toml_with(&minimal(), env)
+            .unwrap()
+            .metrics
+            .is_none());
+        let with =
+            |body: &str| Config::from_toml_with(&format!("{}[metrics]\n{body}", minimal()), env);
+        assert_eq!(
+            with("listen = \"127.0.0.1:9464\"\n")
+                .unwrap()
+                .metrics
+                .unwrap()
+                .listen
+                .to_string(),
+            "127.0.0.1:9464"
+        );
+        for (body, says) in [
+            ("", "missing"),
+            ("listen = \"9464\"\n", "not IP:PORT"),
+            (
+                "listen = \"127.0.0.1:8080\"\n",
+                "same address as server.listen",
+            ),
+        ] {
+            let err = with(body).unwrap_err().to_string();
+            assert!(
+                err.contains("metrics.listen") && err.contains(says),
+                "{body:?}: {err}"
+            );
+        }
+        assert!(with("port = 1\n").is_err(), "unknown key");
     }
 
     #[test]

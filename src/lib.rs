@@ -64,13 +64,22 @@ pub fn serving_sessions(cfg: &Config) -> Result<session::Sessions, session::Stor
 /// thread, with no cross-thread wake-ups (measured in BENCHMARKS.md, "Tuning, one change at a
 /// time").
 ///
+/// With `metrics` (bound to `metrics.listen`), `GET /metrics` is served there on the caller's
+/// runtime ([`telemetry::serve_metrics`]) until shutdown.
+///
 /// Errors: the session store cannot be opened.
 pub async fn run(
     cfg: Config,
     listener: TcpListener,
+    metrics: Option<TcpListener>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), session::StoreError> {
     let proxy = Arc::new(Proxy::from_config(&cfg)?);
+    let metrics = metrics.map(|l| {
+        tracing::info!(listen = %l.local_addr().map(|a| a.to_string()).unwrap_or_default(), "metrics at /metrics");
+        tokio::spawn(telemetry::serve_metrics(l, proxy.clone()))
+    });
+    let _stop_metrics = AbortOnDrop(metrics);
     if let Some(every) = proxy.verifier().keys().jwks_refresh_interval() {
         proxy.verifier().keys().refresh_jwks().await;
         let p = proxy.clone();
@@ -122,6 +131,17 @@ pub async fn run(
     })
     .await;
     Ok(())
+}
+
+/// Aborts the task when dropped, on every return path of [`run`].
+struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(task) = &self.0 {
+            task.abort();
+        }
+    }
 }
 
 /// One serving thread: a current-thread runtime accepting from its clone of the listener.

@@ -161,7 +161,20 @@ async fn serve(config: PathBuf) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match tessera::run(cfg, listener, shutdown_signal()).await {
+    let metrics = match &cfg.metrics {
+        None => None,
+        Some(m) => match tokio::net::TcpListener::bind(m.listen).await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                eprintln!(
+                    "tessera: config key `metrics.listen`: cannot bind {}: {e}",
+                    m.listen
+                );
+                return ExitCode::from(2);
+            }
+        },
+    };
+    match tessera::run(cfg, listener, metrics, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tessera: config key `session.store`: {e}");

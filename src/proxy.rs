@@ -23,6 +23,7 @@ use crate::forward::{BoxError, ProxyBody, UpBody, Upstream};
 use crate::login::Login;
 use crate::screen::{self, Limits, Screened};
 use crate::session::{sid_hash, Session, Sessions};
+use crate::telemetry::RequestCounts;
 use crate::token::{self, TokenSource, Verifier};
 use crate::unix_now;
 
@@ -42,6 +43,8 @@ pub struct Proxy {
     access_log: bool,
     /// The session-side endpoints, when `[login]` is configured.
     login: Option<Login>,
+    /// Requests by status, when `[metrics]` is configured.
+    request_counts: Option<RequestCounts>,
 }
 
 /// `WWW-Authenticate` sent when the upstream answered 401 to the injected credentials (RFC 6750 3).
@@ -117,6 +120,10 @@ impl Proxy {
             preserve_host: cfg.upstream.preserve_host,
             strip_response: cfg.upstream.strip_response_headers.clone(),
             access_log: cfg.log.access_log,
+            request_counts: cfg
+                .metrics
+                .as_ref()
+                .map(|_| RequestCounts::new(cfg.server.threads)),
         }
     }
 
@@ -131,6 +138,16 @@ impl Proxy {
     /// The token verifier (its key set refreshes the JWKS).
     pub fn verifier(&self) -> &Verifier {
         &self.verifier
+    }
+
+    /// The session layer (its counters, for metrics).
+    pub fn sessions(&self) -> &Sessions {
+        &self.sessions
+    }
+
+    /// Requests answered by status code (`None` unless `[metrics]` is configured).
+    pub fn request_counts(&self) -> Option<&RequestCounts> {
+        self.request_counts.as_ref()
     }
 
     /// The upstream (pool counters for tests and benchmarks).
@@ -183,6 +200,9 @@ impl Proxy {
                 sid_hash = ctx.sid.as_deref().map(sid_hash).as_deref().unwrap_or("-"),
                 reason = reason.as_deref().or(ctx.reason.as_deref()).unwrap_or("-"),
             );
+        }
+        if let Some(counts) = &self.request_counts {
+            counts.count(resp.status().as_u16());
         }
         resp
     }

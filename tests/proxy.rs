@@ -688,6 +688,66 @@ fn demo_prints_a_working_curl_line() {
     );
 }
 
+/// `[metrics]`: the counters a warm request must leave alone (store reads, upstream connections
+/// opened) are visible to an operator, scraped with curl as Prometheus would.
+#[test]
+fn metrics_count_requests_store_reads_and_upstream_connections() {
+    let nginx = Nginx::start();
+    let metrics_port = free_port();
+    let upstream = nginx.url();
+    let t = Tessera::start(|port, dir| {
+        format!(
+            "{}[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n",
+            config(
+                port,
+                &upstream,
+                &format!("embedded:{}/sessions", dir.display()),
+                &[]
+            )
+        )
+    });
+    wait_for_port(metrics_port, "tessera metrics");
+    let (_, token) = t.create_session("alice", "pw");
+    for _ in 0..5 {
+        assert_eq!(curl(&["-H", &bearer(&token), &t.url("/1k")]).0, 200);
+    }
+    assert_eq!(curl(&[&t.url("/1k")]).0, 401);
+    let metrics_url = format!("http://127.0.0.1:{metrics_port}/metrics");
+    let (code, text) = curl(&["-i", &metrics_url]);
+    assert_eq!(code, 200, "{text}");
+    assert!(
+        text.contains("content-type: application/openmetrics-text; version=1.0.0"),
+        "{text}"
+    );
+    assert!(text.trim_end().ends_with("# EOF"), "{text}");
+    let value = |name: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no sample {name}: {text}"))
+    };
+    assert_eq!(value("tessera_requests_total{code=\"200\"}"), 5);
+    assert_eq!(value("tessera_requests_total{code=\"401\"}"), 1);
+    // Five requests of one session, one after another: one store read, one upstream connection.
+    assert_eq!(value("tessera_session_store_reads_total"), 1);
+    assert_eq!(value("tessera_upstream_connections_opened_total"), 1);
+    assert_eq!(value("tessera_upstream_requests_reused_total"), 4);
+    assert_eq!(value("tessera_session_cache_live"), 1);
+    assert_eq!(value("tessera_session_cache_entries"), 1);
+    assert_eq!(value("tessera_token_cache_entries"), 1);
+    assert!(!text.contains(&token) && !text.contains("alice"), "{text}");
+
+    // The proxy's own address does not serve them, and the metrics address serves only them.
+    let (code, _) = curl(&["-H", &bearer(&token), &t.url("/metrics")]);
+    assert_eq!(
+        code, 404,
+        "/metrics on server.listen is proxied to the upstream"
+    );
+    assert_eq!(curl(&[&format!("http://127.0.0.1:{metrics_port}/")]).0, 404);
+    let (code, head) = curl(&["-i", "-X", "POST", &metrics_url]);
+    assert_eq!(code, 405);
+    assert!(head.contains("allow: GET, HEAD"), "{head}");
+}
+
 #[test]
 fn check_config_names_the_key() {
     let dir = tempfile::tempdir().unwrap();

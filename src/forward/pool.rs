@@ -74,6 +74,11 @@ pub fn set_serving_thread(index: usize) {
     THREAD.with(|t| t.set(Some(index)));
 }
 
+/// The serving-thread index given to [`set_serving_thread`] on the calling thread, if any.
+pub fn serving_thread() -> Option<usize> {
+    THREAD.with(Cell::get)
+}
+
 /// The pool for one upstream address.
 pub struct Pool {
     addr: String,

@@ -239,9 +239,8 @@ impl SessionCache {
         self.loads.load(Ordering::Relaxed)
     }
 
-    /// Entries held now (tests).
-    #[cfg(test)]
-    fn len(&self) -> usize {
+    /// Entries held now, found and unknown (negative) sids alike.
+    pub(super) fn len(&self) -> usize {
         self.entries.len()
     }
 }

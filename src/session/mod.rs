@@ -117,6 +117,9 @@ pub struct Sessions {
     timeout: Duration,
     allow_plaintext_legacy: bool,
     cache: Option<Arc<SessionCache>>,
+    /// Records read on the request path (cache fills and bypassed reads), for metrics; shared
+    /// by clones.
+    reads: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Short, non-reversible tag for a sid, for logs: first 12 hex digits of SHA-256.
@@ -141,6 +144,7 @@ impl Sessions {
             timeout: cfg.timeout,
             allow_plaintext_legacy,
             cache: None,
+            reads: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         }
     }
 
@@ -184,6 +188,23 @@ impl Sessions {
     /// Store reads done to fill the session cache since start (`None` without a cache).
     pub fn cache_loads(&self) -> Option<u64> {
         self.cache.as_ref().map(|c| c.loads())
+    }
+
+    /// Session records read from the store by [`Sessions::resolve`] since start: cache fills,
+    /// and every resolve while the cache is bypassed or absent.
+    pub fn store_reads(&self) -> u64 {
+        self.reads.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Entries in the session cache now (`None` without a cache).
+    pub fn cache_entries(&self) -> Option<u64> {
+        self.cache.as_ref().map(|c| c.len() as u64)
+    }
+
+    /// Whether the cache is in use: the store's invalidation stream is live (false without a
+    /// cache, or while the stream is lost and every request reads the store).
+    pub fn cache_live(&self) -> bool {
+        self.cache.as_ref().is_some_and(|c| c.is_live())
     }
 
     /// The store (for health checks).
@@ -236,6 +257,8 @@ impl Sessions {
 
     /// resolve without the cache: one store read and one unseal.
     async fn resolve_from_store(&self, sid: &str) -> Result<Session, ResolveError> {
+        self.reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let raw = self
             .deadline(self.store.get(&self.key(sid)))
             .await?

@@ -251,6 +251,11 @@ impl Verifier {
         Ok(verified)
     }
 
+    /// Verified tokens in the cache now (`None` when the cache is off).
+    pub fn cache_entries(&self) -> Option<u64> {
+        self.cache.as_ref().map(|c| c.entries.len() as u64)
+    }
+
     /// Forgets every cached verification (the key set changed).
     pub fn clear_cache(&self) {
         if let Some(c) = &self.cache {
