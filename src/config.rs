@@ -1307,7 +1307,10 @@ mod tests {
                 "{body:?}: {err}"
             );
         }
-        assert!(with("port = 1\n").is_err(), "unknown key");
+        let err = with("listen = \"127.0.0.1:9464\"\nport = 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("port"), "unknown key: {err}");
     }
 
     #[test]

@@ -36,9 +36,10 @@ pub fn init(filter: &str) {
         .try_init();
 }
 
-/// Status codes counted: 100..=599 (RFC 9110 section 15), the only ones tessera sends.
+/// Status codes counted: 100..=999, every code `http::StatusCode` holds (an upstream's 600-999
+/// are relayed as they are).
 const FIRST_STATUS: u16 = 100;
-const STATUSES: usize = 500;
+const STATUSES: usize = 900;
 
 /// One thread's request counters by status code, on cache lines of their own.
 #[repr(align(128))]
@@ -60,7 +61,7 @@ impl RequestCounts {
         }
     }
 
-    /// Counts one answered request with `status` (100..=599; other values are ignored).
+    /// Counts one answered request with `status` (100..=999; other values are ignored).
     pub fn count(&self, status: u16) {
         let others = self.rows.len() - 1;
         let row = crate::forward::serving_thread().map_or(others, |i| i % others);
@@ -125,7 +126,7 @@ fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fm
     c.encode(e.encode_descriptor(name, help, None, c.metric_type())?)
 }
 
-fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: i64) -> std::fmt::Result {
+fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
     let g = ConstGauge::new(v);
     g.encode(e.encode_descriptor(name, help, None, g.metric_type())?)
 }
@@ -167,16 +168,16 @@ impl prometheus_client::collector::Collector for Scrape {
                 &mut e,
                 "session_cache_entries",
                 "Sessions in the cache, found and unknown (negative) entries.",
-                i64::try_from(entries).unwrap_or(i64::MAX),
+                entries,
             )?;
-            gauge(&mut e, "session_cache_live", "1 while the store's invalidation channel is live and the cache is used; 0 while it is bypassed.", i64::from(live))?;
+            gauge(&mut e, "session_cache_live", "1 while the store's invalidation channel is live and the cache is used; 0 while it is bypassed.", u64::from(live))?;
         }
         if let Some(entries) = self.token_cache {
             gauge(
                 &mut e,
                 "token_cache_entries",
                 "Verified tokens in the cache.",
-                i64::try_from(entries).unwrap_or(i64::MAX),
+                entries,
             )?;
         }
         Ok(())
@@ -204,7 +205,7 @@ fn answer(proxy: &Proxy, req: &Request<hyper::body::Incoming>) -> Response<Full<
         (_, "/metrics") => (
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain",
-            Bytes::from_static(b"GET only\n"),
+            Bytes::from_static(b"GET or HEAD only\n"),
         ),
         _ => (
             StatusCode::NOT_FOUND,
@@ -212,11 +213,8 @@ fn answer(proxy: &Proxy, req: &Request<hyper::body::Incoming>) -> Response<Full<
             Bytes::from_static(b"metrics are at /metrics\n"),
         ),
     };
-    let mut resp = Response::new(Full::new(if req.method() == Method::HEAD {
-        Bytes::new()
-    } else {
-        body
-    }));
+    // For HEAD, hyper sends the body's length and not the body.
+    let mut resp = Response::new(Full::new(body));
     *resp.status_mut() = status;
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -229,11 +227,21 @@ fn answer(proxy: &Proxy, req: &Request<hyper::body::Incoming>) -> Response<Full<
     resp
 }
 
-/// Serves `GET /metrics` (HTTP/1.1) on `listener` until the task is dropped. Other paths get
-/// 404, other methods 405. A failed accept is logged and retried after 100 ms.
+/// Connections served at once on the metrics listener; more are closed at accept.
+pub const MAX_METRICS_CONNECTIONS: usize = 16;
+
+/// Serves `GET /metrics` (HTTP/1.1) on `listener` until this future is dropped, which also ends
+/// its connections. Other paths get 404, other methods 405; at most
+/// [`MAX_METRICS_CONNECTIONS`] at once, each closed after 10 s without a request head. A failed
+/// accept is logged and retried after 100 ms.
 pub async fn serve_metrics(listener: TcpListener, proxy: Arc<Proxy>) {
+    let mut connections = tokio::task::JoinSet::new();
     loop {
-        let stream = match listener.accept().await {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            Some(_) = connections.join_next() => continue,
+        };
+        let stream = match accepted {
             Ok((stream, _)) => stream,
             Err(e) => {
                 tracing::warn!(cause = %e, "metrics listener: accept failed");
@@ -241,8 +249,15 @@ pub async fn serve_metrics(listener: TcpListener, proxy: Arc<Proxy>) {
                 continue;
             }
         };
+        if connections.len() >= MAX_METRICS_CONNECTIONS {
+            tracing::warn!(
+                max = MAX_METRICS_CONNECTIONS,
+                "metrics listener: too many connections; closed a new one"
+            );
+            continue;
+        }
         let proxy = proxy.clone();
-        tokio::spawn(async move {
+        connections.spawn(async move {
             let service = hyper::service::service_fn(move |req| {
                 let resp = answer(&proxy, &req);
                 async move { Ok::<_, std::convert::Infallible>(resp) }
@@ -277,9 +292,10 @@ mod tests {
                         counts.count(200);
                     }
                     counts.count(599);
+                    counts.count(999);
                     counts.count(100);
                     counts.count(99);
-                    counts.count(600);
+                    counts.count(1000);
                 })
             })
             .collect();
@@ -287,7 +303,7 @@ mod tests {
         counts.count(401);
         assert_eq!(
             counts.snapshot(),
-            vec![(100, 4), (200, 4000), (401, 1), (599, 4)]
+            vec![(100, 4), (200, 4000), (401, 1), (599, 4), (999, 4)]
         );
         // Each serving thread wrote its own row (thread 2 wraps onto row 0), the others the last.
         let row = |r: usize, status: usize| counts.rows[r].0[status - 100].load(Ordering::Relaxed);

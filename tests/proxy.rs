@@ -746,6 +746,16 @@ fn metrics_count_requests_store_reads_and_upstream_connections() {
     let (code, head) = curl(&["-i", "-X", "POST", &metrics_url]);
     assert_eq!(code, 405);
     assert!(head.contains("allow: GET, HEAD"), "{head}");
+    // HEAD: the length of what GET would send, and no body.
+    let (code, head) = curl(&["-I", &metrics_url]);
+    assert_eq!(code, 200, "{head}");
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no content-length: {head}"));
+    assert!(length > 500, "{head}");
+    assert!(!head.contains("# EOF"), "{head}");
 }
 
 #[test]

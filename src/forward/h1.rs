@@ -667,8 +667,8 @@ impl Out {
     }
 }
 
-/// The request line and header section, with tessera's framing header. The bytes of a
-/// sensitive field value (the injected upstream credential) are zeroized when the returned
+/// The request line and header section, with tessera's framing header. The bytes of the
+/// `Authorization` value (the injected upstream credential) are zeroized when the returned
 /// buffer is dropped, once written (see [`SecretHead`]).
 fn encode_head(parts: &http::request::Parts, framing: BodyFraming) -> Bytes {
     let (out, secret) = encode_head_bytes(parts, framing);
@@ -679,26 +679,39 @@ fn encode_head(parts: &http::request::Parts, framing: BodyFraming) -> Bytes {
     }
 }
 
-/// [`encode_head`]'s bytes, and the byte range in them of the first sensitive field value
-/// (empty when there is none).
+/// [`encode_head`]'s bytes, in a buffer allocated once at its final size, and the byte range
+/// in them of the `Authorization` value (empty when there is none).
 fn encode_head_bytes(
     parts: &http::request::Parts,
     framing: BodyFraming,
 ) -> (Vec<u8>, std::ops::Range<usize>) {
     let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-    let mut out = Vec::with_capacity(256 + parts.headers.len() * 48);
+    let sent =
+        |name: &HeaderName| name != header::CONTENT_LENGTH && name != header::TRANSFER_ENCODING;
+    // Sized up front so the buffer never moves: a reallocation would free a copy of the
+    // credential without wiping it. 40 bytes cover the longest framing field.
+    let fields: usize = parts
+        .headers
+        .iter()
+        .filter(|(name, _)| sent(name))
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    let size = parts.method.as_str().len() + 1 + target.len() + 11 + fields + 40 + 2;
+    let mut out = Vec::with_capacity(size);
+    let capacity = out.capacity();
     let mut secret = 0..0;
     out.extend_from_slice(parts.method.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     for (name, value) in &parts.headers {
-        if name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING {
+        if !sent(name) {
             continue;
         }
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");
-        if value.is_sensitive() && secret.is_empty() {
+        if name == header::AUTHORIZATION {
+            // The injected upstream credential (the proxy sets exactly one).
             secret = out.len()..out.len() + value.len();
         }
         out.extend_from_slice(value.as_bytes());
@@ -713,11 +726,12 @@ fn encode_head_bytes(
         BodyFraming::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
     }
     out.extend_from_slice(b"\r\n");
+    debug_assert_eq!(out.capacity(), capacity, "the head buffer was reallocated");
     (out, secret)
 }
 
-/// An encoded request head holding one sensitive field value at `secret` (byte offsets into
-/// `out`): those bytes are zeroized on drop. Only that span, not the whole buffer: zeroizing
+/// An encoded request head holding the upstream credential (the `Authorization` value) at
+/// `secret` (byte offsets into `out`): those bytes are zeroized on drop. Only that span, not the whole buffer: zeroizing
 /// all of it cost 3% more instructions per request (BENCHMARKS.md, session 12).
 struct SecretHead {
     out: Vec<u8>,
@@ -1082,6 +1096,29 @@ mod tests {
             encode_head(&parts, BodyFraming::None),
             "GET /x HTTP/1.1\r\nhost: up\r\nauthorization: Basic YWxpY2U6cHc=\r\nx-a: 1\r\n\r\n"
         );
+        // A large field after the credential must not move the buffer (a move would free a copy
+        // of the credential unwiped): sized once, it ends with at most the framing's slack.
+        let big = "c".repeat(20_000);
+        let req = Request::post("/x")
+            .header("authorization", parts.headers["authorization"].clone())
+            .header("cookie", big.as_str())
+            .body(())
+            .unwrap();
+        let (big_parts, ()) = req.into_parts();
+        for framing in [
+            BodyFraming::None,
+            BodyFraming::Length(u64::MAX),
+            BodyFraming::Chunked,
+        ] {
+            let (out, at) = encode_head_bytes(&big_parts, framing);
+            assert_eq!(&out[at], b"Basic YWxpY2U6cHc=");
+            assert!(
+                out.capacity() - out.len() <= 40,
+                "{} of {}",
+                out.len(),
+                out.capacity()
+            );
+        }
         let mut head = SecretHead { out, secret };
         head.wipe();
         assert_eq!(

@@ -117,9 +117,10 @@ pub struct Sessions {
     timeout: Duration,
     allow_plaintext_legacy: bool,
     cache: Option<Arc<SessionCache>>,
-    /// Records read on the request path (cache fills and bypassed reads), for metrics; shared
-    /// by clones.
-    reads: Arc<std::sync::atomic::AtomicU64>,
+    /// Records read by [`Sessions::resolve`] without the cache (absent, or bypassed while the
+    /// invalidation stream is down), for metrics; shared by clones. Cache fills are counted
+    /// by the cache.
+    uncached_reads: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Short, non-reversible tag for a sid, for logs: first 12 hex digits of SHA-256.
@@ -144,7 +145,7 @@ impl Sessions {
             timeout: cfg.timeout,
             allow_plaintext_legacy,
             cache: None,
-            reads: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            uncached_reads: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         }
     }
 
@@ -193,7 +194,10 @@ impl Sessions {
     /// Session records read from the store by [`Sessions::resolve`] since start: cache fills,
     /// and every resolve while the cache is bypassed or absent.
     pub fn store_reads(&self) -> u64 {
-        self.reads.load(std::sync::atomic::Ordering::Relaxed)
+        self.cache_loads().unwrap_or(0)
+            + self
+                .uncached_reads
+                .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Entries in the session cache now (`None` without a cache).
@@ -251,14 +255,16 @@ impl Sessions {
                     Cached::Corrupt(why) => Err(ResolveError::Corrupt(why)),
                 }
             }
-            _ => Box::pin(self.resolve_from_store(sid)).await.map(Arc::new),
+            _ => {
+                self.uncached_reads
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Box::pin(self.resolve_from_store(sid)).await.map(Arc::new)
+            }
         }
     }
 
     /// resolve without the cache: one store read and one unseal.
     async fn resolve_from_store(&self, sid: &str) -> Result<Session, ResolveError> {
-        self.reads
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let raw = self
             .deadline(self.store.get(&self.key(sid)))
             .await?
@@ -571,6 +577,37 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         panic!("cache never went live");
+    }
+
+    #[tokio::test]
+    async fn store_reads_count_cache_fills_and_uncached_reads_once_each() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = CacheConfig {
+            max_entries: 1000,
+            max_bytes: 1 << 20,
+            ttl: Duration::from_secs(60),
+            negative_ttl: Duration::from_secs(5),
+        };
+        let cached = sessions(dir.path(), SessionFormat::Tessera, false).with_cache(cfg);
+        wait_live(&cached).await;
+        let uncached = sessions(dir.path(), SessionFormat::Tessera, false);
+        let c = uncached
+            .create(&Credentials::new("alice".into(), "pw".into()).unwrap(), 60)
+            .await
+            .unwrap();
+        for _ in 0..3 {
+            cached.resolve(&c.sid).await.unwrap();
+            uncached.resolve(&c.sid).await.unwrap();
+        }
+        assert_eq!(cached.store_reads(), 1, "one fill, then warm");
+        assert_eq!(cached.cache_loads(), Some(1));
+        assert_eq!(uncached.store_reads(), 3, "no cache: every resolve reads");
+        assert_eq!(uncached.cache_entries(), None);
+        assert_eq!(cached.cache_entries(), Some(1));
+        assert!(cached.cache_live() && !uncached.cache_live());
+        // A clone shares the counter.
+        uncached.clone().resolve(&c.sid).await.unwrap();
+        assert_eq!(uncached.store_reads(), 4);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
