@@ -579,22 +579,29 @@ mod tests {
         panic!("cache never went live");
     }
 
-    #[tokio::test]
-    async fn store_reads_count_cache_fills_and_uncached_reads_once_each() {
-        let dir = tempfile::tempdir().unwrap();
+    /// Two session layers on one embedded store in `dir`: one with a live cache, one without;
+    /// and alice's session, created through the second.
+    async fn cached_and_uncached(dir: &std::path::Path) -> (Sessions, Sessions, Created) {
         let cfg = CacheConfig {
             max_entries: 1000,
             max_bytes: 1 << 20,
             ttl: Duration::from_secs(60),
             negative_ttl: Duration::from_secs(5),
         };
-        let cached = sessions(dir.path(), SessionFormat::Tessera, false).with_cache(cfg);
+        let cached = sessions(dir, SessionFormat::Tessera, false).with_cache(cfg);
         wait_live(&cached).await;
-        let uncached = sessions(dir.path(), SessionFormat::Tessera, false);
+        let uncached = sessions(dir, SessionFormat::Tessera, false);
         let c = uncached
             .create(&Credentials::new("alice".into(), "pw".into()).unwrap(), 60)
             .await
             .unwrap();
+        (cached, uncached, c)
+    }
+
+    #[tokio::test]
+    async fn store_reads_count_cache_fills_and_uncached_reads_once_each() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cached, uncached, c) = cached_and_uncached(dir.path()).await;
         for _ in 0..3 {
             cached.resolve(&c.sid).await.unwrap();
             uncached.resolve(&c.sid).await.unwrap();
@@ -613,20 +620,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn cache_single_flight_negative_and_cross_process_invalidation() {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = CacheConfig {
-            max_entries: 1000,
-            max_bytes: 1 << 20,
-            ttl: Duration::from_secs(60),
-            negative_ttl: Duration::from_secs(5),
-        };
-        let cached = sessions(dir.path(), SessionFormat::Tessera, false).with_cache(cfg);
-        wait_live(&cached).await;
-        // another process (the CLI) writing the same store
-        let other = sessions(dir.path(), SessionFormat::Tessera, false);
-        let c = other
-            .create(&Credentials::new("alice".into(), "pw".into()).unwrap(), 60)
-            .await
-            .unwrap();
+        // `other`: another process (the CLI) writing the same store
+        let (cached, other, c) = cached_and_uncached(dir.path()).await;
 
         // 200 concurrent cold requests: one store read
         let before = cached.cache_loads().unwrap();
