@@ -232,7 +232,8 @@ pub const MAX_METRICS_CONNECTIONS: usize = 16;
 
 /// Serves `GET /metrics` (HTTP/1.1) on `listener` until this future is dropped, which also ends
 /// its connections. Other paths get 404, other methods 405; at most
-/// [`MAX_METRICS_CONNECTIONS`] at once, each closed after 10 s without a request head. A failed
+/// [`MAX_METRICS_CONNECTIONS`] at once (a scraper's idle keep-alive connection holds one), and a
+/// request head must arrive within 10 s of its start (hyper's `header_read_timeout`). A failed
 /// accept is logged and retried after 100 ms.
 pub async fn serve_metrics(listener: TcpListener, proxy: Arc<Proxy>) {
     let mut connections = tokio::task::JoinSet::new();
