@@ -552,12 +552,7 @@ fn validate_metrics(
             "missing: set the address to serve /metrics on, e.g. \"127.0.0.1:9464\", or remove [metrics]",
         ));
     };
-    let listen: SocketAddr = text.parse().map_err(|_| {
-        ConfigError::new(
-            "metrics.listen",
-            format!("`{text}` is not IP:PORT, e.g. \"127.0.0.1:9464\""),
-        )
-    })?;
+    let listen = socket_addr("metrics.listen", &text, "127.0.0.1:9464")?;
     if listen == server_listen && listen.port() != 0 {
         return Err(ConfigError::new(
             "metrics.listen",
@@ -567,14 +562,15 @@ fn validate_metrics(
     Ok(MetricsConfig { listen })
 }
 
+/// `text` as IP:PORT, or an error naming `key` with `example`.
+fn socket_addr(key: &str, text: &str, example: &str) -> Result<SocketAddr, ConfigError> {
+    text.parse()
+        .map_err(|_| ConfigError::new(key, format!("`{text}` is not IP:PORT, e.g. \"{example}\"")))
+}
+
 fn validate_server(s: RawServer) -> Result<ServerConfig, ConfigError> {
     let listen = s.listen.as_deref().unwrap_or("127.0.0.1:8080");
-    let listen = listen.parse().map_err(|_| {
-        ConfigError::new(
-            "server.listen",
-            format!("`{listen}` is not IP:PORT, e.g. \"127.0.0.1:8080\""),
-        )
-    })?;
+    let listen = socket_addr("server.listen", listen, "127.0.0.1:8080")?;
     let max_header_bytes = s.max_header_bytes.unwrap_or(16 * 1024);
     if !(1024..=1024 * 1024).contains(&max_header_bytes) {
         return Err(ConfigError::new(

@@ -79,7 +79,7 @@ pub async fn run(
         tracing::info!(listen = %l.local_addr().map(|a| a.to_string()).unwrap_or_default(), "metrics at /metrics");
         tokio::spawn(telemetry::serve_metrics(l, proxy.clone()))
     });
-    let _stop_metrics = AbortOnDrop(metrics);
+    let _stop_metrics = metrics.map(tokio_util::task::AbortOnDropHandle::new);
     if let Some(every) = proxy.verifier().keys().jwks_refresh_interval() {
         proxy.verifier().keys().refresh_jwks().await;
         let p = proxy.clone();
@@ -131,17 +131,6 @@ pub async fn run(
     })
     .await;
     Ok(())
-}
-
-/// Aborts the task when dropped, on every return path of [`run`].
-struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        if let Some(task) = &self.0 {
-            task.abort();
-        }
-    }
 }
 
 /// One serving thread: a current-thread runtime accepting from its clone of the listener.

@@ -63,8 +63,11 @@ impl RequestCounts {
 
     /// Counts one answered request with `status` (100..=999; other values are ignored).
     pub fn count(&self, status: u16) {
+        // Serving threads are numbered below `threads`; any other thread counts in the last row.
         let others = self.rows.len() - 1;
-        let row = crate::forward::serving_thread().map_or(others, |i| i % others);
+        let row = crate::forward::serving_thread()
+            .filter(|&i| i < others)
+            .unwrap_or(others);
         if let Some(c) = status
             .checked_sub(FIRST_STATUS)
             .and_then(|i| self.rows[row].0.get(usize::from(i)))
@@ -306,8 +309,9 @@ mod tests {
             counts.snapshot(),
             vec![(100, 4), (200, 4000), (401, 1), (599, 4), (999, 4)]
         );
-        // Each serving thread wrote its own row (thread 2 wraps onto row 0), the others the last.
+        // Each serving thread wrote its own row; a thread numbered beyond them (2) and an
+        // unmarked one the last.
         let row = |r: usize, status: usize| counts.rows[r].0[status - 100].load(Ordering::Relaxed);
-        assert_eq!((row(0, 200), row(1, 200), row(2, 200)), (2000, 1000, 1000));
+        assert_eq!((row(0, 200), row(1, 200), row(2, 200)), (1000, 1000, 2000));
     }
 }

@@ -31,7 +31,8 @@ use http_body_util::BodyExt;
 
 pub use body::{ProxyBody, UpstreamBody};
 use h1::SendError;
-pub use pool::{serving_thread, set_serving_thread, Affinity, Pool, PoolStats};
+pub(crate) use pool::serving_thread;
+pub use pool::{set_serving_thread, Affinity, Pool, PoolStats};
 pub use raw::RawHead;
 
 /// Boxed error type of request bodies.

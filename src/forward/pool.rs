@@ -75,7 +75,7 @@ pub fn set_serving_thread(index: usize) {
 }
 
 /// The serving-thread index given to [`set_serving_thread`] on the calling thread, if any.
-pub fn serving_thread() -> Option<usize> {
+pub(crate) fn serving_thread() -> Option<usize> {
     THREAD.with(Cell::get)
 }
 

@@ -580,7 +580,9 @@ mod tests {
     }
 
     /// Two session layers on one embedded store in `dir`: one with a live cache, one without;
-    /// and alice's session, created through the second.
+    /// and alice's session, created through the second before the cache follows the change log
+    /// (which starts after its last entry), so that write never arrives as an invalidation
+    /// racing the tests' first cache fill.
     async fn cached_and_uncached(dir: &std::path::Path) -> (Sessions, Sessions, Created) {
         let cfg = CacheConfig {
             max_entries: 1000,
@@ -588,13 +590,13 @@ mod tests {
             ttl: Duration::from_secs(60),
             negative_ttl: Duration::from_secs(5),
         };
-        let cached = sessions(dir, SessionFormat::Tessera, false).with_cache(cfg);
-        wait_live(&cached).await;
         let uncached = sessions(dir, SessionFormat::Tessera, false);
         let c = uncached
             .create(&Credentials::new("alice".into(), "pw".into()).unwrap(), 60)
             .await
             .unwrap();
+        let cached = sessions(dir, SessionFormat::Tessera, false).with_cache(cfg);
+        wait_live(&cached).await;
         (cached, uncached, c)
     }
 
