@@ -80,19 +80,25 @@ pub async fn run(
         tokio::spawn(telemetry::serve_metrics(l, proxy.clone()))
     });
     let _stop_metrics = metrics.map(tokio_util::task::AbortOnDropHandle::new);
-    if let Some(every) = proxy.verifier().keys().jwks_refresh_interval() {
-        proxy.verifier().keys().refresh_jwks().await;
-        let p = proxy.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(every).await;
-                if p.verifier().keys().refresh_jwks().await {
-                    // a key may have been withdrawn: cached verifications must be redone
-                    p.verifier().clear_cache();
-                }
-            }
-        });
-    }
+    // Ends with `run`, like the metrics task.
+    let _stop_jwks_refresh = match proxy.verifier().keys().jwks_refresh_interval() {
+        Some(every) => {
+            proxy.verifier().keys().refresh_jwks().await;
+            let p = proxy.clone();
+            Some(tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
+                async move {
+                    loop {
+                        tokio::time::sleep(every).await;
+                        if p.verifier().keys().refresh_jwks().await {
+                            // a key may have been withdrawn: cached verifications must be redone
+                            p.verifier().clear_cache();
+                        }
+                    }
+                },
+            )))
+        }
+        None => None,
+    };
     tracing::info!(listen = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), upstream = %cfg.upstream.url, threads = cfg.server.threads, busy_poll_us = cfg.server.busy_poll.as_micros() as u64, "tessera serving");
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let std_listener = listener.into_std().expect("a tokio listener has a socket");

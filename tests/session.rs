@@ -801,13 +801,53 @@ fn jwks_over_http_is_fetched_at_start() {
     let doc =
         serde_json::json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "kid": "idp", "x": idp_x}]})
             .to_string();
-    let jwks_server = support::upstream::serve_static(doc);
+    let (jwks_server, _) = support::upstream::serve_static(doc);
     let token_lines = format!("jwks = \"http://127.0.0.1:{jwks_server}/.well-known/jwks.json\"");
     let t = on_redis(&up, &redis, &[("token", &token_lines)]);
     let (sid, _) = t.create_session("alice", "alice-pw");
     let idp = sign_pem(jsonwebtoken::Algorithm::EdDSA, "idp", &idp_priv, &sid);
     assert_eq!(curl(&["-H", &bearer(&idp), &t.url("/x")]).0, 200);
     assert!(t.log().contains("JWKS loaded"), "{}", t.log());
+}
+
+/// `tessera::run` ends its JWKS refresh task when it returns: a program embedding the proxy
+/// that stops it stops fetching keys too.
+#[test]
+fn run_stops_refreshing_the_jwks_when_it_returns() {
+    let keys = tempfile::tempdir().unwrap();
+    let (_, _, idp_x) = ed25519(keys.path(), "idp");
+    let doc =
+        serde_json::json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "kid": "idp", "x": idp_x}]})
+            .to_string();
+    let (jwks_port, fetches) = support::upstream::serve_static(doc);
+    let token_lines =
+        format!("jwks = \"http://127.0.0.1:{jwks_port}/jwks.json\"\njwks_refresh_seconds = 1");
+    let text = config(
+        support::free_port(),
+        "http://127.0.0.1:9",
+        &format!("embedded:{}/sessions", keys.path().display()),
+        &[("token", &token_lines)],
+    );
+    let cfg = tessera::Config::from_toml(&text).unwrap();
+    // The runtime outlives `run`: a task `run` left behind would go on fetching on it.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let shutdown = tokio::time::sleep(Duration::from_millis(2500));
+        tessera::run(cfg, listener, None, shutdown).await.unwrap();
+    });
+    let at_return = fetches.load(std::sync::atomic::Ordering::SeqCst);
+    // At start, then every second while it ran.
+    assert!(
+        at_return >= 2,
+        "JWKS fetched {at_return} times while running"
+    );
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(
+        fetches.load(std::sync::atomic::Ordering::SeqCst),
+        at_return,
+        "fetched after run returned"
+    );
 }
 
 fn redis_calls(redis: &Redis, cmd: &str) -> u64 {

@@ -325,20 +325,24 @@ pub fn recording_relay(target_port: u16) -> (u16, Arc<Mutex<Vec<u8>>>) {
     (port, seen)
 }
 
-/// A hyper server answering every request with `body` as JSON (a JWKS endpoint). Returns its port.
-pub fn serve_static(body: String) -> u16 {
+/// A hyper server answering every request with `body` as JSON (a JWKS endpoint). Returns its
+/// port and the number of requests it has answered so far.
+pub fn serve_static(body: String) -> (u16, Arc<AtomicUsize>) {
     let listener = rt().block_on(TcpListener::bind("127.0.0.1:0")).unwrap();
     let port = listener.local_addr().unwrap().port();
     let body = Bytes::from(body);
+    let served = Arc::new(AtomicUsize::new(0));
+    let count = served.clone();
     rt().spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
             };
-            let body = body.clone();
+            let (body, count) = (body.clone(), count.clone());
             tokio::spawn(async move {
                 let svc = service_fn(move |_req: Request<Incoming>| {
                     let body = body.clone();
+                    count.fetch_add(1, Ordering::SeqCst);
                     async move {
                         let mut r = Response::new(Full::new(body));
                         r.headers_mut()
@@ -352,5 +356,5 @@ pub fn serve_static(body: String) -> u16 {
             });
         }
     });
-    port
+    (port, served)
 }
