@@ -25,10 +25,11 @@
 //! is contended, and after [`BACKOFF_STREAK`] contended polls in a row the thread parks without
 //! polling for [`BACKOFF`].
 
-use std::cell::Cell;
+use std::cell::{Cell, OnceCell};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rustix::event::{epoll, Timespec};
@@ -41,6 +42,55 @@ thread_local! {
     static SET: Option<Arc<OwnedFd>> = epoll::create(epoll::CreateFlags::CLOEXEC).ok().map(Arc::new);
     /// This thread's contention record (see [`Backoff::judge`]).
     static BACKOFF_STATE: Cell<Backoff> = const { Cell::new(Backoff::CLEAR) };
+    /// This thread's counters, registered in [`THREADS`] by the first [`enable`] that turns
+    /// polling on.
+    static COUNTS: OnceCell<Arc<PollCounts>> = const { OnceCell::new() };
+}
+
+/// One polling thread's counters (monotonic), on cache lines of their own: written by that
+/// thread only, summed by [`stats`].
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct PollCounts {
+    polls: AtomicU64,
+    answered: AtomicU64,
+    backoffs: AtomicU64,
+}
+
+/// Every thread that has turned polling on, for [`stats`] (kept after the thread ends, so the
+/// sums never go down).
+static THREADS: Mutex<Vec<Arc<PollCounts>>> = Mutex::new(Vec::new());
+
+/// Busy-polling activity of the whole process since start (every counter monotonic).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PollStats {
+    /// Polls run before a park (not those skipped during a back-off).
+    pub polls: u64,
+    /// Polls ended by news (a watched socket became readable, or a task was woken from another
+    /// thread): each saved the thread a sleep and a wake-up.
+    pub answered: u64,
+    /// Back-offs: times a thread stopped polling for [`BACKOFF`] after contended polls.
+    pub backoffs: u64,
+}
+
+/// Sums every polling thread's counters (relaxed loads; all zero while polling is off).
+pub fn stats() -> PollStats {
+    let threads = THREADS.lock().unwrap_or_else(|p| p.into_inner());
+    threads
+        .iter()
+        .fold(PollStats::default(), |sum, c| PollStats {
+            polls: sum.polls + c.polls.load(Ordering::Relaxed),
+            answered: sum.answered + c.answered.load(Ordering::Relaxed),
+            backoffs: sum.backoffs + c.backoffs.load(Ordering::Relaxed),
+        })
+}
+
+fn add(counter: impl Fn(&PollCounts) -> &AtomicU64) {
+    COUNTS.with(|c| {
+        if let Some(c) = c.get() {
+            counter(c).fetch_add(1, Ordering::Relaxed);
+        }
+    });
 }
 
 /// A poll that lasted at least this long is judged for contention (shorter ones say too little).
@@ -105,6 +155,18 @@ pub const MAX_BUSY_POLL_US: u64 = 1000;
 pub fn enable(spin: Duration) {
     SPIN.with(|s| s.set(spin));
     BACKOFF_STATE.with(|b| b.set(Backoff::CLEAR));
+    if !spin.is_zero() {
+        COUNTS.with(|c| {
+            c.get_or_init(|| {
+                let counts = Arc::new(PollCounts::default());
+                THREADS
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(counts.clone());
+                counts
+            });
+        });
+    }
 }
 
 /// Adds `socket` (new data, peer closed; edge-triggered) to the calling thread's watch set when
@@ -137,7 +199,8 @@ pub fn unwatch(set: &OwnedFd, socket: impl AsFd) {
 /// was woken from another thread, or the thread's poll time has passed (overrun by at most one
 /// `sched_yield`), yielding the CPU between checks; an epoll error ends it too. Returns at once
 /// when polling is off or paused by contention (module docs). A poll that ends at its first check
-/// costs one `epoll_wait` and reads no CPU clock; a longer one reads it twice.
+/// costs one `epoll_wait` and reads no CPU clock or runtime handle; a longer one reads the CPU
+/// clock twice. Counted in [`stats`].
 pub fn before_park() {
     let spin = SPIN.with(Cell::get);
     if spin.is_zero() {
@@ -150,10 +213,10 @@ pub fn before_park() {
         if record.paused_at(start) {
             return;
         }
-        // Tasks woken from other threads wait in the runtime's queue for this thread.
-        let metrics = tokio::runtime::Handle::try_current()
-            .ok()
-            .map(|h| h.metrics());
+        add(|c| &c.polls);
+        // Tasks woken from other threads wait in the runtime's queue for this thread (read from
+        // the first empty check on).
+        let mut metrics: Option<Option<tokio::runtime::RuntimeMetrics>> = None;
         let now = Timespec {
             tv_sec: 0,
             tv_nsec: 0,
@@ -164,16 +227,33 @@ pub fn before_park() {
         loop {
             let done = match epoll::wait(set.as_fd(), &mut event[..], Some(&now)) {
                 Ok(([], _)) => {
-                    start.elapsed() >= spin
-                        || metrics.as_ref().is_some_and(|m| m.global_queue_depth() > 0)
+                    let queued = metrics
+                        .get_or_insert_with(|| {
+                            tokio::runtime::Handle::try_current()
+                                .ok()
+                                .map(|h| h.metrics())
+                        })
+                        .as_ref()
+                        .is_some_and(|m| m.global_queue_depth() > 0);
+                    if queued {
+                        add(|c| &c.answered);
+                    }
+                    queued || start.elapsed() >= spin
                 }
-                // Readable, or the set is unusable: park.
-                _ => true,
+                Ok(_) => {
+                    add(|c| &c.answered);
+                    true
+                }
+                // The set is unusable: park.
+                Err(_) => true,
             };
             if done {
                 if let Some((wall_start, cpu_start)) = judged_from {
                     let end = Instant::now();
                     let judged = record.judge(end - wall_start, thread_cpu() - cpu_start, end);
+                    if judged.paused_until != record.paused_until {
+                        add(|c| &c.backoffs);
+                    }
                     BACKOFF_STATE.with(|b| b.set(judged));
                 }
                 return;
@@ -224,6 +304,18 @@ mod tests {
             unwatch(&set, &a);
             b.write_all(b"y").unwrap();
             assert!(timed_poll(short) >= short);
+
+            // This thread's counters: four polls, the one ended by data answered. They are
+            // in the process's sums.
+            let own = COUNTS
+                .with(|c| c.get().cloned())
+                .expect("registered by enable");
+            let read = |c: &AtomicU64| c.load(Ordering::Relaxed);
+            assert_eq!(
+                (read(&own.polls), read(&own.answered), read(&own.backoffs)),
+                (4, 1, 0)
+            );
+            assert!(stats().polls >= 4 && stats().answered >= 1);
         })
         .join()
         .unwrap();
@@ -313,7 +405,12 @@ mod tests {
             for rival in rivals {
                 rival.join().unwrap();
             }
-            polls.expect("50 contended polls did not pause polling");
+            let polls = polls.expect("50 contended polls did not pause polling");
+            let own = COUNTS
+                .with(|c| c.get().cloned())
+                .expect("registered by enable");
+            assert_eq!(own.polls.load(Ordering::Relaxed), polls as u64);
+            assert_eq!(own.backoffs.load(Ordering::Relaxed), 1);
         })
         .join()
         .unwrap();

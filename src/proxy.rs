@@ -174,13 +174,10 @@ impl Proxy {
         B: Body<Data = Bytes> + Send + Sync + 'static,
         B::Error: Into<BoxError>,
     {
-        let logged = self.access_log.then(|| {
-            (
-                req.method().clone(),
-                req.uri().path().to_owned(),
-                Instant::now(),
-            )
-        });
+        let started = (self.access_log || self.request_counts.is_some()).then(Instant::now);
+        let logged = self
+            .access_log
+            .then(|| (req.method().clone(), req.uri().path().to_owned()));
         let mut ctx = Ctx::default();
         let (resp, reason) = match self.process(req, peer, &mut ctx).await {
             Ok(resp) => (resp, None),
@@ -189,20 +186,21 @@ impl Proxy {
                 (e.into_response(), Some(reason))
             }
         };
-        if let Some((method, path, started)) = logged {
+        let took = started.map(|s| s.elapsed()).unwrap_or_default();
+        if let Some((method, path)) = logged {
             tracing::info!(
                 target: "tessera::access",
                 peer = %peer.addr.ip(),
                 method = %method,
                 path = %path,
                 status = resp.status().as_u16(),
-                duration_us = started.elapsed().as_micros() as u64,
+                duration_us = took.as_micros() as u64,
                 sid_hash = ctx.sid.as_deref().map(sid_hash).as_deref().unwrap_or("-"),
                 reason = reason.as_deref().or(ctx.reason.as_deref()).unwrap_or("-"),
             );
         }
         if let Some(counts) = &self.request_counts {
-            counts.count(resp.status().as_u16());
+            counts.record(resp.status().as_u16(), took);
         }
         resp
     }

@@ -4,12 +4,14 @@
 //!
 //! **Metrics** (`[metrics] listen`): `GET /metrics` on a listener of its own (keep it off the
 //! public address), in the OpenMetrics 1.0 text format that Prometheus scrapes, encoded by
-//! `prometheus-client`. The request path pays one relaxed increment per request, into a row of
-//! counters owned by its serving thread, so two cores never write the same cache line; every
-//! other value is read from counters the proxy keeps anyway, at scrape time.
+//! `prometheus-client`. The request path pays three relaxed increments per request (its status,
+//! its duration bucket, the duration sum), into a row of counters owned by its serving thread, so
+//! two cores never write the same cache line; every other value is read from counters the proxy
+//! keeps anyway, at scrape time.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
@@ -41,11 +43,39 @@ pub fn init(filter: &str) {
 const FIRST_STATUS: u16 = 100;
 const STATUSES: usize = 900;
 
-/// One thread's request counters by status code, on cache lines of their own.
-#[repr(align(128))]
-struct Row([AtomicU64; STATUSES]);
+/// Upper bounds of the request-duration histogram's buckets, µs (Prometheus `le`, inclusive); a
+/// last bucket, `+Inf`, holds the rest. From 50 µs (a warm request through tessera to a loopback
+/// upstream) to 10 s (a slow upstream).
+pub const DURATION_BOUNDS_US: [u64; 17] = [
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000, 2_500_000, 5_000_000, 10_000_000,
+];
+const BUCKETS: usize = DURATION_BOUNDS_US.len() + 1;
 
-/// Requests answered, by status code, counted per serving thread.
+/// One thread's request counters, on cache lines of their own.
+#[repr(align(128))]
+struct Row {
+    /// Requests by status code (index: status - 100).
+    statuses: [AtomicU64; STATUSES],
+    /// Requests by duration bucket (not cumulative; index as [`DURATION_BOUNDS_US`], then +Inf).
+    durations: [AtomicU64; BUCKETS],
+    /// Sum of the durations, µs.
+    duration_sum_us: AtomicU64,
+}
+
+/// What [`RequestCounts::snapshot`] read: every thread's rows summed.
+#[derive(Debug, Default, PartialEq)]
+pub struct RequestSnapshot {
+    /// `(status, requests)` for every status seen, in ascending order of status.
+    pub statuses: Vec<(u16, u64)>,
+    /// Requests per duration bucket, not cumulative: one per [`DURATION_BOUNDS_US`] entry, then
+    /// the `+Inf` bucket.
+    pub durations: [u64; BUCKETS],
+    /// Sum of the durations, µs.
+    pub duration_sum_us: u64,
+}
+
+/// Requests answered, by status code and by duration, counted per serving thread.
 pub struct RequestCounts {
     /// One row per serving thread, and a last one for every other thread.
     rows: Box<[Row]>,
@@ -56,52 +86,73 @@ impl RequestCounts {
     pub fn new(threads: usize) -> Self {
         Self {
             rows: (0..threads.max(1) + 1)
-                .map(|_| Row(std::array::from_fn(|_| AtomicU64::new(0))))
+                .map(|_| Row {
+                    statuses: std::array::from_fn(|_| AtomicU64::new(0)),
+                    durations: std::array::from_fn(|_| AtomicU64::new(0)),
+                    duration_sum_us: AtomicU64::new(0),
+                })
                 .collect(),
         }
     }
 
-    /// Counts one answered request with `status` (100..=999; other values are ignored).
-    pub fn count(&self, status: u16) {
+    /// Counts one answered request with `status` (100..=999; other values are not counted by
+    /// status) whose response head was ready `took` after its request head was read.
+    pub fn record(&self, status: u16, took: Duration) {
         // Serving threads are numbered below `threads`; any other thread counts in the last row.
         let others = self.rows.len() - 1;
-        let row = crate::forward::serving_thread()
+        let row = &self.rows[crate::forward::serving_thread()
             .filter(|&i| i < others)
-            .unwrap_or(others);
+            .unwrap_or(others)];
         if let Some(c) = status
             .checked_sub(FIRST_STATUS)
-            .and_then(|i| self.rows[row].0.get(usize::from(i)))
+            .and_then(|i| row.statuses.get(usize::from(i)))
         {
             c.fetch_add(1, Ordering::Relaxed);
         }
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        let bucket = DURATION_BOUNDS_US.partition_point(|&bound| bound < us);
+        row.durations[bucket].fetch_add(1, Ordering::Relaxed);
+        row.duration_sum_us.fetch_add(us, Ordering::Relaxed);
     }
 
-    /// `(status, requests)` for every status seen, in ascending order of status.
-    pub fn snapshot(&self) -> Vec<(u16, u64)> {
-        (0..STATUSES)
-            .filter_map(|i| {
-                let n: u64 = self
-                    .rows
-                    .iter()
-                    .map(|r| r.0[i].load(Ordering::Relaxed))
-                    .sum();
-                (n > 0).then(|| (FIRST_STATUS + i as u16, n))
-            })
-            .collect()
+    /// Every thread's counters summed (each read with a relaxed load: a request recorded
+    /// during the read may be in one sum and not yet in another).
+    pub fn snapshot(&self) -> RequestSnapshot {
+        let sum = |read: &dyn Fn(&Row) -> &AtomicU64| -> u64 {
+            self.rows
+                .iter()
+                .map(|r| read(r).load(Ordering::Relaxed))
+                .sum()
+        };
+        RequestSnapshot {
+            statuses: (0..STATUSES)
+                .filter_map(|i| {
+                    let n = sum(&|r| &r.statuses[i]);
+                    (n > 0).then(|| (FIRST_STATUS + i as u16, n))
+                })
+                .collect(),
+            durations: std::array::from_fn(|i| sum(&|r| &r.durations[i])),
+            duration_sum_us: sum(&|r| &r.duration_sum_us),
+        }
     }
 }
 
 /// The values of one scrape, read from the proxy's counters.
 #[derive(Debug)]
 struct Scrape {
-    requests: Vec<(u16, u64)>,
+    requests: RequestSnapshot,
+    /// Whether request counts are kept (`[metrics]` configured).
+    counted: bool,
     upstream_opened: u64,
     upstream_reused: u64,
     upstream_retried: u64,
     upstream_moved: u64,
+    /// Upstream connections open at the scrape, `(busy, idle)`.
+    upstream_open: (usize, usize),
     store_reads: u64,
     session_cache: Option<(u64, bool)>,
     token_cache: Option<u64>,
+    busy_poll: crate::busy_poll::PollStats,
 }
 
 impl Scrape {
@@ -113,13 +164,16 @@ impl Scrape {
                 .request_counts()
                 .map(RequestCounts::snapshot)
                 .unwrap_or_default(),
+            counted: proxy.request_counts().is_some(),
             upstream_opened: pool.opened.load(Ordering::Relaxed),
             upstream_reused: pool.reused.load(Ordering::Relaxed),
             upstream_retried: pool.retried.load(Ordering::Relaxed),
             upstream_moved: pool.moved.load(Ordering::Relaxed),
+            upstream_open: proxy.upstream().connections(),
             store_reads: sessions.store_reads(),
             session_cache: sessions.cache_entries().map(|n| (n, sessions.cache_live())),
             token_cache: proxy.verifier().cache_entries(),
+            busy_poll: crate::busy_poll::stats(),
         }
     }
 }
@@ -142,9 +196,31 @@ impl prometheus_client::collector::Collector for Scrape {
             None,
             MetricType::Counter,
         )?;
-        for (status, n) in &self.requests {
+        for (status, n) in &self.requests.statuses {
             let code = status.to_string();
             ConstCounter::new(*n).encode(family.encode_family(&[("code", code.as_str())])?)?;
+        }
+        if self.counted {
+            let r = &self.requests;
+            let buckets: Vec<(f64, u64)> = DURATION_BOUNDS_US
+                .iter()
+                .map(|&us| us as f64 / 1e6)
+                // written as `+Inf`
+                .chain([f64::INFINITY])
+                .zip(r.durations)
+                .collect();
+            e.encode_descriptor(
+                "request_duration_seconds",
+                "Time from a request's head being read to its response head being ready (the body streams after), seconds.",
+                None,
+                MetricType::Histogram,
+            )?
+            .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                r.duration_sum_us as f64 / 1e6,
+                r.durations.iter().sum(),
+                &buckets,
+                None,
+            )?;
         }
         counter(
             &mut e,
@@ -165,6 +241,16 @@ impl prometheus_client::collector::Collector for Scrape {
             "Idle upstream connections moved to the serving thread that took them.",
             self.upstream_moved,
         )?;
+        let (busy, idle) = self.upstream_open;
+        let mut family = e.encode_descriptor(
+            "upstream_connections",
+            "Upstream connections open now: busy (a request's, being opened included) and idle (kept for reuse).",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (state, n) in [("busy", busy), ("idle", idle)] {
+            ConstGauge::new(n as u64).encode(family.encode_family(&[("state", state)])?)?;
+        }
         counter(&mut e, "session_store_reads", "Session records read from the store on the request path (cache fills, or every request while the cache is bypassed).", self.store_reads)?;
         if let Some((entries, live)) = self.session_cache {
             gauge(
@@ -175,6 +261,20 @@ impl prometheus_client::collector::Collector for Scrape {
             )?;
             gauge(&mut e, "session_cache_live", "1 while the store's invalidation channel is live and the cache is used; 0 while it is bypassed.", u64::from(live))?;
         }
+        let poll = self.busy_poll;
+        counter(
+            &mut e,
+            "busy_polls",
+            "Busy polls run by serving threads before parking (server.busy_poll_us; 0 while off).",
+            poll.polls,
+        )?;
+        counter(&mut e, "busy_polls_answered", "Busy polls ended by a readable socket or a task woken from another thread (a sleep and wake-up saved).", poll.answered)?;
+        counter(
+            &mut e,
+            "busy_poll_backoffs",
+            "Times a serving thread stopped polling for 20 ms because its CPU was contended.",
+            poll.backoffs,
+        )?;
         if let Some(entries) = self.token_cache {
             gauge(
                 &mut e,
@@ -292,26 +392,86 @@ mod tests {
                     if let Some(i) = serving {
                         crate::forward::set_serving_thread(i);
                     }
+                    let ms = Duration::from_millis(1);
                     for _ in 0..1000 {
-                        counts.count(200);
+                        counts.record(200, ms);
                     }
-                    counts.count(599);
-                    counts.count(999);
-                    counts.count(100);
-                    counts.count(99);
-                    counts.count(1000);
+                    counts.record(599, ms);
+                    counts.record(999, ms);
+                    counts.record(100, ms);
+                    counts.record(99, ms);
+                    counts.record(1000, ms);
                 })
             })
             .collect();
         threads.into_iter().for_each(|t| t.join().unwrap());
-        counts.count(401);
+        counts.record(401, Duration::from_micros(40));
+        let snapshot = counts.snapshot();
         assert_eq!(
-            counts.snapshot(),
+            snapshot.statuses,
             vec![(100, 4), (200, 4000), (401, 1), (599, 4), (999, 4)]
         );
+        // Every request, status counted or not, is in the histogram: 4 x 1005 of 1 ms (bound
+        // 1,000 µs, index 4, inclusive) and one of 40 µs (the first bucket).
+        let mut durations = [0; BUCKETS];
+        durations[4] = 4020;
+        durations[0] = 1;
+        assert_eq!(snapshot.durations, durations);
+        assert_eq!(snapshot.duration_sum_us, 4020 * 1000 + 40);
         // Each serving thread wrote its own row; a thread numbered beyond them (2) and an
         // unmarked one the last.
-        let row = |r: usize, status: usize| counts.rows[r].0[status - 100].load(Ordering::Relaxed);
+        let row =
+            |r: usize, status: usize| counts.rows[r].statuses[status - 100].load(Ordering::Relaxed);
         assert_eq!((row(0, 200), row(1, 200), row(2, 200)), (1000, 1000, 2000));
+    }
+
+    #[test]
+    fn durations_fall_in_the_first_bucket_whose_bound_they_do_not_exceed() {
+        let counts = RequestCounts::new(1);
+        for us in [0, 50, 51, 10_000_000, 10_000_001] {
+            counts.record(200, Duration::from_micros(us));
+        }
+        counts.record(200, Duration::MAX);
+        let d = counts.snapshot().durations;
+        assert_eq!((d[0], d[1], d[BUCKETS - 2], d[BUCKETS - 1]), (2, 1, 1, 2));
+        assert_eq!(d.iter().sum::<u64>(), 6);
+    }
+
+    #[test]
+    fn the_histogram_is_cumulative_with_inf_count_and_sum_in_seconds() {
+        let counts = RequestCounts::new(1);
+        counts.record(200, Duration::from_micros(40));
+        counts.record(200, Duration::from_micros(300));
+        counts.record(502, Duration::from_secs(20));
+        let scrape = Scrape {
+            requests: counts.snapshot(),
+            counted: true,
+            upstream_opened: 0,
+            upstream_reused: 0,
+            upstream_retried: 0,
+            upstream_moved: 0,
+            upstream_open: (0, 0),
+            store_reads: 0,
+            session_cache: None,
+            token_cache: None,
+            busy_poll: Default::default(),
+        };
+        let mut registry = prometheus_client::registry::Registry::with_prefix("tessera");
+        registry.register_collector(Box::new(scrape));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            "# TYPE tessera_request_duration_seconds histogram",
+            "tessera_request_duration_seconds_bucket{le=\"0.00005\"} 1",
+            "tessera_request_duration_seconds_bucket{le=\"0.00025\"} 1",
+            "tessera_request_duration_seconds_bucket{le=\"0.0005\"} 2",
+            "tessera_request_duration_seconds_bucket{le=\"10.0\"} 2",
+            "tessera_request_duration_seconds_bucket{le=\"+Inf\"} 3",
+            "tessera_request_duration_seconds_count 3",
+            "tessera_request_duration_seconds_sum 20.00034",
+            "tessera_requests_total{code=\"502\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} not in:\n{text}");
+        }
     }
 }

@@ -29,6 +29,14 @@ fn behind(upstream: &str, extra: Extra) -> (Tessera, String) {
     (t, token)
 }
 
+/// The value of the sample `name` (with its labels, e.g. `x_total{code="200"}`) in the metrics
+/// text `text`; panics when it is missing.
+fn sample(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no sample {name}: {text}"))
+}
+
 fn json(body: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
 }
@@ -713,11 +721,7 @@ fn metrics_count_requests_store_reads_and_upstream_connections() {
         assert_eq!(code, 200, "{text}");
         text
     };
-    let value = |text: &str, name: &str| -> u64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or_else(|| panic!("no sample {name}: {text}"))
-    };
+    let value = sample;
     let (_, token) = t.create_session("alice", "pw");
     // Warm-up. The CLI's write of the session reaches the serving process's change-log poll
     // (every 25 ms) as an invalidation; a fill racing it is not kept (correctness first), so the
@@ -753,6 +757,26 @@ fn metrics_count_requests_store_reads_and_upstream_connections() {
         "{text}"
     );
     assert_eq!(delta("tessera_upstream_requests_reused_total"), 5);
+    // The one connection is open and idle again.
+    assert_eq!(
+        value(&text, "tessera_upstream_connections{state=\"busy\"}"),
+        0
+    );
+    assert_eq!(
+        value(&text, "tessera_upstream_connections{state=\"idle\"}"),
+        1,
+        "{text}"
+    );
+    // Each of the six requests is in the latency histogram, all under 10 s.
+    let d = "tessera_request_duration_seconds";
+    assert_eq!(delta(&format!("{d}_count")), 6, "{text}");
+    assert_eq!(delta(&format!("{d}_bucket{{le=\"10.0\"}}")), 6, "{text}");
+    assert_eq!(
+        value(&text, &format!("{d}_count")),
+        value(&text, &format!("{d}_bucket{{le=\"+Inf\"}}"))
+    );
+    // Busy polling is off by default.
+    assert_eq!(value(&text, "tessera_busy_polls_total"), 0, "{text}");
     let value = |name: &str| value(&text, name);
     assert_eq!(value("tessera_session_cache_live"), 1);
     assert_eq!(value("tessera_session_cache_entries"), 1);
@@ -1170,15 +1194,20 @@ fn an_upload_answered_early_is_closed_without_a_reset() {
 }
 
 /// With busy polling on (`server.busy_poll_us`) on two serving threads, requests over one
-/// keep-alive connection and over many parallel ones are all answered whole, and the upstream
-/// connections stay pooled. (Its effect on latency is a benchmark: BENCHMARKS.md.)
+/// keep-alive connection and over many parallel ones are all answered whole, the upstream
+/// connections stay pooled, and the serving threads did poll, some polls ended by a request or
+/// response arriving (`/metrics`). (Its effect on latency is a benchmark: BENCHMARKS.md.)
 #[test]
 fn busy_polling_answers_like_the_default() {
     let nginx = Nginx::start();
-    let (t, token) = behind(
-        &nginx.url(),
-        &[("server", "busy_poll_us = 200"), ("server", "threads = 2")],
-    );
+    let metrics_port = free_port();
+    let metrics: &'static str = format!("[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"").leak();
+    let extra = vec![
+        ("server", "busy_poll_us = 200"),
+        ("server", "threads = 2"),
+        ("tables", metrics),
+    ];
+    let (t, token) = behind(&nginx.url(), extra.leak());
     let url = t.url("/1k");
     let before = nginx.accepted();
     for parallel in [false, true] {
@@ -1217,6 +1246,13 @@ fn busy_polling_answers_like_the_default() {
     );
     assert!(log.contains("busy_poll_us=200"), "polling on: {log}");
     assert!(!log.contains("ERROR") && !log.contains("panicked"), "{log}");
+    // The runtime's park hook polled (a thread that never parks between 200 requests does not
+    // exist), and some polls saw the next request or the upstream's response arrive.
+    let (code, text) = curl(&[&format!("http://127.0.0.1:{metrics_port}/metrics")]);
+    assert_eq!(code, 200, "{text}");
+    let polls = sample(&text, "tessera_busy_polls_total");
+    let answered = sample(&text, "tessera_busy_polls_answered_total");
+    assert!(polls > 0 && answered > 0 && answered <= polls, "{text}");
 }
 
 /// A client that closes before sending the body it announced: the request fails as the

@@ -110,6 +110,11 @@ impl Upstream {
         &self.pool.stats
     }
 
+    /// Upstream connections open now, `(busy, idle)` (see [`Pool::connections`]).
+    pub fn connections(&self) -> (usize, usize) {
+        self.pool.connections()
+    }
+
     /// Sends `req` (origin-form URI, headers final) and returns the response with a streaming body.
     /// The response's `HeaderMap` is empty: the upstream's fields stay raw in the body
     /// ([`ProxyBody::fields_mut`]) until [`materialize`] moves them into it.

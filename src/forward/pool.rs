@@ -82,6 +82,7 @@ pub(crate) fn serving_thread() -> Option<usize> {
 /// The pool for one upstream address.
 pub struct Pool {
     addr: String,
+    max_connections: usize,
     permits: Arc<Semaphore>,
     /// Idle connections, one list per serving thread (the thread whose runtime the socket is
     /// registered with) and a last one for every other thread, most recently idle last.
@@ -128,6 +129,7 @@ impl Pool {
     ) -> Arc<Self> {
         let pool = Arc::new(Self {
             addr,
+            max_connections,
             permits: Arc::new(Semaphore::new(max_connections)),
             idle: (0..threads.max(1) + 1)
                 .map(|_| Mutex::new(Vec::new()))
@@ -139,6 +141,19 @@ impl Pool {
         });
         spawn_reaper(Arc::downgrade(&pool), idle_timeout);
         pool
+    }
+
+    /// Connections open now, as `(busy, idle)`: busy ones are checked out by a request (one being
+    /// opened included: each holds one of the `max_connections` slots), idle ones wait for reuse
+    /// (some may have been closed by the upstream and not noticed yet). `busy + idle` stays
+    /// within `max_connections`, except that a connection being put back is counted in both for
+    /// an instant (it is idle before its slot is freed).
+    pub fn connections(&self) -> (usize, usize) {
+        let busy = self
+            .max_connections
+            .saturating_sub(self.permits.available_permits());
+        let idle = (0..self.idle.len()).map(|t| self.idle(t).len()).sum();
+        (busy, idle)
     }
 
     fn idle(&self, thread: usize) -> std::sync::MutexGuard<'_, Vec<Idle>> {
