@@ -98,21 +98,36 @@ impl RequestCounts {
     /// Counts one answered request with `status` (100..=999; other values are not counted by
     /// status) whose response head was ready `took` after its request head was read.
     pub fn record(&self, status: u16, took: Duration) {
-        // Serving threads are numbered below `threads`; any other thread counts in the last row.
+        let row = self.row();
+        Self::count_in(row, status);
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        let bucket = DURATION_BOUNDS_US.partition_point(|&bound| bound < us);
+        row.durations[bucket].fetch_add(1, Ordering::Relaxed);
+        row.duration_sum_us.fetch_add(us, Ordering::Relaxed);
+    }
+
+    /// Counts a request answered before it reached the proxy (the 408 for a head that did not
+    /// arrive in time) by `status` only: it is not in the duration histogram.
+    pub fn count_status(&self, status: u16) {
+        Self::count_in(self.row(), status);
+    }
+
+    /// The calling thread's row: serving threads are numbered below `threads`, and any other
+    /// thread counts in the last row.
+    fn row(&self) -> &Row {
         let others = self.rows.len() - 1;
-        let row = &self.rows[crate::forward::serving_thread()
+        &self.rows[crate::forward::serving_thread()
             .filter(|&i| i < others)
-            .unwrap_or(others)];
+            .unwrap_or(others)]
+    }
+
+    fn count_in(row: &Row, status: u16) {
         if let Some(c) = status
             .checked_sub(FIRST_STATUS)
             .and_then(|i| row.statuses.get(usize::from(i)))
         {
             c.fetch_add(1, Ordering::Relaxed);
         }
-        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
-        let bucket = DURATION_BOUNDS_US.partition_point(|&bound| bound < us);
-        row.durations[bucket].fetch_add(1, Ordering::Relaxed);
-        row.duration_sum_us.fetch_add(us, Ordering::Relaxed);
     }
 
     /// Every thread's counters summed (each read with a relaxed load: a request recorded

@@ -710,7 +710,7 @@ fn metrics_count_requests_store_reads_and_upstream_connections() {
                 port,
                 &upstream,
                 &format!("embedded:{}/sessions", dir.display()),
-                &[]
+                &[("server", "header_read_timeout_ms = 500")]
             )
         )
     });
@@ -777,6 +777,24 @@ fn metrics_count_requests_store_reads_and_upstream_connections() {
     );
     // Busy polling is off by default.
     assert_eq!(value(&text, "tessera_busy_polls_total"), 0, "{text}");
+
+    // A head that never completes is answered 408 by the server and counted, outside the
+    // histogram (it never reached the proxy).
+    {
+        use std::io::{Read, Write};
+        let mut stalled = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+        stalled.write_all(b"GET /1k HTTP/1.1\r\n").unwrap();
+        let mut answer = String::new();
+        stalled.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
+    }
+    let after = scrape();
+    assert_eq!(value(&after, "tessera_requests_total{code=\"408\"}"), 1);
+    assert_eq!(
+        value(&after, &format!("{d}_count")),
+        value(&text, &format!("{d}_count")),
+        "{after}"
+    );
     let value = |name: &str| value(&text, name);
     assert_eq!(value("tessera_session_cache_live"), 1);
     assert_eq!(value("tessera_session_cache_entries"), 1);

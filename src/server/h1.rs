@@ -105,6 +105,9 @@ pub async fn serve(serving: Arc<Serving>, io: TcpStream, peer: Peer) {
             Next::Close => break,
             Next::Timeout => {
                 tracing::debug!(peer = %peer.addr.ip(), "request head not received in time");
+                if let Some(counts) = serving.proxy.request_counts() {
+                    counts.count_status(StatusCode::REQUEST_TIMEOUT.as_u16());
+                }
                 let _ = conn.io.write_all(REQUEST_TIMEOUT).await;
                 break;
             }
