@@ -418,7 +418,8 @@ pub struct LoginConfig {
 pub struct LogConfig {
     /// `tracing` filter directive. Default `info`.
     pub level: String,
-    /// Emit one access line per request on target `tessera::access`. Default true.
+    /// Emit one access line per request on target `tessera::access` (written only when `level`
+    /// lets that target through at INFO; see [`crate::access_log`]). Default true.
     pub access_log: bool,
 }
 

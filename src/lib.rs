@@ -3,6 +3,7 @@
 //! over a pooled keep-alive connection. See `proxy` for the request path, phase by phase.
 #![forbid(unsafe_code)]
 
+pub mod access_log;
 pub mod admin;
 mod busy_poll;
 pub mod config;
@@ -148,10 +149,14 @@ fn serving_thread(
     shutdown: impl Future<Output = ()>,
 ) {
     forward::set_serving_thread(index);
+    access_log::batch_on_this_thread();
     busy_poll::enable(cfg.busy_poll);
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .on_thread_park(busy_poll::before_park)
+        .on_thread_park(|| {
+            access_log::flush();
+            busy_poll::before_park();
+        })
         .build()
     {
         Ok(rt) => rt,
@@ -170,4 +175,5 @@ fn serving_thread(
             Err(e) => tracing::error!(cause = %e, index, "cannot register the listener"),
         }
     });
+    access_log::flush();
 }

@@ -22,7 +22,7 @@ use crate::error::ProxyError;
 use crate::forward::{BoxError, ProxyBody, UpBody, Upstream};
 use crate::login::Login;
 use crate::screen::{self, Limits, Screened};
-use crate::session::{sid_hash, Session, Sessions};
+use crate::session::{Session, Sessions};
 use crate::telemetry::RequestCounts;
 use crate::token::{self, TokenSource, Verifier};
 use crate::unix_now;
@@ -174,10 +174,9 @@ impl Proxy {
         B: Body<Data = Bytes> + Send + Sync + 'static,
         B::Error: Into<BoxError>,
     {
-        let started = (self.access_log || self.request_counts.is_some()).then(Instant::now);
-        let logged = self
-            .access_log
+        let logged = (self.access_log && crate::access_log::enabled())
             .then(|| (req.method().clone(), req.uri().path().to_owned()));
+        let started = (logged.is_some() || self.request_counts.is_some()).then(Instant::now);
         let mut ctx = Ctx::default();
         let (resp, reason) = match self.process(req, peer, &mut ctx).await {
             Ok(resp) => (resp, None),
@@ -188,16 +187,15 @@ impl Proxy {
         };
         let took = started.map(|s| s.elapsed()).unwrap_or_default();
         if let Some((method, path)) = logged {
-            tracing::info!(
-                target: "tessera::access",
-                peer = %peer.addr.ip(),
-                method = %method,
-                path = %path,
-                status = resp.status().as_u16(),
-                duration_us = took.as_micros() as u64,
-                sid_hash = ctx.sid.as_deref().map(sid_hash).as_deref().unwrap_or("-"),
-                reason = reason.as_deref().or(ctx.reason.as_deref()).unwrap_or("-"),
-            );
+            crate::access_log::write(&crate::access_log::Line {
+                peer: peer.addr.ip(),
+                method: method.as_str(),
+                path: &path,
+                status: resp.status().as_u16(),
+                duration_us: u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
+                sid: ctx.sid.as_deref(),
+                reason: reason.as_deref().or(ctx.reason.as_deref()),
+            });
         }
         if let Some(counts) = &self.request_counts {
             counts.record(resp.status().as_u16(), took);

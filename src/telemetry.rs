@@ -1,6 +1,7 @@
-//! Logging setup and the Prometheus metrics endpoint. Access lines go to target
-//! `tessera::access`; no module logs tokens or credentials (headers carrying them are marked
-//! sensitive and never formatted).
+//! Logging setup and the Prometheus metrics endpoint. Access lines are written by
+//! [`crate::access_log`] in this log's format, as target `tessera::access` (the filter set up here
+//! decides whether they are written); no module logs tokens or credentials (headers carrying them
+//! are marked sensitive and never formatted).
 //!
 //! **Metrics** (`[metrics] listen`): `GET /metrics` on a listener of its own (keep it off the
 //! public address), in the OpenMetrics 1.0 text format that Prometheus scrapes, encoded by

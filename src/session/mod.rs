@@ -125,8 +125,19 @@ pub struct Sessions {
 
 /// Short, non-reversible tag for a sid, for logs: first 12 hex digits of SHA-256.
 pub fn sid_hash(sid: &str) -> String {
+    String::from_utf8_lossy(&sid_hash_hex(sid)).into_owned()
+}
+
+/// [`sid_hash`] as ASCII bytes, without allocating (the access log's hot path).
+pub fn sid_hash_hex(sid: &str) -> [u8; 12] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let d = Sha256::digest(sid.as_bytes());
-    d[..6].iter().map(|b| format!("{b:02x}")).collect()
+    let mut out = [0; 12];
+    for (i, b) in d[..6].iter().enumerate() {
+        out[2 * i] = HEX[usize::from(b >> 4)];
+        out[2 * i + 1] = HEX[usize::from(b & 0xf)];
+    }
+    out
 }
 
 impl Sessions {

@@ -44,6 +44,10 @@ fn require(binary: &str) {
 }
 
 fn terminate(child: &mut Child) {
+    // Already reaped: its PID may belong to another process by now.
+    if let Ok(Some(_)) = child.try_wait() {
+        return;
+    }
     let _ = Command::new("kill")
         .arg("-TERM")
         .arg(child.id().to_string())
@@ -300,6 +304,25 @@ impl Tessera {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("tessera.log")).unwrap_or_default()
+    }
+
+    /// The log once `ready` holds for it (a serving thread writes its access lines out when it
+    /// next idles, microseconds after the response), or as it is after 10 s.
+    pub fn log_when(&self, ready: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let log = self.log();
+            if ready(&log) || Instant::now() >= deadline {
+                return log;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stops the process with SIGTERM (a graceful shutdown) and waits for it (at most 5 s,
+    /// then SIGKILL).
+    pub fn stop(&mut self) {
+        terminate(&mut self.child);
     }
 
     pub fn pid(&self) -> u32 {

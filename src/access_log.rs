@@ -1,0 +1,247 @@
+//! The access log (`log.access_log`): one line per answered request on stderr, in the format of
+//! the `tracing` lines around it, for target `tessera::access`:
+//!
+//! ```text
+//! 2026-11-22T09:11:55.906182Z  INFO tessera::access: peer=127.0.0.1 method=GET path=/1k status=200 duration_us=156 sid_hash="edc661386fce" reason="-"
+//! ```
+//!
+//! (UTC, µs; `duration_us` from the request head read to the response head ready; `sid_hash` the
+//! first 12 hex digits of the sid's SHA-256, `"-"` without a session; `reason` why a request was
+//! refused or failed, `"-"` when it was not; both quoted and escaped as Rust's `{:?}` does.)
+//!
+//! Why not `tracing::info!`: with the access log on, CPU per request at 8 clients went from about
+//! 32 to 43 µs, about 6 µs in `tracing-subscriber`'s formatter and 4 µs in one `write(2)` per
+//! line (BENCHMARKS.md, "Access log"). Here a line is written with a few copies, and a serving
+//! thread keeps its lines in a buffer of its own that goes out in one `write(2)`:
+//! - when the thread is about to park (nothing left to run; at light load that is right after
+//!   each response, so a line is out within microseconds of its request),
+//! - when the buffer reaches [`FLUSH_AT`] bytes (a thread that never idles),
+//! - and when the thread ends.
+//!
+//! A crash that kills the process (SIGKILL, abort) loses what is buffered: at most [`FLUSH_AT`]
+//! bytes per serving thread, from the current busy stretch. Any other thread writes each line at
+//! once. Lines are whole: each `write_all` holds stderr's lock, as `tracing`'s writer does.
+
+use std::cell::{Cell, RefCell};
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::IpAddr;
+use std::time::SystemTime;
+
+/// Bytes of buffered lines at which a serving thread writes them out without waiting to park.
+pub const FLUSH_AT: usize = 32 * 1024;
+
+/// One request's access line.
+#[derive(Debug)]
+pub struct Line<'a> {
+    /// The client's address (the TCP peer).
+    pub peer: IpAddr,
+    /// The request method.
+    pub method: &'a str,
+    /// The request path (no query), as received.
+    pub path: &'a str,
+    /// The status code sent downstream.
+    pub status: u16,
+    /// From the request head read to the response head ready, µs.
+    pub duration_us: u64,
+    /// The session the token named, if it got that far (logged as its hash).
+    pub sid: Option<&'a str>,
+    /// Why the request was refused or failed (`None`: it was not).
+    pub reason: Option<&'a str>,
+}
+
+/// The calling thread's buffer; written out when the thread ends.
+struct Buffer(Vec<u8>);
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        write_out(&mut self.0);
+    }
+}
+
+thread_local! {
+    static BUFFER: RefCell<Buffer> = const { RefCell::new(Buffer(Vec::new())) };
+    /// Whether this thread batches (a serving thread that calls [`flush`] from its park hook).
+    static BATCHED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether an access line would be written: the log filter lets target `tessera::access` at
+/// INFO through (`log.level = "warn"` does not).
+pub fn enabled() -> bool {
+    tracing::enabled!(target: "tessera::access", tracing::Level::INFO)
+}
+
+/// Makes the calling thread keep its lines until [`flush`] (which its runtime's park hook must
+/// call), [`FLUSH_AT`] bytes, or its end.
+pub fn batch_on_this_thread() {
+    BATCHED.with(|b| b.set(true));
+}
+
+/// Writes `line` (see the module docs for when it reaches stderr).
+pub fn write(line: &Line<'_>) {
+    BUFFER.with(|b| {
+        let Ok(mut b) = b.try_borrow_mut() else {
+            return;
+        };
+        let out = &mut b.0;
+        format_line(out, SystemTime::now(), line);
+        if out.len() >= FLUSH_AT || !BATCHED.with(Cell::get) {
+            write_out(out);
+        }
+    });
+}
+
+/// Writes out the calling thread's buffered lines, if any (one `write(2)`, under stderr's lock).
+pub fn flush() {
+    BUFFER.with(|b| {
+        if let Ok(mut b) = b.try_borrow_mut() {
+            write_out(&mut b.0);
+        }
+    });
+}
+
+fn write_out(out: &mut Vec<u8>) {
+    if out.is_empty() {
+        return;
+    }
+    // A log that cannot be written (a closed pipe, a full disk) is not the request's failure.
+    // (Unit tests keep their lines off the test runner's output.)
+    if !cfg!(test) {
+        let _ = std::io::stderr().lock().write_all(out);
+    }
+    out.clear();
+    // A burst's buffer is not kept for good.
+    if out.capacity() > 2 * FLUSH_AT {
+        out.shrink_to(FLUSH_AT);
+    }
+}
+
+/// Appends `line`, stamped `now`, with its newline.
+fn format_line(out: &mut Vec<u8>, now: SystemTime, line: &Line<'_>) {
+    let mut w = Utf8(out);
+    // Writing into a Vec cannot fail.
+    let _ = write!(
+        w,
+        "{}  INFO tessera::access: peer={} method={} path={} status={} duration_us={} sid_hash=",
+        humantime::format_rfc3339_micros(now),
+        line.peer,
+        line.method,
+        line.path,
+        line.status,
+        line.duration_us,
+    );
+    match line.sid {
+        Some(sid) => {
+            w.0.push(b'"');
+            w.0.extend_from_slice(&crate::session::sid_hash_hex(sid));
+            w.0.push(b'"');
+        }
+        None => w.0.extend_from_slice(b"\"-\""),
+    }
+    w.0.extend_from_slice(b" reason=");
+    quoted(w.0, line.reason.unwrap_or("-"));
+    w.0.push(b'\n');
+}
+
+/// `s` as `{:?}` writes it: quoted, with `"`, `\` and control characters escaped; plain text
+/// (the usual case) is copied as it is.
+fn quoted(out: &mut Vec<u8>, s: &str) {
+    if s.bytes()
+        .all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
+    {
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    } else {
+        let _ = write!(Utf8(out), "{s:?}");
+    }
+}
+
+/// `fmt::Write` into a byte buffer.
+struct Utf8<'a>(&'a mut Vec<u8>);
+
+impl std::fmt::Write for Utf8<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    fn line<'a>(sid: Option<&'a str>, reason: Option<&'a str>) -> Line<'a> {
+        Line {
+            peer: "127.0.0.1".parse().unwrap(),
+            method: "GET",
+            path: "/jmap/api",
+            status: 200,
+            duration_us: 156,
+            sid,
+            reason,
+        }
+    }
+
+    #[test]
+    fn a_line_reads_like_the_tracing_lines_around_it() {
+        let now = UNIX_EPOCH + Duration::from_micros(1_795_342_315_906_182);
+        let mut out = Vec::new();
+        format_line(&mut out, now, &line(Some("s1"), None));
+        let expected = format!(
+            "2026-11-22T10:11:55.906182Z  INFO tessera::access: peer=127.0.0.1 method=GET \
+             path=/jmap/api status=200 duration_us=156 sid_hash=\"{}\" reason=\"-\"\n",
+            crate::session::sid_hash("s1")
+        );
+        assert_eq!(String::from_utf8(out).unwrap(), expected);
+    }
+
+    #[test]
+    fn reasons_are_quoted_and_escaped_as_debug_does() {
+        for reason in [
+            "invalid token: token expired",
+            "a \"quoted\" word",
+            "two\nlines\r\tand a \\ and \u{7f} and é",
+        ] {
+            let mut out = Vec::new();
+            format_line(&mut out, UNIX_EPOCH, &line(None, Some(reason)));
+            let text = String::from_utf8(out).unwrap();
+            assert!(
+                text.ends_with(&format!(" sid_hash=\"-\" reason={reason:?}\n")),
+                "{text}"
+            );
+            assert_eq!(text.matches('\n').count(), 1, "one line: {text}");
+        }
+    }
+
+    #[test]
+    fn a_batching_thread_keeps_its_lines_until_flush_or_the_size_limit() {
+        std::thread::spawn(|| {
+            batch_on_this_thread();
+            let held = || BUFFER.with(|b| b.borrow().0.len());
+            write(&line(None, None));
+            let one = held();
+            assert!(one > 100, "kept: {one} bytes");
+            flush();
+            assert_eq!(held(), 0);
+            // Lines pile up to the limit, then go out together.
+            let mut most = 0;
+            for _ in 0..2 * FLUSH_AT / one {
+                write(&line(None, None));
+                most = most.max(held());
+            }
+            assert!(most < FLUSH_AT && held() < FLUSH_AT, "{most}");
+            assert!(most >= FLUSH_AT - one, "{most}");
+        })
+        .join()
+        .unwrap();
+        // Any other thread writes at once.
+        std::thread::spawn(|| {
+            write(&line(None, None));
+            assert_eq!(BUFFER.with(|b| b.borrow().0.len()), 0);
+        })
+        .join()
+        .unwrap();
+    }
+}
