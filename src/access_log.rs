@@ -20,7 +20,11 @@
 //!
 //! A crash that kills the process (SIGKILL, abort) loses what is buffered: at most [`FLUSH_AT`]
 //! bytes per serving thread, from the current busy stretch. Any other thread writes each line at
-//! once. Lines are whole: each `write_all` holds stderr's lock, as `tracing`'s writer does.
+//! once. Lines are whole: each `write_all` holds stderr's lock, as `tracing`'s writer does; but
+//! two threads' batches, and the other log lines, may be out of timestamp order by up to one
+//! batch. The lines go to the process's stderr, not through the installed `tracing` subscriber
+//! (whose filter only decides whether they are written): never coloured, and a program embedding
+//! tessera with a subscriber of its own (JSON, say) still gets them as this plain text.
 
 use std::cell::{Cell, RefCell};
 use std::fmt::Write as _;
@@ -123,7 +127,8 @@ fn format_line(out: &mut Vec<u8>, now: SystemTime, line: &Line<'_>) {
     let _ = write!(
         w,
         "{}  INFO tessera::access: peer={} method={} path={} status={} duration_us={} sid_hash=",
-        humantime::format_rfc3339_micros(now),
+        // (humantime panics on a time before 1970: a clock set that far back logs 1970.)
+        humantime::format_rfc3339_micros(now.max(std::time::UNIX_EPOCH)),
         line.peer,
         line.method,
         line.path,

@@ -58,7 +58,7 @@ struct PollCounts {
 }
 
 /// Every thread that has turned polling on, for [`stats`] (kept after the thread ends, so the
-/// sums never go down).
+/// sums never go down). One set per process: two proxies run in one process share it.
 static THREADS: Mutex<Vec<Arc<PollCounts>>> = Mutex::new(Vec::new());
 
 /// Busy-polling activity of the whole process since start (every counter monotonic).
@@ -199,8 +199,8 @@ pub fn unwatch(set: &OwnedFd, socket: impl AsFd) {
 /// was woken from another thread, or the thread's poll time has passed (overrun by at most one
 /// `sched_yield`), yielding the CPU between checks; an epoll error ends it too. Returns at once
 /// when polling is off or paused by contention (module docs). A poll that ends at its first check
-/// costs one `epoll_wait` and reads no CPU clock or runtime handle; a longer one reads the CPU
-/// clock twice. Counted in [`stats`].
+/// with news costs one `epoll_wait` and reads no CPU clock or runtime handle; a longer one reads
+/// the handle once and the CPU clock twice. Counted in [`stats`].
 pub fn before_park() {
     let spin = SPIN.with(Cell::get);
     if spin.is_zero() {

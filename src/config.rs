@@ -419,7 +419,7 @@ pub struct LogConfig {
     /// `tracing` filter directive. Default `info`.
     pub level: String,
     /// Emit one access line per request on target `tessera::access` (written only when `level`
-    /// lets that target through at INFO; see [`crate::access_log`]). Default true.
+    /// lets that target through at INFO; see `src/access_log.rs`). Default true.
     pub access_log: bool,
 }
 

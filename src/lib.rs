@@ -3,7 +3,7 @@
 //! over a pooled keep-alive connection. See `proxy` for the request path, phase by phase.
 #![forbid(unsafe_code)]
 
-pub mod access_log;
+mod access_log;
 pub mod admin;
 mod busy_poll;
 pub mod config;

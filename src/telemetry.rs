@@ -1,5 +1,5 @@
 //! Logging setup and the Prometheus metrics endpoint. Access lines are written by
-//! [`crate::access_log`] in this log's format, as target `tessera::access` (the filter set up here
+//! `access_log` (src/access_log.rs) in this log's format, as target `tessera::access` (the filter set up here
 //! decides whether they are written); no module logs tokens or credentials (headers carrying them
 //! are marked sensitive and never formatted).
 //!

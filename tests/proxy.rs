@@ -125,7 +125,7 @@ fn missing_and_bad_tokens_get_401_and_are_not_forwarded() {
         before,
         "no refused request may reach the upstream"
     );
-    let log = t.log();
+    let log = t.log_when(|l| l.contains("bad signature") && l.contains("malformed token"));
     assert!(
         log.contains("bad signature") && log.contains("malformed token"),
         "{log}"
@@ -783,6 +783,9 @@ fn metrics_count_requests_store_reads_and_upstream_connections() {
     {
         use std::io::{Read, Write};
         let mut stalled = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+        stalled
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
         stalled.write_all(b"GET /1k HTTP/1.1\r\n").unwrap();
         let mut answer = String::new();
         stalled.read_to_string(&mut answer).unwrap();
@@ -1125,10 +1128,10 @@ fn upstream_http1_framing_and_connection_reuse() {
         assert!(!out.success(), "{path}: curl saw a complete response");
         assert!(!next_reuses(), "{path}");
     }
+    let log = t.log_when(|l| l.contains("invalid response head"));
     assert!(
-        t.log().contains("invalid response head"),
-        "the 502s say why: {}",
-        t.log()
+        log.contains("invalid response head"),
+        "the 502s say why: {log}"
     );
     // Uploads. The upstream's `100 Continue` arrives while the body is being sent: skipped, the
     // body goes out in full, the final answer follows, and the connection stays usable.
@@ -1274,8 +1277,9 @@ fn busy_polling_answers_like_the_default() {
 }
 
 /// The access log under load: two serving threads batch their lines, and every request still
-/// gets exactly one whole line, in the documented format, with no line cut into another; after
-/// SIGTERM nothing is missing.
+/// gets exactly one whole line, in the documented format, with no line cut into another. (That
+/// lines still buffered are written when a thread ends is a unit test's: here the threads have
+/// idled, and flushed, before the SIGTERM.)
 #[test]
 fn access_lines_are_whole_and_one_per_request_under_load() {
     let nginx = Nginx::start();

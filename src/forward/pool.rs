@@ -146,8 +146,9 @@ impl Pool {
     /// Connections open now, as `(busy, idle)`: busy ones are checked out by a request (one being
     /// opened included: each holds one of the `max_connections` slots), idle ones wait for reuse
     /// (some may have been closed by the upstream and not noticed yet). `busy + idle` stays
-    /// within `max_connections`, except that a connection being put back is counted in both for
-    /// an instant (it is idle before its slot is freed).
+    /// within `max_connections`, except that a connection being put back or taken out is counted
+    /// in both for an instant (it is idle before its slot is freed, and a request takes a slot
+    /// before it takes an idle connection).
     pub fn connections(&self) -> (usize, usize) {
         let busy = self
             .max_connections
