@@ -27,7 +27,6 @@
 //! tessera with a subscriber of its own (JSON, say) still gets them as this plain text.
 
 use std::cell::{Cell, RefCell};
-use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::IpAddr;
 use std::time::SystemTime;
@@ -122,10 +121,9 @@ fn write_out(out: &mut Vec<u8>) {
 
 /// Appends `line`, stamped `now`, with its newline.
 fn format_line(out: &mut Vec<u8>, now: SystemTime, line: &Line<'_>) {
-    let mut w = Utf8(out);
     // Writing into a Vec cannot fail.
     let _ = write!(
-        w,
+        out,
         "{}  INFO tessera::access: peer={} method={} path={} status={} duration_us={} sid_hash=",
         // (humantime panics on a time before 1970: a clock set that far back logs 1970.)
         humantime::format_rfc3339_micros(now.max(std::time::UNIX_EPOCH)),
@@ -137,15 +135,15 @@ fn format_line(out: &mut Vec<u8>, now: SystemTime, line: &Line<'_>) {
     );
     match line.sid {
         Some(sid) => {
-            w.0.push(b'"');
-            w.0.extend_from_slice(&crate::session::sid_hash_hex(sid));
-            w.0.push(b'"');
+            out.push(b'"');
+            out.extend_from_slice(&crate::session::sid_hash_hex(sid));
+            out.push(b'"');
         }
-        None => w.0.extend_from_slice(b"\"-\""),
+        None => out.extend_from_slice(b"\"-\""),
     }
-    w.0.extend_from_slice(b" reason=");
-    quoted(w.0, line.reason.unwrap_or("-"));
-    w.0.push(b'\n');
+    out.extend_from_slice(b" reason=");
+    quoted(out, line.reason.unwrap_or("-"));
+    out.push(b'\n');
 }
 
 /// `s` as `{:?}` writes it: quoted, with `"`, `\` and control characters escaped; plain text
@@ -158,17 +156,7 @@ fn quoted(out: &mut Vec<u8>, s: &str) {
         out.extend_from_slice(s.as_bytes());
         out.push(b'"');
     } else {
-        let _ = write!(Utf8(out), "{s:?}");
-    }
-}
-
-/// `fmt::Write` into a byte buffer.
-struct Utf8<'a>(&'a mut Vec<u8>);
-
-impl std::fmt::Write for Utf8<'_> {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        self.0.extend_from_slice(s.as_bytes());
-        Ok(())
+        let _ = write!(out, "{s:?}");
     }
 }
 

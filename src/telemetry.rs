@@ -65,7 +65,7 @@ struct Row {
 }
 
 /// What [`RequestCounts::snapshot`] read: every thread's rows summed.
-#[derive(Debug, Default, PartialEq)]
+#[derive(Debug, PartialEq)]
 pub struct RequestSnapshot {
     /// `(status, requests)` for every status seen, in ascending order of status.
     pub statuses: Vec<(u16, u64)>,
@@ -156,9 +156,8 @@ impl RequestCounts {
 /// The values of one scrape, read from the proxy's counters.
 #[derive(Debug)]
 struct Scrape {
-    requests: RequestSnapshot,
-    /// Whether request counts are kept (`[metrics]` configured).
-    counted: bool,
+    /// `None` when request counts are not kept (no `[metrics]`).
+    requests: Option<RequestSnapshot>,
     upstream_opened: u64,
     upstream_reused: u64,
     upstream_retried: u64,
@@ -176,11 +175,7 @@ impl Scrape {
         let pool = proxy.upstream().stats();
         let sessions = proxy.sessions();
         Self {
-            requests: proxy
-                .request_counts()
-                .map(RequestCounts::snapshot)
-                .unwrap_or_default(),
-            counted: proxy.request_counts().is_some(),
+            requests: proxy.request_counts().map(RequestCounts::snapshot),
             upstream_opened: pool.opened.load(Ordering::Relaxed),
             upstream_reused: pool.reused.load(Ordering::Relaxed),
             upstream_retried: pool.retried.load(Ordering::Relaxed),
@@ -212,12 +207,11 @@ impl prometheus_client::collector::Collector for Scrape {
             None,
             MetricType::Counter,
         )?;
-        for (status, n) in &self.requests.statuses {
+        for (status, n) in self.requests.iter().flat_map(|r| &r.statuses) {
             let code = status.to_string();
             ConstCounter::new(*n).encode(family.encode_family(&[("code", code.as_str())])?)?;
         }
-        if self.counted {
-            let r = &self.requests;
+        if let Some(r) = &self.requests {
             let buckets: Vec<(f64, u64)> = DURATION_BOUNDS_US
                 .iter()
                 .map(|&us| us as f64 / 1e6)
@@ -460,8 +454,7 @@ mod tests {
         counts.record(200, Duration::from_micros(300));
         counts.record(502, Duration::from_secs(20));
         let scrape = Scrape {
-            requests: counts.snapshot(),
-            counted: true,
+            requests: Some(counts.snapshot()),
             upstream_opened: 0,
             upstream_reused: 0,
             upstream_retried: 0,
