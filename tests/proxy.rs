@@ -186,9 +186,11 @@ fn revoked_and_expired_sessions_get_401_while_serve_runs() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-    let (_, short) = create_session(&t.config_path(), "bob", "pw", Some("1s"));
+    // Expiry is in whole seconds: a 1 s session made late in a second lives only the rest of
+    // it (CI once got a 401 here), so 2 s, and the wait covers 2 s past the second it began.
+    let (_, short) = create_session(&t.config_path(), "bob", "pw", Some("2s"));
     assert_eq!(curl(&["-H", &bearer(&short), &t.url("/echo")]).0, 200);
-    std::thread::sleep(Duration::from_millis(2100));
+    std::thread::sleep(Duration::from_millis(3100));
     assert_eq!(
         curl(&["-H", &bearer(&short), &t.url("/echo")]).0,
         401,
@@ -443,8 +445,10 @@ fn session_affinity_never_puts_two_users_on_one_upstream_connection() {
         "users alternating over a cap of 2 need new connections: {by_conn:?}"
     );
     // At the cap, an idle connection of another user is closed (its socket is shut) before a
-    // new one opens. The upstream counts a connection until it has read the EOF, which may come
-    // after it accepted the new one, so it may see cap + 1 for that moment; never more.
+    // new one opens. The upstream counts a connection until its task has read the EOF, which may
+    // come after it accepted the new one; both slots can be reopened that way at once, so it may
+    // see up to cap + 2 for that moment (CI on a loaded box saw 4). A pool that closed nothing
+    // would pass 8 rounds of 3 users on far more. (The cap itself: tests/pool.rs.)
     assert!(
         bound
             .log
@@ -453,7 +457,7 @@ fn session_affinity_never_puts_two_users_on_one_upstream_connection() {
         bound.log
     );
     assert!(
-        bound.most_open <= 3,
+        bound.most_open <= 4,
         "{} connections open at once",
         bound.most_open
     );
