@@ -48,12 +48,13 @@ pub fn sessions_from_config(cfg: &Config) -> Result<session::Sessions, session::
     ))
 }
 
-/// The session layer `serve` uses: [`sessions_from_config`] plus the local cache following the
-/// store's invalidation stream (needs a tokio runtime).
+/// The session layer `serve` uses: [`sessions_from_config`] plus the local cache and the
+/// registry of open responses, following the store's invalidation stream
+/// ([`session::Sessions::serving`]; needs a tokio runtime).
 ///
 /// Errors: as [`sessions_from_config`].
 pub fn serving_sessions(cfg: &Config) -> Result<session::Sessions, session::StoreError> {
-    Ok(sessions_from_config(cfg)?.with_cache(cfg.session.cache))
+    Ok(sessions_from_config(cfg)?.serving(cfg.session.cache))
 }
 
 /// Runs the proxy on an already-bound `listener` until `shutdown` resolves (tests bind port 0).

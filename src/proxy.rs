@@ -77,6 +77,8 @@ struct Ctx {
     sid: Option<Arc<str>>,
     /// Log reason of a response that is not a [`ProxyError`] (login endpoints).
     reason: Option<String>,
+    /// The sid's change epoch before it was resolved ([`Sessions::stream_epoch`]).
+    epoch: u64,
 }
 
 impl Proxy {
@@ -255,6 +257,19 @@ impl Proxy {
         self.inject(&mut parts, &screened, &session, peer, target);
         let req = Request::from_parts(parts, self.limit_body(body));
         let mut resp = self.upstream.forward(req).await?;
+        if resp.body_mut().may_wait() {
+            // The body may wait for the upstream: it ends with the session (logout, expiry).
+            // (Not asked of a body already in memory: a watch is an allocation, 1.5% of a
+            // warm request's instructions.)
+            if let Some(sid) = &ctx.sid {
+                if let Some(w) = self
+                    .sessions
+                    .revocable(sid.clone(), ctx.epoch, session.expires_at)
+                {
+                    resp.body_mut().end_with_session(w);
+                }
+            }
+        }
         // An upstream response's fields are all in its body until `materialize` (its map is
         // empty), so they are screened there.
         if let Some(fields) = resp.body_mut().fields_mut() {
@@ -276,6 +291,7 @@ impl Proxy {
         let token = token::extract(&parts.headers, &self.sources)?;
         let verified = self.verifier.verify_refreshing(&token, unix_now()).await?;
         drop(token);
+        ctx.epoch = self.sessions.stream_epoch(&verified.sid);
         let session = self.sessions.resolve(&verified.sid).await;
         ctx.sid = Some(verified.sid);
         Ok(session?)

@@ -167,6 +167,8 @@ struct Scrape {
     store_reads: u64,
     session_cache: Option<(u64, bool)>,
     token_cache: Option<u64>,
+    /// Responses that end with their session: `(open now, ended by revocation or expiry)`.
+    streams: Option<(u64, u64)>,
     busy_poll: crate::busy_poll::PollStats,
 }
 
@@ -184,6 +186,7 @@ impl Scrape {
             store_reads: sessions.store_reads(),
             session_cache: sessions.cache_entries().map(|n| (n, sessions.cache_live())),
             token_cache: proxy.verifier().cache_entries(),
+            streams: sessions.streams(),
             busy_poll: crate::busy_poll::stats(),
         }
     }
@@ -270,6 +273,15 @@ impl prometheus_client::collector::Collector for Scrape {
                 entries,
             )?;
             gauge(&mut e, "session_cache_live", "1 while the store's invalidation channel is live and the cache is used; 0 while it is bypassed.", u64::from(live))?;
+        }
+        if let Some((open, ended)) = self.streams {
+            gauge(&mut e, "session_streams_open", "Responses open now whose body waited for the upstream (server-sent events, long downloads): each ends when its session is revoked or expires.", open)?;
+            counter(
+                &mut e,
+                "session_streams_ended",
+                "Open responses ended because their session was revoked or expired.",
+                ended,
+            )?;
         }
         let poll = self.busy_poll;
         counter(
@@ -463,6 +475,7 @@ mod tests {
             store_reads: 0,
             session_cache: None,
             token_cache: None,
+            streams: None,
             busy_poll: Default::default(),
         };
         let mut registry = prometheus_client::registry::Registry::with_prefix("tessera");

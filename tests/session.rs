@@ -920,3 +920,288 @@ fn warm_requests_touch_no_store_and_any_writer_evicts() {
         "cache live again after reconnect"
     );
 }
+
+/// An open `/events` response (server-sent events) over its own HTTP/1.1 connection.
+struct EventStream {
+    sock: std::net::TcpStream,
+    seen: Vec<u8>,
+}
+
+impl EventStream {
+    /// Opens `/events` on `t` with `token` and waits for the head and a first event.
+    fn open(t: &Tessera, token: &str) -> Self {
+        use std::io::Write;
+        let mut sock = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+        write!(
+            sock,
+            "GET /events HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {token}\r\n\r\n"
+        )
+        .unwrap();
+        let mut s = Self {
+            sock,
+            seen: Vec::new(),
+        };
+        assert!(s.events_within(1, Duration::from_secs(5)), "no first event");
+        let head = String::from_utf8_lossy(&s.seen).to_string();
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert!(head.contains("text/event-stream"), "{head}");
+        s
+    }
+
+    fn events(&self) -> usize {
+        String::from_utf8_lossy(&self.seen)
+            .matches("data: ")
+            .count()
+    }
+
+    /// Reads until `more` events beyond those seen arrived (true) or `within` passed or the
+    /// stream ended (false).
+    fn events_within(&mut self, more: usize, within: Duration) -> bool {
+        use std::io::Read;
+        let want = self.events() + more;
+        let deadline = std::time::Instant::now() + within;
+        let mut buf = [0u8; 4096];
+        while self.events() < want {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            self.sock.set_read_timeout(Some(left)).unwrap();
+            match self.sock.read(&mut buf) {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => self.seen.extend_from_slice(&buf[..n]),
+            }
+        }
+        true
+    }
+
+    /// How long until the connection ended (EOF or reset), `None` if it was open after
+    /// `within`. Asserts the body was cut short: no last chunk.
+    fn ended_within(&mut self, within: Duration) -> Option<Duration> {
+        use std::io::{ErrorKind, Read};
+        let start = std::time::Instant::now();
+        let mut buf = [0u8; 4096];
+        loop {
+            let left = within.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                return None;
+            }
+            self.sock.set_read_timeout(Some(left)).unwrap();
+            match self.sock.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => self.seen.extend_from_slice(&buf[..n]),
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    return None
+                }
+                Err(_) => break,
+            }
+        }
+        assert!(
+            !self.seen.ends_with(b"0\r\n\r\n"),
+            "the stream ended cleanly, as if complete"
+        );
+        Some(start.elapsed())
+    }
+}
+
+/// Waits up to 5 s for the upstream to be sending exactly `n` event streams.
+fn upstream_streams(up: &TestUpstream, n: usize) -> bool {
+    (0..250).any(|_| {
+        let now = up
+            .stats
+            .streams_open
+            .load(std::sync::atomic::Ordering::SeqCst);
+        now == n || {
+            std::thread::sleep(Duration::from_millis(20));
+            false
+        }
+    })
+}
+
+#[test]
+fn logout_ends_the_sessions_open_streams_on_every_instance_and_no_other() {
+    let up = users();
+    let redis = Redis::start();
+    let a = on_redis(&up, &redis, &[]);
+    let b = on_redis(&up, &redis, &[]);
+    let alice = token_of(&login(&a, "alice", "alice-pw"));
+    let bob = token_of(&login(&a, "bob", "bob-pw"));
+    let mut alice_a = EventStream::open(&a, &alice);
+    let mut alice_b = EventStream::open(&b, &alice);
+    let mut bob_a = EventStream::open(&a, &bob);
+    // and alice over h2c (prior knowledge), where a cut is a stream reset
+    let mut alice_h2 = Command::new("curl")
+        .args(["-sN", "--http2-prior-knowledge", "-o", "/dev/null"])
+        .args(["-H", &bearer(&alice), &a.url("/events")])
+        .spawn()
+        .unwrap();
+    assert!(upstream_streams(&up, 4), "the four streams did not start");
+
+    // A write that leaves the session usable (another writer rewriting it) ends nothing, even
+    // though both instances read it again.
+    let alice_key = session_keys(&redis)
+        .into_iter()
+        .find(|k| redis.cli(&["GET", k]).contains("\"sub\":\"alice\""))
+        .unwrap();
+    let record = redis.cli(&["GET", &alice_key]);
+    let gets = redis_calls(&redis, "get");
+    redis.cli(&["SET", &alice_key, &record, "KEEPTTL"]);
+    let reread = (0..250).any(|_| {
+        std::thread::sleep(Duration::from_millis(20));
+        redis_calls(&redis, "get") >= gets + 2
+    });
+    assert!(
+        reread,
+        "the instances did not read the rewritten session again"
+    );
+    assert!(
+        alice_a.events_within(3, Duration::from_secs(5)),
+        "a rewrite ended A's stream"
+    );
+    assert!(
+        alice_b.events_within(3, Duration::from_secs(5)),
+        "a rewrite ended B's stream"
+    );
+
+    // Logout on B: alice's streams end on B at once and on A within milliseconds.
+    let logout = std::time::Instant::now();
+    let out = call(&["-X", "POST", "-H", &bearer(&alice), &b.url("/auth/logout")]);
+    assert_eq!(out.code, 204, "{}", out.body);
+    let on_b = alice_b
+        .ended_within(Duration::from_secs(5))
+        .map(|_| logout.elapsed());
+    let on_a = alice_a
+        .ended_within(Duration::from_secs(5))
+        .map(|_| logout.elapsed());
+    println!(
+        "alice's streams ended, counted from the logout request (curl included): on B (same \
+         instance) {on_b:?}, on A {on_a:?}"
+    );
+    assert!(
+        on_b.is_some(),
+        "B kept alice's stream open after her logout"
+    );
+    assert!(
+        on_a.is_some(),
+        "A kept alice's stream open after her logout on B"
+    );
+    let h2_ended = (0..250).find_map(|_| {
+        std::thread::sleep(Duration::from_millis(20));
+        alice_h2.try_wait().unwrap()
+    });
+    let status = h2_ended.expect("the h2 stream stayed open after logout");
+    assert!(
+        !status.success(),
+        "the h2 stream ended as if complete: {status}"
+    );
+
+    // Bob's stream, on the same instance and upstream, goes on; the upstream stops sending
+    // alice's three.
+    assert!(
+        bob_a.events_within(3, Duration::from_secs(5)),
+        "bob's stream ended"
+    );
+    assert!(
+        upstream_streams(&up, 1),
+        "the upstream still sends alice's streams"
+    );
+    let log = a.log_when(|l| l.contains("open responses of a revoked session ended"));
+    assert!(
+        log.contains("open responses of a revoked session ended"),
+        "{log}"
+    );
+    assert!(!log.contains(&alice) && !log.contains("alice-pw"));
+}
+
+#[test]
+fn a_revocation_while_the_invalidation_stream_is_down_ends_the_stream_when_it_is_back() {
+    let up = users();
+    let redis = Redis::start();
+    let a = on_redis(&up, &redis, &[]);
+    let alice = token_of(&login(&a, "alice", "alice-pw"));
+    let mut stream = EventStream::open(&a, &alice);
+    let key = session_keys(&redis).pop().unwrap();
+    // Both commands in one redis-cli run, microseconds apart: the DEL happens while tessera's
+    // tracking connection is gone (it reconnects after 100 ms), so no invalidation names it.
+    let mut cli = Command::new("redis-cli")
+        .args(["-p", &redis.port.to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = cli.stdin.take().unwrap();
+        writeln!(stdin, "CLIENT KILL TYPE normal SKIPME yes\nDEL {key}").unwrap();
+    }
+    assert!(cli.wait().unwrap().success());
+    let ended = stream.ended_within(Duration::from_secs(5));
+    println!("stream ended {ended:?} after the DEL made while the invalidation stream was down");
+    assert!(
+        ended.is_some(),
+        "the stream outlived its session: {}",
+        a.log()
+    );
+    assert!(a.log().contains("invalidation stream lost"), "{}", a.log());
+}
+
+#[test]
+fn a_session_revoked_by_the_cli_or_expiring_ends_its_stream_on_the_embedded_store() {
+    let up = users();
+    let up_url = up.url();
+    let metrics_port = support::free_port();
+    let t = Tessera::start(move |port, dir| {
+        format!(
+            "{}[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n",
+            config(port, &up_url, &format!("embedded:{}/s", dir.display()), &[])
+        )
+    });
+    support::wait_for_port(metrics_port, "tessera metrics");
+    let scrape = |name: &str| -> u64 {
+        let (_, text) = curl(&[&format!("http://127.0.0.1:{metrics_port}/metrics")]);
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no sample {name}: {text}"))
+    };
+    let (sid, token) = t.create_session("alice", "alice-pw");
+    // A response complete at its head is never registered.
+    assert_eq!(curl(&["-H", &bearer(&token), &t.url("/x")]).0, 200);
+    assert_eq!(scrape("tessera_session_streams_open"), 0);
+    // Its expiry is the whole second after creation + 2, so at least 1 s after `created`.
+    let created = std::time::SystemTime::now();
+    let (_, short) = support::create_session(&t.config_path(), "bob", "bob-pw", Some("2s"));
+    let mut revoked = EventStream::open(&t, &token);
+    let mut expiring = EventStream::open(&t, &short);
+    // (registered when the body first waits, just after the event was sent)
+    let registered = (0..100).any(|_| {
+        scrape("tessera_session_streams_open") == 2 || {
+            std::thread::sleep(Duration::from_millis(20));
+            false
+        }
+    });
+    assert!(registered, "the two open streams are not counted");
+
+    // `tessera session revoke` is another process: the server hears it from the change log.
+    t.revoke(&sid);
+    let ended = revoked.ended_within(Duration::from_secs(5));
+    println!("stream ended {ended:?} after `tessera session revoke`");
+    assert!(ended.is_some(), "the stream outlived its revoked session");
+
+    // bob's 2 s session: his stream runs until it expires, then ends.
+    assert!(expiring.events_within(3, Duration::from_secs(5)));
+    let ended = expiring.ended_within(Duration::from_secs(5));
+    let at = created.elapsed().unwrap();
+    println!("the 2 s session's stream ended {at:?} after the session was created");
+    assert!(ended.is_some(), "the stream outlived its session's expiry");
+    assert!(
+        at >= Duration::from_secs(1),
+        "ended before its session expired: {at:?}"
+    );
+    let log = t.log_when(|l| l.contains("open response of an expired session ended"));
+    assert!(
+        log.contains("open response of an expired session ended"),
+        "{log}"
+    );
+    assert_eq!(scrape("tessera_session_streams_open"), 0);
+    assert_eq!(scrape("tessera_session_streams_ended_total"), 2);
+}

@@ -11,6 +11,7 @@ use super::h1::{self, Framing};
 use super::pool::Conn;
 use super::raw::RawHead;
 use super::BoxError;
+use crate::session::Watch;
 
 /// The downstream response body.
 // One per response, moved a few times: boxing the upstream variant would add an allocation per
@@ -44,6 +45,29 @@ impl ProxyBody {
         }
     }
 
+    /// Whether this body may still wait for the upstream: an upstream body not yet read in
+    /// full (a local answer, or an upstream body already in memory, never waits).
+    pub fn may_wait(&mut self) -> bool {
+        match self {
+            Self::Upstream(u) => u
+                .conn
+                .as_mut()
+                .is_some_and(|c| !c.h1().holds_body(u.framing)),
+            Self::Full(_) => false,
+        }
+    }
+
+    /// Ties an upstream body that may still wait ([`ProxyBody::may_wait`]) to its session: it
+    /// ends with an error (see [`Watch`]) when the session is revoked or expires while the body
+    /// is open. A local body, or one already complete, ignores it.
+    pub fn end_with_session(&mut self, watch: Watch) {
+        if let Self::Upstream(u) = self {
+            if u.conn.is_some() {
+                u.watch = Some(watch);
+            }
+        }
+    }
+
     /// Takes the upstream response's fields out (the writer then owns them).
     pub fn take_fields(&mut self) -> Option<RawHead> {
         match self {
@@ -61,6 +85,8 @@ pub struct UpstreamBody {
     framing: Framing,
     /// Whether the connection may be reused once the body was read to its end.
     keep_alive: bool,
+    /// The session this body ends with ([`ProxyBody::end_with_session`]).
+    watch: Option<Watch>,
 }
 
 impl UpstreamBody {
@@ -70,6 +96,7 @@ impl UpstreamBody {
             conn: Some(conn),
             framing,
             keep_alive,
+            watch: None,
         };
         if framing == Framing::Done {
             this.release(true);
@@ -78,8 +105,10 @@ impl UpstreamBody {
     }
 
     /// Gives the connection back: to the pool when the body was read to its end and the
-    /// upstream keeps the connection open, else closed.
+    /// upstream keeps the connection open, else closed. The body no longer waits, so its
+    /// session watch (if registered) ends too.
     fn release(&mut self, complete: bool) {
+        self.watch = None;
         if let Some(mut conn) = self.conn.take() {
             if complete && self.keep_alive {
                 conn.set_reusable();
@@ -102,7 +131,15 @@ impl Body for ProxyBody {
                 let Some(conn) = u.conn.as_mut() else {
                     return Poll::Ready(None);
                 };
-                let frame = ready!(conn.h1().poll_body(cx, &mut u.framing));
+                let polled = conn.h1().poll_body(cx, &mut u.framing);
+                if let Some(watch) = u.watch.as_mut() {
+                    // Registers at the body's first wait; from then on every poll checks it.
+                    if let Poll::Ready(ended) = watch.poll_ended(cx, polled.is_pending()) {
+                        u.release(false);
+                        return Poll::Ready(Some(Err(ended.into())));
+                    }
+                }
+                let frame = ready!(polled);
                 match &frame {
                     Some(Err(_)) => u.release(false),
                     _ if u.framing == Framing::Done => u.release(true),

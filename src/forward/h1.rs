@@ -160,6 +160,17 @@ impl H1 {
         !self.buf.is_empty()
     }
 
+    /// Whether a body framed as `framing` is already read in full (no more bytes to wait for):
+    /// nothing left, or a `Content-Length` rest the buffer holds. A chunked or close-delimited
+    /// body is never reported whole before its end is parsed.
+    pub fn holds_body(&self, framing: Framing) -> bool {
+        match framing {
+            Framing::Done => true,
+            Framing::Length(left) => self.buf.len() as u64 >= left,
+            Framing::Chunked(_) | Framing::Close => false,
+        }
+    }
+
     /// Reads more bytes into the buffer. `Ok(0)` is end of stream.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         if self.buf.capacity() - self.buf.len() < READ_CHUNK / 4 {

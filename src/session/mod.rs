@@ -6,6 +6,7 @@
 
 mod cache;
 pub mod store;
+mod streams;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +23,9 @@ use crate::unix_now;
 pub use cache::CacheConfig;
 use cache::{Cached, SessionCache};
 pub use store::{Invalidation, Store, StoreError};
+pub(crate) use streams::OpenStreams;
+use streams::Revocable;
+pub use streams::{Ended, Watch};
 
 /// A resolved session, ready to inject.
 #[derive(Debug, Clone)]
@@ -121,6 +125,9 @@ pub struct Sessions {
     /// invalidation stream is down), for metrics; shared by clones. Cache fills are counted
     /// by the cache.
     uncached_reads: Arc<std::sync::atomic::AtomicU64>,
+    /// Open responses by sid, ended when their session is revoked (set by
+    /// [`Sessions::serving`]).
+    streams: Option<Arc<OpenStreams>>,
 }
 
 /// Short, non-reversible tag for a sid, for logs: first 12 hex digits of SHA-256.
@@ -157,43 +164,92 @@ impl Sessions {
             allow_plaintext_legacy,
             cache: None,
             uncached_reads: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            streams: None,
         }
     }
 
-    /// Adds the local session cache and starts following the store's invalidation stream
-    /// (needs a tokio runtime). Until the stream reports `Live`, and whenever it is lost, every
-    /// request reads the store: the cache never serves what it cannot trust.
-    pub fn with_cache(mut self, cfg: CacheConfig) -> Self {
-        if cfg.max_entries == 0 {
-            return self;
-        }
-        let cache = Arc::new(SessionCache::new(cfg));
+    /// Makes this the serving process's session layer: the local session cache (unless
+    /// `cfg.max_entries` is 0) and the registry of open responses, both following the store's
+    /// invalidation stream (needs a tokio runtime). Until the stream reports `Live`, and whenever
+    /// it is lost, every request reads the store: the cache never serves what it cannot trust.
+    /// A change of a session with open responses is read again from the store, and if the
+    /// session is gone its responses end (see `streams.rs`); so is every such session when the
+    /// stream comes back after a loss.
+    pub fn serving(mut self, cfg: CacheConfig) -> Self {
+        let cache = (cfg.max_entries > 0).then(|| Arc::new(SessionCache::new(cfg)));
+        let (recheck_tx, mut recheck_rx) = tokio::sync::mpsc::unbounded_channel();
+        let streams = Arc::new(OpenStreams::new(recheck_tx));
         let mut rx = self.store.watch(self.scan_prefix());
-        let weak = Arc::downgrade(&cache);
+        let weak_cache = cache.as_ref().map(Arc::downgrade);
+        let weak_streams = Arc::downgrade(&streams);
         let prefix = self.scan_prefix().to_owned();
+        // Reads for the rechecks: the same store, no cache, no registry (so this task holds
+        // nothing that keeps the serving layer alive).
+        let reader = self.clone();
         tokio::spawn(async move {
-            while let Some(msg) = rx.recv().await {
-                let Some(cache) = weak.upgrade() else { return };
+            loop {
+                let msg = tokio::select! {
+                    msg = rx.recv() => msg,
+                    sid = recheck_rx.recv() => match sid {
+                        Some(sid) => {
+                            tokio::spawn(recheck(reader.clone(), weak_streams.clone(), vec![sid]));
+                            continue;
+                        }
+                        None => return, // the registry is gone: the layer was dropped
+                    },
+                };
+                let Some(msg) = msg else { return };
+                let Some(streams) = weak_streams.upgrade() else {
+                    return;
+                };
+                let cache = match &weak_cache {
+                    Some(weak) => match weak.upgrade() {
+                        Some(cache) => Some(cache),
+                        None => return,
+                    },
+                    None => None,
+                };
                 match msg {
                     Invalidation::Keys(keys) => {
+                        let mut open = Vec::new();
                         for key in keys {
                             if let Some(sid) = key.strip_prefix(prefix.as_str()) {
-                                cache.invalidate(sid);
+                                if let Some(cache) = &cache {
+                                    cache.invalidate(sid);
+                                }
+                                // After the eviction (see `OpenStreams::changed`).
+                                streams.changed(sid);
+                                if streams.is_open(sid) {
+                                    open.push(Arc::from(sid));
+                                }
                             }
+                        }
+                        if !open.is_empty() {
+                            tokio::spawn(recheck(reader.clone(), weak_streams.clone(), open));
                         }
                     }
                     Invalidation::Live => {
-                        cache.flush();
-                        cache.set_live(true);
+                        if let Some(cache) = &cache {
+                            cache.flush();
+                            cache.set_live(true);
+                        }
+                        streams.changed_all();
+                        let open = streams.open_sids();
+                        if !open.is_empty() {
+                            tokio::spawn(recheck(reader.clone(), weak_streams.clone(), open));
+                        }
                     }
                     Invalidation::Lost => {
-                        cache.set_live(false);
-                        cache.flush();
+                        if let Some(cache) = &cache {
+                            cache.set_live(false);
+                            cache.flush();
+                        }
                     }
                 }
             }
         });
-        self.cache = Some(cache);
+        self.cache = cache;
+        self.streams = Some(streams);
         self
     }
 
@@ -423,6 +479,9 @@ impl Sessions {
     pub async fn revoke(&self, sid: &str) -> Result<bool, StoreError> {
         let existed = self.deadline(self.store.delete(&self.key(sid))).await;
         self.evict(sid).await;
+        if let (Ok(_), Some(streams)) = (&existed, &self.streams) {
+            streams.cut(sid);
+        }
         existed
     }
 
@@ -431,6 +490,33 @@ impl Sessions {
         if let Some(cache) = &self.cache {
             cache.invalidate(sid);
         }
+        if let Some(streams) = &self.streams {
+            streams.changed(sid);
+        }
+    }
+
+    /// The change epoch of `sid`, taken before it is resolved (see [`Sessions::revocable`]).
+    pub fn stream_epoch(&self, sid: &str) -> u64 {
+        self.streams.as_ref().map_or(0, |s| s.epoch(sid))
+    }
+
+    /// What a response of `sid` (resolved at `epoch`, from [`Sessions::stream_epoch`]) needs
+    /// to end with its session: on revocation, or when `expires_at` (seconds since the Unix
+    /// epoch) passes. `None` unless this is a serving layer ([`Sessions::serving`]).
+    pub fn revocable(&self, sid: Arc<str>, epoch: u64, expires_at: Option<u64>) -> Option<Watch> {
+        let streams = self.streams.as_ref()?;
+        Some(Watch::new(Revocable::new(
+            streams.clone(),
+            sid,
+            epoch,
+            expires_at,
+        )))
+    }
+
+    /// Responses open now that would end with their session (`(open, ended since start)`);
+    /// `None` unless this is a serving layer.
+    pub fn streams(&self) -> Option<(u64, u64)> {
+        self.streams.as_ref().map(|s| (s.open(), s.cut_total()))
     }
 
     /// Stores a raw record value at the key for `sid` (tests and migration tooling).
@@ -444,6 +530,37 @@ impl Sessions {
             .await?;
         self.evict(sid).await;
         Ok(())
+    }
+}
+
+/// Reads each of `sids` again and ends its open responses if the session is gone or unusable.
+/// A store failure is retried (every 0.1 s, doubling to 2 s) while the sid still has open
+/// responses: a revocation is never dropped because the store hiccuped.
+async fn recheck(reader: Sessions, streams: std::sync::Weak<OpenStreams>, sids: Vec<Arc<str>>) {
+    for sid in sids {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let answer = reader.resolve_from_store(&sid).await;
+            let Some(streams) = streams.upgrade() else {
+                return;
+            };
+            match answer {
+                Ok(_) => break,
+                Err(ResolveError::Unknown | ResolveError::Corrupt(_)) => {
+                    streams.cut(&sid);
+                    break;
+                }
+                Err(ResolveError::Store(e)) => {
+                    if !streams.is_open(&sid) {
+                        break;
+                    }
+                    tracing::debug!(cause = %e, "re-reading a session with open responses failed; retrying");
+                }
+            }
+            drop(streams);
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
     }
 }
 
@@ -606,7 +723,7 @@ mod tests {
             .create(&Credentials::new("alice".into(), "pw".into()).unwrap(), 60)
             .await
             .unwrap();
-        let cached = sessions(dir, SessionFormat::Tessera, false).with_cache(cfg);
+        let cached = sessions(dir, SessionFormat::Tessera, false).serving(cfg);
         wait_live(&cached).await;
         (cached, uncached, c)
     }

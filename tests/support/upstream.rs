@@ -42,6 +42,8 @@ pub struct Stats {
         Mutex<std::collections::HashMap<usize, std::collections::BTreeSet<String>>>,
     /// hyper behaviours: request paths in the order the requests arrived.
     pub paths: Mutex<Vec<String>>,
+    /// `Users` behaviour: `/events` streams being sent now (one ends when its reader is gone).
+    pub streams_open: AtomicUsize,
 }
 
 impl Stats {
@@ -74,7 +76,9 @@ pub enum Behavior {
     /// connection without answering when the second request arrives (the keep-alive race).
     DropSecondRequest,
     /// hyper server: a Basic-auth service; 200 `{"user":..}` when the credentials match
-    /// `Stats::users`, else 401 with a `Basic` challenge (like Cyrus).
+    /// `Stats::users`, else 401 with a `Basic` challenge (like Cyrus). With the right
+    /// credentials `/events` is a server-sent event stream that never ends by itself: an event
+    /// `data: <user> <n>` every 100 ms (a JMAP push stream's shape).
     Users,
     /// raw: answers with Cyrus-like `Connection: Upgrade`, `Upgrade: h2c`, `Alt-Svc`, `Keep-Alive`.
     HopHeaders,
@@ -137,7 +141,8 @@ async fn handle(
     conn: usize,
 ) -> Result<Response<Out>, Infallible> {
     s.requests.fetch_add(1, Ordering::SeqCst);
-    s.paths.lock().unwrap().push(req.uri().path().to_string());
+    let path = req.uri().path().to_string();
+    s.paths.lock().unwrap().push(path.clone());
     let auth = req
         .headers()
         .get("authorization")
@@ -174,7 +179,13 @@ async fn handle(
             let ok = pair
                 .split_once(':')
                 .is_some_and(|(u, p)| s.users.lock().unwrap().get(u).is_some_and(|want| want == p));
-            if ok {
+            if ok && path == "/events" {
+                let user = pair.split_once(':').unwrap().0.to_string();
+                let mut resp = Response::new(StreamBody::new(events(user, s.clone())).boxed());
+                resp.headers_mut()
+                    .insert("content-type", "text/event-stream".parse().unwrap());
+                Ok(resp)
+            } else if ok {
                 let user = pair.split_once(':').unwrap().0.to_string();
                 Ok(Response::new(
                     Full::new(Bytes::from(format!("{{\"user\":\"{user}\"}}"))).boxed(),
@@ -200,6 +211,26 @@ async fn handle(
         }
         _ => unreachable!(),
     }
+}
+
+/// An endless event stream for `user`, counted in `Stats::streams_open` while it is read.
+fn events(
+    user: String,
+    s: Arc<Stats>,
+) -> impl futures_core::Stream<Item = Result<Frame<Bytes>, Infallible>> + Send {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tokio::spawn(async move {
+        s.streams_open.fetch_add(1, Ordering::SeqCst);
+        for n in 0u64.. {
+            let event = Bytes::from(format!("data: {user} {n}\n\n"));
+            if tx.send(Ok(Frame::data(event))).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        s.streams_open.fetch_sub(1, Ordering::SeqCst);
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
 fn futures_stream(

@@ -1,0 +1,407 @@
+//! Open responses by session, so that a revoked or expired session's responses end (DESIGN.md,
+//! the session side: "open streams of that session are closed").
+//!
+//! A response whose body is complete when its head arrives is never registered: it costs one
+//! atomic load (its sid's epoch, taken as the request is authenticated). A body that has to wait
+//! for the upstream (server-sent events, a JMAP push stream, a long download) is registered under
+//! its sid when it first waits, and from then on ends with an error (HTTP/1.1: the connection
+//! closes before the body's end; h2: the stream is reset) when:
+//! - the session is revoked through this instance (logout, the upstream refusing the stored
+//!   credentials): at once;
+//! - the store reports the session's key changed (another instance's logout, a `DEL` by any
+//!   writer) and a fresh read finds it gone or unusable: within the invalidation stream's delay
+//!   plus one store read;
+//! - the invalidation stream comes back after a loss: every registered sid is read again;
+//! - the session's own expiry (`expires_at`) passes.
+//!
+//! A write that leaves the session usable (a reseal, a rewrite of the same record) ends nothing.
+//! Must never: end another session's response, or miss a revocation that raced the request
+//! between its authentication and its registration (the per-bucket epochs, see
+//! [`OpenStreams::epoch`]).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+/// Buckets of sids sharing one change epoch: a change of one sid makes the registration of a
+/// response of another sid in its bucket re-read the store once (harmless, rare).
+const BUCKETS: usize = 64;
+
+/// The registry of open responses of one serving process, by sid.
+pub(crate) struct OpenStreams {
+    by_sid: Mutex<HashMap<Arc<str>, Open>>,
+    /// Changes seen per sid bucket ([`bucket`]): bumped after the session cache evicted the sid.
+    epochs: [AtomicU64; BUCKETS],
+    /// Sids to read again from the store (to the task following the invalidation stream).
+    recheck: UnboundedSender<Arc<str>>,
+    /// Responses ended because their session was revoked or expired, since start.
+    cut: AtomicU64,
+}
+
+/// The open responses of one sid.
+struct Open {
+    /// Cancelled when the session is found revoked.
+    revoked: CancellationToken,
+    /// Responses registered and not yet ended.
+    count: usize,
+}
+
+/// The bucket of `sid`: its first and last bytes, mixed. tessera's sids are random base64url
+/// (6 random bits per character), so that spreads them over every bucket; a sid format with less
+/// variety there only shares buckets more, which costs spare store reads, never a missed
+/// revocation. Runs on every authenticated request, so it reads two bytes, not the whole sid.
+fn bucket(sid: &str) -> usize {
+    let b = sid.as_bytes();
+    let (first, last) = (b.first().copied(), b.last().copied());
+    (usize::from(first.unwrap_or(0)) * 7 + usize::from(last.unwrap_or(0))) % BUCKETS
+}
+
+impl OpenStreams {
+    /// An empty registry; sids whose registration raced a change are sent on `recheck`.
+    pub(crate) fn new(recheck: UnboundedSender<Arc<str>>) -> Self {
+        Self {
+            by_sid: Mutex::new(HashMap::new()),
+            epochs: std::array::from_fn(|_| AtomicU64::new(0)),
+            recheck,
+            cut: AtomicU64::new(0),
+        }
+    }
+
+    /// The change epoch of `sid`'s bucket. Taken before the session is resolved: if it moved by
+    /// the time the response registers, the session may have been revoked in between (after the
+    /// cache answered), so the registration asks for a fresh read.
+    pub(crate) fn epoch(&self, sid: &str) -> u64 {
+        self.epochs[bucket(sid)].load(Ordering::SeqCst)
+    }
+
+    /// Records that `sid`'s session was written or deleted. Called after the session cache
+    /// evicted it: a request that took the epoch after this bump resolves without that entry.
+    pub(crate) fn changed(&self, sid: &str) {
+        self.epochs[bucket(sid)].fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Records that any session may have changed (the invalidation stream was lost).
+    pub(crate) fn changed_all(&self) {
+        for e in &self.epochs {
+            e.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether `sid` has open responses now.
+    pub(crate) fn is_open(&self, sid: &str) -> bool {
+        self.lock().contains_key(sid)
+    }
+
+    /// Every sid with open responses now.
+    pub(crate) fn open_sids(&self) -> Vec<Arc<str>> {
+        self.lock().keys().cloned().collect()
+    }
+
+    /// Responses registered and not ended now.
+    pub(crate) fn open(&self) -> u64 {
+        self.lock().values().map(|o| o.count as u64).sum()
+    }
+
+    /// Responses ended because their session was revoked or expired, since start.
+    pub(crate) fn cut_total(&self) -> u64 {
+        self.cut.load(Ordering::Relaxed)
+    }
+
+    /// Ends every open response of `sid` (its session is gone); returns how many.
+    pub(crate) fn cut(&self, sid: &str) -> usize {
+        let Some(open) = self.lock().remove(sid) else {
+            return 0;
+        };
+        open.revoked.cancel();
+        self.cut.fetch_add(open.count as u64, Ordering::Relaxed);
+        tracing::info!(
+            sid_hash = %super::sid_hash(sid),
+            responses = open.count,
+            "open responses of a revoked session ended"
+        );
+        open.count
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Open>> {
+        // A panic while holding this lock leaves the map consistent (each step is one insert,
+        // update or remove), so a poisoned lock is used as it is.
+        self.by_sid.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers one response of `sid`, resolved at `epoch`; its token is cancelled when the
+    /// session is found revoked.
+    fn register(&self, sid: &Arc<str>, epoch: u64) -> CancellationToken {
+        let token = {
+            let mut map = self.lock();
+            let open = map.entry(sid.clone()).or_insert_with(|| Open {
+                revoked: CancellationToken::new(),
+                count: 0,
+            });
+            open.count += 1;
+            open.revoked.clone()
+        };
+        // After the insert: a change whose follower looked for `sid` before it was there bumped
+        // the epoch first, so it is seen here (see `changed`).
+        if self.epoch(sid) != epoch {
+            let _ = self.recheck.send(sid.clone());
+        }
+        token
+    }
+
+    /// Ends one registration of `sid` (its response ended or was dropped).
+    fn release(&self, sid: &str, token: &CancellationToken) {
+        if token.is_cancelled() {
+            return; // cut: its entry is already gone (a new one may be another registration's)
+        }
+        let mut map = self.lock();
+        if let Some(open) = map.get_mut(sid) {
+            open.count -= 1;
+            if open.count == 0 {
+                map.remove(sid);
+            }
+        }
+    }
+}
+
+/// Why an open response ended early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Ended {
+    /// The session was revoked (or its record became unusable).
+    #[error("session revoked; open response ended")]
+    Revoked,
+    /// The session's `expires_at` passed.
+    #[error("session expired; open response ended")]
+    Expired,
+}
+
+/// What a response body needs to be ended with its session: taken when the request was
+/// authenticated, registered only if the body has to wait for the upstream.
+pub(crate) struct Revocable {
+    streams: Arc<OpenStreams>,
+    sid: Arc<str>,
+    epoch: u64,
+    /// Seconds since the Unix epoch.
+    expires_at: Option<u64>,
+}
+
+impl Revocable {
+    pub(crate) fn new(
+        streams: Arc<OpenStreams>,
+        sid: Arc<str>,
+        epoch: u64,
+        expires_at: Option<u64>,
+    ) -> Self {
+        Self {
+            streams,
+            sid,
+            epoch,
+            expires_at,
+        }
+    }
+}
+
+/// A response body's tie to its session: armed until the body first waits, then registered.
+/// One pointer wide (the state is boxed), so the body it rides in stays small: only bodies still
+/// open when their head arrived get one.
+pub struct Watch(Box<State>);
+
+enum State {
+    /// Not registered: the body has not waited yet.
+    Armed(Revocable),
+    /// Registered under its sid.
+    Registered(Registered),
+    /// Ended (reported once).
+    Done,
+}
+
+/// A registered response.
+struct Registered {
+    streams: Arc<OpenStreams>,
+    sid: Arc<str>,
+    token: CancellationToken,
+    revoked: Pin<Box<WaitForCancellationFutureOwned>>,
+    expiry: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.streams.release(&self.sid, &self.token);
+    }
+}
+
+/// Time left until `expires_at` (seconds since the Unix epoch), zero if it passed.
+fn until(expires_at: u64) -> Duration {
+    (UNIX_EPOCH + Duration::from_secs(expires_at))
+        .duration_since(SystemTime::now())
+        .unwrap_or(Duration::ZERO)
+}
+
+impl Watch {
+    /// A watch for the response `r` describes, not yet registered.
+    pub(crate) fn new(r: Revocable) -> Self {
+        Self(Box::new(State::Armed(r)))
+    }
+
+    /// Polls for the session's end. `waiting`: the body is waiting for the upstream, so an armed
+    /// watch registers now (wakes `cx` when the session ends). Ready once, with why.
+    pub fn poll_ended(&mut self, cx: &mut Context<'_>, waiting: bool) -> Poll<Ended> {
+        let state = &mut *self.0;
+        if let State::Armed(r) = state {
+            if !waiting {
+                return Poll::Pending;
+            }
+            let token = r.streams.register(&r.sid, r.epoch);
+            *state = State::Registered(Registered {
+                revoked: Box::pin(token.clone().cancelled_owned()),
+                expiry: r
+                    .expires_at
+                    .map(|e| Box::pin(tokio::time::sleep(until(e).min(MAX_WAIT)))),
+                token,
+                streams: r.streams.clone(),
+                sid: r.sid.clone(),
+            });
+        }
+        let State::Registered(reg) = state else {
+            return Poll::Pending;
+        };
+        let ended = if reg.revoked.as_mut().poll(cx).is_ready() {
+            Ended::Revoked
+        } else if reg
+            .expiry
+            .as_mut()
+            .is_some_and(|s| s.as_mut().poll(cx).is_ready())
+        {
+            reg.streams.cut.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                sid_hash = %super::sid_hash(&reg.sid),
+                "open response of an expired session ended"
+            );
+            Ended::Expired
+        } else {
+            return Poll::Pending;
+        };
+        *state = State::Done;
+        Poll::Ready(ended)
+    }
+}
+
+/// Longest expiry timer (keeps `Instant` arithmetic far from overflow for absurd `expires_at`).
+const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::task::Waker;
+
+    fn registry() -> (
+        Arc<OpenStreams>,
+        tokio::sync::mpsc::UnboundedReceiver<Arc<str>>,
+    ) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        (Arc::new(OpenStreams::new(tx)), rx)
+    }
+
+    fn armed(streams: &Arc<OpenStreams>, sid: &str, expires_at: Option<u64>) -> Watch {
+        let epoch = streams.epoch(sid);
+        Watch::new(Revocable::new(
+            streams.clone(),
+            Arc::from(sid),
+            epoch,
+            expires_at,
+        ))
+    }
+
+    fn poll(w: &mut Watch, waiting: bool) -> Poll<Ended> {
+        w.poll_ended(&mut Context::from_waker(Waker::noop()), waiting)
+    }
+
+    #[tokio::test]
+    async fn only_a_waiting_body_registers_and_a_cut_ends_only_its_sessions_responses() {
+        let (streams, _rx) = registry();
+        let mut a1 = armed(&streams, "sid-a", None);
+        let mut a2 = armed(&streams, "sid-a", None);
+        let mut b = armed(&streams, "sid-b", None);
+        assert_eq!(poll(&mut a1, false), Poll::Pending);
+        assert_eq!(streams.open(), 0, "a body that never waited registered");
+        for w in [&mut a1, &mut a2, &mut b] {
+            assert_eq!(poll(w, true), Poll::Pending);
+        }
+        assert_eq!(streams.open(), 3);
+        assert_eq!(streams.cut("sid-a"), 2);
+        assert_eq!(poll(&mut a1, false), Poll::Ready(Ended::Revoked));
+        assert_eq!(poll(&mut a2, true), Poll::Ready(Ended::Revoked));
+        assert_eq!(poll(&mut a1, true), Poll::Pending, "reported twice");
+        assert_eq!(
+            poll(&mut b, true),
+            Poll::Pending,
+            "another session's response ended"
+        );
+        assert_eq!((streams.open(), streams.cut_total()), (1, 2));
+        drop(b);
+        assert_eq!(streams.open(), 0, "a dropped response stayed registered");
+        assert!(!streams.is_open("sid-b"));
+        // A registration after a cut starts a fresh entry that the old responses' drops
+        // must not decrement.
+        let mut a3 = armed(&streams, "sid-a", None);
+        assert_eq!(poll(&mut a3, true), Poll::Pending);
+        drop(a1);
+        drop(a2);
+        assert_eq!(streams.open(), 1);
+        assert!(streams.is_open("sid-a"));
+    }
+
+    #[tokio::test]
+    async fn a_change_between_authentication_and_registration_asks_for_a_fresh_read() {
+        let (streams, mut rx) = registry();
+        let mut quiet = armed(&streams, "sid-quiet", None);
+        let mut raced = armed(&streams, "sid-raced", None);
+        streams.changed("sid-raced");
+        assert_eq!(poll(&mut quiet, true), Poll::Pending);
+        assert!(rx.try_recv().is_err() || bucket("sid-quiet") == bucket("sid-raced"));
+        assert_eq!(poll(&mut raced, true), Poll::Pending);
+        let mut asked = Vec::new();
+        while let Ok(sid) = rx.try_recv() {
+            asked.push(sid.to_string());
+        }
+        assert!(asked.contains(&"sid-raced".to_string()), "{asked:?}");
+        // And a loss of the invalidation stream marks every sid.
+        let mut later = armed(&streams, "sid-later", None);
+        streams.changed_all();
+        assert_eq!(poll(&mut later, true), Poll::Pending);
+        assert_eq!(rx.try_recv().unwrap().as_ref(), "sid-later");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_registered_response_ends_when_its_session_expires() {
+        let (streams, _rx) = registry();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let mut w = armed(&streams, "sid-exp", Some(now + 3));
+        let mut forever = armed(&streams, "sid-none", None);
+        assert_eq!(poll(&mut w, true), Poll::Pending);
+        assert_eq!(poll(&mut forever, true), Poll::Pending);
+        tokio::time::advance(Duration::from_secs(4)).await;
+        assert_eq!(poll(&mut w, false), Poll::Ready(Ended::Expired));
+        assert_eq!(poll(&mut forever, false), Poll::Pending);
+        assert_eq!(streams.cut_total(), 1);
+        drop(w);
+        assert_eq!(streams.open(), 1);
+        // An already expired session ends at its first wait.
+        let mut past = armed(&streams, "sid-past", Some(now.saturating_sub(10)));
+        let mut ended = poll(&mut past, true);
+        if ended.is_pending() {
+            tokio::time::advance(Duration::from_millis(1)).await;
+            ended = poll(&mut past, false);
+        }
+        assert_eq!(ended, Poll::Ready(Ended::Expired));
+    }
+}
