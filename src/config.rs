@@ -76,6 +76,7 @@ struct RawServer {
     header_read_timeout_ms: Option<u64>,
     threads: Option<usize>,
     busy_poll_us: Option<u64>,
+    trusted_proxies: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -223,6 +224,12 @@ pub struct ServerConfig {
     /// polling, `server.busy_poll_us`, 0..=1000 µs): lower latency at low load for a busy core
     /// between requests. Default 0 (off).
     pub busy_poll: Duration,
+    /// Peers (addresses or CIDR blocks) whose `X-Forwarded-For` and `X-Forwarded-Proto` are
+    /// believed: a load balancer or TLS terminator in front of tessera. For a request from one
+    /// of them, the client is the rightmost `X-Forwarded-For` entry that is not itself trusted
+    /// (nginx's `set_real_ip_from` + `real_ip_recursive on`). Default empty: every peer is the
+    /// client, and client-sent forwarding headers are dropped.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
 }
 
 /// `[upstream]`.
@@ -606,9 +613,25 @@ fn validate_server(s: RawServer) -> Result<ServerConfig, ConfigError> {
             ),
         ));
     }
+    let mut trusted_proxies = Vec::new();
+    for (i, text) in s.trusted_proxies.unwrap_or_default().iter().enumerate() {
+        let net = text
+            .parse::<ipnet::IpNet>()
+            .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+            .map_err(|_| {
+                ConfigError::new(
+                    &format!("server.trusted_proxies[{i}]"),
+                    format!(
+                        "`{text}` is not an IP address or CIDR block, e.g. \"10.0.0.0/8\" or \"::1\""
+                    ),
+                )
+            })?;
+        trusted_proxies.push(net);
+    }
     Ok(ServerConfig {
         listen,
         threads,
+        trusted_proxies,
         busy_poll: Duration::from_micros(busy_poll_us),
         max_header_bytes,
         max_uri_bytes,
@@ -1308,6 +1331,31 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("port"), "unknown key: {err}");
+    }
+
+    #[test]
+    fn trusted_proxies_are_addresses_or_cidr_blocks_and_none_by_default() {
+        let c = Config::from_toml_with(&minimal(), env).unwrap();
+        assert!(c.server.trusted_proxies.is_empty());
+        let text = format!(
+            "{}[server]\ntrusted_proxies = [\"10.0.0.0/8\", \"::1\", \"192.0.2.7\"]\n",
+            minimal()
+        );
+        let nets = Config::from_toml_with(&text, env)
+            .unwrap()
+            .server
+            .trusted_proxies;
+        let shown: Vec<String> = nets.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["10.0.0.0/8", "::1/128", "192.0.2.7/32"]);
+        for bad in ["10.0.0.0/33", "lb.internal", ""] {
+            let text = format!(
+                "{}[server]\ntrusted_proxies = [\"127.0.0.1\", \"{bad}\"]\n",
+                minimal()
+            );
+            let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
+            assert!(err.contains("server.trusted_proxies[1]"), "{bad}: {err}");
+            assert!(err.contains("e.g. \"10.0.0.0/8\""), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -45,6 +45,8 @@ pub struct Proxy {
     login: Option<Login>,
     /// Requests by status, when `[metrics]` is configured.
     request_counts: Option<RequestCounts>,
+    /// `server.trusted_proxies`.
+    trusted_proxies: Vec<ipnet::IpNet>,
 }
 
 /// `WWW-Authenticate` sent when the upstream answered 401 to the injected credentials (RFC 6750 3).
@@ -55,17 +57,33 @@ const UPSTREAM_REJECTED: &str =
 /// connection rather than per request (formatting the address was 2-3% of a warm request's
 /// user CPU in the profile).
 pub struct Peer {
-    /// The client's socket address.
+    /// The client's socket address (for a request relayed by a trusted proxy: the client it
+    /// names, port 0).
     pub addr: SocketAddr,
     forwarded_for: Option<HeaderValue>,
+    /// The peer is a trusted proxy (`server.trusted_proxies`): each request names its client.
+    trusted: bool,
+    /// `X-Forwarded-Proto` sent upstream: `http`, or what a trusted proxy reported.
+    proto: &'static str,
 }
 
 impl Peer {
-    /// The peer at `addr`.
+    /// The peer at `addr`, itself the client (see [`Proxy::peer`] for trusted proxies).
     pub fn new(addr: SocketAddr) -> Self {
         Self {
             addr,
             forwarded_for: HeaderValue::from_str(&addr.ip().to_string()).ok(),
+            trusted: false,
+            proto: "http",
+        }
+    }
+
+    /// The client a trusted proxy relayed this request for (see [`screen::forwarded_client`]).
+    fn relayed(&self, headers: &http::HeaderMap, trusted: &[ipnet::IpNet]) -> Self {
+        let ip = screen::forwarded_client(headers, trusted, self.addr.ip());
+        Self {
+            proto: screen::forwarded_proto(headers).unwrap_or("http"),
+            ..Self::new(SocketAddr::new(ip, 0))
         }
     }
 }
@@ -126,6 +144,19 @@ impl Proxy {
                 .metrics
                 .as_ref()
                 .map(|_| RequestCounts::new(cfg.server.threads)),
+            trusted_proxies: cfg.server.trusted_proxies.clone(),
+        }
+    }
+
+    /// The peer of a connection from `addr`: trusted (its requests name their client in
+    /// `X-Forwarded-For`) when `addr` is in `server.trusted_proxies`.
+    pub fn peer(&self, addr: SocketAddr) -> Peer {
+        Peer {
+            trusted: self
+                .trusted_proxies
+                .iter()
+                .any(|net| net.contains(&addr.ip())),
+            ..Peer::new(addr)
         }
     }
 
@@ -176,6 +207,13 @@ impl Proxy {
         B: Body<Data = Bytes> + Send + Sync + 'static,
         B::Error: Into<BoxError>,
     {
+        let relayed;
+        let peer = if peer.trusted {
+            relayed = peer.relayed(req.headers(), &self.trusted_proxies);
+            &relayed
+        } else {
+            peer
+        };
         let logged = (self.access_log && crate::access_log::enabled())
             .then(|| (req.method().clone(), req.uri().path().to_owned()));
         let started = (logged.is_some() || self.request_counts.is_some()).then(Instant::now);
@@ -346,7 +384,12 @@ impl Proxy {
             token::strip_token_cookies(headers, &self.sources);
         }
         headers.insert(header::AUTHORIZATION, session.authorization.clone());
-        screen::set_forwarded(headers, peer.forwarded_for.as_ref(), "http", &screened.host);
+        screen::set_forwarded(
+            headers,
+            peer.forwarded_for.as_ref(),
+            peer.proto,
+            &screened.host,
+        );
         let host = if self.preserve_host && !screened.host.is_empty() {
             screened.host.clone()
         } else {

@@ -169,6 +169,57 @@ fn connection_authorization_trick_does_not_strip_injected_credential() {
     assert_eq!(json(&body)["authorization"], basic("alice", "pw"));
 }
 
+/// Behind a trusted proxy (`server.trusted_proxies`), the client it names is the one the
+/// upstream and the access log see; the same headers from anyone else are dropped.
+#[test]
+fn a_trusted_proxy_names_the_client_and_its_scheme() {
+    let nginx = Nginx::start();
+    let (t, token) = behind(
+        &nginx.url(),
+        &[(
+            "server",
+            "trusted_proxies = [\"127.0.0.0/8\", \"10.0.0.0/8\"]",
+        )],
+    );
+    let (code, body) = curl(&[
+        "-H",
+        &bearer(&token),
+        // a client's own claim, the address the first proxy saw, then a second trusted hop
+        "-H",
+        "X-Forwarded-For: 6.6.6.6, 198.51.100.9, 10.1.2.3",
+        "-H",
+        "X-Forwarded-Proto: https",
+        &t.url("/echo"),
+    ]);
+    assert_eq!(code, 200, "{body}");
+    let seen = json(&body);
+    assert_eq!(seen["xff"], "198.51.100.9");
+    assert_eq!(seen["xfp"], "https");
+    let log = t.log_when(|l| l.contains("tessera::access: peer=198.51.100.9 "));
+    assert!(
+        log.contains("tessera::access: peer=198.51.100.9 method=GET path=/echo status=200"),
+        "{log}"
+    );
+
+    // The same headers from an untrusted peer (the default) are the client's claims: dropped.
+    let (t, token) = behind(&nginx.url(), &[]);
+    let (code, body) = curl(&[
+        "-H",
+        &bearer(&token),
+        "-H",
+        "X-Forwarded-For: 6.6.6.6, 198.51.100.9",
+        "-H",
+        "X-Forwarded-Proto: https",
+        &t.url("/echo"),
+    ]);
+    assert_eq!(code, 200, "{body}");
+    let seen = json(&body);
+    assert_eq!(
+        (seen["xff"].as_str(), seen["xfp"].as_str()),
+        (Some("127.0.0.1"), Some("http"))
+    );
+}
+
 #[test]
 fn revoked_and_expired_sessions_get_401_while_serve_runs() {
     let nginx = Nginx::start();

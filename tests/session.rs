@@ -246,6 +246,48 @@ fn twenty_failed_logins_then_429_even_for_the_right_password() {
     assert!(session_keys(&redis).is_empty());
 }
 
+/// Behind a load balancer every client shares its address: with `server.trusted_proxies` the
+/// failed-login limit is per client it names, so one client's failures lock out no one else.
+#[test]
+fn behind_a_trusted_proxy_failed_logins_are_limited_per_named_client() {
+    let up = users();
+    let redis = Redis::start();
+    let t = on_redis(
+        &up,
+        &redis,
+        &[("server", "trusted_proxies = [\"127.0.0.1\"]")],
+    );
+    let login_as = |client: &str, user: &str, password: &str| {
+        let body = serde_json::json!({"username": user, "password": password}).to_string();
+        call(&[
+            "-H",
+            "Content-Type: application/json",
+            "-H",
+            &format!("X-Forwarded-For: {client}"),
+            "--data-binary",
+            &body,
+            &t.url("/auth/login"),
+        ])
+        .code
+    };
+    for i in 0..20 {
+        assert_eq!(login_as("203.0.113.1", "alice", &format!("wrong-{i}")), 401);
+    }
+    assert_eq!(
+        login_as("203.0.113.1", "bob", "bob-pw"),
+        429,
+        "the limit is per client"
+    );
+    assert_eq!(
+        login_as("203.0.113.2", "bob", "bob-pw"),
+        200,
+        "another client behind the same proxy was locked out"
+    );
+    // A client cannot pose as another by sending its own X-Forwarded-For: the proxy appends
+    // the address it saw, and that rightmost entry is the client.
+    assert_eq!(login_as("203.0.113.2, 203.0.113.1", "bob", "bob-pw"), 429);
+}
+
 #[test]
 fn per_user_limit_and_form_login_with_csrf_and_rd() {
     let up = users();

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::ServerConfig;
-use crate::proxy::{Peer, Proxy};
+use crate::proxy::Proxy;
 
 pub use h1::MAX_FAST_BODY;
 
@@ -72,7 +72,8 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        connections.spawn(h1::serve(serving.clone(), stream, Peer::new(peer)));
+        let peer = serving.proxy.peer(peer);
+        connections.spawn(h1::serve(serving.clone(), stream, peer));
     }
     drop(listener);
     stop.cancel();
