@@ -306,7 +306,7 @@ pub fn forwarded_client(headers: &HeaderMap, trusted: &[ipnet::IpNet], peer: IpA
 /// The scheme a trusted proxy says the client used (`X-Forwarded-Proto: https` or `http`, the
 /// last such field); `None` when absent or anything else.
 pub fn forwarded_proto(headers: &HeaderMap) -> Option<&'static str> {
-    let v = headers.get_all("x-forwarded-proto").iter().last()?;
+    let v = headers.get_all("x-forwarded-proto").iter().next_back()?;
     let v = v.as_bytes().trim_ascii();
     if v.eq_ignore_ascii_case(b"https") {
         Some("https")
