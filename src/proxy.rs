@@ -95,8 +95,6 @@ struct Ctx {
     sid: Option<Arc<str>>,
     /// Log reason of a response that is not a [`ProxyError`] (login endpoints).
     reason: Option<String>,
-    /// The sid's change epoch before it was resolved ([`Sessions::stream_epoch`]).
-    epoch: u64,
 }
 
 impl Proxy {
@@ -300,10 +298,7 @@ impl Proxy {
             // (Not asked of a body already in memory: a watch is an allocation, 1.5% of a
             // warm request's instructions.)
             if let Some(sid) = &ctx.sid {
-                if let Some(w) = self
-                    .sessions
-                    .revocable(sid.clone(), ctx.epoch, session.expires_at)
-                {
+                if let Some(w) = self.sessions.revocable(sid.clone(), &session) {
                     resp.body_mut().end_with_session(w);
                 }
             }
@@ -329,7 +324,6 @@ impl Proxy {
         let token = token::extract(&parts.headers, &self.sources)?;
         let verified = self.verifier.verify_refreshing(&token, unix_now()).await?;
         drop(token);
-        ctx.epoch = self.sessions.stream_epoch(&verified.sid);
         let session = self.sessions.resolve(&verified.sid).await;
         ctx.sid = Some(verified.sid);
         Ok(session?)

@@ -133,8 +133,11 @@ impl Body for ProxyBody {
                 };
                 let polled = conn.h1().poll_body(cx, &mut u.framing);
                 if let Some(watch) = u.watch.as_mut() {
-                    // Registers at the body's first wait; from then on every poll checks it.
-                    if let Poll::Ready(ended) = watch.poll_ended(cx, polled.is_pending()) {
+                    // Registers at the body's first wait (or once it outlived two frames); from
+                    // then on every poll checks it.
+                    let went_on =
+                        matches!(polled, Poll::Ready(Some(Ok(_)))) && u.framing != Framing::Done;
+                    if let Poll::Ready(ended) = watch.poll_ended(cx, polled.is_pending(), went_on) {
                         u.release(false);
                         return Poll::Ready(Some(Err(ended.into())));
                     }

@@ -36,6 +36,9 @@ pub struct Session {
     pub authorization: HeaderValue,
     /// Expiry, seconds since the Unix epoch, when the record has it.
     pub expires_at: Option<u64>,
+    /// The change epoch of the sid's bucket taken before the store read that produced this
+    /// session (see `streams.rs`: a response registering later re-reads the session if it moved).
+    pub(crate) read_epoch: u64,
 }
 
 /// Why a session could not be resolved.
@@ -332,6 +335,7 @@ impl Sessions {
 
     /// resolve without the cache: one store read and one unseal.
     async fn resolve_from_store(&self, sid: &str) -> Result<Session, ResolveError> {
+        let read_epoch = self.stream_epoch(sid);
         let raw = self
             .deadline(self.store.get(&self.key(sid)))
             .await?
@@ -348,6 +352,7 @@ impl Sessions {
             sub: record.sub.or_else(|| Some(creds.user().to_owned())),
             authorization: creds.basic_header(),
             expires_at: record.expires_at,
+            read_epoch,
         })
     }
 
@@ -495,21 +500,21 @@ impl Sessions {
         }
     }
 
-    /// The change epoch of `sid`, taken before it is resolved (see [`Sessions::revocable`]).
-    pub fn stream_epoch(&self, sid: &str) -> u64 {
+    /// The change epoch of `sid`, taken before its record is read (see [`Sessions::revocable`]).
+    fn stream_epoch(&self, sid: &str) -> u64 {
         self.streams.as_ref().map_or(0, |s| s.epoch(sid))
     }
 
-    /// What a response of `sid` (resolved at `epoch`, from [`Sessions::stream_epoch`]) needs
-    /// to end with its session: on revocation, or when `expires_at` (seconds since the Unix
-    /// epoch) passes. `None` unless this is a serving layer ([`Sessions::serving`]).
-    pub fn revocable(&self, sid: Arc<str>, epoch: u64, expires_at: Option<u64>) -> Option<Watch> {
+    /// What a response of `session` (resolved for `sid`) needs to end with it: on revocation,
+    /// or when its `expires_at` passes. `None` unless this is a serving layer
+    /// ([`Sessions::serving`]).
+    pub fn revocable(&self, sid: Arc<str>, session: &Session) -> Option<Watch> {
         let streams = self.streams.as_ref()?;
         Some(Watch::new(Revocable::new(
             streams.clone(),
             sid,
-            epoch,
-            expires_at,
+            session.read_epoch,
+            session.expires_at,
         )))
     }
 

@@ -1,23 +1,25 @@
 //! Open responses by session, so that a revoked or expired session's responses end (DESIGN.md,
 //! the session side: "open streams of that session are closed").
 //!
-//! A response whose body is complete when its head arrives is never registered: it costs one
-//! atomic load (its sid's epoch, taken as the request is authenticated). A body that has to wait
-//! for the upstream (server-sent events, a JMAP push stream, a long download) is registered under
-//! its sid when it first waits, and from then on ends with an error (HTTP/1.1: the connection
-//! closes before the body's end; h2: the stream is reset) when:
+//! A response whose `Content-Length` body arrived with its head costs nothing here. Any other
+//! upstream body gets an armed watch (one allocation), and is registered under its sid when it
+//! first waits for the upstream or outlives its first frame (server-sent events, a JMAP push
+//! stream, a download the upstream sends faster than the client reads); from then on it ends with
+//! an error (HTTP/1.1: the connection closes before the body's end; h2: the stream is reset)
+//! when:
 //! - the session is revoked through this instance (logout, the upstream refusing the stored
 //!   credentials): at once;
 //! - the store reports the session's key changed (another instance's logout, a `DEL` by any
 //!   writer) and a fresh read finds it gone or unusable: within the invalidation stream's delay
 //!   plus one store read;
 //! - the invalidation stream comes back after a loss: every registered sid is read again;
-//! - the session's own expiry (`expires_at`) passes.
+//! - the session's own expiry (`expires_at`, as it was when the request was authenticated)
+//!   passes by the wall clock.
 //!
 //! A write that leaves the session usable (a reseal, a rewrite of the same record) ends nothing.
 //! Must never: end another session's response, or miss a revocation that raced the request
-//! between its authentication and its registration (the per-bucket epochs, see
-//! [`OpenStreams::epoch`]).
+//! between the store read that produced its session and its registration (the per-bucket
+//! epochs, see [`OpenStreams::epoch`]).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -74,9 +76,10 @@ impl OpenStreams {
         }
     }
 
-    /// The change epoch of `sid`'s bucket. Taken before the session is resolved: if it moved by
-    /// the time the response registers, the session may have been revoked in between (after the
-    /// cache answered), so the registration asks for a fresh read.
+    /// The change epoch of `sid`'s bucket. Taken before the store read that produces a session
+    /// (kept with it in the cache): if it moved by the time a response of that session registers,
+    /// the session may have been revoked since that read, so the registration asks for a fresh
+    /// one.
     pub(crate) fn epoch(&self, sid: &str) -> u64 {
         self.epochs[bucket(sid)].load(Ordering::SeqCst)
     }
@@ -116,10 +119,16 @@ impl OpenStreams {
 
     /// Ends every open response of `sid` (its session is gone); returns how many.
     pub(crate) fn cut(&self, sid: &str) -> usize {
-        let Some(open) = self.lock().remove(sid) else {
-            return 0;
+        let open = {
+            let mut map = self.lock();
+            let Some(open) = map.remove(sid) else {
+                return 0;
+            };
+            // Under the lock: a `release` that takes it next sees its token cancelled and leaves
+            // any newer entry for this sid alone.
+            open.revoked.cancel();
+            open
         };
-        open.revoked.cancel();
         self.cut.fetch_add(open.count as u64, Ordering::Relaxed);
         tracing::info!(
             sid_hash = %super::sid_hash(sid),
@@ -157,10 +166,10 @@ impl OpenStreams {
 
     /// Ends one registration of `sid` (its response ended or was dropped).
     fn release(&self, sid: &str, token: &CancellationToken) {
+        let mut map = self.lock();
         if token.is_cancelled() {
             return; // cut: its entry is already gone (a new one may be another registration's)
         }
-        let mut map = self.lock();
         if let Some(open) = map.get_mut(sid) {
             open.count -= 1;
             if open.count == 0 {
@@ -189,6 +198,8 @@ pub(crate) struct Revocable {
     epoch: u64,
     /// Seconds since the Unix epoch.
     expires_at: Option<u64>,
+    /// The body already returned a frame and went on.
+    went_on: bool,
 }
 
 impl Revocable {
@@ -203,6 +214,7 @@ impl Revocable {
             sid,
             epoch,
             expires_at,
+            went_on: false,
         }
     }
 }
@@ -227,7 +239,8 @@ struct Registered {
     sid: Arc<str>,
     token: CancellationToken,
     revoked: Pin<Box<WaitForCancellationFutureOwned>>,
-    expiry: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Fires at `expires_at` (re-armed if the wall clock says it came early).
+    expiry: Option<(u64, Pin<Box<tokio::time::Sleep>>)>,
 }
 
 impl Drop for Registered {
@@ -249,12 +262,21 @@ impl Watch {
         Self(Box::new(State::Armed(r)))
     }
 
-    /// Polls for the session's end. `waiting`: the body is waiting for the upstream, so an armed
-    /// watch registers now (wakes `cx` when the session ends). Ready once, with why.
-    pub fn poll_ended(&mut self, cx: &mut Context<'_>, waiting: bool) -> Poll<Ended> {
+    /// Polls for the session's end. `waiting`: the body is waiting for the upstream;
+    /// `went_on`: it returned a frame and is not at its end. An armed watch registers (and from
+    /// then on wakes `cx` when the session ends) at the first wait, or when the body goes on
+    /// after a second frame: a body the upstream sends faster than the client reads may never
+    /// wait. Ready once, with why.
+    pub fn poll_ended(
+        &mut self,
+        cx: &mut Context<'_>,
+        waiting: bool,
+        went_on: bool,
+    ) -> Poll<Ended> {
         let state = &mut *self.0;
         if let State::Armed(r) = state {
-            if !waiting {
+            if !(waiting || went_on && r.went_on) {
+                r.went_on |= went_on;
                 return Poll::Pending;
             }
             let token = r.streams.register(&r.sid, r.epoch);
@@ -262,7 +284,7 @@ impl Watch {
                 revoked: Box::pin(token.clone().cancelled_owned()),
                 expiry: r
                     .expires_at
-                    .map(|e| Box::pin(tokio::time::sleep(until(e).min(MAX_WAIT)))),
+                    .map(|e| (e, Box::pin(tokio::time::sleep(until(e).min(MAX_WAIT))))),
                 token,
                 streams: r.streams.clone(),
                 sid: r.sid.clone(),
@@ -273,11 +295,20 @@ impl Watch {
         };
         let ended = if reg.revoked.as_mut().poll(cx).is_ready() {
             Ended::Revoked
-        } else if reg
-            .expiry
-            .as_mut()
-            .is_some_and(|s| s.as_mut().poll(cx).is_ready())
-        {
+        } else if reg.expiry.as_mut().is_some_and(|(at, sleep)| {
+            // The timer is monotonic, `expires_at` wall-clock time (and the wait is capped):
+            // re-armed until the wall clock agrees.
+            while sleep.as_mut().poll(cx).is_ready() {
+                let left = until(*at);
+                if left.is_zero() {
+                    return true;
+                }
+                sleep
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + left.min(MAX_WAIT));
+            }
+            false
+        }) {
             reg.streams.cut.fetch_add(1, Ordering::Relaxed);
             tracing::info!(
                 sid_hash = %super::sid_hash(&reg.sid),
@@ -319,7 +350,35 @@ mod tests {
     }
 
     fn poll(w: &mut Watch, waiting: bool) -> Poll<Ended> {
-        w.poll_ended(&mut Context::from_waker(Waker::noop()), waiting)
+        w.poll_ended(&mut Context::from_waker(Waker::noop()), waiting, false)
+    }
+
+    #[tokio::test]
+    async fn a_body_that_never_waits_registers_when_it_goes_on_past_its_first_frame() {
+        let (streams, _rx) = registry();
+        let mut w = armed(&streams, "sid-fast", None);
+        let cx = &mut Context::from_waker(Waker::noop());
+        // first frame, more to come: not yet (a small chunked body ends on the next poll)
+        assert_eq!(w.poll_ended(cx, false, true), Poll::Pending);
+        assert_eq!(streams.open(), 0);
+        // second frame and still going: a download faster than its reader
+        assert_eq!(w.poll_ended(cx, false, true), Poll::Pending);
+        assert_eq!(streams.open(), 1);
+        streams.cut("sid-fast");
+        assert_eq!(w.poll_ended(cx, false, true), Poll::Ready(Ended::Revoked));
+    }
+
+    #[tokio::test]
+    async fn a_release_racing_a_cut_leaves_a_newer_registration_alone() {
+        let (streams, _rx) = registry();
+        let mut old = armed(&streams, "sid-r", None);
+        assert_eq!(poll(&mut old, true), Poll::Pending);
+        streams.cut("sid-r");
+        let mut new = armed(&streams, "sid-r", None);
+        assert_eq!(poll(&mut new, true), Poll::Pending);
+        drop(old); // its token is cancelled: the new entry keeps its count
+        assert_eq!(streams.open(), 1);
+        assert_eq!(streams.cut("sid-r"), 1);
     }
 
     #[tokio::test]
@@ -378,23 +437,44 @@ mod tests {
         assert_eq!(rx.try_recv().unwrap().as_ref(), "sid-later");
     }
 
+    #[tokio::test]
+    async fn a_registered_response_ends_when_its_session_expires_by_the_wall_clock() {
+        let (streams, _rx) = registry();
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+        // expires at the next whole second + 1: within 2 s
+        let mut w = armed(&streams, "sid-exp", Some(now.as_secs() + 1));
+        let mut forever = armed(&streams, "sid-none", None);
+        assert_eq!(poll(&mut w, true), Poll::Pending);
+        assert_eq!(poll(&mut forever, true), Poll::Pending);
+        let ended = tokio::time::timeout(
+            Duration::from_secs(3),
+            std::future::poll_fn(|cx| w.poll_ended(cx, false, false)),
+        )
+        .await
+        .expect("not ended within 3 s");
+        assert_eq!(ended, Ended::Expired);
+        let at = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+        assert!(at.as_secs() > now.as_secs(), "ended before its expiry");
+        assert_eq!(poll(&mut forever, false), Poll::Pending);
+        assert_eq!(streams.cut_total(), 1);
+        drop(w);
+        assert_eq!(streams.open(), 1);
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn a_registered_response_ends_when_its_session_expires() {
+    async fn the_expiry_timer_is_rearmed_until_the_wall_clock_agrees() {
         let (streams, _rx) = registry();
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap()
             .as_secs();
-        let mut w = armed(&streams, "sid-exp", Some(now + 3));
-        let mut forever = armed(&streams, "sid-none", None);
+        // The paused runtime clock runs ahead of the wall clock: the timer fires, the wall
+        // clock says not yet, so the response stays open.
+        let mut w = armed(&streams, "sid-exp", Some(now + 60));
         assert_eq!(poll(&mut w, true), Poll::Pending);
-        assert_eq!(poll(&mut forever, true), Poll::Pending);
-        tokio::time::advance(Duration::from_secs(4)).await;
-        assert_eq!(poll(&mut w, false), Poll::Ready(Ended::Expired));
-        assert_eq!(poll(&mut forever, false), Poll::Pending);
-        assert_eq!(streams.cut_total(), 1);
-        drop(w);
-        assert_eq!(streams.open(), 1);
+        tokio::time::advance(Duration::from_secs(120)).await;
+        assert_eq!(poll(&mut w, false), Poll::Pending);
+        assert_eq!(streams.cut_total(), 0);
         // An already expired session ends at its first wait.
         let mut past = armed(&streams, "sid-past", Some(now.saturating_sub(10)));
         let mut ended = poll(&mut past, true);

@@ -78,7 +78,8 @@ pub enum Behavior {
     /// hyper server: a Basic-auth service; 200 `{"user":..}` when the credentials match
     /// `Stats::users`, else 401 with a `Basic` challenge (like Cyrus). With the right
     /// credentials `/events` is a server-sent event stream that never ends by itself: an event
-    /// `data: <user> <n>` every 100 ms (a JMAP push stream's shape).
+    /// `data: <user> <n>` every 100 ms (a JMAP push stream's shape); `/download` is 64 MiB with
+    /// a `Content-Length`, sent as fast as it is read.
     Users,
     /// raw: answers with Cyrus-like `Connection: Upgrade`, `Upgrade: h2c`, `Alt-Svc`, `Keep-Alive`.
     HopHeaders,
@@ -179,7 +180,14 @@ async fn handle(
             let ok = pair
                 .split_once(':')
                 .is_some_and(|(u, p)| s.users.lock().unwrap().get(u).is_some_and(|want| want == p));
-            if ok && path == "/events" {
+            if ok && path == "/download" {
+                // 64 MiB in 64 KiB chunks, as fast as the reader takes them
+                let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+                let mut resp = Response::new(StreamBody::new(futures_stream(chunk, 1024)).boxed());
+                resp.headers_mut()
+                    .insert("content-length", (64u64 << 20).to_string().parse().unwrap());
+                Ok(resp)
+            } else if ok && path == "/events" {
                 let user = pair.split_once(':').unwrap().0.to_string();
                 let mut resp = Response::new(StreamBody::new(events(user, s.clone())).boxed());
                 resp.headers_mut()
