@@ -626,6 +626,16 @@ fn validate_server(s: RawServer) -> Result<ServerConfig, ConfigError> {
                     ),
                 )
             })?;
+        if let ipnet::IpNet::V6(v6) = net {
+            if v6.network().to_ipv4_mapped().is_some() {
+                return Err(ConfigError::new(
+                    &format!("server.trusted_proxies[{i}]"),
+                    format!(
+                        "`{text}` is IPv4-mapped; write it as IPv4 (peers are matched as IPv4)"
+                    ),
+                ));
+            }
+        }
         trusted_proxies.push(net);
     }
     Ok(ServerConfig {
@@ -1347,14 +1357,17 @@ mod tests {
             .trusted_proxies;
         let shown: Vec<String> = nets.iter().map(ToString::to_string).collect();
         assert_eq!(shown, ["10.0.0.0/8", "::1/128", "192.0.2.7/32"]);
-        for bad in ["10.0.0.0/33", "lb.internal", ""] {
+        for bad in ["10.0.0.0/33", "lb.internal", "", "::ffff:10.0.0.0/104"] {
             let text = format!(
                 "{}[server]\ntrusted_proxies = [\"127.0.0.1\", \"{bad}\"]\n",
                 minimal()
             );
             let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
             assert!(err.contains("server.trusted_proxies[1]"), "{bad}: {err}");
-            assert!(err.contains("e.g. \"10.0.0.0/8\""), "{bad}: {err}");
+            assert!(
+                err.contains("e.g. \"10.0.0.0/8\"") || err.contains("write it as IPv4"),
+                "{bad}: {err}"
+            );
         }
     }
 

@@ -68,8 +68,10 @@ pub struct Peer {
 }
 
 impl Peer {
-    /// The peer at `addr`, itself the client (see [`Proxy::peer`] for trusted proxies).
+    /// The peer at `addr`, itself the client (see [`Proxy::peer`] for trusted proxies); an
+    /// IPv4-mapped IPv6 address (a dual-stack listener's IPv4 peer) is taken as IPv4.
     pub fn new(addr: SocketAddr) -> Self {
+        let addr = SocketAddr::new(addr.ip().to_canonical(), addr.port());
         Self {
             addr,
             forwarded_for: HeaderValue::from_str(&addr.ip().to_string()).ok(),
@@ -147,14 +149,16 @@ impl Proxy {
     }
 
     /// The peer of a connection from `addr`: trusted (its requests name their client in
-    /// `X-Forwarded-For`) when `addr` is in `server.trusted_proxies`.
+    /// `X-Forwarded-For`) when `addr` is in `server.trusted_proxies` (an IPv4-mapped IPv6
+    /// address, as a dual-stack listener reports IPv4 peers, is matched as IPv4).
     pub fn peer(&self, addr: SocketAddr) -> Peer {
+        let peer = Peer::new(addr);
         Peer {
             trusted: self
                 .trusted_proxies
                 .iter()
-                .any(|net| net.contains(&addr.ip())),
-            ..Peer::new(addr)
+                .any(|net| net.contains(&peer.addr.ip())),
+            ..peer
         }
     }
 

@@ -292,6 +292,7 @@ pub fn forwarded_client(headers: &HeaderMap, trusted: &[ipnet::IpNet], peer: IpA
         let Some(ip) = std::str::from_utf8(entry)
             .ok()
             .and_then(|t| t.trim().parse::<IpAddr>().ok())
+            .map(|ip| ip.to_canonical())
         else {
             break;
         };
@@ -358,6 +359,9 @@ mod tests {
             "10.0.0.2",
             "ports are not read"
         );
+        // An IPv4-mapped entry is matched (and named) as IPv4.
+        assert_eq!(client(&["198.51.100.7, ::ffff:10.3.3.3"]), "198.51.100.7");
+        assert_eq!(client(&["::ffff:198.51.100.7"]), "198.51.100.7");
     }
 
     #[test]

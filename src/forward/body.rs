@@ -135,8 +135,11 @@ impl Body for ProxyBody {
                 if let Some(watch) = u.watch.as_mut() {
                     // Registers at the body's first wait (or once it outlived two frames); from
                     // then on every poll checks it.
-                    let went_on =
-                        matches!(polled, Poll::Ready(Some(Ok(_)))) && u.framing != Framing::Done;
+                    // "Went on": a frame, not the last, and the next poll has to read the socket
+                    // (a small chunked body that arrived whole ends without registering).
+                    let went_on = matches!(polled, Poll::Ready(Some(Ok(_))))
+                        && u.framing != Framing::Done
+                        && !conn.h1().has_leftover();
                     if let Poll::Ready(ended) = watch.poll_ended(cx, polled.is_pending(), went_on) {
                         u.release(false);
                         return Poll::Ready(Some(Err(ended.into())));

@@ -3,8 +3,9 @@
 //!
 //! A response whose `Content-Length` body arrived with its head costs nothing here. Any other
 //! upstream body gets an armed watch (one allocation), and is registered under its sid when it
-//! first waits for the upstream or outlives its first frame (server-sent events, a JMAP push
-//! stream, a download the upstream sends faster than the client reads); from then on it ends with
+//! first waits for the upstream, or goes on past its second frame with nothing left buffered
+//! (server-sent events, a JMAP push stream, a download the upstream sends faster than the client
+//! reads); from then on it ends with
 //! an error (HTTP/1.1: the connection closes before the body's end; h2: the stream is reset)
 //! when:
 //! - the session is revoked through this instance (logout, the upstream refusing the stored
@@ -284,7 +285,7 @@ impl Watch {
                 revoked: Box::pin(token.clone().cancelled_owned()),
                 expiry: r
                     .expires_at
-                    .map(|e| (e, Box::pin(tokio::time::sleep(until(e).min(MAX_WAIT))))),
+                    .map(|e| (e, Box::pin(tokio::time::sleep(until(e).min(RECHECK_CLOCK))))),
                 token,
                 streams: r.streams.clone(),
                 sid: r.sid.clone(),
@@ -296,8 +297,8 @@ impl Watch {
         let ended = if reg.revoked.as_mut().poll(cx).is_ready() {
             Ended::Revoked
         } else if reg.expiry.as_mut().is_some_and(|(at, sleep)| {
-            // The timer is monotonic, `expires_at` wall-clock time (and the wait is capped):
-            // re-armed until the wall clock agrees.
+            // The timer is monotonic, `expires_at` wall-clock time: it fires at least every
+            // minute and is re-armed until the wall clock agrees (a clock step, a VM resume).
             while sleep.as_mut().poll(cx).is_ready() {
                 let left = until(*at);
                 if left.is_zero() {
@@ -305,7 +306,7 @@ impl Watch {
                 }
                 sleep
                     .as_mut()
-                    .reset(tokio::time::Instant::now() + left.min(MAX_WAIT));
+                    .reset(tokio::time::Instant::now() + left.min(RECHECK_CLOCK));
             }
             false
         }) {
@@ -323,8 +324,9 @@ impl Watch {
     }
 }
 
-/// Longest expiry timer (keeps `Instant` arithmetic far from overflow for absurd `expires_at`).
-const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
+/// Longest expiry timer: the wall clock is checked again at least this often, so a clock step
+/// makes a cut at most this late (and `Instant` arithmetic stays far from overflow).
+const RECHECK_CLOCK: Duration = Duration::from_secs(60);
 
 #[cfg(test)]
 mod tests {
