@@ -181,20 +181,29 @@ fn a_trusted_proxy_names_the_client_and_its_scheme() {
             "trusted_proxies = [\"127.0.0.0/8\", \"10.0.0.0/8\"]",
         )],
     );
-    let (code, body) = curl(&[
-        "-H",
-        &bearer(&token),
-        // a client's own claim, the address the first proxy saw, then a second trusted hop
-        "-H",
-        "X-Forwarded-For: 6.6.6.6, 198.51.100.9, 10.1.2.3",
-        "-H",
-        "X-Forwarded-Proto: https",
-        &t.url("/echo"),
-    ]);
-    assert_eq!(code, 200, "{body}");
-    let seen = json(&body);
-    assert_eq!(seen["xff"], "198.51.100.9");
-    assert_eq!(seen["xfp"], "https");
+    // What the upstream saw of a request with these forwarding headers.
+    let echoed = |t: &Tessera, token: &str, xff: &str| {
+        let (code, body) = curl(&[
+            "-H",
+            &bearer(token),
+            "-H",
+            &format!("X-Forwarded-For: {xff}"),
+            "-H",
+            "X-Forwarded-Proto: https",
+            &t.url("/echo"),
+        ]);
+        assert_eq!(code, 200, "{body}");
+        let seen = json(&body);
+        (
+            seen["xff"].as_str().unwrap_or_default().to_string(),
+            seen["xfp"].as_str().unwrap_or_default().to_string(),
+        )
+    };
+    // a client's own claim, the address the first proxy saw, then a second trusted hop
+    assert_eq!(
+        echoed(&t, &token, "6.6.6.6, 198.51.100.9, 10.1.2.3"),
+        ("198.51.100.9".into(), "https".into())
+    );
     let log = t.log_when(|l| l.contains("tessera::access: peer=198.51.100.9 "));
     assert!(
         log.contains("tessera::access: peer=198.51.100.9 method=GET path=/echo status=200"),
@@ -203,20 +212,9 @@ fn a_trusted_proxy_names_the_client_and_its_scheme() {
 
     // The same headers from an untrusted peer (the default) are the client's claims: dropped.
     let (t, token) = behind(&nginx.url(), &[]);
-    let (code, body) = curl(&[
-        "-H",
-        &bearer(&token),
-        "-H",
-        "X-Forwarded-For: 6.6.6.6, 198.51.100.9",
-        "-H",
-        "X-Forwarded-Proto: https",
-        &t.url("/echo"),
-    ]);
-    assert_eq!(code, 200, "{body}");
-    let seen = json(&body);
     assert_eq!(
-        (seen["xff"].as_str(), seen["xfp"].as_str()),
-        (Some("127.0.0.1"), Some("http"))
+        echoed(&t, &token, "6.6.6.6, 198.51.100.9"),
+        ("127.0.0.1".into(), "http".into())
     );
 }
 
