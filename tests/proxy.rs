@@ -844,7 +844,38 @@ fn metrics_count_requests_store_reads_and_upstream_connections() {
         stalled.read_to_string(&mut answer).unwrap();
         assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
     }
+    // A head hyper cannot parse is answered 400 by hyper itself, one larger than its buffer
+    // 431: both counted too.
+    let before = scrape();
+    for code in ["400", "431"] {
+        let row = format!("tessera_requests_total{{code=\"{code}\"}}");
+        assert!(!before.contains(&row), "{before}");
+    }
+    let huge = format!(
+        "GET /1k HTTP/1.1\r\nHost: t\r\nX-Big: {}\r\n\r\n",
+        "b".repeat(40_000)
+    );
+    for (head, want) in [
+        (
+            "GET /1k HTTP/1.1\r\nHost: t\r\nNo Colon Here\r\n\r\n",
+            "400",
+        ),
+        (huge.as_str(), "431"),
+    ] {
+        use std::io::{Read, Write};
+        let mut bad = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+        bad.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = bad.write_all(head.as_bytes());
+        let mut answer = Vec::new();
+        let _ = bad.read_to_end(&mut answer);
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with(&format!("HTTP/1.1 {want} ")), "{answer}");
+    }
     let after = scrape();
+    for code in ["400", "431"] {
+        let row = format!("tessera_requests_total{{code=\"{code}\"}}");
+        assert_eq!(value(&after, &row), 1, "{after}");
+    }
     assert_eq!(value(&after, "tessera_requests_total{code=\"408\"}"), 1);
     assert_eq!(
         value(&after, &format!("{d}_count")),

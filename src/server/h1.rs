@@ -242,18 +242,43 @@ async fn hand_off(serving: &Serving, conn: Conn, peer: Peer, served: bool) {
     };
     let conn = hyper.serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
-    tokio::select! {
-        done = conn.as_mut() => {
-            if let Err(e) = done {
-                tracing::debug!(cause = %e, "downstream connection ended with an error");
-            }
-            return;
+    let done = tokio::select! {
+        done = conn.as_mut() => done,
+        () = serving.shutdown.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
         }
-        () = serving.shutdown.cancelled() => {}
-    }
-    conn.as_mut().graceful_shutdown();
-    if let Err(e) = conn.await {
+    };
+    if let Err(e) = done {
         tracing::debug!(cause = %e, "downstream connection ended with an error");
+        if let (Some(status), Some(counts)) = (hyper_answered(&*e), serving.proxy.request_counts())
+        {
+            counts.count_status(status);
+        }
+    }
+}
+
+/// The status hyper sent by itself before ending a connection with `e`: a request head it could
+/// not parse is answered 400, 414 or 431 (hyper's `role::Server::on_error`) and never reaches
+/// the proxy. `None` for every other error (hyper sent nothing).
+fn hyper_answered(e: &(dyn std::error::Error + 'static)) -> Option<u16> {
+    let e = e.downcast_ref::<hyper::Error>()?;
+    if !e.is_parse() || e.is_parse_version_h2() || e.is_parse_status() {
+        return None;
+    }
+    // The public API tells "too large" apart from the rest, not the URI from the head, nor an
+    // internal parse failure (no answer) from a bad request: hyper's fixed messages do.
+    let text = e.to_string();
+    if e.is_parse_too_large() {
+        Some(if text.starts_with("URI too long") {
+            414
+        } else {
+            431
+        })
+    } else if text.starts_with("internal error") {
+        None
+    } else {
+        Some(400)
     }
 }
 
