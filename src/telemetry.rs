@@ -108,7 +108,8 @@ impl RequestCounts {
     }
 
     /// Counts a request answered before it reached the proxy (the 408 for a head that did not
-    /// arrive in time) by `status` only: it is not in the duration histogram.
+    /// arrive in time, hyper's own 400/414/431 for a head it could not take) by `status` only:
+    /// it is not in the duration histogram.
     pub fn count_status(&self, status: u16) {
         Self::count_in(self.row(), status);
     }
