@@ -133,14 +133,14 @@ impl Body for ProxyBody {
                 };
                 let polled = conn.h1().poll_body(cx, &mut u.framing);
                 if let Some(watch) = u.watch.as_mut() {
-                    // Registers at the body's first wait (or once it outlived two frames); from
-                    // then on every poll checks it.
-                    // "Went on": a frame, not the last, and the next poll has to read the socket
-                    // (a small chunked body that arrived whole ends without registering).
-                    let went_on = matches!(polled, Poll::Ready(Some(Ok(_))))
-                        && u.framing != Framing::Done
-                        && !conn.h1().has_leftover();
-                    if let Poll::Ready(ended) = watch.poll_ended(cx, polled.is_pending(), went_on) {
+                    // Registers at the body's first wait, or once it goes on past its frames
+                    // (see `Watch::poll_ended`); from then on every poll checks it.
+                    let went_on =
+                        matches!(polled, Poll::Ready(Some(Ok(_)))) && u.framing != Framing::Done;
+                    let drained = !conn.h1().has_leftover();
+                    if let Poll::Ready(ended) =
+                        watch.poll_ended(cx, polled.is_pending(), went_on, drained)
+                    {
                         u.release(false);
                         return Poll::Ready(Some(Err(ended.into())));
                     }

@@ -3,8 +3,8 @@
 //!
 //! A response whose `Content-Length` body arrived with its head costs nothing here. Any other
 //! upstream body gets an armed watch (one allocation), and is registered under its sid when it
-//! first waits for the upstream, or goes on past its second frame with nothing left buffered
-//! (server-sent events, a JMAP push stream, a download the upstream sends faster than the client
+//! first waits for the upstream, or goes on past its second frame with nothing left buffered, or
+//! past its eighth frame (server-sent events, a JMAP push stream, a download the upstream sends faster than the client
 //! reads); from then on it ends with
 //! an error (HTTP/1.1: the connection closes before the body's end; h2: the stream is reset)
 //! when:
@@ -199,8 +199,8 @@ pub(crate) struct Revocable {
     epoch: u64,
     /// Seconds since the Unix epoch.
     expires_at: Option<u64>,
-    /// The body already returned a frame and went on.
-    went_on: bool,
+    /// Frames the body returned and went on after (saturating).
+    frames: u8,
 }
 
 impl Revocable {
@@ -215,7 +215,7 @@ impl Revocable {
             sid,
             epoch,
             expires_at,
-            went_on: false,
+            frames: 0,
         }
     }
 }
@@ -264,20 +264,25 @@ impl Watch {
     }
 
     /// Polls for the session's end. `waiting`: the body is waiting for the upstream;
-    /// `went_on`: it returned a frame and is not at its end. An armed watch registers (and from
-    /// then on wakes `cx` when the session ends) at the first wait, or when the body goes on
-    /// after a second frame: a body the upstream sends faster than the client reads may never
-    /// wait. Ready once, with why.
+    /// `went_on`: it returned a frame and is not at its end; `drained`: nothing of it is left
+    /// buffered (its next frame has to be read from the socket). An armed watch registers (and
+    /// from then on wakes `cx` when the session ends) at the first wait, when it goes on drained
+    /// after its first frame, or after [`MAX_ARMED_FRAMES`] frames whatever the buffer held: a
+    /// body the upstream sends faster than the client reads may never wait, while a small
+    /// chunked body that arrived whole ends without registering. Ready once, with why.
     pub fn poll_ended(
         &mut self,
         cx: &mut Context<'_>,
         waiting: bool,
         went_on: bool,
+        drained: bool,
     ) -> Poll<Ended> {
         let state = &mut *self.0;
         if let State::Armed(r) = state {
-            if !(waiting || went_on && r.went_on) {
-                r.went_on |= went_on;
+            let register =
+                waiting || went_on && (drained && r.frames > 0 || r.frames >= MAX_ARMED_FRAMES);
+            if !register {
+                r.frames = r.frames.saturating_add(u8::from(went_on));
                 return Poll::Pending;
             }
             let token = r.streams.register(&r.sid, r.epoch);
@@ -324,6 +329,10 @@ impl Watch {
     }
 }
 
+/// Frames an armed body may return before it registers even though its next frame was already
+/// buffered each time (socket reads that happen to end on chunk boundaries).
+const MAX_ARMED_FRAMES: u8 = 8;
+
 /// Longest expiry timer: the wall clock is checked again at least this often, so a clock step
 /// makes a cut at most this late (and `Instant` arithmetic stays far from overflow).
 const RECHECK_CLOCK: Duration = Duration::from_secs(60);
@@ -352,7 +361,12 @@ mod tests {
     }
 
     fn poll(w: &mut Watch, waiting: bool) -> Poll<Ended> {
-        w.poll_ended(&mut Context::from_waker(Waker::noop()), waiting, false)
+        w.poll_ended(
+            &mut Context::from_waker(Waker::noop()),
+            waiting,
+            false,
+            true,
+        )
     }
 
     #[tokio::test]
@@ -361,13 +375,28 @@ mod tests {
         let mut w = armed(&streams, "sid-fast", None);
         let cx = &mut Context::from_waker(Waker::noop());
         // first frame, more to come: not yet (a small chunked body ends on the next poll)
-        assert_eq!(w.poll_ended(cx, false, true), Poll::Pending);
+        assert_eq!(w.poll_ended(cx, false, true, true), Poll::Pending);
         assert_eq!(streams.open(), 0);
-        // second frame and still going: a download faster than its reader
-        assert_eq!(w.poll_ended(cx, false, true), Poll::Pending);
+        // second frame and still going, nothing buffered: a download faster than its reader
+        assert_eq!(w.poll_ended(cx, false, true, true), Poll::Pending);
         assert_eq!(streams.open(), 1);
         streams.cut("sid-fast");
-        assert_eq!(w.poll_ended(cx, false, true), Poll::Ready(Ended::Revoked));
+        assert_eq!(
+            w.poll_ended(cx, false, true, true),
+            Poll::Ready(Ended::Revoked)
+        );
+        // With the next frame always already buffered: after MAX_ARMED_FRAMES frames.
+        let mut w = armed(&streams, "sid-buffered", None);
+        for _ in 0..MAX_ARMED_FRAMES {
+            assert_eq!(w.poll_ended(cx, false, true, false), Poll::Pending);
+            assert_eq!(
+                streams.open(),
+                0,
+                "registered while its frames were buffered"
+            );
+        }
+        assert_eq!(w.poll_ended(cx, false, true, false), Poll::Pending);
+        assert_eq!(streams.open(), 1);
     }
 
     #[tokio::test]
@@ -450,7 +479,7 @@ mod tests {
         assert_eq!(poll(&mut forever, true), Poll::Pending);
         let ended = tokio::time::timeout(
             Duration::from_secs(3),
-            std::future::poll_fn(|cx| w.poll_ended(cx, false, false)),
+            std::future::poll_fn(|cx| w.poll_ended(cx, false, false, true)),
         )
         .await
         .expect("not ended within 3 s");
