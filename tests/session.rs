@@ -1179,8 +1179,10 @@ fn a_revocation_while_the_invalidation_stream_is_down_ends_the_stream_when_it_is
     let redis = Redis::start();
     let a = on_redis(&up, &redis, &[]);
     let alice = token_of(&login(&a, "alice", "alice-pw"));
-    let mut stream = EventStream::open(&a, &alice);
     let key = session_keys(&redis).pop().unwrap();
+    let bob = token_of(&login(&a, "bob", "bob-pw"));
+    let mut stream = EventStream::open(&a, &alice);
+    let mut bobs = EventStream::open(&a, &bob);
     // Both commands in one redis-cli run, microseconds apart: the DEL happens while tessera's
     // tracking connection is gone (it reconnects after 100 ms), so no invalidation names it.
     let mut cli = Command::new("redis-cli")
@@ -1203,6 +1205,12 @@ fn a_revocation_while_the_invalidation_stream_is_down_ends_the_stream_when_it_is
         a.log()
     );
     assert!(a.log().contains("invalidation stream lost"), "{}", a.log());
+    // bob's session, read again too, is still there: his stream goes on.
+    bobs.drain();
+    assert!(
+        bobs.events_within(3, Duration::from_secs(5)),
+        "a session read again after the loss lost its stream"
+    );
 }
 
 #[test]

@@ -237,9 +237,12 @@ impl Sessions {
                             cache.set_live(true);
                         }
                         streams.changed_all();
+                        // Every open sid is read again, by at most RECHECK_TASKS reads at a time.
                         let open = streams.open_sids();
-                        if !open.is_empty() {
-                            tokio::spawn(recheck(reader.clone(), weak_streams.clone(), open));
+                        let per_task = open.len().div_ceil(RECHECK_TASKS).max(1);
+                        for sids in open.chunks(per_task) {
+                            let sids = sids.to_vec();
+                            tokio::spawn(recheck(reader.clone(), weak_streams.clone(), sids));
                         }
                     }
                     Invalidation::Lost => {
@@ -537,6 +540,11 @@ impl Sessions {
         Ok(())
     }
 }
+
+/// Store reads at once when every session with open responses is read again (the invalidation
+/// stream came back): enough to go through thousands quickly, few enough to leave the store
+/// and the runtime to the requests.
+const RECHECK_TASKS: usize = 16;
 
 /// Reads each of `sids` again and ends its open responses if the session is gone or unusable.
 /// A store failure is retried (every 0.1 s, doubling to 2 s) while the sid still has open
