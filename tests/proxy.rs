@@ -29,14 +29,6 @@ fn behind(upstream: &str, extra: Extra) -> (Tessera, String) {
     (t, token)
 }
 
-/// The value of the sample `name` (with its labels, e.g. `x_total{code="200"}`) in the metrics
-/// text `text`; panics when it is missing.
-fn sample(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no sample {name}: {text}"))
-}
-
 fn json(body: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
 }

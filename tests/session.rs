@@ -1229,9 +1229,7 @@ fn a_session_revoked_by_the_cli_or_expiring_ends_its_stream_on_the_embedded_stor
     support::wait_for_port(metrics_port, "tessera metrics");
     let scrape = |name: &str| -> u64 {
         let (_, text) = curl(&[&format!("http://127.0.0.1:{metrics_port}/metrics")]);
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or_else(|| panic!("no sample {name}: {text}"))
+        support::sample(&text, name)
     };
     let (sid, token) = t.create_session("alice", "alice-pw");
     let (carol_sid, carol) = t.create_session("carol", "carol-pw");

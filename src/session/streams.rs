@@ -4,10 +4,9 @@
 //! A response whose `Content-Length` body arrived with its head costs nothing here. Any other
 //! upstream body gets an armed watch (one allocation), and is registered under its sid when it
 //! first waits for the upstream, or goes on past its second frame with nothing left buffered, or
-//! past its eighth frame (server-sent events, a JMAP push stream, a download the upstream sends faster than the client
-//! reads); from then on it ends with
-//! an error (HTTP/1.1: the connection closes before the body's end; h2: the stream is reset)
-//! when:
+//! past its eighth frame (server-sent events, a JMAP push stream, a download the upstream sends
+//! faster than the client reads). From then on it ends with an error (HTTP/1.1: the connection
+//! closes before the body's end; h2: the stream is reset) when:
 //! - the session is revoked through this instance (logout, the upstream refusing the stored
 //!   credentials): at once;
 //! - the store reports the session's key changed (another instance's logout, a `DEL` by any
@@ -59,7 +58,7 @@ struct Open {
 /// The bucket of `sid`: its first and last bytes, mixed. tessera's sids are random base64url
 /// (6 random bits per character), so that spreads them over every bucket; a sid format with less
 /// variety there only shares buckets more, which costs spare store reads, never a missed
-/// revocation. Runs on every authenticated request, so it reads two bytes, not the whole sid.
+/// revocation. Two bytes suffice: a finer spread only saves rare spare reads.
 fn bucket(sid: &str) -> usize {
     let b = sid.as_bytes();
     let (first, last) = (b.first().copied(), b.last().copied());
@@ -91,7 +90,8 @@ impl OpenStreams {
         self.epochs[bucket(sid)].fetch_add(1, Ordering::SeqCst);
     }
 
-    /// Records that any session may have changed (the invalidation stream was lost).
+    /// Records that any session may have changed (the invalidation stream is back after a
+    /// loss: changes made meanwhile were not reported).
     pub(crate) fn changed_all(&self) {
         for e in &self.epochs {
             e.fetch_add(1, Ordering::SeqCst);
@@ -192,7 +192,7 @@ pub enum Ended {
 }
 
 /// What a response body needs to be ended with its session: taken when the request was
-/// authenticated, registered only if the body has to wait for the upstream.
+/// authenticated, registered only if the body waits or goes on (see [`Watch::poll_ended`]).
 pub(crate) struct Revocable {
     streams: Arc<OpenStreams>,
     sid: Arc<str>,
@@ -220,7 +220,8 @@ impl Revocable {
     }
 }
 
-/// A response body's tie to its session: armed until the body first waits, then registered.
+/// A response body's tie to its session: armed until the body waits or goes on, then
+/// registered.
 /// One pointer wide (the state is boxed), so the body it rides in stays small: only bodies still
 /// open when their head arrived get one.
 pub struct Watch(Box<State>);

@@ -394,6 +394,14 @@ pub fn create_session(
     )
 }
 
+/// The value of the sample `name` (with its labels, e.g. `x_total{code="200"}`) in the metrics
+/// text `text`; panics when it is missing.
+pub fn sample(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no sample {name}: {text}"))
+}
+
 /// Runs curl with `args` (`-s` added); returns (HTTP status, body). Headers are included in the
 /// body when `-i` is passed.
 pub fn curl(args: &[&str]) -> (u16, String) {
