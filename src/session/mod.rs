@@ -23,7 +23,7 @@ use crate::unix_now;
 pub use cache::CacheConfig;
 use cache::{Cached, SessionCache};
 pub use store::{Invalidation, Store, StoreError};
-pub(crate) use streams::OpenStreams;
+use streams::OpenStreams;
 use streams::Revocable;
 pub use streams::{Ended, Watch};
 
