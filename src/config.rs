@@ -64,6 +64,15 @@ struct RawConfig {
     login: Option<RawLogin>,
     log: Option<RawLog>,
     metrics: Option<RawMetrics>,
+    websocket: Option<RawWebSocket>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWebSocket {
+    max_connections: Option<usize>,
+    idle_timeout_ms: Option<u64>,
+    allowed_origins: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -192,6 +201,29 @@ pub struct Config {
     pub log: LogConfig,
     /// The Prometheus endpoint; `None` when `[metrics]` is absent.
     pub metrics: Option<MetricsConfig>,
+    /// WebSocket upgrades passed to the upstream.
+    pub websocket: WebSocketConfig,
+}
+
+/// `[websocket]`: WebSocket upgrades (RFC 6455) passed through to the upstream after the
+/// request is authenticated like any other.
+#[derive(Debug, Clone)]
+pub struct WebSocketConfig {
+    /// Most WebSocket connections open at once; an upgrade beyond it is answered 503 with
+    /// `Retry-After`. Each holds one of `upstream.max_connections` for its life, so it must stay
+    /// below that cap (plain requests keep the rest). `0`: upgrades are not passed (the
+    /// `Upgrade` field is dropped like any hop-by-hop field, as before). Default
+    /// `upstream.max_connections / 2`.
+    pub max_connections: usize,
+    /// A WebSocket connection with no byte in either direction for this long is closed;
+    /// `None` (`idle_timeout_ms = 0`): never. Default 600 s (10 minutes).
+    pub idle_timeout: Option<Duration>,
+    /// Origins (`scheme://host[:port]`, lowercase) allowed to open a WebSocket besides the
+    /// request's own host: a browser sends cookies with a cross-site WebSocket handshake, so an
+    /// upgrade whose `Origin` names another host is refused (403) unless listed here
+    /// (cross-site WebSocket hijacking). A request without `Origin` (not a browser) is not
+    /// checked. Default empty.
+    pub allowed_origins: Vec<String>,
 }
 
 /// `[metrics]`.
@@ -531,6 +563,7 @@ fn validate(raw: RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Conf
         _ => None,
     };
     let log = raw.log.unwrap_or_default();
+    let websocket = validate_websocket(raw.websocket.unwrap_or_default(), &upstream)?;
     let metrics = raw
         .metrics
         .map(|m| validate_metrics(m, server.listen))
@@ -547,6 +580,50 @@ fn validate(raw: RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Conf
             access_log: log.access_log.unwrap_or(true),
         },
         metrics,
+        websocket,
+    })
+}
+
+fn validate_websocket(
+    w: RawWebSocket,
+    upstream: &UpstreamConfig,
+) -> Result<WebSocketConfig, ConfigError> {
+    let cap = upstream.max_connections;
+    let max_connections = w.max_connections.unwrap_or(cap / 2);
+    if max_connections >= cap && max_connections > 0 {
+        return Err(ConfigError::new(
+            "websocket.max_connections",
+            format!(
+                "{max_connections} would let WebSockets hold every upstream connection \
+                 (upstream.max_connections = {cap}); set it below {cap}, or 0 to pass no upgrades"
+            ),
+        ));
+    }
+    let mut allowed_origins = Vec::new();
+    for (i, text) in w.allowed_origins.unwrap_or_default().iter().enumerate() {
+        let key = format!("websocket.allowed_origins[{i}]");
+        let origin = text.trim_end_matches('/').to_ascii_lowercase();
+        let ok = origin.parse::<http::Uri>().is_ok_and(|u| {
+            matches!(u.scheme_str(), Some("http" | "https"))
+                && u.authority().is_some_and(|a| !a.as_str().contains('@'))
+                && u.path_and_query().is_none_or(|pq| pq.as_str() == "/")
+        });
+        if !ok {
+            return Err(ConfigError::new(
+                &key,
+                format!("`{text}` is not an origin; write scheme://host[:port], e.g. \"https://mail.example.com\""),
+            ));
+        }
+        allowed_origins.push(origin);
+    }
+    let idle_timeout = match w.idle_timeout_ms.unwrap_or(600_000) {
+        0 => None,
+        n => Some(Duration::from_millis(n)),
+    };
+    Ok(WebSocketConfig {
+        max_connections,
+        idle_timeout,
+        allowed_origins,
     })
 }
 
@@ -1341,6 +1418,49 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("port"), "unknown key: {err}");
+    }
+
+    #[test]
+    fn websocket_defaults_limits_and_origins() {
+        let c = Config::from_toml_with(&minimal(), env).unwrap();
+        assert_eq!(
+            c.websocket.max_connections, 32,
+            "half of upstream.max_connections"
+        );
+        assert_eq!(c.websocket.idle_timeout, Some(Duration::from_secs(600)));
+        assert!(c.websocket.allowed_origins.is_empty());
+        let with = |lines: &str| {
+            Config::from_toml_with(&format!("{}[websocket]\n{lines}\n", minimal()), env)
+        };
+        let c = with("max_connections = 0\nidle_timeout_ms = 0\nallowed_origins = [\"https://Mail.Example.com/\", \"http://127.0.0.1:8080\"]").unwrap();
+        assert_eq!(c.websocket.max_connections, 0);
+        assert_eq!(c.websocket.idle_timeout, None);
+        assert_eq!(
+            c.websocket.allowed_origins,
+            ["https://mail.example.com", "http://127.0.0.1:8080"]
+        );
+        let err = with("max_connections = 64").unwrap_err().to_string();
+        assert!(
+            err.contains("websocket.max_connections") && err.contains("below 64"),
+            "{err}"
+        );
+        for bad in [
+            "mail.example.com",
+            "https://mail.example.com/inbox",
+            "ftp://a",
+            "https://u@a",
+        ] {
+            let err = with(&format!("allowed_origins = [\"https://ok\", \"{bad}\"]"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("websocket.allowed_origins[1]")
+                    && err.contains("scheme://host[:port]"),
+                "{bad}: {err}"
+            );
+        }
+        let err = with("max_conections = 1").unwrap_err().to_string();
+        assert!(err.contains("max_conections"), "unknown key: {err}");
     }
 
     #[test]

@@ -51,6 +51,13 @@ pub enum ProxyError {
     /// resolve: the store did not answer.
     #[error("session store unavailable")]
     StoreUnavailable,
+    /// forward: a WebSocket upgrade from a browser page of another origin (its `Origin` names
+    /// neither the request's host nor one of `websocket.allowed_origins`). 403.
+    #[error("WebSocket upgrade from a foreign origin")]
+    ForeignOrigin,
+    /// forward: `websocket.max_connections` WebSockets are open already. 503 with `Retry-After`.
+    #[error("too many WebSocket connections")]
+    TooManyWebSockets,
     /// forward: the upstream failed, or the client's body broke off while it was streamed
     /// upstream ([`ForwardError::ClientBody`], 400).
     #[error(transparent)]
@@ -107,7 +114,8 @@ impl ProxyError {
             Self::UriTooLong => StatusCode::URI_TOO_LONG,
             Self::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Self::NoToken | Self::BadToken(_) | Self::Session(_) => StatusCode::UNAUTHORIZED,
-            Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::StoreUnavailable | Self::TooManyWebSockets => StatusCode::SERVICE_UNAVAILABLE,
+            Self::ForeignOrigin => StatusCode::FORBIDDEN,
             Self::Upstream(f) => match f {
                 ForwardError::Connect(_) | ForwardError::Broken(_) | ForwardError::Closed => {
                     StatusCode::BAD_GATEWAY
@@ -147,7 +155,7 @@ impl ProxyError {
                     HeaderValue::from_static("Bearer realm=\"tessera\", error=\"invalid_token\""),
                 );
             }
-            Self::StoreUnavailable => {
+            Self::StoreUnavailable | Self::TooManyWebSockets => {
                 h.insert(RETRY_AFTER, HeaderValue::from_static("1"));
             }
             Self::MethodNotAllowed => {

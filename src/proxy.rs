@@ -6,8 +6,9 @@
 //! request after any failure, or write a token or credential to a log line.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderName};
@@ -19,7 +20,7 @@ use http_body_util::BodyExt;
 
 use crate::config::Config;
 use crate::error::ProxyError;
-use crate::forward::{BoxError, ProxyBody, UpBody, Upstream};
+use crate::forward::{BoxError, ProxyBody, Tunnel, UpBody, Upstream};
 use crate::login::Login;
 use crate::screen::{self, Limits, Screened};
 use crate::session::{Session, Sessions};
@@ -47,6 +48,26 @@ pub struct Proxy {
     request_counts: Option<RequestCounts>,
     /// `server.trusted_proxies`.
     trusted_proxies: Vec<ipnet::IpNet>,
+    /// `[websocket]`; `None` when `websocket.max_connections = 0` (upgrades not passed).
+    websockets: Option<WebSockets>,
+}
+
+/// WebSocket upgrades: the limit on open tunnels and the origin policy (`[websocket]`).
+struct WebSockets {
+    /// One permit per tunnel open now, `websocket.max_connections` in all.
+    slots: Arc<tokio::sync::Semaphore>,
+    max: usize,
+    idle_timeout: Option<Duration>,
+    allowed_origins: Vec<String>,
+    /// Tunnels opened since start.
+    opened: AtomicU64,
+}
+
+/// What an upgrade the proxy passes on needs once the upstream has answered 101: the client's
+/// side of the switch (resolved by hyper after the 101 is written) and the tunnel's slot.
+struct Upgrading {
+    downstream: hyper::upgrade::OnUpgrade,
+    slot: tokio::sync::OwnedSemaphorePermit,
 }
 
 /// `WWW-Authenticate` sent when the upstream answered 401 to the injected credentials (RFC 6750 3).
@@ -145,7 +166,23 @@ impl Proxy {
                 .as_ref()
                 .map(|_| RequestCounts::new(cfg.server.threads)),
             trusted_proxies: cfg.server.trusted_proxies.clone(),
+            websockets: (cfg.websocket.max_connections > 0).then(|| WebSockets {
+                slots: Arc::new(tokio::sync::Semaphore::new(cfg.websocket.max_connections)),
+                max: cfg.websocket.max_connections,
+                idle_timeout: cfg.websocket.idle_timeout,
+                allowed_origins: cfg.websocket.allowed_origins.clone(),
+                opened: AtomicU64::new(0),
+            }),
         }
+    }
+
+    /// WebSocket tunnels `(open now, opened since start)`; `None` when upgrades are not passed
+    /// (`websocket.max_connections = 0`).
+    pub fn websockets(&self) -> Option<(u64, u64)> {
+        self.websockets.as_ref().map(|w| {
+            let open = w.max.saturating_sub(w.slots.available_permits()) as u64;
+            (open, w.opened.load(Ordering::Relaxed))
+        })
     }
 
     /// The peer of a connection from `addr`: trusted (its requests name their client in
@@ -293,10 +330,25 @@ impl Proxy {
                 };
             }
         };
+        let upgrading = if screened.websocket {
+            self.upgrading(&mut parts, &screened, body.is_end_stream())?
+        } else {
+            None
+        };
         let target = self.upstream_uri(&parts.uri)?;
         self.inject(&mut parts, &screened, &session, peer, target);
+        if upgrading.is_some() {
+            let h = &mut parts.headers;
+            h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        }
         let req = Request::from_parts(parts, self.limit_body(body));
         let mut resp = self.upstream.forward(req).await?;
+        if let Some(upgrading) = upgrading {
+            if let Some(tunnel) = resp.body_mut().take_tunnel() {
+                return Ok(self.switch(resp, tunnel, upgrading, ctx, &session));
+            }
+        }
         if resp.body_mut().may_wait() {
             // The body may wait for the upstream: it ends with the session (logout, expiry).
             // (Not asked of a body already in memory: a watch is an allocation, 1.5% of a
@@ -317,6 +369,105 @@ impl Proxy {
             return Ok(Box::pin(self.upstream_rejected(ctx)).await);
         }
         Ok(resp)
+    }
+
+    /// Whether a WebSocket upgrade request (authenticated) is passed on as one: `None` when
+    /// upgrades are off or the connection cannot switch (no `OnUpgrade`: not hyper's HTTP/1.1),
+    /// and the request then goes upstream as a plain `GET` (its `Upgrade` already removed).
+    ///
+    /// Errors: 403 when a browser page of a foreign origin asks ([`ProxyError::ForeignOrigin`]);
+    /// 400 when the request has a body; 503 when `websocket.max_connections` tunnels are open.
+    fn upgrading(
+        &self,
+        parts: &mut Parts,
+        screened: &Screened,
+        no_body: bool,
+    ) -> Result<Option<Upgrading>, ProxyError> {
+        let Some(ws) = &self.websockets else {
+            return Ok(None);
+        };
+        if parts
+            .extensions
+            .get::<hyper::upgrade::OnUpgrade>()
+            .is_none()
+        {
+            return Ok(None);
+        }
+        if let Some(origin) = parts.headers.get(header::ORIGIN) {
+            if !origin_allowed(origin, &screened.host, &ws.allowed_origins) {
+                return Err(ProxyError::ForeignOrigin);
+            }
+        }
+        if !no_body {
+            return Err(ProxyError::BadRequest(
+                "WebSocket upgrade request with a body",
+            ));
+        }
+        let slot = ws
+            .slots
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| ProxyError::TooManyWebSockets)?;
+        let downstream = parts
+            .extensions
+            .remove::<hyper::upgrade::OnUpgrade>()
+            .expect("checked above");
+        Ok(Some(Upgrading { downstream, slot }))
+    }
+
+    /// The upstream switched to WebSocket: answers the client 101 with the upstream's fields
+    /// (screened; `Connection` and `Upgrade` set anew) and starts the tunnel, which runs in a
+    /// task of its own once hyper has written the 101, until either side closes, it idles out
+    /// (`websocket.idle_timeout_ms`), or the session is revoked or expires.
+    fn switch(
+        &self,
+        mut resp: Response<ProxyBody>,
+        tunnel: Tunnel,
+        upgrading: Upgrading,
+        ctx: &Ctx,
+        session: &Session,
+    ) -> Response<ProxyBody> {
+        let ws = self
+            .websockets
+            .as_ref()
+            .expect("upgrading implies websockets");
+        ws.opened.fetch_add(1, Ordering::Relaxed);
+        let mut out = Response::new(ProxyBody::empty());
+        *out.status_mut() = http::StatusCode::SWITCHING_PROTOCOLS;
+        if let Some(mut fields) = resp.body_mut().take_fields() {
+            screen::screen_response(&mut fields, &self.strip_response);
+            fields.append_to(out.headers_mut());
+        }
+        let h = out.headers_mut();
+        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        let sid = ctx.sid.clone();
+        let watch = sid
+            .as_ref()
+            .and_then(|sid| self.sessions.revocable(sid.clone(), session));
+        let idle = ws.idle_timeout;
+        tokio::spawn(async move {
+            let Upgrading { downstream, slot } = upgrading;
+            let sid_hash = sid.as_deref().map(crate::session::sid_hash);
+            match downstream.await {
+                Ok(io) => {
+                    let report = tunnel
+                        .run(hyper_util::rt::TokioIo::new(io), idle, watch)
+                        .await;
+                    tracing::info!(
+                        sid_hash = sid_hash.as_deref().unwrap_or("-"),
+                        end = %report.end,
+                        up_bytes = report.up_bytes,
+                        down_bytes = report.down_bytes,
+                        duration_ms = report.duration.as_millis() as u64,
+                        "WebSocket closed"
+                    );
+                }
+                Err(e) => tracing::debug!(cause = %e, "client side of a WebSocket upgrade failed"),
+            }
+            drop(slot);
+        });
+        out
     }
 
     /// extract -> verify -> resolve (+ unseal): the session a request's token names.
@@ -428,5 +579,52 @@ impl Proxy {
         } else {
             body.map_err(Into::into).boxed()
         }
+    }
+}
+
+/// Whether a WebSocket upgrade with this `Origin` may go on (RFC 6455 section 10.2): the origin
+/// names the request's own `host` (any scheme: tessera may sit behind a TLS terminator), or is
+/// one of `allowed` (lowercase `scheme://host[:port]`). `null` and malformed origins are refused.
+fn origin_allowed(origin: &HeaderValue, host: &HeaderValue, allowed: &[String]) -> bool {
+    let Ok(origin) = origin.to_str() else {
+        return false;
+    };
+    let after = |scheme: &str| {
+        let n = scheme.len();
+        (origin.len() > n && origin.as_bytes()[..n].eq_ignore_ascii_case(scheme.as_bytes()))
+            .then(|| &origin[n..])
+    };
+    let Some(authority) = after("https://").or_else(|| after("http://")) else {
+        return false;
+    };
+    authority.as_bytes().eq_ignore_ascii_case(host.as_bytes())
+        || allowed.iter().any(|a| a.eq_ignore_ascii_case(origin))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_websocket_origin_must_name_the_requested_host_or_be_listed() {
+        let host = HeaderValue::from_static("mail.example.com:8080");
+        let allowed = ["https://app.example.net".to_string()];
+        let ok =
+            |origin: &str| origin_allowed(&HeaderValue::from_str(origin).unwrap(), &host, &allowed);
+        assert!(ok("http://mail.example.com:8080"));
+        assert!(
+            ok("https://MAIL.example.com:8080"),
+            "behind a TLS terminator, any case"
+        );
+        assert!(ok("https://app.example.net"));
+        assert!(ok("HTTPS://APP.example.net"));
+        assert!(
+            !ok("https://mail.example.com"),
+            "another port is another origin"
+        );
+        assert!(!ok("https://evil.example"));
+        assert!(!ok("https://mail.example.com:8080.evil.example"));
+        assert!(!ok("null"));
+        assert!(!ok("mail.example.com:8080"), "no scheme");
     }
 }

@@ -33,6 +33,11 @@ pub struct Screened {
     pub host: HeaderValue,
     /// The client named `Cookie` in `Connection`: no cookie may be forwarded.
     pub cookie_is_hop_by_hop: bool,
+    /// The request asks to become a WebSocket (RFC 6455 section 4.1): an HTTP/1.1 `GET` whose
+    /// `Connection` lists `upgrade` and whose `Upgrade` lists `websocket`. Its `Connection` and
+    /// `Upgrade` fields are removed all the same; the proxy sets its own when it passes the
+    /// upgrade on.
+    pub websocket: bool,
 }
 
 /// Hop-by-hop headers always removed (RFC 9110 7.6.1, plus the legacy `Proxy-Connection` and
@@ -95,11 +100,13 @@ pub fn screen_request(parts: &mut Parts, limits: &Limits) -> Result<Screened, Pr
         return Err(ProxyError::BadRequest("dot segment in path"));
     }
     let host = authority(parts)?;
-    let cookie_is_hop_by_hop = remove_connection_named(&mut parts.headers);
+    let upgradable = parts.version == Version::HTTP_11 && parts.method == http::Method::GET;
+    let (cookie_is_hop_by_hop, websocket) = remove_connection_named(&mut parts.headers, upgradable);
     remove_present(&mut parts.headers, [&HOP_BY_HOP, &SPOOFABLE]);
     Ok(Screened {
         host,
         cookie_is_hop_by_hop,
+        websocket,
     })
 }
 
@@ -166,10 +173,12 @@ fn has_dot_segment(path: &str) -> bool {
 }
 
 /// Removes the headers named in `Connection` (RFC 9110 section 7.6.1), except `Authorization`
-/// and `Cookie`, which the caller handles; returns whether `Cookie` was named. The fixed
-/// hop-by-hop names are removed by [`screen_request`] with the spoofable ones.
-fn remove_connection_named(headers: &mut HeaderMap) -> bool {
-    let mut cookie_named = false;
+/// and `Cookie`, which the caller handles; returns whether `Cookie` was named, and whether
+/// `upgrade` was named with an `Upgrade` field listing `websocket` (only looked at when the
+/// request is `upgradable`: an HTTP/1.1 GET). The fixed hop-by-hop names are removed by
+/// [`screen_request`] with the spoofable ones.
+fn remove_connection_named(headers: &mut HeaderMap, upgradable: bool) -> (bool, bool) {
+    let (mut cookie_named, mut websocket) = (false, false);
     if headers.contains_key(header::CONNECTION) {
         let named: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
@@ -185,10 +194,16 @@ fn remove_connection_named(headers: &mut HeaderMap) -> bool {
                 cookie_named = true;
                 continue;
             }
+            if name == header::UPGRADE && upgradable {
+                websocket |= headers
+                    .get_all(header::UPGRADE)
+                    .iter()
+                    .any(|v| has_token(v.as_bytes(), b"websocket"));
+            }
             headers.remove(&name);
         }
     }
-    cookie_named
+    (cookie_named, websocket)
 }
 
 /// Whether a comma-separated field value (RFC 9110 section 5.6.1) lists `token`, ASCII
@@ -362,6 +377,52 @@ mod tests {
         // An IPv4-mapped entry is matched (and named) as IPv4.
         assert_eq!(client(&["198.51.100.7, ::ffff:10.3.3.3"]), "198.51.100.7");
         assert_eq!(client(&["::ffff:198.51.100.7"]), "198.51.100.7");
+    }
+
+    #[test]
+    fn a_websocket_upgrade_is_an_http11_get_naming_upgrade_and_websocket_and_its_fields_go() {
+        let screened = |method: &str, version: Version, fields: &[(&str, &str)]| {
+            let mut b = http::Request::builder()
+                .method(method)
+                .uri("/ws")
+                .version(version)
+                .header("host", "a");
+            for (n, v) in fields {
+                b = b.header(*n, *v);
+            }
+            let (mut parts, ()) = b.body(()).unwrap().into_parts();
+            let limits = Limits {
+                max_header_bytes: 16384,
+                max_uri_bytes: 8192,
+                max_body_bytes: 0,
+            };
+            let s = screen_request(&mut parts, &limits).unwrap();
+            let gone = ["connection", "upgrade"]
+                .iter()
+                .all(|n| parts.headers.get(*n).is_none());
+            assert!(gone, "hop-by-hop fields kept: {:?}", parts.headers);
+            assert!(parts.headers.get("sec-websocket-key").is_some());
+            s.websocket
+        };
+        let ws = [
+            ("connection", "keep-alive, Upgrade"),
+            ("upgrade", "WebSocket"),
+            ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+        ];
+        assert!(screened("GET", Version::HTTP_11, &ws));
+        assert!(!screened("POST", Version::HTTP_11, &ws), "not a GET");
+        assert!(!screened("GET", Version::HTTP_10, &ws), "not HTTP/1.1");
+        let h2c = [
+            ("connection", "upgrade"),
+            ("upgrade", "h2c"),
+            ("sec-websocket-key", "x"),
+        ];
+        assert!(!screened("GET", Version::HTTP_11, &h2c), "another protocol");
+        let unnamed = [("upgrade", "websocket"), ("sec-websocket-key", "x")];
+        assert!(
+            !screened("GET", Version::HTTP_11, &unnamed),
+            "Upgrade not named in Connection"
+        );
     }
 
     #[test]

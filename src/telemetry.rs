@@ -170,6 +170,8 @@ struct Scrape {
     token_cache: Option<u64>,
     /// Responses that end with their session: `(open now, ended by revocation or expiry)`.
     streams: Option<(u64, u64)>,
+    /// WebSocket tunnels: `(open now, opened since start)`.
+    websockets: Option<(u64, u64)>,
     busy_poll: crate::busy_poll::PollStats,
 }
 
@@ -188,6 +190,7 @@ impl Scrape {
             session_cache: sessions.cache_entries().map(|n| (n, sessions.cache_live())),
             token_cache: proxy.verifier().cache_entries(),
             streams: sessions.streams(),
+            websockets: proxy.websockets(),
             busy_poll: crate::busy_poll::stats(),
         }
     }
@@ -276,12 +279,21 @@ impl prometheus_client::collector::Collector for Scrape {
             gauge(&mut e, "session_cache_live", "1 while the store's invalidation channel is live and the cache is used; 0 while it is bypassed.", u64::from(live))?;
         }
         if let Some((open, ended)) = self.streams {
-            gauge(&mut e, "session_streams_open", "Responses open now whose body waited for the upstream (server-sent events, long downloads): each ends when its session is revoked or expires.", open)?;
+            gauge(&mut e, "session_streams_open", "Responses open now whose body waited for the upstream (server-sent events, long downloads) and WebSocket connections: each ends when its session is revoked or expires.", open)?;
             counter(
                 &mut e,
                 "session_streams_ended",
-                "Open responses ended because their session was revoked or expired.",
+                "Open responses and WebSocket connections ended because their session was revoked or expired.",
                 ended,
+            )?;
+        }
+        if let Some((open, opened)) = self.websockets {
+            gauge(&mut e, "websockets_open", "WebSocket connections open now (each holds one upstream connection, counted as busy).", open)?;
+            counter(
+                &mut e,
+                "websockets_opened",
+                "WebSocket upgrades the upstream accepted (101) since start.",
+                opened,
             )?;
         }
         let poll = self.busy_poll;
@@ -477,6 +489,7 @@ mod tests {
             session_cache: None,
             token_cache: None,
             streams: None,
+            websockets: None,
             busy_poll: Default::default(),
         };
         let mut registry = prometheus_client::registry::Registry::with_prefix("tessera");

@@ -72,3 +72,73 @@ fn login_page_in_headless_chromium() {
     }
     assert!(!t.log().contains("demo-password"), "password in the log");
 }
+
+/// A page's WebSocket in Chromium: authenticated by the token cookie, same origin, frames both
+/// ways through tessera, and closed when the session is revoked (`websocket.mjs`).
+#[test]
+fn a_pages_websocket_in_headless_chromium_ends_with_its_session() {
+    use std::io::BufRead;
+    let root = env!("CARGO_MANIFEST_DIR");
+    assert!(
+        std::path::Path::new("/usr/bin/chromium").exists(),
+        "chromium is not installed: run ./scripts/test.sh, which installs it"
+    );
+    let up = support::upstream::start(support::upstream::Behavior::WebSocket);
+    up.stats.set_password("alice", "alice-pw");
+    let url = up.url();
+    let t = Tessera::start(move |port, dir| {
+        config(port, &url, &format!("embedded:{}/s", dir.display()), &[])
+    });
+    let (sid, token) = t.create_session("alice", "alice-pw");
+    let mut node = Command::new("node")
+        .arg(format!("{root}/tests/browser/websocket.mjs"))
+        .arg(t.url(""))
+        .arg(&token)
+        .current_dir(format!("{root}/tests/browser"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("node");
+    let mut lines = std::io::BufReader::new(node.stdout.take().unwrap()).lines();
+    let mut out = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let ticking = line == "ticking";
+        out.push(line);
+        if ticking {
+            t.revoke(&sid);
+            break;
+        }
+    }
+    out.extend(lines.map(Result::unwrap));
+    let status = node.wait().unwrap();
+    let last = out.last().cloned().unwrap_or_default();
+    assert!(
+        status.success(),
+        "browser flow failed:\n{}\ntessera log:\n{}",
+        out.join("\n"),
+        t.log()
+    );
+    let findings: serde_json::Value = serde_json::from_str(&last).unwrap();
+    eprintln!("{findings}");
+    let checks = findings.as_object().unwrap();
+    assert_eq!(
+        checks.values().filter(|v| *v == "ok").count(),
+        6,
+        "{findings}"
+    );
+    let head = up.stats.last_upgrade.lock().unwrap().clone();
+    assert!(
+        head.iter()
+            .any(|l| *l == format!("origin: http://127.0.0.1:{}", t.port)),
+        "the browser's Origin: {head:?}"
+    );
+    assert!(
+        head.iter()
+            .any(|l| *l == format!("authorization: {}", support::basic("alice", "alice-pw"))),
+        "{head:?}"
+    );
+    assert!(
+        !head.iter().any(|l| l.contains(&token)),
+        "the token cookie reached the upstream: {head:?}"
+    );
+}

@@ -68,6 +68,15 @@ impl ProxyBody {
         }
     }
 
+    /// The upstream connection of a response that switched protocols (101, see
+    /// [`super::Tunnel`]), taken out of the body; `None` for any other response, or once taken.
+    pub fn take_tunnel(&mut self) -> Option<super::Tunnel> {
+        match self {
+            Self::Upstream(u) if u.switched => u.conn.take().map(super::Tunnel::new),
+            _ => None,
+        }
+    }
+
     /// Takes the upstream response's fields out (the writer then owns them).
     pub fn take_fields(&mut self) -> Option<RawHead> {
         match self {
@@ -87,6 +96,9 @@ pub struct UpstreamBody {
     keep_alive: bool,
     /// The session this body ends with ([`ProxyBody::end_with_session`]).
     watch: Option<Watch>,
+    /// A 101 response's: it has no body, and its connection is kept (never reused) for
+    /// [`ProxyBody::take_tunnel`].
+    switched: bool,
 }
 
 impl UpstreamBody {
@@ -97,11 +109,25 @@ impl UpstreamBody {
             framing,
             keep_alive,
             watch: None,
+            switched: false,
         };
         if framing == Framing::Done {
             this.release(true);
         }
         this
+    }
+
+    /// The body of a 101 response: none, but the connection stays with it until
+    /// [`ProxyBody::take_tunnel`] takes it (dropped untaken, it is closed).
+    pub(super) fn switched(fields: RawHead, conn: Conn) -> Self {
+        Self {
+            fields: Some(fields),
+            conn: Some(conn),
+            framing: Framing::Done,
+            keep_alive: false,
+            watch: None,
+            switched: true,
+        }
     }
 
     /// Gives the connection back: to the pool when the body was read to its end and the

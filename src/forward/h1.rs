@@ -331,11 +331,6 @@ impl H1 {
         out.queue.clear();
         self.out = out;
         let head = match early {
-            Some(head) if head.response.status() == StatusCode::SWITCHING_PROTOCOLS => {
-                return Err(SendError::Failed(broken(
-                    "upstream switched protocols (upgrades are not proxied)",
-                )))
-            }
             Some(head) => Ok(head),
             None => match self.read_head(head_request, eof).await {
                 Err(SendError::ClosedBeforeResponse(None, e)) if !polled_body => {
@@ -347,11 +342,23 @@ impl H1 {
                 other => other,
             },
         };
+        let head = match head {
+            Ok(head) if head.response.status() == StatusCode::SWITCHING_PROTOCOLS => {
+                switched(head, &parts.headers).map_err(SendError::Failed)
+            }
+            other => other,
+        };
         super::recycle_header_map(parts.headers);
         head.map(|mut head| {
             head.keep_alive &= request_complete;
             head
         })
+    }
+
+    /// The socket of a connection whose response switched protocols (101), and the bytes the
+    /// upstream sent after that response's head (the new protocol's first bytes, possibly none).
+    pub fn switched_io(&mut self) -> (&mut TcpStream, BytesMut) {
+        (&mut self.io, self.buf.split())
     }
 
     /// Consumes the complete response heads buffered while the request is being sent: interim
@@ -378,17 +385,13 @@ impl H1 {
         }
     }
 
-    /// Reads response heads until a final (non-1xx) one.
+    /// Reads response heads until a final (non-1xx) one, or a 101.
     async fn read_head(&mut self, head_request: bool, mut eof: bool) -> Result<Head, SendError> {
         let mut received_any = !self.buf.is_empty();
         loop {
             if let Some(head) = self.parse_head(head_request).map_err(SendError::Failed)? {
-                if head.response.status().is_informational() {
-                    if head.response.status() == StatusCode::SWITCHING_PROTOCOLS {
-                        return Err(SendError::Failed(broken(
-                            "upstream switched protocols (upgrades are not proxied)",
-                        )));
-                    }
+                let status = head.response.status();
+                if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
                     continue;
                 }
                 return Ok(head);
@@ -794,6 +797,31 @@ fn chunk_size(line: &[u8]) -> Result<u64, String> {
     }
     let text = std::str::from_utf8(&line[..digits]).map_err(|_| "invalid chunk size")?;
     u64::from_str_radix(text, 16).map_err(|_| "invalid chunk size".into())
+}
+
+/// A 101 answer to a request whose `Upgrade` field is `upgrade`: accepted only when both name
+/// `websocket` (RFC 9110 section 15.2.2: a server switches only to a protocol the client listed;
+/// tessera asks for nothing else). The connection then belongs to the new protocol and never
+/// goes back to the pool.
+///
+/// Errors (502): a 101 to a request that asked for no upgrade, or to another protocol.
+fn switched(mut head: Head, request: &HeaderMap) -> Result<Head, ForwardError> {
+    let websocket = |v: &[u8]| crate::screen::has_token(v, b"websocket");
+    if !request
+        .get_all(header::UPGRADE)
+        .iter()
+        .any(|v| websocket(v.as_bytes()))
+    {
+        return Err(broken("upstream switched protocols unasked"));
+    }
+    if !head.fields.get_all(b"upgrade").any(websocket) {
+        return Err(broken(
+            "upstream switched to a protocol other than websocket",
+        ));
+    }
+    head.keep_alive = false;
+    head.framing = Framing::Done;
+    Ok(head)
 }
 
 /// Persistence after this response (RFC 9112 section 9.3): HTTP/1.1 unless `Connection: close`;

@@ -15,6 +15,7 @@ mod body;
 mod h1;
 mod pool;
 pub(crate) mod raw;
+mod tunnel;
 
 use std::cell::RefCell;
 use std::pin::Pin;
@@ -34,6 +35,7 @@ use h1::SendError;
 pub(crate) use pool::serving_thread;
 pub use pool::{set_serving_thread, Affinity, Pool, PoolStats};
 pub use raw::RawHead;
+pub use tunnel::{Tunnel, TunnelEnd, TunnelReport};
 
 /// Boxed error type of request bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -235,6 +237,9 @@ fn wrap(head: h1::Head, conn: pool::Conn) -> Response<ProxyBody> {
         framing,
         keep_alive,
     } = head;
+    if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+        return response.map(|()| ProxyBody::Upstream(UpstreamBody::switched(fields, conn)));
+    }
     response.map(|()| ProxyBody::Upstream(UpstreamBody::new(fields, conn, framing, keep_alive)))
 }
 

@@ -240,7 +240,9 @@ async fn hand_off(serving: &Serving, conn: Conn, peer: Peer, served: bool) {
     } else {
         &serving.hyper
     };
-    let conn = hyper.serve_connection(TokioIo::new(io), service);
+    // With upgrades: a WebSocket handshake the upstream accepted hands the connection over to
+    // its tunnel (see `Proxy::switch`).
+    let conn = hyper.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
     let done = tokio::select! {
         done = conn.as_mut() => done,

@@ -44,6 +44,12 @@ pub struct Stats {
     pub paths: Mutex<Vec<String>>,
     /// `Users` behaviour: `/events` streams being sent now (one ends when its reader is gone).
     pub streams_open: AtomicUsize,
+    /// `WebSocket` behaviour: WebSocket connections open now (one ends when its peer closes or
+    /// its socket fails).
+    pub websockets_open: AtomicUsize,
+    /// `WebSocket` behaviour: the request head of the last upgrade request, one `name: value`
+    /// line per field (names lowercase), the request line first.
+    pub last_upgrade: Mutex<Vec<String>>,
 }
 
 impl Stats {
@@ -88,6 +94,13 @@ pub enum Behavior {
     /// dropped) before the answer, after it when the script says `early`; with
     /// `Expect: 100-continue` a `100 Continue` goes first, as nginx does.
     Scripted(fn(&str) -> Script),
+    /// hyper server with upgrades: the `Users` credential check (401 with a `Basic` challenge),
+    /// then a WebSocket endpoint (tokio-tungstenite over hyper's upgraded connection) on every
+    /// path but `/deny` (403, no upgrade) and `/page` (an HTML page, for browsers). On a
+    /// WebSocket it first sends `hello <user>`, then answers a text message `tick` with
+    /// `tick <n>` every 100 ms from then on, any other text `t` with `<user>: t`, and a binary
+    /// message with the same bytes.
+    WebSocket,
 }
 
 /// A scripted answer.
@@ -123,6 +136,7 @@ pub fn start(behavior: Behavior) -> TestUpstream {
                         let svc = service_fn(move |req| handle(req, behavior, s2.clone(), conn));
                         let _ = hyper::server::conn::http1::Builder::new()
                             .serve_connection(TokioIo::new(stream), svc)
+                            .with_upgrades()
                             .await;
                     }
                 }
@@ -142,6 +156,9 @@ async fn handle(
     conn: usize,
 ) -> Result<Response<Out>, Infallible> {
     s.requests.fetch_add(1, Ordering::SeqCst);
+    if let Behavior::WebSocket = behavior {
+        return Ok(websocket(req, s));
+    }
     let path = req.uri().path().to_string();
     s.paths.lock().unwrap().push(path.clone());
     let auth = req
@@ -219,6 +236,121 @@ async fn handle(
         }
         _ => unreachable!(),
     }
+}
+
+/// The user whose `Basic` credentials in `auth` match `Stats::users`.
+fn basic_user(auth: &str, s: &Stats) -> Option<String> {
+    use base64::Engine;
+    let pair = auth
+        .strip_prefix("Basic ")
+        .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+        .and_then(|b| String::from_utf8(b).ok())?;
+    let (user, password) = pair.split_once(':')?;
+    let users = s.users.lock().unwrap();
+    (users.get(user)? == password).then(|| user.to_string())
+}
+
+fn answer(status: u16, body: &'static str) -> Response<Out> {
+    let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())).boxed());
+    *r.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
+    r
+}
+
+/// The `WebSocket` behaviour (see [`Behavior::WebSocket`]).
+fn websocket(mut req: Request<Incoming>, s: Arc<Stats>) -> Response<Out> {
+    use tokio_tungstenite::tungstenite::{handshake::derive_accept_key, protocol::Role, Message};
+    let auth = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    *s.last_authorization.lock().unwrap() = auth.clone();
+    let Some(user) = basic_user(&auth, &s) else {
+        let mut r = answer(401, "no");
+        r.headers_mut()
+            .insert("www-authenticate", "Basic realm=\"up\"".parse().unwrap());
+        return r;
+    };
+    match req.uri().path() {
+        "/deny" => return answer(403, "denied"),
+        "/page" => {
+            let mut r = answer(200, "<!doctype html><title>ws</title><h1>ws page</h1>");
+            r.headers_mut()
+                .insert("content-type", "text/html".parse().unwrap());
+            return r;
+        }
+        _ => {}
+    }
+    let key = req.headers().get("sec-websocket-key").cloned();
+    let asked = req
+        .headers()
+        .get("upgrade")
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
+    let (true, Some(key)) = (asked, key) else {
+        return answer(426, "a WebSocket endpoint");
+    };
+    let mut head = vec![format!("{} {}", req.method(), req.uri())];
+    head.extend(
+        req.headers()
+            .iter()
+            .map(|(n, v)| format!("{}: {}", n.as_str(), String::from_utf8_lossy(v.as_bytes()))),
+    );
+    *s.last_upgrade.lock().unwrap() = head;
+    let on = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        let Ok(upgraded) = on.await else { return };
+        let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+            TokioIo::new(upgraded),
+            Role::Server,
+            None,
+        )
+        .await;
+        s.websockets_open.fetch_add(1, Ordering::SeqCst);
+        use futures_util::{SinkExt, StreamExt};
+        let mut ticking: Option<tokio::time::Interval> = None;
+        let mut n = 0u64;
+        let mut ok = ws
+            .send(Message::text(format!("hello {user}")))
+            .await
+            .is_ok();
+        while ok {
+            let tick = async {
+                match ticking.as_mut() {
+                    Some(t) => t.tick().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = tick => {
+                    n += 1;
+                    ok = ws.send(Message::text(format!("tick {n}"))).await.is_ok();
+                }
+                msg = ws.next() => match msg {
+                    Some(Ok(Message::Text(t))) if t.as_str() == "tick" => {
+                        ticking = Some(tokio::time::interval(Duration::from_millis(100)));
+                    }
+                    Some(Ok(Message::Text(t))) => {
+                        ok = ws.send(Message::text(format!("{user}: {}", t.as_str()))).await.is_ok();
+                    }
+                    Some(Ok(Message::Binary(b))) => ok = ws.send(Message::Binary(b)).await.is_ok(),
+                    Some(Ok(_)) => {}
+                    Some(Err(_)) | None => ok = false,
+                }
+            }
+        }
+        s.websockets_open.fetch_sub(1, Ordering::SeqCst);
+    });
+    let mut r = answer(101, "");
+    let h = r.headers_mut();
+    h.insert("connection", "Upgrade".parse().unwrap());
+    h.insert("upgrade", "websocket".parse().unwrap());
+    h.insert(
+        "sec-websocket-accept",
+        derive_accept_key(key.as_bytes()).parse().unwrap(),
+    );
+    h.insert("x-upstream", "ws".parse().unwrap());
+    r
 }
 
 /// An endless event stream for `user`, counted in `Stats::streams_open` while it is read.

@@ -1,0 +1,68 @@
+// A WebSocket from a page in a real headless Chromium (Debian's /usr/bin/chromium, driven by
+// playwright-core), through tessera, authenticated by the token cookie the browser sends with
+// the handshake (a page's WebSocket cannot set `Authorization`).
+// Usage: node websocket.mjs BASE_URL TOKEN
+// Walks: the page (same origin) -> WebSocket opens -> greeting and echo -> server ticks ->
+// prints `ticking` and waits while the test revokes the session -> the socket must close.
+// Prints one JSON line of findings last; exits 1 on the first failed check.
+import { chromium } from 'playwright-core';
+
+const [base, token] = process.argv.slice(2);
+const findings = {};
+function check(name, ok, detail) {
+  findings[name] = ok ? 'ok' : `FAILED: ${detail ?? ''}`;
+  if (!ok) {
+    console.log(JSON.stringify(findings));
+    process.exit(1);
+  }
+}
+
+const browser = await chromium.launch({
+  executablePath: '/usr/bin/chromium',
+  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+});
+try {
+  const context = await browser.newContext();
+  const { hostname } = new URL(base);
+  await context.addCookies([{ name: 'tessera', value: token, domain: hostname, path: '/', httpOnly: true, sameSite: 'Strict' }]);
+  const page = await context.newPage();
+  const resp = await page.goto(`${base}/page`);
+  check('page_through_tessera', resp.status() === 200, resp.status());
+
+  const opened = await page.evaluate(() => new Promise((resolve) => {
+    const ws = new WebSocket(`ws://${location.host}/ws`);
+    window.seen = [];
+    window.ended = null;
+    ws.onmessage = (e) => {
+      window.seen.push(e.data);
+      if (window.seen.length === 1) ws.send('hi');
+      if (window.seen.length === 2) { ws.send('tick'); resolve(window.seen.slice()); }
+    };
+    ws.onclose = (e) => { window.ended = { code: e.code, at: performance.now() }; resolve(window.seen.slice()); };
+    window.ws = ws;
+  }));
+  check('greeting_and_echo', opened[0] === 'hello alice' && opened[1] === 'alice: hi', JSON.stringify(opened));
+  await page.waitForFunction(() => window.seen.filter((m) => m.startsWith('tick ')).length >= 3, null, { timeout: 5000 });
+  check('ticks_arrive', true);
+
+  const asked = await page.evaluate(() => performance.now());
+  console.log('ticking');
+  await page.waitForFunction(() => window.ended !== null, null, { timeout: 10000 })
+    .catch(() => check('closed_after_revocation', false, 'still open 10 s after the revocation was asked'));
+  const closed = await page.evaluate(() => window.ended);
+  check('closed_after_revocation', true);
+  // A cut tunnel is a TCP close without a close frame: 1006 (abnormal closure).
+  check('close_code_1006', closed.code === 1006, JSON.stringify(closed));
+  findings.close_after_ms = Math.round(closed.at - asked);
+
+  const again = await page.evaluate(() => new Promise((resolve) => {
+    const ws = new WebSocket(`ws://${location.host}/ws`);
+    ws.onopen = () => resolve('opened');
+    ws.onerror = () => resolve('refused');
+  }));
+  check('refused_after_revocation', again === 'refused', again);
+} finally {
+  await browser.close();
+}
+console.log(JSON.stringify(findings));

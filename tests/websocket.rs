@@ -1,0 +1,441 @@
+//! WebSocket upgrades through tessera against real processes: the tessera binary, a hyper
+//! upstream speaking WebSocket (tokio-tungstenite over hyper's upgrade), tokio-tungstenite as
+//! the client (real handshakes and frames at both ends), raw TCP where the bytes matter, and
+//! the session CLI revoking a session while its WebSocket is open.
+
+mod support;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use support::upstream::{self, Behavior, Script, TestUpstream};
+use support::{basic, config, free_port, sample, Tessera};
+
+type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn ws_upstream() -> TestUpstream {
+    let up = upstream::start(Behavior::WebSocket);
+    up.stats.set_password("alice", "alice-pw");
+    up.stats.set_password("bob", "bob-pw");
+    up
+}
+
+/// A tessera on the embedded store in front of `up`, with `[metrics]` and the given
+/// `[websocket]` lines; returns it with its metrics port.
+fn tessera(up: &str, websocket: &str) -> (Tessera, u16) {
+    let metrics_port = free_port();
+    let tables: &'static str =
+        format!("[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n[websocket]\n{websocket}\n")
+            .leak();
+    let up = up.to_string();
+    let t = Tessera::start(move |port, dir| {
+        config(
+            port,
+            &up,
+            &format!("embedded:{}/s", dir.display()),
+            &[("tables", tables)],
+        )
+    });
+    (t, metrics_port)
+}
+
+fn metrics(port: u16) -> String {
+    support::curl(&[&format!("http://127.0.0.1:{port}/metrics")]).1
+}
+
+/// Opens a WebSocket to `path` on `t` with `headers` added to the handshake.
+async fn open(t: &Tessera, path: &str, headers: &[(&str, &str)]) -> Result<Ws, WsError> {
+    let mut req = format!("ws://127.0.0.1:{}{path}", t.port)
+        .into_client_request()
+        .unwrap();
+    for (name, value) in headers {
+        req.headers_mut().insert(
+            http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            value.parse().unwrap(),
+        );
+    }
+    tokio_tungstenite::connect_async(req)
+        .await
+        .map(|(ws, _)| ws)
+}
+
+/// The status a refused handshake was answered with.
+fn refused(r: Result<Ws, WsError>) -> u16 {
+    match r {
+        Err(WsError::Http(resp)) => resp.status().as_u16(),
+        Err(e) => panic!("handshake failed without an HTTP answer: {e}"),
+        Ok(_) => panic!("handshake succeeded"),
+    }
+}
+
+/// The next text message within 2 s.
+async fn text(ws: &mut Ws) -> String {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(2), ws.next()).await {
+            Ok(Some(Ok(Message::Text(t)))) => return t.as_str().to_owned(),
+            Ok(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => continue,
+            other => panic!("no text message: {other:?}"),
+        }
+    }
+}
+
+/// Reads until the connection ends; returns how long that took (panics after `limit`).
+async fn ended_within(ws: &mut Ws, limit: Duration) -> Duration {
+    let start = Instant::now();
+    loop {
+        match tokio::time::timeout_at((start + limit).into(), ws.next()).await {
+            Err(_) => panic!("still open after {limit:?}"),
+            Ok(None | Some(Err(_)) | Some(Ok(Message::Close(_)))) => return start.elapsed(),
+            Ok(Some(Ok(_))) => {}
+        }
+    }
+}
+
+fn bearer(token: &str) -> String {
+    format!("Bearer {token}")
+}
+
+/// Polls `cond` every 20 ms for up to 5 s.
+fn eventually(cond: impl Fn() -> bool) -> bool {
+    (0..250).any(|_| {
+        cond() || {
+            std::thread::sleep(Duration::from_millis(20));
+            false
+        }
+    })
+}
+
+#[test]
+fn a_websocket_carries_frames_both_ways_with_the_upstream_credential_and_nothing_of_the_client() {
+    let up = ws_upstream();
+    let (t, metrics_port) = tessera(&up.url(), "");
+    let (_, token) = t.create_session("alice", "alice-pw");
+    let rt = rt();
+    rt.block_on(async {
+        let auth = bearer(&token);
+        let mut ws = open(
+            &t,
+            "/jmap/ws?x=1",
+            &[
+                ("authorization", &auth),
+                ("cookie", "other=1"),
+                ("x-forwarded-for", "6.6.6.6"),
+                ("origin", &format!("http://127.0.0.1:{}", t.port)),
+            ],
+        )
+        .await
+        .expect("upgrade through tessera");
+        assert_eq!(text(&mut ws).await, "hello alice");
+        ws.send(Message::text("hi")).await.unwrap();
+        assert_eq!(text(&mut ws).await, "alice: hi");
+        // A binary message far larger than any buffer on the way, both ways, unchanged.
+        let big: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+        ws.send(Message::binary(big.clone())).await.unwrap();
+        match tokio::time::timeout(Duration::from_secs(5), ws.next()).await {
+            Ok(Some(Ok(Message::Binary(b)))) => assert!(b[..] == big[..], "binary changed"),
+            other => panic!("no binary echo: {other:?}"),
+        }
+
+        let head = up.stats.last_upgrade.lock().unwrap().clone();
+        let has = |line: &str| head.iter().any(|l| l.eq_ignore_ascii_case(line));
+        assert_eq!(head[0], "GET /jmap/ws?x=1", "{head:?}");
+        assert!(
+            has(&format!("authorization: {}", basic("alice", "alice-pw"))),
+            "{head:?}"
+        );
+        assert!(
+            has("upgrade: websocket") && has("connection: upgrade"),
+            "{head:?}"
+        );
+        assert!(has("x-forwarded-for: 127.0.0.1"), "{head:?}");
+        assert!(has("sec-websocket-version: 13"), "{head:?}");
+        assert!(
+            head.iter().any(|l| l.starts_with("sec-websocket-key: ")),
+            "{head:?}"
+        );
+        assert!(
+            !head
+                .iter()
+                .any(|l| l.contains(&token) || l.contains("6.6.6.6")),
+            "the client's token or forwarding header reached the upstream: {head:?}"
+        );
+        let m = metrics(metrics_port);
+        assert_eq!(sample(&m, "tessera_websockets_open"), 1, "{m}");
+        assert_eq!(sample(&m, "tessera_websockets_opened_total"), 1, "{m}");
+        assert_eq!(
+            sample(&m, "tessera_upstream_connections{state=\"busy\"}"),
+            1,
+            "the tunnel holds its upstream connection: {m}"
+        );
+
+        ws.close(None).await.unwrap();
+        ended_within(&mut ws, Duration::from_secs(2)).await;
+    });
+    assert!(
+        eventually(|| up.stats.websockets_open.load(Ordering::SeqCst) == 0
+            && up.stats.current.load(Ordering::SeqCst) == 0),
+        "the upstream side of the tunnel was not closed"
+    );
+    let m = metrics(metrics_port);
+    assert_eq!(sample(&m, "tessera_websockets_open"), 0, "{m}");
+    assert_eq!(
+        sample(&m, "tessera_upstream_connections{state=\"busy\"}")
+            + sample(&m, "tessera_upstream_connections{state=\"idle\"}"),
+        0,
+        "a tunnel's connection went back to the pool: {m}"
+    );
+    let log = t.log_when(|l| l.contains("WebSocket closed"));
+    let line = log
+        .lines()
+        .find(|l| l.contains("WebSocket closed"))
+        .unwrap_or_else(|| panic!("no close line: {log}"));
+    assert!(
+        line.contains("end=closed") && line.contains("sid_hash="),
+        "{line}"
+    );
+    assert!(!log.contains(&token), "the token was logged");
+}
+
+#[test]
+fn websocket_upgrades_are_refused_with_the_right_status_and_never_reach_the_upstream_unasked() {
+    let up = ws_upstream();
+    let (t, _) = tessera(
+        &up.url(),
+        "max_connections = 1\nallowed_origins = [\"https://mail.example.com\"]",
+    );
+    let (_, token) = t.create_session("alice", "alice-pw");
+    let auth = bearer(&token);
+    let rt = rt();
+    rt.block_on(async {
+        // No token: 401 from tessera, the upstream sees nothing.
+        assert_eq!(refused(open(&t, "/ws", &[]).await), 401);
+        // A page of another origin (cross-site WebSocket hijacking): 403, nothing forwarded.
+        let before = up.stats.requests.load(Ordering::SeqCst);
+        let foreign = open(
+            &t,
+            "/ws",
+            &[("authorization", &auth), ("origin", "https://evil.example")],
+        )
+        .await;
+        assert_eq!(refused(foreign), 403);
+        assert_eq!(
+            up.stats.requests.load(Ordering::SeqCst),
+            before,
+            "a foreign-origin upgrade reached the upstream"
+        );
+        // The upstream's own refusal is passed on.
+        assert_eq!(
+            refused(open(&t, "/deny", &[("authorization", &auth)]).await),
+            403
+        );
+        // A listed origin may open one; it takes the only slot: a second gets 503.
+        let mut first = open(
+            &t,
+            "/ws",
+            &[
+                ("authorization", &auth),
+                ("origin", "https://Mail.Example.com"),
+            ],
+        )
+        .await
+        .expect("listed origin");
+        assert_eq!(text(&mut first).await, "hello alice");
+        assert_eq!(
+            refused(open(&t, "/ws", &[("authorization", &auth)]).await),
+            503
+        );
+        // Plain requests still get through beside the tunnel.
+        let (status, _) =
+            support::curl(&["-H", &format!("authorization: {auth}"), &t.url("/page")]);
+        assert_eq!(status, 200);
+        first.close(None).await.unwrap();
+        ended_within(&mut first, Duration::from_secs(2)).await;
+        // The slot is free again once the tunnel has ended.
+        // (`first` stays open on the client's side: the tunnel ends a second after the upstream
+        // closed, not when this client gets round to closing.)
+        let mut again = None;
+        for _ in 0..250 {
+            match open(&t, "/ws", &[("authorization", &auth)]).await {
+                Ok(ws) => {
+                    again = Some(ws);
+                    break;
+                }
+                Err(WsError::Http(r)) if r.status() == 503 => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let mut again = again.expect("the slot was never freed");
+        assert_eq!(text(&mut again).await, "hello alice");
+    });
+    let log = t.log();
+    assert!(
+        log.contains("WebSocket upgrade from a foreign origin"),
+        "{log}"
+    );
+    assert!(log.contains("too many WebSocket connections"), "{log}");
+}
+
+#[test]
+fn with_websockets_off_an_upgrade_goes_upstream_as_a_plain_get() {
+    let up = ws_upstream();
+    let (t, _) = tessera(&up.url(), "max_connections = 0");
+    let (_, token) = t.create_session("alice", "alice-pw");
+    let rt = rt();
+    rt.block_on(async {
+        let got = open(&t, "/ws", &[("authorization", &bearer(&token))]).await;
+        // The upstream saw no `Upgrade` and answered as to any GET of its endpoint.
+        assert_eq!(refused(got), 426);
+    });
+}
+
+/// Bytes the upstream sends right behind its 101 head, in the same write, reach the client;
+/// after the switch the connection carries raw bytes both ways. A 101 to another protocol is a
+/// broken upstream (502).
+#[test]
+fn bytes_after_the_101_and_raw_bytes_both_ways_pass_and_a_switch_to_another_protocol_is_502() {
+    use std::io::{Read, Write};
+    fn script(line: &str) -> Script {
+        let bytes = match line {
+            "GET /ws HTTP/1.1" => b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n\x81\x05hello".to_vec(),
+            "GET /h2c HTTP/1.1" => b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n".to_vec(),
+            // After the switch the upstream's request parser sees the client's raw bytes.
+            "PING" => b"PONG".to_vec(),
+            _ => b"HTTP/1.1 500 Unexpected\r\nContent-Length: 0\r\n\r\n".to_vec(),
+        };
+        Script {
+            bytes,
+            close: false,
+            early: false,
+        }
+    }
+    let up = upstream::start(Behavior::Scripted(script));
+    let (t, _) = tessera(&up.url(), "");
+    let (_, token) = t.create_session("alice", "alice-pw");
+    let handshake = |path: &str| {
+        format!(
+            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\
+             Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\
+             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+        )
+    };
+    let mut sock = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    sock.write_all(handshake("/ws").as_bytes()).unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !seen.ends_with(b"\x81\x05hello") {
+        let n = sock.read(&mut buf).expect("101 and the first frame");
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&seen).to_ascii_lowercase();
+    assert!(text.starts_with("http/1.1 101 "), "{text}");
+    assert!(text.contains("\r\nupgrade: websocket\r\n"), "{text}");
+    assert!(
+        text.contains("sec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo="),
+        "{text}"
+    );
+    sock.write_all(b"PING\r\n\r\n").unwrap();
+    let mut pong = [0u8; 4];
+    sock.read_exact(&mut pong).unwrap();
+    assert_eq!(&pong, b"PONG");
+
+    let mut sock = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    sock.write_all(handshake("/h2c").as_bytes()).unwrap();
+    let mut answer = String::new();
+    let _ = sock.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 502 "), "{answer}");
+}
+
+#[test]
+fn a_revoked_sessions_websocket_is_cut_and_an_idle_one_is_closed_while_others_go_on() {
+    let up = ws_upstream();
+    let (t, metrics_port) = tessera(&up.url(), "idle_timeout_ms = 1500");
+    let (alice_sid, alice) = t.create_session("alice", "alice-pw");
+    let (_, bob) = t.create_session("bob", "bob-pw");
+    let rt = rt();
+    rt.block_on(async {
+        let start = Instant::now();
+        let mut a = open(&t, "/ws", &[("authorization", &bearer(&alice))])
+            .await
+            .unwrap();
+        let mut b = open(&t, "/ws", &[("authorization", &bearer(&bob))])
+            .await
+            .unwrap();
+        let mut quiet = open(&t, "/ws", &[("authorization", &bearer(&bob))])
+            .await
+            .unwrap();
+        for ws in [&mut a, &mut b, &mut quiet] {
+            text(ws).await;
+        }
+        for ws in [&mut a, &mut b] {
+            ws.send(Message::text("tick")).await.unwrap();
+            assert_eq!(text(ws).await, "tick 1");
+        }
+        // The quiet one idles out; the ticking ones outlive the timeout (twice over).
+        ended_within(&mut quiet, Duration::from_secs(4)).await;
+        assert!(
+            start.elapsed() >= Duration::from_millis(1500),
+            "closed before its idle timeout: {:?}",
+            start.elapsed()
+        );
+        while start.elapsed() < Duration::from_millis(3100) {
+            for ws in [&mut a, &mut b] {
+                assert!(
+                    text(ws).await.starts_with("tick "),
+                    "a busy tunnel was closed"
+                );
+            }
+        }
+
+        // Another process revokes alice's session: her tunnel ends, bob's goes on.
+        let cli = std::thread::spawn({
+            let config = t.config_path();
+            move || {
+                let out = std::process::Command::new(support::bin())
+                    .args(["session", "revoke", "--config"])
+                    .arg(config)
+                    .args(["--sid", &alice_sid])
+                    .output()
+                    .unwrap();
+                assert!(out.status.success());
+            }
+        });
+        let cut = ended_within(&mut a, Duration::from_secs(3)).await;
+        cli.join().unwrap();
+        eprintln!("revocation to cut: {cut:?} (the CLI run included)");
+        let mut fresh = 0;
+        while fresh < 3 {
+            assert!(
+                text(&mut b).await.starts_with("tick "),
+                "bob's tunnel ended"
+            );
+            fresh += 1;
+        }
+    });
+    assert!(
+        eventually(|| up.stats.websockets_open.load(Ordering::SeqCst) <= 1),
+        "the cut tunnels stayed open upstream"
+    );
+    let m = metrics(metrics_port);
+    assert_eq!(sample(&m, "tessera_session_streams_ended_total"), 1, "{m}");
+    let log = t.log();
+    assert!(log.contains("end=idle timeout"), "{log}");
+    assert!(log.contains("end=session revoked"), "{log}");
+}
