@@ -603,6 +603,14 @@ fn validate_websocket(
     for (i, text) in w.allowed_origins.unwrap_or_default().iter().enumerate() {
         let key = format!("websocket.allowed_origins[{i}]");
         let origin = text.trim_end_matches('/').to_ascii_lowercase();
+        // Browsers leave the scheme's default port out of `Origin`.
+        let origin = match origin.strip_suffix(":443") {
+            Some(o) if origin.starts_with("https://") => o.to_string(),
+            _ => match origin.strip_suffix(":80") {
+                Some(o) if origin.starts_with("http://") => o.to_string(),
+                _ => origin,
+            },
+        };
         let ok = origin.parse::<http::Uri>().is_ok_and(|u| {
             matches!(u.scheme_str(), Some("http" | "https"))
                 && u.authority().is_some_and(|a| !a.as_str().contains('@'))
@@ -1432,7 +1440,7 @@ mod tests {
         let with = |lines: &str| {
             Config::from_toml_with(&format!("{}[websocket]\n{lines}\n", minimal()), env)
         };
-        let c = with("max_connections = 0\nidle_timeout_ms = 0\nallowed_origins = [\"https://Mail.Example.com/\", \"http://127.0.0.1:8080\"]").unwrap();
+        let c = with("max_connections = 0\nidle_timeout_ms = 0\nallowed_origins = [\"https://Mail.Example.com:443/\", \"http://127.0.0.1:8080\"]").unwrap();
         assert_eq!(c.websocket.max_connections, 0);
         assert_eq!(c.websocket.idle_timeout, None);
         assert_eq!(

@@ -63,6 +63,10 @@ struct WebSockets {
     opened: AtomicU64,
 }
 
+/// Longest wait for hyper to write a 101 and hand the client's connection over (the client
+/// reads it) before the tunnel is given up.
+const UPGRADE_WAIT: Duration = Duration::from_secs(10);
+
 /// What an upgrade the proxy passes on needs once the upstream has answered 101: the client's
 /// side of the switch (resolved by hyper after the 101 is written) and the tunnel's slot.
 struct Upgrading {
@@ -331,7 +335,7 @@ impl Proxy {
             }
         };
         let upgrading = if screened.websocket {
-            self.upgrading(&mut parts, &screened, body.is_end_stream())?
+            self.upgrading(&mut parts, &screened, peer.proto, body.is_end_stream())?
         } else {
             None
         };
@@ -381,6 +385,7 @@ impl Proxy {
         &self,
         parts: &mut Parts,
         screened: &Screened,
+        scheme: &str,
         no_body: bool,
     ) -> Result<Option<Upgrading>, ProxyError> {
         let Some(ws) = &self.websockets else {
@@ -394,7 +399,7 @@ impl Proxy {
             return Ok(None);
         }
         if let Some(origin) = parts.headers.get(header::ORIGIN) {
-            if !origin_allowed(origin, &screened.host, &ws.allowed_origins) {
+            if !origin_allowed(origin, scheme, &screened.host, &ws.allowed_origins) {
                 return Err(ProxyError::ForeignOrigin);
             }
         }
@@ -449,11 +454,12 @@ impl Proxy {
         tokio::spawn(async move {
             let Upgrading { downstream, slot } = upgrading;
             let sid_hash = sid.as_deref().map(crate::session::sid_hash);
-            match downstream.await {
-                Ok(io) => {
-                    let report = tunnel
-                        .run(hyper_util::rt::TokioIo::new(io), idle, watch)
-                        .await;
+            // hyper hands the connection over once the 101 is written; a client that does not
+            // read it must not hold the slot and the upstream connection for ever.
+            let upgraded = tokio::time::timeout(UPGRADE_WAIT, downstream).await;
+            match upgraded {
+                Ok(Ok(io)) => {
+                    let report = tunnel.run(crate::server::downstream(io), idle, watch).await;
                     tracing::info!(
                         sid_hash = sid_hash.as_deref().unwrap_or("-"),
                         end = %report.end,
@@ -463,7 +469,10 @@ impl Proxy {
                         "WebSocket closed"
                     );
                 }
-                Err(e) => tracing::debug!(cause = %e, "client side of a WebSocket upgrade failed"),
+                Ok(Err(e)) => {
+                    tracing::debug!(cause = %e, "client side of a WebSocket upgrade failed")
+                }
+                Err(_) => tracing::debug!("WebSocket 101 not taken by the client in time"),
             }
             drop(slot);
         });
@@ -583,22 +592,24 @@ impl Proxy {
 }
 
 /// Whether a WebSocket upgrade with this `Origin` may go on (RFC 6455 section 10.2): the origin
-/// names the request's own `host` (any scheme: tessera may sit behind a TLS terminator), or is
-/// one of `allowed` (lowercase `scheme://host[:port]`). `null` and malformed origins are refused.
-fn origin_allowed(origin: &HeaderValue, host: &HeaderValue, allowed: &[String]) -> bool {
-    let Ok(origin) = origin.to_str() else {
-        return false;
-    };
-    let after = |scheme: &str| {
-        let n = scheme.len();
-        (origin.len() > n && origin.as_bytes()[..n].eq_ignore_ascii_case(scheme.as_bytes()))
-            .then(|| &origin[n..])
-    };
-    let Some(authority) = after("https://").or_else(|| after("http://")) else {
-        return false;
-    };
-    authority.as_bytes().eq_ignore_ascii_case(host.as_bytes())
-        || allowed.iter().any(|a| a.eq_ignore_ascii_case(origin))
+/// is the request's own, `scheme://host` (`scheme` as the client used it: `http`, or what a
+/// trusted proxy reported in `X-Forwarded-Proto`; a plain-HTTP page cannot speak for an HTTPS
+/// site), or one of `allowed` (lowercase `scheme://host[:port]`, default ports removed). ASCII
+/// case is ignored; `null` and anything else are refused.
+fn origin_allowed(
+    origin: &HeaderValue,
+    scheme: &str,
+    host: &HeaderValue,
+    allowed: &[String],
+) -> bool {
+    let origin = origin.as_bytes();
+    let own = origin.len() == scheme.len() + 3 + host.len()
+        && origin[..scheme.len()].eq_ignore_ascii_case(scheme.as_bytes())
+        && &origin[scheme.len()..scheme.len() + 3] == b"://"
+        && origin[scheme.len() + 3..].eq_ignore_ascii_case(host.as_bytes());
+    own || allowed
+        .iter()
+        .any(|a| a.as_bytes().eq_ignore_ascii_case(origin))
 }
 
 #[cfg(test)]
@@ -609,13 +620,26 @@ mod tests {
     fn a_websocket_origin_must_name_the_requested_host_or_be_listed() {
         let host = HeaderValue::from_static("mail.example.com:8080");
         let allowed = ["https://app.example.net".to_string()];
-        let ok =
-            |origin: &str| origin_allowed(&HeaderValue::from_str(origin).unwrap(), &host, &allowed);
-        assert!(ok("http://mail.example.com:8080"));
+        let ok = |origin: &str| {
+            origin_allowed(
+                &HeaderValue::from_str(origin).unwrap(),
+                "https",
+                &host,
+                &allowed,
+            )
+        };
+        assert!(ok("https://mail.example.com:8080"));
+        assert!(ok("HTTPS://MAIL.example.com:8080"), "any case");
         assert!(
-            ok("https://MAIL.example.com:8080"),
-            "behind a TLS terminator, any case"
+            !ok("http://mail.example.com:8080"),
+            "a plain-HTTP page for an HTTPS site"
         );
+        assert!(origin_allowed(
+            &HeaderValue::from_static("http://mail.example.com:8080"),
+            "http",
+            &host,
+            &allowed
+        ));
         assert!(ok("https://app.example.net"));
         assert!(ok("HTTPS://APP.example.net"));
         assert!(

@@ -288,7 +288,7 @@ impl prometheus_client::collector::Collector for Scrape {
             )?;
         }
         if let Some((open, opened)) = self.websockets {
-            gauge(&mut e, "websockets_open", "WebSocket connections open now (each holds one upstream connection, counted as busy).", open)?;
+            gauge(&mut e, "websockets_open", "WebSocket connections open now, handshakes being forwarded included (each open one holds one upstream connection, counted as busy).", open)?;
             counter(
                 &mut e,
                 "websockets_opened",

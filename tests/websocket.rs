@@ -189,13 +189,18 @@ fn a_websocket_carries_frames_both_ways_with_the_upstream_credential_and_nothing
             && up.stats.current.load(Ordering::SeqCst) == 0),
         "the upstream side of the tunnel was not closed"
     );
-    let m = metrics(metrics_port);
-    assert_eq!(sample(&m, "tessera_websockets_open"), 0, "{m}");
-    assert_eq!(
-        sample(&m, "tessera_upstream_connections{state=\"busy\"}")
-            + sample(&m, "tessera_upstream_connections{state=\"idle\"}"),
-        0,
-        "a tunnel's connection went back to the pool: {m}"
+    // The tunnel's upstream connection is closed, not pooled (tessera may see the close a
+    // moment after the upstream did).
+    assert!(
+        eventually(|| {
+            let m = metrics(metrics_port);
+            sample(&m, "tessera_websockets_open") == 0
+                && sample(&m, "tessera_upstream_connections{state=\"busy\"}")
+                    + sample(&m, "tessera_upstream_connections{state=\"idle\"}")
+                    == 0
+        }),
+        "a tunnel stayed open or its connection went back to the pool: {}",
+        metrics(metrics_port)
     );
     let log = t.log_when(|l| l.contains("WebSocket closed"));
     let line = log
@@ -335,7 +340,10 @@ fn bytes_after_the_101_and_raw_bytes_both_ways_pass_and_a_switch_to_another_prot
     };
     let mut sock = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
     sock.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-    sock.write_all(handshake("/ws").as_bytes()).unwrap();
+    // The client's first bytes of the new protocol come in the same write as its handshake
+    // (hyper reads them with it): they must reach the upstream after the switch, once.
+    sock.write_all(format!("{}PING\r\n\r\n", handshake("/ws")).as_bytes())
+        .unwrap();
     let mut seen = Vec::new();
     let mut buf = [0u8; 4096];
     while !seen.ends_with(b"\x81\x05hello") {
@@ -350,8 +358,11 @@ fn bytes_after_the_101_and_raw_bytes_both_ways_pass_and_a_switch_to_another_prot
         text.contains("sec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo="),
         "{text}"
     );
-    sock.write_all(b"PING\r\n\r\n").unwrap();
     let mut pong = [0u8; 4];
+    sock.read_exact(&mut pong).unwrap();
+    assert_eq!(&pong, b"PONG");
+    // And raw bytes later, both ways.
+    sock.write_all(b"PING\r\n\r\n").unwrap();
     sock.read_exact(&mut pong).unwrap();
     assert_eq!(&pong, b"PONG");
 
@@ -417,7 +428,7 @@ fn a_revoked_sessions_websocket_is_cut_and_an_idle_one_is_closed_while_others_go
                 assert!(out.status.success());
             }
         });
-        let cut = ended_within(&mut a, Duration::from_secs(3)).await;
+        let cut = ended_within(&mut a, Duration::from_secs(10)).await;
         cli.join().unwrap();
         eprintln!("revocation to cut: {cut:?} (the CLI run included)");
         let mut fresh = 0;
@@ -430,7 +441,7 @@ fn a_revoked_sessions_websocket_is_cut_and_an_idle_one_is_closed_while_others_go
         }
     });
     assert!(
-        eventually(|| up.stats.websockets_open.load(Ordering::SeqCst) <= 1),
+        eventually(|| up.stats.websockets_open.load(Ordering::SeqCst) == 0),
         "the cut tunnels stayed open upstream"
     );
     let m = metrics(metrics_port);

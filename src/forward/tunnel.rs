@@ -23,8 +23,8 @@ use tokio::time::Instant;
 
 use super::pool::Conn;
 
-/// How long a tunnel stays open after one side closed, for the other side to close as well
-/// (and for the bytes still on their way to it).
+/// How long a tunnel stays open after one side closed, for the other side to close as well;
+/// the other direction's bytes are still carried meanwhile.
 pub const HALF_CLOSED_GRACE: Duration = Duration::from_secs(1);
 use crate::session::{Ended, Watch};
 

@@ -61,7 +61,7 @@ pub struct Serving {
     pub hyper: auto::Builder<TokioExecutor>,
     /// The same, HTTP/1 only: for a connection that already carried HTTP/1.1 requests (an h2
     /// preface there is a bad request, not a protocol switch).
-    pub hyper_h1: auto::Builder<TokioExecutor>,
+    pub hyper_h1: hyper::server::conn::http1::Builder,
     /// Time a client has for a request head (and a fast-path body), counted from the request's
     /// first byte; an idle keep-alive connection closes after it too.
     pub header_read_timeout: Duration,
@@ -228,6 +228,7 @@ async fn hand_off(serving: &Serving, conn: Conn, peer: Peer, served: bool) {
         pre: conn.buf.freeze(),
         io: conn.io,
         linger: None,
+        lingers: true,
     };
     let peer = Arc::new(peer);
     let proxy = serving.proxy.clone();
@@ -235,20 +236,33 @@ async fn hand_off(serving: &Serving, conn: Conn, peer: Peer, served: bool) {
         let (proxy, peer) = (proxy.clone(), peer.clone());
         async move { Ok::<_, std::convert::Infallible>(proxy.handle(req, &peer).await) }
     });
-    let hyper = if served {
-        &serving.hyper_h1
-    } else {
-        &serving.hyper
-    };
     // With upgrades: a WebSocket handshake the upstream accepted hands the connection over to
     // its tunnel (see `Proxy::switch`).
-    let conn = hyper.serve_connection_with_upgrades(TokioIo::new(io), service);
-    tokio::pin!(conn);
-    let done = tokio::select! {
-        done = conn.as_mut() => done,
-        () = serving.shutdown.cancelled() => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
+    let done: Result<(), Box<dyn std::error::Error + Send + Sync>> = if served {
+        let conn = serving
+            .hyper_h1
+            .serve_connection(TokioIo::new(io), service)
+            .with_upgrades();
+        tokio::pin!(conn);
+        tokio::select! {
+            done = conn.as_mut() => done,
+            () = serving.shutdown.cancelled() => {
+                conn.as_mut().graceful_shutdown();
+                conn.await
+            }
+        }
+        .map_err(Into::into)
+    } else {
+        let conn = serving
+            .hyper
+            .serve_connection_with_upgrades(TokioIo::new(io), service);
+        tokio::pin!(conn);
+        tokio::select! {
+            done = conn.as_mut() => done,
+            () = serving.shutdown.cancelled() => {
+                conn.as_mut().graceful_shutdown();
+                conn.await
+            }
         }
     };
     if let Err(e) = done {
@@ -802,11 +816,87 @@ fn request(head: &Bytes, p: &Parsed, spans: &[[u32; 4]]) -> Option<Request<()>> 
 
 /// A stream that first yields bytes already read from it: how a connection reaches hyper with
 /// the request the fast path did not take.
-struct Prefixed {
+pub(crate) struct Prefixed {
     pre: Bytes,
     io: TcpStream,
     /// Set once the write side is shut down: the lingering close in progress.
     linger: Option<Linger>,
+    /// Whether a shutdown lingers (reads and drops the client's bytes); not once the connection
+    /// carries a WebSocket, whose client bytes are the tunnel's to read.
+    lingers: bool,
+}
+
+/// The client side of a WebSocket tunnel: the connection's own socket (with the bytes hyper had
+/// read past the handshake first, and no lingering close), or hyper's upgraded stream when the
+/// connection is of another kind (tests driving the proxy directly).
+pub(crate) enum Downstream {
+    /// The socket, unwrapped.
+    Socket(Prefixed),
+    /// Anything else, through hyper.
+    Upgraded(TokioIo<hyper::upgrade::Upgraded>),
+}
+
+/// The downstream side of an upgraded connection (see [`Downstream`]): hyper's upgraded stream
+/// unwrapped to the socket when it is one of tessera's (served by either hyper builder).
+pub(crate) fn downstream(upgraded: hyper::upgrade::Upgraded) -> Downstream {
+    type Io = TokioIo<Prefixed>;
+    let (io, read_buf) = match hyper_util::server::conn::auto::upgrade::downcast::<Io>(upgraded) {
+        Ok(parts) => (parts.io, parts.read_buf),
+        Err(upgraded) => match upgraded.downcast::<Io>() {
+            Ok(parts) => (parts.io, parts.read_buf),
+            Err(upgraded) => return Downstream::Upgraded(TokioIo::new(upgraded)),
+        },
+    };
+    let mut io = io.into_inner();
+    // hyper read `read_buf` from the stream, so it came before what is left of `pre`.
+    if !read_buf.is_empty() {
+        let mut all = BytesMut::with_capacity(read_buf.len() + io.pre.len());
+        all.extend_from_slice(&read_buf);
+        all.extend_from_slice(&io.pre);
+        io.pre = all.freeze();
+    }
+    io.lingers = false;
+    Downstream::Socket(io)
+}
+
+impl AsyncRead for Downstream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Socket(s) => Pin::new(s).poll_read(cx, buf),
+            Self::Upgraded(u) => Pin::new(u).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Downstream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Socket(s) => Pin::new(s).poll_write(cx, buf),
+            Self::Upgraded(u) => Pin::new(u).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Socket(s) => Pin::new(s).poll_flush(cx),
+            Self::Upgraded(u) => Pin::new(u).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Socket(s) => Pin::new(s).poll_shutdown(cx),
+            Self::Upgraded(u) => Pin::new(u).poll_shutdown(cx),
+        }
+    }
 }
 
 impl AsyncRead for Prefixed {
@@ -852,8 +942,12 @@ impl AsyncWrite for Prefixed {
 
     /// Shuts the write side down, then drains the client's remaining bytes ([`Linger`]): hyper
     /// calls this when it closes a connection, also one whose request body it left unread.
+    /// Without `lingers` (a WebSocket's), only the write side is shut down.
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if !this.lingers {
+            return Pin::new(&mut this.io).poll_shutdown(cx);
+        }
         if this.linger.is_none() {
             std::task::ready!(Pin::new(&mut this.io).poll_shutdown(cx))?;
             this.linger = Some(Linger::new());

@@ -17,6 +17,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::ServerConfig;
 use crate::proxy::Proxy;
 
+pub(crate) use h1::downstream;
 pub use h1::MAX_FAST_BODY;
 
 /// How long open connections get to finish after shutdown is signalled.
@@ -44,10 +45,17 @@ pub async fn serve(
         .http2()
         .timer(TokioTimer::new())
         .max_header_list_size((cfg.max_header_bytes + cfg.max_uri_bytes) as u32);
+    // HTTP/1 only, hyper's own builder with the same limits: the auto builder's connection with
+    // upgrades ignores `http1_only` and would take an h2 preface as a switch to h2.
+    let mut hyper_h1 = hyper::server::conn::http1::Builder::new();
+    hyper_h1
+        .timer(TokioTimer::new())
+        .header_read_timeout(cfg.header_read_timeout)
+        .max_buf_size(max_head);
     let stop = CancellationToken::new();
     let serving = Arc::new(h1::Serving {
         proxy,
-        hyper_h1: hyper.clone().http1_only(),
+        hyper_h1,
         hyper,
         header_read_timeout: cfg.header_read_timeout,
         max_head,

@@ -5,23 +5,10 @@
 // Runs the whole flow with JavaScript disabled (the page must not need it), then checks the
 // cookie attributes and that the old token is refused after logout. Prints one JSON line of
 // findings; exits 1 on the first failed check.
-import { chromium } from 'playwright-core';
+import { check, findings, launch } from './lib.mjs';
 
 const [base, screenshot] = process.argv.slice(2);
-const findings = {};
-function check(name, ok, detail) {
-  findings[name] = ok ? 'ok' : `FAILED: ${detail ?? ''}`;
-  if (!ok) {
-    console.log(JSON.stringify(findings));
-    process.exit(1);
-  }
-}
-
-const browser = await chromium.launch({
-  executablePath: '/usr/bin/chromium',
-  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-});
+const browser = await launch();
 try {
   const context = await browser.newContext({ javaScriptEnabled: false });
   const page = await context.newPage();

@@ -5,23 +5,10 @@
 // Walks: the page (same origin) -> WebSocket opens -> greeting and echo -> server ticks ->
 // prints `ticking` and waits while the test revokes the session -> the socket must close.
 // Prints one JSON line of findings last; exits 1 on the first failed check.
-import { chromium } from 'playwright-core';
+import { check, findings, launch } from './lib.mjs';
 
 const [base, token] = process.argv.slice(2);
-const findings = {};
-function check(name, ok, detail) {
-  findings[name] = ok ? 'ok' : `FAILED: ${detail ?? ''}`;
-  if (!ok) {
-    console.log(JSON.stringify(findings));
-    process.exit(1);
-  }
-}
-
-const browser = await chromium.launch({
-  executablePath: '/usr/bin/chromium',
-  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-});
+const browser = await launch();
 try {
   const context = await browser.newContext();
   const { hostname } = new URL(base);
