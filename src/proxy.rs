@@ -391,13 +391,10 @@ impl Proxy {
         let Some(ws) = &self.websockets else {
             return Ok(None);
         };
-        if parts
-            .extensions
-            .get::<hyper::upgrade::OnUpgrade>()
-            .is_none()
-        {
+        // Taken out at once: a refused handshake is answered as any request (no switch).
+        let Some(downstream) = parts.extensions.remove::<hyper::upgrade::OnUpgrade>() else {
             return Ok(None);
-        }
+        };
         if let Some(origin) = parts.headers.get(header::ORIGIN) {
             if !origin_allowed(origin, scheme, &screened.host, &ws.allowed_origins) {
                 return Err(ProxyError::ForeignOrigin);
@@ -413,10 +410,6 @@ impl Proxy {
             .clone()
             .try_acquire_owned()
             .map_err(|_| ProxyError::TooManyWebSockets)?;
-        let downstream = parts
-            .extensions
-            .remove::<hyper::upgrade::OnUpgrade>()
-            .expect("checked above");
         Ok(Some(Upgrading { downstream, slot }))
     }
 

@@ -100,8 +100,8 @@ pub fn screen_request(parts: &mut Parts, limits: &Limits) -> Result<Screened, Pr
         return Err(ProxyError::BadRequest("dot segment in path"));
     }
     let host = authority(parts)?;
-    let upgradable = parts.version == Version::HTTP_11 && parts.method == http::Method::GET;
-    let (cookie_is_hop_by_hop, websocket) = remove_connection_named(&mut parts.headers, upgradable);
+    let (cookie_is_hop_by_hop, websocket) =
+        remove_connection_named(&mut parts.headers, &parts.method, parts.version);
     remove_present(&mut parts.headers, [&HOP_BY_HOP, &SPOOFABLE]);
     Ok(Screened {
         host,
@@ -175,9 +175,13 @@ fn has_dot_segment(path: &str) -> bool {
 /// Removes the headers named in `Connection` (RFC 9110 section 7.6.1), except `Authorization`
 /// and `Cookie`, which the caller handles; returns whether `Cookie` was named, and whether
 /// `upgrade` was named with an `Upgrade` field listing `websocket` (only looked at when the
-/// request is `upgradable`: an HTTP/1.1 GET). The fixed hop-by-hop names are removed by
+/// request is an HTTP/1.1 GET). The fixed hop-by-hop names are removed by
 /// [`screen_request`] with the spoofable ones.
-fn remove_connection_named(headers: &mut HeaderMap, upgradable: bool) -> (bool, bool) {
+fn remove_connection_named(
+    headers: &mut HeaderMap,
+    method: &http::Method,
+    version: Version,
+) -> (bool, bool) {
     let (mut cookie_named, mut websocket) = (false, false);
     if headers.contains_key(header::CONNECTION) {
         let named: Vec<HeaderName> = headers
@@ -194,7 +198,8 @@ fn remove_connection_named(headers: &mut HeaderMap, upgradable: bool) -> (bool, 
                 cookie_named = true;
                 continue;
             }
-            if name == header::UPGRADE && upgradable {
+            if name == header::UPGRADE && version == Version::HTTP_11 && method == http::Method::GET
+            {
                 websocket |= headers
                     .get_all(header::UPGRADE)
                     .iter()

@@ -243,33 +243,37 @@ async fn hand_off(serving: &Serving, conn: Conn, peer: Peer, served: bool) {
             .hyper_h1
             .serve_connection(TokioIo::new(io), service)
             .with_upgrades();
-        tokio::pin!(conn);
-        tokio::select! {
-            done = conn.as_mut() => done,
-            () = serving.shutdown.cancelled() => {
-                conn.as_mut().graceful_shutdown();
-                conn.await
-            }
-        }
-        .map_err(Into::into)
+        until_done(conn, |c| c.graceful_shutdown(), &serving.shutdown)
+            .await
+            .map_err(Into::into)
     } else {
         let conn = serving
             .hyper
             .serve_connection_with_upgrades(TokioIo::new(io), service);
-        tokio::pin!(conn);
-        tokio::select! {
-            done = conn.as_mut() => done,
-            () = serving.shutdown.cancelled() => {
-                conn.as_mut().graceful_shutdown();
-                conn.await
-            }
-        }
+        until_done(conn, |c| c.graceful_shutdown(), &serving.shutdown).await
     };
     if let Err(e) = done {
         tracing::debug!(cause = %e, "downstream connection ended with an error");
         if let (Some(status), Some(counts)) = (hyper_answered(&*e), serving.proxy.request_counts())
         {
             counts.count_status(status);
+        }
+    }
+}
+
+/// Drives a hyper connection to its end; once `shutdown` is cancelled, asks it to finish
+/// gracefully (`graceful`: the connection type's own `graceful_shutdown`) and waits for that.
+async fn until_done<C: Future>(
+    conn: C,
+    graceful: impl FnOnce(Pin<&mut C>),
+    shutdown: &CancellationToken,
+) -> C::Output {
+    tokio::pin!(conn);
+    tokio::select! {
+        done = conn.as_mut() => done,
+        () = shutdown.cancelled() => {
+            graceful(conn.as_mut());
+            conn.await
         }
     }
 }
