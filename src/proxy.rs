@@ -61,6 +61,10 @@ struct WebSockets {
     allowed_origins: Vec<String>,
     /// Tunnels opened since start.
     opened: AtomicU64,
+    /// The running tunnels, for the shutdown to wait on.
+    tunnels: tokio_util::task::TaskTracker,
+    /// Cancelled at shutdown: every tunnel closes (Close 1001 to both sides).
+    stop: tokio_util::sync::CancellationToken,
 }
 
 /// Longest wait for hyper to write a 101 and hand the client's connection over (the client
@@ -176,7 +180,29 @@ impl Proxy {
                 idle_timeout: cfg.websocket.idle_timeout,
                 allowed_origins: cfg.websocket.allowed_origins.clone(),
                 opened: AtomicU64::new(0),
+                tunnels: tokio_util::task::TaskTracker::new(),
+                stop: tokio_util::sync::CancellationToken::new(),
             }),
+        }
+    }
+
+    /// Shutdown of WebSocket tunnels: every open one (and any opened from now on) sends both
+    /// sides a Close frame 1001 (going away) and ends within about a second
+    /// ([`crate::forward::CLOSING_WAIT`]). Call it when shutdown starts; [`Self::tunnels_closed`]
+    /// waits for them.
+    pub fn close_websockets(&self) {
+        if let Some(ws) = &self.websockets {
+            ws.stop.cancel();
+            ws.tunnels.close();
+        }
+    }
+
+    /// Resolves once no WebSocket tunnel runs (at once when upgrades are off), after
+    /// [`Self::close_websockets`]; a tunnel spawned by a handshake still being answered is
+    /// waited for too if that handshake's connection was waited for first.
+    pub async fn tunnels_closed(&self) {
+        if let Some(ws) = &self.websockets {
+            ws.tunnels.wait().await;
         }
     }
 
@@ -444,7 +470,8 @@ impl Proxy {
             .as_ref()
             .and_then(|sid| self.sessions.revocable(sid.clone(), session));
         let idle = ws.idle_timeout;
-        tokio::spawn(async move {
+        let stop = ws.stop.clone();
+        ws.tunnels.spawn(async move {
             let Upgrading { downstream, slot } = upgrading;
             let sid_hash = sid.as_deref().map(crate::session::sid_hash);
             // hyper hands the connection over once the 101 is written; a client that does not
@@ -452,10 +479,13 @@ impl Proxy {
             let upgraded = tokio::time::timeout(UPGRADE_WAIT, downstream).await;
             match upgraded {
                 Ok(Ok(io)) => {
-                    let report = tunnel.run(crate::server::downstream(io), idle, watch).await;
+                    let report = tunnel
+                        .run(crate::server::downstream(io), idle, watch, stop)
+                        .await;
                     tracing::info!(
                         sid_hash = sid_hash.as_deref().unwrap_or("-"),
                         end = %report.end,
+                        close_code = report.close_code.unwrap_or(0),
                         up_bytes = report.up_bytes,
                         down_bytes = report.down_bytes,
                         duration_ms = report.duration.as_millis() as u64,

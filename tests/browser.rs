@@ -123,7 +123,7 @@ fn a_pages_websocket_in_headless_chromium_ends_with_its_session() {
     let checks = findings.as_object().unwrap();
     assert_eq!(
         checks.values().filter(|v| *v == "ok").count(),
-        6,
+        7,
         "{findings}"
     );
     let head = up.stats.last_upgrade.lock().unwrap().clone();

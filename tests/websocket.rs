@@ -104,6 +104,24 @@ async fn ended_within(ws: &mut Ws, limit: Duration) -> Duration {
     }
 }
 
+/// Reads until the peer's Close frame, which must come within `limit`; returns it as
+/// `code reason`.
+async fn close_frame_within(ws: &mut Ws, limit: Duration) -> String {
+    let start = Instant::now();
+    loop {
+        match tokio::time::timeout_at((start + limit).into(), ws.next()).await {
+            Err(_) => panic!("still open after {limit:?}"),
+            Ok(Some(Ok(Message::Close(Some(f))))) => {
+                return format!("{} {}", u16::from(f.code), f.reason)
+            }
+            Ok(None | Some(Err(_)) | Some(Ok(Message::Close(None)))) => {
+                panic!("ended without a Close frame with a code")
+            }
+            Ok(Some(Ok(_))) => {}
+        }
+    }
+}
+
 fn bearer(token: &str) -> String {
     format!("Bearer {token}")
 }
@@ -409,8 +427,12 @@ fn a_revoked_sessions_websocket_is_cut_and_an_idle_one_is_closed_while_others_go
             ws.send(Message::text("tick")).await.unwrap();
             assert_eq!(text(ws).await, "tick 1");
         }
-        // The quiet one idles out; the ticking ones outlive the timeout (twice over).
-        ended_within(&mut quiet, Duration::from_secs(10)).await;
+        // The quiet one idles out, told so by a Close frame 1001 (going away); the ticking ones
+        // outlive the timeout (twice over).
+        assert_eq!(
+            close_frame_within(&mut quiet, Duration::from_secs(10)).await,
+            "1001 idle timeout"
+        );
         assert!(
             start.elapsed() >= Duration::from_millis(1500),
             "closed before its idle timeout: {:?}",
@@ -438,7 +460,13 @@ fn a_revoked_sessions_websocket_is_cut_and_an_idle_one_is_closed_while_others_go
                 assert!(out.status.success());
             }
         });
-        let cut = ended_within(&mut a, Duration::from_secs(10)).await;
+        let start = Instant::now();
+        assert_eq!(
+            close_frame_within(&mut a, Duration::from_secs(10)).await,
+            "1008 session revoked",
+            "the client is told why (1008, policy violation)"
+        );
+        let cut = start.elapsed();
         cli.join().unwrap();
         eprintln!("revocation to cut: {cut:?} (the CLI run included)");
         let mut fresh = 0;
@@ -459,4 +487,139 @@ fn a_revoked_sessions_websocket_is_cut_and_an_idle_one_is_closed_while_others_go
     let log = t.log();
     assert!(log.contains("end=idle timeout"), "{log}");
     assert!(log.contains("end=session revoked"), "{log}");
+    assert!(log.contains("close_code=1008"), "{log}");
+    // The upstream was told too: 1001, going away, with the same reason.
+    let closes = up.stats.websocket_closes.lock().unwrap().clone();
+    assert_eq!(
+        {
+            let mut c = closes.clone();
+            c.sort();
+            c
+        },
+        ["1001 idle timeout", "1001 session revoked"],
+        "{closes:?}"
+    );
+}
+
+/// A cut writes a Close frame only between frames: a client in the middle of a frame (here the
+/// upstream sent 10 of a frame's 100 payload bytes) gets a plain TCP close, nothing spliced
+/// into the frame; one between frames gets `0x88`, 1008 and the reason.
+#[test]
+fn a_cut_sends_a_close_frame_only_between_frames() {
+    use std::io::{Read, Write};
+    fn script(line: &str) -> Script {
+        const HEAD: &[u8] = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n";
+        let frame: &[u8] = match line {
+            // A whole text frame.
+            "GET /whole HTTP/1.1" => b"\x81\x05hello",
+            // A binary frame of 100 payload bytes (16-bit length), only 10 of them sent.
+            "GET /part HTTP/1.1" => b"\x82\x7e\x00\x640123456789",
+            _ => {
+                return Script {
+                    bytes: b"HTTP/1.1 500 Unexpected\r\nContent-Length: 0\r\n\r\n".to_vec(),
+                    close: false,
+                    early: false,
+                }
+            }
+        };
+        Script {
+            bytes: [HEAD, frame].concat(),
+            close: false,
+            early: false,
+        }
+    }
+    let up = upstream::start(Behavior::Scripted(script));
+    let (t, _) = tessera(&up.url(), "");
+    let (sid, token) = t.create_session("alice", "alice-pw");
+    let open = |path: &str, first: &[u8]| {
+        let mut sock = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+        // Generous: it bounds a failure only (debug builds on a loaded 2-core CI).
+        sock.set_read_timeout(Some(Duration::from_secs(15)))
+            .unwrap();
+        sock.write_all(
+            format!(
+                "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\
+                 Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\
+                 Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !seen.ends_with(first) {
+            let n = sock.read(&mut buf).expect("101 and the first bytes");
+            assert!(n > 0, "closed: {}", String::from_utf8_lossy(&seen));
+            seen.extend_from_slice(&buf[..n]);
+        }
+        assert!(seen.starts_with(b"HTTP/1.1 101 "));
+        sock
+    };
+    let mut whole = open("/whole", b"\x81\x05hello");
+    let mut part = open("/part", b"0123456789");
+    t.revoke(&sid);
+    let rest = |sock: &mut std::net::TcpStream| {
+        let mut rest = Vec::new();
+        sock.read_to_end(&mut rest).expect("a close, not a timeout");
+        rest
+    };
+    assert_eq!(rest(&mut whole), b"\x88\x11\x03\xf0session revoked");
+    assert_eq!(
+        rest(&mut part),
+        b"",
+        "bytes were written into the middle of a frame"
+    );
+}
+
+/// A graceful shutdown (SIGTERM) tells every open WebSocket that the server is going away
+/// (Close 1001 to the client and to the upstream) and waits for the tunnels to end, well inside
+/// its 10 s drain.
+#[test]
+fn a_shutdown_closes_websockets_with_going_away_and_waits_for_them() {
+    let up = ws_upstream();
+    let (mut t, _) = tessera(&up.url(), "");
+    let (_, token) = t.create_session("alice", "alice-pw");
+    let rt = rt();
+    let mut ws = rt.block_on(async {
+        let mut ws = open(&t, "/ws", &[("authorization", &bearer(&token))])
+            .await
+            .unwrap();
+        assert_eq!(text(&mut ws).await, "hello alice");
+        ws
+    });
+    let start = Instant::now();
+    let pid = t.pid().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    rt.block_on(async {
+        assert_eq!(
+            close_frame_within(&mut ws, Duration::from_secs(10)).await,
+            "1001 server shutting down"
+        );
+        // The client reads on, which sends its Close answer (as a browser does), to the end.
+        ended_within(&mut ws, Duration::from_secs(10)).await;
+    });
+    // The process ends by itself once its tunnel did (`stop` would SIGKILL after 5 s).
+    // A zombie (not yet reaped by this test) has exited too.
+    let exited = eventually(|| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "))
+    });
+    let took = start.elapsed();
+    assert!(exited, "tessera still running {took:?} after SIGTERM");
+    eprintln!("SIGTERM to exit with an open WebSocket: {took:?}");
+    t.stop();
+    let log = t.log();
+    assert!(log.contains("end=shutdown"), "{log}");
+    assert!(log.contains("close_code=1001"), "{log}");
+    assert!(
+        eventually(|| !up.stats.websocket_closes.lock().unwrap().is_empty()),
+        "the upstream got no Close frame"
+    );
+    assert_eq!(
+        up.stats.websocket_closes.lock().unwrap()[0],
+        "1001 server shutting down"
+    );
 }

@@ -35,7 +35,7 @@ use h1::SendError;
 pub(crate) use pool::serving_thread;
 pub use pool::{set_serving_thread, Affinity, Pool, PoolStats};
 pub use raw::RawHead;
-pub use tunnel::{Tunnel, TunnelEnd, TunnelReport};
+pub use tunnel::{Tunnel, TunnelEnd, TunnelReport, CLOSING_WAIT};
 
 /// Boxed error type of request bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -2,14 +2,22 @@
 //! Protocols (RFC 6455 section 4, RFC 9110 section 7.8), the downstream and the upstream
 //! connection carry bytes both ways, unchanged, until one side closes.
 //!
-//! Owns: the copy, the idle timeout, the cut when the session ends. When one side closes, its
-//! close is passed on to the other (a TCP FIN), which gets [`HALF_CLOSED_GRACE`] to close too:
-//! WebSocket has its own closing handshake and no use for a half-closed connection, and a client
-//! that keeps its end open must not keep holding an upstream connection. The upstream connection keeps
-//! its pool slot for the tunnel's life (it counts toward `upstream.max_connections`, as it holds
-//! an upstream process or thread) and is closed, never reused, when the tunnel ends. Must never:
-//! read or rewrite the frames (the WebSocket protocol is the two ends' business), or keep copying
-//! after the session that opened the tunnel was revoked or expired.
+//! Owns: the copy, the idle timeout, the cut when the session ends or the server shuts down.
+//! When one side closes, its close is passed on to the other (a TCP FIN), which gets
+//! [`HALF_CLOSED_GRACE`] to close too: WebSocket has its own closing handshake and no use for a
+//! half-closed connection, and a client that keeps its end open must not keep holding an upstream
+//! connection. The upstream connection keeps its pool slot for the tunnel's life (it counts
+//! toward `upstream.max_connections`, as it holds an upstream process or thread) and is closed,
+//! never reused, when the tunnel ends.
+//!
+//! A cut ends with a WebSocket Close frame (RFC 6455 section 5.5.1) to each side whose stream is
+//! between frames, so that a client learns why (1008 for its session's end, 1001 for an idle
+//! timeout or a shutdown) instead of seeing 1006: each direction's written bytes are followed
+//! frame header by frame header ([`FrameEdge`]; payloads are skipped, never read). The frame
+//! header is 2 to 14 bytes of a fixed layout, so it is followed here rather than through a
+//! WebSocket library. Must never: rewrite or inject bytes into a frame (a Close frame goes only
+//! between frames, and not after a side already sent one), or keep copying after the session that
+//! opened the tunnel was revoked or expired.
 
 use std::future::poll_fn;
 use std::io;
@@ -18,15 +26,24 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::pool::Conn;
+use crate::session::{Ended, Watch};
 
 /// How long a tunnel stays open after one side closed, for the other side to close as well;
 /// the other direction's bytes are still carried meanwhile.
 pub const HALF_CLOSED_GRACE: Duration = Duration::from_secs(1);
-use crate::session::{Ended, Watch};
+
+/// How long a cut tunnel waits for both sides to answer its Close frames (or just close) before
+/// it drops their sockets.
+pub const CLOSING_WAIT: Duration = Duration::from_secs(1);
+
+/// Close status codes (RFC 6455 section 7.4.1).
+const GOING_AWAY: u16 = 1001;
+const POLICY_VIOLATION: u16 = 1008;
 
 /// An upstream connection that switched to the WebSocket protocol, with the bytes the upstream
 /// sent after its 101 head. Dropped without [`Tunnel::run`], the connection is closed.
@@ -46,6 +63,22 @@ pub enum TunnelEnd {
     Idle,
     /// The session that opened the tunnel was revoked or expired.
     Session(Ended),
+    /// The server is shutting down.
+    Shutdown,
+}
+
+impl TunnelEnd {
+    /// The Close frame a cut sends: `(code to the client, reason)` (the upstream gets 1001,
+    /// going away, with the same reason); `None` when a side closed or failed by itself.
+    fn close_frame(&self) -> Option<(u16, &'static str)> {
+        match self {
+            Self::Closed | Self::Failed(_) => None,
+            Self::Idle => Some((GOING_AWAY, "idle timeout")),
+            Self::Session(Ended::Revoked) => Some((POLICY_VIOLATION, "session revoked")),
+            Self::Session(Ended::Expired) => Some((POLICY_VIOLATION, "session expired")),
+            Self::Shutdown => Some((GOING_AWAY, "server shutting down")),
+        }
+    }
 }
 
 impl std::fmt::Display for TunnelEnd {
@@ -55,6 +88,7 @@ impl std::fmt::Display for TunnelEnd {
             Self::Failed(e) => write!(f, "failed: {e}"),
             Self::Idle => f.write_str("idle timeout"),
             Self::Session(e) => write!(f, "{e}"),
+            Self::Shutdown => f.write_str("shutdown"),
         }
     }
 }
@@ -71,6 +105,9 @@ pub struct TunnelReport {
     pub down_bytes: u64,
     /// From the start of [`Tunnel::run`] to its end.
     pub duration: Duration,
+    /// The Close code sent to the client when the tunnel was cut; `None` when it was not cut,
+    /// or the client's stream was inside a frame or had its Close frame already.
+    pub close_code: Option<u16>,
 }
 
 /// Byte counts and the time of the last byte, shared by both directions of one tunnel.
@@ -110,11 +147,43 @@ impl Activity {
     }
 }
 
-/// One side of a tunnel, counting what is read from it.
+/// One side of a tunnel, counting what is read from it and following the frames read from it
+/// and written to it.
 struct Counted<'a, T> {
     io: T,
     activity: &'a Activity,
     read: &'a AtomicU64,
+    read_edge: FrameEdge,
+    written: FrameEdge,
+}
+
+impl<T: AsyncRead + AsyncWrite + Unpin> Counted<'_, T> {
+    /// A cut tunnel's Close frame to this side, with `code` and `reason`, if its stream is
+    /// between frames and has no Close frame yet; masked when `masked` (frames to the upstream
+    /// are a client's, RFC 6455 section 5.3). Returns whether it was written.
+    async fn send_close(&mut self, code: u16, reason: &str, masked: bool) -> bool {
+        let frame = (self.written.at_edge() && !self.written.close_seen)
+            .then(|| close_frame(code, reason, masked))
+            .flatten();
+        match frame {
+            Some(frame) => self.io.write_all(&frame).await.is_ok() && self.io.flush().await.is_ok(),
+            None => false,
+        }
+    }
+
+    /// Our FIN, then reads and drops what the peer still sends until its Close frame is whole
+    /// or it closes, so that our close does not reset the connection under the frames. The
+    /// caller bounds it in time.
+    async fn finish(&mut self) {
+        let _ = self.io.shutdown().await;
+        let mut sink = [0u8; 1024];
+        while !(self.read_edge.close_seen && self.read_edge.at_edge()) {
+            match self.io.read(&mut sink).await {
+                Ok(n) if n > 0 => self.read_edge.feed(&sink[..n]),
+                _ => break,
+            }
+        }
+    }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Counted<'_, T> {
@@ -129,6 +198,8 @@ impl<T: AsyncRead + Unpin> AsyncRead for Counted<'_, T> {
         let n = buf.filled().len() - before;
         if n > 0 {
             self.activity.saw(self.read, n);
+            let this = &mut *self;
+            this.read_edge.feed(&buf.filled()[before..]);
         } else if room && matches!(polled, Poll::Ready(Ok(()))) {
             // `notify_one` keeps a permit when nobody waits yet.
             self.activity.closed.notify_one();
@@ -143,7 +214,12 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Counted<'_, T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.io).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = polled {
+            this.written.feed(&buf[..n]);
+        }
+        polled
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -162,15 +238,17 @@ impl Tunnel {
 
     /// Copies bytes between `downstream` (the client's upgraded connection) and the upstream
     /// until both sides have closed (or one, and the other not within [`HALF_CLOSED_GRACE`]), a
-    /// socket fails, no byte moves either way for `idle`
-    /// (`None`: no limit), or `watch` reports the session's end. Either way both connections are
-    /// closed when this returns; a cut is a plain TCP close (no WebSocket close frame: the
-    /// tunnel does not know where frames begin).
+    /// socket fails, no byte moves either way for `idle` (`None`: no limit), `watch` reports the
+    /// session's end, or `stop` is cancelled (shutdown). The last three are cuts: each side
+    /// between frames gets a Close frame (the client 1008 for the session's end, else 1001; the
+    /// upstream 1001) and at most [`CLOSING_WAIT`] to answer. Either way both connections are
+    /// closed when this returns.
     pub async fn run<D>(
         mut self,
         downstream: D,
         idle: Option<Duration>,
         mut watch: Option<Watch>,
+        stop: CancellationToken,
     ) -> TunnelReport
     where
         D: AsyncRead + AsyncWrite + Unpin,
@@ -187,15 +265,20 @@ impl Tunnel {
             io: downstream,
             activity: &activity,
             read: &activity.up,
+            read_edge: FrameEdge::default(),
+            written: FrameEdge::default(),
         };
         let mut up = Counted {
             io: upstream,
             activity: &activity,
             read: &activity.down,
+            read_edge: FrameEdge::default(),
+            written: FrameEdge::default(),
         };
         let copy = async {
             if !early.is_empty() {
                 activity.saw(&activity.down, early.len());
+                up.read_edge.feed(&early);
                 down.write_all(&early).await?;
             }
             tokio::io::copy_bidirectional(&mut down, &mut up).await
@@ -219,12 +302,226 @@ impl Tunnel {
             () = activity.half_closed() => TunnelEnd::Closed,
             why = ended => TunnelEnd::Session(why),
             () = idle_out => TunnelEnd::Idle,
+            () = stop.cancelled() => TunnelEnd::Shutdown,
         };
+        let mut close_code = None;
+        if let Some((code, reason)) = end.close_frame() {
+            let deadline = Instant::now() + CLOSING_WAIT;
+            let sending = async {
+                tokio::join!(
+                    down.send_close(code, reason, false),
+                    up.send_close(GOING_AWAY, reason, true)
+                )
+            };
+            if let Ok((true, _)) = tokio::time::timeout_at(deadline, sending).await {
+                close_code = Some(code);
+            }
+            let finishing = async { tokio::join!(down.finish(), up.finish()) };
+            let _ = tokio::time::timeout_at(deadline, finishing).await;
+        }
         TunnelReport {
             end,
             up_bytes: activity.up.load(Ordering::Relaxed),
             down_bytes: activity.down.load(Ordering::Relaxed),
             duration: activity.start.elapsed(),
+            close_code,
+        }
+    }
+}
+
+/// Where a stream of WebSocket frames (RFC 6455 section 5.2) stands, fed with the bytes written
+/// to one side in order: whether the next byte would start a frame, and whether a Close frame
+/// (opcode 0x8) was begun. Only headers are looked at; payload bytes are counted off.
+#[derive(Debug, Default)]
+struct FrameEdge {
+    /// The current header's bytes so far: 2 to 14 (2, then 0, 2 or 8 of extended length, then
+    /// 0 or 4 of masking key).
+    head: [u8; 14],
+    have: usize,
+    /// Payload bytes of the current frame still to come.
+    left: u64,
+    close_seen: bool,
+}
+
+impl FrameEdge {
+    fn feed(&mut self, mut bytes: &[u8]) {
+        while let Some((&first, rest)) = bytes.split_first() {
+            if self.left > 0 {
+                let k = usize::try_from(self.left).map_or(bytes.len(), |l| l.min(bytes.len()));
+                self.left -= k as u64;
+                bytes = &bytes[k..];
+                continue;
+            }
+            self.head[self.have] = first;
+            self.have += 1;
+            bytes = rest;
+            if let Some(payload) = header_done(&self.head[..self.have]) {
+                self.close_seen |= self.head[0] & 0x0f == 0x8;
+                self.left = payload;
+                self.have = 0;
+            }
+        }
+    }
+
+    /// Whether everything written so far ends on a frame's last byte.
+    fn at_edge(&self) -> bool {
+        self.have == 0 && self.left == 0
+    }
+}
+
+/// The payload length once `head` is a whole frame header, `None` while it is not yet.
+fn header_done(head: &[u8]) -> Option<u64> {
+    let [_, b1, rest @ ..] = head else {
+        return None;
+    };
+    let ext = match b1 & 0x7f {
+        126 => 2,
+        127 => 8,
+        _ => 0,
+    };
+    let key = if b1 & 0x80 != 0 { 4 } else { 0 };
+    if rest.len() < ext + key {
+        return None;
+    }
+    Some(match ext {
+        0 => u64::from(b1 & 0x7f),
+        _ => rest[..ext]
+            .iter()
+            .fold(0u64, |len, &b| len << 8 | u64::from(b)),
+    })
+}
+
+/// A Close frame (RFC 6455 section 5.5.1): FIN and opcode 0x8, a payload of the status `code`
+/// (2 bytes, big-endian) and `reason` (UTF-8, cut to 123 bytes at a character edge), masked with
+/// a random key when `masked`. `None` if the system has no randomness to give.
+fn close_frame(code: u16, reason: &str, masked: bool) -> Option<Vec<u8>> {
+    let mut end = reason.len().min(123);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut payload = code.to_be_bytes().to_vec();
+    payload.extend_from_slice(&reason.as_bytes()[..end]);
+    let mut frame = vec![0x88, payload.len() as u8];
+    if masked {
+        let mut key = [0u8; 4];
+        getrandom::getrandom(&mut key).ok()?;
+        frame[1] |= 0x80;
+        frame.extend_from_slice(&key);
+        for (i, b) in payload.iter_mut().enumerate() {
+            *b ^= key[i % 4];
+        }
+    }
+    frame.extend_from_slice(&payload);
+    Some(frame)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Cursor;
+
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, Data, OpCode};
+    use tokio_tungstenite::tungstenite::protocol::frame::{CloseFrame, Frame, FrameHeader};
+
+    use super::*;
+
+    /// Frames as tungstenite writes them: text, binary of 16- and 64-bit lengths, fragments,
+    /// control frames with and without payload; each masked and not.
+    fn frames(masked: bool) -> Vec<Vec<u8>> {
+        let mut all = vec![
+            Frame::message("hello", OpCode::Data(Data::Text), true),
+            Frame::message(vec![7u8; 300], OpCode::Data(Data::Binary), true),
+            Frame::message(vec![1u8; 70_000], OpCode::Data(Data::Binary), false),
+            Frame::ping(Vec::new()),
+            Frame::message(vec![2u8; 125], OpCode::Data(Data::Continue), true),
+            Frame::pong(b"p".to_vec()),
+        ];
+        if masked {
+            for f in &mut all {
+                f.header_mut().mask = Some([0x12, 0x34, 0x56, 0x78]);
+            }
+        }
+        all.into_iter()
+            .map(|f| {
+                let mut out = Vec::new();
+                f.format(&mut out).unwrap();
+                out
+            })
+            .collect()
+    }
+
+    #[test]
+    fn frame_edges_are_found_whatever_the_write_sizes() {
+        for masked in [false, true] {
+            let frames = frames(masked);
+            let stream: Vec<u8> = frames.concat();
+            let mut edges = std::collections::BTreeSet::new();
+            let mut at = 0;
+            for f in &frames {
+                edges.insert(at);
+                at += f.len();
+            }
+            edges.insert(at);
+            // Fed in writes of 1, 2, 3, 7, 13 and 4096 bytes: at_edge must hold exactly after
+            // each frame's last byte.
+            for step in [1, 2, 3, 7, 13, 4096] {
+                let mut edge = FrameEdge::default();
+                let mut fed = 0;
+                for chunk in stream.chunks(step) {
+                    edge.feed(chunk);
+                    fed += chunk.len();
+                    assert_eq!(
+                        edge.at_edge(),
+                        edges.contains(&fed),
+                        "masked {masked}, writes of {step}, after {fed} bytes"
+                    );
+                    assert!(!edge.close_seen);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_close_frame_is_noticed_and_ours_parse_as_close_frames() {
+        let mut edge = FrameEdge::default();
+        let mut theirs = Vec::new();
+        Frame::close(Some(CloseFrame {
+            code: CloseCode::Normal,
+            reason: "bye".into(),
+        }))
+        .format(&mut theirs)
+        .unwrap();
+        edge.feed(&theirs[..1]);
+        assert!(!edge.close_seen && !edge.at_edge());
+        edge.feed(&theirs[1..]);
+        assert!(edge.close_seen && edge.at_edge());
+
+        let long = "é".repeat(100); // 200 bytes: cut to 122 (123 would split a character)
+        for (masked, reason) in [(false, "session revoked"), (true, long.as_str())] {
+            let ours = close_frame(POLICY_VIOLATION, reason, masked).unwrap();
+            let mut cursor = Cursor::new(&ours);
+            let (head, len) = FrameHeader::parse(&mut cursor).unwrap().unwrap();
+            assert!(head.is_final);
+            assert_eq!(
+                head.opcode,
+                OpCode::Control(
+                    tokio_tungstenite::tungstenite::protocol::frame::coding::Control::Close
+                )
+            );
+            assert_eq!(head.mask.is_some(), masked);
+            let mut payload = ours[cursor.position() as usize..].to_vec();
+            assert_eq!(payload.len() as u64, len);
+            assert!(len <= 125, "a control frame's payload is at most 125 bytes");
+            if let Some(key) = head.mask {
+                for (i, b) in payload.iter_mut().enumerate() {
+                    *b ^= key[i % 4];
+                }
+            }
+            assert_eq!(u16::from_be_bytes([payload[0], payload[1]]), 1008);
+            let text = std::str::from_utf8(&payload[2..]).unwrap();
+            assert!(reason.starts_with(text) && !text.is_empty());
+            let mut edge = FrameEdge::default();
+            edge.feed(&ours);
+            assert!(edge.close_seen && edge.at_edge());
         }
     }
 }

@@ -26,7 +26,7 @@ try {
       if (window.seen.length === 1) ws.send('hi');
       if (window.seen.length === 2) { ws.send('tick'); resolve(window.seen.slice()); }
     };
-    ws.onclose = (e) => { window.ended = { code: e.code, at: performance.now() }; resolve(window.seen.slice()); };
+    ws.onclose = (e) => { window.ended = { code: e.code, reason: e.reason, clean: e.wasClean, at: performance.now() }; resolve(window.seen.slice()); };
     window.ws = ws;
   }));
   check('greeting_and_echo', opened[0] === 'hello alice' && opened[1] === 'alice: hi', JSON.stringify(opened));
@@ -39,8 +39,10 @@ try {
     .catch(() => check('closed_after_revocation', false, 'still open 10 s after the revocation was asked'));
   const closed = await page.evaluate(() => window.ended);
   check('closed_after_revocation', true);
-  // A cut tunnel is a TCP close without a close frame: 1006 (abnormal closure).
-  check('close_code_1006', closed.code === 1006, JSON.stringify(closed));
+  // tessera tells the page why: a Close frame 1008 (policy violation) with the reason, and the
+  // closing handshake completes (wasClean).
+  check('close_code_1008', closed.code === 1008 && closed.reason === 'session revoked', JSON.stringify(closed));
+  check('closed_cleanly', closed.clean === true, JSON.stringify(closed));
   findings.close_after_ms = Math.round(closed.at - asked);
 
   const again = await page.evaluate(() => new Promise((resolve) => {

@@ -50,6 +50,8 @@ pub struct Stats {
     /// `WebSocket` behaviour: the request head of the last upgrade request, one `name: value`
     /// line per field (names lowercase), the request line first.
     pub last_upgrade: Mutex<Vec<String>>,
+    /// `WebSocket` behaviour: the Close frames received, as `code reason`, in arrival order.
+    pub websocket_closes: Mutex<Vec<String>>,
 }
 
 impl Stats {
@@ -334,6 +336,10 @@ fn websocket(mut req: Request<Incoming>, s: Arc<Stats>) -> Response<Out> {
                         ok = ws.send(Message::text(format!("{user}: {}", t.as_str()))).await.is_ok();
                     }
                     Some(Ok(Message::Binary(b))) => ok = ws.send(Message::Binary(b)).await.is_ok(),
+                    Some(Ok(Message::Close(frame))) => {
+                        let said = frame.map_or("-".into(), |f| format!("{} {}", u16::from(f.code), f.reason));
+                        s.websocket_closes.lock().unwrap().push(said);
+                    }
                     Some(Ok(_)) => {}
                     Some(Err(_)) | None => ok = false,
                 }
