@@ -15,6 +15,8 @@ command -v curl >/dev/null || need+=(curl)
 [ -x /usr/lib/cyrus/bin/httpd ] || need+=(cyrus-caldav)
 command -v saslpasswd2 >/dev/null || need+=(sasl2-bin)
 command -v openssl >/dev/null || need+=(openssl)
+# The system trust store: tessera's JWKS over https trusts it when token.jwks_ca is not set.
+[ -s /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
 [ -x /usr/bin/chromium ] || need+=(chromium)
 command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)

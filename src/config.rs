@@ -109,6 +109,7 @@ struct RawToken {
     keys: Option<Vec<RawKey>>,
     active_kid: Option<String>,
     jwks: Option<String>,
+    jwks_ca: Option<String>,
     jwks_refresh_seconds: Option<u64>,
     jwks_min_refresh_seconds: Option<u64>,
     cache_max_entries: Option<u64>,
@@ -974,18 +975,57 @@ fn validate_token(
     let jwks = match t.jwks {
         None => None,
         Some(src) => {
+            let url = |src: &str| -> Result<http::Uri, ConfigError> {
+                let uri: http::Uri = src.parse().map_err(|e| {
+                    ConfigError::new("token.jwks", format!("`{src}` is not a URL: {e}"))
+                })?;
+                match uri.host() {
+                    Some(h) if !h.is_empty() => Ok(uri),
+                    _ => Err(ConfigError::new(
+                        "token.jwks",
+                        format!("`{src}` names no host"),
+                    )),
+                }
+            };
+            let https = src.starts_with("https://");
             let source = if let Some(path) = src.strip_prefix("file:") {
                 JwksSource::File(PathBuf::from(path))
             } else if src.starts_with("http://") {
-                JwksSource::Url(src.parse().map_err(|e| {
-                    ConfigError::new("token.jwks", format!("`{src}` is not a URL: {e}"))
-                })?)
+                JwksSource::Url(url(&src)?, None)
+            } else if https {
+                let ca =
+                    match t.jwks_ca.as_deref() {
+                        None => None,
+                        Some(ca) => Some(PathBuf::from(ca.strip_prefix("file:").ok_or_else(
+                            || {
+                                ConfigError::new(
+                            "token.jwks_ca",
+                            format!("`{ca}` is not \"file:PATH\" (a PEM file of CA certificates)"),
+                        )
+                            },
+                        )?)),
+                    };
+                let tls = crate::token::keys::jwks_tls(ca.as_deref()).map_err(|e| {
+                    let key = if ca.is_some() {
+                        "token.jwks_ca"
+                    } else {
+                        "token.jwks"
+                    };
+                    ConfigError::new(key, e)
+                })?;
+                JwksSource::Url(url(&src)?, Some(tls))
             } else {
                 return Err(ConfigError::new(
                     "token.jwks",
-                    format!("`{src}` is neither \"file:PATH\" nor \"http://HOST/PATH\" (https is not built in yet: let a sidecar or timer fetch it into a file)"),
+                    format!("`{src}` is none of \"file:PATH\", \"https://HOST/PATH\" or \"http://HOST/PATH\""),
                 ));
             };
+            if t.jwks_ca.is_some() && !https {
+                return Err(ConfigError::new(
+                    "token.jwks_ca",
+                    "is only used with an \"https://\" token.jwks: remove it, or fetch the JWKS over https",
+                ));
+            }
             let secs = |key: &str, v: Option<u64>, d: u64| match v.unwrap_or(d) {
                 0 => Err(ConfigError::new(key, "must be greater than 0 (seconds)")),
                 n => Ok(Duration::from_secs(n)),
@@ -1001,6 +1041,12 @@ fn validate_token(
             })
         }
     };
+    if t.jwks_ca.is_some() && jwks.is_none() {
+        return Err(ConfigError::new(
+            "token.jwks_ca",
+            "is only used with an \"https://\" token.jwks: set token.jwks or remove it",
+        ));
+    }
     if keys.is_empty() && jwks.is_none() {
         return Err(ConfigError::new(
             "token.secret",
@@ -1426,6 +1472,57 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("port"), "unknown key: {err}");
+    }
+
+    #[test]
+    fn jwks_urls_and_their_ca_file_are_checked_at_load() {
+        let with = |token: &str| {
+            Config::from_toml_with(
+                &format!("[upstream]\nurl = \"http://127.0.0.1:9\"\n[token]\n{token}\n[credentials]\nkeys = {{ k1 = \"env:KEY\" }}\n"),
+                env,
+            )
+        };
+        let not_pem = std::env::temp_dir().join(format!("tessera-not-pem-{}", std::process::id()));
+        std::fs::write(&not_pem, "not a certificate\n").unwrap();
+        let not_pem = not_pem.display().to_string();
+        for (token, key, says) in [
+            ("jwks = \"ftp://idp/jwks.json\"", "token.jwks", "is none of"),
+            ("jwks = \"https:///jwks.json\"", "token.jwks", "jwks.json"),
+            (
+                "secret = \"env:SECRET\"\njwks_ca = \"file:/etc/hosts\"",
+                "token.jwks_ca",
+                "set token.jwks",
+            ),
+            (
+                "jwks = \"http://127.0.0.1:9/j\"\njwks_ca = \"file:/etc/hosts\"",
+                "token.jwks_ca",
+                "only used with an \"https://\"",
+            ),
+            (
+                "jwks = \"https://idp/j\"\njwks_ca = \"/etc/ca.pem\"",
+                "token.jwks_ca",
+                "is not \"file:PATH\"",
+            ),
+            (
+                "jwks = \"https://idp/j\"\njwks_ca = \"file:/nonexistent/ca.pem\"",
+                "token.jwks_ca",
+                "cannot read CA certificates",
+            ),
+            (
+                &format!("jwks = \"https://idp/j\"\njwks_ca = \"file:{not_pem}\""),
+                "token.jwks_ca",
+                "holds no usable CA certificate",
+            ),
+        ] {
+            let err = with(token).unwrap_err().to_string();
+            assert!(err.contains(key) && err.contains(says), "{token}: {err}");
+        }
+        let c = with("jwks = \"http://127.0.0.1:9/jwks.json\"").unwrap();
+        assert!(matches!(
+            c.token.jwks.unwrap().source,
+            JwksSource::Url(_, None)
+        ));
+        std::fs::remove_file(&not_pem).unwrap();
     }
 
     #[test]

@@ -847,6 +847,167 @@ fn jwks_over_http_is_fetched_at_start() {
     assert!(t.log().contains("JWKS loaded"), "{}", t.log());
 }
 
+/// A JWKS over https (nginx with TLS, a certificate for 127.0.0.1 from a throw-away CA made
+/// by the openssl CLI): loaded when `token.jwks_ca` names that CA; without it the system's
+/// roots are used, the certificate is refused, no key is loaded and the token gets 401.
+#[test]
+fn jwks_over_https_is_fetched_with_the_certificate_checked() {
+    let up = users();
+    let redis = Redis::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (idp_priv, _, idp_x) = ed25519(dir.path(), "idp");
+    let doc =
+        serde_json::json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "kid": "idp", "x": idp_x}]});
+    std::fs::write(dir.path().join("jwks.json"), doc.to_string()).unwrap();
+    let (port, _nginx) = https_server(dir.path());
+    let ca = dir.path().join("ca.pem");
+    let url = format!("https://127.0.0.1:{port}/jwks.json");
+    assert_eq!(
+        curl(&["--cacert", &ca.display().to_string(), &url]).0,
+        200,
+        "the JWKS server itself"
+    );
+
+    let trusted = format!("jwks = \"{url}\"\njwks_ca = \"file:{}\"", ca.display());
+    let t = on_redis(&up, &redis, &[("token", &trusted)]);
+    let (sid, _) = t.create_session("alice", "alice-pw");
+    let idp = sign_pem(jsonwebtoken::Algorithm::EdDSA, "idp", &idp_priv, &sid);
+    assert_eq!(curl(&["-H", &bearer(&idp), &t.url("/x")]).0, 200);
+    assert!(t.log().contains("JWKS loaded"), "{}", t.log());
+
+    let system_roots = format!("jwks = \"{url}\"");
+    let u = on_redis(&up, &redis, &[("token", &system_roots)]);
+    assert_eq!(
+        curl(&["-H", &bearer(&idp), &u.url("/x")]).0,
+        401,
+        "a key from a server whose certificate no trusted CA signed"
+    );
+    let log = u.log();
+    assert!(
+        log.contains("JWKS refresh failed") && log.contains("TLS") && log.contains("certificate"),
+        "{log}"
+    );
+    assert!(!log.contains("JWKS loaded"), "{log}");
+}
+
+/// nginx serving `dir`/jwks.json at `/jwks.json` over TLS on a free port, with a server
+/// certificate for IP 127.0.0.1 signed by a CA made here (`dir`/ca.pem); the port and a guard
+/// that stops nginx.
+fn https_server(dir: &std::path::Path) -> (u16, impl Drop) {
+    struct Stop(std::process::Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl (installed by scripts/test.sh)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    openssl(
+        &[
+            &["req", "-x509"][..],
+            &ec,
+            &[
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=tessera test CA",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign",
+            ],
+        ]
+        .concat(),
+    );
+    openssl(
+        &[
+            &["req"][..],
+            &ec,
+            &[
+                "-keyout",
+                "srv.key",
+                "-out",
+                "srv.csr",
+                "-subj",
+                "/CN=127.0.0.1",
+            ],
+        ]
+        .concat(),
+    );
+    std::fs::write(
+        dir.join("srv.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "srv.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "srv.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "srv.ext",
+    ]);
+    let port = support::free_port();
+    let d = dir.display();
+    std::fs::create_dir_all(dir.join("tmp")).unwrap();
+    let conf = format!(
+        "worker_processes 1; daemon off; pid {d}/nginx.pid; error_log {d}/nginx-error.log warn;
+events {{ worker_connections 64; }}
+http {{
+  access_log off;
+  client_body_temp_path {d}/tmp; proxy_temp_path {d}/tmp; fastcgi_temp_path {d}/tmp;
+  uwsgi_temp_path {d}/tmp; scgi_temp_path {d}/tmp;
+  server {{
+    listen 127.0.0.1:{port} ssl;
+    ssl_certificate {d}/srv.pem; ssl_certificate_key {d}/srv.key;
+    location = /jwks.json {{ default_type application/json; alias {d}/jwks.json; }}
+  }}
+}}
+"
+    );
+    std::fs::write(dir.join("nginx.conf"), conf).unwrap();
+    let child = Command::new("nginx")
+        .args(["-p", &d.to_string(), "-c", &format!("{d}/nginx.conf")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("nginx (installed by scripts/test.sh)");
+    let stop = Stop(child);
+    support::wait_for_port(port, "nginx (TLS)");
+    (port, stop)
+}
+
 /// An Ed25519 identity-provider key `idp` made in `dir`, and a JWKS server publishing it: the
 /// private key's path, the server's port, and how many requests it has answered.
 fn idp_with_jwks_server(

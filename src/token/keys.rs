@@ -8,11 +8,13 @@
 //! refresh the JWKS more than once per `token.jwks_min_refresh_seconds` because of unknown `kid`s.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use jsonwebtoken::{DecodingKey, EncodingKey};
+use tokio_rustls::rustls::pki_types::ServerName;
+use tokio_rustls::rustls::{ClientConfig, RootCertStore};
 use zeroize::Zeroizing;
 
 use super::Algorithm;
@@ -60,8 +62,50 @@ impl std::fmt::Debug for KeySpec {
 pub enum JwksSource {
     /// `file:PATH`, re-read on refresh.
     File(PathBuf),
-    /// `http://host:port/path` (plain HTTP: loopback or a sidecar that fetches over TLS).
-    Url(http::Uri),
+    /// `https://host[:port]/path` (with the TLS client settings of [`jwks_tls`]) or
+    /// `http://host[:port]/path` (`None`: plain HTTP, for loopback or a sidecar).
+    Url(http::Uri, Option<Arc<ClientConfig>>),
+}
+
+/// TLS client settings for fetching a JWKS over https: TLS 1.2 and 1.3 (rustls' safe defaults,
+/// ring provider), ALPN `http/1.1`, the server's certificate checked against the CA certificates
+/// in the PEM file `ca` (they alone are trusted) or, without it, the system's trust store
+/// (`rustls-native-certs`: `SSL_CERT_FILE`/`SSL_CERT_DIR`, else the distribution's bundle).
+///
+/// Errors, as a sentence for the config key: `ca` unreadable or holding no certificate; no
+/// usable root certificate in the system store.
+pub fn jwks_tls(ca: Option<&Path>) -> Result<Arc<ClientConfig>, String> {
+    use tokio_rustls::rustls::pki_types::{pem::PemObject, CertificateDer};
+    let mut roots = RootCertStore::empty();
+    match ca {
+        Some(path) => {
+            let certs = CertificateDer::pem_file_iter(path)
+                .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| format!("cannot read CA certificates from {}: {e}", path.display()))?;
+            let (added, _) = roots.add_parsable_certificates(certs);
+            if added == 0 {
+                return Err(format!(
+                    "{} holds no usable CA certificate (PEM, \"-----BEGIN CERTIFICATE-----\")",
+                    path.display()
+                ));
+            }
+        }
+        None => {
+            let found = rustls_native_certs::load_native_certs();
+            roots.add_parsable_certificates(found.certs);
+            if roots.is_empty() {
+                return Err("no trusted root certificate in the system store (install the ca-certificates package, or set token.jwks_ca to the provider's CA file)".into());
+            }
+        }
+    }
+    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let mut cfg = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS settings: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
 }
 
 /// `token.jwks*` settings.
@@ -386,25 +430,47 @@ async fn fetch(source: &JwksSource) -> Result<Vec<u8>, KeyError> {
         JwksSource::File(path) => tokio::fs::read(path)
             .await
             .map_err(|e| KeyError(format!("cannot read {}: {e}", path.display()))),
-        JwksSource::Url(uri) => tokio::time::timeout(Duration::from_secs(5), fetch_http(uri))
-            .await
-            .map_err(|_| KeyError(format!("{uri}: no answer within 5 s")))?,
+        JwksSource::Url(uri, tls) => {
+            tokio::time::timeout(Duration::from_secs(5), fetch_http(uri, tls.as_ref()))
+                .await
+                .map_err(|_| KeyError(format!("{uri}: no answer within 5 s")))?
+        }
     }
 }
 
-async fn fetch_http(uri: &http::Uri) -> Result<Vec<u8>, KeyError> {
-    use http_body_util::BodyExt;
+/// GET `uri` (HTTP/1.1; over TLS when `tls` is given, the certificate checked for the URL's
+/// host, a name or an IP address): the body of a 2xx answer, at most [`MAX_JWKS_BYTES`].
+async fn fetch_http(uri: &http::Uri, tls: Option<&Arc<ClientConfig>>) -> Result<Vec<u8>, KeyError> {
     let err = |e: &dyn std::fmt::Display| KeyError(format!("{uri}: {e}"));
     let auth = uri.authority().ok_or_else(|| err(&"no host"))?;
-    let addr = format!(
-        "{}:{}",
-        auth.host().trim_start_matches('[').trim_end_matches(']'),
-        auth.port_u16().unwrap_or(80)
-    );
-    let tcp = tokio::net::TcpStream::connect(&addr)
+    let host = auth.host().trim_start_matches('[').trim_end_matches(']');
+    let port = auth
+        .port_u16()
+        .unwrap_or(if tls.is_some() { 443 } else { 80 });
+    let tcp = tokio::net::TcpStream::connect((host, port))
         .await
         .map_err(|e| err(&e))?;
-    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+    match tls {
+        None => get(tcp, uri, auth).await.map_err(|e| err(&e)),
+        Some(cfg) => {
+            let name = ServerName::try_from(host.to_owned()).map_err(|e| err(&e))?;
+            let stream = tokio_rustls::TlsConnector::from(cfg.clone())
+                .connect(name, tcp)
+                .await
+                .map_err(|e| err(&format!("TLS: {e}")))?;
+            get(stream, uri, auth).await.map_err(|e| err(&e))
+        }
+    }
+}
+
+/// One GET on a fresh connection `io`.
+async fn get<IO>(io: IO, uri: &http::Uri, auth: &http::uri::Authority) -> Result<Vec<u8>, String>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    use http_body_util::BodyExt;
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io))
         .await
         .map_err(|e| err(&e))?;
     tokio::spawn(conn);
