@@ -979,6 +979,12 @@ fn validate_token(
                 let uri: http::Uri = src.parse().map_err(|e| {
                     ConfigError::new("token.jwks", format!("`{src}` is not a URL: {e}"))
                 })?;
+                if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+                    return Err(ConfigError::new(
+                        "token.jwks",
+                        "must not carry user:password@ (it would be sent as Host and logged)",
+                    ));
+                }
                 match uri.host() {
                     Some(h) if !h.is_empty() => Ok(uri),
                     _ => Err(ConfigError::new(
@@ -993,6 +999,7 @@ fn validate_token(
             } else if src.starts_with("http://") {
                 JwksSource::Url(url(&src)?, None)
             } else if https {
+                let uri = url(&src)?;
                 let ca =
                     match t.jwks_ca.as_deref() {
                         None => None,
@@ -1013,7 +1020,7 @@ fn validate_token(
                     };
                     ConfigError::new(key, e)
                 })?;
-                JwksSource::Url(url(&src)?, Some(tls))
+                JwksSource::Url(uri, Some(tls))
             } else {
                 return Err(ConfigError::new(
                     "token.jwks",
@@ -1488,6 +1495,11 @@ mod tests {
         for (token, key, says) in [
             ("jwks = \"ftp://idp/jwks.json\"", "token.jwks", "is none of"),
             ("jwks = \"https:///jwks.json\"", "token.jwks", "jwks.json"),
+            (
+                "jwks = \"https://u:p@idp/jwks.json\"",
+                "token.jwks",
+                "user:password",
+            ),
             (
                 "secret = \"env:SECRET\"\njwks_ca = \"file:/etc/hosts\"",
                 "token.jwks_ca",

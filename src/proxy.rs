@@ -199,7 +199,9 @@ impl Proxy {
 
     /// Resolves once no WebSocket tunnel runs (at once when upgrades are off), after
     /// [`Self::close_websockets`]; a tunnel spawned by a handshake still being answered is
-    /// waited for too if that handshake's connection was waited for first.
+    /// waited for too if that handshake's connection was waited for first. The tunnels of every
+    /// serving thread count, so each thread's drain waits for the slowest (bounded by the
+    /// caller's drain time; a thread that gives up drops its own tunnels).
     pub async fn tunnels_closed(&self) {
         if let Some(ws) = &self.websockets {
             ws.tunnels.wait().await;
@@ -442,7 +444,8 @@ impl Proxy {
     /// The upstream switched to WebSocket: answers the client 101 with the upstream's fields
     /// (screened; `Connection` and `Upgrade` set anew) and starts the tunnel, which runs in a
     /// task of its own once hyper has written the 101, until either side closes, it idles out
-    /// (`websocket.idle_timeout_ms`), or the session is revoked or expires.
+    /// (`websocket.idle_timeout_ms`), the session is revoked or expires, or shutdown
+    /// ([`Self::close_websockets`]).
     fn switch(
         &self,
         mut resp: Response<ProxyBody>,
@@ -475,8 +478,16 @@ impl Proxy {
             let Upgrading { downstream, slot } = upgrading;
             let sid_hash = sid.as_deref().map(crate::session::sid_hash);
             // hyper hands the connection over once the 101 is written; a client that does not
-            // read it must not hold the slot and the upstream connection for ever.
-            let upgraded = tokio::time::timeout(UPGRADE_WAIT, downstream).await;
+            // read it must not hold the slot and the upstream connection for ever, nor hold up
+            // a shutdown.
+            let upgraded = tokio::select! {
+                taken = tokio::time::timeout(UPGRADE_WAIT, downstream) => Some(taken),
+                () = stop.cancelled() => None,
+            };
+            let Some(upgraded) = upgraded else {
+                tracing::debug!("WebSocket 101 not taken by the client before shutdown");
+                return;
+            };
             match upgraded {
                 Ok(Ok(io)) => {
                     let report = tunnel

@@ -16,8 +16,8 @@
 //! frame header by frame header ([`FrameEdge`]; payloads are skipped, never read). The frame
 //! header is 2 to 14 bytes of a fixed layout, so it is followed here rather than through a
 //! WebSocket library. Must never: rewrite or inject bytes into a frame (a Close frame goes only
-//! between frames, and not after a side already sent one), or keep copying after the session that
-//! opened the tunnel was revoked or expired.
+//! between frames, and not to a side that was already sent one, its peer's, passed through), or
+//! keep copying after the session that opened the tunnel was revoked or expired.
 
 use std::future::poll_fn;
 use std::io;

@@ -94,7 +94,11 @@ pub fn jwks_tls(ca: Option<&Path>) -> Result<Arc<ClientConfig>, String> {
             let found = rustls_native_certs::load_native_certs();
             roots.add_parsable_certificates(found.certs);
             if roots.is_empty() {
-                return Err("no trusted root certificate in the system store (install the ca-certificates package, or set token.jwks_ca to the provider's CA file)".into());
+                let why = found
+                    .errors
+                    .first()
+                    .map_or(String::new(), |e| format!(" ({e})"));
+                return Err(format!("no trusted root certificate in the system store{why}: install the ca-certificates package, or set token.jwks_ca to the provider's CA file"));
             }
         }
     }

@@ -30,7 +30,7 @@ pub fn wait_for_port(port: u16, what: &str) {
     }
 }
 
-fn require(binary: &str) {
+pub fn require(binary: &str) {
     assert!(
         Command::new("sh")
             .arg("-c")
@@ -43,7 +43,9 @@ fn require(binary: &str) {
     );
 }
 
-fn terminate(child: &mut Child) {
+/// Stops `child` with SIGTERM (nginx's master then stops its workers; a SIGKILL would leave them
+/// running) and waits for it, at most 5 s, then SIGKILL.
+pub fn terminate(child: &mut Child) {
     // Already reaped: its PID may belong to another process by now.
     if let Ok(Some(_)) = child.try_wait() {
         return;
