@@ -81,24 +81,10 @@ tessera_keys "${BIN_PATHS[0]}"
 for i in "${!LABELS[@]}"; do
   t="${LABELS[$i]}" port="${PORTS[$((2 + i))]}"
   mkdir -p "$WORK/emb-$t"
-  cat >"$WORK/$t.toml" <<TOML
-[server]
-listen = "127.0.0.1:$port"
-[upstream]
-url = "http://127.0.0.1:$P_ECHO"
-max_connections = 256
-[websocket]
-max_connections = 128
-[token]
-secret = "file:$WORK/keys/jwt.secret"
-[session]
-store = "embedded:$WORK/emb-$t/sessions"
-[credentials]
-keys = { k1 = "file:$WORK/keys/cred.key" }
-[log]
-level = "warn"
-access_log = false
-TOML
+  tessera_toml "$WORK/$t.toml" "$port" "$P_ECHO" "$WORK/emb-$t"
+  # Room for c=64 tunnels: each holds an upstream connection, and tunnels stay below the cap.
+  sed -i 's/^url = .*/&\nmax_connections = 256/' "$WORK/$t.toml"
+  printf '[websocket]\nmax_connections = 128\n' >>"$WORK/$t.toml"
   "${BIN_PATHS[$i]}" serve --config "$WORK/$t.toml" >"$WORK/$t.log" 2>&1 &
   CPU_PID_OF[$t]=$! URL_OF[$t]="ws://127.0.0.1:$port/ws" && PIDS+=("$!")
   wait_port "$port" "$t" "$!"
