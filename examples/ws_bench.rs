@@ -5,7 +5,7 @@
 //! ws_bench echo PORT
 //!     Serves WebSocket on 127.0.0.1:PORT: every text or binary message is sent back unchanged.
 //!     Accepts any path and any request fields (tessera's injected Authorization included).
-//! ws_bench load URL CONNS SECONDS BYTES [WARMUP_SECONDS] [HEADER: VALUE]...
+//! ws_bench load URL CONNS SECONDS BYTES [WARMUP_SECONDS [HEADER: VALUE]...]
 //!     Opens CONNS WebSockets to URL (ws://), each sending a binary message of BYTES and waiting
 //!     for its echo, again and again, for WARMUP_SECONDS (default 1, not recorded) then SECONDS.
 //!     Prints one JSON line: {"conns", "bytes", "seconds", "round_trips", "per_sec",
@@ -16,32 +16,60 @@
 
 use std::time::{Duration, Instant};
 
+use clap::{Parser, Subcommand};
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpListener;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Echo server on 127.0.0.1:PORT.
+    Echo { port: u16 },
+    /// Round-trip load against URL.
+    Load {
+        url: String,
+        /// WebSockets open at once.
+        conns: u64,
+        /// Seconds recorded.
+        seconds: u64,
+        /// Bytes per message.
+        bytes: usize,
+        /// Seconds before the recorded ones (not recorded).
+        #[arg(default_value_t = 1)]
+        warmup: u64,
+        /// Handshake fields, "NAME: VALUE".
+        headers: Vec<String>,
+    },
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    let code = match args.first().map(String::as_str) {
-        Some("echo") if args.len() == 2 => rt.block_on(echo(&args[1])),
-        Some("load") if args.len() >= 5 => rt.block_on(load(&args[1..])),
-        _ => {
-            eprintln!(
-                "usage: ws_bench echo PORT | ws_bench load URL CONNS SECONDS BYTES [WARMUP_SECONDS] [HEADER: VALUE]..."
-            );
-            2
-        }
+    let code = match Cli::parse().cmd {
+        Cmd::Echo { port } => rt.block_on(echo(port)),
+        Cmd::Load {
+            url,
+            conns,
+            seconds,
+            bytes,
+            warmup,
+            headers,
+        } => rt.block_on(load(&url, conns, seconds, bytes, warmup, &headers)),
     };
     std::process::exit(code);
 }
 
-async fn echo(port: &str) -> i32 {
-    let listener = match TcpListener::bind(format!("127.0.0.1:{port}")).await {
+async fn echo(port: u16) -> i32 {
+    let listener = match TcpListener::bind(("127.0.0.1", port)).await {
         Ok(l) => l,
         Err(e) => {
             eprintln!("ws_bench echo: cannot listen on 127.0.0.1:{port}: {e}");
@@ -66,23 +94,17 @@ async fn echo(port: &str) -> i32 {
     }
 }
 
-async fn load(args: &[String]) -> i32 {
-    let parse = |i: usize, what: &str| -> u64 {
-        args[i]
-            .parse()
-            .unwrap_or_else(|_| panic!("{what} must be a whole number, got {}", args[i]))
-    };
-    let url = &args[0];
-    let conns = parse(1, "CONNS");
-    let seconds = parse(2, "SECONDS");
-    let bytes = parse(3, "BYTES") as usize;
-    let (warmup, headers) = match args.get(4) {
-        Some(w) if !w.contains(':') => (parse(4, "WARMUP_SECONDS"), &args[5..]),
-        _ => (1, &args[4..]),
-    };
+async fn load(
+    url: &str,
+    conns: u64,
+    seconds: u64,
+    bytes: usize,
+    warmup: u64,
+    headers: &[String],
+) -> i32 {
     let mut sockets = Vec::new();
     for _ in 0..conns {
-        let mut req = url.as_str().into_client_request().expect("a ws:// URL");
+        let mut req = url.into_client_request().expect("a ws:// URL");
         for h in headers {
             let (name, value) = h.split_once(':').expect("HEADER: VALUE");
             req.headers_mut().insert(

@@ -993,12 +993,11 @@ fn validate_token(
                     )),
                 }
             };
-            let https = src.starts_with("https://");
             let source = if let Some(path) = src.strip_prefix("file:") {
                 JwksSource::File(PathBuf::from(path))
             } else if src.starts_with("http://") {
                 JwksSource::Url(url(&src)?, None)
-            } else if https {
+            } else if src.starts_with("https://") {
                 let uri = url(&src)?;
                 let ca =
                     match t.jwks_ca.as_deref() {
@@ -1027,12 +1026,6 @@ fn validate_token(
                     format!("`{src}` is none of \"file:PATH\", \"https://HOST/PATH\" or \"http://HOST/PATH\""),
                 ));
             };
-            if t.jwks_ca.is_some() && !https {
-                return Err(ConfigError::new(
-                    "token.jwks_ca",
-                    "is only used with an \"https://\" token.jwks: remove it, or fetch the JWKS over https",
-                ));
-            }
             let secs = |key: &str, v: Option<u64>, d: u64| match v.unwrap_or(d) {
                 0 => Err(ConfigError::new(key, "must be greater than 0 (seconds)")),
                 n => Ok(Duration::from_secs(n)),
@@ -1048,10 +1041,11 @@ fn validate_token(
             })
         }
     };
-    if t.jwks_ca.is_some() && jwks.is_none() {
+    let fetched_over_tls = |j: &JwksConfig| matches!(j.source, JwksSource::Url(_, Some(_)));
+    if t.jwks_ca.is_some() && !jwks.as_ref().is_some_and(fetched_over_tls) {
         return Err(ConfigError::new(
             "token.jwks_ca",
-            "is only used with an \"https://\" token.jwks: set token.jwks or remove it",
+            "is only used with an \"https://\" token.jwks: remove it, or fetch the JWKS over https",
         ));
     }
     if keys.is_empty() && jwks.is_none() {
@@ -1503,7 +1497,7 @@ mod tests {
             (
                 "secret = \"env:SECRET\"\njwks_ca = \"file:/etc/hosts\"",
                 "token.jwks_ca",
-                "set token.jwks",
+                "only used with an \"https://\"",
             ),
             (
                 "jwks = \"http://127.0.0.1:9/j\"\njwks_ca = \"file:/etc/hosts\"",

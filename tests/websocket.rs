@@ -122,6 +122,43 @@ async fn close_frame_within(ws: &mut Ws, limit: Duration) -> String {
     }
 }
 
+/// The 101 a scripted upstream answers a WebSocket handshake with (the accept value of the key
+/// [`raw_handshake`] sends, RFC 6455 section 1.3).
+const SCRIPTED_101: &[u8] = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n";
+
+/// A raw TCP connection to `t` on which a WebSocket handshake for `path` with `token` was sent,
+/// `after` in the same write; reads time out after 15 s (a bound on failure only: debug builds
+/// on a loaded 2-core CI).
+fn raw_handshake(t: &Tessera, path: &str, token: &str, after: &[u8]) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut sock = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    let head = format!(
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\
+         Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    );
+    sock.write_all(&[head.as_bytes(), after].concat()).unwrap();
+    sock
+}
+
+/// Reads from `sock` until what it read satisfies `done`; returns all of it. Panics if the
+/// connection closes or times out first.
+fn read_until(sock: &mut std::net::TcpStream, done: impl Fn(&[u8]) -> bool) -> Vec<u8> {
+    use std::io::Read;
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !done(&seen) {
+        let n = sock
+            .read(&mut buf)
+            .expect("more bytes before the read timeout");
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    seen
+}
+
 fn bearer(token: &str) -> String {
     format!("Bearer {token}")
 }
@@ -334,8 +371,11 @@ fn bytes_after_the_101_and_raw_bytes_both_ways_pass_and_a_switch_to_another_prot
     use std::io::{Read, Write};
     fn script(line: &str) -> Script {
         let bytes = match line {
-            "GET /ws HTTP/1.1" => b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n\x81\x05hello".to_vec(),
-            "GET /h2c HTTP/1.1" => b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n".to_vec(),
+            "GET /ws HTTP/1.1" => [SCRIPTED_101, b"\x81\x05hello"].concat(),
+            "GET /h2c HTTP/1.1" => {
+                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n"
+                    .to_vec()
+            }
             // After the switch the upstream's request parser sees the client's raw bytes.
             "PING" => b"PONG".to_vec(),
             _ => b"HTTP/1.1 500 Unexpected\r\nContent-Length: 0\r\n\r\n".to_vec(),
@@ -349,28 +389,10 @@ fn bytes_after_the_101_and_raw_bytes_both_ways_pass_and_a_switch_to_another_prot
     let up = upstream::start(Behavior::Scripted(script));
     let (t, _) = tessera(&up.url(), "");
     let (_, token) = t.create_session("alice", "alice-pw");
-    let handshake = |path: &str| {
-        format!(
-            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\
-             Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\
-             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
-        )
-    };
-    let mut sock = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
-    // Generous: it bounds a failure only (debug builds on a loaded 2-core CI).
-    sock.set_read_timeout(Some(Duration::from_secs(15)))
-        .unwrap();
     // The client's first bytes of the new protocol come in the same write as its handshake
     // (hyper reads them with it): they must reach the upstream after the switch, once.
-    sock.write_all(format!("{}PING\r\n\r\n", handshake("/ws")).as_bytes())
-        .unwrap();
-    let mut seen = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !seen.ends_with(b"\x81\x05hello") {
-        let n = sock.read(&mut buf).expect("101 and the first frame");
-        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&seen));
-        seen.extend_from_slice(&buf[..n]);
-    }
+    let mut sock = raw_handshake(&t, "/ws", &token, b"PING\r\n\r\n");
+    let seen = read_until(&mut sock, |seen| seen.ends_with(b"\x81\x05hello"));
     let text = String::from_utf8_lossy(&seen).to_ascii_lowercase();
     assert!(text.starts_with("http/1.1 101 "), "{text}");
     assert!(text.contains("\r\nupgrade: websocket\r\n"), "{text}");
@@ -386,18 +408,9 @@ fn bytes_after_the_101_and_raw_bytes_both_ways_pass_and_a_switch_to_another_prot
     sock.read_exact(&mut pong).unwrap();
     assert_eq!(&pong, b"PONG");
 
-    let mut sock = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
-    // Generous: it bounds a failure only (debug builds on a loaded 2-core CI).
-    sock.set_read_timeout(Some(Duration::from_secs(15)))
-        .unwrap();
-    sock.write_all(handshake("/h2c").as_bytes()).unwrap();
+    let mut sock = raw_handshake(&t, "/h2c", &token, b"");
     // The 502 keeps the connection open: read its head, not to the end.
-    let mut answer = Vec::new();
-    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = sock.read(&mut buf).expect("an answer to the h2c switch");
-        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&answer));
-        answer.extend_from_slice(&buf[..n]);
-    }
+    let answer = read_until(&mut sock, |seen| seen.windows(4).any(|w| w == b"\r\n\r\n"));
     let answer = String::from_utf8_lossy(&answer);
     assert!(answer.starts_with("HTTP/1.1 502 "), "{answer}");
 }
@@ -506,9 +519,8 @@ fn a_revoked_sessions_websocket_is_cut_and_an_idle_one_is_closed_while_others_go
 /// into the frame; one between frames gets `0x88`, 1008 and the reason.
 #[test]
 fn a_cut_sends_a_close_frame_only_between_frames() {
-    use std::io::{Read, Write};
+    use std::io::Read;
     fn script(line: &str) -> Script {
-        const HEAD: &[u8] = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n";
         let frame: &[u8] = match line {
             // A whole text frame.
             "GET /whole HTTP/1.1" => b"\x81\x05hello",
@@ -523,7 +535,7 @@ fn a_cut_sends_a_close_frame_only_between_frames() {
             }
         };
         Script {
-            bytes: [HEAD, frame].concat(),
+            bytes: [SCRIPTED_101, frame].concat(),
             close: false,
             early: false,
         }
@@ -532,26 +544,8 @@ fn a_cut_sends_a_close_frame_only_between_frames() {
     let (t, _) = tessera(&up.url(), "");
     let (sid, token) = t.create_session("alice", "alice-pw");
     let open = |path: &str, first: &[u8]| {
-        let mut sock = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
-        // Generous: it bounds a failure only (debug builds on a loaded 2-core CI).
-        sock.set_read_timeout(Some(Duration::from_secs(15)))
-            .unwrap();
-        sock.write_all(
-            format!(
-                "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\
-                 Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\
-                 Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
-            )
-            .as_bytes(),
-        )
-        .unwrap();
-        let mut seen = Vec::new();
-        let mut buf = [0u8; 4096];
-        while !seen.ends_with(first) {
-            let n = sock.read(&mut buf).expect("101 and the first bytes");
-            assert!(n > 0, "closed: {}", String::from_utf8_lossy(&seen));
-            seen.extend_from_slice(&buf[..n]);
-        }
+        let mut sock = raw_handshake(&t, path, &token, b"");
+        let seen = read_until(&mut sock, |seen| seen.ends_with(first));
         assert!(seen.starts_with(b"HTTP/1.1 101 "));
         sock
     };

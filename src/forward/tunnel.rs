@@ -70,7 +70,7 @@ pub enum TunnelEnd {
 impl TunnelEnd {
     /// The Close frame a cut sends: `(code to the client, reason)` (the upstream gets 1001,
     /// going away, with the same reason); `None` when a side closed or failed by itself.
-    fn close_frame(&self) -> Option<(u16, &'static str)> {
+    fn goodbye(&self) -> Option<(u16, &'static str)> {
         match self {
             Self::Closed | Self::Failed(_) => None,
             Self::Idle => Some((GOING_AWAY, "idle timeout")),
@@ -305,7 +305,7 @@ impl Tunnel {
             () = stop.cancelled() => TunnelEnd::Shutdown,
         };
         let mut close_code = None;
-        if let Some((code, reason)) = end.close_frame() {
+        if let Some((code, reason)) = end.goodbye() {
             let deadline = Instant::now() + CLOSING_WAIT;
             let sending = async {
                 tokio::join!(
