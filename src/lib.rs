@@ -10,6 +10,8 @@ pub mod config;
 pub mod demo;
 pub mod error;
 pub mod forward;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod login;
 pub mod proxy;
 pub mod screen;

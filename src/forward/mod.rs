@@ -12,7 +12,7 @@
 //! The HTTP/1.1 exchange itself runs in the request's own task (`forward/h1.rs`): no connection task.
 
 mod body;
-mod h1;
+pub(crate) mod h1;
 mod pool;
 pub(crate) mod raw;
 mod tunnel;
@@ -35,6 +35,7 @@ use h1::SendError;
 pub(crate) use pool::serving_thread;
 pub use pool::{set_serving_thread, Affinity, Pool, PoolStats};
 pub use raw::RawHead;
+pub(crate) use tunnel::frame_edges;
 pub use tunnel::{Tunnel, TunnelEnd, TunnelReport, CLOSING_WAIT};
 
 /// Boxed error type of request bodies.

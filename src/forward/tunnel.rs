@@ -369,6 +369,19 @@ impl FrameEdge {
     }
 }
 
+/// [`FrameEdge`]'s answers after each of `pieces` is fed in turn: at a frame's edge, and a
+/// Close frame begun (for the fuzz targets, see `crate::fuzz`).
+pub(crate) fn frame_edges(pieces: &[&[u8]]) -> Vec<(bool, bool)> {
+    let mut edge = FrameEdge::default();
+    pieces
+        .iter()
+        .map(|piece| {
+            edge.feed(piece);
+            (edge.at_edge(), edge.close_seen)
+        })
+        .collect()
+}
+
 /// The payload length once `head` is a whole frame header, `None` while it is not yet.
 fn header_done(head: &[u8]) -> Option<u64> {
     let [_, b1, rest @ ..] = head else {

@@ -17,8 +17,8 @@ use tokio_util::task::TaskTracker;
 use crate::config::ServerConfig;
 use crate::proxy::Proxy;
 
-pub(crate) use h1::downstream;
 pub use h1::MAX_FAST_BODY;
+pub(crate) use h1::{downstream, Incoming, Taken};
 
 /// How long open connections get to finish after shutdown is signalled.
 const DRAIN: Duration = Duration::from_secs(10);

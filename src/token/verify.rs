@@ -287,8 +287,11 @@ impl Verifier {
         let header_json = URL_SAFE_NO_PAD
             .decode(header_b64)
             .map_err(|_| TokenError::Malformed)?;
+        // UTF-8 first (RFC 8259 section 8.1): serde_json skips the strings of members a struct
+        // ignores without checking them (found by fuzz/ `token`).
+        let header_json = std::str::from_utf8(&header_json).map_err(|_| TokenError::Malformed)?;
         let header: RawHeader<'_> =
-            serde_json::from_slice(&header_json).map_err(|_| TokenError::Malformed)?;
+            serde_json::from_str(header_json).map_err(|_| TokenError::Malformed)?;
         let alg = Algorithm::parse(&header.alg)
             .filter(|a| self.algorithms.contains(a))
             .ok_or(TokenError::Algorithm)?;
@@ -576,6 +579,26 @@ mod tests {
                 "{extra}"
             );
         }
+    }
+
+    #[test]
+    fn a_header_that_is_not_utf8_is_malformed_even_in_an_ignored_member() {
+        let header = b"{\"alg\":\"HS512\",\"x\":\"\xfd\"}";
+        let msg = format!(
+            "{}.{}",
+            URL_SAFE_NO_PAD.encode(header),
+            URL_SAFE_NO_PAD.encode(good_claims())
+        );
+        let sig = jsonwebtoken::crypto::sign(
+            msg.as_bytes(),
+            &EncodingKey::from_secret(&[7; 64]),
+            Algorithm::HS512.jwt(),
+        )
+        .unwrap();
+        assert_eq!(
+            v().verify(&format!("{msg}.{sig}"), NOW),
+            Err(TokenError::Malformed)
+        );
     }
 
     #[test]
