@@ -21,8 +21,8 @@ pub struct FastPath {
     /// close after it (the fast path stops serving after such a request; these go on, to show
     /// what the bytes after it would have become).
     pub requests: Vec<(Request<Bytes>, bool)>,
-    /// The bytes handed to hyper, when the fast path gave the connection up (the first not
-    /// taken onward); `None` when it did not.
+    /// The bytes hyper reads, when the fast path gave the connection up: those not taken, then
+    /// the pieces that had not arrived yet; `None` when it did not.
     pub handed_off: Option<Bytes>,
     /// The bytes still waiting for more when the pieces ran out (none after a hand-off).
     pub waiting: Bytes,
@@ -34,7 +34,7 @@ pub struct FastPath {
 pub fn fast_path(pieces: &[&[u8]], max_head: usize, max_body: u64) -> FastPath {
     let mut incoming = Incoming::default();
     let mut out = FastPath::default();
-    for piece in pieces {
+    for (i, piece) in pieces.iter().enumerate() {
         incoming.extend(piece);
         loop {
             match incoming.take(max_head, max_body) {
@@ -48,7 +48,11 @@ pub fn fast_path(pieces: &[&[u8]], max_head: usize, max_body: u64) -> FastPath {
                     out.requests.push((Request::from_parts(parts, body), close));
                 }
                 Taken::HandOff => {
-                    out.handed_off = Some(Bytes::copy_from_slice(incoming.rest()));
+                    let mut rest = incoming.rest().to_vec();
+                    pieces[i + 1..]
+                        .iter()
+                        .for_each(|p| rest.extend_from_slice(p));
+                    out.handed_off = Some(rest.into());
                     return out;
                 }
                 Taken::More => break,

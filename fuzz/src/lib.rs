@@ -81,6 +81,29 @@ pub fn fast_path(data: &[u8]) {
             "request {i}'s close differs when the bytes are cut"
         );
     }
+    // Hand-off loses and reorders nothing: hyper gets the bytes from the first not taken on.
+    for out in [&whole, &cut] {
+        if let Some(rest) = &out.handed_off {
+            assert!(
+                bytes.ends_with(rest),
+                "the bytes handed to hyper are not the input's end"
+            );
+        }
+        assert!(
+            bytes.ends_with(&out.waiting),
+            "the bytes waiting are not the input's end"
+        );
+    }
+    if whole.requests.len() == cut.requests.len() {
+        assert_eq!(
+            whole.handed_off, cut.handed_off,
+            "hand-off differs when cut"
+        );
+        assert_eq!(
+            whole.waiting, cut.waiting,
+            "the bytes waiting differ when cut"
+        );
+    }
     // A head that arrives whole can be taken where one arriving in pieces outgrew `MAX_HEAD`
     // first (and went to hyper): the rest of the lists may differ only that way.
     if whole.requests.len() != cut.requests.len() {
@@ -377,13 +400,18 @@ pub fn token(data: &[u8]) {
         .unwrap_or(false),
         "accepted a token whose HMAC does not verify"
     );
-    let json = |b64: &str| -> serde_json::Map<String, serde_json::Value> {
+    let json = |b64: &str| -> Option<serde_json::Map<String, serde_json::Value>> {
         let bytes = URL_SAFE_NO_PAD
             .decode(b64)
             .expect("an accepted token's segments are base64url");
-        serde_json::from_slice(&bytes).expect("an accepted token's segments are JSON objects")
+        serde_json::from_slice(&bytes).ok()
     };
-    let (header, claims) = (json(parts[0]), json(parts[1]));
+    let claims = json(parts[1]).expect("an accepted token's claims are a JSON object");
+    // serde_json does not check the escapes (a lone surrogate) of members tessera ignores; such
+    // a header passes there but not here. Its other rules are checked on the rest.
+    let Some(header) = json(parts[0]) else {
+        return;
+    };
     assert_eq!(header.get("alg").and_then(|v| v.as_str()), Some("HS256"));
     for member in ["crit", "jku", "x5u", "jwk", "x5c"] {
         assert!(
@@ -391,25 +419,33 @@ pub fn token(data: &[u8]) {
             "accepted a header with {member}"
         );
     }
-    if let Some(typ) = header.get("typ") {
+    // A null `typ` says no type, as an absent one does.
+    if let Some(typ) = header.get("typ").filter(|t| !t.is_null()) {
         assert!(
             typ.as_str().is_some_and(|t| t.eq_ignore_ascii_case("JWT")),
             "accepted typ {typ}"
         );
     }
-    let date = |name: &str| claims.get(name).map(|v| v.as_f64().filter(|n| *n >= 0.0));
+    // NumericDate (RFC 7519 section 2): a non-negative number of seconds, fractions truncated.
+    let date = |name: &str| {
+        claims.get(name).map(|v| {
+            let n = v.as_number()?;
+            n.as_u64()
+                .or_else(|| n.as_f64().filter(|f| *f >= 0.0).map(|f| f as u64))
+        })
+    };
     let exp = date("exp")
         .flatten()
         .expect("accepted without a numeric exp");
     assert!(
-        exp as u64 + 5 > NOW,
+        exp.saturating_add(5) > NOW,
         "accepted an expired token (exp {exp})"
     );
-    assert_eq!(verified.exp, exp as u64, "exp returned");
+    assert_eq!(verified.exp, exp, "exp returned");
     for name in ["nbf", "iat"] {
         if let Some(n) = date(name) {
             let n = n.unwrap_or_else(|| panic!("accepted a non-numeric {name}"));
-            assert!(n as u64 <= NOW + 5, "accepted {name} {n} in the future");
+            assert!(n <= NOW + 5, "accepted {name} {n} in the future");
         }
     }
     assert_eq!(claims.get("iss").and_then(|v| v.as_str()), Some("tessera"));

@@ -393,7 +393,8 @@ impl Conn {
                 Taken::HandOff => return Next::HandOff,
                 Taken::More => {}
             }
-            if !self.incoming.buf.is_empty() && !started {
+            // A lone CR may be the first half of an empty line (see `Incoming::take`).
+            if !matches!(&self.incoming.buf[..], [] | [b'\r']) && !started {
                 // The request's first bytes: its own timeout starts now (the idle wait before
                 // it has one of its own, ended silently as hyper's is).
                 started = true;
@@ -651,7 +652,8 @@ impl Incoming {
             {
                 return Parse::HandOff;
             }
-            // Offsets within the head, which is at most `max_head` (< 4 GiB) long.
+            // Offsets within the buffer, which is far below 4 GiB (a head arriving in pieces is
+            // handed off past `max_head`; one read adds at most a few KiB to it).
             let (n, v) = (offset(name) as u32, offset(h.value) as u32);
             self.spans
                 .push([n, n + name.len() as u32, v, v + h.value.len() as u32]);

@@ -103,11 +103,22 @@ struct RawHeader<'a> {
     typ: Option<std::borrow::Cow<'a, str>>,
     #[serde(borrow)]
     kid: Option<std::borrow::Cow<'a, str>>,
-    crit: Option<serde::de::IgnoredAny>,
-    jku: Option<serde::de::IgnoredAny>,
-    x5u: Option<serde::de::IgnoredAny>,
-    jwk: Option<serde::de::IgnoredAny>,
-    x5c: Option<serde::de::IgnoredAny>,
+    // Present with any value, `null` included (an `Option` would read `null` as absent).
+    #[serde(default, deserialize_with = "present")]
+    crit: bool,
+    #[serde(default, deserialize_with = "present")]
+    jku: bool,
+    #[serde(default, deserialize_with = "present")]
+    x5u: bool,
+    #[serde(default, deserialize_with = "present")]
+    jwk: bool,
+    #[serde(default, deserialize_with = "present")]
+    x5c: bool,
+}
+
+/// `true` for a header member that is there at all, whatever its value.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    serde::de::IgnoredAny::deserialize(d).map(|_| true)
 }
 
 /// The verified-token cache: `exp` is checked on every hit, so an entry is never served after
@@ -295,12 +306,7 @@ impl Verifier {
         let alg = Algorithm::parse(&header.alg)
             .filter(|a| self.algorithms.contains(a))
             .ok_or(TokenError::Algorithm)?;
-        if header.crit.is_some()
-            || header.jku.is_some()
-            || header.x5u.is_some()
-            || header.jwk.is_some()
-            || header.x5c.is_some()
-        {
+        if header.crit || header.jku || header.x5u || header.jwk || header.x5c {
             return Err(TokenError::ForbiddenHeader);
         }
         if header
@@ -566,6 +572,9 @@ mod tests {
             r#""jku":"http://x""#,
             r#""x5u":"http://x""#,
             r#""jwk":{}"#,
+            r#""x5c":[]"#,
+            r#""crit":null"#,
+            r#""jku":null"#,
         ] {
             let t = raw(
                 &format!(r#"{{"alg":"HS512",{extra}}}"#),
