@@ -11,7 +11,7 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Request};
 use http_body_util::BodyExt;
 
-use crate::forward::h1::{body_eof, decode_body, parse_head};
+use crate::forward::h1::{body_eof, decode_body, final_head};
 use crate::server::{Incoming, Taken};
 
 /// What the downstream HTTP/1.1 fast path (`src/server/h1.rs`) made of a connection's bytes.
@@ -40,9 +40,7 @@ pub fn fast_path(pieces: &[&[u8]], max_head: usize, max_body: u64) -> FastPath {
             match incoming.take(max_head, max_body) {
                 Taken::Request(req, close) => {
                     let (parts, body) = req.into_parts();
-                    let body = body
-                        .collect()
-                        .now_or_never()
+                    let body = now_or_never(body.collect())
                         .map(|c| c.map_or_else(|e| match e {}, |c| c.to_bytes()))
                         .expect("a fast-path body is in memory");
                     out.requests.push((Request::from_parts(parts, body), close));
@@ -91,14 +89,8 @@ pub fn upstream_response(
     let mut buf = BytesMut::new();
     let mut pieces = pieces.iter();
     let head = loop {
-        match parse_head(&mut buf, head_request) {
-            Ok(Some(head)) => {
-                let status = head.response.status();
-                if status.is_informational() && status != http::StatusCode::SWITCHING_PROTOCOLS {
-                    continue;
-                }
-                break head;
-            }
+        match final_head(&mut buf, head_request) {
+            Ok(Some(head)) => break head,
             Ok(None) => match pieces.next() {
                 Some(piece) => buf.extend_from_slice(piece),
                 None => return (Err("connection closed before a response".into()), buf.len()),
@@ -155,15 +147,11 @@ pub fn frame_edges(pieces: &[&[u8]]) -> Vec<(bool, bool)> {
     crate::forward::frame_edges(pieces)
 }
 
-/// Polls a future once, for bodies that are already in memory.
-trait NowOrNever: std::future::Future + Sized {
-    fn now_or_never(self) -> Option<Self::Output> {
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        match std::pin::pin!(self).poll(&mut cx) {
-            Poll::Ready(v) => Some(v),
-            Poll::Pending => None,
-        }
+/// Polls `f` once, for bodies that are already in memory.
+fn now_or_never<F: std::future::Future>(f: F) -> Option<F::Output> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::pin::pin!(f).poll(&mut cx) {
+        Poll::Ready(v) => Some(v),
+        Poll::Pending => None,
     }
 }
-
-impl<F: std::future::Future> NowOrNever for F {}

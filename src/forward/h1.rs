@@ -365,24 +365,10 @@ impl H1 {
     /// (1xx, but 101) heads are dropped; the first other one is returned. `None`: no final head
     /// yet. A head growing past [`MAX_HEAD`] is an error here, not a reason to read on.
     fn early_head(&mut self, head_request: bool) -> Result<Option<Head>, ForwardError> {
-        loop {
-            if !head_complete(&self.buf) {
-                if self.buf.len() > MAX_HEAD {
-                    return Err(broken(format!(
-                        "invalid response head: larger than {MAX_HEAD} bytes"
-                    )));
-                }
-                return Ok(None);
-            }
-            let Some(head) = parse_head(&mut self.buf, head_request)? else {
-                return Ok(None);
-            };
-            let status = head.response.status();
-            if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
-                continue;
-            }
-            return Ok(Some(head));
+        if !head_complete(&self.buf) && self.buf.len() <= MAX_HEAD {
+            return Ok(None);
         }
+        final_head(&mut self.buf, head_request)
     }
 
     /// Reads response heads until a final (non-1xx) one, or a 101.
@@ -390,12 +376,8 @@ impl H1 {
         let mut received_any = !self.buf.is_empty();
         loop {
             if let Some(head) =
-                parse_head(&mut self.buf, head_request).map_err(SendError::Failed)?
+                final_head(&mut self.buf, head_request).map_err(SendError::Failed)?
             {
-                let status = head.response.status();
-                if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
-                    continue;
-                }
                 return Ok(head);
             }
             let closed = |what: String| {
@@ -511,6 +493,22 @@ pub(crate) fn parse_head(
         framing,
         keep_alive: keep_alive && framing != Framing::Close,
     }))
+}
+
+/// Parses response heads from `buf`, consuming them, until a final one (not 1xx, or a 101):
+/// interim heads are dropped. `None` when no final head is complete yet. Errors: as
+/// [`parse_head`].
+pub(crate) fn final_head(
+    buf: &mut BytesMut,
+    head_request: bool,
+) -> Result<Option<Head>, ForwardError> {
+    while let Some(head) = parse_head(buf, head_request)? {
+        let status = head.response.status();
+        if !status.is_informational() || status == StatusCode::SWITCHING_PROTOCOLS {
+            return Ok(Some(head));
+        }
+    }
+    Ok(None)
 }
 
 /// The next body frame from the bytes in `buf`, consuming them and advancing `framing`:
@@ -915,9 +913,13 @@ fn framing(
 /// holding obs-text fails too, as does any framing field two parsers could read two ways.
 fn transfer_coding(element: &[u8]) -> bool {
     let tchar = |b: &u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(b);
-    let name = element.split(|&b| b == b';').next().unwrap_or_default();
-    !name.trim_ascii().is_empty()
-        && name.trim_ascii().iter().all(tchar)
+    let name = element
+        .split(|&b| b == b';')
+        .next()
+        .unwrap_or_default()
+        .trim_ascii();
+    !name.is_empty()
+        && name.iter().all(tchar)
         && element
             .iter()
             .all(|&b| b == b'\t' || (b' '..=b'~').contains(&b))
