@@ -12,17 +12,18 @@
 # into that binary's config after EXTRA_TOML, "-" for none; VALUE is a TOML literal without spaces
 # or commas, e.g. TOMLS="- server.busy_poll_us=50 log.level=\"info\""), HOGS (0: CPU-bound
 # neighbours, `python3 -c "while True: pass"` at normal priority, running from before the warm-up to
-# the end; each run then also reports the hogs' CPU share: what a target leaves to other work).
+# the end; each run then also reports the hogs' CPU share: what a target leaves to other work),
+# IDLE_POLL_NS (the guest's cpuidle haltpoll polling for the run, ns: bench/lib.sh idle_poll_apply).
 # Processes (127.0.0.1, free ports, stopped by PID on exit, the work dir with logs kept on failure):
 # nginx origin (worker_processes 1, access_log off, keepalive_requests 1000000) with a 1 KiB JSON at
 # /1k; nginx-proxy, a second nginx proxying to it (upstream keepalive 64, no auth); per binary, one
 # `tessera serve` with its own embedded store, [log] level "warn", access_log false, token.secret
 # from `keygen` and one session (`tessera session create`); it must answer 200 with 1024 bytes with
-# the token and 401 without. Each rep, each c, round-robin over nginx-proxy, t0, t1, ...:
+# the token and 401 without. Each rep, each c, round-robin over direct (the origin), nginx-proxy, t0, t1, ...:
 # `wrk -t (1 if c<2 else 2) -c c -d DURATION --latency` (+ -H "Authorization: Bearer T" for tessera).
 # Per run: req/s, p50, p99, non-2xx + socket errors (any: WARNING), the target's CPU (user+sys,
 # /proc/PID/stat; nginx: its worker) per request, and of it the user-space part.
-# Output: Markdown on stdout (medians per target and c: req/s, p50, p99, req/s vs nginx-proxy, CPU
+# Output: Markdown on stdout (medians per target and c: req/s, p50, p99, p50 added over direct, req/s vs nginx-proxy, CPU
 # µs/req and its user part; then every run), also in bench/results/ab-<date>-<time>.md with the command line and the
 # binaries' sha256, env and TOMLS config. Progress on stderr. Needs nginx, wrk, curl, python3.
 set -euo pipefail
@@ -67,10 +68,11 @@ for i in "${!BIN_ARGS[@]}"; do
   BIN_PATHS+=("$b") BIN_ENVS+=("$e") BIN_TOMLS+=("$o") LABELS+=("t$i") BIN_HASHES+=("$(sha256sum "$b" | cut -c1-12)")
   log "t$i = $b (sha256 ${BIN_HASHES[$i]}$([[ $e == - ]] || echo ", env $e")$([[ $o == - ]] || echo ", $o"))"
 done
-TARGETS=(nginx-proxy "${LABELS[@]}")
+TARGETS=(direct nginx-proxy "${LABELS[@]}")
 
 # ---------------------------------------------------------------- processes and cleanup
 work_dir tessera-ab # WORK, PIDS, KEEP_WORK (cleared after a successful run) and the cleanup: bench/lib.sh
+idle_poll_apply     # IDLE_POLL_NS, put back on exit: bench/lib.sh
 mkdir -p "$WORK/tmp" "$WORK/tmp2" "$WORK/raw" "$WORK/keys" && chmod 700 "$WORK/keys"
 RAW="$WORK/raw"
 : >"$WORK/runs.tsv"
@@ -104,11 +106,14 @@ for n in origin:$P_ORIGIN proxy:$P_PROXY; do
   PID_OF[${n%:*}]=$! && PIDS+=("$!")
   wait_port "${n#*:}" "nginx ${n%:*}" "$!"
 done
-for ((i = 0; i < 100; i++)); do # the worker, not the master, serves and burns the CPU
-  CPU_PID_OF[nginx-proxy]="$(pgrep -P "${PID_OF[proxy]}" | head -1 || true)"
-  [[ -n ${CPU_PID_OF[nginx-proxy]} ]] && break || sleep 0.05
+for t in direct:origin nginx-proxy:proxy; do # the worker, not the master, serves and burns the CPU
+  for ((i = 0; i < 100; i++)); do
+    CPU_PID_OF[${t%:*}]="$(pgrep -P "${PID_OF[${t#*:}]}" | head -1 || true)"
+    [[ -n ${CPU_PID_OF[${t%:*}]} ]] && break || sleep 0.05
+  done
+  [[ -n ${CPU_PID_OF[${t%:*}]} ]] || die "no worker under the nginx ${t#*:} master"
 done
-[[ -n ${CPU_PID_OF[nginx-proxy]} ]] || die "no worker under the nginx-proxy master"
+PID_OF[direct]="${PID_OF[origin]}" URL_OF[direct]="http://127.0.0.1:$P_ORIGIN/1k" TOKEN_OF[direct]=""
 PID_OF[nginx-proxy]="${PID_OF[proxy]}" URL_OF[nginx-proxy]="http://127.0.0.1:$P_PROXY/1k"
 TOKEN_OF[nginx-proxy]=""
 
@@ -230,6 +235,7 @@ for i in "${!LABELS[@]}"; do
     "${BIN_TOMLS[$i]}"
 done >"$WORK/bins.tsv"
 CMD="BINS=\"$BINS\" CONC=\"$CONC\" DURATION=$DURATION REPS=$REPS WARMUP=$WARMUP"
+[[ -n ${IDLE_POLL_NS:-} ]] && CMD+=" IDLE_POLL_NS=$IDLE_POLL_NS"
 ((HOGS == 0)) || CMD+=" HOGS=$HOGS"
 [[ -z $ENVS ]] || CMD+=" ENVS=\"$ENVS\""
 [[ -z $TOMLS ]] || CMD+=" TOMLS=$(printf '%q' "$TOMLS")"
@@ -237,7 +243,7 @@ CMD="BINS=\"$BINS\" CONC=\"$CONC\" DURATION=$DURATION REPS=$REPS WARMUP=$WARMUP"
 mkdir -p "$ROOT/bench/results"
 export CMD="$CMD bench/ab.sh" OUT="$ROOT/bench/results/ab-$(date +%Y-%m-%d-%H%M%S).md" CONC HOGS
 export CLK_TCK="$(getconf CLK_TCK)" COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-MACHINE="nproc $(nproc), $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), load"
+MACHINE="nproc $(nproc), $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $(idle_state), load"
 export MACHINE="$MACHINE $(cut -d' ' -f1-3 /proc/loadavg), $(nginx -v 2>&1 | sed 's/^nginx version: //'), \
 $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2)"
 python3 - "$WORK" <<'PY'
@@ -272,17 +278,21 @@ hog_v = lambda x: f" {x:.0f} |" if hogs else ""
 med = lambda rs, k: statistics.median(v) if (v := [r[k] for r in rs if r[k] is not None]) else None
 md = [f"# tessera A/B vs nginx-proxy, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}", "", f"- command: `{env['CMD']}`",
       f"- commit: {env['COMMIT']}", f"- machine: {env['MACHINE']}", "", "| label | binary | sha256 | env | config |",
-      "|---|---|---|---|---|", "| nginx-proxy | nginx, upstream keepalive 64, no auth | | | |"]
+      "|---|---|---|---|---|", "| direct | the nginx origin itself, no proxy | | | |",
+      "| nginx-proxy | nginx, upstream keepalive 64, no auth | | | |"]
 code = lambda v: "" if v == "-" else f"`{v}`"
 md += [f"| {b[0]} | `{b[1]}` | {b[2]} | {code(b[3])} | {code(b[4])} |" for b in bins]
-md += ["", "## Medians per target and c", "", "| target | c | req/s | p50 | p99 | req/s vs nginx-proxy | "
-       f"CPU µs/req | of it user |{hog_h} runs | warnings |", f"|---|---:|---:|---:|---:|---:|---:|---:|{hog_a}---:|---|"]
+md += ["", "## Medians per target and c", "", "| target | c | req/s | p50 | p99 | p50 added (minus direct) | "
+       f"req/s vs nginx-proxy | CPU µs/req | of it user |{hog_h} runs | warnings |",
+       f"|---|---:|---:|---:|---:|---:|---:|---:|---:|{hog_a}---:|---|"]
 for c in [int(x) for x in env["CONC"].split()]:
     base = med([r for r in runs if r["c"] == c and r["t"] == "nginx-proxy"], "rps")
-    for t in ["nginx-proxy"] + [b[0] for b in bins]:
+    direct = med([r for r in runs if r["c"] == c and r["t"] == "direct"], "p50")
+    for t in ["direct", "nginx-proxy"] + [b[0] for b in bins]:
         rs = [r for r in runs if r["c"] == c and r["t"] == t]
         bad = sum(1 for r in rs if r["warn"])
-        md.append(f"| {t} | {c} | {med(rs, 'rps'):,.0f} | {ms(med(rs, 'p50'))} | {ms(med(rs, 'p99'))} | "
+        added = "" if t == "direct" else f"{med(rs, 'p50') - direct:+.0f} µs"
+        md.append(f"| {t} | {c} | {med(rs, 'rps'):,.0f} | {ms(med(rs, 'p50'))} | {ms(med(rs, 'p99'))} | {added} | "
                   f"{med(rs, 'rps') / base:.3f} | {f1(med(rs, 'cpu'))} | {f1(med(rs, 'user'))} |"
                   f"{hog_v(med(rs, 'hog'))} {len(rs)} | "
                   f"{'WARNING: %d run(s) with errors' % bad if bad else ''} |")
@@ -291,7 +301,7 @@ md += ["", "## Every run", "", "| rep | c | target | req/s | p50 | p99 | request
 md += [f"| {r['rep']} | {r['c']} | {r['t']} | {r['rps']:,.0f} | {ms(r['p50'])} | {ms(r['p99'])} | {r['reqs']} | "
        f"{f1(r['cpu'])} | {f1(r['user'])} |{hog_v(r['hog'])} {r['non2xx']} | {r['sock']} | {r['warn'] or ''} |"
        for r in runs]
-md += ["", "CPU: user+sys time of the target process (nginx-proxy: its worker) during the run "
+md += ["", "CPU: user+sys time of the target process (nginx-proxy: its worker; direct: the origin's) during the run "
        "(/proc/PID/stat) per request wrk completed, and its user-space part (the rest is the kernel's: "
        "system calls, loopback TCP); every process shares the machine."]
 if hogs:

@@ -1,12 +1,31 @@
 # Shared helpers of the bench scripts (sourced; the caller defines die() and WORK).
 
-# free_ports N: prints N distinct free loopback TCP ports, all bound at once, then released.
+# free_ports N: prints N distinct free loopback TCP ports, all bound at once, then released. They
+# are picked below the kernel's ephemeral range (net.ipv4.ip_local_port_range), from 10000 up:
+# a port from that range can be taken meanwhile as the source port of one of the many outgoing
+# connections a run opens (seen: a listener started 12 minutes into bench/suite.sh found its port
+# in use). Falls back to the kernel's choice when the range starts below 11000.
 free_ports() {
   python3 -c '
-import socket, sys
-socks = [socket.socket() for _ in range(int(sys.argv[1]))]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
+import random, socket, sys
+n, lo = int(sys.argv[1]), int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+socks, tried = [], set()
+while len(socks) < n:
+    s = socket.socket()
+    if lo < 11000 or len(tried) > 2000:
+        s.bind(("127.0.0.1", 0))
+    else:
+        port = random.randrange(10000, lo)
+        if port in tried:
+            s.close()
+            continue
+        tried.add(port)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            s.close()
+            continue
+    socks.append(s)
 print(" ".join(str(s.getsockname()[1]) for s in socks))' "$1"
 }
 
@@ -36,6 +55,7 @@ stop_pid() { # pid: TERM, then KILL after 5 s
 cleanup() {
   local rc=$? i
   trap - EXIT INT TERM
+  idle_poll_restore
   for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do stop_pid "${PIDS[$i]}"; done
   for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do wait "${PIDS[$i]}" 2>/dev/null || true; done
   if [[ -n "$WORK" && -d "$WORK" ]]; then
@@ -49,6 +69,39 @@ work_dir() {
   trap 'exit 143' TERM
   WORK="$(mktemp -d "/tmp/$1.XXXXXX")"
   chmod 711 "$WORK"
+}
+
+# The guest's idle polling. On a VM an idle vCPU that halts costs microseconds to wake, and at c=1
+# every hop of a request (load generator, proxy, origin) wakes one: the Linux cpuidle "haltpoll"
+# governor (Documentation/virt/guest-halt-polling.rst) polls up to guest_halt_poll_ns (ns) before it
+# halts. It is system-wide, so it changes every target of a run alike. idle_state prints the
+# setting for a report's machine line; idle_poll_apply sets IDLE_POLL_NS (ns; unset: left as the
+# machine has it) for the run, and cleanup puts the old value back.
+HALTPOLL_NS=/sys/module/haltpoll/parameters/guest_halt_poll_ns
+IDLE_POLL_OLD=""
+idle_state() {
+  local dir=/sys/devices/system/cpu/cpuidle driver governor
+  driver="$(cat "$dir/current_driver" 2>/dev/null || echo none)"
+  governor="$(cat "$dir/current_governor_ro" 2>/dev/null || cat "$dir/current_governor" 2>/dev/null || echo none)"
+  printf 'cpuidle driver %s, governor %s' "$driver" "$governor"
+  if [[ $governor == haltpoll && -r $HALTPOLL_NS ]]; then
+    printf ', guest_halt_poll_ns %s' "$(cat "$HALTPOLL_NS")"
+  fi
+  printf '\n'
+}
+idle_poll_apply() {
+  [[ -n ${IDLE_POLL_NS:-} ]] || return 0
+  [[ $IDLE_POLL_NS =~ ^[0-9]+$ ]] || die "IDLE_POLL_NS must be a whole number of ns, got '$IDLE_POLL_NS'"
+  [[ "$(cat /sys/devices/system/cpu/cpuidle/current_governor_ro 2>/dev/null)" == haltpoll && -w $HALTPOLL_NS ]] ||
+    die "IDLE_POLL_NS needs the cpuidle haltpoll governor and a writable $HALTPOLL_NS (root); here: $(idle_state)"
+  IDLE_POLL_OLD="$(cat "$HALTPOLL_NS")"
+  echo "$IDLE_POLL_NS" >"$HALTPOLL_NS"
+  log "guest_halt_poll_ns set to $IDLE_POLL_NS for this run (was $IDLE_POLL_OLD; put back on exit)"
+}
+idle_poll_restore() {
+  [[ -n $IDLE_POLL_OLD ]] || return 0
+  echo "$IDLE_POLL_OLD" >"$HALTPOLL_NS" || log "WARNING: could not put guest_halt_poll_ns back to $IDLE_POLL_OLD"
+  IDLE_POLL_OLD=""
 }
 
 # write_1k FILE: the 1 KiB JSON body every bench origin serves (the body of bench/suite.sh).

@@ -6,6 +6,7 @@
 #   SECTIONS="matrix memory" bench/suite.sh # only some sections
 #                                           # (matrix algs close revocation affinity memory)
 #   TESSERA_BIN=/path/to/tessera bench/suite.sh  # another binary (default target/release/tessera)
+#   IDLE_POLL_NS=200000 bench/suite.sh      # the guest's idle polling for the run (bench/lib.sh)
 #
 # Processes (all on 127.0.0.1, free ports, stopped by PID on exit, as bench/run.sh does):
 #   redis-server (no persistence); nginx "origin" (worker_processes 1) serving the 1 KiB JSON at
@@ -14,10 +15,13 @@
 #   server block, in its own process so the origin's `accepted` counter sees only upstream
 #   connections); bench/reference/proxy.py (one worker) on Redis; tessera on Redis; tessera on the
 #   embedded store. Every tessera: `[log] level = "warn"`, `access_log = false`, the HS512
-#   `token.secret` plus `[[token.keys]]` rs1 (RS256) and ed1 (EdDSA) with `public_key = "file:..."`.
+#   `token.secret` plus `[[token.keys]]` rs1 (RS256) and ed1 (EdDSA) with `public_key = "file:..."`;
+#   the matrix's (tessera-redis, tessera-embedded, tessera-busy): `[session] cache_ttl_seconds =
+#   3600` (WARM_TTL below says why).
 #
 # Sections:
-#   matrix     targets direct, nginx-proxy, python-ref, tessera-redis, tessera-embedded; GET /1k with
+#   matrix     targets direct, nginx-proxy, python-ref, tessera-redis, tessera-embedded, tessera-busy
+#              (tessera-redis's config plus `[server] busy_poll_us = 50`, src/busy_poll.rs); GET /1k with
 #              a bearer token rotating over SESSIONS (1,000) sessions (tokens.py's wrk Lua script,
 #              the same script for every target, direct and nginx-proxy included);
 #              wrk -t (1 if c<2 else 2) -c c -d DURATION --latency, c in 1 8 64, REPS repetitions
@@ -73,7 +77,8 @@ MEMORY_SESSIONS="${MEMORY_SESSIONS:-100000}"
 MEMORY_TOKEN_CACHE="${MEMORY_TOKEN_CACHE:-120000}" # [token] cache_max_entries of tessera-mem
 CONCURRENCIES=(1 8 64)
 AFFINITY_CONCURRENCIES=(8 64)
-TARGETS=(direct nginx-proxy python-ref tessera-redis tessera-embedded)
+TARGETS=(direct nginx-proxy python-ref tessera-redis tessera-embedded tessera-busy)
+BUSY_POLL_US=50 # [server] busy_poll_us of tessera-busy
 POOL_CAP=16
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -97,45 +102,6 @@ done
 [[ "$AFFINITY_FEW_SESSIONS" =~ ^[1-9][0-9]*$ ]] ||
   die "AFFINITY_FEW_SESSIONS must be a positive integer, got '$AFFINITY_FEW_SESSIONS'"
 
-# ---------------------------------------------------------------- processes and cleanup
-PIDS=()
-WORK=""
-KEEP_WORK=1 # cleared after a successful run
-
-stop_pid() {
-  local pid=$1 i
-  kill -0 "$pid" 2>/dev/null || return 0
-  kill -TERM "$pid" 2>/dev/null || true
-  for ((i = 0; i < 100; i++)); do
-    kill -0 "$pid" 2>/dev/null || return 0
-    sleep 0.05
-  done
-  kill -KILL "$pid" 2>/dev/null || true
-}
-
-cleanup() {
-  local rc=$?
-  trap - EXIT INT TERM
-  local i
-  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
-    stop_pid "${PIDS[$i]}"
-  done
-  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
-    wait "${PIDS[$i]}" 2>/dev/null || true
-  done
-  if [[ -n "$WORK" && -d "$WORK" ]]; then
-    if [[ $KEEP_WORK -eq 1 ]]; then
-      log "run failed (exit $rc): logs kept in $WORK"
-    else
-      rm -rf "$WORK"
-    fi
-  fi
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
 # ---------------------------------------------------------------- prerequisites
 for tool in redis-server redis-cli nginx wrk curl openssl ss pgrep python3 git; do
   command -v "$tool" >/dev/null 2>&1 || die "$tool is not installed"
@@ -154,16 +120,17 @@ fi
 BIN_BUILT="$(date -u -r "$BIN" '+%Y-%m-%d %H:%M:%S UTC')"
 PY="$(python3 "$BENCH/_venv.py")" # bench/.venv (created on first use)
 
-# ---------------------------------------------------------------- work dir and ports
-WORK="$(mktemp -d /tmp/tessera-suite.XXXXXX)"
-chmod 711 "$WORK" # nginx workers (nobody when run as root) must reach 1k.json
+# ---------------------------------------------------------------- work dir, processes and ports
+# WORK, PIDS, KEEP_WORK (cleared after a successful run) and the cleanup on exit: bench/lib.sh
+work_dir tessera-suite
+idle_poll_apply
 mkdir -p "$WORK/tmp" "$WORK/tmp2" "$WORK/raw" "$WORK/keys" "$WORK/tok" "$WORK/emb"
 chmod 700 "$WORK/keys" "$WORK/tok"
 RAW="$WORK/raw"
 RUNS="$WORK/runs.tsv"
 : >"$RUNS"
 
-read -r P_REDIS P_ORIGIN P_STATUS P_PROXY P_PYREF P_TR P_TE P_TCOLD P_TPOOL P_TB P_TMEM P_TAFF < <(free_ports 12)
+read -r P_REDIS P_ORIGIN P_STATUS P_PROXY P_PYREF P_TR P_TE P_TCOLD P_TPOOL P_TB P_TMEM P_TAFF P_TBUSY < <(free_ports 13)
 
 
 declare -A PID_OF URL_OF CPU_PID_OF
@@ -286,11 +253,12 @@ umask 022
 export BENCH_PASSWORD="bench-password"
 
 # ---------------------------------------------------------------- tessera instances
-write_conf() { # name port store [session extra] [token extra] [upstream extra]
-  local name=$1 port=$2 store=$3 sess=${4:-} tok=${5:-} up=${6:-}
+write_conf() { # name port store [session extra] [token extra] [upstream extra] [server extra]
+  local name=$1 port=$2 store=$3 sess=${4:-} tok=${5:-} up=${6:-} srv=${7:-}
   cat >"$WORK/$name.toml" <<EOF
 [server]
 listen = "127.0.0.1:$port"
+$srv
 
 [upstream]
 url = "http://127.0.0.1:$P_ORIGIN"
@@ -339,14 +307,21 @@ stop_named() { # name
   wait "${PID_OF[$1]}" 2>/dev/null || true
 }
 
-write_conf tessera-redis "$P_TR" "$REDIS"
-write_conf tessera-embedded "$P_TE" "embedded:$WORK/emb/sessions"
+# The warm instances keep a cache entry for WARM_TTL s, longer than a run: with the default
+# [session] cache_ttl_seconds (300 s, counted from when the entry was made; the bound on how stale
+# an entry can be if an invalidation were ever missed), a matrix longer than 5 minutes has
+# tessera read every session once more, one GET per session per 300 s, which is a cold read, not
+# the warm path this suite measures (seen: 999 GETs over 1000 sessions in a 6-minute matrix).
+WARM_TTL="cache_ttl_seconds = 3600"
+write_conf tessera-redis "$P_TR" "$REDIS" "$WARM_TTL"
+write_conf tessera-embedded "$P_TE" "embedded:$WORK/emb/sessions" "$WARM_TTL"
 write_conf tessera-cold "$P_TCOLD" "$REDIS" "cache_max_entries = 0" "cache_max_entries = 0"
 write_conf tessera-pool16 "$P_TPOOL" "$REDIS" "" "" "max_connections = $POOL_CAP"
 write_conf tessera-b "$P_TB" "$REDIS"
 write_conf tessera-mem "$P_TMEM" "$REDIS" "cache_max_entries = 120000
 cache_ttl_seconds = 3600" "cache_max_entries = $MEMORY_TOKEN_CACHE"
-INSTANCES=(tessera-redis tessera-embedded tessera-cold tessera-pool16 tessera-b tessera-mem)
+write_conf tessera-busy "$P_TBUSY" "$REDIS" "$WARM_TTL" "" "" "busy_poll_us = $BUSY_POLL_US"
+INSTANCES=(tessera-redis tessera-embedded tessera-cold tessera-pool16 tessera-b tessera-mem tessera-busy)
 # Only when the section runs: a binary older than upstream.affinity refuses the key.
 if has_section affinity; then
   write_conf tessera-affinity "$P_TAFF" "$REDIS" "" "" 'affinity = "session"'
@@ -511,6 +486,7 @@ if has_section matrix; then
   CPU_PID_OF[python-ref]="${PID_OF[python-ref]}"
 
   start_tessera tessera-embedded "$P_TE"
+  start_tessera tessera-busy "$P_TBUSY"
   log "tessera session create x $EMBEDDED_SESSIONS (embedded store)"
   emb_t0=$(date +%s.%N)
   for ((n = 0; n < EMBEDDED_SESSIONS; n++)); do
@@ -541,6 +517,7 @@ if has_section matrix; then
       die "warm-up wrk failed for $target"
   done
   warm_tokens "$WORK/tok/hs512.jsonl" "$P_TR" 2 >/dev/null || die "warm-up of tessera-redis failed"
+  warm_tokens "$WORK/tok/hs512.jsonl" "$P_TBUSY" 2 >/dev/null || die "warm-up of tessera-busy failed"
   warm_tokens "$WORK/tok/emb.jsonl" "$P_TE" 2 >/dev/null || die "warm-up of tessera-embedded failed"
   log "matrix: ${#TARGETS[@]} targets x c in (${CONCURRENCIES[*]}) x $REPS reps x $DURATION"
   for ((rep = 1; rep <= REPS; rep++)); do
@@ -552,14 +529,15 @@ if has_section matrix; then
       done
     done
   done
-  for name in python-ref tessera-redis tessera-embedded redis; do
+  for name in python-ref tessera-redis tessera-embedded tessera-busy redis; do
     echo "$name $(proc_mem "${PID_OF[$name]}")"
   done >"$WORK/matrix-mem.txt"
   echo "nginx-proxy-worker $(proc_mem "$WORKER_OF_PROXY")" >>"$WORK/matrix-mem.txt"
   echo "origin-worker $(proc_mem "$WORKER_OF_ORIGIN")" >>"$WORK/matrix-mem.txt"
   stop_named python-ref
   stop_named tessera-embedded
-  PID_OF[python-ref]="" PID_OF[tessera-embedded]=""
+  stop_named tessera-busy
+  PID_OF[python-ref]="" PID_OF[tessera-embedded]="" PID_OF[tessera-busy]=""
   section_done matrix "$t0"
 fi
 
@@ -734,8 +712,10 @@ BENCH_CMD="DURATION=$DURATION REPS=$REPS"
 [[ $AFFINITY_FEW_SESSIONS != 16 ]] && BENCH_CMD+=" AFFINITY_FEW_SESSIONS=$AFFINITY_FEW_SESSIONS"
 [[ $MEMORY_TOKEN_CACHE != 120000 ]] && BENCH_CMD+=" MEMORY_TOKEN_CACHE=$MEMORY_TOKEN_CACHE"
 [[ -n ${TESSERA_BIN:-} ]] && BENCH_CMD+=" TESSERA_BIN=$TESSERA_BIN"
+[[ -n ${IDLE_POLL_NS:-} ]] && BENCH_CMD+=" IDLE_POLL_NS=$IDLE_POLL_NS"
 export BENCH_CMD+=" bench/suite.sh"
 export NPROC="$(nproc)"
+export IDLE="$(idle_state)"
 export KERNEL="$(uname -sr)"
 export CPU="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
 export MEM_TOTAL="$(awk '/^MemTotal:/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)"

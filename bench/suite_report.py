@@ -32,8 +32,9 @@ import statistics  # noqa: E402
 
 CLK_TCK = int(os.environ.get("CLK_TCK", "100"))
 UNIT = {"us": 1.0, "ms": 1e3, "s": 1e6, "m": 60e6, "h": 3600e6}
-MATRIX_TARGETS = ["direct", "nginx-proxy", "python-ref", "tessera-redis", "tessera-embedded"]
-TESSERAS = ["tessera-redis", "tessera-embedded"]
+MATRIX_TARGETS = ["direct", "nginx-proxy", "python-ref", "tessera-redis", "tessera-embedded",
+                  "tessera-busy"]
+TESSERAS = ["tessera-redis", "tessera-embedded", "tessera-busy"]
 ALGS = [("hs512", "HS512"), ("rs256", "RS256"), ("eddsa", "EdDSA")]
 # affinity section: (instance, upstream.affinity), and the session sets (runs.tsv section suffix).
 AFFINITY_TARGETS = [("tessera-redis", "none"), ("tessera-affinity", "session")]
@@ -514,7 +515,7 @@ def main():
 - when: {env.get('WHEN')} (run took {int(env.get('ELAPSED', 0)) // 60} min {int(env.get('ELAPSED', 0)) % 60} s; sections: {env.get('SECTION_TIMES', '').strip()} seconds)
 - command: `{env.get('BENCH_CMD')}`
 - commit at start: {env.get('COMMIT')}; binary: {binary} ({env.get('TESSERA_V')}, built {env.get('BIN_BUILT')})
-- machine: nproc {env.get('NPROC')}, {env.get('CPU') or 'cpu model unknown'}, {env.get('MEM_TOTAL')} RAM, kernel {env.get('KERNEL')}
+- machine: nproc {env.get('NPROC')}, {env.get('CPU') or 'cpu model unknown'}, {env.get('MEM_TOTAL')} RAM, kernel {env.get('KERNEL')}, {env.get('IDLE')}
 - load average (1/5/15 min): {env.get('LOAD_START')} before, {env.get('LOAD_END')} after
 - {env.get('NGINX_V') and 'nginx ' + env.get('NGINX_V')}, {env.get('WRK_V')}, {env.get('REDIS_V')}, {env.get('PY_V')}
 {stale}
@@ -526,8 +527,11 @@ Setup: origin = nginx (`worker_processes 1`, `access_log off`, `keepalive_reques
 serving a static 1 KiB JSON at /1k, plus stub_status on another port of the same process;
 `nginx-proxy` = a second nginx process, plain reverse proxy to the origin (`keepalive 64`,
 HTTP/1.1, no auth); `python-ref` = bench/reference/proxy.py, 1 worker, on Redis; `tessera-redis`
-/ `tessera-embedded` = `tessera serve` on Redis / the embedded store, default caches and pool,
-`level = "warn"`, `access_log = false`. Every request carries `Authorization: Bearer` rotating over
+/ `tessera-embedded` = `tessera serve` on Redis / the embedded store, default caches and pool
+but `[session] cache_ttl_seconds = 3600` (the default 300 s, counted from a session's read, would
+have a run longer than 5 minutes read every session again: one GET per session per 300 s),
+`level = "warn"`, `access_log = false`; `tessera-busy` = tessera-redis plus `[server] busy_poll_us = 50`
+(a serving thread polls its sockets up to 50 µs before it sleeps: less wake-up latency, more CPU). Every request carries `Authorization: Bearer` rotating over
 {env.get('SESSIONS')} sessions (bench/tokens.py for Redis; {env.get('EMBEDDED_SESSIONS')} runs of
 `tessera session create` for the embedded store, {env.get('EMB_CREATE_S') or '?'} s), the same wrk
 Lua script for every target. `wrk -t (1 if c<2 else 2) -c c -d {env.get('DURATION')} --latency`,
