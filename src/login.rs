@@ -826,21 +826,30 @@ fn check_same_origin(parts: &Parts, host: &HeaderValue) -> Result<(), Refusal> {
     }
 }
 
-async fn read_body<B>(body: B) -> Result<Bytes, Refusal>
+/// Reads a login or logout body: at most `MAX_FORM_BYTES` bytes, all of it within
+/// `BODY_TIMEOUT`, into one buffer that is wiped when dropped, since a login body holds the
+/// password. The buffer is allocated at its full size first, so it never moves and leaves no
+/// unwiped copy behind (hyper's own read buffer is out of reach). Errors: `Refusal::Bad` for a
+/// body too large, cut or too slow. Trailers are ignored.
+async fn read_body<B>(body: B) -> Result<Zeroizing<Vec<u8>>, Refusal>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    match tokio::time::timeout(
-        BODY_TIMEOUT,
-        http_body_util::Limited::new(body, MAX_FORM_BYTES).collect(),
-    )
-    .await
-    {
-        Ok(Ok(c)) => Ok(c.to_bytes()),
-        Ok(Err(_)) => Err(Refusal::Bad("body too large or broken")),
-        Err(_) => Err(Refusal::Bad("body not sent in time")),
-    }
+    let read = async {
+        let mut body = std::pin::pin!(http_body_util::Limited::new(body, MAX_FORM_BYTES));
+        let mut out = Zeroizing::new(Vec::with_capacity(MAX_FORM_BYTES));
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|_| Refusal::Bad("body too large or broken"))?;
+            if let Ok(data) = frame.into_data() {
+                out.extend_from_slice(&data);
+            }
+        }
+        Ok(out)
+    };
+    tokio::time::timeout(BODY_TIMEOUT, read)
+        .await
+        .unwrap_or(Err(Refusal::Bad("body not sent in time")))
 }
 
 fn json(status: StatusCode, body: Vec<u8>) -> Response<ProxyBody> {

@@ -194,6 +194,20 @@ fn wrong_password_is_401_and_stores_nothing_and_upstream_down_is_502() {
         &t.url("/auth/login"),
     ]);
     assert_eq!(bad.code, 415);
+    // The body cap, 8 KiB: a body of exactly that size is read whole (a wrong password: 401), one
+    // byte more is refused before any upstream check (400).
+    let at_cap = format!("{:<8192}", r#"{"username":"alice","password":"guess"}"#);
+    assert_eq!(at_cap.len(), 8192);
+    for (body, want) in [(at_cap.clone(), 401), (format!("{at_cap} "), 400)] {
+        let a = call(&[
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            &body,
+            &t.url("/auth/login"),
+        ]);
+        assert_eq!(a.code, want, "{} bytes: {}", body.len(), a.body);
+    }
     let bad = call(&["-X", "DELETE", &t.url("/auth/login")]);
     assert_eq!(bad.code, 405);
 
