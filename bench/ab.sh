@@ -19,12 +19,13 @@
 # /1k; nginx-proxy, a second nginx proxying to it (upstream keepalive 64, no auth); per binary, one
 # `tessera serve` with its own embedded store, [log] level "warn", access_log false, token.secret
 # from `keygen` and one session (`tessera session create`); it must answer 200 with 1024 bytes with
-# the token and 401 without. Each rep, each c, round-robin over direct (the origin), nginx-proxy, t0, t1, ...:
+# the token and 401 without. Each rep, each c, round-robin over direct (the origin), nginx-proxy,
+# t0, t1, ...:
 # `wrk -t (1 if c<2 else 2) -c c -d DURATION --latency` (+ -H "Authorization: Bearer T" for tessera).
 # Per run: req/s, p50, p99, non-2xx + socket errors (any: WARNING), the target's CPU (user+sys,
 # /proc/PID/stat; nginx: its worker) per request, and of it the user-space part.
-# Output: Markdown on stdout (medians per target and c: req/s, p50, p99, p50 added over direct, req/s vs nginx-proxy, CPU
-# µs/req and its user part; then every run), also in bench/results/ab-<date>-<time>.md with the command line and the
+# Output: Markdown on stdout (medians per target and c: req/s, p50, p99, p50 added over direct,
+# req/s vs nginx-proxy, CPU µs/req and its user part; then every run), also in bench/results/ab-<date>-<time>.md with the command line and the
 # binaries' sha256, env and TOMLS config. Progress on stderr. Needs nginx, wrk, curl, python3.
 set -euo pipefail
 
@@ -73,6 +74,7 @@ TARGETS=(direct nginx-proxy "${LABELS[@]}")
 # ---------------------------------------------------------------- processes and cleanup
 work_dir tessera-ab # WORK, PIDS, KEEP_WORK (cleared after a successful run) and the cleanup: bench/lib.sh
 idle_poll_apply     # IDLE_POLL_NS, put back on exit: bench/lib.sh
+IDLE="$(idle_state)" # for the report, as the run starts
 mkdir -p "$WORK/tmp" "$WORK/tmp2" "$WORK/raw" "$WORK/keys" && chmod 700 "$WORK/keys"
 RAW="$WORK/raw"
 : >"$WORK/runs.tsv"
@@ -243,7 +245,7 @@ CMD="BINS=\"$BINS\" CONC=\"$CONC\" DURATION=$DURATION REPS=$REPS WARMUP=$WARMUP"
 mkdir -p "$ROOT/bench/results"
 export CMD="$CMD bench/ab.sh" OUT="$ROOT/bench/results/ab-$(date +%Y-%m-%d-%H%M%S).md" CONC HOGS
 export CLK_TCK="$(getconf CLK_TCK)" COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-MACHINE="nproc $(nproc), $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $(idle_state), load"
+MACHINE="nproc $(nproc), $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $IDLE, load"
 export MACHINE="$MACHINE $(cut -d' ' -f1-3 /proc/loadavg), $(nginx -v 2>&1 | sed 's/^nginx version: //'), \
 $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2)"
 python3 - "$WORK" <<'PY'

@@ -1,30 +1,32 @@
-# Shared helpers of the bench scripts (sourced; the caller defines die() and WORK).
+# Shared helpers of the bench scripts (sourced; the caller defines log() and die()).
 
 # free_ports N: prints N distinct free loopback TCP ports, all bound at once, then released. They
 # are picked below the kernel's ephemeral range (net.ipv4.ip_local_port_range), from 10000 up:
 # a port from that range can be taken meanwhile as the source port of one of the many outgoing
 # connections a run opens (seen: a listener started 12 minutes into bench/suite.sh found its port
-# in use). Falls back to the kernel's choice when the range starts below 11000.
+# in use). When the range starts below 11000, or 2000 tries found too few free ports there, the
+# kernel picks (from the ephemeral range, with a warning on stderr).
 free_ports() {
   python3 -c '
 import random, socket, sys
 n, lo = int(sys.argv[1]), int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-socks, tried = [], set()
+below = list(range(10000, lo)) if lo >= 11000 else []
+random.shuffle(below)
+socks = []
+for port in below[:2000]:
+    if len(socks) == n:
+        break
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+        socks.append(s)
+    except OSError:
+        s.close()
+if len(socks) < n:
+    print(f"free_ports: {n - len(socks)} port(s) from the ephemeral range", file=sys.stderr)
 while len(socks) < n:
     s = socket.socket()
-    if lo < 11000 or len(tried) > 2000:
-        s.bind(("127.0.0.1", 0))
-    else:
-        port = random.randrange(10000, lo)
-        if port in tried:
-            s.close()
-            continue
-        tried.add(port)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            s.close()
-            continue
+    s.bind(("127.0.0.1", 0))
     socks.append(s)
 print(" ".join(str(s.getsockname()[1]) for s in socks))' "$1"
 }
@@ -54,7 +56,7 @@ stop_pid() { # pid: TERM, then KILL after 5 s
 }
 cleanup() {
   local rc=$? i
-  trap - EXIT INT TERM
+  trap - EXIT INT TERM HUP
   idle_poll_restore
   for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do stop_pid "${PIDS[$i]}"; done
   for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do wait "${PIDS[$i]}" 2>/dev/null || true; done
@@ -67,6 +69,7 @@ work_dir() {
   trap cleanup EXIT
   trap 'exit 130' INT
   trap 'exit 143' TERM
+  trap 'exit 129' HUP
   WORK="$(mktemp -d "/tmp/$1.XXXXXX")"
   chmod 711 "$WORK"
 }
@@ -74,15 +77,21 @@ work_dir() {
 # The guest's idle polling. On a VM an idle vCPU that halts costs microseconds to wake, and at c=1
 # every hop of a request (load generator, proxy, origin) wakes one: the Linux cpuidle "haltpoll"
 # governor (Documentation/virt/guest-halt-polling.rst) polls up to guest_halt_poll_ns (ns) before it
-# halts. It is system-wide, so it changes every target of a run alike. idle_state prints the
-# setting for a report's machine line; idle_poll_apply sets IDLE_POLL_NS (ns; unset: left as the
-# machine has it) for the run, and cleanup puts the old value back.
+# halts. It is system-wide, so it changes every target of a run alike; the CPU a vCPU spends
+# polling is idle time, in no process's CPU time. idle_state prints the setting for a report's
+# machine line; idle_poll_apply sets IDLE_POLL_NS (ns, 0..4294967295; unset: left as the machine
+# has it) for the run, holding a lock so that two runs cannot interleave their settings, and
+# cleanup puts the old value back (not after SIGKILL: then write the old value back by hand).
 HALTPOLL_NS=/sys/module/haltpoll/parameters/guest_halt_poll_ns
 IDLE_POLL_OLD=""
+idle_governor() {
+  local dir=/sys/devices/system/cpu/cpuidle
+  cat "$dir/current_governor_ro" 2>/dev/null || cat "$dir/current_governor" 2>/dev/null || echo none
+}
 idle_state() {
-  local dir=/sys/devices/system/cpu/cpuidle driver governor
-  driver="$(cat "$dir/current_driver" 2>/dev/null || echo none)"
-  governor="$(cat "$dir/current_governor_ro" 2>/dev/null || cat "$dir/current_governor" 2>/dev/null || echo none)"
+  local driver governor
+  driver="$(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none)"
+  governor="$(idle_governor)"
   printf 'cpuidle driver %s, governor %s' "$driver" "$governor"
   if [[ $governor == haltpoll && -r $HALTPOLL_NS ]]; then
     printf ', guest_halt_poll_ns %s' "$(cat "$HALTPOLL_NS")"
@@ -91,11 +100,15 @@ idle_state() {
 }
 idle_poll_apply() {
   [[ -n ${IDLE_POLL_NS:-} ]] || return 0
-  [[ $IDLE_POLL_NS =~ ^[0-9]+$ ]] || die "IDLE_POLL_NS must be a whole number of ns, got '$IDLE_POLL_NS'"
-  [[ "$(cat /sys/devices/system/cpu/cpuidle/current_governor_ro 2>/dev/null)" == haltpoll && -w $HALTPOLL_NS ]] ||
+  if ! [[ $IDLE_POLL_NS =~ ^[0-9]{1,10}$ ]] || ((10#$IDLE_POLL_NS > 4294967295)); then
+    die "IDLE_POLL_NS must be a whole number of ns from 0 to 4294967295, got '$IDLE_POLL_NS'"
+  fi
+  [[ "$(idle_governor)" == haltpoll && -w $HALTPOLL_NS ]] ||
     die "IDLE_POLL_NS needs the cpuidle haltpoll governor and a writable $HALTPOLL_NS (root); here: $(idle_state)"
+  exec 9>/tmp/tessera-bench-idle-poll.lock
+  flock -n 9 || die "another bench run holds /tmp/tessera-bench-idle-poll.lock and sets guest_halt_poll_ns"
   IDLE_POLL_OLD="$(cat "$HALTPOLL_NS")"
-  echo "$IDLE_POLL_NS" >"$HALTPOLL_NS"
+  echo "$((10#$IDLE_POLL_NS))" >"$HALTPOLL_NS" || die "could not write $IDLE_POLL_NS to $HALTPOLL_NS"
   log "guest_halt_poll_ns set to $IDLE_POLL_NS for this run (was $IDLE_POLL_OLD; put back on exit)"
 }
 idle_poll_restore() {

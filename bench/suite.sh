@@ -16,8 +16,8 @@
 #   connections); bench/reference/proxy.py (one worker) on Redis; tessera on Redis; tessera on the
 #   embedded store. Every tessera: `[log] level = "warn"`, `access_log = false`, the HS512
 #   `token.secret` plus `[[token.keys]]` rs1 (RS256) and ed1 (EdDSA) with `public_key = "file:..."`;
-#   the matrix's (tessera-redis, tessera-embedded, tessera-busy): `[session] cache_ttl_seconds =
-#   3600` (WARM_TTL below says why).
+#   the warm ones (tessera-redis, tessera-embedded, tessera-busy, tessera-affinity): `[session]
+#   cache_ttl_seconds = 3600` (WARM_TTL below says why).
 #
 # Sections:
 #   matrix     targets direct, nginx-proxy, python-ref, tessera-redis, tessera-embedded, tessera-busy
@@ -124,6 +124,7 @@ PY="$(python3 "$BENCH/_venv.py")" # bench/.venv (created on first use)
 # WORK, PIDS, KEEP_WORK (cleared after a successful run) and the cleanup on exit: bench/lib.sh
 work_dir tessera-suite
 idle_poll_apply
+IDLE="$(idle_state)" # for the report, as the run starts
 mkdir -p "$WORK/tmp" "$WORK/tmp2" "$WORK/raw" "$WORK/keys" "$WORK/tok" "$WORK/emb"
 chmod 700 "$WORK/keys" "$WORK/tok"
 RAW="$WORK/raw"
@@ -320,11 +321,15 @@ write_conf tessera-pool16 "$P_TPOOL" "$REDIS" "" "" "max_connections = $POOL_CAP
 write_conf tessera-b "$P_TB" "$REDIS"
 write_conf tessera-mem "$P_TMEM" "$REDIS" "cache_max_entries = 120000
 cache_ttl_seconds = 3600" "cache_max_entries = $MEMORY_TOKEN_CACHE"
-write_conf tessera-busy "$P_TBUSY" "$REDIS" "$WARM_TTL" "" "" "busy_poll_us = $BUSY_POLL_US"
-INSTANCES=(tessera-redis tessera-embedded tessera-cold tessera-pool16 tessera-b tessera-mem tessera-busy)
-# Only when the section runs: a binary older than upstream.affinity refuses the key.
+INSTANCES=(tessera-redis tessera-embedded tessera-cold tessera-pool16 tessera-b tessera-mem)
+# Only when the section runs: a binary older than server.busy_poll_us or upstream.affinity
+# refuses the key.
+if has_section matrix; then
+  write_conf tessera-busy "$P_TBUSY" "$REDIS" "$WARM_TTL" "" "" "busy_poll_us = $BUSY_POLL_US"
+  INSTANCES+=(tessera-busy)
+fi
 if has_section affinity; then
-  write_conf tessera-affinity "$P_TAFF" "$REDIS" "" "" 'affinity = "session"'
+  write_conf tessera-affinity "$P_TAFF" "$REDIS" "$WARM_TTL" "" 'affinity = "session"'
   INSTANCES+=(tessera-affinity)
 fi
 for name in "${INSTANCES[@]}"; do
@@ -703,7 +708,7 @@ else
 fi
 
 export DURATION REPS SECTIONS SESSIONS EMBEDDED_SESSIONS REVOCATION_TRIALS MEMORY_SESSIONS POOL_CAP
-export MEMORY_TOKEN_CACHE AFFINITY_FEW_SESSIONS
+export MEMORY_TOKEN_CACHE AFFINITY_FEW_SESSIONS BUSY_POLL_US
 export COMMIT STALE BIN_BUILT SECTION_TIMES STAMP BIN
 export EMB_CREATE_S="${EMB_CREATE_S:-}"
 BENCH_CMD="DURATION=$DURATION REPS=$REPS"
@@ -715,7 +720,7 @@ BENCH_CMD="DURATION=$DURATION REPS=$REPS"
 [[ -n ${IDLE_POLL_NS:-} ]] && BENCH_CMD+=" IDLE_POLL_NS=$IDLE_POLL_NS"
 export BENCH_CMD+=" bench/suite.sh"
 export NPROC="$(nproc)"
-export IDLE="$(idle_state)"
+export IDLE
 export KERNEL="$(uname -sr)"
 export CPU="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
 export MEM_TOTAL="$(awk '/^MemTotal:/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)"

@@ -264,7 +264,8 @@ def main():
     out["meta"] = {k: env.get(k, "") for k in (
         "WHEN", "BENCH_CMD", "DURATION", "REPS", "SECTIONS", "SESSIONS", "EMBEDDED_SESSIONS",
         "EMB_CREATE_S", "REVOCATION_TRIALS", "MEMORY_SESSIONS", "POOL_CAP",
-        "AFFINITY_FEW_SESSIONS", "COMMIT", "BIN", "BIN_BUILT", "TESSERA_V", "NPROC", "CPU", "KERNEL", "MEM_TOTAL", "LOAD_START",
+        "AFFINITY_FEW_SESSIONS", "BUSY_POLL_US", "COMMIT", "BIN", "BIN_BUILT", "TESSERA_V", "NPROC", "CPU", "KERNEL",
+        "IDLE", "MEM_TOTAL", "LOAD_START",
         "LOAD_END", "ELAPSED", "SECTION_TIMES", "NGINX_V", "WRK_V", "REDIS_V", "PY_V", "LOGS",
         "STALE")}
     with open(args.json, "w") as f:
@@ -287,17 +288,14 @@ def main():
                      f"| {us(r['p99_ms'])} | {cmds(r)} / {cmds_np(r)} | {conns} | {cpu(r)} |")
         md += ["## Matrix (medians)", ""] + t + [""]
         summary += t
-        rt = ["| c | tessera-redis / nginx-proxy | tessera-embedded / nginx-proxy | "
-              "tessera-redis / python-ref | tessera-embedded / python-ref |",
-              "|---:|---:|---:|---:|---:|"]
+        pairs = [(t_, b) for b in ("nginx-proxy", "python-ref") for t_ in TESSERAS]
+        rt = ["| c | " + " | ".join(f"{a} / {b}" for a, b in pairs) + " |",
+              "|---:|" + "---:|" * len(pairs)]
         for c in concs:
             def ratio(a, b):
                 return f"{M[(a, c)]['rps'] / M[(b, c)]['rps']:.2f}x" \
                     if (a, c) in M and (b, c) in M else "n/a"
-            rt.append(f"| {c} | {ratio('tessera-redis', 'nginx-proxy')} | "
-                      f"{ratio('tessera-embedded', 'nginx-proxy')} | "
-                      f"{ratio('tessera-redis', 'python-ref')} | "
-                      f"{ratio('tessera-embedded', 'python-ref')} |")
+            rt.append(f"| {c} | " + " | ".join(ratio(a, b) for a, b in pairs) + " |")
         md += ["### req/s ratios", ""] + rt + [""]
         summary += [""] + rt
         if ("direct", 1) in M:
@@ -530,8 +528,9 @@ HTTP/1.1, no auth); `python-ref` = bench/reference/proxy.py, 1 worker, on Redis;
 / `tessera-embedded` = `tessera serve` on Redis / the embedded store, default caches and pool
 but `[session] cache_ttl_seconds = 3600` (the default 300 s, counted from a session's read, would
 have a run longer than 5 minutes read every session again: one GET per session per 300 s),
-`level = "warn"`, `access_log = false`; `tessera-busy` = tessera-redis plus `[server] busy_poll_us = 50`
-(a serving thread polls its sockets up to 50 µs before it sleeps: less wake-up latency, more CPU). Every request carries `Authorization: Bearer` rotating over
+`level = "warn"`, `access_log = false`; `tessera-busy` = tessera-redis plus `[server] busy_poll_us =
+{env.get('BUSY_POLL_US')}` (a serving thread polls its sockets up to {env.get('BUSY_POLL_US')} µs before it sleeps: less
+wake-up latency, more CPU). Every request carries `Authorization: Bearer` rotating over
 {env.get('SESSIONS')} sessions (bench/tokens.py for Redis; {env.get('EMBEDDED_SESSIONS')} runs of
 `tessera session create` for the embedded store, {env.get('EMB_CREATE_S') or '?'} s), the same wrk
 Lua script for every target. `wrk -t (1 if c<2 else 2) -c c -d {env.get('DURATION')} --latency`,

@@ -133,7 +133,7 @@ mkdir -p "$ROOT/bench/results"
 export OUT="$ROOT/bench/results/websocket-$(date +%Y-%m-%d-%H%M%S).md" CLK_TCK="$(getconf CLK_TCK)"
 export CMD="BINS=\"$BINS\" CONC=\"$CONC\" SIZES=\"$SIZES\" DURATION=$DURATION WARMUP=$WARMUP REPS=$REPS bench/websocket.sh"
 export COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-export MACHINE="nproc $(nproc), load $(cut -d' ' -f1-3 /proc/loadavg), $(nginx -v 2>&1 | sed 's/^nginx version: //')"
+export MACHINE="nproc $(nproc), $(idle_state), load $(cut -d' ' -f1-3 /proc/loadavg), $(nginx -v 2>&1 | sed 's/^nginx version: //')"
 export LABEL_LIST="${LABELS[*]}" BIN_PATH_LIST="${BIN_PATHS[*]}" WARMUP DURATION
 python3 - "$WORK/runs.tsv" <<'PY'
 import json, os, statistics, sys, time

@@ -829,8 +829,9 @@ fn check_same_origin(parts: &Parts, host: &HeaderValue) -> Result<(), Refusal> {
 /// Reads a login or logout body: at most `MAX_FORM_BYTES` bytes, all of it within
 /// `BODY_TIMEOUT`, into one buffer that is wiped when dropped, since a login body holds the
 /// password. The buffer is allocated at its full size first, so it never moves and leaves no
-/// unwiped copy behind (hyper's own read buffer is out of reach). Errors: `Refusal::Bad` for a
-/// body too large, cut or too slow. Trailers are ignored.
+/// unwiped copy of its own behind. The bytes it copies from are not wiped: the connection's
+/// read buffer (the fast path's in `server::h1`, or hyper's), which is reused for later requests.
+/// Errors: `Refusal::Bad` for a body too large, cut or too slow. Trailers are ignored.
 async fn read_body<B>(body: B) -> Result<Zeroizing<Vec<u8>>, Refusal>
 where
     B: Body<Data = Bytes> + Send + 'static,

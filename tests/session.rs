@@ -4,6 +4,7 @@
 mod support;
 
 use std::process::Command;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use support::upstream::{self, Behavior, TestUpstream};
@@ -198,7 +199,8 @@ fn wrong_password_is_401_and_stores_nothing_and_upstream_down_is_502() {
     // byte more is refused before any upstream check (400).
     let at_cap = format!("{:<8192}", r#"{"username":"alice","password":"guess"}"#);
     assert_eq!(at_cap.len(), 8192);
-    for (body, want) in [(at_cap.clone(), 401), (format!("{at_cap} "), 400)] {
+    for (body, want, asked) in [(at_cap.clone(), 401, 1), (format!("{at_cap} "), 400, 0)] {
+        let before = up.stats.requests.load(Ordering::SeqCst);
         let a = call(&[
             "-H",
             "Content-Type: application/json",
@@ -207,6 +209,13 @@ fn wrong_password_is_401_and_stores_nothing_and_upstream_down_is_502() {
             &t.url("/auth/login"),
         ]);
         assert_eq!(a.code, want, "{} bytes: {}", body.len(), a.body);
+        let after = up.stats.requests.load(Ordering::SeqCst);
+        assert_eq!(
+            after - before,
+            asked,
+            "upstream checks for {} bytes",
+            body.len()
+        );
     }
     let bad = call(&["-X", "DELETE", &t.url("/auth/login")]);
     assert_eq!(bad.code, 405);
