@@ -1,16 +1,17 @@
 # Shared helpers of the bench scripts (sourced; the caller defines log() and die()).
 
 # free_ports N: prints N distinct free loopback TCP ports, all bound at once, then released. They
-# are picked below the kernel's ephemeral range (net.ipv4.ip_local_port_range), from 10000 up:
-# a port from that range can be taken meanwhile as the source port of one of the many outgoing
-# connections a run opens (seen: a listener started 12 minutes into bench/suite.sh found its port
-# in use). When the range starts below 11000, or 2000 tries found too few free ports there, the
-# kernel picks (from the ephemeral range, with a warning on stderr).
+# are picked below the kernel's ephemeral range (net.ipv4.ip_local_port_range), in the upper half
+# of [10000, range start) (the tests' free_port, tests/support/mod.rs, takes the lower half): a
+# port from the ephemeral range can be taken meanwhile as the source port of one of the many
+# outgoing connections a run opens (seen: a listener started 12 minutes into bench/suite.sh found
+# its port in use). When the range starts below 12000, or 2000 tries found too few free ports
+# there, the kernel picks (from the ephemeral range, with a warning on stderr).
 free_ports() {
   python3 -c '
 import random, socket, sys
 n, lo = int(sys.argv[1]), int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-below = list(range(10000, lo)) if lo >= 11000 else []
+below = list(range(10000 + (lo - 10000) // 2, lo)) if lo >= 12000 else []
 random.shuffle(below)
 socks = []
 for port in below[:2000]:
@@ -83,6 +84,7 @@ work_dir() {
 # has it) for the run, holding a lock so that two runs cannot interleave their settings, and
 # cleanup puts the old value back (not after SIGKILL: then write the old value back by hand).
 HALTPOLL_NS=/sys/module/haltpoll/parameters/guest_halt_poll_ns
+IDLE_POLL_LOCK=/run/tessera-bench-idle-poll.lock
 IDLE_POLL_OLD=""
 idle_governor() {
   local dir=/sys/devices/system/cpu/cpuidle
@@ -105,16 +107,20 @@ idle_poll_apply() {
   fi
   [[ "$(idle_governor)" == haltpoll && -w $HALTPOLL_NS ]] ||
     die "IDLE_POLL_NS needs the cpuidle haltpoll governor and a writable $HALTPOLL_NS (root); here: $(idle_state)"
-  exec 9>/tmp/tessera-bench-idle-poll.lock
-  flock -n 9 || die "another bench run holds /tmp/tessera-bench-idle-poll.lock and sets guest_halt_poll_ns"
+  command -v flock >/dev/null || die "IDLE_POLL_NS needs flock (util-linux)"
+  # /run: root's, like the parameter. Children inherit fd 9; idle_poll_restore unlocks it.
+  exec 9>>"$IDLE_POLL_LOCK" || die "cannot open $IDLE_POLL_LOCK"
+  flock -n 9 || die "another run holds $IDLE_POLL_LOCK (fuser -v $IDLE_POLL_LOCK shows it) and sets guest_halt_poll_ns"
   IDLE_POLL_OLD="$(cat "$HALTPOLL_NS")"
   echo "$((10#$IDLE_POLL_NS))" >"$HALTPOLL_NS" || die "could not write $IDLE_POLL_NS to $HALTPOLL_NS"
-  log "guest_halt_poll_ns set to $IDLE_POLL_NS for this run (was $IDLE_POLL_OLD; put back on exit)"
+  log "guest_halt_poll_ns set to $((10#$IDLE_POLL_NS)) for this run (was $IDLE_POLL_OLD; put back on exit)"
 }
 idle_poll_restore() {
   [[ -n $IDLE_POLL_OLD ]] || return 0
   echo "$IDLE_POLL_OLD" >"$HALTPOLL_NS" || log "WARNING: could not put guest_halt_poll_ns back to $IDLE_POLL_OLD"
   IDLE_POLL_OLD=""
+  flock -u 9 2>/dev/null || true
+  exec 9>&-
 }
 
 # write_1k FILE: the 1 KiB JSON body every bench origin serves (the body of bench/suite.sh).

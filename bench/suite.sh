@@ -118,6 +118,7 @@ if ! git -C "$ROOT" diff --quiet HEAD -- src Cargo.toml Cargo.lock 2>/dev/null; 
   COMMIT="$COMMIT (src/Cargo files modified vs HEAD at start)"
 fi
 BIN_BUILT="$(date -u -r "$BIN" '+%Y-%m-%d %H:%M:%S UTC')"
+BIN_SHA256="$(sha256sum "$BIN" | cut -c1-12)"
 PY="$(python3 "$BENCH/_venv.py")" # bench/.venv (created on first use)
 
 # ---------------------------------------------------------------- work dir, processes and ports
@@ -709,7 +710,7 @@ fi
 
 export DURATION REPS SECTIONS SESSIONS EMBEDDED_SESSIONS REVOCATION_TRIALS MEMORY_SESSIONS POOL_CAP
 export MEMORY_TOKEN_CACHE AFFINITY_FEW_SESSIONS BUSY_POLL_US
-export COMMIT STALE BIN_BUILT SECTION_TIMES STAMP BIN
+export COMMIT STALE BIN_BUILT BIN_SHA256 SECTION_TIMES STAMP BIN
 export EMB_CREATE_S="${EMB_CREATE_S:-}"
 BENCH_CMD="DURATION=$DURATION REPS=$REPS"
 [[ $SECTIONS != "$ALL_SECTIONS" ]] && BENCH_CMD+=" SECTIONS=\"$SECTIONS\""

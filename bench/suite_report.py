@@ -264,7 +264,7 @@ def main():
     out["meta"] = {k: env.get(k, "") for k in (
         "WHEN", "BENCH_CMD", "DURATION", "REPS", "SECTIONS", "SESSIONS", "EMBEDDED_SESSIONS",
         "EMB_CREATE_S", "REVOCATION_TRIALS", "MEMORY_SESSIONS", "POOL_CAP",
-        "AFFINITY_FEW_SESSIONS", "BUSY_POLL_US", "COMMIT", "BIN", "BIN_BUILT", "TESSERA_V", "NPROC", "CPU", "KERNEL",
+        "AFFINITY_FEW_SESSIONS", "BUSY_POLL_US", "COMMIT", "BIN", "BIN_BUILT", "BIN_SHA256", "TESSERA_V", "NPROC", "CPU", "KERNEL",
         "IDLE", "MEM_TOTAL", "LOAD_START",
         "LOAD_END", "ELAPSED", "SECTION_TIMES", "NGINX_V", "WRK_V", "REDIS_V", "PY_V", "LOGS",
         "STALE")}
@@ -512,7 +512,7 @@ def main():
 
 - when: {env.get('WHEN')} (run took {int(env.get('ELAPSED', 0)) // 60} min {int(env.get('ELAPSED', 0)) % 60} s; sections: {env.get('SECTION_TIMES', '').strip()} seconds)
 - command: `{env.get('BENCH_CMD')}`
-- commit at start: {env.get('COMMIT')}; binary: {binary} ({env.get('TESSERA_V')}, built {env.get('BIN_BUILT')})
+- commit at start: {env.get('COMMIT')}; binary: {binary} ({env.get('TESSERA_V')}, built {env.get('BIN_BUILT')}, sha256 {env.get('BIN_SHA256')}…)
 - machine: nproc {env.get('NPROC')}, {env.get('CPU') or 'cpu model unknown'}, {env.get('MEM_TOTAL')} RAM, kernel {env.get('KERNEL')}, {env.get('IDLE')}
 - load average (1/5/15 min): {env.get('LOAD_START')} before, {env.get('LOAD_END')} after
 - {env.get('NGINX_V') and 'nginx ' + env.get('NGINX_V')}, {env.get('WRK_V')}, {env.get('REDIS_V')}, {env.get('PY_V')}

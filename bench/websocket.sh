@@ -6,7 +6,8 @@
 # Env: BINS (space-separated tessera binaries, default target/release/tessera; labeled t0, t1, ...),
 # CONC ("1 8 64": WebSockets open at once), SIZES ("64 16384": bytes per message), DURATION (5,
 # seconds recorded per run), WARMUP (1, seconds per run not recorded), REPS (3), WS_BENCH (the load
-# tool, default: built from examples/ws_bench.rs with `cargo build --release --example ws_bench`).
+# tool, default: built from examples/ws_bench.rs with `cargo build --release --example ws_bench`),
+# IDLE_POLL_NS (the guest's cpuidle haltpoll polling for the run, ns: bench/lib.sh idle_poll_apply).
 # Processes (127.0.0.1, free ports, stopped by PID on exit, the work dir kept on failure):
 # `ws_bench echo` (tokio-tungstenite, one thread: every message sent back); nginx-proxy (one worker,
 # proxying the upgrade to the echo server: `proxy_http_version 1.1` and `Upgrade`/`Connection`
@@ -46,6 +47,8 @@ for i in "${!BIN_LIST[@]}"; do
 done
 
 work_dir tessera-ws
+idle_poll_apply # IDLE_POLL_NS, put back on exit: bench/lib.sh
+IDLE="$(idle_state)" # for the report, as the run starts
 mkdir -p "$WORK/keys" "$WORK/tmp" "$WORK/raw"
 read -r -a PORTS <<<"$(free_ports $((2 + ${#LABELS[@]})))"
 P_ECHO=${PORTS[0]} P_PROXY=${PORTS[1]}
@@ -131,9 +134,11 @@ done
 
 mkdir -p "$ROOT/bench/results"
 export OUT="$ROOT/bench/results/websocket-$(date +%Y-%m-%d-%H%M%S).md" CLK_TCK="$(getconf CLK_TCK)"
-export CMD="BINS=\"$BINS\" CONC=\"$CONC\" SIZES=\"$SIZES\" DURATION=$DURATION WARMUP=$WARMUP REPS=$REPS bench/websocket.sh"
+CMD="BINS=\"$BINS\" CONC=\"$CONC\" SIZES=\"$SIZES\" DURATION=$DURATION WARMUP=$WARMUP REPS=$REPS"
+[[ -z ${IDLE_POLL_NS:-} ]] || CMD+=" IDLE_POLL_NS=$IDLE_POLL_NS"
+export CMD="$CMD bench/websocket.sh"
 export COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-export MACHINE="nproc $(nproc), $(idle_state), load $(cut -d' ' -f1-3 /proc/loadavg), $(nginx -v 2>&1 | sed 's/^nginx version: //')"
+export MACHINE="nproc $(nproc), $IDLE, load $(cut -d' ' -f1-3 /proc/loadavg), $(nginx -v 2>&1 | sed 's/^nginx version: //')"
 export LABEL_LIST="${LABELS[*]}" BIN_PATH_LIST="${BIN_PATHS[*]}" WARMUP DURATION
 python3 - "$WORK/runs.tsv" <<'PY'
 import json, os, statistics, sys, time

@@ -1,6 +1,8 @@
 //! Service tests: `Proxy::handle` called directly with in-memory requests, no listening socket.
 //! Covers each failure status and each bad-token class of RFC 8725 that must never be forwarded.
 
+mod support;
+
 use std::net::SocketAddr;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -22,11 +24,7 @@ struct Fixture {
 /// Upstream: a loopback port nothing listens on (only reached by the 502 case).
 fn fixture(extra_session: &str) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let closed = support::free_port();
     let store = if extra_session.is_empty() {
         format!("embedded:{}/s", dir.path().display())
     } else {
@@ -262,11 +260,7 @@ async fn request_limits_and_malformed_requests() {
 
 #[tokio::test]
 async fn store_down_is_503_with_retry_after_never_401() {
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let closed = support::free_port();
     let f = fixture(&format!("redis://127.0.0.1:{closed}/0"));
     let claims = serde_json::json!({"sid":"any","exp":now()+600,"iss":"tessera","aud":"mail"});
     let token = sign(&serde_json::json!({"alg":"HS512"}), &claims);

@@ -13,12 +13,14 @@ use std::time::{Duration, Instant};
 pub const JWT_SECRET: &str = "test-secret-0123456789-0123456789-0123456789-0123456789-0123456789";
 pub const CRED_KEY: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
 
-/// A free loopback port (bound then released; the caller binds it next). It is taken below the
-/// kernel's ephemeral range (`net.ipv4.ip_local_port_range`), from 10000 up, walking from an
-/// offset set by the process id: a port from that range can meanwhile become the source port of
-/// an outgoing connection (the tests open thousands), and two threads asking the kernel for port
-/// 0 can be handed the same port one after the other. Here a test process never hands out the
-/// same port twice. Falls back to the kernel's choice when the range starts below 11000.
+/// A free loopback port (bound then released; the caller binds it next). It is taken from the
+/// lower half of the ports below the kernel's ephemeral range (`net.ipv4.ip_local_port_range`),
+/// from 10000 up (bench/lib.sh's `free_ports` takes the upper half), walking from an offset set
+/// by the process id and the clock: a port from the ephemeral range can meanwhile become the
+/// source port of an outgoing connection (the tests open thousands), and two threads asking the
+/// kernel for port 0 can be handed the same port one after the other. Within one test process no
+/// port is handed out twice (until the walk has gone round the whole range). Falls back to the
+/// kernel's choice when the ephemeral range starts below 12000.
 pub fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(0);
@@ -26,9 +28,12 @@ pub fn free_port() -> u16 {
         .ok()
         .and_then(|r| r.split_whitespace().next()?.parse().ok())
         .unwrap_or(0);
-    if (11_000..=65_535).contains(&low) {
-        let span = low - 10_000;
-        let start = std::process::id().wrapping_mul(7919) % span;
+    if (12_000..=65_535).contains(&low) {
+        let span = (low - 10_000) / 2;
+        let clock = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let start = (std::process::id().wrapping_mul(7919) ^ clock) % span;
         for _ in 0..span {
             let port = 10_000 + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
             if TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
