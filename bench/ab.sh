@@ -75,7 +75,7 @@ TARGETS=(direct nginx-proxy "${LABELS[@]}")
 work_dir tessera-ab # WORK, PIDS, KEEP_WORK (cleared after a successful run) and the cleanup: bench/lib.sh
 idle_poll_apply     # IDLE_POLL_NS, put back on exit: bench/lib.sh
 IDLE="$(idle_state)" # for the report, as the run starts
-mkdir -p "$WORK/tmp" "$WORK/tmp2" "$WORK/raw" "$WORK/keys" && chmod 700 "$WORK/keys"
+mkdir -p "$WORK/raw" "$WORK/keys" && chmod 700 "$WORK/keys"
 RAW="$WORK/raw"
 : >"$WORK/runs.tsv"
 read -r -a PORTS < <(free_ports "$((2 + ${#LABELS[@]}))")
@@ -85,29 +85,15 @@ declare -A PID_OF URL_OF CPU_PID_OF TOKEN_OF
 
 # ---------------------------------------------------------------- nginx: origin and plain proxy
 write_1k "$WORK/1k.json"
-nginx_conf() { # name tmpdir http-block
-  cat >"$WORK/$1.conf" <<EOF
-worker_processes 1; daemon off; pid $WORK/$1.pid; error_log $WORK/$1-error.log warn;
-events { worker_connections 8192; }
-http {
-  access_log off;
-  client_body_temp_path $2; proxy_temp_path $2; fastcgi_temp_path $2; uwsgi_temp_path $2; scgi_temp_path $2;
-$3
-}
-EOF
-}
-nginx_conf origin "$WORK/tmp" "  server { listen 127.0.0.1:$P_ORIGIN; keepalive_requests 1000000;
+log "starting nginx origin (:$P_ORIGIN) and nginx-proxy (:$P_PROXY) in $WORK"
+nginx_start origin "$P_ORIGIN" "  server { listen 127.0.0.1:$P_ORIGIN; keepalive_requests 1000000;
     location = /1k { default_type application/json; alias $WORK/1k.json; } }"
-nginx_conf proxy "$WORK/tmp2" "  upstream origin_pool {
+PID_OF[origin]=$NGINX_PID
+nginx_start proxy "$P_PROXY" "  upstream origin_pool {
     server 127.0.0.1:$P_ORIGIN; keepalive 64; keepalive_requests 1000000; }
   server { listen 127.0.0.1:$P_PROXY; keepalive_requests 1000000;
     location / { proxy_pass http://origin_pool; proxy_http_version 1.1; proxy_set_header Connection \"\"; } }"
-log "starting nginx origin (:$P_ORIGIN) and nginx-proxy (:$P_PROXY) in $WORK"
-for n in origin:$P_ORIGIN proxy:$P_PROXY; do
-  nginx -e "$WORK/${n%:*}-error.log" -p "$WORK" -c "$WORK/${n%:*}.conf" >"$WORK/${n%:*}.out" 2>&1 &
-  PID_OF[${n%:*}]=$! && PIDS+=("$!")
-  wait_port "${n#*:}" "nginx ${n%:*}" "$!"
-done
+PID_OF[proxy]=$NGINX_PID
 for t in direct:origin nginx-proxy:proxy; do # the worker, not the master, serves and burns the CPU
   for ((i = 0; i < 100; i++)); do
     CPU_PID_OF[${t%:*}]="$(pgrep -P "${PID_OF[${t#*:}]}" | head -1 || true)"

@@ -42,18 +42,8 @@ fi
 work_dir tessera-ir # WORK, PIDS and the cleanup: bench/lib.sh
 write_1k "$WORK/1k.json"
 read -r P_ORIGIN P_T < <(free_ports 2)
-mkdir -p "$WORK/tmp"
-cat >"$WORK/origin.conf" <<EOF
-worker_processes 1; daemon off; pid $WORK/origin.pid; error_log $WORK/origin-error.log warn;
-events { worker_connections $((2 * HELD + 1024)); }
-http { access_log off; client_body_temp_path $WORK/tmp; proxy_temp_path $WORK/tmp;
-  fastcgi_temp_path $WORK/tmp; uwsgi_temp_path $WORK/tmp; scgi_temp_path $WORK/tmp;
-  server { listen 127.0.0.1:$P_ORIGIN; keepalive_requests 1000000;
-    location = /1k { default_type application/json; alias $WORK/1k.json; } } }
-EOF
-nginx -e "$WORK/origin-error.log" -p "$WORK" -c "$WORK/origin.conf" >"$WORK/origin.out" 2>&1 &
-PIDS+=("$!")
-wait_port "$P_ORIGIN" "nginx origin" "$!"
+nginx_start origin "$P_ORIGIN" "  server { listen 127.0.0.1:$P_ORIGIN; keepalive_requests 1000000;
+    location = /1k { default_type application/json; alias $WORK/1k.json; } }" $((2 * HELD + 1024))
 
 # one REQUESTS COMMAND...: total Ir of COMMAND under callgrind serving 500 + REQUESTS requests
 # on port P_T.
@@ -175,6 +165,7 @@ done
 
 # The floor for reference: nginx as a plain keep-alive proxy (no auth), one process
 # (`master_process off`), the same port, requests and client; the token header is sent and ignored.
+mkdir -p "$WORK/tmp"
 cat >"$WORK/proxy.conf" <<EOF
 master_process off; daemon off; pid $WORK/proxy.pid; error_log $WORK/proxy-error.log warn;
 events { worker_connections 1024; }

@@ -123,6 +123,29 @@ idle_poll_restore() {
   exec 9>&-
 }
 
+# nginx_start NAME PORT HTTP-BLOCK [WORKER_CONNECTIONS]: writes $WORK/NAME.conf (one worker, no
+# daemon, access log off, temp paths in $WORK/NAME-tmp, worker_connections 8192 unless given) with
+# HTTP-BLOCK inside `http { }`, starts nginx with it, waits until PORT listens, and adds the
+# master's PID to PIDS and sets NGINX_PID to it. Logs: $WORK/NAME-error.log, $WORK/NAME.out.
+nginx_start() {
+  local name=$1 port=$2 tmp="$WORK/$1-tmp"
+  mkdir -p "$tmp"
+  cat >"$WORK/$name.conf" <<EOF
+worker_processes 1; daemon off; pid $WORK/$name.pid; error_log $WORK/$name-error.log warn;
+events { worker_connections ${4:-8192}; }
+http {
+  access_log off;
+  client_body_temp_path $tmp; proxy_temp_path $tmp; fastcgi_temp_path $tmp;
+  uwsgi_temp_path $tmp; scgi_temp_path $tmp;
+$3
+}
+EOF
+  nginx -e "$WORK/$name-error.log" -p "$WORK" -c "$WORK/$name.conf" >"$WORK/$name.out" 2>&1 &
+  NGINX_PID=$!
+  PIDS+=("$NGINX_PID")
+  wait_port "$port" "nginx $name" "$NGINX_PID"
+}
+
 # write_1k FILE: the 1 KiB JSON body every bench origin serves (the body of bench/suite.sh).
 write_1k() {
   python3 -c 'import sys; open(sys.argv[1], "w").write(("{\"items\":[" + "\"lorem-ipsum\"," * 71 + "\"end\"]}")

@@ -49,7 +49,7 @@ done
 work_dir tessera-ws
 idle_poll_apply # IDLE_POLL_NS, put back on exit: bench/lib.sh
 IDLE="$(idle_state)" # for the report, as the run starts
-mkdir -p "$WORK/keys" "$WORK/tmp" "$WORK/raw"
+mkdir -p "$WORK/keys" "$WORK/raw"
 read -r -a PORTS <<<"$(free_ports $((2 + ${#LABELS[@]})))"
 P_ECHO=${PORTS[0]} P_PROXY=${PORTS[1]}
 declare -A URL_OF CPU_PID_OF TOKEN_OF
@@ -58,21 +58,11 @@ declare -A URL_OF CPU_PID_OF TOKEN_OF
 PIDS+=("$!") && wait_port "$P_ECHO" "ws_bench echo" "$!"
 URL_OF[direct]="ws://127.0.0.1:$P_ECHO/ws" TOKEN_OF[direct]="" CPU_PID_OF[direct]=""
 
-cat >"$WORK/proxy.conf" <<EOF
-worker_processes 1; daemon off; pid $WORK/proxy.pid; error_log $WORK/proxy-error.log warn;
-events { worker_connections 8192; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/tmp; proxy_temp_path $WORK/tmp; fastcgi_temp_path $WORK/tmp;
-  uwsgi_temp_path $WORK/tmp; scgi_temp_path $WORK/tmp;
-  server { listen 127.0.0.1:$P_PROXY;
+nginx_start proxy "$P_PROXY" "  server { listen 127.0.0.1:$P_PROXY;
     location / { proxy_pass http://127.0.0.1:$P_ECHO; proxy_http_version 1.1;
-      proxy_set_header Upgrade \$http_upgrade; proxy_set_header Connection "upgrade";
-      proxy_read_timeout 1h; } }
-}
-EOF
-nginx -e "$WORK/proxy-error.log" -p "$WORK" -c "$WORK/proxy.conf" >"$WORK/proxy.out" 2>&1 &
-PROXY_MASTER=$! && PIDS+=("$!") && wait_port "$P_PROXY" "nginx-proxy" "$!"
+      proxy_set_header Upgrade \$http_upgrade; proxy_set_header Connection \"upgrade\";
+      proxy_read_timeout 1h; } }"
+PROXY_MASTER=$NGINX_PID
 for ((i = 0; i < 100; i++)); do # the worker, not the master, does the copying
   CPU_PID_OF[nginx-proxy]="$(pgrep -P "$PROXY_MASTER" | head -1 || true)"
   [[ -n ${CPU_PID_OF[nginx-proxy]} ]] && break || sleep 0.05

@@ -58,7 +58,7 @@ fi
 log "rustc's LLVM is $LLVM_MAJOR; llvm-profdata: $PROFDATA"
 
 work_dir tessera-pgo # WORK, PIDS and the cleanup: bench/lib.sh
-mkdir -p "$WORK/tmp" "$WORK/keys" "$WORK/emb" && chmod 700 "$WORK/keys"
+mkdir -p "$WORK/keys" "$WORK/emb" && chmod 700 "$WORK/keys"
 # A fixed path, so that a second run rebuilds only what changed.
 PROFILES="$ROOT/target/pgo-instr/profiles"
 rm -rf "$PROFILES" && mkdir -p "$PROFILES"
@@ -72,21 +72,9 @@ BIN="$ROOT/target/pgo-instr/release/tessera"
 # ---------------------------------------------------------------- 2. training workload
 read -r P_ORIGIN P_TESSERA < <(free_ports 2)
 write_1k "$WORK/1k.json"
-cat >"$WORK/origin.conf" <<EOF
-worker_processes 1; daemon off; pid $WORK/origin.pid; error_log $WORK/origin-error.log warn;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/tmp; proxy_temp_path $WORK/tmp; fastcgi_temp_path $WORK/tmp;
-  uwsgi_temp_path $WORK/tmp; scgi_temp_path $WORK/tmp;
-  server { listen 127.0.0.1:$P_ORIGIN; keepalive_requests 1000000; client_max_body_size 1m;
+nginx_start origin "$P_ORIGIN" "  server { listen 127.0.0.1:$P_ORIGIN; keepalive_requests 1000000; client_max_body_size 1m;
     location = /1k { default_type application/json; alias $WORK/1k.json; }
-    location = /upload { return 200 "stored\n"; } }
-}
-EOF
-nginx -e "$WORK/origin-error.log" -p "$WORK" -c "$WORK/origin.conf" >"$WORK/origin.out" 2>&1 &
-PIDS+=("$!")
-wait_port "$P_ORIGIN" "nginx origin" "$!"
+    location = /upload { return 200 \"stored\\n\"; } }"
 
 tessera_keys "$BIN"
 tessera_toml "$WORK/tessera.toml" "$P_TESSERA" "$P_ORIGIN" "$WORK/emb"
