@@ -270,13 +270,11 @@ impl H1 {
                             continue;
                         }
                         Poll::Ready(Err(e)) => {
-                            // An upstream that answered early (413, 401) and closed makes the
-                            // write fail; its answer may already be here or readable.
-                            if early.is_none()
-                                && !eof
-                                && matches!(self.poll_fill(cx), Poll::Ready(Ok(n)) if n > 0)
-                            {
-                                early = self.early_head(head_request).ok().flatten();
+                            // An upstream that answered early (413, 401, even 200) and closed
+                            // with the body unread makes the write fail (EPIPE, ECONNRESET); its
+                            // answer came before the close, so it is in the receive queue.
+                            if early.is_none() && !eof {
+                                early = self.queued_head(head_request);
                             }
                             if early.is_some() {
                                 return Poll::Ready(Ok(()));
@@ -369,6 +367,32 @@ impl H1 {
             return Ok(None);
         }
         final_head(&mut self.buf, head_request)
+    }
+
+    /// Reads what the kernel already holds for the socket, without waiting, until a final
+    /// response head is complete, and returns that head (`None`: no complete, valid final head
+    /// is there). Used after a write failed: an upstream that answered early and closed sent its
+    /// answer before the close (RFC 9112 section 9.5), but the runtime may not have seen the
+    /// socket readable yet (its readiness is only updated when its event loop next polls), so a
+    /// readiness-gated read would report nothing. A `recv` with `MSG_DONTWAIT` asks the kernel.
+    fn queued_head(&mut self, head_request: bool) -> Option<Head> {
+        loop {
+            if let Some(head) = self.early_head(head_request).ok()? {
+                return Some(head);
+            }
+            let start = self.buf.len();
+            self.buf.resize(start + READ_CHUNK, 0);
+            let got = rustix::net::recv(
+                &self.io,
+                &mut self.buf[start..],
+                rustix::net::RecvFlags::DONTWAIT,
+            )
+            .map(|(n, _)| n);
+            self.buf.truncate(start + got.unwrap_or(0));
+            if !matches!(got, Ok(n) if n > 0) {
+                return None;
+            }
+        }
     }
 
     /// Reads response heads until a final (non-1xx) one, or a 101.

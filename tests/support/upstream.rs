@@ -110,7 +110,9 @@ pub struct Script {
     pub bytes: Vec<u8>,
     /// Close the connection after the answer.
     pub close: bool,
-    /// Answer before reading the request body (then read it anyway, like a server that drains).
+    /// Answer before reading the request body, then read it anyway (a server that drains) or,
+    /// with `close`, close at once with the body unread (the kernel then resets the connection,
+    /// as with a hyper server whose service never reads the body).
     pub early: bool,
 }
 
@@ -427,6 +429,9 @@ async fn raw(mut stream: tokio::net::TcpStream, behavior: Behavior, s: &Stats) {
                     b""
                 };
                 if stream.write_all(first).await.is_err() {
+                    return;
+                }
+                if answer.early && answer.close {
                     return;
                 }
                 while buf.len() < body_len {
