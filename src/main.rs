@@ -130,6 +130,7 @@ fn main() -> ExitCode {
             }
             Command::Demo { listen } => {
                 telemetry::init("warn");
+                tessera::server::raise_open_files_limit();
                 let dir = std::env::temp_dir().join(format!("tessera-demo-{}", std::process::id()));
                 let result = tessera::demo::run(listen, &dir, shutdown_signal()).await;
                 let _ = std::fs::remove_dir_all(&dir);
@@ -151,6 +152,7 @@ async fn serve(config: PathBuf) -> ExitCode {
         Err(code) => return code,
     };
     telemetry::init(&cfg.log.level);
+    tessera::server::raise_open_files_limit();
     let listener = match tokio::net::TcpListener::bind(cfg.server.listen).await {
         Ok(l) => l,
         Err(e) => {

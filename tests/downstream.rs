@@ -29,6 +29,62 @@ fn behind(upstream: &str, extra: Extra) -> (Tessera, String) {
     (t, token)
 }
 
+/// Started with a soft limit of 64 open files (the hard limit left as it is), tessera raises the
+/// soft limit to the hard one and logs it, so 300 clients connected at once, each holding its
+/// keep-alive connection open, are all answered. At 64, `accept` would fail with `EMFILE` from
+/// about the 55th connection on, and the rest would wait unanswered.
+#[test]
+fn the_open_files_limit_is_raised_to_the_hard_limit_at_start() {
+    let hard: u64 = String::from_utf8(
+        std::process::Command::new("sh")
+            .args(["-c", "ulimit -Hn"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap()
+    .trim()
+    .parse()
+    .expect("a finite hard limit on open files");
+    assert!(
+        hard >= 1024,
+        "the test needs a hard limit of at least 1024, not {hard}"
+    );
+    let up = upstream::start(Behavior::Scripted(|_| Script {
+        bytes: b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec(),
+        close: false,
+        early: false,
+    }));
+    let upstream = up.url();
+    let t = Tessera::start_via(
+        &["sh", "-c", "ulimit -S -n 64 && exec \"$@\"", "sh"],
+        move |port, dir| {
+            config(
+                port,
+                &upstream,
+                &format!("embedded:{}/sessions", dir.display()),
+                &[],
+            )
+        },
+    );
+    let (_, token) = t.create_session("alice", "pw");
+    let log = t.log_when(|l| l.contains("open-files limit"));
+    assert!(
+        log.contains(&format!("open_files=\"{hard}\" raised_from=\"64\"")),
+        "{log}"
+    );
+    let request = format!("GET /x HTTP/1.1\r\nHost: x\r\n{}\r\n\r\n", bearer(&token));
+    let mut clients: Vec<Client> = (0..300).map(|_| Client::connect(&t)).collect();
+    for c in &mut clients {
+        c.send(request.as_bytes());
+    }
+    for (i, c) in clients.iter_mut().enumerate() {
+        let r = c.response(false);
+        assert_eq!((r.status, r.text()), (200, "ok".to_string()), "client {i}");
+    }
+    assert!(!t.log().contains("accept failed"), "{}", t.log());
+}
+
 /// One response as the client read it.
 #[derive(Debug)]
 struct Resp {

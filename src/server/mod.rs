@@ -20,6 +20,51 @@ use crate::proxy::Proxy;
 pub use h1::MAX_FAST_BODY;
 pub(crate) use h1::{downstream, Incoming, Taken};
 
+/// Open-files limits below this many descriptors get a warning at start: each client connection,
+/// upstream connection and WebSocket tunnel holds one or two.
+const FEW_OPEN_FILES: u64 = 4096;
+
+/// Raises the process's soft limit on open files (`RLIMIT_NOFILE`) to its hard limit, as Go's
+/// runtime and nginx's `worker_rlimit_nofile` do: the soft limit many service managers start
+/// a process with (1024 under systemd) runs out at a few hundred clients, and then every
+/// `accept` and upstream `connect` fails with `EMFILE`. Logs the limit in force; warns, naming
+/// the fix, when it stays below 4096. Call once, at start, before serving.
+///
+/// Returns the soft limit in force afterwards (`None`: unlimited, or the limit could not be
+/// read). Errors: none; a failed raise is logged and the old limit kept.
+pub fn raise_open_files_limit() -> Option<u64> {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let before = getrlimit(Resource::Nofile);
+    let mut now = before.current;
+    if let (Some(soft), Some(hard)) = (before.current, before.maximum) {
+        if soft < hard {
+            let raised = Rlimit {
+                current: Some(hard),
+                maximum: Some(hard),
+            };
+            match setrlimit(Resource::Nofile, raised) {
+                Ok(()) => now = Some(hard),
+                Err(e) => {
+                    tracing::warn!(cause = %e, soft, hard, "cannot raise the open-files limit")
+                }
+            }
+        }
+    }
+    match now {
+        Some(n) if n < FEW_OPEN_FILES => tracing::warn!(
+            open_files = n,
+            "open-files limit is low: about {} clients can connect; raise the hard limit (systemd `LimitNOFILE=65536`, or `ulimit -Hn 65536` before starting)",
+            n / 2
+        ),
+        _ => tracing::info!(
+            open_files = now.map_or_else(|| "unlimited".to_string(), |n| n.to_string()),
+            raised_from = before.current.filter(|&b| Some(b) != now).map(|b| b.to_string()),
+            "open-files limit"
+        ),
+    }
+    now
+}
+
 /// How long open connections get to finish after shutdown is signalled.
 const DRAIN: Duration = Duration::from_secs(10);
 

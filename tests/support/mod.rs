@@ -293,12 +293,26 @@ pub fn bin() -> &'static str {
 impl Tessera {
     /// Starts `tessera serve` with `config_for(port, store_dir)`.
     pub fn start(config_for: impl FnOnce(u16, &Path) -> String) -> Self {
+        Self::start_via(&[], config_for)
+    }
+
+    /// Like [`Tessera::start`], through a launcher: `via` is a command line the tessera command
+    /// line is appended to (e.g. `sh -c '...; exec "$@"' sh`); empty: none.
+    pub fn start_via(via: &[&str], config_for: impl FnOnce(u16, &Path) -> String) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let cfg = config_for(port, dir.path());
         std::fs::write(dir.path().join("tessera.toml"), cfg).unwrap();
         let log = std::fs::File::create(dir.path().join("tessera.log")).unwrap();
-        let child = Command::new(bin())
+        let mut cmd = match via.split_first() {
+            None => Command::new(bin()),
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(bin());
+                c
+            }
+        };
+        let child = cmd
             .args(["serve", "--config"])
             .arg(dir.path().join("tessera.toml"))
             .env_remove("RUST_LOG")
