@@ -13,7 +13,9 @@
 # or commas, e.g. TOMLS="- server.busy_poll_us=50 log.level=\"info\""), HOGS (0: CPU-bound
 # neighbours, `python3 -c "while True: pass"` at normal priority, running from before the warm-up to
 # the end; each run then also reports the hogs' CPU share: what a target leaves to other work),
-# IDLE_POLL_NS (the guest's cpuidle haltpoll polling for the run, ns: bench/lib.sh idle_poll_apply).
+# IDLE_POLL_NS (the guest's cpuidle haltpoll polling for the run, ns: bench/lib.sh idle_poll_apply),
+# WRK_HEADER (one more request header for every target's runs, e.g. "Connection: close": a new
+# client connection per request).
 # Processes (127.0.0.1, free ports, stopped by PID on exit, the work dir with logs kept on failure):
 # nginx origin (worker_processes 1, access_log off, keepalive_requests 1000000) with a 1 KiB JSON at
 # /1k; nginx-proxy, a second nginx proxying to it (upstream keepalive 64, no auth); per binary, one
@@ -171,6 +173,7 @@ cpu_ticks() { awk '{print $14, $15}' "/proc/$1/stat"; } # user, system: clock ti
 wrk_run() { # target c duration out
   local t=$1 c=$2 auth=() name
   [[ -z ${TOKEN_OF[$t]} ]] || auth=(-H "Authorization: Bearer ${TOKEN_OF[$t]}")
+  [[ -z ${WRK_HEADER:-} ]] || auth+=(-H "$WRK_HEADER")
   wrk -t $((c < 2 ? 1 : 2)) -c "$c" -d "$3" --latency ${auth[@]+"${auth[@]}"} "${URL_OF[$t]}" >"$4" 2>&1 &
   PIDS+=("$!")
   wait "$!" || die "wrk failed for $t c=$c: $(cat "$4")"
@@ -224,6 +227,7 @@ for i in "${!LABELS[@]}"; do
 done >"$WORK/bins.tsv"
 CMD="BINS=\"$BINS\" CONC=\"$CONC\" DURATION=$DURATION REPS=$REPS WARMUP=$WARMUP"
 [[ -n ${IDLE_POLL_NS:-} ]] && CMD+=" IDLE_POLL_NS=$IDLE_POLL_NS"
+[[ -z ${WRK_HEADER:-} ]] || CMD+=" WRK_HEADER=$(printf '%q' "$WRK_HEADER")"
 ((HOGS == 0)) || CMD+=" HOGS=$HOGS"
 [[ -z $ENVS ]] || CMD+=" ENVS=\"$ENVS\""
 [[ -z $TOMLS ]] || CMD+=" TOMLS=$(printf '%q' "$TOMLS")"

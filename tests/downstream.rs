@@ -394,6 +394,30 @@ fn closing_rules_timeouts_and_graceful_shutdown() {
     assert_eq!((r.status, r.header("connection")), (200, Some("close")));
     assert!(c.closed_within(Duration::from_secs(2)));
 
+    // A client that sends more after `Connection: close` (RFC 9112 section 9.6 says it must
+    // not), in the same write (read into tessera's buffer) or while the answer is being made
+    // (left in the socket's receive queue): the bytes are drained, never left unread, so the
+    // close is a FIN, not a reset.
+    for pause in [None, Some(Duration::from_millis(150))] {
+        let mut c = Client::connect(&t);
+        let first = format!("GET /a HTTP/1.1\r\nHost: app\r\nConnection: close\r\nAuthorization: Bearer {token}\r\n\r\n");
+        let extra = "GET /extra HTTP/1.1\r\nHost: app\r\n\r\n";
+        match pause {
+            None => c.send(format!("{first}{extra}").as_bytes()),
+            Some(pause) => {
+                c.send(first.as_bytes());
+                std::thread::sleep(pause);
+                c.send(extra.as_bytes());
+            }
+        }
+        let r = c.response(false);
+        assert_eq!((r.status, r.header("connection")), (200, Some("close")));
+        let mut rest = Vec::new();
+        c.s.read_to_end(&mut rest)
+            .unwrap_or_else(|e| panic!("after a close with bytes sent after it ({pause:?}): {e}"));
+        assert!(rest.is_empty(), "{:?}", String::from_utf8_lossy(&rest));
+    }
+
     // HTTP/1.0 without keep-alive (hyper): answered, then EOF.
     let mut c = Client::connect(&t);
     c.send(
