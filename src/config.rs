@@ -279,7 +279,8 @@ pub struct UpstreamConfig {
     /// included); past it -> 504. Default 60 s.
     pub response_header_timeout: Duration,
     /// Idle pooled connections older than this are closed; keep it below the upstream's
-    /// keep-alive timeout (nginx: 75 s). Default 30 s.
+    /// keep-alive timeout (nginx: 75 s). A response's `Keep-Alive: timeout=N` shortens it for
+    /// that connection (see `forward::h1::H1::idle_limit`). Default 30 s.
     pub idle_timeout: Duration,
     /// Forward the client's `Host` (true, default) or the upstream URL's authority (false).
     pub preserve_host: bool,

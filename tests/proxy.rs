@@ -1078,6 +1078,12 @@ fn framing_script(line: &str) -> upstream::Script {
             "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".into(),
             false,
         ),
+        // Apache httpd's and Node.js's way of saying how long an idle connection stays open.
+        "/keep-alive-2" => (
+            "HTTP/1.1 200 OK\r\nKeep-Alive: timeout=2, max=100\r\nContent-Length: 2\r\n\r\nok"
+                .into(),
+            false,
+        ),
         "/chunked" => (
             "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
              5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n"
@@ -1347,6 +1353,36 @@ fn an_early_answer_then_reset_reaches_the_client() {
         curl(&["-H", &auth, &t.url("/length")]),
         (200, "ok".to_string())
     );
+}
+
+/// An upstream that announces `Keep-Alive: timeout=2` closes an idle connection after 2 s, and a
+/// request sent just then would be lost (with a body: a 502). tessera reuses such a connection
+/// only within half the announced time (1 s), and keeps its own 30 s limit when nothing is
+/// announced; the latest response decides. The field itself never reaches the client.
+#[test]
+fn an_announced_keep_alive_timeout_shortens_pooling() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let up = upstream::start(Behavior::Scripted(framing_script));
+    let (t, token) = behind(&up.url(), &[]);
+    let auth = bearer(&token);
+    let opened = || up.stats.connections.load(SeqCst);
+    let get = |path: &str| {
+        let (code, body) = curl(&["-D", "-", "-H", &auth, &t.url(path)]);
+        assert_eq!(code, 200, "{body}");
+        assert!(!body.to_ascii_lowercase().contains("keep-alive"), "{body}");
+    };
+    get("/keep-alive-2");
+    assert_eq!(opened(), 1);
+    std::thread::sleep(Duration::from_millis(300));
+    get("/keep-alive-2");
+    assert_eq!(opened(), 1, "reused within 1 s");
+    std::thread::sleep(Duration::from_millis(1300));
+    get("/length");
+    assert_eq!(opened(), 2, "not reused after 1.3 s: a new connection");
+    // That response announced nothing: the pool's own 30 s apply again.
+    std::thread::sleep(Duration::from_millis(1300));
+    get("/length");
+    assert_eq!(opened(), 2, "reused after 1.3 s when nothing was announced");
 }
 
 /// With busy polling on (`server.busy_poll_us`) on two serving threads, requests over one

@@ -18,6 +18,7 @@ use std::os::fd::OwnedFd;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll, Waker};
+use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderName};
@@ -50,6 +51,9 @@ pub struct H1 {
     /// The busy-poll watch set of the thread the socket is registered with (`None`: polling off
     /// there, or the registration failed).
     watched: Option<Arc<OwnedFd>>,
+    /// How long the upstream said, on its last response, that it keeps the connection open
+    /// while idle (`Keep-Alive: timeout=N`); `None`: it did not say.
+    announced_idle: Option<Duration>,
 }
 
 /// Why sending a request failed, and whether it may be replayed on another connection.
@@ -73,6 +77,9 @@ pub struct Head {
     pub framing: Framing,
     /// Whether the connection may carry another request after this response.
     pub keep_alive: bool,
+    /// How long the upstream keeps the connection open while idle, as its `Keep-Alive:
+    /// timeout=N` field says (seconds; `None`: no such field).
+    pub announced_idle: Option<Duration>,
 }
 
 /// How a response body is delimited (RFC 9112 section 6.3).
@@ -115,6 +122,7 @@ impl H1 {
             buf: BytesMut::with_capacity(READ_CHUNK),
             out: Out::default(),
             watched,
+            announced_idle: None,
         }
     }
 
@@ -152,7 +160,19 @@ impl H1 {
             io,
             buf: self.buf,
             out: self.out,
+            announced_idle: self.announced_idle,
         })
+    }
+
+    /// How long this connection may wait idle in a pool whose own limit is `pool_idle`: that
+    /// limit, or less when the upstream announced a shorter keep-alive on its last response
+    /// (`Keep-Alive: timeout=N`, which Apache httpd and Node.js send, 5 s by default): then N
+    /// less 1 s, or N / 2 when N is 2 s or less. The margin covers the time between the
+    /// upstream's sending its response, when its idle clock starts, and this side's reading
+    /// it, so that a request is not sent just as the upstream closes the connection (a request
+    /// with a body, lost that way, cannot be replayed: a 502).
+    pub fn idle_limit(&self, pool_idle: Duration) -> Duration {
+        idle_limit(pool_idle, self.announced_idle)
     }
 
     /// Whether bytes beyond the last response are buffered (the connection is then unusable).
@@ -347,6 +367,9 @@ impl H1 {
             other => other,
         };
         super::recycle_header_map(parts.headers);
+        if let Ok(head) = &head {
+            self.announced_idle = head.announced_idle;
+        }
         head.map(|mut head| {
             head.keep_alive &= request_complete;
             head
@@ -508,6 +531,7 @@ pub(crate) fn parse_head(
         }
     }
     let framing = framing(head_request, status, &fields)?;
+    let announced_idle = announced_idle(&fields);
     let mut response = Response::new(());
     *response.status_mut() = status;
     *response.version_mut() = version;
@@ -516,7 +540,42 @@ pub(crate) fn parse_head(
         fields,
         framing,
         keep_alive: keep_alive && framing != Framing::Close,
+        announced_idle,
     }))
+}
+
+/// See [`H1::idle_limit`].
+fn idle_limit(pool_idle: Duration, announced: Option<Duration>) -> Duration {
+    match announced {
+        None => pool_idle,
+        Some(n) if n <= Duration::from_secs(2) => pool_idle.min(n / 2),
+        Some(n) => pool_idle.min(n - Duration::from_secs(1)),
+    }
+}
+
+/// The `timeout` parameter of a `Keep-Alive` field (`timeout=5, max=100`: seconds the server
+/// keeps an idle connection open; RFC 2068 section 19.7.1.1, obsolete but still sent by Apache
+/// httpd and Node.js), if there is one and it is a whole number (optionally quoted).
+fn announced_idle(fields: &RawHead) -> Option<Duration> {
+    fields
+        .get_all(b"keep-alive")
+        .flat_map(|v| v.split(|&b| b == b','))
+        .find_map(|param| {
+            let (name, value) = param.split_at(param.iter().position(|&b| b == b'=')?);
+            if !name.trim_ascii().eq_ignore_ascii_case(b"timeout") {
+                return None;
+            }
+            let value = value[1..].trim_ascii();
+            let value = value
+                .strip_prefix(b"\"")
+                .and_then(|v| v.strip_suffix(b"\""))
+                .unwrap_or(value);
+            if value.is_empty() || value.len() > 9 || !value.iter().all(u8::is_ascii_digit) {
+                return None;
+            }
+            let secs = std::str::from_utf8(value).ok()?.parse().ok()?;
+            Some(Duration::from_secs(secs))
+        })
 }
 
 /// Parses response heads from `buf`, consuming them, until a final one (not 1xx, or a 101):
@@ -996,6 +1055,32 @@ mod tests {
 
     /// A connection moved to another thread's runtime leaves the first thread's busy-poll watch
     /// set and joins the second's: its response ends the second thread's poll, not the first's.
+    #[test]
+    fn announced_keep_alive_timeout() {
+        let announced = |v: &str| announced_idle(&from_pairs(&[("keep-alive", v)]));
+        assert_eq!(
+            announced("timeout=5, max=100"),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(
+            announced("max=100,Timeout = \"7\""),
+            Some(Duration::from_secs(7))
+        );
+        assert_eq!(announced("max=100"), None);
+        assert_eq!(announced("timeout=abc"), None);
+        assert_eq!(announced("timeout=-1"), None);
+        assert_eq!(announced("timeout=9999999999"), None);
+        assert_eq!(announced_idle(&from_pairs(&[("x", "timeout=5")])), None);
+        let limit = |announced: Option<u64>| {
+            idle_limit(Duration::from_secs(30), announced.map(Duration::from_secs))
+        };
+        assert_eq!(limit(None), Duration::from_secs(30));
+        assert_eq!(limit(Some(5)), Duration::from_secs(4));
+        assert_eq!(limit(Some(2)), Duration::from_secs(1));
+        assert_eq!(limit(Some(0)), Duration::ZERO);
+        assert_eq!(limit(Some(75)), Duration::from_secs(30));
+    }
+
     #[test]
     fn a_rehomed_connection_moves_between_busy_poll_watch_sets() {
         use std::io::Write as _;

@@ -237,6 +237,8 @@ fn wrap(head: h1::Head, conn: pool::Conn) -> Response<ProxyBody> {
         fields,
         framing,
         keep_alive,
+        // Already kept by the connection itself (`H1::idle_limit`).
+        announced_idle: _,
     } = head;
     if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
         return response.map(|()| ProxyBody::Upstream(UpstreamBody::switched(fields, conn)));

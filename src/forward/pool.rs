@@ -96,7 +96,10 @@ pub struct Pool {
 
 struct Idle {
     h1: H1,
+    /// When it went idle.
     since: Instant,
+    /// When it may no longer be reused: `since` + [`H1::idle_limit`].
+    until: Instant,
     /// The credential this connection is bound to (affinity only).
     key: Option<HeaderValue>,
 }
@@ -215,12 +218,23 @@ impl Pool {
             .map_err(|_| ForwardError::Closed)?;
         let here = self.this_thread();
         loop {
-            let Some((home, Idle { mut h1, since, key })) = self.take_idle(&key) else {
+            let Some((
+                home,
+                Idle {
+                    mut h1,
+                    since,
+                    until,
+                    key,
+                },
+            )) = self.take_idle(&key)
+            else {
                 break;
             };
-            if since.elapsed() >= self.idle_timeout || !h1.is_alive() {
+            let expired = Instant::now() >= until;
+            if expired || !h1.is_alive() {
                 tracing::debug!(
-                    expired = since.elapsed() >= self.idle_timeout,
+                    expired,
+                    idle_ms = since.elapsed().as_millis() as u64,
                     "idle upstream connection closed at checkout"
                 );
                 continue;
@@ -345,9 +359,12 @@ impl Drop for Conn {
     fn drop(&mut self) {
         if let Some(h1) = self.h1.take() {
             if self.reusable && !h1.has_leftover() {
+                let since = Instant::now();
+                let until = since + h1.idle_limit(self.pool.idle_timeout);
                 self.pool.idle(self.home).push(Idle {
                     h1,
-                    since: Instant::now(),
+                    since,
+                    until,
                     key: self.key.take(),
                 });
             } else {
@@ -372,9 +389,10 @@ fn spawn_reaper(pool: Weak<Pool>, idle_timeout: Duration) {
         loop {
             tick.tick().await;
             let Some(pool) = pool.upgrade() else { return };
+            let now = Instant::now();
             for t in 0..pool.idle.len() {
                 pool.idle(t)
-                    .retain_mut(|i| i.since.elapsed() < pool.idle_timeout && i.h1.is_alive());
+                    .retain_mut(|i| now < i.until && i.h1.is_alive());
             }
         }
     });
