@@ -33,6 +33,11 @@ pub enum ProxyError {
     /// screen/forward: the body is over the cap.
     #[error("request body too large")]
     BodyTooLarge,
+    /// screen: a `Transfer-Encoding` other than `chunked` alone (RFC 9112 section 6.1: a
+    /// coding the server does not understand gets 501). Forwarded as is, its body would reach
+    /// the upstream without the coding named.
+    #[error("transfer coding not implemented")]
+    TransferCoding,
     /// screen: request-target over the cap.
     #[error("request-target too long")]
     UriTooLong,
@@ -112,6 +117,7 @@ impl ProxyError {
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UriTooLong => StatusCode::URI_TOO_LONG,
+            Self::TransferCoding => StatusCode::NOT_IMPLEMENTED,
             Self::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Self::NoToken | Self::BadToken(_) | Self::Session(_) => StatusCode::UNAUTHORIZED,
             Self::StoreUnavailable | Self::TooManyWebSockets => StatusCode::SERVICE_UNAVAILABLE,

@@ -131,6 +131,10 @@ pub async fn run(
         }
         return Ok(());
     }
+    // Each serving thread holds a copy of the socket and closes it when shutdown begins; this one
+    // would keep it listening (connections completed by the kernel, never served, reset at
+    // exit) for the whole drain, instead of refusing them at once.
+    drop(std_listener);
     shutdown.await;
     let _ = stop.send(true);
     // Each thread drains its connections (bounded by the server's drain time), then ends.

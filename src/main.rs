@@ -153,6 +153,11 @@ async fn serve(config: PathBuf) -> ExitCode {
     };
     telemetry::init(&cfg.log.level);
     tessera::server::raise_open_files_limit();
+    // Registered before the listener is bound, so no SIGHUP can arrive unhandled once it is.
+    #[cfg(unix)]
+    if let Ok(hangups) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        tokio::spawn(hangups_ignored(hangups));
+    }
     let listener = match tokio::net::TcpListener::bind(cfg.server.listen).await {
         Ok(l) => l,
         Err(e) => {
@@ -291,6 +296,18 @@ async fn session(cmd: SessionCommand) -> ExitCode {
 }
 
 /// Resolves on SIGINT or SIGTERM.
+/// SIGHUP, which would end the process (and every request in flight) by default, is logged
+/// and ignored: the configuration is not reloaded (a restart applies it; SIGTERM drains first).
+#[cfg(unix)]
+async fn hangups_ignored(mut hangups: tokio::signal::unix::Signal) {
+    while hangups.recv().await.is_some() {
+        tracing::warn!(
+            "SIGHUP ignored: tessera does not reload its configuration; restart it to apply \
+             changes (SIGTERM lets requests in flight finish first)"
+        );
+    }
+}
+
 async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;

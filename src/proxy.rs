@@ -288,6 +288,14 @@ impl Proxy {
         let logged = (self.access_log && crate::access_log::enabled())
             .then(|| (req.method().clone(), req.uri().path().to_owned()));
         let started = (logged.is_some() || self.request_counts.is_some()).then(Instant::now);
+        // Logs the request as 499 if this future is dropped before it answers.
+        let mut abandoned = Abandoned {
+            proxy: self,
+            peer: peer.addr.ip(),
+            logged: logged.as_ref(),
+            started,
+            armed: true,
+        };
         let mut ctx = Ctx::default();
         let (resp, reason) = match self.process(req, peer, &mut ctx).await {
             Ok(resp) => (resp, None),
@@ -296,12 +304,13 @@ impl Proxy {
                 (e.into_response(), Some(reason))
             }
         };
+        abandoned.armed = false;
         let took = started.map(|s| s.elapsed()).unwrap_or_default();
-        if let Some((method, path)) = logged {
+        if let Some((method, path)) = &logged {
             crate::access_log::write(&crate::access_log::Line {
                 peer: peer.addr.ip(),
                 method: method.as_str(),
-                path: &path,
+                path,
                 status: resp.status().as_u16(),
                 duration_us: u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
                 sid: ctx.sid.as_deref(),
@@ -644,6 +653,44 @@ fn origin_allowed(
     own || allowed
         .iter()
         .any(|a| a.as_bytes().eq_ignore_ascii_case(origin))
+}
+
+/// A request whose answer was dropped unfinished (the client went away: see
+/// `server::h1::ClientWatch`; hyper drops it on an h2 stream reset) is still counted and
+/// logged, as 499 (nginx's "client closed request").
+struct Abandoned<'a> {
+    proxy: &'a Proxy,
+    peer: std::net::IpAddr,
+    logged: Option<&'a (http::Method, String)>,
+    started: Option<Instant>,
+    /// Cleared once the answer is ready.
+    armed: bool,
+}
+
+/// The status logged for a request the client gave up on (nginx's non-standard 499).
+const CLIENT_CLOSED: u16 = 499;
+
+impl Drop for Abandoned<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let took = self.started.map(|s| s.elapsed()).unwrap_or_default();
+        if let Some((method, path)) = self.logged {
+            crate::access_log::write(&crate::access_log::Line {
+                peer: self.peer,
+                method: method.as_str(),
+                path,
+                status: CLIENT_CLOSED,
+                duration_us: u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
+                sid: None,
+                reason: Some("client closed the connection before the answer"),
+            });
+        }
+        if let Some(counts) = &self.proxy.request_counts {
+            counts.record(CLIENT_CLOSED, took);
+        }
+    }
 }
 
 #[cfg(test)]

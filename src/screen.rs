@@ -56,7 +56,9 @@ const HOP_BY_HOP: [&str; 8] = [
     "proxy-authorization",
 ];
 
-/// Client-supplied forwarding headers, replaced from the connection by [`set_forwarded`].
+/// Client-supplied forwarding headers, replaced from the connection by [`set_forwarded`]. Every
+/// other `X-Forwarded-*` field (`-User`, `-Email`, `-Prefix`, `-Port`, `-Ssl`: identity and URL
+/// headers some upstreams trust) is removed too, by its prefix.
 const SPOOFABLE: [&str; 5] = [
     "forwarded",
     "x-forwarded-for",
@@ -71,6 +73,21 @@ const SPOOFABLE: [&str; 5] = [
 pub fn screen_request(parts: &mut Parts, limits: &Limits) -> Result<Screened, ProxyError> {
     if parts.method == http::Method::TRACE || parts.method == http::Method::CONNECT {
         return Err(ProxyError::MethodNotAllowed);
+    }
+    if let Some(te) = parts.headers.get(header::TRANSFER_ENCODING) {
+        // hyper de-chunks the body; any other coding would be dropped unnamed on the way.
+        let fields = parts
+            .headers
+            .get_all(header::TRANSFER_ENCODING)
+            .iter()
+            .count();
+        if fields > 1 || !te.as_bytes().trim_ascii().eq_ignore_ascii_case(b"chunked") {
+            return Err(ProxyError::TransferCoding);
+        }
+    }
+    // RFC 9112 section 3.2.3: the authority form (`host:port`) is only for CONNECT.
+    if parts.uri.scheme().is_none() && parts.uri.authority().is_some() {
+        return Err(ProxyError::BadRequest("authority-form request target"));
     }
     let target_len = parts.uri.path_and_query().map_or(1, |pq| pq.as_str().len());
     if target_len > limits.max_uri_bytes {
@@ -118,11 +135,17 @@ fn remove_present(headers: &mut HeaderMap, lists: [&[&'static str]; 2]) {
     let names = || lists.iter().flat_map(|l| l.iter());
     debug_assert!(names().count() <= 32);
     let mut present = 0u32;
-    for key in headers.keys() {
-        let key = key.as_str();
+    let mut forwarded: Vec<HeaderName> = Vec::new();
+    for name in headers.keys() {
+        let key = name.as_str();
         if let Some(i) = names().position(|n| *n == key) {
             present |= 1 << i;
+        } else if key.starts_with("x-forwarded-") {
+            forwarded.push(name.clone());
         }
+    }
+    for name in forwarded {
+        headers.remove(name);
     }
     if present != 0 {
         for (i, name) in names().enumerate() {
@@ -164,8 +187,11 @@ fn authority(parts: &Parts) -> Result<HeaderValue, ProxyError> {
 
 /// Whether `path` has a `.` or `..` segment, plain or percent-encoded (RFC 3986 5.2.4): refused so
 /// that a path can never climb out of `upstream.url`'s base path after upstream normalisation.
+/// A segment counts up to its first `;`: servlet containers (Tomcat, Jetty) drop such path
+/// parameters before they resolve dot segments, so `/..;/admin` climbs there.
 fn has_dot_segment(path: &str) -> bool {
     path.as_bytes().split(|&b| b == b'/').any(|seg| {
+        let seg = seg.split(|&b| b == b';').next().unwrap_or_default();
         [&b"."[..], b"..", b"%2e", b"%2e%2e", b".%2e", b"%2e."]
             .iter()
             .any(|d| seg.eq_ignore_ascii_case(d))
@@ -584,12 +610,35 @@ mod tests {
 
     #[test]
     fn every_hop_by_hop_and_spoofable_name_is_removed_and_nothing_else() {
-        for name in HOP_BY_HOP.iter().chain(SPOOFABLE.iter()) {
-            let mut p = parts(&[("host", "a"), ("x-custom", "1"), (name, "x")], "/");
+        let prefixed = ["x-forwarded-user", "x-forwarded-prefix", "x-forwarded-port"];
+        for name in HOP_BY_HOP.iter().chain(SPOOFABLE.iter()).chain(&prefixed) {
+            let value = if *name == "transfer-encoding" {
+                "chunked"
+            } else {
+                "x"
+            };
+            let mut p = parts(&[("host", "a"), ("x-custom", "1"), (name, value)], "/");
             screen_request(&mut p, &L).unwrap();
             assert!(p.headers.get(*name).is_none(), "{name} kept");
             assert_eq!(p.headers["x-custom"], "1", "{name}");
             assert_eq!(p.headers.len(), 2, "{name}");
+        }
+    }
+
+    #[test]
+    fn transfer_codings_other_than_chunked_get_501() {
+        let te = |values: &[&str]| {
+            let mut h = vec![("host", "a")];
+            h.extend(values.iter().map(|v| ("transfer-encoding", *v)));
+            screen_request(&mut parts(&h, "/"), &L)
+        };
+        assert!(te(&["chunked"]).is_ok());
+        assert!(te(&[" Chunked "]).is_ok());
+        for bad in [&["gzip, chunked"][..], &["gzip"], &["chunked", "chunked"]] {
+            assert!(
+                matches!(te(bad), Err(ProxyError::TransferCoding)),
+                "{bad:?}"
+            );
         }
     }
 
@@ -659,7 +708,18 @@ mod tests {
             screen_request(&mut parts(&[], "http://u:pw@a/x"), &L),
             Err(ProxyError::BadRequest(_))
         ));
-        for path in ["/../x", "/a/./b", "/a/%2E%2e/b", "/a/.%2e", "/a/.."] {
+        for path in [
+            "/../x",
+            "/a/./b",
+            "/a/%2E%2e/b",
+            "/a/.%2e",
+            "/a/..",
+            "/..;/admin",
+            "/%2e%2e;/admin",
+            "/.;/..;/admin",
+            "/..;jsessionid=x/admin",
+            "127.0.0.1:9999",
+        ] {
             assert!(
                 matches!(
                     screen_request(&mut parts(&[("host", "a")], path), &L),
@@ -669,6 +729,7 @@ mod tests {
             );
         }
         assert!(screen_request(&mut parts(&[("host", "a")], "/a/.well-known/..x/b."), &L).is_ok());
+        assert!(screen_request(&mut parts(&[("host", "a")], "/a;v=1/..x;/b"), &L).is_ok());
     }
 
     #[test]

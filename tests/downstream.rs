@@ -485,6 +485,16 @@ fn closing_rules_timeouts_and_graceful_shutdown() {
         .unwrap();
     assert!(killed.success());
     assert!(idle.closed_within(Duration::from_secs(2)));
+    // The listening socket is closed at once: a new client is refused (and can try another
+    // instance), not accepted by the kernel and left unanswered through the drain.
+    let refused = (0..50).any(|_| match TcpStream::connect(("127.0.0.1", t.port)) {
+        Err(e) if e.kind() == ErrorKind::ConnectionRefused => true,
+        _ => {
+            std::thread::sleep(Duration::from_millis(10));
+            false
+        }
+    });
+    assert!(refused, "still accepting connections while draining");
     let r = busy.response(false);
     assert_eq!(
         (r.status, r.header("connection")),

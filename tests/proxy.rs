@@ -1062,6 +1062,11 @@ fn framing_script(line: &str) -> upstream::Script {
                 early: true,
             };
         }
+        "/te-gzip" => (
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"
+                .into(),
+            false,
+        ),
         "/te-and-length" => (
             "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n\
              b\r\nhello world\r\n0\r\n\r\n"
@@ -1076,6 +1081,13 @@ fn framing_script(line: &str) -> upstream::Script {
         ),
         "/length" => (
             "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".into(),
+            false,
+        ),
+        // Silent answers (an event stream or long poll with nothing to say yet): no head at all,
+        // or a head and 3 of 100 body bytes; the connection then stays open, quiet.
+        "/silent-head" => (String::new(), false),
+        "/silent-body" => (
+            "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc".into(),
             false,
         ),
         // Apache httpd's and Node.js's way of saying how long an idle connection stays open.
@@ -1352,6 +1364,148 @@ fn an_early_answer_then_reset_reaches_the_client() {
     assert_eq!(
         curl(&["-H", &auth, &t.url("/length")]),
         (200, "ok".to_string())
+    );
+}
+
+/// What the upstream receives of an HTTP/2 client's cookies and forwarding fields: cookie
+/// crumbs (RFC 9113 section 8.2.3: one field per cookie) joined into one `Cookie` field with
+/// `; `, as HTTP/1.1 needs (RFC 6265 section 5.4), and every client-sent `X-Forwarded-*` field
+/// gone, not only `-For`/`-Proto`/`-Host` (`-User`, `-Prefix` are identity and URL headers some
+/// upstreams trust).
+#[test]
+fn h2_cookie_crumbs_are_joined_and_forwarding_fields_dropped() {
+    let up = upstream::start(Behavior::Scripted(framing_script));
+    let (t, token) = behind(&up.url(), &[]);
+    for http2 in [true, false] {
+        up.stats.raw_bytes.lock().unwrap().clear();
+        let mut args = vec![
+            "-H",
+            "Cookie: a=1",
+            "-H",
+            "Cookie: b=2",
+            "-H",
+            "X-Forwarded-User: admin",
+            "-H",
+            "X-Forwarded-Prefix: /evil",
+            "-H",
+            "X-Forwarded-Port: 1",
+        ];
+        if http2 {
+            args.push("--http2-prior-knowledge");
+        }
+        let auth = bearer(&token);
+        let url = t.url("/length");
+        args.extend(["-H", &auth, &url]);
+        assert_eq!(curl(&args), (200, "ok".to_string()));
+        let seen =
+            String::from_utf8_lossy(&up.stats.raw_bytes.lock().unwrap()).to_ascii_lowercase();
+        let cookies: Vec<&str> = seen.lines().filter(|l| l.starts_with("cookie:")).collect();
+        assert_eq!(cookies, ["cookie: a=1; b=2"], "http2={http2}: {seen}");
+        assert!(!seen.contains("admin") && !seen.contains("/evil"), "{seen}");
+        assert!(
+            !seen.contains("x-forwarded-user") && !seen.contains("x-forwarded-port"),
+            "{seen}"
+        );
+    }
+}
+
+/// A request with a transfer coding other than `chunked` gets 501 (RFC 9112 section 6.1) and
+/// never reaches the upstream: hyper removes the chunked framing, and the other coding would
+/// reach the upstream unnamed. An upstream response with one gets 502, not a body still
+/// gzip-coded with nothing saying so.
+#[test]
+fn transfer_codings_other_than_chunked_are_refused() {
+    use std::io::{Read, Write};
+    use std::sync::atomic::Ordering::SeqCst;
+    let up = upstream::start(Behavior::Scripted(framing_script));
+    let (t, token) = behind(&up.url(), &[]);
+    let before = up.stats.requests.load(SeqCst);
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "POST /upload HTTP/1.1\r\nHost: x\r\n{}\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        bearer(&token)
+    )
+    .unwrap();
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    let got = String::from_utf8_lossy(&got);
+    assert!(got.starts_with("HTTP/1.1 501 "), "{got}");
+    assert_eq!(up.stats.requests.load(SeqCst), before);
+    let (code, _) = curl(&["-H", &bearer(&token), &t.url("/te-gzip")]);
+    assert_eq!(code, 502);
+}
+
+/// SIGHUP does not end `tessera serve` (by default it would, dropping every request in flight):
+/// it is logged as ignored, since the configuration is not reloaded, and serving goes on.
+#[test]
+fn sighup_is_logged_and_ignored() {
+    let up = upstream::start(Behavior::Scripted(framing_script));
+    let (t, token) = behind(&up.url(), &[]);
+    let hup = std::process::Command::new("kill")
+        .args(["-HUP", &t.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    let log = t.log_when(|l| l.contains("SIGHUP ignored"));
+    assert!(log.contains("SIGHUP ignored"), "{log}");
+    assert_eq!(
+        curl(&["-H", &bearer(&token), &t.url("/length")]),
+        (200, "ok".to_string())
+    );
+}
+
+/// Clients that go away while their answer is silent (before its head, or mid-body) free their
+/// upstream connection at once (nginx's `proxy_ignore_client_abort off`): six such clients on
+/// a pool of two, then a normal request is answered at once, where before it waited for the
+/// 60 s response-head timeout. The ones that left before the head are logged as 499.
+#[test]
+fn a_client_that_leaves_frees_its_upstream_connection() {
+    use std::io::{Read, Write};
+    let up = upstream::start(Behavior::Scripted(framing_script));
+    let (t, token) = behind(
+        &up.url(),
+        &[
+            ("upstream", "max_connections = 2"),
+            ("upstream", "response_header_timeout_ms = 60000"),
+        ],
+    );
+    let auth = bearer(&token);
+    // HTTP/1.0 goes to hyper instead of the fast path: the same must hold there.
+    for version in ["1.1", "1.1", "1.0"] {
+        for path in ["/silent-head", "/silent-body"] {
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            write!(s, "GET {path} HTTP/{version}\r\nHost: x\r\n{auth}\r\n\r\n").unwrap();
+            if path == "/silent-body" {
+                let mut got = Vec::new();
+                while !got.ends_with(b"abc") {
+                    let mut tmp = [0u8; 1024];
+                    let n = s.read(&mut tmp).unwrap();
+                    assert!(n > 0, "{:?}", String::from_utf8_lossy(&got));
+                    got.extend_from_slice(&tmp[..n]);
+                }
+            } else {
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        }
+    }
+    let started = std::time::Instant::now();
+    assert_eq!(
+        curl(&["--max-time", "5", "-H", &auth, &t.url("/length")]),
+        (200, "ok".to_string())
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    let log = t.log_when(|l| l.matches("path=/silent-head status=499").count() == 3);
+    assert_eq!(
+        log.matches("path=/silent-head status=499").count(),
+        3,
+        "{log}"
     );
 }
 

@@ -976,12 +976,23 @@ fn framing(
         if last.is_none_or(<[u8]>::is_empty) {
             return Err(broken("invalid transfer-encoding"));
         }
-        let chunked_last = last.is_some_and(|t| t.eq_ignore_ascii_case(b"chunked"));
-        return Ok(if chunked_last {
-            Framing::Chunked(Chunk::Size)
-        } else {
-            Framing::Close
-        });
+        // Any other coding (`gzip, chunked`) would reach the client still coded, with nothing
+        // saying so: the downstream side frames bodies itself, and names no coding.
+        let chunked = |c: &[u8]| {
+            let name = c.split(|&b| b == b';').next().unwrap_or_default();
+            name.trim_ascii().eq_ignore_ascii_case(b"chunked")
+        };
+        let mut listed = fields
+            .get_all(b"transfer-encoding")
+            .flat_map(|v| v.split(|&b| b == b','))
+            .map(<[u8]>::trim_ascii)
+            .filter(|c| !c.is_empty());
+        if !listed.all(chunked) {
+            return Err(broken(
+                "transfer coding other than chunked (not decoded, so not relayed)",
+            ));
+        }
+        return Ok(Framing::Chunked(Chunk::Size));
     }
     Ok(match declared_length(fields)? {
         Some(0) => Framing::Done,
@@ -1200,29 +1211,34 @@ mod tests {
             .unwrap(),
             Framing::Chunked(Chunk::Size)
         );
-        assert_eq!(
-            f(false, ok, &[("transfer-encoding", "gzip, chunked")]).unwrap(),
-            Framing::Chunked(Chunk::Size)
-        );
-        assert_eq!(
-            f(false, ok, &[("transfer-encoding", "chunked, gzip")]).unwrap(),
-            Framing::Close
-        );
+        // Codings other than chunked are not decoded, so such a body is refused (502) rather
+        // than relayed still coded with nothing naming the coding.
+        for coded in ["gzip, chunked", "chunked, gzip", "gzip", ", gzip,,chunked"] {
+            assert!(
+                f(false, ok, &[("transfer-encoding", coded)]).is_err(),
+                "{coded}"
+            );
+        }
+        assert!(f(
+            false,
+            ok,
+            &[
+                ("transfer-encoding", "gzip ; q=1"),
+                ("transfer-encoding", "Chunked")
+            ]
+        )
+        .is_err());
         assert_eq!(f(false, ok, &[]).unwrap(), Framing::Close);
-        // Empty elements before the last are ignored (RFC 9110 section 5.6.1.2).
+        // Empty elements are ignored (RFC 9110 section 5.6.1.2); fields across lines count.
         assert_eq!(
-            f(false, ok, &[("transfer-encoding", ", gzip,,chunked")]).unwrap(),
+            f(false, ok, &[("transfer-encoding", ", ,chunked")]).unwrap(),
             Framing::Chunked(Chunk::Size)
         );
-        // Codings across field lines, with parameters; the last one decides.
         assert_eq!(
             f(
                 false,
                 ok,
-                &[
-                    ("transfer-encoding", "gzip ; q=1"),
-                    ("transfer-encoding", "Chunked")
-                ]
+                &[("transfer-encoding", ""), ("transfer-encoding", "Chunked")]
             )
             .unwrap(),
             Framing::Chunked(Chunk::Size)

@@ -31,7 +31,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderName};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
@@ -114,10 +114,25 @@ pub async fn serve(serving: Arc<Serving>, io: TcpStream, peer: Peer) {
             }
         };
         let head = req.method() == Method::HEAD;
-        let resp = serving.proxy.respond(req, &peer).await;
+        let mut watch = ClientWatch::default();
+        let resp = {
+            let respond = serving.proxy.respond(req, &peer);
+            tokio::pin!(respond);
+            poll_fn(|cx| match respond.as_mut().poll(cx) {
+                Poll::Ready(resp) => Poll::Ready(Some(resp)),
+                Poll::Pending => watch.poll_gone(&conn.io, cx).map(|()| None),
+            })
+            .await
+        };
+        let Some(resp) = resp else {
+            // Dropping the answer in the making closed its upstream connection, or took the
+            // request out of the pool's queue (its access line says 499).
+            tracing::debug!(peer = %peer.addr.ip(), "client closed the connection before its answer");
+            return;
+        };
         asked_close = close;
         let close = close || serving.shutdown.is_cancelled();
-        if !conn.write_response(resp, head, close).await || close {
+        if !conn.write_response(resp, head, close, &mut watch).await || close {
             break;
         }
         served = true;
@@ -132,6 +147,48 @@ pub async fn serve(serving: Arc<Serving>, io: TcpStream, peer: Peer) {
     let _ = conn.io.shutdown().await;
     let mut linger = Linger::new();
     poll_fn(|cx| linger.poll(&mut conn.io, cx)).await;
+}
+
+/// Watches a client connection, while its request is answered, for the client going away: its
+/// FIN or a reset (nginx's `proxy_ignore_client_abort off`). The answer is then dropped, which
+/// closes its upstream connection; without this, a client that left a silent response (an
+/// event stream, a long poll) held an upstream connection until the upstream next wrote, and
+/// a few such clients exhausted `upstream.max_connections`.
+///
+/// Costs nothing while no byte arrives: the runtime's readiness says so. When the socket turns
+/// readable a `recv(MSG_PEEK)` tells a close from bytes: bytes (a pipelined request; the client
+/// is still there) end the watch for this request, since the peek could not tell a later close
+/// from them.
+#[derive(Default)]
+struct ClientWatch {
+    /// Bytes of a next request arrived: no longer watching.
+    done: bool,
+}
+
+impl ClientWatch {
+    /// Ready when the client is gone; never ready once bytes of a next request arrived.
+    fn poll_gone(&mut self, io: &TcpStream, cx: &mut Context<'_>) -> Poll<()> {
+        use rustix::net::{recv, RecvFlags};
+        while !self.done {
+            if std::task::ready!(io.poll_read_ready(cx)).is_err() {
+                return Poll::Ready(());
+            }
+            let mut probe = [0u8; 1];
+            // Through the runtime, so a `WouldBlock` clears the readiness it acted on.
+            let peeked = io.try_io(tokio::io::Interest::READABLE, || {
+                recv(io, &mut probe, RecvFlags::PEEK | RecvFlags::DONTWAIT)
+                    .map(|(n, _)| n)
+                    .map_err(io::Error::from)
+            });
+            match peeked {
+                Ok(0) => return Poll::Ready(()),
+                Ok(_) => self.done = true,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => return Poll::Ready(()),
+            }
+        }
+        Poll::Pending
+    }
 }
 
 /// Whether the socket's receive queue is empty (or the connection already ended): one `recv`
@@ -464,7 +521,13 @@ impl Conn {
 
     /// Writes the response; `false` when the connection cannot carry another request (a write
     /// failed, or the body ended early, failed or ran long).
-    async fn write_response(&mut self, resp: Response<ProxyBody>, head: bool, close: bool) -> bool {
+    async fn write_response(
+        &mut self,
+        resp: Response<ProxyBody>,
+        head: bool,
+        close: bool,
+        watch: &mut ClientWatch,
+    ) -> bool {
         let (mut parts, mut body) = resp.into_parts();
         let status = parts.status;
         let framing =
@@ -498,17 +561,17 @@ impl Conn {
                 drop(body);
                 self.io.write_all(&self.out).await.is_ok()
             }
-            Framing::Length(n) => self.write_sized(body, n).await,
-            Framing::Chunked => self.write_chunked(&mut body).await,
+            Framing::Length(n) => self.write_sized(body, n, watch).await,
+            Framing::Chunked => self.write_chunked(&mut body, watch).await,
         }
     }
 
     /// A body of exactly `n` bytes, its first frame in the head's write.
-    async fn write_sized(&mut self, mut body: ProxyBody, n: u64) -> bool {
+    async fn write_sized(&mut self, mut body: ProxyBody, n: u64, watch: &mut ClientWatch) -> bool {
         let mut head = Some(std::mem::take(&mut self.out));
         let mut left = n;
         let complete = loop {
-            let data = match next_data(&mut body).await {
+            let data = match next_data(&mut body, &self.io, watch).await {
                 Ok(Some(d)) => d,
                 Ok(None) => break left == 0,
                 Err(()) => break false,
@@ -543,10 +606,10 @@ impl Conn {
 
     /// A body of unknown length, chunked (RFC 9112 section 7.1); the head goes with the first
     /// chunk.
-    async fn write_chunked(&mut self, body: &mut ProxyBody) -> bool {
+    async fn write_chunked(&mut self, body: &mut ProxyBody, watch: &mut ClientWatch) -> bool {
         let mut head = Some(std::mem::take(&mut self.out));
         loop {
-            let data = match next_data(body).await {
+            let data = match next_data(body, &self.io, watch).await {
                 Ok(Some(d)) if d.is_empty() => continue,
                 Ok(Some(d)) => d,
                 Ok(None) => break,
@@ -718,9 +781,24 @@ fn empty_lines(buf: &[u8]) -> usize {
 }
 
 /// The next data frame (trailers are dropped: HTTP/1.1 clients did not ask for them).
-async fn next_data(body: &mut ProxyBody) -> Result<Option<Bytes>, ()> {
+/// The next data frame of `body`; `Err` when it failed, or when the client on `io` went away
+/// while waiting for it (`watch`).
+async fn next_data(
+    body: &mut ProxyBody,
+    io: &TcpStream,
+    watch: &mut ClientWatch,
+) -> Result<Option<Bytes>, ()> {
     loop {
-        match body.frame().await {
+        let frame = poll_fn(|cx| match Pin::new(&mut *body).poll_frame(cx) {
+            Poll::Ready(frame) => Poll::Ready(Ok(frame)),
+            Poll::Pending => watch.poll_gone(io, cx).map(Err),
+        })
+        .await;
+        let Ok(frame) = frame else {
+            tracing::debug!("client closed the connection during the response body");
+            return Err(());
+        };
+        match frame {
             None => return Ok(None),
             Some(Ok(frame)) => {
                 if let Ok(data) = frame.into_data() {

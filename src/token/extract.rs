@@ -139,22 +139,25 @@ fn decode_b64_cookie(value: &[u8]) -> Result<String, ExtractError> {
 }
 
 /// Removes every cookie named by a cookie source from the `Cookie` headers (so the token never
-/// reaches the upstream); drops a `Cookie` header left empty.
+/// reaches the upstream), and joins several `Cookie` fields into one with `"; "` (RFC 9113
+/// section 8.2.3: an HTTP/2 client may send each cookie as a field of its own, and HTTP/1.1
+/// allows only one, RFC 6265 section 5.4); drops a `Cookie` header left empty.
 pub fn strip_token_cookies(headers: &mut HeaderMap, sources: &[TokenSource]) {
-    if !headers.contains_key(COOKIE) {
+    let mut fields = headers.get_all(COOKIE).iter();
+    if fields.next().is_none() {
         return;
     }
+    let several = fields.next().is_some();
     let names: Vec<&str> = sources
         .iter()
         .filter_map(TokenSource::cookie_name)
         .collect();
-    if names.is_empty() {
+    if names.is_empty() && !several {
         return;
     }
-    let mut kept: Vec<HeaderValue> = Vec::new();
-    let mut changed = false;
+    let mut changed = several;
+    let mut out: Vec<u8> = Vec::new();
     for value in headers.get_all(COOKIE) {
-        let mut out: Vec<u8> = Vec::with_capacity(value.len());
         for pair in value.as_bytes().split(|&b| b == b';') {
             let trimmed = pair.trim_ascii();
             let name = trimmed
@@ -174,16 +177,13 @@ pub fn strip_token_cookies(headers: &mut HeaderMap, sources: &[TokenSource]) {
             }
             out.extend_from_slice(trimmed);
         }
-        if !out.is_empty() {
-            if let Ok(v) = HeaderValue::from_bytes(&out) {
-                kept.push(v);
-            }
-        }
     }
     if changed {
         headers.remove(COOKIE);
-        for v in kept {
-            headers.append(COOKIE, v);
+        if let Ok(v) = HeaderValue::from_bytes(&out) {
+            if !out.is_empty() {
+                headers.insert(COOKIE, v);
+            }
         }
     }
 }
@@ -263,7 +263,12 @@ mod tests {
             .iter()
             .map(|v| v.to_str().unwrap().to_string())
             .collect();
-        assert_eq!(v, vec!["a=1", "b=2"]);
+        assert_eq!(v, vec!["a=1; b=2"]);
+        // HTTP/2 cookie crumbs are joined even with no token cookie among them.
+        let mut hm = h(&[("cookie", "a=1"), ("cookie", "b=2"), ("cookie", "c=3")]);
+        strip_token_cookies(&mut hm, &[TokenSource::Bearer]);
+        assert_eq!(hm.get_all(COOKIE).iter().count(), 1);
+        assert_eq!(hm[COOKIE], "a=1; b=2; c=3");
         let mut hm = h(&[("cookie", "tessera=t")]);
         strip_token_cookies(&mut hm, &all());
         assert!(hm.get(COOKIE).is_none());
