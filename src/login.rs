@@ -153,6 +153,9 @@ struct WhoAmI<'a> {
 enum Refusal {
     /// 400: unreadable body, missing fields.
     Bad(&'static str),
+    /// 413: a body over the 8 KiB cap (refused by its `Content-Length` before any of it is
+    /// read, so a client that sent `Expect: 100-continue` never gets a `100`).
+    TooLarge,
     /// 401: the upstream said no.
     Credentials,
     /// 403: cross-origin POST or CSRF token mismatch.
@@ -568,6 +571,11 @@ impl Login {
     ) -> (Response<ProxyBody>, Option<String>) {
         let (status, message, log): (StatusCode, &str, String) = match &r {
             Refusal::Bad(why) => (StatusCode::BAD_REQUEST, why, format!("login: {why}")),
+            Refusal::TooLarge => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "login form too large",
+                "login: body over 8 KiB".into(),
+            ),
             Refusal::Credentials => (
                 StatusCode::UNAUTHORIZED,
                 "user name or password is wrong",
@@ -831,17 +839,27 @@ fn check_same_origin(parts: &Parts, host: &HeaderValue) -> Result<(), Refusal> {
 /// password. The buffer is allocated at its full size first, so it never moves and leaves no
 /// unwiped copy of its own behind. The bytes it copies from are not wiped: the connection's
 /// read buffer (the fast path's in `server::h1`, or hyper's), which is reused for later requests.
-/// Errors: `Refusal::Bad` for a body too large, cut or too slow. Trailers are ignored.
+/// Errors: `Refusal::TooLarge` for a body over the cap (by its declared length, before any of it
+/// is read, or as it arrives), `Refusal::Bad` for one cut or too slow. Trailers are ignored.
 async fn read_body<B>(body: B) -> Result<Zeroizing<Vec<u8>>, Refusal>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
+    if body.size_hint().lower() > MAX_FORM_BYTES as u64 {
+        return Err(Refusal::TooLarge);
+    }
     let read = async {
         let mut body = std::pin::pin!(http_body_util::Limited::new(body, MAX_FORM_BYTES));
         let mut out = Zeroizing::new(Vec::with_capacity(MAX_FORM_BYTES));
         while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|_| Refusal::Bad("body too large or broken"))?;
+            let frame = frame.map_err(|e| {
+                if e.is::<http_body_util::LengthLimitError>() {
+                    Refusal::TooLarge
+                } else {
+                    Refusal::Bad("body broken")
+                }
+            })?;
             if let Ok(data) = frame.into_data() {
                 out.extend_from_slice(&data);
             }

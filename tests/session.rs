@@ -196,19 +196,28 @@ fn wrong_password_is_401_and_stores_nothing_and_upstream_down_is_502() {
     ]);
     assert_eq!(bad.code, 415);
     // The body cap, 8 KiB: a body of exactly that size is read whole (a wrong password: 401), one
-    // byte more is refused before any upstream check (400).
+    // byte more is refused before any upstream check (413), by its length: with
+    // `Expect: 100-continue` no `100` comes first, so the client never sends it.
     let at_cap = format!("{:<8192}", r#"{"username":"alice","password":"guess"}"#);
     assert_eq!(at_cap.len(), 8192);
-    for (body, want, asked) in [(at_cap.clone(), 401, 1), (format!("{at_cap} "), 400, 0)] {
+    for (body, want, asked) in [(at_cap.clone(), 401, 1), (format!("{at_cap} "), 413, 0)] {
         let before = up.stats.requests.load(Ordering::SeqCst);
         let a = call(&[
             "-H",
             "Content-Type: application/json",
+            "-H",
+            "Expect: 100-continue",
             "--data-binary",
             &body,
             &t.url("/auth/login"),
         ]);
         assert_eq!(a.code, want, "{} bytes: {}", body.len(), a.body);
+        assert_eq!(
+            a.headers.contains(" 100 "),
+            want != 413,
+            "a 100 Continue only for a body under the cap: {}",
+            a.headers
+        );
         let after = up.stats.requests.load(Ordering::SeqCst);
         assert_eq!(
             after - before,
