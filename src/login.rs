@@ -106,6 +106,22 @@ impl Drop for InFlight<'_> {
 
 /// The rate-limit key of a client address: IPv6 by /64 (one subscriber's whole prefix), IPv4
 /// as is.
+/// Records a login failure for its client address and user name when dropped still holding them:
+/// the attempt's future was dropped while the upstream checked the password.
+struct ChargeIfAbandoned<'a> {
+    login: &'a Login,
+    keys: Option<(IpAddr, String)>,
+}
+
+impl Drop for ChargeIfAbandoned<'_> {
+    fn drop(&mut self) {
+        if let Some((ip, user)) = self.keys.take() {
+            self.login.by_ip.record_failure(ip);
+            self.login.by_user.record_failure(user);
+        }
+    }
+}
+
 fn client_key(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
@@ -311,7 +327,16 @@ impl Login {
                 }
             };
         drop(form.password);
-        match self.check_upstream(&creds, upstream).await {
+        // A client that leaves while the upstream checks its password drops this future (the
+        // server watches for that): it is charged a failure all the same, or closing each
+        // connection early would try passwords against the upstream without limit.
+        let mut abandoned = ChargeIfAbandoned {
+            login: self,
+            keys: Some((ip_key, user_key)),
+        };
+        let checked = self.check_upstream(&creds, upstream).await;
+        let (ip_key, user_key) = abandoned.keys.take().expect("taken only here");
+        match checked {
             Ok(true) => {}
             Ok(false) => {
                 self.by_ip.record_failure(ip_key);

@@ -295,7 +295,6 @@ async fn session(cmd: SessionCommand) -> ExitCode {
     }
 }
 
-/// Resolves on SIGINT or SIGTERM.
 /// SIGHUP, which would end the process (and every request in flight) by default, is logged
 /// and ignored: the configuration is not reloaded (a restart applies it; SIGTERM drains first).
 #[cfg(unix)]
@@ -308,6 +307,7 @@ async fn hangups_ignored(mut hangups: tokio::signal::unix::Signal) {
     }
 }
 
+/// Resolves on SIGINT or SIGTERM.
 async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;

@@ -684,7 +684,7 @@ impl Drop for Abandoned<'_> {
                 status: CLIENT_CLOSED,
                 duration_us: u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
                 sid: None,
-                reason: Some("client closed the connection before the answer"),
+                reason: Some("answer dropped unfinished: the client went away (or shutdown's drain time ended)"),
             });
         }
         if let Some(counts) = &self.proxy.request_counts {

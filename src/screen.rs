@@ -76,12 +76,18 @@ pub fn screen_request(parts: &mut Parts, limits: &Limits) -> Result<Screened, Pr
     }
     if let Some(te) = parts.headers.get(header::TRANSFER_ENCODING) {
         // hyper de-chunks the body; any other coding would be dropped unnamed on the way.
-        let fields = parts
+        if parts
             .headers
             .get_all(header::TRANSFER_ENCODING)
             .iter()
-            .count();
-        if fields > 1 || !te.as_bytes().trim_ascii().eq_ignore_ascii_case(b"chunked") {
+            .count()
+            > 1
+        {
+            return Err(ProxyError::BadRequest(
+                "more than one Transfer-Encoding field",
+            ));
+        }
+        if !te.as_bytes().trim_ascii().eq_ignore_ascii_case(b"chunked") {
             return Err(ProxyError::TransferCoding);
         }
     }
@@ -140,7 +146,7 @@ fn remove_present(headers: &mut HeaderMap, lists: [&[&'static str]; 2]) {
         let key = name.as_str();
         if let Some(i) = names().position(|n| *n == key) {
             present |= 1 << i;
-        } else if key.starts_with("x-forwarded-") {
+        } else if forwarding_field(key) {
             forwarded.push(name.clone());
         }
     }
@@ -154,6 +160,20 @@ fn remove_present(headers: &mut HeaderMap, lists: [&[&'static str]; 2]) {
             }
         }
     }
+}
+
+/// Whether a header name (lower case) is `x-forwarded-*`, or `x-real-ip`, also spelled with `_`
+/// for `-` (CGI and WSGI servers read `X_Forwarded_User` as `HTTP_X_FORWARDED_USER`, the same
+/// variable as `X-Forwarded-User`).
+fn forwarding_field(name: &str) -> bool {
+    let dashed = |prefix: &str| {
+        name.len() >= prefix.len()
+            && name
+                .bytes()
+                .zip(prefix.bytes())
+                .all(|(a, b)| a == b || (a == b'_' && b == b'-'))
+    };
+    dashed("x-forwarded-") || (name.len() == 9 && dashed("x-real-ip"))
 }
 
 fn authority(parts: &Parts) -> Result<HeaderValue, ProxyError> {
@@ -610,7 +630,14 @@ mod tests {
 
     #[test]
     fn every_hop_by_hop_and_spoofable_name_is_removed_and_nothing_else() {
-        let prefixed = ["x-forwarded-user", "x-forwarded-prefix", "x-forwarded-port"];
+        let prefixed = [
+            "x-forwarded-user",
+            "x-forwarded-prefix",
+            "x-forwarded-port",
+            "x_forwarded_user",
+            "x_forwarded-for",
+            "x_real_ip",
+        ];
         for name in HOP_BY_HOP.iter().chain(SPOOFABLE.iter()).chain(&prefixed) {
             let value = if *name == "transfer-encoding" {
                 "chunked"
@@ -634,12 +661,16 @@ mod tests {
         };
         assert!(te(&["chunked"]).is_ok());
         assert!(te(&[" Chunked "]).is_ok());
-        for bad in [&["gzip, chunked"][..], &["gzip"], &["chunked", "chunked"]] {
+        for bad in [&["gzip, chunked"][..], &["gzip"]] {
             assert!(
                 matches!(te(bad), Err(ProxyError::TransferCoding)),
                 "{bad:?}"
             );
         }
+        assert!(matches!(
+            te(&["chunked", "chunked"]),
+            Err(ProxyError::BadRequest(_))
+        ));
     }
 
     #[test]

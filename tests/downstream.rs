@@ -325,6 +325,15 @@ fn pipelined_split_and_handed_off_requests_on_one_connection() {
     let r = c.response(false);
     assert_eq!((r.status, r.body.len()), (200, 1024));
     assert_eq!(r.body, one_kib_json().as_bytes());
+
+    // Two requests in one write, then a half-close: the first is answered (a client with a
+    // pipelined request already read is still there); the last counts as abandoned, as with
+    // nginx and hyper, so the connection then ends.
+    let mut h = Client::connect(&t);
+    h.send(format!("{}{}", get("/h1", &token), get("/h2", &token)).as_bytes());
+    h.s.shutdown(std::net::Shutdown::Write).unwrap();
+    assert_eq!(h.response(false).status, 200);
+    assert!(h.closed_within(Duration::from_secs(2)));
 }
 
 #[test]

@@ -1091,8 +1091,8 @@ fn framing_script(line: &str) -> upstream::Script {
             false,
         ),
         // Apache httpd's and Node.js's way of saying how long an idle connection stays open.
-        "/keep-alive-2" => (
-            "HTTP/1.1 200 OK\r\nKeep-Alive: timeout=2, max=100\r\nContent-Length: 2\r\n\r\nok"
+        "/keep-alive-4" => (
+            "HTTP/1.1 200 OK\r\nKeep-Alive: timeout=4, max=100\r\nContent-Length: 2\r\n\r\nok"
                 .into(),
             false,
         ),
@@ -1437,6 +1437,51 @@ fn transfer_codings_other_than_chunked_are_refused() {
     assert_eq!(code, 502);
 }
 
+/// A login whose client leaves while the upstream checks the password counts as a failed
+/// login: the rate limit is not dodged by closing each connection before the answer. Two
+/// abandoned attempts for one user (the limit is 2), then the third is refused with 429 before
+/// the upstream is asked.
+#[test]
+fn an_abandoned_login_is_charged_a_failure() {
+    use std::io::Write;
+    use std::sync::atomic::Ordering::SeqCst;
+    let up = upstream::start(Behavior::Scripted(framing_script));
+    let (t, _) = behind(
+        &up.url(),
+        &[
+            ("login", "verify_path = \"/silent-head\""),
+            ("login", "cookie_secure = false"),
+            ("login", "max_failures_per_user = 2"),
+        ],
+    );
+    let body = r#"{"username":"victim","password":"guess"}"#;
+    for _ in 0..2 {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+        write!(
+            s,
+            "POST /auth/login HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let asked = up.stats.requests.load(SeqCst);
+    assert_eq!(asked, 2, "both attempts reached the upstream");
+    let (code, answer) = curl(&[
+        "-H",
+        "Content-Type: application/json",
+        "--data-binary",
+        body,
+        &t.url("/auth/login"),
+    ]);
+    assert_eq!(code, 429, "{answer}");
+    assert_eq!(
+        up.stats.requests.load(SeqCst),
+        asked,
+        "the upstream was not asked"
+    );
+}
+
 /// SIGHUP does not end `tessera serve` (by default it would, dropping every request in flight):
 /// it is logged as ignored, since the configuration is not reloaded, and serving goes on.
 #[test]
@@ -1509,9 +1554,9 @@ fn a_client_that_leaves_frees_its_upstream_connection() {
     );
 }
 
-/// An upstream that announces `Keep-Alive: timeout=2` closes an idle connection after 2 s, and a
+/// An upstream that announces `Keep-Alive: timeout=4` closes an idle connection after 4 s, and a
 /// request sent just then would be lost (with a body: a 502). tessera reuses such a connection
-/// only within half the announced time (1 s), and keeps its own 30 s limit when nothing is
+/// only within the announced time less 1 s (3 s), and keeps its own 30 s limit when nothing is
 /// announced; the latest response decides. The field itself never reaches the client.
 #[test]
 fn an_announced_keep_alive_timeout_shortens_pooling() {
@@ -1525,18 +1570,18 @@ fn an_announced_keep_alive_timeout_shortens_pooling() {
         assert_eq!(code, 200, "{body}");
         assert!(!body.to_ascii_lowercase().contains("keep-alive"), "{body}");
     };
-    get("/keep-alive-2");
+    get("/keep-alive-4");
     assert_eq!(opened(), 1);
     std::thread::sleep(Duration::from_millis(300));
-    get("/keep-alive-2");
-    assert_eq!(opened(), 1, "reused within 1 s");
-    std::thread::sleep(Duration::from_millis(1300));
+    get("/keep-alive-4");
+    assert_eq!(opened(), 1, "reused within 3 s");
+    std::thread::sleep(Duration::from_millis(3300));
     get("/length");
-    assert_eq!(opened(), 2, "not reused after 1.3 s: a new connection");
+    assert_eq!(opened(), 2, "not reused after 3.3 s: a new connection");
     // That response announced nothing: the pool's own 30 s apply again.
-    std::thread::sleep(Duration::from_millis(1300));
+    std::thread::sleep(Duration::from_millis(3300));
     get("/length");
-    assert_eq!(opened(), 2, "reused after 1.3 s when nothing was announced");
+    assert_eq!(opened(), 2, "reused after 3.3 s when nothing was announced");
 }
 
 /// With busy polling on (`server.busy_poll_us`) on two serving threads, requests over one

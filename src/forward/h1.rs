@@ -1064,8 +1064,7 @@ mod tests {
 
     use crate::forward::raw::from_pairs;
 
-    /// A connection moved to another thread's runtime leaves the first thread's busy-poll watch
-    /// set and joins the second's: its response ends the second thread's poll, not the first's.
+    /// `Keep-Alive: timeout=N` read from a response, and the idle limit it sets.
     #[test]
     fn announced_keep_alive_timeout() {
         let announced = |v: &str| announced_idle(&from_pairs(&[("keep-alive", v)]));
@@ -1092,6 +1091,8 @@ mod tests {
         assert_eq!(limit(Some(75)), Duration::from_secs(30));
     }
 
+    /// A connection moved to another thread's runtime leaves the first thread's busy-poll watch
+    /// set and joins the second's: its response ends the second thread's poll, not the first's.
     #[test]
     fn a_rehomed_connection_moves_between_busy_poll_watch_sets() {
         use std::io::Write as _;

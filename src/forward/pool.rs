@@ -379,13 +379,17 @@ impl Drop for Conn {
     }
 }
 
-/// Closes idle connections older than `idle_timeout`, every half timeout, while the pool lives.
+/// Closes idle connections past their limit ([`H1::idle_limit`]), every half `idle_timeout` (at
+/// most 5 s), while the pool lives.
 fn spawn_reaper(pool: Weak<Pool>, idle_timeout: Duration) {
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         return;
     };
     handle.spawn(async move {
-        let mut tick = tokio::time::interval((idle_timeout / 2).max(Duration::from_millis(10)));
+        // At most 5 s apart: an upstream's `Keep-Alive: timeout` can expire a connection well
+        // before the pool's own limit, and its socket should not wait long to be closed.
+        let every = (idle_timeout / 2).clamp(Duration::from_millis(10), Duration::from_secs(5));
+        let mut tick = tokio::time::interval(every);
         loop {
             tick.tick().await;
             let Some(pool) = pool.upgrade() else { return };

@@ -114,7 +114,11 @@ pub async fn serve(serving: Arc<Serving>, io: TcpStream, peer: Peer) {
             }
         };
         let head = req.method() == Method::HEAD;
-        let mut watch = ClientWatch::default();
+        // Pipelined requests already read: the client is waiting for their answers too, even
+        // if it has half-closed after sending them (hyper's rule too).
+        let mut watch = ClientWatch {
+            done: !conn.incoming.buf.is_empty(),
+        };
         let resp = {
             let respond = serving.proxy.respond(req, &peer);
             tokio::pin!(respond);
@@ -155,10 +159,14 @@ pub async fn serve(serving: Arc<Serving>, io: TcpStream, peer: Peer) {
 /// event stream, a long poll) held an upstream connection until the upstream next wrote, and
 /// a few such clients exhausted `upstream.max_connections`.
 ///
-/// Costs nothing while no byte arrives: the runtime's readiness says so. When the socket turns
-/// readable a `recv(MSG_PEEK)` tells a close from bytes: bytes (a pipelined request; the client
-/// is still there) end the watch for this request, since the peek could not tell a later close
-/// from them.
+/// No syscall while the runtime's readiness says nothing arrived. When it says the socket is
+/// readable (also still, after a request read without meeting `EAGAIN`), one `recv(MSG_PEEK)`
+/// tells a close from bytes; in the second case it stands in for the `EAGAIN` read the next
+/// request's read would have made, so the syscalls per request stay the same. Bytes (a
+/// pipelined request; the client is still there) end the watch for this request, since the
+/// peek could not tell a later close from them; so do pipelined requests already read. A
+/// client that half-closes (`shutdown(SHUT_WR)`) right after its request counts as gone, as
+/// with nginx and hyper.
 #[derive(Default)]
 struct ClientWatch {
     /// Bytes of a next request arrived: no longer watching.
@@ -780,9 +788,9 @@ fn empty_lines(buf: &[u8]) -> usize {
     }
 }
 
-/// The next data frame (trailers are dropped: HTTP/1.1 clients did not ask for them).
-/// The next data frame of `body`; `Err` when it failed, or when the client on `io` went away
-/// while waiting for it (`watch`).
+/// The next data frame of `body` (trailers are dropped: HTTP/1.1 clients did not ask for them);
+/// `Err` when the body failed, or when the client on `io` went away while waiting for it
+/// (`watch`).
 async fn next_data(
     body: &mut ProxyBody,
     io: &TcpStream,
