@@ -288,13 +288,13 @@ impl Proxy {
         let logged = (self.access_log && crate::access_log::enabled())
             .then(|| (req.method().clone(), req.uri().path().to_owned()));
         let started = (logged.is_some() || self.request_counts.is_some()).then(Instant::now);
-        // Logs the request as 499 if this future is dropped before it answers.
-        let mut abandoned = Abandoned {
+        // Written below when the answer is ready, or as 499 if this future is dropped first.
+        let mut record = Record {
             proxy: self,
             peer: peer.addr.ip(),
-            logged: logged.as_ref(),
+            logged,
             started,
-            armed: true,
+            written: false,
         };
         let mut ctx = Ctx::default();
         let (resp, reason) = match self.process(req, peer, &mut ctx).await {
@@ -304,22 +304,11 @@ impl Proxy {
                 (e.into_response(), Some(reason))
             }
         };
-        abandoned.armed = false;
-        let took = started.map(|s| s.elapsed()).unwrap_or_default();
-        if let Some((method, path)) = &logged {
-            crate::access_log::write(&crate::access_log::Line {
-                peer: peer.addr.ip(),
-                method: method.as_str(),
-                path,
-                status: resp.status().as_u16(),
-                duration_us: u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
-                sid: ctx.sid.as_deref(),
-                reason: reason.as_deref().or(ctx.reason.as_deref()),
-            });
-        }
-        if let Some(counts) = &self.request_counts {
-            counts.record(resp.status().as_u16(), took);
-        }
+        record.write(
+            resp.status().as_u16(),
+            ctx.sid.as_deref(),
+            reason.as_deref().or(ctx.reason.as_deref()),
+        );
         resp
     }
 
@@ -655,40 +644,54 @@ fn origin_allowed(
         .any(|a| a.as_bytes().eq_ignore_ascii_case(origin))
 }
 
-/// A request whose answer was dropped unfinished (the client went away: see
-/// `server::h1::ClientWatch`; hyper drops it on an h2 stream reset) is still counted and
-/// logged, as 499 (nginx's "client closed request").
-struct Abandoned<'a> {
+/// One request's access line and metrics, written once: by [`Proxy::respond`] when the answer is
+/// ready, or, when its future is dropped before (the client went away: see
+/// `server::h1::ClientWatch`; hyper drops it on an h2 stream reset), as 499 (nginx's "client
+/// closed request").
+struct Record<'a> {
     proxy: &'a Proxy,
     peer: std::net::IpAddr,
-    logged: Option<&'a (http::Method, String)>,
+    /// Method and path, when the access log is on.
+    logged: Option<(http::Method, String)>,
+    /// When the request head was read (`None`: neither log nor metrics want it).
     started: Option<Instant>,
-    /// Cleared once the answer is ready.
-    armed: bool,
+    written: bool,
 }
 
 /// The status logged for a request the client gave up on (nginx's non-standard 499).
 const CLIENT_CLOSED: u16 = 499;
 
-impl Drop for Abandoned<'_> {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
+impl Record<'_> {
+    /// Writes the access line (with the session's `sid` hashed, and `reason`) and counts the
+    /// request under `status` with its duration so far.
+    fn write(&mut self, status: u16, sid: Option<&str>, reason: Option<&str>) {
+        self.written = true;
         let took = self.started.map(|s| s.elapsed()).unwrap_or_default();
-        if let Some((method, path)) = self.logged {
+        if let Some((method, path)) = &self.logged {
             crate::access_log::write(&crate::access_log::Line {
                 peer: self.peer,
                 method: method.as_str(),
                 path,
-                status: CLIENT_CLOSED,
+                status,
                 duration_us: u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
-                sid: None,
-                reason: Some("answer dropped unfinished: the client went away (or shutdown's drain time ended)"),
+                sid,
+                reason,
             });
         }
         if let Some(counts) = &self.proxy.request_counts {
-            counts.record(CLIENT_CLOSED, took);
+            counts.record(status, took);
+        }
+    }
+}
+
+impl Drop for Record<'_> {
+    fn drop(&mut self) {
+        if !self.written {
+            self.write(
+                CLIENT_CLOSED,
+                None,
+                Some("answer dropped unfinished: the client went away (or shutdown's drain time ended)"),
+            );
         }
     }
 }

@@ -964,10 +964,23 @@ fn framing(
             .get_all(b"transfer-encoding")
             .flat_map(|v| v.split(|&b| b == b','))
             .map(<[u8]>::trim_ascii);
+        // Any coding but chunked (`gzip, chunked`) would reach the client still coded, with
+        // nothing saying so: the downstream side frames bodies itself, and names no coding.
+        let chunked = |c: &[u8]| {
+            let name = c.split(|&b| b == b';').next().unwrap_or_default();
+            name.trim_ascii().eq_ignore_ascii_case(b"chunked")
+        };
         let mut last = None;
         for coding in codings {
-            if !coding.is_empty() && !transfer_coding(coding) {
-                return Err(broken("invalid transfer-encoding"));
+            if !coding.is_empty() {
+                if !transfer_coding(coding) {
+                    return Err(broken("invalid transfer-encoding"));
+                }
+                if !chunked(coding) {
+                    return Err(broken(
+                        "transfer coding other than chunked (not decoded, so not relayed)",
+                    ));
+                }
             }
             last = Some(coding);
         }
@@ -975,22 +988,6 @@ fn framing(
         // refused (hyper reads `chunked,` as not chunked; this does not guess between them).
         if last.is_none_or(<[u8]>::is_empty) {
             return Err(broken("invalid transfer-encoding"));
-        }
-        // Any other coding (`gzip, chunked`) would reach the client still coded, with nothing
-        // saying so: the downstream side frames bodies itself, and names no coding.
-        let chunked = |c: &[u8]| {
-            let name = c.split(|&b| b == b';').next().unwrap_or_default();
-            name.trim_ascii().eq_ignore_ascii_case(b"chunked")
-        };
-        let mut listed = fields
-            .get_all(b"transfer-encoding")
-            .flat_map(|v| v.split(|&b| b == b','))
-            .map(<[u8]>::trim_ascii)
-            .filter(|c| !c.is_empty());
-        if !listed.all(chunked) {
-            return Err(broken(
-                "transfer coding other than chunked (not decoded, so not relayed)",
-            ));
         }
         return Ok(Framing::Chunked(Chunk::Size));
     }

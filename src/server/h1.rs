@@ -176,18 +176,12 @@ struct ClientWatch {
 impl ClientWatch {
     /// Ready when the client is gone; never ready once bytes of a next request arrived.
     fn poll_gone(&mut self, io: &TcpStream, cx: &mut Context<'_>) -> Poll<()> {
-        use rustix::net::{recv, RecvFlags};
         while !self.done {
             if std::task::ready!(io.poll_read_ready(cx)).is_err() {
                 return Poll::Ready(());
             }
-            let mut probe = [0u8; 1];
             // Through the runtime, so a `WouldBlock` clears the readiness it acted on.
-            let peeked = io.try_io(tokio::io::Interest::READABLE, || {
-                recv(io, &mut probe, RecvFlags::PEEK | RecvFlags::DONTWAIT)
-                    .map(|(n, _)| n)
-                    .map_err(io::Error::from)
-            });
+            let peeked = io.try_io(tokio::io::Interest::READABLE, || peek(io));
             match peeked {
                 Ok(0) => return Poll::Ready(()),
                 Ok(_) => self.done = true,
@@ -199,13 +193,22 @@ impl ClientWatch {
     }
 }
 
-/// Whether the socket's receive queue is empty (or the connection already ended): one `recv`
-/// with `MSG_PEEK | MSG_DONTWAIT`, asked of the kernel, not of the runtime's readiness cache
-/// (which can lag behind bytes that have just arrived).
+/// Whether the socket's receive queue is empty (or the connection already ended), asked of the
+/// kernel, not of the runtime's readiness cache (which can lag behind bytes that have just
+/// arrived).
 fn nothing_queued(io: &TcpStream) -> bool {
+    !matches!(peek(io), Ok(n) if n > 0)
+}
+
+/// One `recv(MSG_PEEK | MSG_DONTWAIT)` of at most 1 byte, left in the queue: `Ok(1)` bytes are
+/// waiting, `Ok(0)` the client closed (FIN), `Err(WouldBlock)` nothing yet, another error a
+/// reset or failed socket.
+fn peek(io: &TcpStream) -> io::Result<usize> {
     use rustix::net::{recv, RecvFlags};
     let mut probe = [0u8; 1];
-    !matches!(recv(io, &mut probe, RecvFlags::PEEK | RecvFlags::DONTWAIT), Ok((n, _)) if n > 0)
+    recv(io, &mut probe, RecvFlags::PEEK | RecvFlags::DONTWAIT)
+        .map(|(n, _)| n)
+        .map_err(io::Error::from)
 }
 
 /// Longest a closing connection is drained in all, and with no bytes arriving (the lingering
