@@ -248,7 +248,8 @@ pub struct ServerConfig {
     pub max_body_bytes: u64,
     /// HTTP/1.1: time a client has to send a request head, from its first byte (then 408 and
     /// close; on the fast path also for a buffered body); an idle keep-alive connection is closed
-    /// after the same time. Default 30 s.
+    /// after the same time. h2c: a connection with no request open for this time is sent
+    /// GOAWAY, and dropped when idle for the same time again. Default 30 s.
     pub header_read_timeout: Duration,
     /// Serving threads, each a single-threaded runtime that accepts from the shared listener and
     /// runs its connections start to finish (thread per core). Default: the number of CPUs.

@@ -514,6 +514,91 @@ fn closing_rules_timeouts_and_graceful_shutdown() {
     assert!(busy.closed_within(Duration::from_secs(2)));
 }
 
+/// hyper's HTTP/2 server has no idle or connection-preface timeout of its own: before the idle
+/// check, every connection below stayed open for as long as its client kept it.
+#[test]
+fn h2c_connections_left_idle_are_closed() {
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let up = upstream::start(Behavior::Echo {
+        delay: Duration::from_millis(1000),
+    });
+    let (t, token) = behind(&up.url(), &[("server", "header_read_timeout_ms = 300")]);
+    // Reads (and drops) whatever the server sends until it closes; whether that was in time.
+    let closes_within = |s: &mut TcpStream, within: Duration| {
+        let started = Instant::now();
+        s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        let mut tmp = [0u8; 256];
+        while started.elapsed() < within {
+            match s.read(&mut tmp) {
+                Ok(0) => return true,
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::ConnectionReset => return true,
+                Err(_) => {}
+            }
+        }
+        false
+    };
+
+    // Half a connection preface, then nothing.
+    let mut half = TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+    half.write_all(b"PRI * HTTP/2.0\r\n").unwrap();
+    // The whole preface and an empty SETTINGS frame, then nothing: no request, and no answer to
+    // the PING that follows GOAWAY, so a graceful close alone would never end it.
+    let mut silent = TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+    silent
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .unwrap();
+    assert!(
+        closes_within(&mut half, Duration::from_secs(3)),
+        "half a preface: still open"
+    );
+    assert!(
+        closes_within(&mut silent, Duration::from_secs(3)),
+        "no request: still open"
+    );
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", t.port))
+            .await
+            .unwrap();
+        let (mut send, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .unwrap();
+        let conn = tokio::spawn(conn);
+        // A request in flight for three times the idle time (the upstream answers after 1 s) is
+        // not cut, and the connection stays open for the next one.
+        for path in ["/slow1", "/slow2"] {
+            let req = http::Request::get(format!("http://app{path}"))
+                .header("authorization", format!("Bearer {token}"))
+                .body(Empty::<bytes::Bytes>::new())
+                .unwrap();
+            let resp = send.send_request(req).await.unwrap();
+            assert_eq!(resp.status(), 200, "{path}");
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            assert!(body.starts_with(b"{\"auth\":\"Basic "), "{path}: {body:?}");
+        }
+        // Then idle: GOAWAY, which hyper's client answers, and the connection ends.
+        let idle = Instant::now();
+        tokio::time::timeout(Duration::from_secs(3), conn)
+            .await
+            .expect("an idle h2c connection still open after 3 s")
+            .unwrap()
+            .unwrap();
+        assert!(
+            idle.elapsed() >= Duration::from_millis(250),
+            "{:?}",
+            idle.elapsed()
+        );
+    });
+}
+
 fn responses(line: &str) -> Script {
     let bytes = if line.starts_with("GET /chunked ") {
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n".to_vec()

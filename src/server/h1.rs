@@ -23,6 +23,7 @@ use std::future::{poll_fn, Future};
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -318,25 +319,39 @@ async fn hand_off(serving: &Serving, conn: Conn, peer: Peer, served: bool) {
     };
     let peer = Arc::new(peer);
     let proxy = serving.proxy.clone();
+    let streams = Arc::new(Streams::default());
+    let watched = streams.clone();
     let service = service_fn(move |req| {
         let (proxy, peer) = (proxy.clone(), peer.clone());
-        async move { Ok::<_, std::convert::Infallible>(proxy.handle(req, &peer).await) }
+        let open = Streams::open(&streams);
+        async move {
+            let resp = proxy.handle(req, &peer).await;
+            Ok::<_, std::convert::Infallible>(resp.map(|body| Tracked { body, _open: open }))
+        }
     });
+    let idle = Idle {
+        streams: &watched,
+        after: serving.header_read_timeout,
+    };
     // With upgrades: a WebSocket handshake the upstream accepted hands the connection over to
     // its tunnel (see `Proxy::switch`).
-    let done: Result<(), Box<dyn std::error::Error + Send + Sync>> = if served {
+    let done: Option<Result<(), Box<dyn std::error::Error + Send + Sync>>> = if served {
         let conn = serving
             .hyper_h1
             .serve_connection(TokioIo::new(io), service)
             .with_upgrades();
-        until_done(conn, |c| c.graceful_shutdown(), &serving.shutdown)
+        until_done(conn, |c| c.graceful_shutdown(), &serving.shutdown, idle)
             .await
-            .map_err(Into::into)
+            .map(|done| done.map_err(Into::into))
     } else {
         let conn = serving
             .hyper
             .serve_connection_with_upgrades(TokioIo::new(io), service);
-        until_done(conn, |c| c.graceful_shutdown(), &serving.shutdown).await
+        until_done(conn, |c| c.graceful_shutdown(), &serving.shutdown, idle).await
+    };
+    let Some(done) = done else {
+        tracing::debug!("downstream connection closed: idle, and it did not close when asked");
+        return;
     };
     if let Err(e) = done {
         tracing::debug!(cause = %e, "downstream connection ended with an error");
@@ -347,20 +362,119 @@ async fn hand_off(serving: &Serving, conn: Conn, peer: Peer, served: bool) {
     }
 }
 
-/// Drives a hyper connection to its end; once `shutdown` is cancelled, asks it to finish
+/// Drives a hyper connection to its end. Once `shutdown` is cancelled, asks it to finish
 /// gracefully (`graceful`: the connection type's own `graceful_shutdown`) and waits for that.
+/// Once it has been idle (see [`Idle`]) for `idle.after`, asks the same (HTTP/2: GOAWAY); idle
+/// for `idle.after` again, it is dropped, which closes the socket: `None`.
+///
+/// Why: hyper's HTTP/2 server has no idle or connection-preface timeout, so an h2c client that
+/// sent half a preface, or finished its requests and kept the connection, held it (a socket
+/// and about 17 KiB) for ever; and a client that ignores GOAWAY's PING keeps a gracefully
+/// closing one. HTTP/1 connections have hyper's own `header_read_timeout` as well.
 async fn until_done<C: Future>(
     conn: C,
-    graceful: impl FnOnce(Pin<&mut C>),
+    graceful: impl Fn(Pin<&mut C>),
     shutdown: &CancellationToken,
-) -> C::Output {
+    idle: Idle<'_>,
+) -> Option<C::Output> {
     tokio::pin!(conn);
-    tokio::select! {
-        done = conn.as_mut() => done,
-        () = shutdown.cancelled() => {
-            graceful(conn.as_mut());
-            conn.await
+    // Checked four times per `after`: a connection is asked to close between 1 and 1.25 times
+    // `after` after its last request ended.
+    let period = (idle.after / 4).max(Duration::from_millis(1));
+    let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut seen = 0;
+    let mut idle_since: Option<Instant> = None;
+    let mut asked = false;
+    let mut stopping = false;
+    loop {
+        tokio::select! {
+            done = conn.as_mut() => return Some(done),
+            () = shutdown.cancelled(), if !stopping => {
+                stopping = true;
+                graceful(conn.as_mut());
+            }
+            now = ticks.tick() => {
+                let started = idle.streams.started.load(Ordering::Relaxed);
+                if started != seen || idle.streams.open.load(Ordering::Relaxed) > 0 {
+                    seen = started;
+                    idle_since = None;
+                    continue;
+                }
+                let since = *idle_since.get_or_insert(now);
+                if now.duration_since(since) < idle.after {
+                    continue;
+                }
+                if asked {
+                    return None;
+                }
+                asked = true;
+                idle_since = Some(now);
+                graceful(conn.as_mut());
+            }
         }
+    }
+}
+
+/// When a connection served by hyper counts as idle: no request in flight and none started
+/// since the last check, for `after` (`server.header_read_timeout_ms`).
+#[derive(Clone, Copy)]
+struct Idle<'a> {
+    streams: &'a Streams,
+    after: Duration,
+}
+
+/// The requests (HTTP/1 requests or HTTP/2 streams) of one connection served by hyper: how many
+/// reached the proxy, and how many of them are still open (from their head until their
+/// response body has been sent or dropped). Counters only: read by the idle check.
+#[derive(Default)]
+struct Streams {
+    started: AtomicU64,
+    open: AtomicUsize,
+}
+
+impl Streams {
+    /// Counts a request in; it stays open until the returned guard is dropped.
+    fn open(this: &Arc<Self>) -> Open {
+        this.started.fetch_add(1, Ordering::Relaxed);
+        this.open.fetch_add(1, Ordering::Relaxed);
+        Open(this.clone())
+    }
+}
+
+/// One open request of [`Streams`]; dropping it closes the request.
+struct Open(Arc<Streams>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A response body that keeps its request open (see [`Streams`]) until hyper has sent it or
+/// dropped it; everything else is the body's own.
+struct Tracked {
+    body: ProxyBody,
+    _open: Open,
+}
+
+impl Body for Tracked {
+    type Data = Bytes;
+    type Error = crate::forward::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 
