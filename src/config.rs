@@ -449,7 +449,9 @@ pub struct LoginConfig {
     pub max_failures_per_ip: u32,
     /// Failed logins allowed per user name per window before 429. Default 20.
     pub max_failures_per_user: u32,
-    /// The window the failure counts refill over, seconds. Default 300.
+    /// The window the failure counts refill over, seconds: per instance one failure is forgiven
+    /// every window / max; the count every instance shares in the store lasts one window from
+    /// its first failure. Default 300.
     pub failure_window: Duration,
     /// Heading and `<title>` of the login page. Default `Sign in`.
     pub page_title: String,

@@ -3,7 +3,8 @@
 //! Login checks the user's credentials against the upstream itself (`login.verify_path` must
 //! answer 2xx to them), creates a fresh session with the credentials sealed, and issues a token
 //! signed by the active key, as a cookie and in the JSON body. Failed attempts are limited per
-//! client address and per user name (GCRA, `governor`). Must never: log a password or token,
+//! client address and per user name: in this process (GCRA, `governor`), and across every
+//! instance on the same session store (counters in the store). Must never: log a password or token,
 //! reuse a session id a client sent, create a session when the upstream did not say yes, or
 //! redirect anywhere but a same-origin path.
 
@@ -33,7 +34,7 @@ use crate::config::{Config, LoginConfig, TokenConfig};
 use crate::error::ProxyError;
 use crate::forward::{empty_body, BoxError, ProxyBody, Upstream};
 use crate::seal::Credentials;
-use crate::session::{sid_hash, Sessions};
+use crate::session::{sid_hash, Sessions, Store};
 use crate::token::{self, Keys, Verifier};
 use crate::unix_now;
 
@@ -107,10 +108,13 @@ impl Drop for InFlight<'_> {
 /// The rate-limit key of a client address: IPv6 by /64 (one subscriber's whole prefix), IPv4
 /// as is.
 /// Records a login failure for its client address and user name when dropped still holding them:
-/// the attempt's future was dropped while the upstream checked the password.
+/// the attempt's future was dropped while the upstream checked the password. The shared count
+/// is sent from a task of its own (a drop cannot wait for the store).
 struct ChargeIfAbandoned<'a> {
     login: &'a Login,
     keys: Option<(IpAddr, String)>,
+    store: &'a Store,
+    shared: &'a [String; 2],
 }
 
 impl Drop for ChargeIfAbandoned<'_> {
@@ -118,7 +122,45 @@ impl Drop for ChargeIfAbandoned<'_> {
         if let Some((ip, user)) = self.keys.take() {
             self.login.by_ip.record_failure(ip);
             self.login.by_user.record_failure(user);
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let (store, shared) = (self.store.clone(), self.shared.clone());
+                let window = self.login.cfg.failure_window;
+                rt.spawn(async move { count_shared_failure(&store, &shared, window).await });
+            }
         }
+    }
+}
+
+/// Store key prefix of the failed-login counts that every instance on one store shares. Outside
+/// the session key prefix: never listed as a session, never an invalidation.
+const SHARED_FAILURES: &str = "tessera:login-failures:";
+
+/// The store keys of the shared failed-login counts of a client address (its rate-limit key)
+/// and of a user name (its SHA-256 in hex, so no user name is kept in the store).
+fn shared_failure_keys(ip: IpAddr, user: &str) -> [String; 2] {
+    use sha2::{Digest, Sha256};
+    use std::fmt::Write;
+    let mut hex = String::with_capacity(64);
+    for b in Sha256::digest(user.as_bytes()) {
+        let _ = write!(hex, "{b:02x}");
+    }
+    [
+        format!("{SHARED_FAILURES}ip:{ip}"),
+        format!("{SHARED_FAILURES}user:{hex}"),
+    ]
+}
+
+/// Counts one failure on both shared counters (a fixed window of `window`, whole seconds, from
+/// each counter's first failure). A store that cannot count is logged, not fatal: the local
+/// limit still holds.
+async fn count_shared_failure(store: &Store, keys: &[String; 2], window: Duration) {
+    let secs = window.as_secs().max(1);
+    let (ip, user) = tokio::join!(
+        store.increment(&keys[0], secs),
+        store.increment(&keys[1], secs)
+    );
+    if let Err(e) = ip.and(user) {
+        tracing::warn!(cause = %e, "login: cannot count a failed login in the store");
     }
 }
 
@@ -319,6 +361,27 @@ impl Login {
         let Some(_slot) = self.enter(ip_key, &user_key) else {
             return self.refuse(Refusal::Limited(1), is_form, rd);
         };
+        // The failures counted in the store, by every instance that shares it: without them,
+        // n instances behind a load balancer would allow n times the attempts.
+        let store = sessions.store();
+        let shared = shared_failure_keys(ip_key, &user_key);
+        match store.counters(&[&shared[0], &shared[1]]).await {
+            Ok(counts) => {
+                let caps = [self.cfg.max_failures_per_ip, self.cfg.max_failures_per_user];
+                let wait = counts
+                    .iter()
+                    .zip(caps)
+                    .filter(|((n, _), cap)| *n >= u64::from(*cap))
+                    .map(|((_, secs), _)| *secs)
+                    .max();
+                if let Some(secs) = wait {
+                    return self.refuse(Refusal::Limited(secs.max(1)), is_form, rd);
+                }
+            }
+            Err(_) => {
+                return self.refuse(Refusal::Proxy(ProxyError::StoreUnavailable), is_form, rd)
+            }
+        }
         let creds =
             match Credentials::new(form.username.trim().to_owned(), form.password.to_string()) {
                 Ok(c) => c,
@@ -333,6 +396,8 @@ impl Login {
         let mut abandoned = ChargeIfAbandoned {
             login: self,
             keys: Some((ip_key, user_key)),
+            store,
+            shared: &shared,
         };
         let checked = self.check_upstream(&creds, upstream).await;
         let (ip_key, user_key) = abandoned.keys.take().expect("taken only here");
@@ -341,6 +406,7 @@ impl Login {
             Ok(false) => {
                 self.by_ip.record_failure(ip_key);
                 self.by_user.record_failure(user_key);
+                count_shared_failure(store, &shared, self.cfg.failure_window).await;
                 return self.refuse(Refusal::Credentials, is_form, rd);
             }
             Err(e) => return self.refuse(Refusal::Proxy(e), is_form, rd),

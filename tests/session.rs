@@ -320,6 +320,105 @@ fn behind_a_trusted_proxy_failed_logins_are_limited_per_named_client() {
     assert_eq!(login_as("203.0.113.2, 203.0.113.1", "bob", "bob-pw"), 429);
 }
 
+/// Two instances behind one load balancer share the failed-login count through their store
+/// (Redis, or one embedded file): 2 failures on A and 1 on B reach the limit of 3 for both.
+/// Before, each instance counted only its own, so n instances allowed n times the attempts.
+#[test]
+fn failed_logins_are_counted_by_every_instance_on_the_store() {
+    let up = users();
+    let redis = Redis::start();
+    let shared_dir = tempfile::tempdir().unwrap();
+    let embedded = format!("embedded:{}/sessions", shared_dir.path().display());
+    for store in [redis.url(), embedded] {
+        let start = || {
+            let (store, up_url) = (store.clone(), up.url());
+            Tessera::start(move |port, _| {
+                config(
+                    port,
+                    &up_url,
+                    &store,
+                    &[
+                        ("login", "cookie_secure = false"),
+                        ("login", "verify_path = \"/check\""),
+                        ("login", "max_failures_per_user = 3"),
+                    ],
+                )
+            })
+        };
+        let (a, b) = (start(), start());
+        assert_eq!(login(&a, "alice", "wrong-1").code, 401, "{store}");
+        assert_eq!(login(&a, "alice", "wrong-2").code, 401, "{store}");
+        assert_eq!(login(&b, "alice", "wrong-3").code, 401, "{store}");
+        let before = up.stats.requests.load(std::sync::atomic::Ordering::SeqCst);
+        for t in [&a, &b] {
+            let r = login(t, "alice", "alice-pw");
+            assert_eq!(r.code, 429, "{store}: {}", r.body);
+            let wait: u64 = r
+                .header("retry-after")
+                .expect("Retry-After")
+                .parse()
+                .unwrap();
+            assert!((1..=300).contains(&wait), "{store}: {wait}");
+        }
+        assert_eq!(
+            up.stats.requests.load(std::sync::atomic::Ordering::SeqCst),
+            before,
+            "{store}: the upstream was asked"
+        );
+        // Another user from the same address (3 of 20 address failures) is not held back.
+        token_of(&login(&b, "bob", "bob-pw"));
+    }
+    // The user's counter is keyed by a hash: no user name is kept in the store.
+    let keys = redis.cli(&["--scan", "--pattern", "tessera:login-failures:*"]);
+    assert_eq!(keys.lines().count(), 2, "{keys}");
+    assert!(!keys.contains("alice"), "{keys}");
+}
+
+/// The store's counters (the shared failed-login counts), on both backends: counted from 1,
+/// read with the seconds left in their window, absent ones (0, 0), and a counter whose window
+/// has passed starts again at 1.
+#[test]
+fn store_counters_count_within_a_window_and_start_again_after_it() {
+    use tessera::config::StoreSpec;
+    use tessera::session::Store;
+    let redis = Redis::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for spec in [
+        StoreSpec::Redis(redis.url()),
+        StoreSpec::Embedded(dir.path().join("sessions")),
+    ] {
+        let store = Store::open(&spec, Duration::from_secs(2)).unwrap();
+        rt.block_on(async {
+            assert_eq!(store.increment("c:short", 1).await.unwrap(), 1, "{spec:?}");
+            assert_eq!(store.increment("c:short", 1).await.unwrap(), 2, "{spec:?}");
+            for _ in 0..3 {
+                store.increment("c:long", 300).await.unwrap();
+            }
+            let counts = store
+                .counters(&["c:short", "c:long", "c:none"])
+                .await
+                .unwrap();
+            assert_eq!(counts[0].0, 2, "{spec:?}");
+            assert_eq!(counts[1].0, 3, "{spec:?}");
+            assert!((299..=300).contains(&counts[1].1), "{spec:?}: {counts:?}");
+            assert_eq!(counts[2], (0, 0), "{spec:?}");
+            // Past its one-second window (whole seconds: up to 2 s later) the count starts over.
+            tokio::time::sleep(Duration::from_millis(2100)).await;
+            assert_eq!(
+                store.counters(&["c:short"]).await.unwrap(),
+                [(0, 0)],
+                "{spec:?}"
+            );
+            assert_eq!(store.increment("c:short", 1).await.unwrap(), 1, "{spec:?}");
+            assert_eq!(store.increment("c:long", 300).await.unwrap(), 4, "{spec:?}");
+        });
+    }
+}
+
 #[test]
 fn per_user_limit_and_form_login_with_csrf_and_rd() {
     let up = users();

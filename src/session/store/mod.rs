@@ -95,6 +95,26 @@ impl Store {
         }
     }
 
+    /// Adds one to the counter at `key` and returns the new count. A counter that is absent or
+    /// has expired starts again at 1 and expires `window_seconds` after that (a fixed window
+    /// from its first count). Shared by every instance on the store (the failed-login counts);
+    /// never sent to the invalidation stream, so keep such keys outside the session prefix.
+    pub async fn increment(&self, key: &str, window_seconds: u64) -> Result<u64, StoreError> {
+        match self {
+            Self::Embedded(s) => s.increment(key, window_seconds).await,
+            Self::Redis(s) => s.increment(key, window_seconds).await,
+        }
+    }
+
+    /// The counters at `keys` ([`Store::increment`]), in order: (count, seconds until the
+    /// window ends, at least 1); (0, 0) for one that is absent or has expired. One round trip.
+    pub async fn counters(&self, keys: &[&str]) -> Result<Vec<(u64, u64)>, StoreError> {
+        match self {
+            Self::Embedded(s) => s.counters(keys).await,
+            Self::Redis(s) => s.counters(keys).await,
+        }
+    }
+
     /// Starts watching keys under `prefix` for changes by any process: Redis server-assisted
     /// client-side caching (RESP3 `CLIENT TRACKING ON BCAST PREFIX`, its own connection, pinged
     /// every second), or the embedded store's change log (polled every 25 ms). The receiver

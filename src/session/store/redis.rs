@@ -137,6 +137,52 @@ impl RedisStore {
             .map_err(err)?;
         Ok(reply.is_some())
     }
+
+    pub(super) async fn increment(
+        &self,
+        key: &str,
+        window_seconds: u64,
+    ) -> Result<u64, StoreError> {
+        // INCR and the expiry of a new counter in one atomic script (EVAL, as `replace`): a
+        // counter never outlives its window, nor is one left without an expiry.
+        const INCREMENT: &str = "local n = redis.call('INCR', KEYS[1]) \
+             if n == 1 then redis.call('EXPIRE', KEYS[1], ARGV[1]) end \
+             return n";
+        redis::cmd("EVAL")
+            .arg(INCREMENT)
+            .arg(1)
+            .arg(key)
+            .arg(window_seconds.max(1))
+            .query_async(&mut self.conn().await?)
+            .await
+            .map_err(err)
+    }
+
+    pub(super) async fn counters(&self, keys: &[&str]) -> Result<Vec<(u64, u64)>, StoreError> {
+        // Count and TTL of each key, flat: [count1, ttl1, count2, ttl2, ..].
+        const COUNTERS: &str = "local out = {} \
+             for _, k in ipairs(KEYS) do \
+               out[#out + 1] = tonumber(redis.call('GET', k)) or 0 \
+               out[#out + 1] = redis.call('TTL', k) \
+             end \
+             return out";
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(COUNTERS).arg(keys.len()).arg(keys);
+        let flat: Vec<i64> = self
+            .idempotent(|mut c| {
+                let cmd = cmd.clone();
+                async move { cmd.query_async(&mut c).await }
+            })
+            .await?;
+        Ok(flat
+            .chunks(2)
+            .map(|pair| match *pair {
+                // TTL -2: gone; -1: no expiry (not one of ours): counted, one second left.
+                [n, ttl] if n > 0 && ttl != -2 => (n as u64, ttl.max(1) as u64),
+                _ => (0, 0),
+            })
+            .collect())
+    }
 }
 
 impl RedisStore {
