@@ -68,8 +68,9 @@ pub fn serving_sessions(cfg: &Config) -> Result<session::Sessions, session::Stor
 /// thread, with no cross-thread wake-ups (measured in BENCHMARKS.md, "Tuning, one change at a
 /// time").
 ///
-/// With `metrics` (bound to `metrics.listen`), `GET /metrics` is served there on the caller's
-/// runtime ([`telemetry::serve_metrics`]) until shutdown.
+/// With `metrics` (bound to `metrics.listen`), `GET /metrics` and the probes `/healthz` and
+/// `/readyz` are served there on the caller's runtime ([`telemetry::serve_metrics`]) until the
+/// drain ends; `/readyz` answers 503 from the start of shutdown.
 ///
 /// Errors: the session store cannot be opened.
 pub async fn run(
@@ -79,9 +80,12 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), session::StoreError> {
     let proxy = Arc::new(Proxy::from_config(&cfg)?);
+    // Turned true when shutdown begins: tells the serving threads to drain, and `/readyz` to
+    // answer 503.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
     let metrics = metrics.map(|l| {
-        tracing::info!(listen = %l.local_addr().map(|a| a.to_string()).unwrap_or_default(), "metrics at /metrics");
-        tokio::spawn(telemetry::serve_metrics(l, proxy.clone()))
+        tracing::info!(listen = %l.local_addr().map(|a| a.to_string()).unwrap_or_default(), "metrics at /metrics, probes at /healthz and /readyz");
+        tokio::spawn(telemetry::serve_metrics(l, proxy.clone(), stopped.clone()))
     });
     let _stop_metrics = metrics.map(tokio_util::task::AbortOnDropHandle::new);
     // Ends with `run`, like the metrics task.
@@ -104,7 +108,6 @@ pub async fn run(
         None => None,
     };
     tracing::info!(listen = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), upstream = %cfg.upstream.url, threads = cfg.server.threads, busy_poll_us = cfg.server.busy_poll.as_micros() as u64, "tessera serving");
-    let (stop, stopped) = tokio::sync::watch::channel(false);
     let std_listener = listener.into_std().expect("a tokio listener has a socket");
     let mut threads = Vec::with_capacity(cfg.server.threads);
     for index in 0..cfg.server.threads {
@@ -126,7 +129,13 @@ pub async fn run(
     if threads.is_empty() {
         // No thread could be started: serve on the caller's runtime instead.
         match TcpListener::from_std(std_listener) {
-            Ok(listener) => server::serve(listener, proxy, &cfg.server, shutdown).await,
+            Ok(listener) => {
+                let shutdown = async {
+                    shutdown.await;
+                    let _ = stop.send(true);
+                };
+                server::serve(listener, proxy, &cfg.server, shutdown).await
+            }
             Err(e) => tracing::error!(cause = %e, "cannot register the listener"),
         }
         return Ok(());

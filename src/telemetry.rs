@@ -335,12 +335,27 @@ pub fn render(proxy: &Proxy) -> String {
 /// `Content-Type` of [`render`]'s text (OpenMetrics 1.0, which Prometheus negotiates).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-fn answer(proxy: &Proxy, req: &Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+/// Answers one request of the operator's listener: `/metrics`, and the probes `/healthz`
+/// (live: 200 while the process serves) and `/readyz` (200 when the session store answers and
+/// shutdown has not begun, else 503 with the reason).
+async fn answer(
+    proxy: &Proxy,
+    draining: &tokio::sync::watch::Receiver<bool>,
+    req: &Request<hyper::body::Incoming>,
+) -> Response<Full<Bytes>> {
+    let known = matches!(req.uri().path(), "/metrics" | "/healthz" | "/readyz");
     let (status, content_type, body) = match (req.method(), req.uri().path()) {
         (&Method::GET | &Method::HEAD, "/metrics") => {
             (StatusCode::OK, CONTENT_TYPE, Bytes::from(render(proxy)))
         }
-        (_, "/metrics") => (
+        (&Method::GET | &Method::HEAD, "/healthz") => {
+            (StatusCode::OK, "text/plain", Bytes::from_static(b"ok\n"))
+        }
+        (&Method::GET | &Method::HEAD, "/readyz") => {
+            let (status, why) = readiness(proxy, draining).await;
+            (status, "text/plain", Bytes::from_static(why))
+        }
+        _ if known => (
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain",
             Bytes::from_static(b"GET or HEAD only\n"),
@@ -348,7 +363,7 @@ fn answer(proxy: &Proxy, req: &Request<hyper::body::Incoming>) -> Response<Full<
         _ => (
             StatusCode::NOT_FOUND,
             "text/plain",
-            Bytes::from_static(b"metrics are at /metrics\n"),
+            Bytes::from_static(b"metrics are at /metrics; probes at /healthz and /readyz\n"),
         ),
     };
     // For HEAD, hyper sends the body's length and not the body.
@@ -365,15 +380,43 @@ fn answer(proxy: &Proxy, req: &Request<hyper::body::Incoming>) -> Response<Full<
     resp
 }
 
+/// Whether this instance should get traffic: 503 once shutdown has begun (the listener is
+/// closed; busy connections are draining) or while the session store does not answer a read
+/// within `session.timeout_ms` (every cold session would get 503); else 200.
+async fn readiness(
+    proxy: &Proxy,
+    draining: &tokio::sync::watch::Receiver<bool>,
+) -> (StatusCode, &'static [u8]) {
+    if *draining.borrow() {
+        return (StatusCode::SERVICE_UNAVAILABLE, b"shutting down\n");
+    }
+    match proxy.sessions().store().ping().await {
+        Ok(()) => (StatusCode::OK, b"ready\n"),
+        Err(e) => {
+            tracing::debug!(cause = %e, "readiness probe: session store unavailable");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                b"session store unavailable\n",
+            )
+        }
+    }
+}
+
 /// Connections served at once on the metrics listener; more are closed at accept.
 pub const MAX_METRICS_CONNECTIONS: usize = 16;
 
-/// Serves `GET /metrics` (HTTP/1.1) on `listener` until this future is dropped, which also ends
-/// its connections. Other paths get 404, other methods 405; at most
+/// Serves `GET /metrics` and the probes `GET /healthz` and `GET /readyz` (HTTP/1.1; see
+/// `answer`) on `listener` until this future is dropped, which also ends its connections.
+/// `draining` turns true when shutdown begins (`/readyz` answers 503 from then on). Other
+/// paths get 404, other methods 405; at most
 /// [`MAX_METRICS_CONNECTIONS`] at once (a scraper's idle keep-alive connection holds one), and a
 /// request head must arrive within 10 s of its start (hyper's `header_read_timeout`). A failed
 /// accept is logged and retried after 100 ms.
-pub async fn serve_metrics(listener: TcpListener, proxy: Arc<Proxy>) {
+pub async fn serve_metrics(
+    listener: TcpListener,
+    proxy: Arc<Proxy>,
+    draining: tokio::sync::watch::Receiver<bool>,
+) {
     let mut connections = tokio::task::JoinSet::new();
     loop {
         let accepted = tokio::select! {
@@ -395,11 +438,11 @@ pub async fn serve_metrics(listener: TcpListener, proxy: Arc<Proxy>) {
             );
             continue;
         }
-        let proxy = proxy.clone();
+        let (proxy, draining) = (proxy.clone(), draining.clone());
         connections.spawn(async move {
             let service = hyper::service::service_fn(move |req| {
-                let resp = answer(&proxy, &req);
-                async move { Ok::<_, std::convert::Infallible>(resp) }
+                let (proxy, draining) = (proxy.clone(), draining.clone());
+                async move { Ok::<_, std::convert::Infallible>(answer(&proxy, &draining, &req).await) }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())

@@ -5,7 +5,7 @@ mod support;
 
 use std::process::Command;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use support::upstream::{self, Behavior, TestUpstream};
 use support::{bearer, bin, config, curl, Redis, Tessera};
@@ -372,6 +372,69 @@ fn failed_logins_are_counted_by_every_instance_on_the_store() {
     let keys = redis.cli(&["--scan", "--pattern", "tessera:login-failures:*"]);
     assert_eq!(keys.lines().count(), 2, "{keys}");
     assert!(!keys.contains("alice"), "{keys}");
+}
+
+/// The probes on the operator's listener: `/healthz` answers while the process serves;
+/// `/readyz` follows the session store (503 while Redis is down, 200 once it is back) and turns
+/// 503 when shutdown begins, while a busy request still drains.
+#[test]
+fn health_and_readiness_probes_follow_the_store_and_shutdown() {
+    let up = upstream::start(Behavior::Echo {
+        delay: Duration::from_millis(1500),
+    });
+    let mut redis = Redis::start();
+    let metrics_port = support::free_port();
+    let (up_url, redis_url) = (up.url(), redis.url());
+    let t = Tessera::start(move |port, _| {
+        format!(
+            "{}[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n",
+            config(port, &up_url, &redis_url, &[])
+        )
+    });
+    support::wait_for_port(metrics_port, "tessera metrics");
+    let probe = |path: &str| curl(&[&format!("http://127.0.0.1:{metrics_port}{path}")]);
+    assert_eq!(probe("/healthz"), (200, "ok\n".into()));
+    assert_eq!(probe("/readyz"), (200, "ready\n".into()));
+    assert_eq!(
+        curl(&[
+            "-X",
+            "POST",
+            &format!("http://127.0.0.1:{metrics_port}/readyz")
+        ])
+        .0,
+        405
+    );
+
+    redis.stop();
+    assert_eq!(
+        probe("/readyz"),
+        (503, "session store unavailable\n".into())
+    );
+    assert_eq!(probe("/healthz").0, 200, "alive all the same");
+    redis.restart();
+    let back = Instant::now();
+    while probe("/readyz").0 != 200 {
+        assert!(
+            back.elapsed() < Duration::from_secs(10),
+            "not ready 10 s after Redis came back"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // A request that keeps the drain going (the restarted Redis is empty: a session now).
+    let (_, token2) = t.create_session("alice", "pw");
+    let url = t.url("/slow");
+    let busy = std::thread::spawn(move || curl(&["-H", &bearer(&token2), &url]).0);
+    std::thread::sleep(Duration::from_millis(300));
+    let killed = Command::new("kill")
+        .args(["-TERM", &t.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(probe("/readyz"), (503, "shutting down\n".into()));
+    assert_eq!(probe("/healthz").0, 200);
+    assert_eq!(busy.join().unwrap(), 200, "the busy request drained");
 }
 
 /// The store's counters (the shared failed-login counts), on both backends: counted from 1,

@@ -101,6 +101,19 @@ impl Redis {
     pub fn start() -> Self {
         require("redis-server");
         let port = free_port();
+        Self {
+            port,
+            child: Self::spawn(port),
+        }
+    }
+
+    /// Starts a new, empty redis-server on the same port after [`Redis::stop`].
+    pub fn restart(&mut self) {
+        terminate(&mut self.child);
+        self.child = Self::spawn(self.port);
+    }
+
+    fn spawn(port: u16) -> Child {
         let child = Command::new("redis-server")
             .args([
                 "--port",
@@ -119,7 +132,7 @@ impl Redis {
             .spawn()
             .expect("spawn redis-server");
         wait_for_port(port, "redis-server");
-        Self { port, child }
+        child
     }
 
     pub fn url(&self) -> String {
