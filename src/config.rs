@@ -426,6 +426,10 @@ impl SameSite {
     }
 }
 
+/// Longest `login.failure_window_seconds`: one week. A counter's expiry must stay a valid
+/// Redis `EXPIRE` and SQLite integer.
+const MAX_FAILURE_WINDOW_SECONDS: u64 = 7 * 24 * 3600;
+
 /// `[login]`: the session side served by tessera itself.
 #[derive(Debug, Clone)]
 pub struct LoginConfig {
@@ -1223,10 +1227,10 @@ fn validate_login(
         n => Ok(n),
     };
     let window = l.failure_window_seconds.unwrap_or(300);
-    if window == 0 {
+    if !(1..=MAX_FAILURE_WINDOW_SECONDS).contains(&window) {
         return Err(ConfigError::new(
             "login.failure_window_seconds",
-            "must be greater than 0",
+            "must be between 1 and 604800 (one week)",
         ));
     }
     let has_signer = token

@@ -70,7 +70,8 @@ pub fn serving_sessions(cfg: &Config) -> Result<session::Sessions, session::Stor
 ///
 /// With `metrics` (bound to `metrics.listen`), `GET /metrics` and the probes `/healthz` and
 /// `/readyz` are served there on the caller's runtime ([`telemetry::serve_metrics`]) until the
-/// drain ends; `/readyz` answers 503 from the start of shutdown.
+/// drain ends; `/readyz` answers 200 only from when the serving threads run until shutdown
+/// begins.
 ///
 /// Errors: the session store cannot be opened.
 pub async fn run(
@@ -80,12 +81,13 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), session::StoreError> {
     let proxy = Arc::new(Proxy::from_config(&cfg)?);
-    // Turned true when shutdown begins: tells the serving threads to drain, and `/readyz` to
-    // answer 503.
-    let (stop, stopped) = tokio::sync::watch::channel(false);
+    // `Serving` once the serving threads run; `Draining` when shutdown begins, which tells them
+    // to drain. `/readyz` answers 200 only while `Serving`.
+    let (phase, phase_rx) = tokio::sync::watch::channel(telemetry::Phase::Starting);
     let metrics = metrics.map(|l| {
         tracing::info!(listen = %l.local_addr().map(|a| a.to_string()).unwrap_or_default(), "metrics at /metrics, probes at /healthz and /readyz");
-        tokio::spawn(telemetry::serve_metrics(l, proxy.clone(), stopped.clone()))
+        let probe_timeout = cfg.session.timeout;
+        tokio::spawn(telemetry::serve_metrics(l, proxy.clone(), phase_rx.clone(), probe_timeout))
     });
     let _stop_metrics = metrics.map(tokio_util::task::AbortOnDropHandle::new);
     // Ends with `run`, like the metrics task.
@@ -112,12 +114,12 @@ pub async fn run(
     let mut threads = Vec::with_capacity(cfg.server.threads);
     for index in 0..cfg.server.threads {
         let spawned = std_listener.try_clone().and_then(|listener| {
-            let (proxy, server, mut stopped) = (proxy.clone(), cfg.server.clone(), stopped.clone());
+            let (proxy, server, mut phase) = (proxy.clone(), cfg.server.clone(), phase_rx.clone());
             std::thread::Builder::new()
                 .name(format!("tessera-serve-{index}"))
                 .spawn(move || {
                     serving_thread(index, listener, proxy, server, async move {
-                        let _ = stopped.wait_for(|stop| *stop).await;
+                        let _ = phase.wait_for(|p| *p == telemetry::Phase::Draining).await;
                     })
                 })
         });
@@ -130,9 +132,10 @@ pub async fn run(
         // No thread could be started: serve on the caller's runtime instead.
         match TcpListener::from_std(std_listener) {
             Ok(listener) => {
+                phase.send_replace(telemetry::Phase::Serving);
                 let shutdown = async {
                     shutdown.await;
-                    let _ = stop.send(true);
+                    phase.send_replace(telemetry::Phase::Draining);
                 };
                 server::serve(listener, proxy, &cfg.server, shutdown).await
             }
@@ -144,8 +147,9 @@ pub async fn run(
     // would keep it listening (connections completed by the kernel, never served, reset at
     // exit) for the whole drain, instead of refusing them at once.
     drop(std_listener);
+    phase.send_replace(telemetry::Phase::Serving);
     shutdown.await;
-    let _ = stop.send(true);
+    phase.send_replace(telemetry::Phase::Draining);
     // Each thread drains its connections (bounded by the server's drain time), then ends.
     let _ = tokio::task::spawn_blocking(move || {
         for t in threads {

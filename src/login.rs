@@ -105,16 +105,12 @@ impl Drop for InFlight<'_> {
     }
 }
 
-/// The rate-limit key of a client address: IPv6 by /64 (one subscriber's whole prefix), IPv4
-/// as is.
-/// Records a login failure for its client address and user name when dropped still holding them:
-/// the attempt's future was dropped while the upstream checked the password. The shared count
-/// is sent from a task of its own (a drop cannot wait for the store).
+/// Records a login failure for its client address and user name in this process when dropped
+/// still holding them: the attempt's future was dropped while the upstream checked the password.
+/// (The shared count in the store was taken before the check, and is kept.)
 struct ChargeIfAbandoned<'a> {
     login: &'a Login,
     keys: Option<(IpAddr, String)>,
-    store: &'a Store,
-    shared: &'a [String; 2],
 }
 
 impl Drop for ChargeIfAbandoned<'_> {
@@ -122,11 +118,6 @@ impl Drop for ChargeIfAbandoned<'_> {
         if let Some((ip, user)) = self.keys.take() {
             self.login.by_ip.record_failure(ip);
             self.login.by_user.record_failure(user);
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let (store, shared) = (self.store.clone(), self.shared.clone());
-                let window = self.login.cfg.failure_window;
-                rt.spawn(async move { count_shared_failure(&store, &shared, window).await });
-            }
         }
     }
 }
@@ -136,7 +127,8 @@ impl Drop for ChargeIfAbandoned<'_> {
 const SHARED_FAILURES: &str = "tessera:login-failures:";
 
 /// The store keys of the shared failed-login counts of a client address (its rate-limit key)
-/// and of a user name (its SHA-256 in hex, so no user name is kept in the store).
+/// and of a user name: its SHA-256 in hex, which bounds the key's length and keeps the name out
+/// of plain sight (a hash of a guessable name is not a secret).
 fn shared_failure_keys(ip: IpAddr, user: &str) -> [String; 2] {
     use sha2::{Digest, Sha256};
     use std::fmt::Write;
@@ -150,20 +142,17 @@ fn shared_failure_keys(ip: IpAddr, user: &str) -> [String; 2] {
     ]
 }
 
-/// Counts one failure on both shared counters (a fixed window of `window`, whole seconds, from
-/// each counter's first failure). A store that cannot count is logged, not fatal: the local
-/// limit still holds.
-async fn count_shared_failure(store: &Store, keys: &[String; 2], window: Duration) {
-    let secs = window.as_secs().max(1);
-    let (ip, user) = tokio::join!(
-        store.increment(&keys[0], secs),
-        store.increment(&keys[1], secs)
-    );
+/// Gives back an attempt taken from both shared counts (see `Login::login`). A store that
+/// cannot take it back is logged: the attempt stays counted as a failure.
+async fn give_back(store: &Store, keys: &[String; 2]) {
+    let (ip, user) = tokio::join!(store.decrement(&keys[0]), store.decrement(&keys[1]));
     if let Err(e) = ip.and(user) {
-        tracing::warn!(cause = %e, "login: cannot count a failed login in the store");
+        tracing::warn!(cause = %e, "login: cannot take back an attempt counted in the store");
     }
 }
 
+/// The rate-limit key of a client address: IPv6 by /64 (one subscriber's whole prefix), IPv4
+/// as is.
 fn client_key(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
@@ -361,27 +350,6 @@ impl Login {
         let Some(_slot) = self.enter(ip_key, &user_key) else {
             return self.refuse(Refusal::Limited(1), is_form, rd);
         };
-        // The failures counted in the store, by every instance that shares it: without them,
-        // n instances behind a load balancer would allow n times the attempts.
-        let store = sessions.store();
-        let shared = shared_failure_keys(ip_key, &user_key);
-        match store.counters(&[&shared[0], &shared[1]]).await {
-            Ok(counts) => {
-                let caps = [self.cfg.max_failures_per_ip, self.cfg.max_failures_per_user];
-                let wait = counts
-                    .iter()
-                    .zip(caps)
-                    .filter(|((n, _), cap)| *n >= u64::from(*cap))
-                    .map(|((_, secs), _)| *secs)
-                    .max();
-                if let Some(secs) = wait {
-                    return self.refuse(Refusal::Limited(secs.max(1)), is_form, rd);
-                }
-            }
-            Err(_) => {
-                return self.refuse(Refusal::Proxy(ProxyError::StoreUnavailable), is_form, rd)
-            }
-        }
         let creds =
             match Credentials::new(form.username.trim().to_owned(), form.password.to_string()) {
                 Ok(c) => c,
@@ -390,26 +358,49 @@ impl Login {
                 }
             };
         drop(form.password);
+        // The count every instance on the store shares (without it, n instances behind a load
+        // balancer would allow n times the attempts): the attempt is counted as a failure before
+        // the upstream is asked, and given back if it was not one. Counting first, atomically,
+        // means parallel attempts on several instances cannot all pass the last free one.
+        let store = sessions.store();
+        let shared = shared_failure_keys(ip_key, &user_key);
+        let window = self.cfg.failure_window.as_secs();
+        let counted = tokio::join!(
+            store.increment(&shared[0], window),
+            store.increment(&shared[1], window)
+        );
+        let ((ip_n, ip_left), (user_n, user_left)) = match counted {
+            (Ok(ip), Ok(user)) => (ip, user),
+            _ => return self.refuse(Refusal::Proxy(ProxyError::StoreUnavailable), is_form, rd),
+        };
+        let over = [
+            (ip_n > u64::from(self.cfg.max_failures_per_ip)).then_some(ip_left),
+            (user_n > u64::from(self.cfg.max_failures_per_user)).then_some(user_left),
+        ];
+        if let Some(secs) = over.into_iter().flatten().max() {
+            return self.refuse(Refusal::Limited(secs), is_form, rd);
+        }
         // A client that leaves while the upstream checks its password drops this future (the
         // server watches for that): it is charged a failure all the same, or closing each
         // connection early would try passwords against the upstream without limit.
         let mut abandoned = ChargeIfAbandoned {
             login: self,
             keys: Some((ip_key, user_key)),
-            store,
-            shared: &shared,
         };
         let checked = self.check_upstream(&creds, upstream).await;
         let (ip_key, user_key) = abandoned.keys.take().expect("taken only here");
         match checked {
-            Ok(true) => {}
+            Ok(true) => give_back(store, &shared).await,
             Ok(false) => {
                 self.by_ip.record_failure(ip_key);
                 self.by_user.record_failure(user_key);
-                count_shared_failure(store, &shared, self.cfg.failure_window).await;
                 return self.refuse(Refusal::Credentials, is_form, rd);
             }
-            Err(e) => return self.refuse(Refusal::Proxy(e), is_form, rd),
+            // The upstream did not answer: not the client's failure.
+            Err(e) => {
+                give_back(store, &shared).await;
+                return self.refuse(Refusal::Proxy(e), is_form, rd);
+            }
         }
         let created = match sessions.create(&creds, self.session_ttl).await {
             Ok(c) => c,

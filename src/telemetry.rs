@@ -336,11 +336,11 @@ pub fn render(proxy: &Proxy) -> String {
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Answers one request of the operator's listener: `/metrics`, and the probes `/healthz`
-/// (live: 200 while the process serves) and `/readyz` (200 when the session store answers and
-/// shutdown has not begun, else 503 with the reason).
+/// (live: 200 while the process's main runtime answers) and `/readyz` (see `readiness`).
 async fn answer(
     proxy: &Proxy,
-    draining: &tokio::sync::watch::Receiver<bool>,
+    phase: &tokio::sync::watch::Receiver<Phase>,
+    probe_timeout: Duration,
     req: &Request<hyper::body::Incoming>,
 ) -> Response<Full<Bytes>> {
     let known = matches!(req.uri().path(), "/metrics" | "/healthz" | "/readyz");
@@ -352,7 +352,8 @@ async fn answer(
             (StatusCode::OK, "text/plain", Bytes::from_static(b"ok\n"))
         }
         (&Method::GET | &Method::HEAD, "/readyz") => {
-            let (status, why) = readiness(proxy, draining).await;
+            let now = *phase.borrow();
+            let (status, why) = readiness(proxy, now, probe_timeout).await;
             (status, "text/plain", Bytes::from_static(why))
         }
         _ if known => (
@@ -380,26 +381,36 @@ async fn answer(
     resp
 }
 
-/// Whether this instance should get traffic: 503 once shutdown has begun (the listener is
-/// closed; busy connections are draining) or while the session store does not answer a read
-/// within `session.timeout_ms` (every cold session would get 503); else 200.
-async fn readiness(
-    proxy: &Proxy,
-    draining: &tokio::sync::watch::Receiver<bool>,
-) -> (StatusCode, &'static [u8]) {
-    if *draining.borrow() {
-        return (StatusCode::SERVICE_UNAVAILABLE, b"shutting down\n");
+/// Where an instance is in its life, as `/readyz` sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Loading keys (the first JWKS fetch), starting the serving threads.
+    Starting,
+    /// Serving threads accept connections.
+    Serving,
+    /// Shutdown has begun: the listener is closed, busy connections drain.
+    Draining,
+}
+
+/// Whether this instance should get traffic: 200 while `Serving` and the session store answers
+/// a read within `timeout` (`session.timeout_ms`); else 503 with the reason (starting, shutting
+/// down, or the store: every cold session would get 503).
+async fn readiness(proxy: &Proxy, phase: Phase, timeout: Duration) -> (StatusCode, &'static [u8]) {
+    match phase {
+        Phase::Starting => return (StatusCode::SERVICE_UNAVAILABLE, b"starting\n"),
+        Phase::Draining => return (StatusCode::SERVICE_UNAVAILABLE, b"shutting down\n"),
+        Phase::Serving => {}
     }
-    match proxy.sessions().store().ping().await {
-        Ok(()) => (StatusCode::OK, b"ready\n"),
-        Err(e) => {
-            tracing::debug!(cause = %e, "readiness probe: session store unavailable");
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                b"session store unavailable\n",
-            )
-        }
-    }
+    let cause = match tokio::time::timeout(timeout, proxy.sessions().store().ping()).await {
+        Ok(Ok(())) => return (StatusCode::OK, b"ready\n"),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => format!("no answer within {timeout:?}"),
+    };
+    tracing::debug!(%cause, "readiness probe: session store unavailable");
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        b"session store unavailable\n",
+    )
 }
 
 /// Connections served at once on the metrics listener; more are closed at accept.
@@ -407,7 +418,8 @@ pub const MAX_METRICS_CONNECTIONS: usize = 16;
 
 /// Serves `GET /metrics` and the probes `GET /healthz` and `GET /readyz` (HTTP/1.1; see
 /// `answer`) on `listener` until this future is dropped, which also ends its connections.
-/// `draining` turns true when shutdown begins (`/readyz` answers 503 from then on). Other
+/// `phase` says where the instance is (`/readyz` answers 200 only while `Serving` and the store
+/// answers within `probe_timeout`). Other
 /// paths get 404, other methods 405; at most
 /// [`MAX_METRICS_CONNECTIONS`] at once (a scraper's idle keep-alive connection holds one), and a
 /// request head must arrive within 10 s of its start (hyper's `header_read_timeout`). A failed
@@ -415,7 +427,8 @@ pub const MAX_METRICS_CONNECTIONS: usize = 16;
 pub async fn serve_metrics(
     listener: TcpListener,
     proxy: Arc<Proxy>,
-    draining: tokio::sync::watch::Receiver<bool>,
+    phase: tokio::sync::watch::Receiver<Phase>,
+    probe_timeout: Duration,
 ) {
     let mut connections = tokio::task::JoinSet::new();
     loop {
@@ -438,11 +451,14 @@ pub async fn serve_metrics(
             );
             continue;
         }
-        let (proxy, draining) = (proxy.clone(), draining.clone());
+        let (proxy, phase) = (proxy.clone(), phase.clone());
         connections.spawn(async move {
             let service = hyper::service::service_fn(move |req| {
-                let (proxy, draining) = (proxy.clone(), draining.clone());
-                async move { Ok::<_, std::convert::Infallible>(answer(&proxy, &draining, &req).await) }
+                let (proxy, phase) = (proxy.clone(), phase.clone());
+                async move {
+                    let resp = answer(&proxy, &phase, probe_timeout, &req).await;
+                    Ok::<_, std::convert::Infallible>(resp)
+                }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())

@@ -378,8 +378,8 @@ async fn until_done<C: Future>(
     idle: Idle<'_>,
 ) -> Option<C::Output> {
     tokio::pin!(conn);
-    // Checked four times per `after`: a connection is asked to close between 1 and 1.25 times
-    // `after` after its last request ended.
+    // Checked four times per `after`: a connection is asked to close between 1 and 1.5 times
+    // `after` after its last request ended (1.5: one that started and ended between two checks).
     let period = (idle.after / 4).max(Duration::from_millis(1));
     let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -451,8 +451,9 @@ impl Drop for Open {
     }
 }
 
-/// A response body that keeps its request open (see [`Streams`]) until hyper has sent it or
-/// dropped it; everything else is the body's own.
+/// A response body that keeps its request open (see [`Streams`]) until hyper has taken its last
+/// frame or dropped it (the last bytes may still wait to be written); everything else is the
+/// body's own.
 struct Tracked {
     body: ProxyBody,
     _open: Open,

@@ -107,46 +107,38 @@ impl EmbeddedStore {
         &self,
         key: &str,
         window_seconds: u64,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<(u64, u64), StoreError> {
         let key = key.to_owned();
         self.run(move |c| {
             let now = unix_now() as i64;
             // One statement: a counter past its window starts again at 1 (the SET expressions
             // see the row as it was). Not in the change log: counters invalidate nothing.
-            let n: i64 = c
+            let (n, until): (i64, i64) = c
                 .prepare_cached(
                     "INSERT INTO kv (key, value, expires_at) VALUES (?1, 1, ?2)
                      ON CONFLICT(key) DO UPDATE SET
                        value = CASE WHEN expires_at <= ?3 THEN 1 ELSE CAST(value AS INTEGER) + 1 END,
                        expires_at = CASE WHEN expires_at <= ?3 THEN ?2 ELSE expires_at END
-                     RETURNING CAST(value AS INTEGER)",
+                     RETURNING CAST(value AS INTEGER), expires_at",
                 )?
                 .query_row(
                     params![key, now.saturating_add(window_seconds.max(1) as i64), now],
-                    |r| r.get(0),
+                    |r| Ok((r.get(0)?, r.get(1)?)),
                 )?;
-            Ok(n.max(0) as u64)
+            Ok((n.max(0) as u64, (until - now).max(1) as u64))
         })
         .await
     }
 
-    pub(super) async fn counters(&self, keys: &[&str]) -> Result<Vec<(u64, u64)>, StoreError> {
-        let keys: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
+    pub(super) async fn decrement(&self, key: &str) -> Result<(), StoreError> {
+        let key = key.to_owned();
         self.run(move |c| {
-            let now = unix_now() as i64;
-            let mut stmt = c.prepare_cached(
-                "SELECT CAST(value AS INTEGER), expires_at FROM kv WHERE key = ?1 AND expires_at > ?2",
-            )?;
-            keys.iter()
-                .map(|k| {
-                    let row: Option<(i64, i64)> = stmt
-                        .query_row(params![k, now], |r| Ok((r.get(0)?, r.get(1)?)))
-                        .optional()?;
-                    Ok(row.map_or((0, 0), |(n, until)| {
-                        (n.max(0) as u64, (until - now).max(1) as u64)
-                    }))
-                })
-                .collect()
+            c.prepare_cached(
+                "UPDATE kv SET value = CAST(value AS INTEGER) - 1
+                 WHERE key = ?1 AND expires_at > ?2 AND CAST(value AS INTEGER) > 0",
+            )?
+            .execute(params![key, unix_now() as i64])
+            .map(|_| ())
         })
         .await
     }

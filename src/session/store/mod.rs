@@ -95,23 +95,28 @@ impl Store {
         }
     }
 
-    /// Adds one to the counter at `key` and returns the new count. A counter that is absent or
-    /// has expired starts again at 1 and expires `window_seconds` after that (a fixed window
-    /// from its first count). Shared by every instance on the store (the failed-login counts);
-    /// never sent to the invalidation stream, so keep such keys outside the session prefix.
-    pub async fn increment(&self, key: &str, window_seconds: u64) -> Result<u64, StoreError> {
+    /// Adds one to the counter at `key`; returns the new count and the seconds left in its
+    /// window (at least 1). A counter that is absent or has expired starts again at 1 and
+    /// expires `window_seconds` (1..=604800) after that: a fixed window from its first count.
+    /// Shared by every instance on the store (the failed-login counts); never sent to the
+    /// invalidation stream, so keep such keys outside the session prefix.
+    pub async fn increment(
+        &self,
+        key: &str,
+        window_seconds: u64,
+    ) -> Result<(u64, u64), StoreError> {
         match self {
             Self::Embedded(s) => s.increment(key, window_seconds).await,
             Self::Redis(s) => s.increment(key, window_seconds).await,
         }
     }
 
-    /// The counters at `keys` ([`Store::increment`]), in order: (count, seconds until the
-    /// window ends, at least 1); (0, 0) for one that is absent or has expired. One round trip.
-    pub async fn counters(&self, keys: &[&str]) -> Result<Vec<(u64, u64)>, StoreError> {
+    /// Takes one back from the counter at `key` ([`Store::increment`]), keeping its window; a
+    /// counter that is absent, expired or at 0 is left alone.
+    pub async fn decrement(&self, key: &str) -> Result<(), StoreError> {
         match self {
-            Self::Embedded(s) => s.counters(keys).await,
-            Self::Redis(s) => s.counters(keys).await,
+            Self::Embedded(s) => s.decrement(key).await,
+            Self::Redis(s) => s.decrement(key).await,
         }
     }
 

@@ -45,9 +45,9 @@ impl RedisStore {
             .map_err(err)
     }
 
-    /// Runs an idempotent command; if the multiplexed connection was found dead (server
-    /// restart, CLIENT KILL, idle cut), the manager reconnects and the command is sent once more
-    /// before the caller sees a store failure (503).
+    /// Runs an idempotent command (or a counter's, where running twice errs by one); if the
+    /// multiplexed connection was found dead (server restart, CLIENT KILL, idle cut), the manager
+    /// reconnects and the command is sent once more before the caller sees a store failure (503).
     async fn idempotent<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
     where
         F: Fn(ConnectionManager) -> Fut,
@@ -142,46 +142,47 @@ impl RedisStore {
         &self,
         key: &str,
         window_seconds: u64,
-    ) -> Result<u64, StoreError> {
-        // INCR and the expiry of a new counter in one atomic script (EVAL, as `replace`): a
-        // counter never outlives its window, nor is one left without an expiry.
+    ) -> Result<(u64, u64), StoreError> {
+        // INCR and the expiry in one atomic script (EVAL, as `replace`): a counter found without
+        // one (new, or written by someone else) gets the window, so none lasts for ever.
         const INCREMENT: &str = "local n = redis.call('INCR', KEYS[1]) \
-             if n == 1 then redis.call('EXPIRE', KEYS[1], ARGV[1]) end \
-             return n";
-        redis::cmd("EVAL")
-            .arg(INCREMENT)
+             local ttl = redis.call('TTL', KEYS[1]) \
+             if ttl < 0 then \
+               redis.call('EXPIRE', KEYS[1], ARGV[1]) \
+               ttl = tonumber(ARGV[1]) \
+             end \
+             return {n, ttl}";
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(INCREMENT)
             .arg(1)
             .arg(key)
-            .arg(window_seconds.max(1))
-            .query_async(&mut self.conn().await?)
-            .await
-            .map_err(err)
-    }
-
-    pub(super) async fn counters(&self, keys: &[&str]) -> Result<Vec<(u64, u64)>, StoreError> {
-        // Count and TTL of each key, flat: [count1, ttl1, count2, ttl2, ..].
-        const COUNTERS: &str = "local out = {} \
-             for _, k in ipairs(KEYS) do \
-               out[#out + 1] = tonumber(redis.call('GET', k)) or 0 \
-               out[#out + 1] = redis.call('TTL', k) \
-             end \
-             return out";
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(COUNTERS).arg(keys.len()).arg(keys);
-        let flat: Vec<i64> = self
+            .arg(window_seconds.max(1));
+        // Sent again on a connection found dead, as the idempotent commands are: had the first
+        // one run, a failed-login count is one too high for its window, which is harmless; a 503
+        // for every login after each reconnect would not be.
+        let (n, ttl): (i64, i64) = self
             .idempotent(|mut c| {
                 let cmd = cmd.clone();
                 async move { cmd.query_async(&mut c).await }
             })
             .await?;
-        Ok(flat
-            .chunks(2)
-            .map(|pair| match *pair {
-                // TTL -2: gone; -1: no expiry (not one of ours): counted, one second left.
-                [n, ttl] if n > 0 && ttl != -2 => (n as u64, ttl.max(1) as u64),
-                _ => (0, 0),
-            })
-            .collect())
+        Ok((n.max(0) as u64, ttl.max(1) as u64))
+    }
+
+    pub(super) async fn decrement(&self, key: &str) -> Result<(), StoreError> {
+        // DECR keeps the key's expiry; a missing or spent counter is not created at -1.
+        const DECREMENT: &str = "if (tonumber(redis.call('GET', KEYS[1])) or 0) > 0 then \
+               redis.call('DECR', KEYS[1]) \
+             end \
+             return 0";
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(DECREMENT).arg(1).arg(key);
+        // Sent again on a connection found dead (see `increment`): at worst one too low.
+        self.idempotent(|mut c| {
+            let cmd = cmd.clone();
+            async move { cmd.query_async::<()>(&mut c).await }
+        })
+        .await
     }
 }
 
