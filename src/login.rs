@@ -142,13 +142,19 @@ fn shared_failure_keys(ip: IpAddr, user: &str) -> [String; 2] {
     ]
 }
 
-/// Gives back an attempt taken from both shared counts (see `Login::login`). A store that
-/// cannot take it back is logged: the attempt stays counted as a failure.
-async fn give_back(store: &Store, keys: &[String; 2]) {
-    let (ip, user) = tokio::join!(store.decrement(&keys[0]), store.decrement(&keys[1]));
-    if let Err(e) = ip.and(user) {
-        tracing::warn!(cause = %e, "login: cannot take back an attempt counted in the store");
-    }
+/// Gives back an attempt taken from the shared counts at `keys` (see `Login::login`), in a task
+/// of its own, so that a client leaving meanwhile cannot keep it counted. A store that cannot
+/// take it back is logged: the attempt stays counted as a failure. (A window that ends while the
+/// upstream checks the password has the attempt given back to the next one: one too few there.)
+fn give_back(store: &Store, keys: Vec<String>) {
+    let store = store.clone();
+    tokio::spawn(async move {
+        for key in &keys {
+            if let Err(e) = store.decrement(key).await {
+                tracing::warn!(cause = %e, "login: cannot take back an attempt counted in the store");
+            }
+        }
+    });
 }
 
 /// The rate-limit key of a client address: IPv6 by /64 (one subscriber's whole prefix), IPv4
@@ -371,13 +377,25 @@ impl Login {
         );
         let ((ip_n, ip_left), (user_n, user_left)) = match counted {
             (Ok(ip), Ok(user)) => (ip, user),
-            _ => return self.refuse(Refusal::Proxy(ProxyError::StoreUnavailable), is_form, rd),
+            (ip, user) => {
+                // Whichever side was counted is taken back: the attempt was not made.
+                let counted: Vec<String> = [(ip.is_ok(), &shared[0]), (user.is_ok(), &shared[1])]
+                    .into_iter()
+                    .filter(|(ok, _)| *ok)
+                    .map(|(_, key)| key.clone())
+                    .collect();
+                give_back(store, counted);
+                return self.refuse(Refusal::Proxy(ProxyError::StoreUnavailable), is_form, rd);
+            }
         };
         let over = [
             (ip_n > u64::from(self.cfg.max_failures_per_ip)).then_some(ip_left),
             (user_n > u64::from(self.cfg.max_failures_per_user)).then_some(user_left),
         ];
         if let Some(secs) = over.into_iter().flatten().max() {
+            // Refused without asking: counts for neither side, so an address over its cap
+            // cannot lock out the users it names, nor a user over hers the address she shares.
+            give_back(store, shared.to_vec());
             return self.refuse(Refusal::Limited(secs), is_form, rd);
         }
         // A client that leaves while the upstream checks its password drops this future (the
@@ -390,7 +408,7 @@ impl Login {
         let checked = self.check_upstream(&creds, upstream).await;
         let (ip_key, user_key) = abandoned.keys.take().expect("taken only here");
         match checked {
-            Ok(true) => give_back(store, &shared).await,
+            Ok(true) => give_back(store, shared.to_vec()),
             Ok(false) => {
                 self.by_ip.record_failure(ip_key);
                 self.by_user.record_failure(user_key);
@@ -398,7 +416,7 @@ impl Login {
             }
             // The upstream did not answer: not the client's failure.
             Err(e) => {
-                give_back(store, &shared).await;
+                give_back(store, shared.to_vec());
                 return self.refuse(Refusal::Proxy(e), is_form, rd);
             }
         }
