@@ -418,7 +418,6 @@ async fn until_done<C: Future>(
 
 /// When a connection served by hyper counts as idle: no request in flight and none started
 /// since the last check, for `after` (`server.header_read_timeout_ms`).
-#[derive(Clone, Copy)]
 struct Idle<'a> {
     streams: &'a Streams,
     after: Duration,
