@@ -15,7 +15,9 @@
 # the end; each run then also reports the hogs' CPU share: what a target leaves to other work),
 # IDLE_POLL_NS (the guest's cpuidle haltpoll polling for the run, ns: bench/lib.sh idle_poll_apply),
 # WRK_HEADER (one more request header for every target's runs, e.g. "Connection: close": a new
-# client connection per request).
+# client connection per request), PIN (CPU affinity, `taskset` CPU lists: "wrk=0,origin=1,proxy=1";
+# wrk: the load generator, origin: the nginx origin, proxy: every thread of nginx-proxy and of each
+# tessera; a role left out runs where the scheduler puts it).
 # Processes (127.0.0.1, free ports, stopped by PID on exit, the work dir with logs kept on failure):
 # nginx origin (worker_processes 1, access_log off, keepalive_requests 1000000) with a 1 KiB JSON at
 # /1k; nginx-proxy, a second nginx proxying to it (upstream keepalive 64, no auth); per binary, one
@@ -46,6 +48,22 @@ for d in "$DURATION" "$WARMUP"; do [[ "$d" =~ ^[0-9]+[smh]?$ ]] || die "bad dura
 read -r -a CONCS <<<"$CONC"
 ((${#CONCS[@]})) || die "CONC is empty"
 for c in "${CONCS[@]}"; do [[ "$c" =~ ^[1-9][0-9]*$ ]] || die "bad concurrency '$c' in CONC"; done
+declare -A PIN_OF=()
+if [[ -n ${PIN:-} ]]; then
+  command -v taskset >/dev/null || die "PIN needs taskset (util-linux)"
+  IFS=, read -r -a pins <<<"$PIN"
+  for p in "${pins[@]}"; do
+    [[ $p =~ ^(wrk|origin|proxy)=([0-9]+([-,][0-9]+)*)$ ]] ||
+      die "PIN entry '$p' is not wrk|origin|proxy=CPULIST (e.g. PIN=\"wrk=0,origin=1,proxy=1\")"
+    PIN_OF[${BASH_REMATCH[1]}]=${BASH_REMATCH[2]}
+  done
+fi
+pin() { # role pid...: every thread of each pid onto the role's CPUs (PIN), if the role is pinned
+  local role=$1 p
+  shift
+  [[ -n ${PIN_OF[$role]:-} ]] || return 0
+  for p in "$@"; do taskset -a -p -c "${PIN_OF[$role]}" "$p" >/dev/null || die "taskset $role pid $p failed"; done
+}
 for t in nginx wrk curl python3 sha256sum pgrep; do command -v "$t" >/dev/null || die "$t is not installed"; done
 
 read -r -a BIN_ARGS <<<"$BINS"
@@ -103,6 +121,8 @@ for t in direct:origin nginx-proxy:proxy; do # the worker, not the master, serve
   done
   [[ -n ${CPU_PID_OF[${t%:*}]} ]] || die "no worker under the nginx ${t#*:} master"
 done
+pin origin "${PID_OF[origin]}" "${CPU_PID_OF[direct]}"
+pin proxy "${PID_OF[proxy]}" "${CPU_PID_OF[nginx-proxy]}"
 PID_OF[direct]="${PID_OF[origin]}" URL_OF[direct]="http://127.0.0.1:$P_ORIGIN/1k" TOKEN_OF[direct]=""
 PID_OF[nginx-proxy]="${PID_OF[proxy]}" URL_OF[nginx-proxy]="http://127.0.0.1:$P_PROXY/1k"
 TOKEN_OF[nginx-proxy]=""
@@ -150,6 +170,7 @@ for i in "${!LABELS[@]}"; do
     >"$WORK/$t.log" 2>&1 &
   PID_OF[$t]=$! CPU_PID_OF[$t]=$! URL_OF[$t]="http://127.0.0.1:$port/1k" && PIDS+=("$!")
   wait_port "$port" "$t" "$!"
+  pin proxy "${PID_OF[$t]}"
   (umask 077 && printf '%s\n' bench-password | "${BIN_PATHS[$i]}" session create --config "$WORK/$t.toml" \
     --user alice --password-stdin >"$WORK/$t.session" 2>"$WORK/$t.session.err") ||
     die "$t session create failed: $(cat "$WORK/$t.session.err")"
@@ -174,7 +195,8 @@ wrk_run() { # target c duration out
   local t=$1 c=$2 auth=() name
   [[ -z ${TOKEN_OF[$t]} ]] || auth=(-H "Authorization: Bearer ${TOKEN_OF[$t]}")
   [[ -z ${WRK_HEADER:-} ]] || auth+=(-H "$WRK_HEADER")
-  wrk -t $((c < 2 ? 1 : 2)) -c "$c" -d "$3" --latency ${auth[@]+"${auth[@]}"} "${URL_OF[$t]}" >"$4" 2>&1 &
+  ${PIN_OF[wrk]:+taskset -c "${PIN_OF[wrk]}"} wrk -t $((c < 2 ? 1 : 2)) -c "$c" -d "$3" --latency \
+    ${auth[@]+"${auth[@]}"} "${URL_OF[$t]}" >"$4" 2>&1 &
   PIDS+=("$!")
   wait "$!" || die "wrk failed for $t c=$c: $(cat "$4")"
   for name in origin proxy "${LABELS[@]}"; do
@@ -228,6 +250,7 @@ done >"$WORK/bins.tsv"
 CMD="BINS=\"$BINS\" CONC=\"$CONC\" DURATION=$DURATION REPS=$REPS WARMUP=$WARMUP"
 [[ -n ${IDLE_POLL_NS:-} ]] && CMD+=" IDLE_POLL_NS=$IDLE_POLL_NS"
 [[ -z ${WRK_HEADER:-} ]] || CMD+=" WRK_HEADER=$(printf '%q' "$WRK_HEADER")"
+[[ -z ${PIN:-} ]] || CMD+=" PIN=$PIN"
 ((HOGS == 0)) || CMD+=" HOGS=$HOGS"
 [[ -z $ENVS ]] || CMD+=" ENVS=\"$ENVS\""
 [[ -z $TOMLS ]] || CMD+=" TOMLS=$(printf '%q' "$TOMLS")"
