@@ -83,6 +83,7 @@ struct RawServer {
     max_uri_bytes: Option<usize>,
     max_body_bytes: Option<u64>,
     header_read_timeout_ms: Option<u64>,
+    send_timeout_ms: Option<u64>,
     threads: Option<usize>,
     busy_poll_us: Option<u64>,
     trusted_proxies: Option<Vec<String>>,
@@ -251,6 +252,14 @@ pub struct ServerConfig {
     /// after the same time. h2c: a connection with no request open for this time is sent
     /// GOAWAY, and dropped when idle for the same time again. Default 30 s.
     pub header_read_timeout: Duration,
+    /// Longest a response waits for the client to take its next bytes (nginx's `send_timeout`,
+    /// counted between two successive writes, not for the whole response): past it the response
+    /// is cut, its upstream connection closed (it was mid-body), and the client connection closed
+    /// (HTTP/2: the stream's body is dropped; the connection is closed by the idle rule unless
+    /// other streams are busy). A client that stops reading, or an HTTP/2 client that stops
+    /// granting flow-control window, holds an upstream connection for no longer than this.
+    /// Default 60 s.
+    pub send_timeout: Duration,
     /// Serving threads, each a single-threaded runtime that accepts from the shared listener and
     /// runs its connections start to finish (thread per core). Default: the number of CPUs.
     pub threads: usize,
@@ -745,6 +754,7 @@ fn validate_server(s: RawServer) -> Result<ServerConfig, ConfigError> {
             s.header_read_timeout_ms,
             30_000,
         )?,
+        send_timeout: ms("server.send_timeout_ms", s.send_timeout_ms, 60_000)?,
     })
 }
 
@@ -1626,6 +1636,26 @@ mod tests {
         let text = format!("{}[server]\nbusy_poll_us = 1001\n", minimal());
         let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
         assert!(err.contains("server.busy_poll_us"), "{err}");
+    }
+
+    #[test]
+    fn send_timeout_defaults_to_a_minute_and_is_never_zero() {
+        let c = Config::from_toml_with(&minimal(), env).unwrap();
+        assert_eq!(c.server.send_timeout, Duration::from_secs(60));
+        let text = format!("{}[server]\nsend_timeout_ms = 1500\n", minimal());
+        assert_eq!(
+            Config::from_toml_with(&text, env)
+                .unwrap()
+                .server
+                .send_timeout,
+            Duration::from_millis(1500)
+        );
+        let text = format!("{}[server]\nsend_timeout_ms = 0\n", minimal());
+        let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
+        assert!(
+            err.contains("server.send_timeout_ms") && err.contains("greater than 0"),
+            "{err}"
+        );
     }
 
     #[test]

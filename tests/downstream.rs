@@ -650,3 +650,128 @@ fn response_framing_chunked_short_and_until_close() {
     while c.more() {}
     assert_eq!(&c.buf[end + 4..], b"hello");
 }
+
+/// A client that stops reading its response (a full socket buffer over HTTP/1.1, no flow-control
+/// window over HTTP/2) holds the upstream connection that carries it for `server.send_timeout_ms`
+/// and no longer: with one upstream connection allowed, a second client is answered once the
+/// first has taken nothing for that long, and the first one's response is cut (never complete).
+/// On the fast path, on hyper's HTTP/1 (an HTTP/1.0 request) and over h2c. Without the timeout
+/// the second client waited for as long as the first did not read.
+#[test]
+fn a_client_that_stops_reading_frees_its_upstream_connection_after_the_send_timeout() {
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    const N: u64 = 64 << 20;
+    let up = upstream::start(Behavior::Download { n: N });
+    let (t, token) = behind(
+        &up.url(),
+        &[
+            ("server", "send_timeout_ms = 500"),
+            ("upstream", "max_connections = 1"),
+        ],
+    );
+    // The second client: a whole download over the only upstream connection, once the stalled
+    // response has given it back; how long it took.
+    fn second(auth: &str, url: &str, what: &str) -> Duration {
+        let started = Instant::now();
+        let out = std::process::Command::new("curl")
+            .args([
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code} %{size_download}",
+            ])
+            .args(["--max-time", "20", "-H", auth, url])
+            .output()
+            .unwrap();
+        let got = String::from_utf8_lossy(&out.stdout).to_string();
+        assert_eq!(got, format!("200 {N}"), "{what}: the second client");
+        started.elapsed()
+    }
+    let (auth, url) = (bearer(&token), t.url("/second"));
+    // Reads what the stalled client was sent until the connection ends; how many bytes.
+    let drain = |s: &mut TcpStream| {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let (mut n, mut tmp) = (0u64, vec![0u8; 1 << 16]);
+        loop {
+            match s.read(&mut tmp) {
+                Ok(0) => return n,
+                Ok(k) => n += k as u64,
+                Err(e) if e.kind() == ErrorKind::ConnectionReset => return n,
+                Err(e) => panic!("stalled client: {e} after {n} bytes"),
+            }
+        }
+    };
+    // Waits until the response has started to arrive (the upstream connection is taken).
+    let started = |s: &TcpStream| {
+        let mut b = [0u8; 1];
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        assert_eq!(s.peek(&mut b).unwrap(), 1, "no response started");
+    };
+
+    for (what, version) in [("fast path", "1.1"), ("hyper HTTP/1", "1.0")] {
+        let mut a = TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+        a.write_all(
+            format!("GET /a HTTP/{version}\r\nHost: t\r\nAuthorization: Bearer {token}\r\n\r\n")
+                .as_bytes(),
+        )
+        .unwrap();
+        started(&a);
+        let waited = second(&auth, &url, what);
+        assert!(waited >= Duration::from_millis(400), "{what}: {waited:?}");
+        let got = drain(&mut a);
+        assert!(
+            got < N,
+            "{what}: the stalled response was not cut ({got} bytes)"
+        );
+    }
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", t.port))
+            .await
+            .unwrap();
+        let (mut send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .initial_stream_window_size(65_535)
+            .initial_connection_window_size(1 << 20)
+            .adaptive_window(false)
+            .handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let req = http::Request::get("http://app/a")
+            .header("authorization", format!("Bearer {token}"))
+            .body(Empty::<bytes::Bytes>::new())
+            .unwrap();
+        // The head, then nothing read: the stream's 64 KiB window fills and stays full.
+        let resp = send.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (auth, url) = (auth.clone(), url.clone());
+        let waited = tokio::task::spawn_blocking(move || second(&auth, &url, "h2c"))
+            .await
+            .unwrap();
+        assert!(waited >= Duration::from_millis(400), "h2c: {waited:?}");
+        // Reading it now: the window bytes, then the stream's reset, never the whole body.
+        let mut body = resp.into_body();
+        let mut got = 0u64;
+        let end = loop {
+            match tokio::time::timeout(Duration::from_secs(10), body.frame()).await {
+                Ok(Some(Ok(f))) => got += f.data_ref().map_or(0, |d| d.len() as u64),
+                Ok(Some(Err(e))) => break format!("error: {e}"),
+                Ok(None) => break "end".to_string(),
+                Err(_) => break "timeout".to_string(),
+            }
+        };
+        assert!(
+            end.starts_with("error"),
+            "h2c: the stalled stream ended with {end} after {got} bytes"
+        );
+        assert!(got < N, "h2c: {got} bytes");
+    });
+}

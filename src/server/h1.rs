@@ -23,8 +23,8 @@ use std::future::{poll_fn, Future};
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -66,6 +66,9 @@ pub struct Serving {
     /// Time a client has for a request head (and a fast-path body), counted from the request's
     /// first byte; an idle keep-alive connection closes after it too.
     pub header_read_timeout: Duration,
+    /// Longest a response write may wait for the client to take a byte (`server.send_timeout_ms`);
+    /// past it the connection is closed. Connections handed to hyper: see [`Checks`].
+    pub send_timeout: Duration,
     /// Largest head, bytes, the fast path waits for; a longer one goes to hyper (which answers
     /// 431). The same size as hyper's read buffer limit.
     pub max_head: usize,
@@ -86,6 +89,7 @@ pub async fn serve(serving: Arc<Serving>, io: TcpStream, peer: Peer) {
         io,
         incoming: Incoming::default(),
         out: Vec::new(),
+        send_timeout: serving.send_timeout,
     };
     let timer = tokio::time::sleep(serving.header_read_timeout);
     let cancelled = serving.shutdown.cancelled();
@@ -110,7 +114,7 @@ pub async fn serve(serving: Arc<Serving>, io: TcpStream, peer: Peer) {
                 if let Some(counts) = serving.proxy.request_counts() {
                     counts.count_status(StatusCode::REQUEST_TIMEOUT.as_u16());
                 }
-                let _ = conn.io.write_all(REQUEST_TIMEOUT).await;
+                let _ = send(&mut conn.io, &[REQUEST_TIMEOUT], conn.send_timeout).await;
                 break;
             }
         };
@@ -321,17 +325,22 @@ async fn hand_off(serving: &Serving, conn: Conn, peer: Peer, served: bool) {
     let proxy = serving.proxy.clone();
     let streams = Arc::new(Streams::default());
     let watched = streams.clone();
-    let service = service_fn(move |req| {
+    let service = service_fn(move |req: Request<hyper::body::Incoming>| {
         let (proxy, peer) = (proxy.clone(), peer.clone());
+        if req.version() == Version::HTTP_2 {
+            streams.http2.store(true, Ordering::Relaxed);
+        }
         let open = Streams::open(&streams);
+        let streams = streams.clone();
         async move {
             let resp = proxy.handle(req, &peer).await;
-            Ok::<_, std::convert::Infallible>(resp.map(|body| Tracked { body, _open: open }))
+            Ok::<_, std::convert::Infallible>(resp.map(|body| Tracked::new(&streams, body, open)))
         }
     });
-    let idle = Idle {
+    let idle = Checks {
         streams: &watched,
         after: serving.header_read_timeout,
+        send: serving.send_timeout,
     };
     // With upgrades: a WebSocket handshake the upstream accepted hands the connection over to
     // its tunnel (see `Proxy::switch`).
@@ -350,7 +359,10 @@ async fn hand_off(serving: &Serving, conn: Conn, peer: Peer, served: bool) {
         until_done(conn, |c| c.graceful_shutdown(), &serving.shutdown, idle).await
     };
     let Some(done) = done else {
-        tracing::debug!("downstream connection closed: idle, and it did not close when asked");
+        tracing::debug!(
+            "downstream connection closed: idle and did not close when asked, or its HTTP/1 \
+             response stalled"
+        );
         return;
     };
     if let Err(e) = done {
@@ -364,8 +376,11 @@ async fn hand_off(serving: &Serving, conn: Conn, peer: Peer, served: bool) {
 
 /// Drives a hyper connection to its end. Once `shutdown` is cancelled, asks it to finish
 /// gracefully (`graceful`: the connection type's own `graceful_shutdown`) and waits for that.
-/// Once it has been idle (see [`Idle`]) for `idle.after`, asks the same (HTTP/2: GOAWAY); idle
-/// for `idle.after` again, it is dropped, which closes the socket: `None`.
+/// Once it has been idle (see [`Checks`]) for `idle.after`, asks the same (HTTP/2: GOAWAY); idle
+/// for `idle.after` again, it is dropped, which closes the socket: `None`. A response body that
+/// hyper has not asked for its next frame for `idle.send` since it took the last one (the client
+/// does not read, or grants no HTTP/2 window) is cut ([`Streams::cut_stalled`]); on an HTTP/1
+/// connection the connection is then dropped too: `None`.
 ///
 /// Why: hyper's HTTP/2 server has no idle or connection-preface timeout, so an h2c client that
 /// sent half a preface, or finished its requests and kept the connection, held it (a socket
@@ -375,12 +390,13 @@ async fn until_done<C: Future>(
     conn: C,
     graceful: impl Fn(Pin<&mut C>),
     shutdown: &CancellationToken,
-    idle: Idle<'_>,
+    idle: Checks<'_>,
 ) -> Option<C::Output> {
     tokio::pin!(conn);
     // Checked four times per `after`: a connection is asked to close between 1 and 1.5 times
-    // `after` after its last request ended (1.5: one that started and ended between two checks).
-    let period = (idle.after / 4).max(Duration::from_millis(1));
+    // `after` after its last request ended (1.5: one that started and ended between two checks);
+    // likewise for `send`.
+    let period = (idle.after.min(idle.send) / 4).max(Duration::from_millis(1));
     let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut seen = 0;
@@ -395,6 +411,11 @@ async fn until_done<C: Future>(
                 graceful(conn.as_mut());
             }
             now = ticks.tick() => {
+                if idle.streams.cut_stalled(now, idle.send)
+                    && !idle.streams.http2.load(Ordering::Relaxed)
+                {
+                    return None;
+                }
                 let started = idle.streams.started.load(Ordering::Relaxed);
                 if started != seen || idle.streams.open.load(Ordering::Relaxed) > 0 {
                     seen = started;
@@ -416,20 +437,27 @@ async fn until_done<C: Future>(
     }
 }
 
-/// When a connection served by hyper counts as idle: no request in flight and none started
-/// since the last check, for `after` (`server.header_read_timeout_ms`).
-struct Idle<'a> {
+/// The periodic checks of a connection served by hyper. It counts as idle with no request in
+/// flight and none started since the last check, for `after` (`server.header_read_timeout_ms`);
+/// a response stalls when the client takes none of it for `send` (`server.send_timeout_ms`).
+struct Checks<'a> {
     streams: &'a Streams,
     after: Duration,
+    send: Duration,
 }
 
 /// The requests (HTTP/1 requests or HTTP/2 streams) of one connection served by hyper: how many
-/// reached the proxy, and how many of them are still open (from their head until their
-/// response body has been sent or dropped). Counters only: read by the idle check.
+/// reached the proxy, how many of them are still open (from their head until their response
+/// body has been sent, dropped or cut), and the response bodies being sent. Read by the checks.
 #[derive(Default)]
 struct Streams {
     started: AtomicU64,
     open: AtomicUsize,
+    /// A request arrived over HTTP/2 (h2c): a stalled stream is cut alone, not the connection.
+    http2: AtomicBool,
+    /// The response bodies given to hyper; an entry whose [`Tracked`] is gone is pruned at the
+    /// next check.
+    sending: Mutex<Vec<Arc<Mutex<Sending>>>>,
 }
 
 impl Streams {
@@ -439,6 +467,43 @@ impl Streams {
         this.open.fetch_add(1, Ordering::Relaxed);
         Open(this.clone())
     }
+
+    /// Cuts every response body that hyper took a frame of at least `send` before `now` and has
+    /// not asked for the next one since (its client is not reading: a full socket buffer, or
+    /// no HTTP/2 window). The body is dropped, which closes its upstream connection (it was
+    /// mid-body) and ends its request's open count; hyper's next poll of it gets an error
+    /// (HTTP/2: `RST_STREAM`). Whether any was cut.
+    fn cut_stalled(&self, now: Instant, send: Duration) -> bool {
+        let mut cut = Vec::new();
+        let mut sending = lock(&self.sending);
+        sending.retain(|s| {
+            if Arc::strong_count(s) == 1 {
+                return false; // hyper dropped its body
+            }
+            let mut s = lock(s);
+            if s.handed
+                .is_some_and(|t| now.saturating_duration_since(t) >= send)
+            {
+                s.handed = None;
+                cut.push((s.body.take(), s.open.take()));
+            }
+            true
+        });
+        drop(sending);
+        if !cut.is_empty() {
+            tracing::debug!(
+                responses = cut.len(),
+                "client took no response bytes for server.send_timeout_ms; response cut, its \
+                 upstream connection closed"
+            );
+        }
+        !cut.is_empty()
+    }
+}
+
+/// Locks `m`; a panic while it was held leaves plain data behind, still usable.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// One open request of [`Streams`]; dropping it closes the request.
@@ -450,12 +515,41 @@ impl Drop for Open {
     }
 }
 
+/// A response body being sent by hyper, shared with the connection's checks.
+struct Sending {
+    /// `None` once cut for a stall.
+    body: Option<ProxyBody>,
+    /// Keeps the request open (see [`Streams`]) until hyper drops the body, or it is cut.
+    open: Option<Open>,
+    /// When hyper took a frame, while it has not asked for the next one since.
+    handed: Option<Instant>,
+}
+
 /// A response body that keeps its request open (see [`Streams`]) until hyper has taken its last
-/// frame or dropped it (the last bytes may still wait to be written); everything else is the
-/// body's own.
-struct Tracked {
-    body: ProxyBody,
-    _open: Open,
+/// frame or dropped it (the last bytes may still wait to be written), and that the connection's
+/// checks can cut when the client stops taking it (see [`Streams::cut_stalled`]); everything
+/// else is the body's own.
+struct Tracked(Arc<Mutex<Sending>>);
+
+impl Tracked {
+    fn new(streams: &Streams, body: ProxyBody, open: Open) -> Self {
+        let sending = Arc::new(Mutex::new(Sending {
+            body: Some(body),
+            open: Some(open),
+            handed: None,
+        }));
+        lock(&streams.sending).push(sending.clone());
+        Self(sending)
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        let mut s = lock(&self.0);
+        let gone = (s.body.take(), s.open.take());
+        drop(s);
+        drop(gone);
+    }
 }
 
 impl Body for Tracked {
@@ -463,18 +557,35 @@ impl Body for Tracked {
     type Error = crate::forward::BoxError;
 
     fn poll_frame(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+        let mut s = lock(&self.0);
+        s.handed = None;
+        let Some(body) = s.body.as_mut() else {
+            return Poll::Ready(Some(Err(
+                "response cut: the client took no bytes for server.send_timeout_ms".into(),
+            )));
+        };
+        let frame = Pin::new(body).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(_))) = &frame {
+            s.handed = Some(Instant::now());
+        }
+        frame
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        lock(&self.0)
+            .body
+            .as_ref()
+            .is_some_and(|b| b.is_end_stream())
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
+        lock(&self.0)
+            .body
+            .as_ref()
+            .map_or_else(http_body::SizeHint::default, |b| b.size_hint())
     }
 }
 
@@ -509,6 +620,8 @@ struct Conn {
     incoming: Incoming,
     /// The response head being written (reused).
     out: Vec<u8>,
+    /// `server.send_timeout_ms`: see [`send`].
+    send_timeout: Duration,
 }
 
 /// A connection's received bytes and what the fast path has made of them so far: the requests
@@ -684,7 +797,7 @@ impl Conn {
         match framing {
             Framing::Bodyless | Framing::Length(0) => {
                 drop(body);
-                self.io.write_all(&self.out).await.is_ok()
+                send(&mut self.io, &[&self.out], self.send_timeout).await
             }
             Framing::Length(n) => self.write_sized(body, n, watch).await,
             Framing::Chunked => self.write_chunked(&mut body, watch).await,
@@ -708,11 +821,11 @@ impl Conn {
             left -= data.len() as u64;
             let sent = match head.take() {
                 Some(h) => {
-                    let ok = write_all_vectored(&mut self.io, &[&h[..], &data[..]]).await;
+                    let ok = send(&mut self.io, &[&h[..], &data[..]], self.send_timeout).await;
                     self.out = h;
                     ok
                 }
-                None => self.io.write_all(&data).await.is_ok(),
+                None => send(&mut self.io, &[&data[..]], self.send_timeout).await,
             };
             if !sent {
                 return false;
@@ -720,7 +833,7 @@ impl Conn {
         };
         if let Some(h) = head {
             // The body ended before its first byte: the head alone, then the connection closes.
-            let _ = self.io.write_all(&h).await;
+            let _ = send(&mut self.io, &[&h[..]], self.send_timeout).await;
             self.out = h;
         }
         if !complete {
@@ -740,7 +853,7 @@ impl Conn {
                 Ok(None) => break,
                 Err(()) => {
                     if let Some(h) = head {
-                        let _ = self.io.write_all(&h).await;
+                        let _ = send(&mut self.io, &[&h[..]], self.send_timeout).await;
                         self.out = h;
                     }
                     return false;
@@ -749,7 +862,8 @@ impl Conn {
             let mut size = [0u8; 18];
             let size = chunk_size_line(data.len(), &mut size);
             let h = head.take().unwrap_or_default();
-            let ok = write_all_vectored(&mut self.io, &[&h[..], size, &data[..], b"\r\n"]).await;
+            let parts = [&h[..], size, &data[..], b"\r\n"];
+            let ok = send(&mut self.io, &parts, self.send_timeout).await;
             if !h.is_empty() {
                 self.out = h;
             }
@@ -758,7 +872,7 @@ impl Conn {
             }
         }
         let h = head.take().unwrap_or_default();
-        let ok = write_all_vectored(&mut self.io, &[&h[..], b"0\r\n\r\n"]).await;
+        let ok = send(&mut self.io, &[&h[..], b"0\r\n\r\n"], self.send_timeout).await;
         if !h.is_empty() {
             self.out = h;
         }
@@ -938,8 +1052,12 @@ async fn next_data(
     }
 }
 
-/// Writes every slice, in as few `writev` calls as the socket takes.
-async fn write_all_vectored(io: &mut TcpStream, parts: &[&[u8]]) -> bool {
+/// Writes every slice (at most 4), in as few `writev` calls as the socket takes; `false` when a
+/// write fails, or when the client takes no byte for `stall` (`server.send_timeout_ms`, counted
+/// from a write the socket could not take at once, and again after every one it took: nginx's
+/// `send_timeout`). The timer is made only when the socket's send buffer is full, so a response
+/// the kernel takes whole costs none.
+async fn send(io: &mut TcpStream, parts: &[&[u8]], stall: Duration) -> bool {
     let mut bufs = [IoSlice::new(&[]); 4];
     let mut n = 0;
     for p in parts.iter().filter(|p| !p.is_empty()) {
@@ -947,13 +1065,31 @@ async fn write_all_vectored(io: &mut TcpStream, parts: &[&[u8]]) -> bool {
         n += 1;
     }
     let mut bufs = &mut bufs[..n];
-    while !bufs.is_empty() {
-        match io.write_vectored(bufs).await {
-            Ok(0) | Err(_) => return false,
-            Ok(written) => IoSlice::advance_slices(&mut bufs, written),
+    let mut timer: Option<Pin<Box<Sleep>>> = None;
+    poll_fn(|cx| {
+        while !bufs.is_empty() {
+            match Pin::new(&mut *io).poll_write_vectored(cx, bufs) {
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(false),
+                Poll::Ready(Ok(written)) => {
+                    IoSlice::advance_slices(&mut bufs, written);
+                    timer = None;
+                }
+                Poll::Pending => {
+                    let t = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(stall)));
+                    if t.as_mut().poll(cx).is_ready() {
+                        tracing::debug!(
+                            "client took no response bytes for server.send_timeout_ms; \
+                             connection closed"
+                        );
+                        return Poll::Ready(false);
+                    }
+                    return Poll::Pending;
+                }
+            }
         }
-    }
-    true
+        Poll::Ready(true)
+    })
+    .await
 }
 
 impl Wait<'_, '_> {

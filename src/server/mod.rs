@@ -103,6 +103,7 @@ pub async fn serve(
         hyper_h1,
         hyper,
         header_read_timeout: cfg.header_read_timeout,
+        send_timeout: cfg.send_timeout,
         max_head,
         max_body: match cfg.max_body_bytes {
             0 => MAX_FAST_BODY,
