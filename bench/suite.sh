@@ -7,6 +7,7 @@
 #                                           # (matrix algs close revocation affinity memory)
 #   TESSERA_BIN=/path/to/tessera bench/suite.sh  # another binary (default target/release/tessera)
 #   IDLE_POLL_NS=200000 bench/suite.sh      # the guest's idle polling for the run (bench/lib.sh)
+#   PINNED_C1= bench/suite.sh               # without the pinned c=1 pass of the matrix (below)
 #
 # Processes (all on 127.0.0.1, free ports, stopped by PID on exit, as bench/run.sh does):
 #   redis-server (no persistence); nginx "origin" (worker_processes 1) serving the 1 KiB JSON at
@@ -29,6 +30,13 @@
 #              (INFO commandstats delta, INFO itself excluded) and upstream connections opened (the
 #              origin's stub_status `accepted` delta, minus the status request's own connection).
 #              Sessions for tessera-embedded: `tessera session create` run EMBEDDED_SESSIONS times.
+#              Then the pinned pass (unless PINNED_C1 is empty): the same targets at c=1 again, REPS
+#              repetitions, with every process pinned to CPUs by `taskset` as PINNED_C1 says
+#              (default "wrk=0,origin=1,proxy=0": wrk and the proxy under test, every thread of it,
+#              share CPU 0, the nginx origin has CPU 1); unpinned again afterwards. Why: unpinned,
+#              a c=1 run lands in one of two latency modes (where the scheduler puts the three
+#              processes), for nginx-proxy as for tessera, and the median of five follows that
+#              lottery (BENCHMARKS.md, session 21); pinned, every run has the same layout.
 #   algs       c=8: tessera-redis (warm: default session and token caches) and tessera-cold
 #              (`[session] cache_max_entries = 0`, `[token] cache_max_entries = 0`: every request
 #              verifies, reads Redis, unseals), each with HS512, RS256 (kid rs1) and EdDSA (kid ed1)
@@ -76,6 +84,7 @@ REVOCATION_TRIALS="${REVOCATION_TRIALS:-1000}"
 MEMORY_SESSIONS="${MEMORY_SESSIONS:-100000}"
 MEMORY_TOKEN_CACHE="${MEMORY_TOKEN_CACHE:-120000}" # [token] cache_max_entries of tessera-mem
 CONCURRENCIES=(1 8 64)
+PINNED_C1="${PINNED_C1-wrk=0,origin=1,proxy=0}" # taskset CPU lists for the pinned c=1 pass
 AFFINITY_CONCURRENCIES=(8 64)
 TARGETS=(direct nginx-proxy python-ref tessera-redis tessera-embedded tessera-busy)
 BUSY_POLL_US=50 # [server] busy_poll_us of tessera-busy
@@ -96,6 +105,18 @@ has_section() { [[ " $SECTIONS " == *" $1 "* ]]; }
 
 [[ "$REPS" =~ ^[1-9][0-9]*$ ]] || die "REPS must be a positive integer, got '$REPS'"
 [[ "$DURATION" =~ ^[0-9]+[smh]?$ ]] || die "DURATION must look like 5s, 1m, 30, got '$DURATION'"
+declare -A PIN_OF=()
+if [[ -n $PINNED_C1 ]]; then
+  command -v taskset >/dev/null || die "PINNED_C1 needs taskset (util-linux)"
+  IFS=, read -r -a pins <<<"$PINNED_C1"
+  for p in "${pins[@]}"; do
+    [[ $p =~ ^(wrk|origin|proxy)=([0-9]+([-,][0-9]+)*)$ ]] ||
+      die "PINNED_C1 entry '$p' is not wrk|origin|proxy=CPULIST (e.g. wrk=0,origin=1,proxy=0)"
+    PIN_OF[${BASH_REMATCH[1]}]=${BASH_REMATCH[2]}
+  done
+  [[ -n ${PIN_OF[wrk]:-} && -n ${PIN_OF[origin]:-} && -n ${PIN_OF[proxy]:-} ]] ||
+    die "PINNED_C1 must pin wrk, origin and proxy, got '$PINNED_C1'"
+fi
 for s in $SECTIONS; do
   [[ " $ALL_SECTIONS " == *" $s "* ]] || die "unknown section '$s'"
 done
@@ -416,7 +437,8 @@ measure() { # section target c rep lua [wrk args...]
     SAMPLER_PID=$!
     PIDS+=("$SAMPLER_PID")
   fi
-  wrk -t "$threads" -c "$c" -d "$DURATION" --latency -s "$lua" "$@" "$url" >"$RAW/$id.txt" 2>&1 &
+  ${WRK_CPUS:+taskset -c "$WRK_CPUS"} wrk -t "$threads" -c "$c" -d "$DURATION" --latency -s "$lua" "$@" \
+    "$url" >"$RAW/$id.txt" 2>&1 &
   local wrk_pid=$!
   PIDS+=("$wrk_pid")
   wait "$wrk_pid" || die "wrk failed for $id: $(cat "$RAW/$id.txt")"
@@ -535,6 +557,26 @@ if has_section matrix; then
       done
     done
   done
+  if [[ -n $PINNED_C1 ]]; then
+    pin_to() { # cpus pid...: every thread of each pid
+      local cpus=$1 p
+      shift
+      for p in "$@"; do taskset -a -p -c "$cpus" "$p" >/dev/null || die "taskset -c $cpus pid $p failed"; done
+    }
+    proxies=("${PID_OF[nginx-proxy]}" "$WORKER_OF_PROXY" "${PID_OF[python-ref]}" "${PID_OF[tessera-redis]}"
+      "${PID_OF[tessera-embedded]}" "${PID_OF[tessera-busy]}")
+    pin_to "${PIN_OF[origin]}" "${PID_OF[origin]}" "$WORKER_OF_ORIGIN"
+    pin_to "${PIN_OF[proxy]}" "${proxies[@]}"
+    log "pinned pass: c=1, ${#TARGETS[@]} targets x $REPS reps x $DURATION, taskset $PINNED_C1"
+    for ((rep = 1; rep <= REPS; rep++)); do
+      for target in "${TARGETS[@]}"; do
+        check_target "$target" "${URL_OF[$target]}" "$(token_of "$target")"
+        log "pinned rep $rep/$REPS c=1 $target"
+        WRK_CPUS="${PIN_OF[wrk]}" measure pinned "$target" 1 "$rep" "$(lua_of "$target")"
+      done
+    done
+    pin_to "0-$(($(nproc) - 1))" "${PID_OF[origin]}" "$WORKER_OF_ORIGIN" "${proxies[@]}"
+  fi
   for name in python-ref tessera-redis tessera-embedded tessera-busy redis; do
     echo "$name $(proc_mem "${PID_OF[$name]}")"
   done >"$WORK/matrix-mem.txt"
@@ -719,6 +761,8 @@ BENCH_CMD="DURATION=$DURATION REPS=$REPS"
 [[ $MEMORY_TOKEN_CACHE != 120000 ]] && BENCH_CMD+=" MEMORY_TOKEN_CACHE=$MEMORY_TOKEN_CACHE"
 [[ -n ${TESSERA_BIN:-} ]] && BENCH_CMD+=" TESSERA_BIN=$TESSERA_BIN"
 [[ -n ${IDLE_POLL_NS:-} ]] && BENCH_CMD+=" IDLE_POLL_NS=$IDLE_POLL_NS"
+[[ $PINNED_C1 != wrk=0,origin=1,proxy=0 ]] && BENCH_CMD+=" PINNED_C1=$PINNED_C1"
+export PINNED_C1
 export BENCH_CMD+=" bench/suite.sh"
 export NPROC="$(nproc)"
 export IDLE

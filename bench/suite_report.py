@@ -203,13 +203,16 @@ def main():
     for r in runs:
         by.setdefault((r["section"], r["target"], r["c"]), []).append(r)
 
-    out = {"meta": {}, "matrix": [], "algs": [], "close": [], "revocation": None, "affinity": [],
-           "memory": None}
+    out = {"meta": {}, "matrix": [], "pinned": [], "algs": [], "close": [], "revocation": None,
+           "affinity": [], "memory": None}
     concs = sorted({r["c"] for r in runs if r["section"] == "matrix"})
     for c in concs:
         for t in MATRIX_TARGETS:
             if ("matrix", t, c) in by:
                 out["matrix"].append(cell(by[("matrix", t, c)], t, c, client_side=t == "direct"))
+    for t in MATRIX_TARGETS:
+        if ("pinned", t, 1) in by:
+            out["pinned"].append(cell(by[("pinned", t, 1)], t, 1, client_side=t == "direct"))
     for key, name in ALGS:
         for t, mode in (("tessera-redis", "warm"), ("tessera-cold", "cold")):
             if (f"algs_{key}", t, 8) in by:
@@ -267,7 +270,7 @@ def main():
         "AFFINITY_FEW_SESSIONS", "BUSY_POLL_US", "COMMIT", "BIN", "BIN_BUILT", "BIN_SHA256", "TESSERA_V", "NPROC", "CPU", "KERNEL",
         "IDLE", "MEM_TOTAL", "LOAD_START",
         "LOAD_END", "ELAPSED", "SECTION_TIMES", "NGINX_V", "WRK_V", "REDIS_V", "PY_V", "LOGS",
-        "STALE")}
+        "STALE", "PINNED_C1")}
     with open(args.json, "w") as f:
         json.dump(out, f, indent=1)
         f.write("\n")
@@ -313,6 +316,26 @@ def main():
             bd.append(f"| {r['target']} | {r['concurrency']} | {r['requests']:,} | {breakdown(r)} | "
                       f"{r['non2xx']} | {r['socket_errors']} |")
         md += ["### Redis commands by name, errors", ""] + bd + [""]
+
+    P = {r["target"]: r for r in out["pinned"]}
+    if out["pinned"]:
+        t = ["| target | req/s | p50 | p99 | req/s vs nginx-proxy | p50 added (minus direct) | "
+             "CPU of the target process per request | per rep (req/s, p50) |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+        for r in out["pinned"]:
+            vs = f"{r['rps'] / P['nginx-proxy']['rps']:.2f}x" if "nginx-proxy" in P else "n/a"
+            added = "" if r["target"] == "direct" or "direct" not in P else \
+                f"{(r['p50_ms'] - P['direct']['p50_ms']) * 1e3:+.0f} µs"
+            reps = "; ".join(f"{x['rps']:,.0f}, {us(x['p50_ms'])}" for x in r["reps"])
+            t.append(f"| {r['target']} | {r['rps']:,.0f} | {us(r['p50_ms'])} | {us(r['p99_ms'])} | "
+                     f"{vs} | {added} | {cpu(r)} | {reps} |")
+        md += ["## c=1 pinned (medians)", "",
+               f"The matrix's targets at c=1 again, every process pinned with `taskset` "
+               f"({env.get('PINNED_C1', '')}: wrk, the nginx origin, and the proxy under test with "
+               "all its threads; Redis unpinned), so every run has the same layout. Unpinned, a c=1 "
+               "run lands in one of two latency modes for nginx-proxy and tessera alike, depending "
+               "on where the scheduler puts the three processes.", ""] + t + [""]
+        summary += ["", "c=1 pinned:"] + t
 
     if out["algs"]:
         A = {(r["alg"], r["mode"]): r for r in out["algs"]}
@@ -447,6 +470,12 @@ def main():
                 d = (M[(t_, 1)]["p50_ms"] - M[("direct", 1)]["p50_ms"]) * 1e3
                 goal(f"{t_} <= 15 µs added p50 at c=1 (minus direct)", d <= 15,
                      f"{d:+.0f} µs ({'within' if d <= 15 else 'over'} by {abs(15 - d):.0f} µs)")
+        for t_ in TESSERAS:
+            if t_ in P and "nginx-proxy" in P and "direct" in P:
+                x = P[t_]["rps"] / P["nginx-proxy"]["rps"]
+                d = (P[t_]["p50_ms"] - P["direct"]["p50_ms"]) * 1e3
+                goal(f"{t_}, c=1 pinned: >= 1.0x nginx-proxy req/s; <= 15 µs added p50",
+                     x >= 1.0 and d <= 15, f"{x:.2f}x ({(x - 1) * 100:+.0f}%); {d:+.0f} µs")
         for t_ in TESSERAS:
             if (t_, 8) in M and ("python-ref", 8) in M:
                 x = M[(t_, 8)]["rps"] / M[("python-ref", 8)]["rps"]
