@@ -253,12 +253,13 @@ pub struct ServerConfig {
     /// GOAWAY, and dropped when idle for the same time again. Default 30 s.
     pub header_read_timeout: Duration,
     /// Longest a response waits for the client to take its next bytes (nginx's `send_timeout`,
-    /// counted between two successive writes, not for the whole response): past it the response
-    /// is cut, its upstream connection closed (it was mid-body), and the client connection closed
-    /// (HTTP/2: the stream's body is dropped; the connection is closed by the idle rule unless
-    /// other streams are busy). A client that stops reading, or an HTTP/2 client that stops
-    /// granting flow-control window, holds an upstream connection for no longer than this.
-    /// Default 60 s.
+    /// counted between two successive writes, not for the whole response). A write that the
+    /// client's full socket buffer does not take for this long ends the connection with a reset
+    /// (also a WebSocket tunnel's), and the response's upstream connection is closed (it was
+    /// mid-body). HTTP/2: a stream whose client grants no flow-control window is cut once hyper
+    /// has held its next bytes this long (checked every quarter of it): its body is dropped, the
+    /// other streams go on. So a client that stops reading holds an upstream connection for
+    /// about this long at most. Default 60 s.
     pub send_timeout: Duration,
     /// Serving threads, each a single-threaded runtime that accepts from the shared listener and
     /// runs its connections start to finish (thread per core). Default: the number of CPUs.

@@ -672,23 +672,20 @@ fn a_client_that_stops_reading_frees_its_upstream_connection_after_the_send_time
         ],
     );
     // The second client: a whole download over the only upstream connection, once the stalled
-    // response has given it back; how long it took.
-    fn second(auth: &str, url: &str, what: &str) -> Duration {
-        let started = Instant::now();
+    // response has given it back. Returns when its first byte came, counted from `since` (the
+    // stalled response's first byte).
+    fn second(auth: &str, url: &str, what: &str, since: Instant) -> Duration {
+        let launched = since.elapsed();
         let out = std::process::Command::new("curl")
-            .args([
-                "-s",
-                "-o",
-                "/dev/null",
-                "-w",
-                "%{http_code} %{size_download}",
-            ])
+            .args(["-s", "-o", "/dev/null", "-w"])
+            .args(["%{http_code} %{size_download} %{time_starttransfer}"])
             .args(["--max-time", "20", "-H", auth, url])
             .output()
             .unwrap();
         let got = String::from_utf8_lossy(&out.stdout).to_string();
-        assert_eq!(got, format!("200 {N}"), "{what}: the second client");
-        started.elapsed()
+        let (answer, first_byte) = got.rsplit_once(' ').unwrap_or((&got, "0"));
+        assert_eq!(answer, format!("200 {N}"), "{what}: the second client");
+        launched + Duration::from_secs_f64(first_byte.parse().unwrap())
     }
     let (auth, url) = (bearer(&token), t.url("/second"));
     // Reads what the stalled client was sent until the connection ends; how many bytes.
@@ -719,8 +716,10 @@ fn a_client_that_stops_reading_frees_its_upstream_connection_after_the_send_time
         )
         .unwrap();
         started(&a);
-        let waited = second(&auth, &url, what);
-        assert!(waited >= Duration::from_millis(400), "{what}: {waited:?}");
+        // Not before the stalled response had stopped for about the timeout (the kernel buffers
+        // fill after its first byte; curl's own start-up is not in its transfer times).
+        let waited = second(&auth, &url, what, Instant::now());
+        assert!(waited >= Duration::from_millis(450), "{what}: {waited:?}");
         let got = drain(&mut a);
         assert!(
             got < N,
@@ -750,13 +749,13 @@ fn a_client_that_stops_reading_frees_its_upstream_connection_after_the_send_time
             .unwrap();
         // The head, then nothing read: the stream's 64 KiB window fills and stays full.
         let resp = send.send_request(req).await.unwrap();
+        let since = Instant::now();
         assert_eq!(resp.status(), 200);
-        tokio::time::sleep(Duration::from_millis(100)).await;
         let (auth, url) = (auth.clone(), url.clone());
-        let waited = tokio::task::spawn_blocking(move || second(&auth, &url, "h2c"))
+        let waited = tokio::task::spawn_blocking(move || second(&auth, &url, "h2c", since))
             .await
             .unwrap();
-        assert!(waited >= Duration::from_millis(400), "h2c: {waited:?}");
+        assert!(waited >= Duration::from_millis(450), "h2c: {waited:?}");
         // Reading it now: the window bytes, then the stream's reset, never the whole body.
         let mut body = resp.into_body();
         let mut got = 0u64;
@@ -773,5 +772,71 @@ fn a_client_that_stops_reading_frees_its_upstream_connection_after_the_send_time
             "h2c: the stalled stream ended with {end} after {got} bytes"
         );
         assert!(got < N, "h2c: {got} bytes");
+    });
+}
+
+/// The send timeout counts only while the client does not take bytes that are there to send: a
+/// response waiting on its upstream (an event stream, 100 ms between events) is never cut, with
+/// `server.send_timeout_ms` at half that gap, on the fast path, on hyper's HTTP/1 and over h2c.
+#[test]
+fn responses_that_wait_on_the_upstream_are_not_cut_by_the_send_timeout() {
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let up = upstream::start(Behavior::Users);
+    up.stats.set_password("alice", "pw");
+    let (t, token) = behind(&up.url(), &[("server", "send_timeout_ms = 50")]);
+    const LAST: &str = "data: alice 12";
+    for version in ["1.1", "1.0"] {
+        let mut s = TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(
+            format!(
+                "GET /events HTTP/{version}\r\nHost: t\r\nAuthorization: Bearer {token}\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        let (mut got, mut tmp) = (String::new(), [0u8; 4096]);
+        while !got.contains(LAST) {
+            match s.read(&mut tmp) {
+                Ok(0) => panic!("HTTP/{version}: closed after {got:?}"),
+                Ok(n) => got.push_str(&String::from_utf8_lossy(&tmp[..n])),
+                Err(e) => panic!("HTTP/{version}: {e} after {got:?}"),
+            }
+        }
+        assert!(got.starts_with(&format!("HTTP/{version} 200")), "{got}");
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", t.port))
+            .await
+            .unwrap();
+        let (mut send, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        let req = http::Request::get("http://app/events")
+            .header("authorization", format!("Bearer {token}"))
+            .body(Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let resp = send.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let mut body = resp.into_body();
+        let mut got = String::new();
+        while !got.contains(LAST) {
+            match tokio::time::timeout(Duration::from_secs(5), body.frame()).await {
+                Ok(Some(Ok(f))) => {
+                    if let Some(d) = f.data_ref() {
+                        got.push_str(&String::from_utf8_lossy(d));
+                    }
+                }
+                other => panic!("h2c: {other:?} after {got:?}"),
+            }
+        }
     });
 }

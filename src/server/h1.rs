@@ -90,6 +90,7 @@ pub async fn serve(serving: Arc<Serving>, io: TcpStream, peer: Peer) {
         incoming: Incoming::default(),
         out: Vec::new(),
         send_timeout: serving.send_timeout,
+        stalled: false,
     };
     let timer = tokio::time::sleep(serving.header_read_timeout);
     let cancelled = serving.shutdown.cancelled();
@@ -114,7 +115,7 @@ pub async fn serve(serving: Arc<Serving>, io: TcpStream, peer: Peer) {
                 if let Some(counts) = serving.proxy.request_counts() {
                     counts.count_status(StatusCode::REQUEST_TIMEOUT.as_u16());
                 }
-                let _ = send(&mut conn.io, &[REQUEST_TIMEOUT], conn.send_timeout).await;
+                let _ = conn.send(&[REQUEST_TIMEOUT]).await;
                 break;
             }
         };
@@ -145,6 +146,13 @@ pub async fn serve(serving: Arc<Serving>, io: TcpStream, peer: Peer) {
             break;
         }
         served = true;
+    }
+    if conn.stalled {
+        // The client took nothing for `send_timeout`: a graceful close would leave the kernel
+        // retrying the full send buffer for minutes. Reset instead (nginx's
+        // `reset_timedout_connection`).
+        reset_on_close(&conn.io);
+        return;
     }
     // Nothing of the client's is unread, here or in the socket, and it will send nothing more
     // (RFC 9112 section 9.6: a client that sent `close` sends no further request): closing now
@@ -203,6 +211,13 @@ impl ClientWatch {
 /// arrived).
 fn nothing_queued(io: &TcpStream) -> bool {
     !matches!(peek(io), Ok(n) if n > 0)
+}
+
+/// `SO_LINGER` 0: closing the socket then resets the connection at once, dropping what its send
+/// buffer still holds (a zero linger never blocks the close). For a client that took nothing for
+/// `server.send_timeout_ms`.
+fn reset_on_close(io: &TcpStream) {
+    let _ = rustix::net::sockopt::set_socket_linger(io, Some(Duration::ZERO));
 }
 
 /// One `recv(MSG_PEEK | MSG_DONTWAIT)` of at most 1 byte, left in the queue: `Ok(1)` bytes are
@@ -320,6 +335,9 @@ async fn hand_off(serving: &Serving, conn: Conn, peer: Peer, served: bool) {
         io: conn.io,
         linger: None,
         lingers: true,
+        send_timeout: conn.send_timeout,
+        stall: Stall::default(),
+        stalled: false,
     };
     let peer = Arc::new(peer);
     let proxy = serving.proxy.clone();
@@ -396,7 +414,7 @@ async fn until_done<C: Future>(
     // Checked four times per `after`: a connection is asked to close between 1 and 1.5 times
     // `after` after its last request ended (1.5: one that started and ended between two checks);
     // likewise for `send`.
-    let period = (idle.after.min(idle.send) / 4).max(Duration::from_millis(1));
+    let period = (idle.after.min(idle.send) / 4).max(Duration::from_millis(10));
     let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut seen = 0;
@@ -469,10 +487,12 @@ impl Streams {
     }
 
     /// Cuts every response body that hyper took a frame of at least `send` before `now` and has
-    /// not asked for the next one since (its client is not reading: a full socket buffer, or
-    /// no HTTP/2 window). The body is dropped, which closes its upstream connection (it was
-    /// mid-body) and ends its request's open count; hyper's next poll of it gets an error
-    /// (HTTP/2: `RST_STREAM`). Whether any was cut.
+    /// not asked for the next one since: hyper's own buffers for it are full because the client
+    /// does not take them (HTTP/2: it grants no flow-control window; a full socket buffer is
+    /// caught sooner by [`Prefixed`]'s send timeout). The body is dropped, which closes its
+    /// upstream connection if it was mid-body, and ends its request's open count; hyper's next
+    /// poll of it, if any, gets an error (HTTP/2: `RST_STREAM`). Checked once per tick, so a cut
+    /// comes up to a quarter of `send` late. Whether any was cut.
     fn cut_stalled(&self, now: Instant, send: Duration) -> bool {
         let mut cut = Vec::new();
         let mut sending = lock(&self.sending);
@@ -493,8 +513,7 @@ impl Streams {
         if !cut.is_empty() {
             tracing::debug!(
                 responses = cut.len(),
-                "client took no response bytes for server.send_timeout_ms; response cut, its \
-                 upstream connection closed"
+                "client took no response bytes for server.send_timeout_ms; response cut"
             );
         }
         !cut.is_empty()
@@ -538,7 +557,14 @@ impl Tracked {
             open: Some(open),
             handed: None,
         }));
-        lock(&streams.sending).push(sending.clone());
+        let mut all = lock(&streams.sending);
+        if all.len() == all.capacity() {
+            // Bodies hyper has dropped since the last check, pruned before the list grows: it
+            // stays within about twice the open responses on a busy connection.
+            all.retain(|s| Arc::strong_count(s) > 1);
+        }
+        all.push(sending.clone());
+        drop(all);
         Self(sending)
     }
 }
@@ -622,6 +648,8 @@ struct Conn {
     out: Vec<u8>,
     /// `server.send_timeout_ms`: see [`send`].
     send_timeout: Duration,
+    /// A response write timed out ([`send`]): the connection is reset, not closed gracefully.
+    stalled: bool,
 }
 
 /// A connection's received bytes and what the fast path has made of them so far: the requests
@@ -757,6 +785,17 @@ impl Conn {
         .await
     }
 
+    /// Writes `parts` ([`send`]); `false` when that failed or timed out (then `stalled`).
+    async fn send(&mut self, parts: &[&[u8]]) -> bool {
+        match send(&mut self.io, parts, self.send_timeout).await {
+            Ok(()) => true,
+            Err(stalled) => {
+                self.stalled |= stalled;
+                false
+            }
+        }
+    }
+
     /// Writes the response; `false` when the connection cannot carry another request (a write
     /// failed, or the body ended early, failed or ran long).
     async fn write_response(
@@ -797,7 +836,10 @@ impl Conn {
         match framing {
             Framing::Bodyless | Framing::Length(0) => {
                 drop(body);
-                send(&mut self.io, &[&self.out], self.send_timeout).await
+                let out = std::mem::take(&mut self.out);
+                let ok = self.send(&[&out]).await;
+                self.out = out;
+                ok
             }
             Framing::Length(n) => self.write_sized(body, n, watch).await,
             Framing::Chunked => self.write_chunked(&mut body, watch).await,
@@ -821,11 +863,11 @@ impl Conn {
             left -= data.len() as u64;
             let sent = match head.take() {
                 Some(h) => {
-                    let ok = send(&mut self.io, &[&h[..], &data[..]], self.send_timeout).await;
+                    let ok = self.send(&[&h[..], &data[..]]).await;
                     self.out = h;
                     ok
                 }
-                None => send(&mut self.io, &[&data[..]], self.send_timeout).await,
+                None => self.send(&[&data[..]]).await,
             };
             if !sent {
                 return false;
@@ -833,7 +875,7 @@ impl Conn {
         };
         if let Some(h) = head {
             // The body ended before its first byte: the head alone, then the connection closes.
-            let _ = send(&mut self.io, &[&h[..]], self.send_timeout).await;
+            let _ = self.send(&[&h[..]]).await;
             self.out = h;
         }
         if !complete {
@@ -853,7 +895,7 @@ impl Conn {
                 Ok(None) => break,
                 Err(()) => {
                     if let Some(h) = head {
-                        let _ = send(&mut self.io, &[&h[..]], self.send_timeout).await;
+                        let _ = self.send(&[&h[..]]).await;
                         self.out = h;
                     }
                     return false;
@@ -863,7 +905,7 @@ impl Conn {
             let size = chunk_size_line(data.len(), &mut size);
             let h = head.take().unwrap_or_default();
             let parts = [&h[..], size, &data[..], b"\r\n"];
-            let ok = send(&mut self.io, &parts, self.send_timeout).await;
+            let ok = self.send(&parts).await;
             if !h.is_empty() {
                 self.out = h;
             }
@@ -872,7 +914,7 @@ impl Conn {
             }
         }
         let h = head.take().unwrap_or_default();
-        let ok = send(&mut self.io, &[&h[..], b"0\r\n\r\n"], self.send_timeout).await;
+        let ok = self.send(&[&h[..], b"0\r\n\r\n"]).await;
         if !h.is_empty() {
             self.out = h;
         }
@@ -1052,12 +1094,12 @@ async fn next_data(
     }
 }
 
-/// Writes every slice (at most 4), in as few `writev` calls as the socket takes; `false` when a
-/// write fails, or when the client takes no byte for `stall` (`server.send_timeout_ms`, counted
-/// from a write the socket could not take at once, and again after every one it took: nginx's
-/// `send_timeout`). The timer is made only when the socket's send buffer is full, so a response
-/// the kernel takes whole costs none.
-async fn send(io: &mut TcpStream, parts: &[&[u8]], stall: Duration) -> bool {
+/// Writes every slice (at most 4), in as few `writev` calls as the socket takes. `Err(false)`
+/// when a write fails; `Err(true)` when the client takes no byte for `stall`
+/// (`server.send_timeout_ms`, counted from a write the socket's full send buffer could not take,
+/// and again after every write it took: nginx's `send_timeout`). The timer is made only when
+/// the send buffer is full, so a response the kernel takes whole costs none.
+async fn send(io: &mut TcpStream, parts: &[&[u8]], stall: Duration) -> Result<(), bool> {
     let mut bufs = [IoSlice::new(&[]); 4];
     let mut n = 0;
     for p in parts.iter().filter(|p| !p.is_empty()) {
@@ -1065,31 +1107,59 @@ async fn send(io: &mut TcpStream, parts: &[&[u8]], stall: Duration) -> bool {
         n += 1;
     }
     let mut bufs = &mut bufs[..n];
-    let mut timer: Option<Pin<Box<Sleep>>> = None;
+    let mut timer = Stall::default();
     poll_fn(|cx| {
         while !bufs.is_empty() {
             match Pin::new(&mut *io).poll_write_vectored(cx, bufs) {
-                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(false),
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(Err(false)),
                 Poll::Ready(Ok(written)) => {
                     IoSlice::advance_slices(&mut bufs, written);
-                    timer = None;
+                    timer.progress();
                 }
                 Poll::Pending => {
-                    let t = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(stall)));
-                    if t.as_mut().poll(cx).is_ready() {
+                    if timer.poll_expired(stall, cx) {
                         tracing::debug!(
                             "client took no response bytes for server.send_timeout_ms; \
-                             connection closed"
+                             connection reset"
                         );
-                        return Poll::Ready(false);
+                        return Poll::Ready(Err(true));
                     }
                     return Poll::Pending;
                 }
             }
         }
-        Poll::Ready(true)
+        Poll::Ready(Ok(()))
     })
     .await
+}
+
+/// The send timeout of one connection's writes: armed by a write the socket could not take,
+/// disarmed by one it took. The timer is allocated at the first full send buffer and reused.
+#[derive(Default)]
+struct Stall {
+    timer: Option<Pin<Box<Sleep>>>,
+    armed: bool,
+}
+
+impl Stall {
+    /// A write made progress.
+    fn progress(&mut self) {
+        self.armed = false;
+    }
+
+    /// A write found the send buffer full: whether `stall` has passed since the first such
+    /// write after the last progress; registers for the wake-up otherwise.
+    fn poll_expired(&mut self, stall: Duration, cx: &mut Context<'_>) -> bool {
+        let deadline = Instant::now() + stall;
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if !self.armed {
+            self.armed = true;
+            timer.as_mut().reset(deadline);
+        }
+        timer.as_mut().poll(cx).is_ready()
+    }
 }
 
 impl Wait<'_, '_> {
@@ -1250,6 +1320,12 @@ pub(crate) struct Prefixed {
     /// Whether a shutdown lingers (reads and drops the client's bytes); not once the connection
     /// carries a WebSocket, whose client bytes are the tunnel's to read.
     lingers: bool,
+    /// `server.send_timeout_ms`: a write that finds the send buffer full and stays so this long
+    /// fails with `TimedOut` (hyper then ends the connection, a WebSocket tunnel its tunnel).
+    send_timeout: Duration,
+    stall: Stall,
+    /// A write timed out: the shutdown resets the connection instead of closing it.
+    stalled: bool,
 }
 
 /// The client side of a WebSocket tunnel: the connection's own socket (with the bytes hyper had
@@ -1341,13 +1417,43 @@ impl AsyncRead for Prefixed {
     }
 }
 
+impl Prefixed {
+    /// A write's result, through the send timeout ([`Stall`]).
+    fn stalled(
+        &mut self,
+        cx: &mut Context<'_>,
+        r: Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
+        match r {
+            Poll::Pending => {
+                if !self.stall.poll_expired(self.send_timeout, cx) {
+                    return Poll::Pending;
+                }
+                tracing::debug!(
+                    "client took no response bytes for server.send_timeout_ms; connection reset"
+                );
+                self.stalled = true;
+                // Closed without lingering or a FIN queued behind a full buffer: reset (nginx's
+                // `reset_timedout_connection`).
+                reset_on_close(&self.io);
+                Poll::Ready(Err(io::ErrorKind::TimedOut.into()))
+            }
+            r => {
+                self.stall.progress();
+                r
+            }
+        }
+    }
+}
+
 impl AsyncWrite for Prefixed {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let r = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.stalled(cx, r)
     }
 
     fn poll_write_vectored(
@@ -1355,7 +1461,8 @@ impl AsyncWrite for Prefixed {
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.stalled(cx, r)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -1371,6 +1478,10 @@ impl AsyncWrite for Prefixed {
     /// Without `lingers` (a WebSocket's), only the write side is shut down.
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if this.stalled {
+            // Nothing more can be sent: the drop that follows resets the connection.
+            return Poll::Ready(Ok(()));
+        }
         if !this.lingers {
             return Pin::new(&mut this.io).poll_shutdown(cx);
         }
