@@ -48,21 +48,11 @@ for d in "$DURATION" "$WARMUP"; do [[ "$d" =~ ^[0-9]+[smh]?$ ]] || die "bad dura
 read -r -a CONCS <<<"$CONC"
 ((${#CONCS[@]})) || die "CONC is empty"
 for c in "${CONCS[@]}"; do [[ "$c" =~ ^[1-9][0-9]*$ ]] || die "bad concurrency '$c' in CONC"; done
-declare -A PIN_OF=()
-if [[ -n ${PIN:-} ]]; then
-  command -v taskset >/dev/null || die "PIN needs taskset (util-linux)"
-  IFS=, read -r -a pins <<<"$PIN"
-  for p in "${pins[@]}"; do
-    [[ $p =~ ^(wrk|origin|proxy)=([0-9]+([-,][0-9]+)*)$ ]] ||
-      die "PIN entry '$p' is not wrk|origin|proxy=CPULIST (e.g. PIN=\"wrk=0,origin=1,proxy=1\")"
-    PIN_OF[${BASH_REMATCH[1]}]=${BASH_REMATCH[2]}
-  done
-fi
+pin_parse PIN "${PIN:-}" # PIN_OF: bench/lib.sh
 pin() { # role pid...: every thread of each pid onto the role's CPUs (PIN), if the role is pinned
-  local role=$1 p
+  local role=$1
   shift
-  [[ -n ${PIN_OF[$role]:-} ]] || return 0
-  for p in "$@"; do taskset -a -p -c "${PIN_OF[$role]}" "$p" >/dev/null || die "taskset $role pid $p failed"; done
+  [[ -z ${PIN_OF[$role]:-} ]] || pin_to "${PIN_OF[$role]}" "$@"
 }
 for t in nginx wrk curl python3 sha256sum pgrep; do command -v "$t" >/dev/null || die "$t is not installed"; done
 

@@ -183,3 +183,26 @@ level = "warn"
 access_log = false
 TOML
 }
+
+# pin_parse NAME SPEC: SPEC ("wrk=0,origin=1,proxy=0": taskset CPU lists for wrk, the nginx
+# origin and every thread of the proxy under test) into PIN_OF; dies naming the variable NAME on
+# a bad entry. An empty SPEC pins nothing. Needs taskset (util-linux) when SPEC is set.
+declare -A PIN_OF=()
+pin_parse() {
+  local name=$1 spec=$2 p pins
+  [[ -n $spec ]] || return 0
+  command -v taskset >/dev/null || die "$name needs taskset (util-linux)"
+  IFS=, read -r -a pins <<<"$spec"
+  for p in "${pins[@]}"; do
+    [[ $p =~ ^(wrk|origin|proxy)=([0-9]+([-,][0-9]+)*)$ ]] ||
+      die "$name entry '$p' is not wrk|origin|proxy=CPULIST (e.g. $name=\"wrk=0,origin=1,proxy=0\")"
+    PIN_OF[${BASH_REMATCH[1]}]=${BASH_REMATCH[2]}
+  done
+}
+
+# pin_to CPUS PID...: every thread of each PID onto CPUS (a taskset CPU list).
+pin_to() {
+  local cpus=$1 p
+  shift
+  for p in "$@"; do taskset -a -p -c "$cpus" "$p" >/dev/null || die "taskset -c $cpus pid $p failed"; done
+}

@@ -105,18 +105,9 @@ has_section() { [[ " $SECTIONS " == *" $1 "* ]]; }
 
 [[ "$REPS" =~ ^[1-9][0-9]*$ ]] || die "REPS must be a positive integer, got '$REPS'"
 [[ "$DURATION" =~ ^[0-9]+[smh]?$ ]] || die "DURATION must look like 5s, 1m, 30, got '$DURATION'"
-declare -A PIN_OF=()
-if [[ -n $PINNED_C1 ]]; then
-  command -v taskset >/dev/null || die "PINNED_C1 needs taskset (util-linux)"
-  IFS=, read -r -a pins <<<"$PINNED_C1"
-  for p in "${pins[@]}"; do
-    [[ $p =~ ^(wrk|origin|proxy)=([0-9]+([-,][0-9]+)*)$ ]] ||
-      die "PINNED_C1 entry '$p' is not wrk|origin|proxy=CPULIST (e.g. wrk=0,origin=1,proxy=0)"
-    PIN_OF[${BASH_REMATCH[1]}]=${BASH_REMATCH[2]}
-  done
-  [[ -n ${PIN_OF[wrk]:-} && -n ${PIN_OF[origin]:-} && -n ${PIN_OF[proxy]:-} ]] ||
-    die "PINNED_C1 must pin wrk, origin and proxy, got '$PINNED_C1'"
-fi
+pin_parse PINNED_C1 "$PINNED_C1" # PIN_OF: bench/lib.sh
+[[ -z $PINNED_C1 || (-n ${PIN_OF[wrk]:-} && -n ${PIN_OF[origin]:-} && -n ${PIN_OF[proxy]:-}) ]] ||
+  die "PINNED_C1 must pin wrk, origin and proxy, got '$PINNED_C1'"
 for s in $SECTIONS; do
   [[ " $ALL_SECTIONS " == *" $s "* ]] || die "unknown section '$s'"
 done
@@ -558,11 +549,6 @@ if has_section matrix; then
     done
   done
   if [[ -n $PINNED_C1 ]]; then
-    pin_to() { # cpus pid...: every thread of each pid
-      local cpus=$1 p
-      shift
-      for p in "$@"; do taskset -a -p -c "$cpus" "$p" >/dev/null || die "taskset -c $cpus pid $p failed"; done
-    }
     proxies=("${PID_OF[nginx-proxy]}" "$WORKER_OF_PROXY" "${PID_OF[python-ref]}" "${PID_OF[tessera-redis]}"
       "${PID_OF[tessera-embedded]}" "${PID_OF[tessera-busy]}")
     pin_to "${PIN_OF[origin]}" "${PID_OF[origin]}" "$WORKER_OF_ORIGIN"
