@@ -29,6 +29,32 @@ fn behind(upstream: &str, extra: Extra) -> (Tessera, String) {
     (t, token)
 }
 
+/// A current-thread runtime with timers and I/O, for a test's async clients.
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+type H2cSend = hyper::client::conn::http2::SendRequest<http_body_util::Empty<bytes::Bytes>>;
+
+/// An h2c (prior knowledge) client connection to 127.0.0.1:`port` made by `builder`; the
+/// connection runs in a spawned task, whose handle ends with it.
+async fn h2c(
+    port: u16,
+    builder: &hyper::client::conn::http2::Builder<hyper_util::rt::TokioExecutor>,
+) -> (H2cSend, tokio::task::JoinHandle<Result<(), hyper::Error>>) {
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let (send, conn) = builder
+        .handshake(hyper_util::rt::TokioIo::new(stream))
+        .await
+        .unwrap();
+    (send, tokio::spawn(conn))
+}
+
 /// Started with a soft limit of 64 open files (the hard limit left as it is), tessera raises the
 /// soft limit to the hard one and logs it, so 300 clients connected at once, each holding its
 /// keep-alive connection open, are all answered. At 64, `accept` would fail with `EMFILE` from
@@ -519,7 +545,7 @@ fn closing_rules_timeouts_and_graceful_shutdown() {
 #[test]
 fn h2c_connections_left_idle_are_closed() {
     use http_body_util::{BodyExt, Empty};
-    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use hyper_util::rt::TokioExecutor;
 
     let up = upstream::start(Behavior::Echo {
         delay: Duration::from_millis(1000),
@@ -559,19 +585,12 @@ fn h2c_connections_left_idle_are_closed() {
         "no request: still open"
     );
 
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let stream = tokio::net::TcpStream::connect(("127.0.0.1", t.port))
-            .await
-            .unwrap();
-        let (mut send, conn) =
-            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-                .await
-                .unwrap();
-        let conn = tokio::spawn(conn);
+    current_thread().block_on(async {
+        let (mut send, conn) = h2c(
+            t.port,
+            &hyper::client::conn::http2::Builder::new(TokioExecutor::new()),
+        )
+        .await;
         // A request in flight for three times the idle time (the upstream answers after 1 s) is
         // not cut, and the connection stays open for the next one.
         for path in ["/slow1", "/slow2"] {
@@ -660,7 +679,7 @@ fn response_framing_chunked_short_and_until_close() {
 #[test]
 fn a_client_that_stops_reading_frees_its_upstream_connection_after_the_send_timeout() {
     use http_body_util::{BodyExt, Empty};
-    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use hyper_util::rt::TokioExecutor;
 
     const N: u64 = 64 << 20;
     let up = upstream::start(Behavior::Download { n: N });
@@ -727,22 +746,13 @@ fn a_client_that_stops_reading_frees_its_upstream_connection_after_the_send_time
         );
     }
 
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let stream = tokio::net::TcpStream::connect(("127.0.0.1", t.port))
-            .await
-            .unwrap();
-        let (mut send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+    current_thread().block_on(async {
+        let mut small_window = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
+        small_window
             .initial_stream_window_size(65_535)
             .initial_connection_window_size(1 << 20)
-            .adaptive_window(false)
-            .handshake(TokioIo::new(stream))
-            .await
-            .unwrap();
-        tokio::spawn(conn);
+            .adaptive_window(false);
+        let (mut send, _conn) = h2c(t.port, &small_window).await;
         let req = http::Request::get("http://app/a")
             .header("authorization", format!("Bearer {token}"))
             .body(Empty::<bytes::Bytes>::new())
@@ -781,7 +791,7 @@ fn a_client_that_stops_reading_frees_its_upstream_connection_after_the_send_time
 #[test]
 fn responses_that_wait_on_the_upstream_are_not_cut_by_the_send_timeout() {
     use http_body_util::{BodyExt, Empty};
-    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use hyper_util::rt::TokioExecutor;
 
     let up = upstream::start(Behavior::Users);
     up.stats.set_password("alice", "pw");
@@ -807,19 +817,12 @@ fn responses_that_wait_on_the_upstream_are_not_cut_by_the_send_timeout() {
         }
         assert!(got.starts_with(&format!("HTTP/{version} 200")), "{got}");
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let stream = tokio::net::TcpStream::connect(("127.0.0.1", t.port))
-            .await
-            .unwrap();
-        let (mut send, conn) =
-            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-                .await
-                .unwrap();
-        tokio::spawn(conn);
+    current_thread().block_on(async {
+        let (mut send, _conn) = h2c(
+            t.port,
+            &hyper::client::conn::http2::Builder::new(TokioExecutor::new()),
+        )
+        .await;
         let req = http::Request::get("http://app/events")
             .header("authorization", format!("Bearer {token}"))
             .body(Empty::<bytes::Bytes>::new())

@@ -23,7 +23,7 @@ use std::future::{poll_fn, Future};
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -343,11 +343,8 @@ async fn hand_off(serving: &Serving, conn: Conn, peer: Peer, served: bool) {
     let proxy = serving.proxy.clone();
     let streams = Arc::new(Streams::default());
     let watched = streams.clone();
-    let service = service_fn(move |req: Request<hyper::body::Incoming>| {
+    let service = service_fn(move |req| {
         let (proxy, peer) = (proxy.clone(), peer.clone());
-        if req.version() == Version::HTTP_2 {
-            streams.http2.store(true, Ordering::Relaxed);
-        }
         let open = Streams::open(&streams);
         let streams = streams.clone();
         async move {
@@ -377,10 +374,7 @@ async fn hand_off(serving: &Serving, conn: Conn, peer: Peer, served: bool) {
         until_done(conn, |c| c.graceful_shutdown(), &serving.shutdown, idle).await
     };
     let Some(done) = done else {
-        tracing::debug!(
-            "downstream connection closed: idle and did not close when asked, or its HTTP/1 \
-             response stalled"
-        );
+        tracing::debug!("downstream connection closed: idle, and it did not close when asked");
         return;
     };
     if let Err(e) = done {
@@ -396,9 +390,9 @@ async fn hand_off(serving: &Serving, conn: Conn, peer: Peer, served: bool) {
 /// gracefully (`graceful`: the connection type's own `graceful_shutdown`) and waits for that.
 /// Once it has been idle (see [`Checks`]) for `idle.after`, asks the same (HTTP/2: GOAWAY); idle
 /// for `idle.after` again, it is dropped, which closes the socket: `None`. A response body that
-/// hyper has not asked for its next frame for `idle.send` since it took the last one (the client
-/// does not read, or grants no HTTP/2 window) is cut ([`Streams::cut_stalled`]); on an HTTP/1
-/// connection the connection is then dropped too: `None`.
+/// hyper has not asked for its next frame for `idle.send` since it took the last one (an HTTP/2
+/// client that grants no window) is cut ([`Streams::cut_stalled`]); a client whose socket takes
+/// nothing is [`Prefixed`]'s to end.
 ///
 /// Why: hyper's HTTP/2 server has no idle or connection-preface timeout, so an h2c client that
 /// sent half a preface, or finished its requests and kept the connection, held it (a socket
@@ -429,11 +423,7 @@ async fn until_done<C: Future>(
                 graceful(conn.as_mut());
             }
             now = ticks.tick() => {
-                if idle.streams.cut_stalled(now, idle.send)
-                    && !idle.streams.http2.load(Ordering::Relaxed)
-                {
-                    return None;
-                }
+                idle.streams.cut_stalled(now, idle.send);
                 let started = idle.streams.started.load(Ordering::Relaxed);
                 if started != seen || idle.streams.open.load(Ordering::Relaxed) > 0 {
                     seen = started;
@@ -471,10 +461,8 @@ struct Checks<'a> {
 struct Streams {
     started: AtomicU64,
     open: AtomicUsize,
-    /// A request arrived over HTTP/2 (h2c): a stalled stream is cut alone, not the connection.
-    http2: AtomicBool,
     /// The response bodies given to hyper; an entry whose [`Tracked`] is gone is pruned at the
-    /// next check.
+    /// next check, or when the list would grow.
     sending: Mutex<Vec<Arc<Mutex<Sending>>>>,
 }
 
@@ -491,9 +479,9 @@ impl Streams {
     /// does not take them (HTTP/2: it grants no flow-control window; a full socket buffer is
     /// caught sooner by [`Prefixed`]'s send timeout). The body is dropped, which closes its
     /// upstream connection if it was mid-body, and ends its request's open count; hyper's next
-    /// poll of it, if any, gets an error (HTTP/2: `RST_STREAM`). Checked once per tick, so a cut
-    /// comes up to a quarter of `send` late. Whether any was cut.
-    fn cut_stalled(&self, now: Instant, send: Duration) -> bool {
+    /// poll of it, if any, gets an error (HTTP/2: `RST_STREAM`; HTTP/1: the connection ends).
+    /// Checked once per tick, so a cut comes up to a quarter of `send` late.
+    fn cut_stalled(&self, now: Instant, send: Duration) {
         let mut cut = Vec::new();
         let mut sending = lock(&self.sending);
         sending.retain(|s| {
@@ -516,7 +504,6 @@ impl Streams {
                 "client took no response bytes for server.send_timeout_ms; response cut"
             );
         }
-        !cut.is_empty()
     }
 }
 
@@ -1150,14 +1137,15 @@ impl Stall {
     /// A write found the send buffer full: whether `stall` has passed since the first such
     /// write after the last progress; registers for the wake-up otherwise.
     fn poll_expired(&mut self, stall: Duration, cx: &mut Context<'_>) -> bool {
-        let deadline = Instant::now() + stall;
-        let timer = self
-            .timer
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
         if !self.armed {
             self.armed = true;
-            timer.as_mut().reset(deadline);
+            let deadline = Instant::now() + stall;
+            match &mut self.timer {
+                Some(timer) => timer.as_mut().reset(deadline),
+                None => self.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+            }
         }
+        let timer = self.timer.as_mut().expect("armed above");
         timer.as_mut().poll(cx).is_ready()
     }
 }
