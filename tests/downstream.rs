@@ -843,3 +843,108 @@ fn responses_that_wait_on_the_upstream_are_not_cut_by_the_send_timeout() {
         }
     });
 }
+
+/// The send timeout counts one stall, not the whole response: a client with a small receive
+/// buffer that reads a 16 MiB download in bursts, pausing 100 ms after every MiB (a quarter of
+/// `server.send_timeout_ms = 400`), gets all of it on the fast path, on hyper's HTTP/1 and over
+/// h2c, although each download takes several times the timeout. tessera's writes do wait on
+/// the pauses: with 600 ms pauses instead, each path was cut within its first 3 MiB (tried by
+/// hand: a reset after 1.1 MiB on both HTTP/1 paths, `RST_STREAM` after 2.8 MiB over h2c).
+#[test]
+fn a_client_that_reads_slowly_but_steadily_is_never_cut_by_the_send_timeout() {
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::rt::TokioExecutor;
+
+    const N: u64 = 16 << 20;
+    const EVERY: u64 = 1 << 20;
+    const PAUSE: Duration = Duration::from_millis(100);
+    const TIMEOUT_MS: u64 = 400;
+    let up = upstream::start(Behavior::Download { n: N });
+    let (t, token) = behind(&up.url(), &[("server", "send_timeout_ms = 400")]);
+    let rt = current_thread();
+    // A connection to tessera whose receive buffer is fixed at 64 KiB (no autotuning).
+    let connect = || async {
+        let s = tokio::net::TcpSocket::new_v4().unwrap();
+        s.set_recv_buffer_size(64 << 10).unwrap();
+        s.connect(addr(t.port)).await.unwrap()
+    };
+    let paced = |what: &str, start: Instant, pauses: u32| {
+        let took = start.elapsed();
+        // Each download spans many timeouts; the pauses alone are 16 x 100 ms.
+        assert!(pauses >= 15, "{what}: {pauses} pauses");
+        assert!(
+            took >= Duration::from_millis(3 * TIMEOUT_MS),
+            "{what}: took {took:?}"
+        );
+        eprintln!("{what}: {N} bytes in {took:?}, {pauses} pauses of {PAUSE:?}");
+    };
+
+    for (what, version) in [("fast path", "1.1"), ("hyper HTTP/1", "1.0")] {
+        let mut s = rt.block_on(connect()).into_std().unwrap();
+        s.set_nonblocking(false).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let start = Instant::now();
+        s.write_all(
+            format!("GET /a HTTP/{version}\r\nHost: t\r\nAuthorization: Bearer {token}\r\n\r\n")
+                .as_bytes(),
+        )
+        .unwrap();
+        let (mut seen, mut tmp) = (Vec::new(), vec![0u8; 64 << 10]);
+        let head_end = loop {
+            if let Some(i) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let n = s.read(&mut tmp).unwrap();
+            assert!(n > 0, "{what}: closed in the head");
+            seen.extend_from_slice(&tmp[..n]);
+        };
+        let head = String::from_utf8_lossy(&seen[..head_end]).to_string();
+        assert!(head.starts_with(&format!("HTTP/{version} 200")), "{head}");
+        let (mut body, mut pauses) = ((seen.len() - head_end) as u64, 0u32);
+        while body < N {
+            let n = match s.read(&mut tmp) {
+                Ok(0) => panic!("{what}: closed after {body} of {N} bytes"),
+                Ok(n) => n as u64,
+                Err(e) => panic!("{what}: {e} after {body} of {N} bytes"),
+            };
+            if (body + n) / EVERY > body / EVERY {
+                std::thread::sleep(PAUSE);
+                pauses += 1;
+            }
+            body += n;
+        }
+        assert_eq!(body, N, "{what}");
+        paced(what, start, pauses);
+    }
+
+    rt.block_on(async {
+        let stream = connect().await;
+        let (mut send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let start = Instant::now();
+        let req = http::Request::get("http://app/a")
+            .header("authorization", format!("Bearer {token}"))
+            .body(Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let resp = send.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let mut body = resp.into_body();
+        let (mut got, mut pauses) = (0u64, 0u32);
+        while got < N {
+            let n = match tokio::time::timeout(Duration::from_secs(10), body.frame()).await {
+                Ok(Some(Ok(f))) => f.data_ref().map_or(0, |d| d.len() as u64),
+                other => panic!("h2c: {other:?} after {got} of {N} bytes"),
+            };
+            if (got + n) / EVERY > got / EVERY {
+                tokio::time::sleep(PAUSE).await;
+                pauses += 1;
+            }
+            got += n;
+        }
+        assert_eq!(got, N, "h2c");
+        paced("h2c", start, pauses);
+    });
+}

@@ -36,6 +36,11 @@ fn ws_upstream() -> TestUpstream {
 /// A tessera on the embedded store in front of `up`, with `[metrics]` and the given
 /// `[websocket]` lines; returns it with its metrics port.
 fn tessera(up: &str, websocket: &str) -> (Tessera, u16) {
+    tessera_with(up, websocket, "")
+}
+
+/// [`tessera`] with `server` lines added to its `[server]` table.
+fn tessera_with(up: &str, websocket: &str, server: &'static str) -> (Tessera, u16) {
     let metrics_port = free_port();
     let tables: &'static str =
         format!("[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n[websocket]\n{websocket}\n")
@@ -46,7 +51,7 @@ fn tessera(up: &str, websocket: &str) -> (Tessera, u16) {
             port,
             &up,
             &format!("embedded:{}/s", dir.display()),
-            &[("tables", tables)],
+            &[("server", server), ("tables", tables)],
         )
     });
     (t, metrics_port)
@@ -130,8 +135,18 @@ const SCRIPTED_101: &[u8] = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: webso
 /// `after` in the same write; reads time out after 15 s (a bound on failure only: debug builds
 /// on a loaded 2-core CI).
 fn raw_handshake(t: &Tessera, path: &str, token: &str, after: &[u8]) -> std::net::TcpStream {
+    let sock = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+    handshake_on(sock, path, token, after)
+}
+
+/// [`raw_handshake`] on a connection already open.
+fn handshake_on(
+    mut sock: std::net::TcpStream,
+    path: &str,
+    token: &str,
+    after: &[u8],
+) -> std::net::TcpStream {
     use std::io::Write;
-    let mut sock = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
     sock.set_read_timeout(Some(Duration::from_secs(15)))
         .unwrap();
     let head = format!(
@@ -618,4 +633,70 @@ fn a_shutdown_closes_websockets_with_going_away_and_waits_for_them() {
         up.stats.websocket_closes.lock().unwrap()[0],
         "1001 server shutting down"
     );
+}
+
+/// A client that stops reading its WebSocket while the upstream keeps sending (here the echo of
+/// its own binary messages) is cut once tessera's writes to it have waited
+/// `server.send_timeout_ms` (300 ms), not left to the idle timeout (60 s): the client's
+/// connection is reset, the upstream's closed, and the log says why. Before the send timeout
+/// such a client held its tunnel, and its upstream connection, for as long as it liked.
+#[test]
+fn a_websocket_client_that_stops_reading_is_cut_after_the_send_timeout() {
+    use std::io::{ErrorKind, Write};
+    let up = ws_upstream();
+    let (t, _) = tessera_with(
+        &up.url(),
+        "idle_timeout_ms = 60000",
+        "send_timeout_ms = 300",
+    );
+    let (_, alice) = t.create_session("alice", "alice-pw");
+    // A 64 KiB receive buffer (no autotuning): the echoes back up at once. (The sockets between
+    // tessera and the upstream still take about 20 MB before the client's writes block.)
+    let sock = rt().block_on(async {
+        let s = tokio::net::TcpSocket::new_v4().unwrap();
+        s.set_recv_buffer_size(64 << 10).unwrap();
+        s.connect(support::addr(t.port)).await.unwrap()
+    });
+    let sock = sock.into_std().unwrap();
+    sock.set_nonblocking(false).unwrap();
+    let mut sock = handshake_on(sock, "/ws", &alice, b"");
+    let head = read_until(&mut sock, |b| b.windows(4).any(|w| w == b"\r\n\r\n"));
+    assert!(head.starts_with(b"HTTP/1.1 101"), "{head:?}");
+    let open = || up.stats.websockets_open.load(Ordering::SeqCst);
+    assert!(eventually(|| open() == 1));
+    // Binary messages of 60,000 bytes (16-bit length), masked with a zero key (RFC 6455 section
+    // 5.3: the payload goes as is), written until a write fails; never a byte read.
+    let mut frame = vec![0x82, 0x80 | 126, 0xEA, 0x60, 0, 0, 0, 0];
+    frame.resize(frame.len() + 60_000, b'x');
+    sock.set_write_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let start = Instant::now();
+    let mut sent = 0u64;
+    let failed = loop {
+        match sock.write_all(&frame) {
+            Ok(()) => sent += frame.len() as u64,
+            Err(e) => break e,
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "still taking bytes after {sent} bytes in {:?}",
+            start.elapsed()
+        );
+    };
+    let took = start.elapsed();
+    eprintln!("cut after {took:?}, {sent} bytes written, then: {failed}");
+    assert!(
+        matches!(
+            failed.kind(),
+            ErrorKind::ConnectionReset | ErrorKind::BrokenPipe
+        ),
+        "the write ended with {failed} after {took:?} and {sent} bytes, not a reset"
+    );
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert!(
+        eventually(|| open() == 0),
+        "the upstream's side stayed open"
+    );
+    let log = t.log_when(|l| l.contains("WebSocket closed"));
+    assert!(log.contains("end=failed: timed out"), "{log}");
 }
