@@ -4,7 +4,7 @@
 #   bench/suite.sh                          # DURATION=5s REPS=3 (about 10 minutes)
 #   DURATION=2s REPS=1 bench/suite.sh       # quick check of every piece
 #   SECTIONS="matrix memory" bench/suite.sh # only some sections
-#                                           # (matrix algs close revocation affinity memory)
+#                                           # (matrix scaled algs close revocation affinity memory)
 #   TESSERA_BIN=/path/to/tessera bench/suite.sh  # another binary (default target/release/tessera)
 #   IDLE_POLL_NS=200000 bench/suite.sh      # the guest's idle polling for the run (bench/lib.sh)
 #   PINNED_C1= bench/suite.sh               # without the pinned c=1 pass of the matrix (below)
@@ -37,6 +37,13 @@
 #              a c=1 run lands in one of two latency modes (where the scheduler puts the three
 #              processes), for nginx-proxy as for tessera, and the median of five follows that
 #              lottery (BENCHMARKS.md, session 21); pinned, every run has the same layout.
+#   scaled     the peers with one process per CPU, beside their one-process runs: nginx-proxy-mw
+#              (the same proxy as nginx-proxy, `worker_processes` = the CPUs) and python-ref-mw
+#              (bench/reference/proxy.py --workers = the CPUs, forked processes sharing the port),
+#              against nginx-proxy, python-ref and tessera-redis (whose default is already one
+#              serving thread per CPU); c in 8 64, REPS repetitions round-robin, medians; CPU per
+#              request summed over every worker. Why: a careful team on this machine would run
+#              one worker per core, so the matrix's one-worker peers alone would flatter tessera.
 #   algs       c=8: tessera-redis (warm: default session and token caches) and tessera-cold
 #              (`[session] cache_max_entries = 0`, `[token] cache_max_entries = 0`: every request
 #              verifies, reads Redis, unseals), each with HS512, RS256 (kid rs1) and EdDSA (kid ed1)
@@ -75,7 +82,7 @@ set -euo pipefail
 
 DURATION="${DURATION:-5s}"
 REPS="${REPS:-3}"
-ALL_SECTIONS="matrix algs close revocation affinity memory"
+ALL_SECTIONS="matrix scaled algs close revocation affinity memory"
 SECTIONS="${SECTIONS:-$ALL_SECTIONS}"
 SESSIONS="${SESSIONS:-1000}"
 AFFINITY_FEW_SESSIONS="${AFFINITY_FEW_SESSIONS:-16}"
@@ -86,6 +93,9 @@ MEMORY_TOKEN_CACHE="${MEMORY_TOKEN_CACHE:-120000}" # [token] cache_max_entries o
 CONCURRENCIES=(1 8 64)
 PINNED_C1="${PINNED_C1-wrk=0,origin=1,proxy=0}" # taskset CPU lists for the pinned c=1 pass
 AFFINITY_CONCURRENCIES=(8 64)
+SCALED_CONCURRENCIES=(8 64)
+SCALED_TARGETS=(nginx-proxy nginx-proxy-mw python-ref python-ref-mw tessera-redis)
+NCPU="$(nproc)"
 TARGETS=(direct nginx-proxy python-ref tessera-redis tessera-embedded tessera-busy)
 BUSY_POLL_US=50 # [server] busy_poll_us of tessera-busy
 POOL_CAP=16
@@ -144,7 +154,8 @@ RAW="$WORK/raw"
 RUNS="$WORK/runs.tsv"
 : >"$RUNS"
 
-read -r P_REDIS P_ORIGIN P_STATUS P_PROXY P_PYREF P_TR P_TE P_TCOLD P_TPOOL P_TB P_TMEM P_TAFF P_TBUSY < <(free_ports 13)
+read -r P_REDIS P_ORIGIN P_STATUS P_PROXY P_PYREF P_TR P_TE P_TCOLD P_TPOOL P_TB P_TMEM P_TAFF P_TBUSY \
+  P_PROXY_MW P_PYREF_MW < <(free_ports 15)
 
 
 declare -A PID_OF URL_OF CPU_PID_OF
@@ -236,14 +247,14 @@ PIDS+=("$!")
 wait_port "$P_PROXY" "nginx proxy" "$!"
 STATUS_URL="http://127.0.0.1:$P_STATUS/status"
 # The worker (not the master) serves, holds the sockets and burns the CPU.
-worker_of() { # nginx master pid -> its worker's pid
-  local i w
+worker_of() { # master pid [count] -> its first worker's pid (every one of count workers, one line each)
+  local i w n="${2:-1}"
   for ((i = 0; i < 100; i++)); do
-    w="$(pgrep -P "$1" | head -1 || true)"
-    [[ -n $w ]] && echo "$w" && return 0
+    w="$(pgrep -P "$1" || true)"
+    (($(grep -c . <<<"$w") >= n)) && echo "$w" | head -"$n" && return 0
     sleep 0.05
   done
-  die "no worker under nginx master $1"
+  die "fewer than $n workers under master $1"
 }
 WORKER_OF_ORIGIN="$(worker_of "${PID_OF[origin]}")"
 WORKER_OF_PROXY="$(worker_of "${PID_OF[nginx-proxy]}")"
@@ -418,9 +429,10 @@ measure() { # section target c rep lua [wrk args...]
   shift 5
   local id="$section-$target-c$c-r$rep" threads=$((c < 2 ? 1 : 2)) url
   url="${URL_OF[$target]}"
-  local sample_pid="${SAMPLE_PID:-}" cpu_pid="${CPU_PID_OF[$target]}"
+  local sample_pid="${SAMPLE_PID:-}" cpu_pids
+  read -ra cpu_pids <<<"${CPU_PID_OF[$target]}" # one pid, or every worker's
   rcli info commandstats >"$RAW/$id.redis0"
-  cpu_ticks "$cpu_pid" >"$RAW/$id.cpu0"
+  cpu_ticks "${cpu_pids[@]}" >"$RAW/$id.cpu0"
   curl -s --max-time 5 "$STATUS_URL" >"$RAW/$id.nginx0"
   if [[ -n $sample_pid ]]; then
     echo 0 >"$RAW/$id.maxopen"
@@ -437,7 +449,7 @@ measure() { # section target c rep lua [wrk args...]
     stop_pid "$SAMPLER_PID"
     wait "$SAMPLER_PID" 2>/dev/null || true
   fi
-  cpu_ticks "$cpu_pid" >"$RAW/$id.cpu1"
+  cpu_ticks "${cpu_pids[@]}" >"$RAW/$id.cpu1"
   curl -s --max-time 5 "$STATUS_URL" >"$RAW/$id.nginx1"
   rcli info commandstats >"$RAW/$id.redis1"
   printf '%s\t%s\t%s\t%s\t%s\n' "$section" "$target" "$c" "$rep" "$id" >>"$RUNS"
@@ -448,8 +460,10 @@ measure() { # section target c rep lua [wrk args...]
   done
 }
 
-cpu_ticks() { # pid -> user + system CPU time in clock ticks (fields 14, 15 of /proc/PID/stat)
-  awk '{print $14 + $15}' "/proc/$1/stat"
+cpu_ticks() { # pid... -> user + system CPU time in clock ticks (fields 14, 15 of /proc/PID/stat), summed
+  local p files=()
+  for p in "$@"; do files+=("/proc/$p/stat"); done
+  awk '{s += $14 + $15} END {print s}' "${files[@]}"
 }
 export CLK_TCK="$(getconf CLK_TCK)"
 
@@ -488,21 +502,32 @@ print(len(tokens), round(time.perf_counter() - start, 1))
 PY
 }
 
+# bench/reference/proxy.py with WORKERS processes (one: it serves itself; more: the forked
+# workers serve, and their CPU is counted).
+start_pyref() { # name port workers
+  local name=$1 port=$2 workers=$3
+  log "$name (bench/reference/proxy.py, $workers worker(s)) on Redis"
+  "$PY" "$BENCH/reference/proxy.py" --listen "127.0.0.1:$port" --upstream "http://127.0.0.1:$P_ORIGIN" \
+    --redis "$REDIS" --jwt-secret "file:$WORK/keys/jwt.secret" --cred-key "file:$WORK/keys/cred.key" \
+    --workers "$workers" >"$WORK/$name.log" 2>&1 &
+  PID_OF[$name]=$!
+  PIDS+=("$!")
+  wait_port "$port" "$name" "$!"
+  URL_OF[$name]="http://127.0.0.1:$port/1k"
+  if ((workers > 1)); then
+    CPU_PID_OF[$name]="$(worker_of "${PID_OF[$name]}" "$workers" | tr '\n' ' ')"
+  else
+    CPU_PID_OF[$name]="${PID_OF[$name]}"
+  fi
+}
+
 SECTION_TIMES=""
 section_done() { SECTION_TIMES+="$1=$(($(date +%s) - $2)) "; }
 
 # ---------------------------------------------------------------- section: matrix
 if has_section matrix; then
   t0=$(date +%s)
-  log "python-ref (bench/reference/proxy.py, 1 worker) on Redis"
-  "$PY" "$BENCH/reference/proxy.py" --listen "127.0.0.1:$P_PYREF" --upstream "http://127.0.0.1:$P_ORIGIN" \
-    --redis "$REDIS" --jwt-secret "file:$WORK/keys/jwt.secret" --cred-key "file:$WORK/keys/cred.key" \
-    >"$WORK/python-ref.log" 2>&1 &
-  PID_OF[python-ref]=$!
-  PIDS+=("$!")
-  wait_port "$P_PYREF" python-ref "$!"
-  URL_OF[python-ref]="http://127.0.0.1:$P_PYREF/1k"
-  CPU_PID_OF[python-ref]="${PID_OF[python-ref]}"
+  start_pyref python-ref "$P_PYREF" 1
 
   start_tessera tessera-embedded "$P_TE"
   start_tessera tessera-busy "$P_TBUSY"
@@ -573,6 +598,49 @@ if has_section matrix; then
   stop_named tessera-busy
   PID_OF[python-ref]="" PID_OF[tessera-embedded]="" PID_OF[tessera-busy]=""
   section_done matrix "$t0"
+fi
+
+# ---------------------------------------------------------------- section: scaled
+if has_section scaled; then
+  t0=$(date +%s)
+  sed -e "s/^worker_processes 1;/worker_processes $NCPU;/" -e "s|$WORK/proxy.pid|$WORK/proxy-mw.pid|" \
+    -e "s|listen 127.0.0.1:$P_PROXY;|listen 127.0.0.1:$P_PROXY_MW;|" -e "s|$WORK/tmp2|$WORK/tmp3|g" \
+    -e "s|$WORK/proxy-error.log|$WORK/proxy-mw-error.log|" "$WORK/proxy.conf" >"$WORK/proxy-mw.conf"
+  if ! grep -q "worker_processes $NCPU;" "$WORK/proxy-mw.conf" || ! grep -q ":$P_PROXY_MW;" "$WORK/proxy-mw.conf"; then
+    die "could not write proxy-mw.conf"
+  fi
+  mkdir -p "$WORK/tmp3"
+  nginx -e "$WORK/proxy-mw-error.log" -p "$WORK" -c "$WORK/proxy-mw.conf" >"$WORK/proxy-mw.out" 2>&1 &
+  PID_OF[nginx-proxy-mw]=$!
+  PIDS+=("$!")
+  wait_port "$P_PROXY_MW" "nginx proxy ($NCPU workers)" "$!"
+  URL_OF[nginx-proxy-mw]="http://127.0.0.1:$P_PROXY_MW/1k"
+  CPU_PID_OF[nginx-proxy-mw]="$(worker_of "${PID_OF[nginx-proxy-mw]}" "$NCPU" | tr '\n' ' ')"
+  start_pyref python-ref "$P_PYREF" 1
+  start_pyref python-ref-mw "$P_PYREF_MW" "$NCPU"
+  scaled_token() { [[ $1 == nginx-proxy* ]] && echo "" || echo "$TOK_HS512"; }
+  log "warm-up: 2 s at c=8 per target, every token once through tessera-redis"
+  for target in "${SCALED_TARGETS[@]}"; do
+    check_target "$target" "${URL_OF[$target]}" "$(scaled_token "$target")"
+    wrk -t 2 -c 8 -d 2s -s "$WORK/tok/hs512.lua" "${URL_OF[$target]}" >"$RAW/warmup-scaled-$target.txt" 2>&1 ||
+      die "warm-up wrk failed for $target"
+  done
+  warm_tokens "$WORK/tok/hs512.jsonl" "$P_TR" 2 >/dev/null || die "warm-up of tessera-redis failed"
+  log "scaled: ${#SCALED_TARGETS[@]} targets x c in (${SCALED_CONCURRENCIES[*]}) x $REPS reps x $DURATION"
+  for ((rep = 1; rep <= REPS; rep++)); do
+    for c in "${SCALED_CONCURRENCIES[@]}"; do
+      for target in "${SCALED_TARGETS[@]}"; do
+        check_target "$target" "${URL_OF[$target]}" "$(scaled_token "$target")"
+        log "scaled rep $rep/$REPS c=$c $target"
+        measure scaled "$target" "$c" "$rep" "$WORK/tok/hs512.lua"
+      done
+    done
+  done
+  stop_named python-ref
+  stop_named python-ref-mw
+  stop_named nginx-proxy-mw
+  PID_OF[python-ref]="" PID_OF[python-ref-mw]="" PID_OF[nginx-proxy-mw]=""
+  section_done scaled "$t0"
 fi
 
 # ---------------------------------------------------------------- section: algs (+ cold vs warm)

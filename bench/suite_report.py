@@ -35,6 +35,8 @@ UNIT = {"us": 1.0, "ms": 1e3, "s": 1e6, "m": 60e6, "h": 3600e6}
 MATRIX_TARGETS = ["direct", "nginx-proxy", "python-ref", "tessera-redis", "tessera-embedded",
                   "tessera-busy"]
 TESSERAS = ["tessera-redis", "tessera-embedded", "tessera-busy"]
+# scaled section: the peers with one worker per CPU beside their one-worker runs.
+SCALED_TARGETS = ["nginx-proxy", "nginx-proxy-mw", "python-ref", "python-ref-mw", "tessera-redis"]
 ALGS = [("hs512", "HS512"), ("rs256", "RS256"), ("eddsa", "EdDSA")]
 # affinity section: (instance, upstream.affinity), and the session sets (runs.tsv section suffix).
 AFFINITY_TARGETS = [("tessera-redis", "none"), ("tessera-affinity", "session")]
@@ -203,8 +205,8 @@ def main():
     for r in runs:
         by.setdefault((r["section"], r["target"], r["c"]), []).append(r)
 
-    out = {"meta": {}, "matrix": [], "pinned": [], "algs": [], "close": [], "revocation": None,
-           "affinity": [], "memory": None}
+    out = {"meta": {}, "matrix": [], "pinned": [], "scaled": [], "algs": [], "close": [],
+           "revocation": None, "affinity": [], "memory": None}
     concs = sorted({r["c"] for r in runs if r["section"] == "matrix"})
     for c in concs:
         for t in MATRIX_TARGETS:
@@ -213,6 +215,10 @@ def main():
     for t in MATRIX_TARGETS:
         if ("pinned", t, 1) in by:
             out["pinned"].append(cell(by[("pinned", t, 1)], t, 1, client_side=t == "direct"))
+    for c in sorted({r["c"] for r in runs if r["section"] == "scaled"}):
+        for t in SCALED_TARGETS:
+            if ("scaled", t, c) in by:
+                out["scaled"].append(cell(by[("scaled", t, c)], t, c))
     for key, name in ALGS:
         for t, mode in (("tessera-redis", "warm"), ("tessera-cold", "cold")):
             if (f"algs_{key}", t, 8) in by:
@@ -336,6 +342,26 @@ def main():
                "run lands in one of two latency modes for nginx-proxy and tessera alike, depending "
                "on where the scheduler puts the three processes.", ""] + t + [""]
         summary += ["", "c=1 pinned:"] + t
+
+    S = {(r["target"], r["concurrency"]): r for r in out["scaled"]}
+    if out["scaled"]:
+        t = ["| target | c | req/s | p50 | p99 | tessera-redis / this target (req/s) | "
+             "CPU per request (every worker of the target) | Redis cmds/req (without PING) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in out["scaled"]:
+            base = S.get(("tessera-redis", r["concurrency"]))
+            vs = "" if r["target"] == "tessera-redis" or not base else \
+                f"{base['rps'] / r['rps']:.2f}x"
+            t.append(f"| {r['target']} | {r['concurrency']} | {r['rps']:,.0f} | {us(r['p50_ms'])} | "
+                     f"{us(r['p99_ms'])} | {vs} | {cpu(r)} | {cmds_np(r)} |")
+        md += ["## Peers with one worker per CPU (medians)", "",
+               f"The matrix runs nginx-proxy and python-ref with one worker each; tessera serves "
+               f"with one thread per CPU by default. Here both peers also run with one worker per "
+               f"CPU ({env.get('NPROC')}): `nginx-proxy-mw` (the same proxy, `worker_processes "
+               f"{env.get('NPROC')}`) and `python-ref-mw` (proxy.py `--workers {env.get('NPROC')}`, "
+               "forked processes sharing the port), in the same round-robin as their one-worker "
+               "runs and tessera-redis. CPU per request sums every worker's.", ""] + t + [""]
+        summary += ["", "peers with one worker per CPU:"] + t
 
     if out["algs"]:
         A = {(r["alg"], r["mode"]): r for r in out["algs"]}
@@ -481,6 +507,19 @@ def main():
                 x = M[(t_, 8)]["rps"] / M[("python-ref", 8)]["rps"]
                 goal(f"{t_} >= 30x python-ref req/s at c=8", x >= 30,
                      f"{x:.1f}x ({'above' if x >= 30 else 'short'} by {abs(x - 30):.1f}x)")
+    for peer, x_goal, what in (("nginx-proxy-mw", 1.0, "nginx-proxy"), ("python-ref-mw", 30, "python-ref")):
+        parts, ok = [], True
+        for c in sorted({c for (t_, c) in S if t_ == peer}):
+            if ("tessera-redis", c) in S and (what == "nginx-proxy" or c == 8):
+                x = S[("tessera-redis", c)]["rps"] / S[(peer, c)]["rps"]
+                ok &= x >= x_goal
+                parts.append(f"c={c} {x:.2f}x (one-worker {what}: "
+                             f"{S[('tessera-redis', c)]['rps'] / S[(what, c)]['rps']:.2f}x)"
+                             if (what, c) in S else f"c={c} {x:.2f}x")
+        if parts:
+            goal(f"tessera-redis >= {x_goal:g}x {peer} req/s ({what} with one worker per CPU"
+                 f"{'' if what == 'nginx-proxy' else ', c=8'}; same run)", ok, "; ".join(parts))
+    if out["matrix"]:
         parts, ok = [], True
         for c in concs:
             if ("tessera-redis", c) in M:
