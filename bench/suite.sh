@@ -72,10 +72,11 @@
 #              second pass counts Redis GETs (0 = every session was still cached).
 #
 # Output: bench/results/suite-<date>.json (object: matrix = list of {target, concurrency, rps,
-# p50_ms, p99_ms, redis_cmds_per_req, upstream_conns, ...}, algs, close, revocation, affinity =
+# p50_ms, p99_ms, redis_cmds_per_req, upstream_conns, ...}, pinned, scaled (the same rows), algs,
+# close, revocation, affinity =
 # list of {affinity, sessions, concurrency, rps, ..., upstream_conns, vs_none}, memory, meta),
 # suite-<date>.md (tables, targets met/missed, command, machine facts), SVG plots
-# suite-<date>-{matrix,algs,close,affinity}-{rps,latency}.svg via bench/plot.py, raw wrk output in
+# suite-<date>-{matrix,scaled,algs,close,affinity}-{rps,latency}.svg via bench/plot.py, raw wrk output in
 # suite-<date>.raw.txt. Needs target/release/tessera (never built here; TESSERA_BIN picks another
 # binary), redis-server, redis-cli, nginx (with stub_status), wrk, curl, openssl, ss, python3.
 set -euo pipefail
@@ -840,7 +841,7 @@ export LOGS
 
 "$PY" "$BENCH/suite_report.py" --work "$WORK" --json "$RESULTS_DIR/suite-$STAMP.json" \
   --md "$RESULTS_DIR/suite-$STAMP.md" --raw-name "$([[ -n $RAWOUT ]] && basename "$RAWOUT")"
-for section in matrix algs close affinity; do
+for section in matrix scaled algs close affinity; do
   if "$PY" -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1])).get(sys.argv[2]) else 1)' \
     "$RESULTS_DIR/suite-$STAMP.json" "$section"; then
     "$PY" "$BENCH/plot.py" "$RESULTS_DIR/suite-$STAMP.json" --section "$section" \

@@ -574,7 +574,7 @@ def main():
     stale = (f"\n**Warning:** files under src/ or Cargo.* were newer than {binary} "
              "at run time; the numbers are for the binary as built.\n") if env.get("STALE") else ""
     stamp = os.path.splitext(os.path.basename(args.json))[0]
-    plots = [f"{stamp}-{s}-{k}.svg" for s in ("matrix", "algs", "close", "affinity") if out[s]
+    plots = [f"{stamp}-{s}-{k}.svg" for s in ("matrix", "scaled", "algs", "close", "affinity") if out[s]
              for k in ("rps", "latency")]
     head = f"""# Benchmark suite (issue 4): tessera vs nginx and the Python reference, loopback
 
