@@ -510,13 +510,15 @@ start_pyref() { # name port workers
   log "$name (bench/reference/proxy.py, $workers worker(s)) on Redis"
   "$PY" "$BENCH/reference/proxy.py" --listen "127.0.0.1:$port" --upstream "http://127.0.0.1:$P_ORIGIN" \
     --redis "$REDIS" --jwt-secret "file:$WORK/keys/jwt.secret" --cred-key "file:$WORK/keys/cred.key" \
-    --workers "$workers" >"$WORK/$name.log" 2>&1 &
+    --workers "$workers" >>"$WORK/$name.log" 2>&1 &
   PID_OF[$name]=$!
   PIDS+=("$!")
   wait_port "$port" "$name" "$!"
   URL_OF[$name]="http://127.0.0.1:$port/1k"
   if ((workers > 1)); then
     CPU_PID_OF[$name]="$(worker_of "${PID_OF[$name]}" "$workers" | tr '\n' ' ')"
+    read -ra workers_pids <<<"${CPU_PID_OF[$name]}"
+    PIDS+=("${workers_pids[@]}") # stopped by the cleanup too, should the master be killed
   else
     CPU_PID_OF[$name]="${PID_OF[$name]}"
   fi
@@ -617,6 +619,8 @@ if has_section scaled; then
   wait_port "$P_PROXY_MW" "nginx proxy ($NCPU workers)" "$!"
   URL_OF[nginx-proxy-mw]="http://127.0.0.1:$P_PROXY_MW/1k"
   CPU_PID_OF[nginx-proxy-mw]="$(worker_of "${PID_OF[nginx-proxy-mw]}" "$NCPU" | tr '\n' ' ')"
+  read -ra workers_pids <<<"${CPU_PID_OF[nginx-proxy-mw]}"
+  PIDS+=("${workers_pids[@]}")
   start_pyref python-ref "$P_PYREF" 1
   start_pyref python-ref-mw "$P_PYREF_MW" "$NCPU"
   scaled_token() { [[ $1 == nginx-proxy* ]] && echo "" || echo "$TOK_HS512"; }

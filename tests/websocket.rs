@@ -652,7 +652,8 @@ fn a_websocket_client_that_stops_reading_is_cut_after_the_send_timeout() {
     let (_, alice) = t.create_session("alice", "alice-pw");
     // A 64 KiB receive buffer (no autotuning): the echoes back up at once. (The sockets between
     // tessera and the upstream still take about 20 MB before the client's writes block.)
-    let sock = rt().block_on(async {
+    let rt = rt();
+    let sock = rt.block_on(async {
         let s = tokio::net::TcpSocket::new_v4().unwrap();
         s.set_recv_buffer_size(64 << 10).unwrap();
         s.connect(support::addr(t.port)).await.unwrap()
