@@ -524,6 +524,33 @@ start_pyref() { # name port workers
   fi
 }
 
+# TOKEN_FN TARGET / LUA_FN TARGET print the target's token (empty: none) and its wrk script.
+warm_up() { # section token_fn lua_fn target...: each checked, then 2 s of wrk at c=8 (not recorded)
+  local section=$1 token_fn=$2 lua_fn=$3 target
+  shift 3
+  for target in "$@"; do
+    check_target "$target" "${URL_OF[$target]}" "$("$token_fn" "$target")"
+    wrk -t 2 -c 8 -d 2s -s "$("$lua_fn" "$target")" "${URL_OF[$target]}" >"$RAW/warmup-$section-$target.txt" 2>&1 ||
+      die "warm-up wrk failed for $target"
+  done
+}
+
+measure_all() { # section token_fn lua_fn "c..." target...: REPS round-robin repetitions, recorded
+  local section=$1 token_fn=$2 lua_fn=$3 concs rep c target
+  read -ra concs <<<"$4"
+  shift 4
+  log "$section: $# targets x c in (${concs[*]}) x $REPS reps x $DURATION"
+  for ((rep = 1; rep <= REPS; rep++)); do
+    for c in "${concs[@]}"; do
+      for target in "$@"; do
+        check_target "$target" "${URL_OF[$target]}" "$("$token_fn" "$target")"
+        log "$section rep $rep/$REPS c=$c $target"
+        measure "$section" "$target" "$c" "$rep" "$("$lua_fn" "$target")"
+      done
+    done
+  done
+}
+
 SECTION_TIMES=""
 section_done() { SECTION_TIMES+="$1=$(($(date +%s) - $2)) "; }
 
@@ -558,24 +585,11 @@ if has_section matrix; then
   # Warm-up (not recorded): 2 s of wrk at c=8 per target (pools open), then every session once
   # through each tessera (caches filled).
   log "warm-up: 2 s at c=8 per target, every token once per tessera"
-  for target in "${TARGETS[@]}"; do
-    check_target "$target" "${URL_OF[$target]}" "$(token_of "$target")"
-    wrk -t 2 -c 8 -d 2s -s "$(lua_of "$target")" "${URL_OF[$target]}" >"$RAW/warmup-$target.txt" 2>&1 ||
-      die "warm-up wrk failed for $target"
-  done
+  warm_up matrix token_of lua_of "${TARGETS[@]}"
   warm_tokens "$WORK/tok/hs512.jsonl" "$P_TR" 2 >/dev/null || die "warm-up of tessera-redis failed"
   warm_tokens "$WORK/tok/hs512.jsonl" "$P_TBUSY" 2 >/dev/null || die "warm-up of tessera-busy failed"
   warm_tokens "$WORK/tok/emb.jsonl" "$P_TE" 2 >/dev/null || die "warm-up of tessera-embedded failed"
-  log "matrix: ${#TARGETS[@]} targets x c in (${CONCURRENCIES[*]}) x $REPS reps x $DURATION"
-  for ((rep = 1; rep <= REPS; rep++)); do
-    for c in "${CONCURRENCIES[@]}"; do
-      for target in "${TARGETS[@]}"; do
-        check_target "$target" "${URL_OF[$target]}" "$(token_of "$target")"
-        log "matrix rep $rep/$REPS c=$c $target"
-        measure matrix "$target" "$c" "$rep" "$(lua_of "$target")"
-      done
-    done
-  done
+  measure_all matrix token_of lua_of "${CONCURRENCIES[*]}" "${TARGETS[@]}"
   if [[ -n $PINNED_C1 ]]; then
     proxies=("${PID_OF[nginx-proxy]}" "$WORKER_OF_PROXY" "${PID_OF[python-ref]}" "${PID_OF[tessera-redis]}"
       "${PID_OF[tessera-embedded]}" "${PID_OF[tessera-busy]}")
@@ -624,23 +638,11 @@ if has_section scaled; then
   start_pyref python-ref "$P_PYREF" 1
   start_pyref python-ref-mw "$P_PYREF_MW" "$NCPU"
   scaled_token() { [[ $1 == nginx-proxy* ]] && echo "" || echo "$TOK_HS512"; }
+  scaled_lua() { echo "$WORK/tok/hs512.lua"; }
   log "warm-up: 2 s at c=8 per target, every token once through tessera-redis"
-  for target in "${SCALED_TARGETS[@]}"; do
-    check_target "$target" "${URL_OF[$target]}" "$(scaled_token "$target")"
-    wrk -t 2 -c 8 -d 2s -s "$WORK/tok/hs512.lua" "${URL_OF[$target]}" >"$RAW/warmup-scaled-$target.txt" 2>&1 ||
-      die "warm-up wrk failed for $target"
-  done
+  warm_up scaled scaled_token scaled_lua "${SCALED_TARGETS[@]}"
   warm_tokens "$WORK/tok/hs512.jsonl" "$P_TR" 2 >/dev/null || die "warm-up of tessera-redis failed"
-  log "scaled: ${#SCALED_TARGETS[@]} targets x c in (${SCALED_CONCURRENCIES[*]}) x $REPS reps x $DURATION"
-  for ((rep = 1; rep <= REPS; rep++)); do
-    for c in "${SCALED_CONCURRENCIES[@]}"; do
-      for target in "${SCALED_TARGETS[@]}"; do
-        check_target "$target" "${URL_OF[$target]}" "$(scaled_token "$target")"
-        log "scaled rep $rep/$REPS c=$c $target"
-        measure scaled "$target" "$c" "$rep" "$WORK/tok/hs512.lua"
-      done
-    done
-  done
+  measure_all scaled scaled_token scaled_lua "${SCALED_CONCURRENCIES[*]}" "${SCALED_TARGETS[@]}"
   stop_named python-ref
   stop_named python-ref-mw
   stop_named nginx-proxy-mw

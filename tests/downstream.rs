@@ -48,11 +48,35 @@ async fn h2c(
     let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .unwrap();
+    h2c_on(stream, builder).await
+}
+
+/// [`h2c`] over a connection already open.
+async fn h2c_on(
+    stream: tokio::net::TcpStream,
+    builder: &hyper::client::conn::http2::Builder<hyper_util::rt::TokioExecutor>,
+) -> (H2cSend, tokio::task::JoinHandle<Result<(), hyper::Error>>) {
     let (send, conn) = builder
         .handshake(hyper_util::rt::TokioIo::new(stream))
         .await
         .unwrap();
     (send, tokio::spawn(conn))
+}
+
+/// `GET path` on `send` with `token` as the bearer token: the response, its status checked to be
+/// 200 (the body not read yet).
+async fn h2c_get(
+    send: &mut H2cSend,
+    path: &str,
+    token: &str,
+) -> http::Response<hyper::body::Incoming> {
+    let req = http::Request::get(format!("http://app{path}"))
+        .header("authorization", format!("Bearer {token}"))
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200, "{path}");
+    resp
 }
 
 /// Started with a soft limit of 64 open files (the hard limit left as it is), tessera raises the
@@ -544,7 +568,7 @@ fn closing_rules_timeouts_and_graceful_shutdown() {
 /// check, every connection below stayed open for as long as its client kept it.
 #[test]
 fn h2c_connections_left_idle_are_closed() {
-    use http_body_util::{BodyExt, Empty};
+    use http_body_util::BodyExt;
     use hyper_util::rt::TokioExecutor;
 
     let up = upstream::start(Behavior::Echo {
@@ -594,12 +618,7 @@ fn h2c_connections_left_idle_are_closed() {
         // A request in flight for three times the idle time (the upstream answers after 1 s) is
         // not cut, and the connection stays open for the next one.
         for path in ["/slow1", "/slow2"] {
-            let req = http::Request::get(format!("http://app{path}"))
-                .header("authorization", format!("Bearer {token}"))
-                .body(Empty::<bytes::Bytes>::new())
-                .unwrap();
-            let resp = send.send_request(req).await.unwrap();
-            assert_eq!(resp.status(), 200, "{path}");
+            let resp = h2c_get(&mut send, path, &token).await;
             let body = resp.into_body().collect().await.unwrap().to_bytes();
             assert!(body.starts_with(b"{\"auth\":\"Basic "), "{path}: {body:?}");
         }
@@ -678,7 +697,7 @@ fn response_framing_chunked_short_and_until_close() {
 /// the second client waited for as long as the first did not read.
 #[test]
 fn a_client_that_stops_reading_frees_its_upstream_connection_after_the_send_timeout() {
-    use http_body_util::{BodyExt, Empty};
+    use http_body_util::BodyExt;
     use hyper_util::rt::TokioExecutor;
 
     const N: u64 = 64 << 20;
@@ -753,14 +772,9 @@ fn a_client_that_stops_reading_frees_its_upstream_connection_after_the_send_time
             .initial_connection_window_size(1 << 20)
             .adaptive_window(false);
         let (mut send, _conn) = h2c(t.port, &small_window).await;
-        let req = http::Request::get("http://app/a")
-            .header("authorization", format!("Bearer {token}"))
-            .body(Empty::<bytes::Bytes>::new())
-            .unwrap();
         // The head, then nothing read: the stream's 64 KiB window fills and stays full.
-        let resp = send.send_request(req).await.unwrap();
+        let resp = h2c_get(&mut send, "/a", &token).await;
         let since = Instant::now();
-        assert_eq!(resp.status(), 200);
         let (auth, url) = (auth.clone(), url.clone());
         let waited = tokio::task::spawn_blocking(move || second(&auth, &url, "h2c", since))
             .await
@@ -790,7 +804,7 @@ fn a_client_that_stops_reading_frees_its_upstream_connection_after_the_send_time
 /// `server.send_timeout_ms` at half that gap, on the fast path, on hyper's HTTP/1 and over h2c.
 #[test]
 fn responses_that_wait_on_the_upstream_are_not_cut_by_the_send_timeout() {
-    use http_body_util::{BodyExt, Empty};
+    use http_body_util::BodyExt;
     use hyper_util::rt::TokioExecutor;
 
     let up = upstream::start(Behavior::Users);
@@ -823,13 +837,7 @@ fn responses_that_wait_on_the_upstream_are_not_cut_by_the_send_timeout() {
             &hyper::client::conn::http2::Builder::new(TokioExecutor::new()),
         )
         .await;
-        let req = http::Request::get("http://app/events")
-            .header("authorization", format!("Bearer {token}"))
-            .body(Empty::<bytes::Bytes>::new())
-            .unwrap();
-        let resp = send.send_request(req).await.unwrap();
-        assert_eq!(resp.status(), 200);
-        let mut body = resp.into_body();
+        let mut body = h2c_get(&mut send, "/events", &token).await.into_body();
         let mut got = String::new();
         while !got.contains(LAST) {
             match tokio::time::timeout(Duration::from_secs(5), body.frame()).await {
@@ -852,7 +860,7 @@ fn responses_that_wait_on_the_upstream_are_not_cut_by_the_send_timeout() {
 /// hand: a reset after 1.1 MiB on both HTTP/1 paths, `RST_STREAM` after 2.8 MiB over h2c).
 #[test]
 fn a_client_that_reads_slowly_but_steadily_is_never_cut_by_the_send_timeout() {
-    use http_body_util::{BodyExt, Empty};
+    use http_body_util::BodyExt;
     use hyper_util::rt::TokioExecutor;
 
     const N: u64 = 16 << 20;
@@ -918,20 +926,10 @@ fn a_client_that_reads_slowly_but_steadily_is_never_cut_by_the_send_timeout() {
     }
 
     rt.block_on(async {
-        let stream = connect().await;
-        let (mut send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-            .handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .unwrap();
-        tokio::spawn(conn);
+        let builder = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
+        let (mut send, _conn) = h2c_on(connect().await, &builder).await;
         let start = Instant::now();
-        let req = http::Request::get("http://app/a")
-            .header("authorization", format!("Bearer {token}"))
-            .body(Empty::<bytes::Bytes>::new())
-            .unwrap();
-        let resp = send.send_request(req).await.unwrap();
-        assert_eq!(resp.status(), 200);
-        let mut body = resp.into_body();
+        let mut body = h2c_get(&mut send, "/a", &token).await.into_body();
         let (mut got, mut pauses) = (0u64, 0u32);
         while got < N {
             let n = match tokio::time::timeout(Duration::from_secs(10), body.frame()).await {
