@@ -84,6 +84,7 @@ struct RawServer {
     max_body_bytes: Option<u64>,
     header_read_timeout_ms: Option<u64>,
     send_timeout_ms: Option<u64>,
+    http2_max_concurrent_streams: Option<u32>,
     threads: Option<usize>,
     busy_poll_us: Option<u64>,
     trusted_proxies: Option<Vec<String>>,
@@ -261,6 +262,12 @@ pub struct ServerConfig {
     /// other streams go on. So a client that stops reading holds an upstream connection for
     /// about this long at most. Default 60 s.
     pub send_timeout: Duration,
+    /// Most streams one h2c connection may have open at once, announced in the server's
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS` (RFC 9113 section 6.5.2; nginx's
+    /// `http2_max_concurrent_streams`); a client that opens more has them refused with
+    /// `REFUSED_STREAM`. 1..=1000. Default 200 (hyper's). Each open stream can hold an upstream
+    /// connection, so this times the h2c connections bounds how many one client can ask for.
+    pub http2_max_concurrent_streams: u32,
     /// Serving threads, each a single-threaded runtime that accepts from the shared listener and
     /// runs its connections start to finish (thread per core). Default: the number of CPUs.
     pub threads: usize,
@@ -756,6 +763,16 @@ fn validate_server(s: RawServer) -> Result<ServerConfig, ConfigError> {
             30_000,
         )?,
         send_timeout: ms("server.send_timeout_ms", s.send_timeout_ms, 60_000)?,
+        http2_max_concurrent_streams: match s.http2_max_concurrent_streams {
+            None => 200,
+            Some(n @ 1..=1000) => n,
+            Some(_) => {
+                return Err(ConfigError::new(
+                    "server.http2_max_concurrent_streams",
+                    "must be between 1 and 1000 (leave it out for 200)",
+                ))
+            }
+        },
     })
 }
 
@@ -1455,6 +1472,24 @@ mod tests {
         let text = format!("{}[server]\nthreads = 0\n", minimal());
         let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
         assert!(err.contains("server.threads"), "{err}");
+    }
+
+    #[test]
+    fn http2_streams_default_to_200_and_are_bounded() {
+        let streams = |extra: &str| {
+            Config::from_toml_with(&format!("{}[server]\n{extra}", minimal()), env)
+                .map(|c| c.server.http2_max_concurrent_streams)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(streams(""), Ok(200));
+        assert_eq!(streams("http2_max_concurrent_streams = 16\n"), Ok(16));
+        for bad in ["0", "1001"] {
+            let err = streams(&format!("http2_max_concurrent_streams = {bad}\n")).unwrap_err();
+            assert!(
+                err.contains("server.http2_max_concurrent_streams") && err.contains("1000"),
+                "{bad}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -946,3 +946,36 @@ fn a_client_that_reads_slowly_but_steadily_is_never_cut_by_the_send_timeout() {
         paced("h2c", start, pauses);
     });
 }
+
+/// `server.http2_max_concurrent_streams` is what an h2c client is told in the server's SETTINGS
+/// (as nghttp, nghttp2's client, prints them): 3 when set to 3, hyper's 200 by default; the
+/// request on the same connection is answered either way.
+#[test]
+fn the_h2c_stream_limit_is_announced_in_the_settings() {
+    require("nghttp");
+    let up = upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    });
+    let set: Extra = &[("server", "http2_max_concurrent_streams = 3")];
+    for (extra, want) in [(set, 3), (&[][..], 200)] {
+        let (t, token) = behind(&up.url(), extra);
+        let out = std::process::Command::new("nghttp")
+            .args(["-nv", "-t", "10", "-H"])
+            .arg(format!("authorization: Bearer {token}"))
+            .arg(t.url("/x"))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let settings = text
+            .lines()
+            .skip_while(|l| !l.contains("recv SETTINGS frame"))
+            .take(4)
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            settings.contains(&format!("[SETTINGS_MAX_CONCURRENT_STREAMS(0x03):{want}]")),
+            "want {want}: {text}"
+        );
+        assert!(text.contains(":status: 200"), "{text}");
+    }
+}

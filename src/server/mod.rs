@@ -89,6 +89,7 @@ pub async fn serve(
     hyper
         .http2()
         .timer(TokioTimer::new())
+        .max_concurrent_streams(cfg.http2_max_concurrent_streams)
         .max_header_list_size((cfg.max_header_bytes + cfg.max_uri_bytes) as u32);
     // HTTP/1 only, hyper's own builder with the same limits: the auto builder's connection with
     // upgrades ignores `http1_only` and would take an h2 preface as a switch to h2.
