@@ -265,8 +265,8 @@ pub struct ServerConfig {
     /// Most streams one h2c connection may have open at once, announced in the server's
     /// `SETTINGS_MAX_CONCURRENT_STREAMS` (RFC 9113 section 6.5.2; nginx's
     /// `http2_max_concurrent_streams`); a client that opens more has them refused with
-    /// `REFUSED_STREAM`. 1..=1000. Default 200 (hyper's). Each open stream can hold an upstream
-    /// connection, so this times the h2c connections bounds how many one client can ask for.
+    /// `REFUSED_STREAM`. 1..=1000. Default 200 (hyper's). Each open stream may hold an upstream
+    /// connection, so one h2c connection asks for at most this many at once.
     pub http2_max_concurrent_streams: u32,
     /// Serving threads, each a single-threaded runtime that accepts from the shared listener and
     /// runs its connections start to finish (thread per core). Default: the number of CPUs.
