@@ -50,6 +50,13 @@ impl Answer {
             k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
         })
     }
+
+    /// `Retry-After` in seconds (RFC 9110 section 10.2.3); panics when absent or not a number.
+    fn retry_after(&self) -> u64 {
+        let v = self.header("retry-after").expect("Retry-After");
+        v.parse()
+            .unwrap_or_else(|_| panic!("Retry-After is not seconds: {v}"))
+    }
 }
 
 /// curl with headers captured separately.
@@ -260,11 +267,7 @@ fn twenty_failed_logins_then_429_even_for_the_right_password() {
     let before = up.stats.requests.load(std::sync::atomic::Ordering::SeqCst);
     let a = login(&t, "alice", "alice-pw");
     assert_eq!(a.code, 429, "{}", a.body);
-    let wait: u64 = a
-        .header("retry-after")
-        .expect("Retry-After")
-        .parse()
-        .unwrap();
+    let wait = a.retry_after();
     assert!(
         (1..=15).contains(&wait),
         "one failure refills every 300 s / 20 = 15 s: {wait}"
@@ -354,11 +357,7 @@ fn failed_logins_are_counted_by_every_instance_on_the_store() {
         for t in [&a, &b] {
             let r = login(t, "alice", "alice-pw");
             assert_eq!(r.code, 429, "{store}: {}", r.body);
-            let wait: u64 = r
-                .header("retry-after")
-                .expect("Retry-After")
-                .parse()
-                .unwrap();
+            let wait = r.retry_after();
             assert!((1..=300).contains(&wait), "{store}: {wait}");
         }
         assert_eq!(
