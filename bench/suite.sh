@@ -156,7 +156,7 @@ RUNS="$WORK/runs.tsv"
 : >"$RUNS"
 
 read -r P_REDIS P_ORIGIN P_STATUS P_PROXY P_PYREF P_TR P_TE P_TCOLD P_TPOOL P_TB P_TMEM P_TAFF P_TBUSY \
-  P_PROXY_MW P_PYREF_MW < <(free_ports 15)
+  P_PROXY_MW P_PYREF_MW P_TAFF_METRICS < <(free_ports 16)
 
 
 declare -A PID_OF URL_OF CPU_PID_OF
@@ -354,7 +354,10 @@ if has_section matrix; then
   INSTANCES+=(tessera-busy)
 fi
 if has_section affinity; then
-  write_conf tessera-affinity "$P_TAFF" "$REDIS" "$WARM_TTL" "" 'affinity = "session"'
+  # Its metrics count the waits for a user's own connection at the cap (scraped around each run).
+  write_conf tessera-affinity "$P_TAFF" "$REDIS" "$WARM_TTL" "" 'affinity = "session"' "
+[metrics]
+listen = \"127.0.0.1:$P_TAFF_METRICS\""
   INSTANCES+=(tessera-affinity)
 fi
 for name in "${INSTANCES[@]}"; do
@@ -715,6 +718,16 @@ if has_section revocation; then
 fi
 
 # ---------------------------------------------------------------- section: affinity
+# affinity_waits: tessera-affinity's handovers and expired waits for a user's own connection so
+# far (tessera_upstream_affinity_{handovers,waits_expired}_total), as "handovers expired".
+affinity_waits() {
+  curl -s "http://127.0.0.1:$P_TAFF_METRICS/metrics" | awk '
+    $1 == "tessera_upstream_affinity_handovers_total" { h = $2 }
+    $1 == "tessera_upstream_affinity_waits_expired_total" { e = $2 }
+    END { if (h == "" || e == "") exit 1; print h, e }' ||
+    die "no affinity wait counters in tessera-affinity's metrics"
+}
+
 if has_section affinity; then
   t0=$(date +%s)
   start_tessera tessera-affinity "$P_TAFF"
@@ -747,7 +760,14 @@ if has_section affinity; then
       for group in many few; do
         for target in tessera-redis tessera-affinity; do
           log "affinity rep $rep/$REPS c=$c ${COUNT_OF[$group]} sessions $target"
+          if [[ $target == tessera-affinity ]]; then before="$(affinity_waits)"; fi
           measure "affinity_$group" "$target" "$c" "$rep" "$WORK/tok/aff-$group.lua"
+          if [[ $target == tessera-affinity ]]; then
+            read -r h0 e0 <<<"$before"
+            read -r h1 e1 <<<"$(affinity_waits)"
+            printf 'affinity_%s\t%s\t%s\t%s\t%s\n' "$group" "$c" "$rep" "$((h1 - h0))" "$((e1 - e0))" \
+              >>"$WORK/affinity-waits.tsv"
+          fi
         done
       done
     done

@@ -166,6 +166,20 @@ def session_count(work, group, env_name):
     return int(os.environ.get(env_name) or 0) or None
 
 
+def affinity_waits(work):
+    """tessera-affinity's waits for a user's own connection, summed over the reps of each
+    (section, c) from affinity-waits.tsv (section, c, rep, handovers, expired; the deltas of its
+    metrics around each run): {(section, c): (handovers, expired)}."""
+    path = os.path.join(work, "affinity-waits.tsv")
+    sums = {}
+    if os.path.exists(path):
+        for line in open(path):
+            section, c, _rep, handed, expired = line.split()
+            h, e = sums.get((section, int(c)), (0, 0))
+            sums[(section, int(c))] = (h + int(handed), e + int(expired))
+    return sums
+
+
 def us(ms):
     x = ms * 1e3
     return f"{x:.0f} µs" if x < 10000 else f"{x / 1000:.1f} ms"
@@ -231,6 +245,7 @@ def main():
             row["instance"] = t
             out["close"].append(row)
     aff_concs = sorted({r["c"] for r in runs if r["section"].startswith("affinity_")})
+    waits = affinity_waits(work)
     for c in aff_concs:
         for group, env_name in AFFINITY_GROUPS:
             count = session_count(work, group, env_name)
@@ -243,6 +258,8 @@ def main():
                            upstream_conns_per_1k_req=round(
                                sum(row["origin_accepted_per_rep"]) * 1000 / row["requests"], 2)
                            if row["requests"] else None)
+                if (f"affinity_{group}", c) in waits and mode == "session":
+                    row["handovers"], row["waits_expired"] = waits[(f"affinity_{group}", c)]
                 if mode == "none":
                     base = row
                 elif base:
@@ -412,13 +429,18 @@ def main():
 
         def times(v):
             return "n/a" if v is None else f"{v:.2f}x"
+        def waited(r):
+            if "handovers" not in r:
+                return ""
+            return f"{r['handovers']:,} / {r['waits_expired']:,}"
         t = ["| affinity | sessions (users) | c | req/s | p50 | p99 | upstream conns opened "
-             "(max; per rep) | opened per 1,000 requests | tessera CPU per request | non-2xx | "
-             "socket errors |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "(max; per rep) | opened per 1,000 requests | own-connection waits: handed over / "
+             "expired (all reps) | tessera CPU per request | non-2xx | socket errors |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in out["affinity"]:
             t.append(f"| {r['affinity']} | {r['sessions']:,} | {r['concurrency']} | {r['rps']:,.0f} | "
                      f"{us(r['p50_ms'])} | {us(r['p99_ms'])} | {opened(r)} | "
-                     f"{r['upstream_conns_per_1k_req']} | {cpu(r)} | {r['non2xx']} | "
+                     f"{r['upstream_conns_per_1k_req']} | {waited(r)} | {cpu(r)} | {r['non2xx']} | "
                      f"{r['socket_errors']} |")
         rt = ["| sessions (users) | c | req/s | p50 | p99 | tessera CPU per request | "
               "upstream conns opened (session vs none) |", "|---:|---:|---:|---:|---:|---:|---:|"]
@@ -446,7 +468,11 @@ def main():
                "slots: each user keeps its own connections). The wrk script rotates over the set, one "
                "session per request. Every token went once through both instances, then 1 s of wrk "
                "per (instance, set), before the measured runs. Upstream connections opened: origin "
-               "`accepted` delta per run (the most of the repetitions; per rep in brackets).", ""] + t + [""]
+               "`accepted` delta per run (the most of the repetitions; per rep in brackets). "
+               "Own-connection waits (affinity at the cap, a user holding its share waits up to "
+               "5 ms for one of its own connections): tessera-affinity's "
+               "`tessera_upstream_affinity_handovers_total` and `..._waits_expired_total` deltas, "
+               "summed over the reps.", ""] + t + [""]
         md += ["### affinity \"session\" / \"none\" (same sessions and c)", ""] + rt + [""]
         summary += [""] + t + [""] + rt
 

@@ -163,6 +163,8 @@ struct Scrape {
     upstream_reused: u64,
     upstream_retried: u64,
     upstream_moved: u64,
+    upstream_handed_over: u64,
+    upstream_wait_expired: u64,
     /// Upstream connections open at the scrape, `(busy, idle)`.
     upstream_open: (usize, usize),
     store_reads: u64,
@@ -185,6 +187,8 @@ impl Scrape {
             upstream_reused: pool.reused.load(Ordering::Relaxed),
             upstream_retried: pool.retried.load(Ordering::Relaxed),
             upstream_moved: pool.moved.load(Ordering::Relaxed),
+            upstream_handed_over: pool.handed_over.load(Ordering::Relaxed),
+            upstream_wait_expired: pool.wait_expired.load(Ordering::Relaxed),
             upstream_open: proxy.upstream().connections(),
             store_reads: sessions.store_reads(),
             session_cache: sessions.cache_entries().map(|n| (n, sessions.cache_live())),
@@ -258,6 +262,8 @@ impl prometheus_client::collector::Collector for Scrape {
             "Idle upstream connections moved to the serving thread that took them.",
             self.upstream_moved,
         )?;
+        counter(&mut e, "upstream_affinity_handovers", "With upstream.affinity = \"session\" at the connection cap: connections handed from a finished request straight to a waiting request of the same user.", self.upstream_handed_over)?;
+        counter(&mut e, "upstream_affinity_waits_expired", "With upstream.affinity = \"session\" at the connection cap: waits for one of the user's own connections that ran out (5 ms), after which another user's idle connection was closed.", self.upstream_wait_expired)?;
         let (busy, idle) = self.upstream_open;
         let mut family = e.encode_descriptor(
             "upstream_connections",
@@ -543,6 +549,8 @@ mod tests {
             upstream_reused: 0,
             upstream_retried: 0,
             upstream_moved: 0,
+            upstream_handed_over: 0,
+            upstream_wait_expired: 0,
             upstream_open: (0, 0),
             store_reads: 0,
             session_cache: None,

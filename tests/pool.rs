@@ -1,6 +1,7 @@
-//! The upstream pool across serving threads, against a real HTTP upstream (the demo upstream, a
-//! hyper server on its own runtime): an idle connection opened by one serving thread and taken
-//! by another must be moved to the taker's I/O driver.
+//! The upstream pool against a real HTTP upstream (the demo upstream, a hyper server on its own
+//! runtime): across serving threads (an idle connection opened by one serving thread and taken
+//! by another must be moved to the taker's I/O driver), and with `affinity = "session"` at the
+//! connection cap (which connection is closed, and when a request waits for its own user's).
 
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
@@ -9,7 +10,9 @@ use base64::Engine;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tessera::demo::{serve_demo_upstream, DEMO_PASSWORD, DEMO_USER};
-use tessera::forward::{empty_body, set_serving_thread, Affinity, Upstream};
+use tessera::forward::{
+    empty_body, set_serving_thread, Affinity, ProxyBody, Upstream, AFFINITY_STALE, AFFINITY_WAIT,
+};
 
 /// One GET with the demo credential, its body read to the end (which returns the connection to
 /// the pool). Returns the status and the body's length in bytes.
@@ -20,16 +23,22 @@ async fn get(upstream: &Upstream) -> (StatusCode, usize) {
 /// [`get`] with another user's `Authorization: Basic` (the demo upstream answers 401 to users
 /// other than the demo user; the pool treats every complete response alike).
 async fn get_as(upstream: &Upstream, user: &str, password: &str) -> (StatusCode, usize) {
+    let resp = send_as(upstream, user, password).await;
+    let status = resp.status();
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, body.len())
+}
+
+/// A GET as `user`, its response body not read yet: its upstream connection stays checked out
+/// (busy) until the body is read to the end or the response dropped.
+async fn send_as(upstream: &Upstream, user: &str, password: &str) -> http::Response<ProxyBody> {
     let basic = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
     let req = Request::get("/pool")
         .header(http::header::HOST, "upstream.test")
         .header(http::header::AUTHORIZATION, format!("Basic {basic}"))
         .body(empty_body())
         .expect("request");
-    let resp = upstream.forward(req).await.expect("forwarded");
-    let status = resp.status();
-    let body = resp.into_body().collect().await.expect("body").to_bytes();
-    (status, body.len())
+    upstream.forward(req).await.expect("forwarded")
 }
 
 /// The demo upstream on its own runtime, and an `Upstream` for it used from two serving threads
@@ -168,6 +177,178 @@ fn at_the_cap_the_longest_idle_connection_of_any_thread_is_closed() {
         (count(&stats.opened), count(&stats.reused)),
         (3, 1),
         "alice's idle connection (the oldest) was closed for carol; bob's was kept and reused"
+    );
+    drop(up_rt);
+}
+
+/// With affinity at the cap, when every user holds as many connections as this request's user
+/// (so closing another user's would only move the shortage), the request waits for one of its
+/// own user's busy connections and gets it handed over. Cap 2: alice's first response is still
+/// being read (her one connection busy), bob's connection is idle. Alice's second request must
+/// wait, and take her first connection when its response has been read: 2 opened, bob's kept.
+#[test]
+fn at_the_cap_a_user_holding_its_share_waits_for_its_own_connection() {
+    let (up_rt, upstream) = demo_upstream(2, Affinity::Session);
+    set_serving_thread(0);
+    let rt = current_thread();
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async {
+        let first = send_as(&upstream, "alice", "pw").await;
+        assert_eq!(
+            get_as(&upstream, "bob", "pw").await.0,
+            StatusCode::UNAUTHORIZED
+        );
+        let second = {
+            let upstream = upstream.clone();
+            tokio::task::spawn_local(async move { get_as(&upstream, "alice", "pw").await })
+        };
+        // Let the second request run to its wait (nothing in it blocks before that).
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        first.into_body().collect().await.expect("first body");
+        let answer = tokio::time::timeout(Duration::from_secs(5), second)
+            .await
+            .expect("second answered")
+            .expect("task");
+        assert_eq!(answer.0, StatusCode::UNAUTHORIZED);
+    });
+    let stats = upstream.stats();
+    assert_eq!(
+        (
+            count(&stats.opened),
+            count(&stats.handed_over),
+            count(&stats.wait_expired)
+        ),
+        (2, 1, 0),
+        "alice's first connection was handed to her second request; bob's was not closed"
+    );
+    assert_eq!(
+        upstream.connections(),
+        (0, 2),
+        "both connections idle, none closed"
+    );
+    drop(up_rt);
+}
+
+/// The wait for one's own connection is bounded: when alice's only connection stays busy (its
+/// response not read), her second request waits [`AFFINITY_WAIT`], then closes bob's idle
+/// connection and opens its own.
+#[test]
+fn at_the_cap_the_wait_for_ones_own_connection_is_bounded() {
+    let (up_rt, upstream) = demo_upstream(2, Affinity::Session);
+    set_serving_thread(0);
+    current_thread().block_on(async {
+        let first = send_as(&upstream, "alice", "pw").await;
+        assert_eq!(
+            get_as(&upstream, "bob", "pw").await.0,
+            StatusCode::UNAUTHORIZED
+        );
+        let started = std::time::Instant::now();
+        let answer = tokio::time::timeout(Duration::from_secs(5), get_as(&upstream, "alice", "pw"))
+            .await
+            .expect("second answered despite the first holding its connection");
+        assert_eq!(answer.0, StatusCode::UNAUTHORIZED);
+        assert!(started.elapsed() >= AFFINITY_WAIT, "it waited first");
+        drop(first);
+    });
+    let stats = upstream.stats();
+    assert_eq!(
+        (
+            count(&stats.opened),
+            count(&stats.handed_over),
+            count(&stats.wait_expired)
+        ),
+        (3, 0, 1),
+        "bob's connection was closed after the wait, and a second one opened for alice"
+    );
+    drop(up_rt);
+}
+
+/// Under sustained load with fewer users than pool slots, affinity settles: the connections are
+/// shared out once and reused. 8 requests always in flight over 4 users (each request the next
+/// user in turn, as a browser-session mix does) and a cap of 8, 4,000 requests: each user's
+/// requests in flight vary around its share of 2. Closing another user's connection for each
+/// one over its share, as the pool did before the wait existed, opened 2,792 connections here.
+#[test]
+fn with_fewer_users_than_slots_affinity_settles_under_load() {
+    const CAP: usize = 8;
+    const USERS: [&str; 4] = ["alice", "bob", "carol", "dave"];
+    let (up_rt, upstream) = demo_upstream(CAP, Affinity::Session);
+    set_serving_thread(0);
+    let rt = current_thread();
+    let local = tokio::task::LocalSet::new();
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    local.block_on(&rt, async {
+        let clients: Vec<_> = (0..CAP)
+            .map(|_| {
+                let (upstream, next) = (upstream.clone(), next.clone());
+                tokio::task::spawn_local(async move {
+                    loop {
+                        let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if n >= 4_000 {
+                            return;
+                        }
+                        let user = USERS[n % USERS.len()];
+                        assert_eq!(
+                            get_as(&upstream, user, "pw").await.0,
+                            StatusCode::UNAUTHORIZED
+                        );
+                    }
+                })
+            })
+            .collect();
+        for client in clients {
+            tokio::time::timeout(Duration::from_secs(60), client)
+                .await
+                .expect("clients done")
+                .expect("client");
+        }
+    });
+    let stats = upstream.stats();
+    let opened = count(&stats.opened);
+    eprintln!(
+        "opened {opened}, reused {}, handed over {}, waits expired {}",
+        count(&stats.reused),
+        count(&stats.handed_over),
+        count(&stats.wait_expired)
+    );
+    assert!(
+        opened <= 2 * CAP as u64,
+        "{opened} connections opened for 4,000 requests at a cap of {CAP}"
+    );
+    drop(up_rt);
+}
+
+/// A connection idle for [`AFFINITY_STALE`] belongs to a user between bursts: at the cap it is
+/// closed at once, and nobody waits for their own. The same layout as the bounded wait above,
+/// but bob's connection has been idle for longer than that.
+#[test]
+fn at_the_cap_a_stale_connection_is_closed_without_waiting() {
+    let (up_rt, upstream) = demo_upstream(2, Affinity::Session);
+    set_serving_thread(0);
+    current_thread().block_on(async {
+        let first = send_as(&upstream, "alice", "pw").await;
+        assert_eq!(
+            get_as(&upstream, "bob", "pw").await.0,
+            StatusCode::UNAUTHORIZED
+        );
+        tokio::time::sleep(AFFINITY_STALE + Duration::from_millis(20)).await;
+        let answer = tokio::time::timeout(Duration::from_secs(5), get_as(&upstream, "alice", "pw"))
+            .await
+            .expect("second answered");
+        assert_eq!(answer.0, StatusCode::UNAUTHORIZED);
+        drop(first);
+    });
+    let stats = upstream.stats();
+    assert_eq!(
+        (
+            count(&stats.opened),
+            count(&stats.handed_over),
+            count(&stats.wait_expired)
+        ),
+        (3, 0, 0),
+        "bob's stale connection was closed for alice's second, with no wait"
     );
     drop(up_rt);
 }

@@ -802,6 +802,13 @@ fn metrics_count_requests_store_reads_and_upstream_connections() {
         "{text}"
     );
     assert_eq!(delta("tessera_upstream_requests_reused_total"), 5);
+    // Without affinity, no request waits for a user's own connection.
+    for name in [
+        "tessera_upstream_affinity_handovers_total",
+        "tessera_upstream_affinity_waits_expired_total",
+    ] {
+        assert_eq!(value(&text, name), 0, "{name}: {text}");
+    }
     // The one connection is open and idle again.
     assert_eq!(
         value(&text, "tessera_upstream_connections{state=\"busy\"}"),

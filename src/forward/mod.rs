@@ -33,7 +33,9 @@ use http_body_util::BodyExt;
 pub use body::{ProxyBody, UpstreamBody};
 use h1::SendError;
 pub(crate) use pool::serving_thread;
-pub use pool::{set_serving_thread, Affinity, Pool, PoolStats};
+pub use pool::{
+    set_serving_thread, Affinity, AffinityKey, Pool, PoolStats, AFFINITY_STALE, AFFINITY_WAIT,
+};
 pub use raw::RawHead;
 pub(crate) use tunnel::frame_edges;
 pub use tunnel::{Tunnel, TunnelEnd, TunnelReport, CLOSING_WAIT};
@@ -178,7 +180,7 @@ impl Upstream {
     /// The single retry of [`Upstream::send`], on a fresh connection.
     async fn retry(
         &self,
-        key: Option<http::HeaderValue>,
+        key: Option<AffinityKey>,
         req: Request<UpBody>,
     ) -> Result<Response<ProxyBody>, ForwardError> {
         let mut conn = self.pool.checkout_fresh(key).await?;

@@ -14,7 +14,21 @@
 //! upstream credential (its `Authorization` value) and is reused only for requests carrying the
 //! same one, so one upstream connection never carries two users' requests (an upstream that keeps
 //! per-connection auth state cannot mix them up). A request whose credential has no idle
-//! connection opens one; at the cap it first closes the longest-idle connection of another user.
+//! connection opens one. At the cap, a connection of another user must be closed first, and the
+//! pool keeps the active users' shares even instead of churning. The first rule that applies:
+//! - the longest-idle connection has been idle for [`AFFINITY_STALE`] (its user is between
+//!   bursts): it is closed;
+//! - some user holds at least two connections more than this request's user: the longest-idle
+//!   connection of the user holding the most is closed;
+//! - this request's user holds none: the longest-idle connection is closed;
+//! - otherwise this user already holds its share, and the request waits up to
+//!   [`AFFINITY_WAIT`] for one of its user's busy connections to come back (handed over
+//!   directly, first come, first served), and only then closes the longest-idle connection.
+//!
+//! Without the wait, 16 users over 64 connections at 64 concurrent requests closed and opened
+//! about one connection per seven requests, for good: a user's requests in flight vary around
+//! its share, and each one over it closed another user's connection (BENCHMARKS.md, "Affinity
+//! without churn").
 //!
 //! **Serving threads.** tessera serves on several single-threaded runtimes (`server.threads`).
 //! A connection's socket is registered with the I/O driver of the thread that opened it, so the
@@ -28,13 +42,14 @@
 //! them all). Callers outside the serving threads (login, the CLI, tests) share one more list.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use http::HeaderValue;
 use tokio::net::TcpStream;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 use super::h1::H1;
 use super::ForwardError;
@@ -50,7 +65,23 @@ pub struct PoolStats {
     pub retried: AtomicU64,
     /// Idle connections moved to the I/O driver of another serving thread that took them.
     pub moved: AtomicU64,
+    /// Affinity: connections handed straight from a finished request to a waiting request of the
+    /// same user (see [`AFFINITY_WAIT`]); these are counted in `reused` too.
+    pub handed_over: AtomicU64,
+    /// Affinity: waits for a user's own connection that ran out after [`AFFINITY_WAIT`].
+    pub wait_expired: AtomicU64,
 }
+
+/// With [`Affinity::Session`] at the connection cap, how long a request whose user already holds
+/// its share of the pool waits for one of that user's busy connections before it closes another
+/// user's idle one and opens its own (5 ms). A few request times on a LAN, and less than a new
+/// upstream connection costs an upstream that authenticates each one.
+pub const AFFINITY_WAIT: Duration = Duration::from_millis(5);
+
+/// With [`Affinity::Session`] at the connection cap, an idle connection unused this long
+/// (100 ms) belongs to a user between bursts of requests: it is closed to make room before any
+/// request waits for its own ([`AFFINITY_WAIT`]).
+pub const AFFINITY_STALE: Duration = Duration::from_millis(100);
 
 /// Which requests may share an upstream connection (`upstream.affinity`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -79,6 +110,55 @@ pub(crate) fn serving_thread() -> Option<usize> {
     THREAD.with(Cell::get)
 }
 
+/// A request's affinity key ([`Pool::affinity_key`]): its upstream credential's entry in the
+/// pool's table of users. Cheap to clone (one reference count).
+#[derive(Clone)]
+pub struct AffinityKey(Arc<Owner>);
+
+/// One upstream credential's state in the pool (affinity only).
+struct Owner {
+    /// Connections open with this credential (busy + idle), counted by [`Binding`].
+    open: AtomicUsize,
+    /// Requests of this credential waiting for one of its connections ([`AFFINITY_WAIT`]),
+    /// oldest first. Held while a connection of this credential goes idle, so that a request
+    /// registering here cannot miss one.
+    waiters: Mutex<VecDeque<oneshot::Sender<(usize, Idle)>>>,
+}
+
+/// A connection's binding to its credential's [`Owner`]: counted in `open` while it lives.
+struct Binding(AffinityKey);
+
+impl Binding {
+    fn new(key: AffinityKey) -> Self {
+        key.0.open.fetch_add(1, Ordering::Relaxed);
+        Self(key)
+    }
+
+    fn open(&self) -> usize {
+        self.0 .0.open.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Binding {
+    fn drop(&mut self) {
+        self.0 .0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The users' table: one [`Owner`] per credential in use. An entry no key refers to any more
+/// (no connection, no request) is removed by the reaper, or when the table outgrows `limit`.
+struct Owners {
+    map: HashMap<HeaderValue, Arc<Owner>>,
+    /// Entries past which an insert first removes the unused ones (doubles when most are used).
+    limit: usize,
+}
+
+impl Owners {
+    fn prune(&mut self) {
+        self.map.retain(|_, owner| Arc::strong_count(owner) > 1);
+    }
+}
+
 /// The pool for one upstream address.
 pub struct Pool {
     addr: String,
@@ -90,6 +170,8 @@ pub struct Pool {
     connect_timeout: Duration,
     idle_timeout: Duration,
     affinity: Affinity,
+    /// Affinity only: the credentials in use.
+    owners: Mutex<Owners>,
     /// Activity counters, read by tests, benchmarks and (later) metrics.
     pub stats: PoolStats,
 }
@@ -101,7 +183,7 @@ struct Idle {
     /// When it may no longer be reused: `since` + [`H1::idle_limit`].
     until: Instant,
     /// The credential this connection is bound to (affinity only).
-    key: Option<HeaderValue>,
+    key: Option<Binding>,
 }
 
 /// A checked-out connection. Dropping it returns the connection to the pool only when
@@ -111,7 +193,7 @@ pub struct Conn {
     h1: Option<H1>,
     /// The serving thread whose runtime the socket is registered with (its idle list).
     home: usize,
-    key: Option<HeaderValue>,
+    key: Option<Binding>,
     pool: Arc<Pool>,
     /// Whether this connection served a request before this one.
     pub reused: bool,
@@ -140,6 +222,10 @@ impl Pool {
             connect_timeout,
             idle_timeout,
             affinity,
+            owners: Mutex::new(Owners {
+                map: HashMap::new(),
+                limit: (8 * max_connections).max(1024),
+            }),
             stats: PoolStats::default(),
         });
         spawn_reaper(Arc::downgrade(&pool), idle_timeout);
@@ -160,8 +246,8 @@ impl Pool {
         (busy, idle)
     }
 
-    fn idle(&self, thread: usize) -> std::sync::MutexGuard<'_, Vec<Idle>> {
-        self.idle[thread].lock().unwrap_or_else(|p| p.into_inner())
+    fn idle(&self, thread: usize) -> MutexGuard<'_, Vec<Idle>> {
+        lock(&self.idle[thread])
     }
 
     /// The calling thread's index into `idle`: its serving-thread index, or the last list for
@@ -173,31 +259,118 @@ impl Pool {
             .map_or(others, |index| index % others)
     }
 
-    /// The affinity key of a request with these (injected) headers: its `Authorization` value
-    /// with [`Affinity::Session`] (a refcounted clone), else `None`.
-    pub fn affinity_key(&self, headers: &http::HeaderMap) -> Option<HeaderValue> {
-        match self.affinity {
-            Affinity::None => None,
-            Affinity::Session => headers.get(http::header::AUTHORIZATION).cloned(),
+    /// The affinity key of a request with these (injected) headers: with [`Affinity::Session`],
+    /// the entry of its `Authorization` value (a request without one has its own entry for the
+    /// empty value), else `None`.
+    pub fn affinity_key(&self, headers: &http::HeaderMap) -> Option<AffinityKey> {
+        if self.affinity == Affinity::None {
+            return None;
         }
+        let value = headers
+            .get(http::header::AUTHORIZATION)
+            .cloned()
+            .unwrap_or_else(|| HeaderValue::from_static(""));
+        let mut owners = lock(&self.owners);
+        if let Some(owner) = owners.map.get(&value) {
+            return Some(AffinityKey(owner.clone()));
+        }
+        if owners.map.len() >= owners.limit {
+            owners.prune();
+            if owners.map.len() >= owners.limit / 2 {
+                owners.limit *= 2;
+            }
+        }
+        let owner = Arc::new(Owner {
+            open: AtomicUsize::new(0),
+            waiters: Mutex::new(VecDeque::new()),
+        });
+        owners.map.insert(value, owner.clone());
+        Some(AffinityKey(owner))
     }
 
     /// Takes an idle connection for `key` (any, without affinity): the calling thread's most
     /// recently idle one first, then the other threads'. Returns it with its list's index.
-    fn take_idle(&self, key: &Option<HeaderValue>) -> Option<(usize, Idle)> {
+    fn take_idle(&self, key: Option<&AffinityKey>) -> Option<(usize, Idle)> {
         let first = self.this_thread();
         (0..self.idle.len()).find_map(|offset| {
             let thread = (first + offset) % self.idle.len();
             let mut idle = self.idle(thread);
-            let taken = match self.affinity {
-                Affinity::None => idle.pop(),
-                Affinity::Session => idle
+            let taken = match key {
+                None => idle.pop(),
+                Some(key) => idle
                     .iter()
-                    .rposition(|i| i.key == *key)
+                    .rposition(|i| i.key.as_ref().is_some_and(|b| Arc::ptr_eq(&b.0 .0, &key.0)))
                     .map(|at| idle.remove(at)),
             };
             taken.map(|i| (thread, i))
         })
+    }
+
+    /// Takes a live idle connection for `key` ([`Pool::take_idle`]; expired or closed ones met
+    /// on the way are closed) and moves it to the calling thread's I/O driver if it was another
+    /// thread's.
+    fn take_live(&self, key: Option<&AffinityKey>) -> Option<(H1, Option<Binding>)> {
+        loop {
+            let (
+                home,
+                Idle {
+                    h1,
+                    since,
+                    until,
+                    key,
+                },
+            ) = self.take_idle(key)?;
+            let mut h1 = h1;
+            let expired = Instant::now() >= until;
+            if expired || !h1.is_alive() {
+                tracing::debug!(
+                    expired,
+                    idle_ms = since.elapsed().as_millis() as u64,
+                    "idle upstream connection closed at checkout"
+                );
+                continue;
+            }
+            if let Some(h1) = self.bring_home(h1, home) {
+                return Some((h1, key));
+            }
+        }
+    }
+
+    /// `h1`, registered with serving thread `home`'s I/O driver, moved to the calling thread's
+    /// if that is another; `None` (the connection closed) if the move failed.
+    fn bring_home(&self, h1: H1, home: usize) -> Option<H1> {
+        if home == self.this_thread() {
+            return Some(h1);
+        }
+        match h1.rehome() {
+            Ok(h1) => {
+                self.stats.moved.fetch_add(1, Ordering::Relaxed);
+                Some(h1)
+            }
+            Err(e) => {
+                tracing::debug!(cause = %e, "could not move an idle upstream connection to this thread; closed it");
+                None
+            }
+        }
+    }
+
+    /// A checked-out reused connection.
+    fn reused(
+        self: &Arc<Self>,
+        h1: H1,
+        key: Option<Binding>,
+        permit: OwnedSemaphorePermit,
+    ) -> Conn {
+        self.stats.reused.fetch_add(1, Ordering::Relaxed);
+        Conn {
+            h1: Some(h1),
+            home: self.this_thread(),
+            key,
+            pool: self.clone(),
+            reused: true,
+            reusable: false,
+            _permit: permit,
+        }
     }
 
     /// Waits (FIFO) for a slot, then reuses the most recently idle live connection or opens one.
@@ -208,7 +381,7 @@ impl Pool {
     /// is needed and cannot be made.
     pub async fn checkout(
         self: &Arc<Self>,
-        key: Option<HeaderValue>,
+        key: Option<AffinityKey>,
     ) -> Result<Conn, ForwardError> {
         let permit = self
             .permits
@@ -216,65 +389,127 @@ impl Pool {
             .acquire_owned()
             .await
             .map_err(|_| ForwardError::Closed)?;
-        let here = self.this_thread();
-        loop {
-            let Some((
-                home,
-                Idle {
-                    mut h1,
-                    since,
-                    until,
-                    key,
-                },
-            )) = self.take_idle(&key)
-            else {
-                break;
-            };
-            let expired = Instant::now() >= until;
-            if expired || !h1.is_alive() {
-                tracing::debug!(
-                    expired,
-                    idle_ms = since.elapsed().as_millis() as u64,
-                    "idle upstream connection closed at checkout"
-                );
-                continue;
-            }
-            if home != here {
-                h1 = match h1.rehome() {
-                    Ok(h1) => h1,
-                    Err(e) => {
-                        tracing::debug!(cause = %e, "could not move an idle upstream connection to this thread; closed it");
-                        continue;
-                    }
-                };
-                self.stats.moved.fetch_add(1, Ordering::Relaxed);
-            }
-            self.stats.reused.fetch_add(1, Ordering::Relaxed);
-            return Ok(Conn {
-                h1: Some(h1),
-                home: here,
-                key,
-                pool: self.clone(),
-                reused: true,
-                reusable: false,
-                _permit: permit,
-            });
+        if let Some((h1, bound)) = self.take_live(key.as_ref()) {
+            return Ok(self.reused(h1, bound, permit));
         }
-        if self.affinity == Affinity::Session {
-            self.make_room();
+        if let Some(key) = &key {
+            // Boxed, like the connect below: rare once the shares have settled.
+            if let Some((h1, bound)) = Box::pin(self.share(key)).await {
+                return Ok(self.reused(h1, Some(bound), permit));
+            }
         }
         // Boxed: connecting is rare once the pool is warm, and inline it would enlarge every
         // request's future.
         Box::pin(self.connect(permit, key)).await
     }
 
+    /// Idle connections beyond what the free slots allow (the checking-out request holds its
+    /// slot): how many must be closed before a new connection may open.
+    fn excess(&self) -> usize {
+        // Busy connections, this request's included, hold the permits not available.
+        let idle_now: usize = (0..self.idle.len()).map(|t| self.idle(t).len()).sum();
+        idle_now.saturating_sub(self.permits.available_permits())
+    }
+
+    /// Affinity, when `key` has no idle connection: makes room for a new one at the cap by the
+    /// rules in the module docs, or returns one of `key`'s own connections handed over within
+    /// [`AFFINITY_WAIT`].
+    async fn share(&self, key: &AffinityKey) -> Option<(H1, Binding)> {
+        if self.excess() == 0 {
+            return None;
+        }
+        let mine = key.0.open.load(Ordering::Relaxed);
+        if self.close_for(mine) || mine == 0 {
+            self.make_room();
+            return None;
+        }
+        let mut handed = {
+            let mut waiters = lock(&key.0.waiters);
+            // A connection of this user may have gone idle since `take_live` looked; none can
+            // while the lock is held.
+            if let Some((h1, Some(bound))) = self.take_live(Some(key)) {
+                return Some((h1, bound));
+            }
+            waiters.retain(|tx| !tx.is_closed());
+            let (tx, rx) = oneshot::channel();
+            waiters.push_back(tx);
+            rx
+        };
+        let handed = match tokio::time::timeout(AFFINITY_WAIT, &mut handed).await {
+            Ok(handed) => handed.ok(),
+            // Handed over just as the wait ran out: still this request's.
+            Err(_) => handed.try_recv().ok(),
+        };
+        match handed {
+            Some((
+                home,
+                Idle {
+                    h1,
+                    key: Some(bound),
+                    ..
+                },
+            )) => {
+                self.stats.handed_over.fetch_add(1, Ordering::Relaxed);
+                if let Some(h1) = self.bring_home(h1, home) {
+                    return Some((h1, bound));
+                }
+            }
+            _ => {
+                self.stats.wait_expired.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.make_room();
+        None
+    }
+
+    /// Affinity, at the cap, for a request whose user holds `mine` connections (all busy):
+    /// closes the longest-idle connection if it has been idle for [`AFFINITY_STALE`], else the
+    /// longest-idle one of the user holding the most connections if that is `mine + 2` or more.
+    /// Returns whether one was closed.
+    fn close_for(&self, mine: usize) -> bool {
+        // (since, list, index) of the longest-idle connection, and (open, since, list, index) of
+        // the longest-idle connection of the user holding the most.
+        let mut oldest: Option<(Instant, usize, usize)> = None;
+        let mut richest: Option<(std::cmp::Reverse<usize>, Instant, usize, usize)> = None;
+        for t in 0..self.idle.len() {
+            for (at, i) in self.idle(t).iter().enumerate() {
+                let this = (i.since, t, at);
+                if oldest.is_none_or(|o| this < o) {
+                    oldest = Some(this);
+                }
+                let open = i.key.as_ref().map_or(0, Binding::open);
+                let this = (std::cmp::Reverse(open), i.since, t, at);
+                if richest.is_none_or(|r| this < r) {
+                    richest = Some(this);
+                }
+            }
+        }
+        let victim = match (oldest, richest) {
+            (Some((since, t, at)), _) if since.elapsed() >= AFFINITY_STALE => {
+                (since, t, at, "stale")
+            }
+            (_, Some((std::cmp::Reverse(open), since, t, at))) if open >= mine + 2 => {
+                (since, t, at, "of the user holding the most")
+            }
+            _ => return false,
+        };
+        let (since, t, at, why) = victim;
+        let closed = {
+            let mut idle = self.idle(t);
+            // Gone (taken or reaped) since the scan: the scan is repeated by the next request.
+            (idle.get(at).is_some_and(|i| i.since == since)).then(|| idle.remove(at))
+        };
+        if closed.is_some() {
+            tracing::debug!(why, "closed an idle upstream connection of another user");
+        }
+        closed.is_some()
+    }
+
     /// Before opening a connection while idle ones exist (affinity: bound to other credentials;
     /// the retry), closes the longest-idle connections until busy + idle stays within the cap
     /// (the sockets are closed before this returns).
     fn make_room(&self) {
-        // Busy connections, this request's included, hold the permits not available.
-        let idle_now: usize = (0..self.idle.len()).map(|t| self.idle(t).len()).sum();
-        let excess = idle_now.saturating_sub(self.permits.available_permits());
+        let excess = self.excess();
         let mut evicted = Vec::with_capacity(excess);
         for _ in 0..excess {
             // The longest-idle connection of all threads (each list's first is its oldest).
@@ -302,7 +537,7 @@ impl Pool {
     /// suspect too; then as many more as the cap needs). Used for the single retry.
     pub async fn checkout_fresh(
         self: &Arc<Self>,
-        key: Option<HeaderValue>,
+        key: Option<AffinityKey>,
     ) -> Result<Conn, ForwardError> {
         let permit = self
             .permits
@@ -310,7 +545,8 @@ impl Pool {
             .acquire_owned()
             .await
             .map_err(|_| ForwardError::Closed)?;
-        drop(self.idle(self.this_thread()).pop());
+        let suspect = self.idle(self.this_thread()).pop();
+        drop(suspect);
         self.make_room();
         self.stats.retried.fetch_add(1, Ordering::Relaxed);
         self.connect(permit, key).await
@@ -319,7 +555,7 @@ impl Pool {
     async fn connect(
         self: &Arc<Self>,
         permit: OwnedSemaphorePermit,
-        key: Option<HeaderValue>,
+        key: Option<AffinityKey>,
     ) -> Result<Conn, ForwardError> {
         let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.addr))
             .await
@@ -330,7 +566,7 @@ impl Pool {
         Ok(Conn {
             h1: Some(H1::new(stream)),
             home: self.this_thread(),
-            key,
+            key: key.map(Binding::new),
             pool: self.clone(),
             reused: false,
             reusable: false,
@@ -361,12 +597,26 @@ impl Drop for Conn {
             if self.reusable && !h1.has_leftover() {
                 let since = Instant::now();
                 let until = since + h1.idle_limit(self.pool.idle_timeout);
-                self.pool.idle(self.home).push(Idle {
+                let mut idle = Idle {
                     h1,
                     since,
                     until,
                     key: self.key.take(),
-                });
+                };
+                let Some(owner) = idle.key.as_ref().map(|b| b.0 .0.clone()) else {
+                    self.pool.idle(self.home).push(idle);
+                    return;
+                };
+                // Affinity: a waiting request of the same user takes it straight away, else it
+                // goes idle (under the waiters' lock: see `Owner::waiters`).
+                let mut waiters = lock(&owner.waiters);
+                while let Some(waiter) = waiters.pop_front() {
+                    match waiter.send((self.home, idle)) {
+                        Ok(()) => return,
+                        Err((_, back)) => idle = back,
+                    }
+                }
+                self.pool.idle(self.home).push(idle);
             } else {
                 tracing::debug!(
                     exchange_complete = self.reusable,
@@ -398,6 +648,14 @@ fn spawn_reaper(pool: Weak<Pool>, idle_timeout: Duration) {
                 pool.idle(t)
                     .retain_mut(|i| now < i.until && i.h1.is_alive());
             }
+            // Credentials no connection or request refers to any more leave memory.
+            lock(&pool.owners).prune();
         }
     });
+}
+
+/// Locks `m`, also after a panic elsewhere poisoned it (the pool's lists stay consistent: each
+/// change is one push or remove).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
