@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared helpers of the bench scripts (sourced; the caller defines log() and die()).
 
 # free_ports N: prints N distinct free loopback TCP ports, all bound at once, then released. They
@@ -187,6 +188,7 @@ TOML
 # pin_parse NAME SPEC: SPEC ("wrk=0,origin=1,proxy=0": taskset CPU lists for wrk, the nginx
 # origin and every thread of the proxy under test) into PIN_OF; dies naming the variable NAME on
 # a bad entry. An empty SPEC pins nothing. Needs taskset (util-linux) when SPEC is set.
+# shellcheck disable=SC2034 # read by the scripts that source this file
 declare -A PIN_OF=()
 pin_parse() {
   local name=$1 spec=$2 p pins
@@ -196,6 +198,7 @@ pin_parse() {
   for p in "${pins[@]}"; do
     [[ $p =~ ^(wrk|origin|proxy)=([0-9]+([-,][0-9]+)*)$ ]] ||
       die "$name entry '$p' is not wrk|origin|proxy=CPULIST (e.g. $name=\"wrk=0,origin=1,proxy=0\")"
+    # shellcheck disable=SC2034 # read by the scripts that source this file
     PIN_OF[${BASH_REMATCH[1]}]=${BASH_REMATCH[2]}
   done
 }

@@ -118,7 +118,8 @@ TOKEN="$(sed -n 1p "$WORK/wrk.tokens")"
 SID="$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["sid"])' "$WORK/rev.tokens.jsonl")"
 TOKEN_R="$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["token"])' "$WORK/rev.tokens.jsonl")"
 
-expect() { # want got what
+expect() { # want got what; want is a glob pattern (e.g. "401 *": any body length)
+  # shellcheck disable=SC2053 # unquoted on purpose: a pattern
   [[ $2 == $1 ]] || die "$3: got '$2', want '$1'"
   log "ok: $3 -> $2"
 }
