@@ -354,7 +354,9 @@ if has_section matrix; then
   INSTANCES+=(tessera-busy)
 fi
 if has_section affinity; then
-  # Its metrics count the waits for a user's own connection at the cap (scraped around each run).
+  # Its metrics count the waits for a user's own connection at the cap (scraped around each run;
+  # with [metrics] it also counts each request by status and duration, which tessera-redis,
+  # its "none" comparison, does not).
   write_conf tessera-affinity "$P_TAFF" "$REDIS" "$WARM_TTL" "" 'affinity = "session"' "
 [metrics]
 listen = \"127.0.0.1:$P_TAFF_METRICS\""
@@ -721,7 +723,7 @@ fi
 # affinity_waits: tessera-affinity's handovers and expired waits for a user's own connection so
 # far (tessera_upstream_affinity_{handovers,waits_expired}_total), as "handovers expired".
 affinity_waits() {
-  curl -s "http://127.0.0.1:$P_TAFF_METRICS/metrics" | awk '
+  curl -s --max-time 5 "http://127.0.0.1:$P_TAFF_METRICS/metrics" | awk '
     $1 == "tessera_upstream_affinity_handovers_total" { h = $2 }
     $1 == "tessera_upstream_affinity_waits_expired_total" { e = $2 }
     END { if (h == "" || e == "") exit 1; print h, e }' ||
@@ -763,8 +765,9 @@ if has_section affinity; then
           if [[ $target == tessera-affinity ]]; then before="$(affinity_waits)"; fi
           measure "affinity_$group" "$target" "$c" "$rep" "$WORK/tok/aff-$group.lua"
           if [[ $target == tessera-affinity ]]; then
+            after="$(affinity_waits)"
             read -r h0 e0 <<<"$before"
-            read -r h1 e1 <<<"$(affinity_waits)"
+            read -r h1 e1 <<<"$after"
             printf 'affinity_%s\t%s\t%s\t%s\t%s\n' "$group" "$c" "$rep" "$((h1 - h0))" "$((e1 - e0))" \
               >>"$WORK/affinity-waits.tsv"
           fi

@@ -472,7 +472,8 @@ def main():
                "Own-connection waits (affinity at the cap, a user holding its share waits up to "
                "5 ms for one of its own connections): tessera-affinity's "
                "`tessera_upstream_affinity_handovers_total` and `..._waits_expired_total` deltas, "
-               "summed over the reps.", ""] + t + [""]
+               "summed over the reps (tessera-affinity alone has `[metrics]` on for these, so it also "
+               "counts each request by status and duration).", ""] + t + [""]
         md += ["### affinity \"session\" / \"none\" (same sessions and c)", ""] + rt + [""]
         summary += [""] + t + [""] + rt
 

@@ -101,6 +101,7 @@ struct RawUpstream {
     preserve_host: Option<bool>,
     strip_response_headers: Option<Vec<String>>,
     affinity: Option<String>,
+    affinity_wait_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -306,8 +307,9 @@ pub struct UpstreamConfig {
     pub strip_response_headers: Vec<http::HeaderName>,
     /// `"none"` (default: any idle connection serves any request) or `"session"`: a connection
     /// only carries requests with the same upstream credential, so it never carries two users'
-    /// requests. Costs a new connection whenever a user has no idle one of their own (see
-    /// BENCHMARKS.md).
+    /// requests. At the cap, a request whose user holds its share waits up to
+    /// `affinity_wait_ms` (0..=1000, default 5) for one of its own connections (see
+    /// `forward::pool` and BENCHMARKS.md, "Affinity without churn").
     pub affinity: crate::forward::Affinity,
 }
 
@@ -828,10 +830,26 @@ fn validate_upstream(u: RawUpstream) -> Result<UpstreamConfig, ConfigError> {
         })?;
         strip.push(header);
     }
-    let affinity = match u.affinity.as_deref().unwrap_or("none") {
-        "none" => crate::forward::Affinity::None,
-        "session" => crate::forward::Affinity::Session,
-        other => {
+    let affinity = match (u.affinity.as_deref().unwrap_or("none"), u.affinity_wait_ms) {
+        ("none", None) => crate::forward::Affinity::None,
+        ("none", Some(_)) => {
+            return Err(ConfigError::new(
+                "upstream.affinity_wait_ms",
+                "applies only with affinity = \"session\"; remove it or set affinity",
+            ))
+        }
+        ("session", wait) => match wait {
+            Some(ms) if ms > 1000 => {
+                return Err(ConfigError::new(
+                    "upstream.affinity_wait_ms",
+                    format!("{ms} is more than 1000 (milliseconds); a request would wait that long for a connection of its own user"),
+                ))
+            }
+            wait => crate::forward::Affinity::Session {
+                wait: wait.map_or(crate::forward::AFFINITY_WAIT, Duration::from_millis),
+            },
+        },
+        (other, _) => {
             return Err(ConfigError::new(
                 "upstream.affinity",
                 format!("`{other}` is not an affinity; use \"none\" or \"session\""),
@@ -1698,15 +1716,40 @@ mod tests {
     fn upstream_affinity_is_none_or_session() {
         let c = Config::from_toml_with(&minimal(), env).unwrap();
         assert_eq!(c.upstream.affinity, crate::forward::Affinity::None);
-        let text = minimal().replace("[token]", "affinity = \"session\"\n[token]");
-        let c = Config::from_toml_with(&text, env).unwrap();
-        assert_eq!(c.upstream.affinity, crate::forward::Affinity::Session);
-        let text = minimal().replace("[token]", "affinity = \"user\"\n[token]");
-        let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
-        assert!(
-            err.contains("upstream.affinity") && err.contains("\"session\""),
-            "{err}"
+        let with = |lines: &str| {
+            let text = minimal().replace("[token]", &format!("{lines}\n[token]"));
+            Config::from_toml_with(&text, env)
+                .map(|c| c.upstream.affinity)
+                .map_err(|e| e.to_string())
+        };
+        let session = |ms| crate::forward::Affinity::Session {
+            wait: Duration::from_millis(ms),
+        };
+        assert_eq!(with("affinity = \"session\""), Ok(session(5)));
+        assert_eq!(
+            with("affinity = \"session\"\naffinity_wait_ms = 0"),
+            Ok(session(0))
         );
+        assert_eq!(
+            with("affinity = \"session\"\naffinity_wait_ms = 1000"),
+            Ok(session(1000))
+        );
+        for (lines, key, says) in [
+            ("affinity = \"user\"", "upstream.affinity", "\"session\""),
+            (
+                "affinity = \"session\"\naffinity_wait_ms = 1001",
+                "upstream.affinity_wait_ms",
+                "1000",
+            ),
+            (
+                "affinity_wait_ms = 5",
+                "upstream.affinity_wait_ms",
+                "affinity = \"session\"",
+            ),
+        ] {
+            let err = with(lines).unwrap_err();
+            assert!(err.contains(key) && err.contains(says), "{lines}: {err}");
+        }
     }
 
     #[test]

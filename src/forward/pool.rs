@@ -22,7 +22,8 @@
 //!   connection of the user holding the most is closed;
 //! - this request's user holds none: the longest-idle connection is closed;
 //! - otherwise this user already holds its share, and the request waits up to
-//!   [`AFFINITY_WAIT`] for one of its user's busy connections to come back (handed over
+//!   `wait` ([`Affinity::Session`], default [`AFFINITY_WAIT`]) for one of its user's busy
+//!   connections to come back (handed over
 //!   directly, first come, first served), and only then closes the longest-idle connection.
 //!
 //! Without the wait, 16 users over 64 connections at 64 concurrent requests closed and opened
@@ -66,21 +67,20 @@ pub struct PoolStats {
     /// Idle connections moved to the I/O driver of another serving thread that took them.
     pub moved: AtomicU64,
     /// Affinity: connections handed straight from a finished request to a waiting request of the
-    /// same user (see [`AFFINITY_WAIT`]); these are counted in `reused` too.
+    /// same user (see [`Affinity::Session`]); these are counted in `reused` too.
     pub handed_over: AtomicU64,
-    /// Affinity: waits for a user's own connection that ran out after [`AFFINITY_WAIT`].
+    /// Affinity: waits for a user's own connection that ended without one (the wait ran out).
     pub wait_expired: AtomicU64,
 }
 
-/// With [`Affinity::Session`] at the connection cap, how long a request whose user already holds
-/// its share of the pool waits for one of that user's busy connections before it closes another
-/// user's idle one and opens its own (5 ms). A few request times on a LAN, and less than a new
-/// upstream connection costs an upstream that authenticates each one.
+/// The default `wait` of [`Affinity::Session`] (`upstream.affinity_wait_ms`): 5 ms. A few
+/// request times on a LAN, and less than a new upstream connection costs an upstream that
+/// authenticates each one.
 pub const AFFINITY_WAIT: Duration = Duration::from_millis(5);
 
 /// With [`Affinity::Session`] at the connection cap, an idle connection unused this long
 /// (100 ms) belongs to a user between bursts of requests: it is closed to make room before any
-/// request waits for its own ([`AFFINITY_WAIT`]).
+/// request waits for its own (see [`Affinity::Session`]).
 pub const AFFINITY_STALE: Duration = Duration::from_millis(100);
 
 /// Which requests may share an upstream connection (`upstream.affinity`).
@@ -90,7 +90,12 @@ pub enum Affinity {
     #[default]
     None,
     /// A connection carries only requests with the same upstream credential (`"session"`).
-    Session,
+    Session {
+        /// At the connection cap, how long a request whose user already holds its share of the
+        /// pool waits for one of that user's busy connections before it closes another user's
+        /// idle one and opens its own (`upstream.affinity_wait_ms`; zero: never waits).
+        wait: Duration,
+    },
 }
 
 thread_local! {
@@ -119,7 +124,7 @@ pub struct AffinityKey(Arc<Owner>);
 struct Owner {
     /// Connections open with this credential (busy + idle), counted by [`Binding`].
     open: AtomicUsize,
-    /// Requests of this credential waiting for one of its connections ([`AFFINITY_WAIT`]),
+    /// Requests of this credential waiting for one of its connections (see [`Affinity::Session`]),
     /// oldest first. Held while a connection of this credential goes idle, so that a request
     /// registering here cannot miss one.
     waiters: Mutex<VecDeque<oneshot::Sender<(usize, Idle)>>>,
@@ -149,13 +154,18 @@ impl Drop for Binding {
 /// (no connection, no request) is removed by the reaper, or when the table outgrows `limit`.
 struct Owners {
     map: HashMap<HeaderValue, Arc<Owner>>,
-    /// Entries past which an insert first removes the unused ones (doubles when most are used).
+    /// Entries past which an insert first removes the unused ones (doubles when at least half
+    /// are still in use after that).
     limit: usize,
 }
 
 impl Owners {
     fn prune(&mut self) {
         self.map.retain(|_, owner| Arc::strong_count(owner) > 1);
+        // After a burst of many users, give the table's memory back.
+        if self.map.capacity() > 4 * self.map.len().max(64) {
+            self.map.shrink_to_fit();
+        }
     }
 }
 
@@ -375,7 +385,8 @@ impl Pool {
 
     /// Waits (FIFO) for a slot, then reuses the most recently idle live connection or opens one.
     /// `key` is the request's [`Pool::affinity_key`]: with [`Affinity::Session`] only a
-    /// connection bound to the same key is reused.
+    /// connection bound to the same key is reused, and at the cap the request may wait up to
+    /// that variant's `wait` for one (module docs).
     ///
     /// Errors: [`ForwardError::Connect`] / [`ForwardError::ConnectTimeout`] when a new connection
     /// is needed and cannot be made.
@@ -413,13 +424,16 @@ impl Pool {
 
     /// Affinity, when `key` has no idle connection: makes room for a new one at the cap by the
     /// rules in the module docs, or returns one of `key`'s own connections handed over within
-    /// [`AFFINITY_WAIT`].
+    /// [`Affinity::Session`]'s `wait`.
     async fn share(&self, key: &AffinityKey) -> Option<(H1, Binding)> {
         if self.excess() == 0 {
             return None;
         }
+        let Affinity::Session { wait } = self.affinity else {
+            return None;
+        };
         let mine = key.0.open.load(Ordering::Relaxed);
-        if self.close_for(mine) || mine == 0 {
+        if self.close_for(mine) || mine == 0 || wait.is_zero() {
             self.make_room();
             return None;
         }
@@ -435,26 +449,34 @@ impl Pool {
             waiters.push_back(tx);
             rx
         };
-        let handed = match tokio::time::timeout(AFFINITY_WAIT, &mut handed).await {
+        let handed = match tokio::time::timeout(wait, &mut handed).await {
             Ok(handed) => handed.ok(),
-            // Handed over just as the wait ran out: still this request's.
-            Err(_) => handed.try_recv().ok(),
+            Err(_) => {
+                // Closed first, so no connection is handed over after this look (and closed
+                // unused with the receiver); one handed over just before is still this request's.
+                handed.close();
+                handed.try_recv().ok()
+            }
         };
         match handed {
             Some((
                 home,
                 Idle {
                     h1,
+                    until,
                     key: Some(bound),
                     ..
                 },
-            )) => {
-                self.stats.handed_over.fetch_add(1, Ordering::Relaxed);
+            )) if Instant::now() < until => {
                 if let Some(h1) = self.bring_home(h1, home) {
+                    self.stats.handed_over.fetch_add(1, Ordering::Relaxed);
                     return Some((h1, bound));
                 }
             }
-            _ => {
+            // Not reusable after all (an upstream keep-alive of no time, or a lost move): the
+            // connection is closed and one opened below.
+            Some(_) => {}
+            None => {
                 self.stats.wait_expired.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -496,8 +518,14 @@ impl Pool {
         let (since, t, at, why) = victim;
         let closed = {
             let mut idle = self.idle(t);
-            // Gone (taken or reaped) since the scan: the scan is repeated by the next request.
-            (idle.get(at).is_some_and(|i| i.since == since)).then(|| idle.remove(at))
+            // Found again by when it went idle: entries before it may have been taken meanwhile.
+            // Gone itself (taken or reaped), nothing is closed and this request goes on to wait.
+            let at = if idle.get(at).is_some_and(|i| i.since == since) {
+                Some(at)
+            } else {
+                idle.iter().position(|i| i.since == since)
+            };
+            at.map(|at| idle.remove(at))
         };
         if closed.is_some() {
             tracing::debug!(why, "closed an idle upstream connection of another user");
@@ -625,7 +653,8 @@ impl Drop for Conn {
                 );
             }
         }
-        // `_permit` is released after this body runs: the connection is already idle.
+        // `_permit` is released after this body runs: the connection is already idle (or
+        // handed over), so a waiter finds it instead of opening another.
     }
 }
 
