@@ -658,8 +658,9 @@ impl Drop for Conn {
     }
 }
 
-/// Closes idle connections past their limit ([`H1::idle_limit`]), every half `idle_timeout` (at
-/// most 5 s), while the pool lives.
+/// Closes idle connections past their limit ([`H1::idle_limit`]) and drops the users no
+/// connection or request refers to any more (affinity), every half `idle_timeout` (at most 5 s),
+/// while the pool lives.
 fn spawn_reaper(pool: Weak<Pool>, idle_timeout: Duration) {
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         return;
