@@ -976,3 +976,111 @@ fn the_h2c_stream_limit_is_announced_in_the_settings() {
         assert!(text.contains(":status: 200"), "{text}");
     }
 }
+
+/// HPACK (RFC 7541) for the raw h2c client below: an integer with an `n`-bit prefix (5.1) after
+/// the `first` byte's flag bits.
+fn hpack_int(out: &mut Vec<u8>, first: u8, n: u32, mut v: usize) {
+    let max = (1usize << n) - 1;
+    if v < max {
+        out.push(first | v as u8);
+        return;
+    }
+    out.push(first | max as u8);
+    v -= max;
+    while v >= 128 {
+        out.push((v % 128) as u8 | 0x80);
+        v /= 128;
+    }
+    out.push(v as u8);
+}
+
+/// One HTTP/2 frame (RFC 9113 4.1): `kind`, `flags`, `stream` and its payload.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// Reads one frame: (type, flags, stream, payload).
+fn read_h2_frame(s: &mut TcpStream) -> std::io::Result<(u8, u8, u32, Vec<u8>)> {
+    let mut head = [0u8; 9];
+    s.read_exact(&mut head)?;
+    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+    let mut payload = vec![0; len];
+    s.read_exact(&mut payload)?;
+    Ok((head[3], head[4], stream, payload))
+}
+
+/// A client that ignores the stream limit gets the streams beyond it refused: with
+/// `server.http2_max_concurrent_streams = 3`, a raw h2c client (no library that would respect
+/// the limit) sends five GETs at once, against an upstream that answers after 300 ms. Streams
+/// 1, 3 and 5 are answered 200; 7 and 9 are reset with `REFUSED_STREAM` (RFC 9113 5.1.2: the
+/// client knows they were not processed and may retry them).
+#[test]
+fn h2c_streams_beyond_the_limit_are_refused() {
+    const HEADERS: u8 = 0x1;
+    const RST_STREAM: u8 = 0x3;
+    const SETTINGS: u8 = 0x4;
+    const REFUSED_STREAM: u32 = 0x7;
+    let up = upstream::start(Behavior::Echo {
+        delay: Duration::from_millis(300),
+    });
+    let (t, token) = behind(&up.url(), &[("server", "http2_max_concurrent_streams = 3")]);
+    let mut s = TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+    s.write_all(&h2_frame(SETTINGS, 0, 0, &[])).unwrap();
+    // The server's SETTINGS first (RFC 9113 3.4), acknowledged before the requests.
+    let (kind, flags, _, _) = read_h2_frame(&mut s).unwrap();
+    assert_eq!((kind, flags & 1), (SETTINGS, 0), "the server's preface");
+    s.write_all(&h2_frame(SETTINGS, 0x1, 0, &[])).unwrap();
+
+    let mut block = Vec::new();
+    block.extend_from_slice(&[0x82, 0x86]); // :method GET, :scheme http (static table)
+    for (index, value) in [
+        (4, "/x".to_string()),                // :path
+        (1, format!("127.0.0.1:{}", t.port)), // :authority
+        (23, format!("Bearer {token}")),      // authorization
+    ] {
+        hpack_int(&mut block, 0x00, 4, index); // literal without indexing, indexed name
+        hpack_int(&mut block, 0x00, 7, value.len()); // not Huffman-coded
+        block.extend_from_slice(value.as_bytes());
+    }
+    let mut burst = Vec::new();
+    for stream in [1, 3, 5, 7, 9] {
+        // END_STREAM | END_HEADERS
+        burst.extend(h2_frame(HEADERS, 0x5, stream, &block));
+    }
+    s.write_all(&burst).unwrap();
+
+    let mut status = std::collections::BTreeMap::new();
+    let mut refused = std::collections::BTreeMap::new();
+    while status.len() + refused.len() < 5 {
+        let (kind, _, stream, payload) = read_h2_frame(&mut s).unwrap_or_else(|e| {
+            panic!("frames stopped ({e}); answered {status:?}, reset {refused:?}")
+        });
+        match kind {
+            // The response head; `:status: 200` is the static table's index 8 (0x88).
+            HEADERS => {
+                status.insert(stream, payload.first().copied());
+            }
+            RST_STREAM => {
+                refused.insert(stream, u32::from_be_bytes(payload[..4].try_into().unwrap()));
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(
+        status.into_iter().collect::<Vec<_>>(),
+        [(1, Some(0x88)), (3, Some(0x88)), (5, Some(0x88))],
+        "the first three answered 200"
+    );
+    assert_eq!(
+        refused.into_iter().collect::<Vec<_>>(),
+        [(7, REFUSED_STREAM), (9, REFUSED_STREAM)],
+        "the two beyond the limit refused"
+    );
+}
