@@ -835,18 +835,19 @@ fn validate_upstream(u: RawUpstream) -> Result<UpstreamConfig, ConfigError> {
         ("none", Some(_)) => {
             return Err(ConfigError::new(
                 "upstream.affinity_wait_ms",
-                "applies only with affinity = \"session\"; remove it or set affinity",
+                "applies only with affinity = \"session\"; remove it or set affinity = \"session\"",
             ))
         }
         ("session", wait) => match wait {
             Some(ms) if ms > 1000 => {
                 return Err(ConfigError::new(
                     "upstream.affinity_wait_ms",
-                    format!("{ms} is more than 1000 (milliseconds); a request would wait that long for a connection of its own user"),
+                    format!("must be between 0 (never wait) and 1000 milliseconds, not {ms} (leave it out for 5)"),
                 ))
             }
             wait => crate::forward::Affinity::Session {
                 wait: wait.map_or(crate::forward::AFFINITY_WAIT, Duration::from_millis),
+                stale: crate::forward::AFFINITY_STALE,
             },
         },
         (other, _) => {
@@ -1724,6 +1725,7 @@ mod tests {
         };
         let session = |ms| crate::forward::Affinity::Session {
             wait: Duration::from_millis(ms),
+            stale: crate::forward::AFFINITY_STALE,
         };
         assert_eq!(with("affinity = \"session\""), Ok(session(5)));
         assert_eq!(

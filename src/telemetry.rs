@@ -263,7 +263,7 @@ impl prometheus_client::collector::Collector for Scrape {
             self.upstream_moved,
         )?;
         counter(&mut e, "upstream_affinity_handovers", "With upstream.affinity = \"session\" at the connection cap: connections handed from a finished request straight to a waiting request of the same user.", self.upstream_handed_over)?;
-        counter(&mut e, "upstream_affinity_waits_expired", "With upstream.affinity = \"session\" at the connection cap: waits for one of the user's own connections that ran out (upstream.affinity_wait_ms), after which another user's idle connection was closed.", self.upstream_wait_expired)?;
+        counter(&mut e, "upstream_affinity_waits_expired", "With upstream.affinity = \"session\" at the connection cap: requests of a user already holding its share that got no connection of their own (the wait, upstream.affinity_wait_ms, ran out or is 0), so another user's idle connection, if one was still idle, was closed for a new one.", self.upstream_wait_expired)?;
         let (busy, idle) = self.upstream_open;
         let mut family = e.encode_descriptor(
             "upstream_connections",

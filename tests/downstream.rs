@@ -1017,8 +1017,8 @@ fn read_h2_frame(s: &mut TcpStream) -> std::io::Result<(u8, u8, u32, Vec<u8>)> {
 /// A client that ignores the stream limit gets the streams beyond it refused: with
 /// `server.http2_max_concurrent_streams = 3`, a raw h2c client (no library that would respect
 /// the limit) sends five GETs at once, against an upstream that answers after 300 ms. Streams
-/// 1, 3 and 5 are answered 200; 7 and 9 are reset with `REFUSED_STREAM` (RFC 9113 5.1.2: the
-/// client knows they were not processed and may retry them).
+/// 1, 3 and 5 are answered 200; 7 and 9 are reset with `REFUSED_STREAM` (RFC 9113 5.1.2; by
+/// 8.7 the client knows they were not processed and may retry them).
 #[test]
 fn h2c_streams_beyond_the_limit_are_refused() {
     const HEADERS: u8 = 0x1;
@@ -1058,17 +1058,25 @@ fn h2c_streams_beyond_the_limit_are_refused() {
 
     let mut status = std::collections::BTreeMap::new();
     let mut refused = std::collections::BTreeMap::new();
-    while status.len() + refused.len() < 5 {
-        let (kind, _, stream, payload) = read_h2_frame(&mut s).unwrap_or_else(|e| {
+    let mut seen = std::collections::BTreeSet::new();
+    while seen.len() < 5 {
+        let (kind, flags, stream, payload) = read_h2_frame(&mut s).unwrap_or_else(|e| {
             panic!("frames stopped ({e}); answered {status:?}, reset {refused:?}")
         });
         match kind {
-            // The response head; `:status: 200` is the static table's index 8 (0x88).
-            HEADERS => {
-                status.insert(stream, payload.first().copied());
+            // The response head (the first HEADERS of its stream; a later one is trailers):
+            // `:status: 200` is the static table's index 8 (0x88), after the pad length
+            // (PADDED) and the priority fields (PRIORITY) if present.
+            HEADERS if stream != 0 => {
+                let skip = usize::from(flags & 0x8 != 0) + 5 * usize::from(flags & 0x20 != 0);
+                status
+                    .entry(stream)
+                    .or_insert_with(|| payload.get(skip).copied());
+                seen.insert(stream);
             }
-            RST_STREAM => {
+            RST_STREAM if stream != 0 => {
                 refused.insert(stream, u32::from_be_bytes(payload[..4].try_into().unwrap()));
+                seen.insert(stream);
             }
             _ => {}
         }

@@ -16,15 +16,15 @@
 //! per-connection auth state cannot mix them up). A request whose credential has no idle
 //! connection opens one. At the cap, a connection of another user must be closed first, and the
 //! pool keeps the active users' shares even instead of churning. The first rule that applies:
-//! - the longest-idle connection has been idle for [`AFFINITY_STALE`] (its user is between
-//!   bursts): it is closed;
+//! - the longest-idle connection has been idle for `stale` ([`Affinity::Session`], always
+//!   [`AFFINITY_STALE`] from the configuration: its user is between bursts): it is closed;
 //! - some user holds at least two connections more than this request's user: the longest-idle
 //!   connection of the user holding the most is closed;
 //! - this request's user holds none: the longest-idle connection is closed;
-//! - otherwise this user already holds its share, and the request waits up to
-//!   `wait` ([`Affinity::Session`], default [`AFFINITY_WAIT`]) for one of its user's busy
-//!   connections to come back (handed over
-//!   directly, first come, first served), and only then closes the longest-idle connection.
+//! - otherwise this user already holds its share, and the request waits up to `wait`
+//!   ([`Affinity::Session`], default [`AFFINITY_WAIT`]) for one of its user's busy connections
+//!   to come back (handed over directly, first come, first served), and only then closes the
+//!   longest-idle connection.
 //!
 //! Without the wait, 16 users over 64 connections at 64 concurrent requests closed and opened
 //! about one connection per seven requests, for good: a user's requests in flight vary around
@@ -69,7 +69,9 @@ pub struct PoolStats {
     /// Affinity: connections handed straight from a finished request to a waiting request of the
     /// same user (see [`Affinity::Session`]); these are counted in `reused` too.
     pub handed_over: AtomicU64,
-    /// Affinity: waits for a user's own connection that ended without one (the wait ran out).
+    /// Affinity: requests of a user already holding its share of the full pool that got no
+    /// connection of their own (the wait ran out, or `wait` is zero) and so closed another
+    /// user's idle one, if one was still idle, to open their own.
     pub wait_expired: AtomicU64,
 }
 
@@ -78,9 +80,7 @@ pub struct PoolStats {
 /// authenticates each one.
 pub const AFFINITY_WAIT: Duration = Duration::from_millis(5);
 
-/// With [`Affinity::Session`] at the connection cap, an idle connection unused this long
-/// (100 ms) belongs to a user between bursts of requests: it is closed to make room before any
-/// request waits for its own (see [`Affinity::Session`]).
+/// The `stale` of [`Affinity::Session`] the configuration sets: 100 ms.
 pub const AFFINITY_STALE: Duration = Duration::from_millis(100);
 
 /// Which requests may share an upstream connection (`upstream.affinity`).
@@ -95,6 +95,10 @@ pub enum Affinity {
         /// pool waits for one of that user's busy connections before it closes another user's
         /// idle one and opens its own (`upstream.affinity_wait_ms`; zero: never waits).
         wait: Duration,
+        /// At the connection cap, an idle connection unused this long belongs to a user between
+        /// bursts of requests: it is closed to make room before any request waits for its own
+        /// ([`AFFINITY_STALE`]; not a configuration key).
+        stale: Duration,
     },
 }
 
@@ -182,6 +186,9 @@ pub struct Pool {
     affinity: Affinity,
     /// Affinity only: the credentials in use.
     owners: Mutex<Owners>,
+    /// Affinity: requests holding a slot while they wait for their own user's connection (not
+    /// counted as busy connections: they hold none yet).
+    waiting: AtomicUsize,
     /// Activity counters, read by tests, benchmarks and (later) metrics.
     pub stats: PoolStats,
 }
@@ -232,6 +239,7 @@ impl Pool {
             connect_timeout,
             idle_timeout,
             affinity,
+            waiting: AtomicUsize::new(0),
             owners: Mutex::new(Owners {
                 map: HashMap::new(),
                 limit: (8 * max_connections).max(1024),
@@ -243,15 +251,17 @@ impl Pool {
     }
 
     /// Connections open now, as `(busy, idle)`: busy ones are checked out by a request (one being
-    /// opened included: each holds one of the `max_connections` slots), idle ones wait for reuse
-    /// (some may have been closed by the upstream and not noticed yet). `busy + idle` stays
-    /// within `max_connections`, except that a connection being put back or taken out is counted
-    /// in both for an instant (it is idle before its slot is freed, and a request takes a slot
-    /// before it takes an idle connection).
+    /// opened included: each holds one of the `max_connections` slots; a request that holds a
+    /// slot while it waits for its own user's connection, with affinity, holds no connection and
+    /// is not counted), idle ones wait for reuse (some may have been closed by the upstream and
+    /// not noticed yet). `busy + idle` stays within `max_connections`, except that a connection
+    /// being put back or taken out is counted in both for an instant (it is idle before its slot
+    /// is freed, and a request takes a slot before it takes an idle connection).
     pub fn connections(&self) -> (usize, usize) {
         let busy = self
             .max_connections
-            .saturating_sub(self.permits.available_permits());
+            .saturating_sub(self.permits.available_permits())
+            .saturating_sub(self.waiting.load(Ordering::Relaxed));
         let idle = (0..self.idle.len()).map(|t| self.idle(t).len()).sum();
         (busy, idle)
     }
@@ -429,14 +439,21 @@ impl Pool {
         if self.excess() == 0 {
             return None;
         }
-        let Affinity::Session { wait } = self.affinity else {
+        let Affinity::Session { wait, stale } = self.affinity else {
             return None;
         };
         let mine = key.0.open.load(Ordering::Relaxed);
-        if self.close_for(mine) || mine == 0 || wait.is_zero() {
+        if self.close_for(mine, stale) || mine == 0 {
             self.make_room();
             return None;
         }
+        if wait.is_zero() {
+            self.stats.wait_expired.fetch_add(1, Ordering::Relaxed);
+            self.make_room();
+            return None;
+        }
+        // Counted as waiting until this returns or is dropped (its client gone).
+        let _waiting = Waiting::new(&self.waiting);
         let mut handed = {
             let mut waiters = lock(&key.0.waiters);
             // A connection of this user may have gone idle since `take_live` looked; none can
@@ -458,37 +475,35 @@ impl Pool {
                 handed.try_recv().ok()
             }
         };
-        match handed {
-            Some((
-                home,
-                Idle {
-                    h1,
-                    until,
-                    key: Some(bound),
-                    ..
-                },
-            )) if Instant::now() < until => {
+        if let Some((
+            home,
+            Idle {
+                mut h1,
+                until,
+                key: Some(bound),
+                ..
+            },
+        )) = handed
+        {
+            if Instant::now() < until && h1.is_alive() {
                 if let Some(h1) = self.bring_home(h1, home) {
                     self.stats.handed_over.fetch_add(1, Ordering::Relaxed);
                     return Some((h1, bound));
                 }
             }
-            // Not reusable after all (an upstream keep-alive of no time, or a lost move): the
-            // connection is closed and one opened below.
-            Some(_) => {}
-            None => {
-                self.stats.wait_expired.fetch_add(1, Ordering::Relaxed);
-            }
         }
+        // None handed over, or one not reusable after all (an upstream keep-alive of no time,
+        // closed by the upstream, a failed move): it is closed and one opened below.
+        self.stats.wait_expired.fetch_add(1, Ordering::Relaxed);
         self.make_room();
         None
     }
 
     /// Affinity, at the cap, for a request whose user holds `mine` connections (all busy):
-    /// closes the longest-idle connection if it has been idle for [`AFFINITY_STALE`], else the
+    /// closes the longest-idle connection if it has been idle for `stale`, else the
     /// longest-idle one of the user holding the most connections if that is `mine + 2` or more.
     /// Returns whether one was closed.
-    fn close_for(&self, mine: usize) -> bool {
+    fn close_for(&self, mine: usize, stale: Duration) -> bool {
         // (since, list, index) of the longest-idle connection, and (open, since, list, index) of
         // the longest-idle connection of the user holding the most.
         let mut oldest: Option<(Instant, usize, usize)> = None;
@@ -507,9 +522,7 @@ impl Pool {
             }
         }
         let victim = match (oldest, richest) {
-            (Some((since, t, at)), _) if since.elapsed() >= AFFINITY_STALE => {
-                (since, t, at, "stale")
-            }
+            (Some((since, t, at)), _) if since.elapsed() >= stale => (since, t, at, "stale"),
             (_, Some((std::cmp::Reverse(open), since, t, at))) if open >= mine + 2 => {
                 (since, t, at, "of the user holding the most")
             }
@@ -682,6 +695,22 @@ fn spawn_reaper(pool: Weak<Pool>, idle_timeout: Duration) {
             lock(&pool.owners).prune();
         }
     });
+}
+
+/// One request counted in [`Pool`]'s `waiting` while it lives.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Locks `m`, also after a panic elsewhere poisoned it (the pool's lists stay consistent: each
