@@ -195,6 +195,28 @@ fn at_the_cap_the_longest_idle_connection_of_any_thread_is_closed() {
     drop(up_rt);
 }
 
+/// The layout of the affinity tests below at a cap of 2: alice's first request answered but its
+/// response not read (her one connection busy), then bob's request answered and read (his
+/// connection idle). Returns alice's response.
+async fn alice_busy_bob_idle(upstream: &Upstream) -> http::Response<ProxyBody> {
+    let first = send_as(upstream, "alice", "pw").await;
+    assert_eq!(
+        get_as(upstream, "bob", "pw").await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    first
+}
+
+/// The pool's connections opened, handed over and expired waits so far.
+fn opened_handed_expired(upstream: &Upstream) -> (u64, u64, u64) {
+    let stats = upstream.stats();
+    (
+        count(&stats.opened),
+        count(&stats.handed_over),
+        count(&stats.wait_expired),
+    )
+}
+
 /// With affinity at the cap, when every user holds as many connections as this request's user
 /// (so closing another user's would only move the shortage), the request waits for one of its
 /// own user's busy connections and gets it handed over. Cap 2: alice's first response is still
@@ -207,11 +229,7 @@ fn at_the_cap_a_user_holding_its_share_waits_for_its_own_connection() {
     let rt = current_thread();
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async {
-        let first = send_as(&upstream, "alice", "pw").await;
-        assert_eq!(
-            get_as(&upstream, "bob", "pw").await.0,
-            StatusCode::UNAUTHORIZED
-        );
+        let first = alice_busy_bob_idle(&upstream).await;
         let second = {
             let upstream = upstream.clone();
             tokio::task::spawn_local(async move { get_as(&upstream, "alice", "pw").await })
@@ -227,13 +245,8 @@ fn at_the_cap_a_user_holding_its_share_waits_for_its_own_connection() {
             .expect("task");
         assert_eq!(answer.0, StatusCode::UNAUTHORIZED);
     });
-    let stats = upstream.stats();
     assert_eq!(
-        (
-            count(&stats.opened),
-            count(&stats.handed_over),
-            count(&stats.wait_expired)
-        ),
+        opened_handed_expired(&upstream),
         (2, 1, 0),
         "alice's first connection was handed to her second request; bob's was not closed"
     );
@@ -253,11 +266,7 @@ fn at_the_cap_the_wait_for_ones_own_connection_is_bounded() {
     let (up_rt, upstream) = demo_upstream(2, session(SHORT, LONG));
     set_serving_thread(0);
     current_thread().block_on(async {
-        let first = send_as(&upstream, "alice", "pw").await;
-        assert_eq!(
-            get_as(&upstream, "bob", "pw").await.0,
-            StatusCode::UNAUTHORIZED
-        );
+        let first = alice_busy_bob_idle(&upstream).await;
         let started = std::time::Instant::now();
         let answer = tokio::time::timeout(Duration::from_secs(5), get_as(&upstream, "alice", "pw"))
             .await
@@ -266,13 +275,8 @@ fn at_the_cap_the_wait_for_ones_own_connection_is_bounded() {
         assert!(started.elapsed() >= SHORT, "it waited first");
         drop(first);
     });
-    let stats = upstream.stats();
     assert_eq!(
-        (
-            count(&stats.opened),
-            count(&stats.handed_over),
-            count(&stats.wait_expired)
-        ),
+        opened_handed_expired(&upstream),
         (3, 0, 1),
         "bob's connection was closed after the wait, and a second one opened for alice"
     );
@@ -346,11 +350,7 @@ fn at_the_cap_a_stale_connection_is_closed_without_waiting() {
     let (up_rt, upstream) = demo_upstream(2, session(LONG, SHORT));
     set_serving_thread(0);
     current_thread().block_on(async {
-        let first = send_as(&upstream, "alice", "pw").await;
-        assert_eq!(
-            get_as(&upstream, "bob", "pw").await.0,
-            StatusCode::UNAUTHORIZED
-        );
+        let first = alice_busy_bob_idle(&upstream).await;
         tokio::time::sleep(SHORT + Duration::from_millis(20)).await;
         let answer = tokio::time::timeout(Duration::from_secs(5), get_as(&upstream, "alice", "pw"))
             .await
@@ -358,13 +358,8 @@ fn at_the_cap_a_stale_connection_is_closed_without_waiting() {
         assert_eq!(answer.0, StatusCode::UNAUTHORIZED);
         drop(first);
     });
-    let stats = upstream.stats();
     assert_eq!(
-        (
-            count(&stats.opened),
-            count(&stats.handed_over),
-            count(&stats.wait_expired)
-        ),
+        opened_handed_expired(&upstream),
         (3, 0, 0),
         "bob's stale connection was closed for alice's second, with no wait"
     );
@@ -393,13 +388,8 @@ fn at_the_cap_a_user_holding_more_gives_one_up() {
         assert_eq!(answer.0, StatusCode::UNAUTHORIZED);
         drop(first);
     });
-    let stats = upstream.stats();
     assert_eq!(
-        (
-            count(&stats.opened),
-            count(&stats.handed_over),
-            count(&stats.wait_expired)
-        ),
+        opened_handed_expired(&upstream),
         (5, 0, 0),
         "one of bob's three idle connections was closed for alice's second"
     );

@@ -404,12 +404,7 @@ impl Pool {
         self: &Arc<Self>,
         key: Option<AffinityKey>,
     ) -> Result<Conn, ForwardError> {
-        let permit = self
-            .permits
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| ForwardError::Closed)?;
+        let permit = self.slot().await?;
         if let Some((h1, bound)) = self.take_live(key.as_ref()) {
             return Ok(self.reused(h1, bound, permit));
         }
@@ -422,6 +417,15 @@ impl Pool {
         // Boxed: connecting is rare once the pool is warm, and inline it would enlarge every
         // request's future.
         Box::pin(self.connect(permit, key)).await
+    }
+
+    /// Waits (FIFO) for one of the `max_connections` slots.
+    async fn slot(&self) -> Result<OwnedSemaphorePermit, ForwardError> {
+        self.permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| ForwardError::Closed)
     }
 
     /// Idle connections beyond what the free slots allow (the checking-out request holds its
@@ -580,12 +584,7 @@ impl Pool {
         self: &Arc<Self>,
         key: Option<AffinityKey>,
     ) -> Result<Conn, ForwardError> {
-        let permit = self
-            .permits
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| ForwardError::Closed)?;
+        let permit = self.slot().await?;
         let suspect = self.idle(self.this_thread()).pop();
         drop(suspect);
         self.make_room();
