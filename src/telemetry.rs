@@ -267,7 +267,7 @@ impl prometheus_client::collector::Collector for Scrape {
         let (busy, idle) = self.upstream_open;
         let mut family = e.encode_descriptor(
             "upstream_connections",
-            "Upstream connections open now: busy (a request's, being opened included) and idle (kept for reuse).",
+            "Upstream connections open now: busy (a request's, being opened included; not a request waiting for its own user's connection with affinity) and idle (kept for reuse).",
             None,
             MetricType::Gauge,
         )?;

@@ -395,3 +395,41 @@ fn at_the_cap_a_user_holding_more_gives_one_up() {
     );
     drop(up_rt);
 }
+
+/// A request that waits for its own connection and is dropped mid-wait (its client gone)
+/// leaves the counts exact: it is no longer counted as waiting (the busy count would read one
+/// too few, and the pool would keep one slot of room too many, for good), and alice's first
+/// connection, when it comes back, goes idle rather than to the dropped waiter.
+#[test]
+fn a_request_dropped_while_it_waits_leaves_the_counts_exact() {
+    let (up_rt, upstream) = demo_upstream(2, session(LONG, LONG));
+    set_serving_thread(0);
+    let rt = current_thread();
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async {
+        let first = alice_busy_bob_idle(&upstream).await;
+        let second = {
+            let upstream = upstream.clone();
+            tokio::task::spawn_local(async move { get_as(&upstream, "alice", "pw").await })
+        };
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            upstream.connections(),
+            (1, 1),
+            "the waiting request holds no connection"
+        );
+        second.abort();
+        assert!(second.await.unwrap_err().is_cancelled());
+        assert_eq!(
+            upstream.connections(),
+            (1, 1),
+            "alice's first busy, bob's idle, nobody waiting"
+        );
+        first.into_body().collect().await.expect("first body");
+        assert_eq!(upstream.connections(), (0, 2), "alice's went idle");
+    });
+    assert_eq!(opened_handed_expired(&upstream), (2, 0, 0));
+    drop(up_rt);
+}

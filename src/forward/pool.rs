@@ -18,8 +18,9 @@
 //! pool keeps the active users' shares even instead of churning. The first rule that applies:
 //! - the longest-idle connection has been idle for `stale` ([`Affinity::Session`], always
 //!   [`AFFINITY_STALE`] from the configuration: its user is between bursts): it is closed;
-//! - some user holds at least two connections more than this request's user: the longest-idle
-//!   connection of the user holding the most is closed;
+//! - some user with an idle connection holds at least two connections more than this request's
+//!   user: the longest-idle connection of the user (with an idle one) holding the most is
+//!   closed;
 //! - this request's user holds none: the longest-idle connection is closed;
 //! - otherwise this user already holds its share, and the request waits up to `wait`
 //!   ([`Affinity::Session`], default [`AFFINITY_WAIT`]) for one of its user's busy connections
@@ -280,8 +281,8 @@ impl Pool {
     }
 
     /// The affinity key of a request with these (injected) headers: with [`Affinity::Session`],
-    /// the entry of its `Authorization` value (a request without one has its own entry for the
-    /// empty value), else `None`.
+    /// the entry of its `Authorization` value (requests without one share the entry of the empty
+    /// value), else `None`.
     pub fn affinity_key(&self, headers: &http::HeaderMap) -> Option<AffinityKey> {
         if self.affinity == Affinity::None {
             return None;
@@ -431,9 +432,12 @@ impl Pool {
     /// Idle connections beyond what the free slots allow (the checking-out request holds its
     /// slot): how many must be closed before a new connection may open.
     fn excess(&self) -> usize {
-        // Busy connections, this request's included, hold the permits not available.
+        // Busy connections, this request's included, hold the permits not available; so do the
+        // requests waiting for their own user's connection (affinity), which hold none. Each of
+        // those makes its own room if its wait runs out (no longer counted as waiting then).
         let idle_now: usize = (0..self.idle.len()).map(|t| self.idle(t).len()).sum();
-        idle_now.saturating_sub(self.permits.available_permits())
+        idle_now
+            .saturating_sub(self.permits.available_permits() + self.waiting.load(Ordering::Relaxed))
     }
 
     /// Affinity, when `key` has no idle connection: makes room for a new one at the cap by the
@@ -456,9 +460,8 @@ impl Pool {
             self.make_room();
             return None;
         }
-        // Counted as waiting until this returns or is dropped (its client gone).
-        let _waiting = Waiting::new(&self.waiting);
-        let mut handed = {
+        // Counted as waiting until the wait ends (or this is dropped: its client gone).
+        let mut waiting = {
             let mut waiters = lock(&key.0.waiters);
             // A connection of this user may have gone idle since `take_live` looked; none can
             // while the lock is held.
@@ -468,17 +471,11 @@ impl Pool {
             waiters.retain(|tx| !tx.is_closed());
             let (tx, rx) = oneshot::channel();
             waiters.push_back(tx);
-            rx
+            Waiting::new(&self.waiting, rx)
         };
-        let handed = match tokio::time::timeout(wait, &mut handed).await {
-            Ok(handed) => handed.ok(),
-            Err(_) => {
-                // Closed first, so no connection is handed over after this look (and closed
-                // unused with the receiver); one handed over just before is still this request's.
-                handed.close();
-                handed.try_recv().ok()
-            }
-        };
+        let handed = tokio::time::timeout(wait, &mut waiting.rx).await;
+        // From here this request either has its connection or makes its own room.
+        let handed = waiting.end(handed.ok().and_then(Result::ok));
         if let Some((
             home,
             Idle {
@@ -652,7 +649,13 @@ impl Drop for Conn {
                 let mut waiters = lock(&owner.waiters);
                 while let Some(waiter) = waiters.pop_front() {
                     match waiter.send((self.home, idle)) {
-                        Ok(()) => return,
+                        Ok(()) => {
+                            // The waiter holds a connection now: no longer waiting (counted
+                            // here, before this slot is freed, so no request sees room that the
+                            // connection in transit takes).
+                            self.pool.waiting.fetch_sub(1, Ordering::Relaxed);
+                            return;
+                        }
                         Err((_, back)) => idle = back,
                     }
                 }
@@ -696,19 +699,52 @@ fn spawn_reaper(pool: Weak<Pool>, idle_timeout: Duration) {
     });
 }
 
-/// One request counted in [`Pool`]'s `waiting` while it lives.
-struct Waiting<'a>(&'a AtomicUsize);
+/// A request waiting for its own user's connection (affinity): counted in [`Pool`]'s `waiting`
+/// until it ends. A connection handed over through `rx` is uncounted by its sender, at the
+/// handover (see `Conn`'s drop); otherwise the wait's end (or its drop, the client gone)
+/// uncounts it. Exactly one of the two: the receiver is closed before it is looked at a last
+/// time, so no handover can come after.
+struct Waiting<'a> {
+    count: &'a AtomicUsize,
+    rx: oneshot::Receiver<(usize, Idle)>,
+    ended: bool,
+}
 
 impl<'a> Waiting<'a> {
-    fn new(count: &'a AtomicUsize) -> Self {
+    fn new(count: &'a AtomicUsize, rx: oneshot::Receiver<(usize, Idle)>) -> Self {
         count.fetch_add(1, Ordering::Relaxed);
-        Self(count)
+        Self {
+            count,
+            rx,
+            ended: false,
+        }
+    }
+
+    /// Ends the wait: the connection handed over, `got` or one handed over just before the
+    /// receiver closed, if any.
+    fn end(mut self, got: Option<(usize, Idle)>) -> Option<(usize, Idle)> {
+        self.ended = true;
+        got.or_else(|| self.last_look())
+    }
+
+    /// Closes the receiver and takes what was handed over before; uncounts the wait if nothing
+    /// was.
+    fn last_look(&mut self) -> Option<(usize, Idle)> {
+        self.rx.close();
+        let got = self.rx.try_recv().ok();
+        if got.is_none() {
+            self.count.fetch_sub(1, Ordering::Relaxed);
+        }
+        got
     }
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        if !self.ended {
+            // Dropped mid-wait: a connection handed over meanwhile is closed here.
+            drop(self.last_look());
+        }
     }
 }
 
