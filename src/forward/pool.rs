@@ -442,7 +442,7 @@ impl Pool {
 
     /// Affinity, when `key` has no idle connection: makes room for a new one at the cap by the
     /// rules in the module docs, or returns one of `key`'s own connections handed over within
-    /// [`Affinity::Session`]'s `wait`.
+    /// [`Affinity::Session`]'s `wait` (or gone idle just as it ran out).
     async fn share(&self, key: &AffinityKey) -> Option<(H1, Binding)> {
         if self.excess() == 0 {
             return None;
@@ -494,7 +494,11 @@ impl Pool {
             }
         }
         // None handed over, or one not reusable after all (an upstream keep-alive of no time,
-        // closed by the upstream, a failed move): it is closed and one opened below.
+        // closed by the upstream, a failed move). One of this user's may have gone idle as the
+        // receiver closed; else another user's is closed and one opened below.
+        if let Some((h1, Some(bound))) = self.take_live(Some(key)) {
+            return Some((h1, bound));
+        }
         self.stats.wait_expired.fetch_add(1, Ordering::Relaxed);
         self.make_room();
         None
