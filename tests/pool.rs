@@ -207,6 +207,26 @@ async fn alice_busy_bob_idle(upstream: &Upstream) -> http::Response<ProxyBody> {
     first
 }
 
+/// Alice's second request as a local task (within a `LocalSet`), run to its wait for her own
+/// connection: nothing in it blocks before that, so a few yields get it there.
+async fn alice_waits(upstream: &Arc<Upstream>) -> tokio::task::JoinHandle<(StatusCode, usize)> {
+    let upstream = upstream.clone();
+    let second = tokio::task::spawn_local(async move { get_as(&upstream, "alice", "pw").await });
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    second
+}
+
+/// Alice's second request, which must be answered (the demo upstream's 401 for her) within
+/// `within`; `how` says what that shows, for the failure message.
+async fn alice_again(upstream: &Upstream, within: Duration, how: &str) {
+    let answer = tokio::time::timeout(within, get_as(upstream, "alice", "pw"))
+        .await
+        .unwrap_or_else(|_| panic!("alice's second request not answered within {within:?} {how}"));
+    assert_eq!(answer.0, StatusCode::UNAUTHORIZED);
+}
+
 /// The pool's connections opened, handed over and expired waits so far.
 fn opened_handed_expired(upstream: &Upstream) -> (u64, u64, u64) {
     let stats = upstream.stats();
@@ -230,14 +250,7 @@ fn at_the_cap_a_user_holding_its_share_waits_for_its_own_connection() {
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async {
         let first = alice_busy_bob_idle(&upstream).await;
-        let second = {
-            let upstream = upstream.clone();
-            tokio::task::spawn_local(async move { get_as(&upstream, "alice", "pw").await })
-        };
-        // Let the second request run to its wait (nothing in it blocks before that).
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
+        let second = alice_waits(&upstream).await;
         first.into_body().collect().await.expect("first body");
         let answer = tokio::time::timeout(Duration::from_secs(5), second)
             .await
@@ -268,10 +281,12 @@ fn at_the_cap_the_wait_for_ones_own_connection_is_bounded() {
     current_thread().block_on(async {
         let first = alice_busy_bob_idle(&upstream).await;
         let started = std::time::Instant::now();
-        let answer = tokio::time::timeout(Duration::from_secs(5), get_as(&upstream, "alice", "pw"))
-            .await
-            .expect("second answered despite the first holding its connection");
-        assert_eq!(answer.0, StatusCode::UNAUTHORIZED);
+        alice_again(
+            &upstream,
+            Duration::from_secs(5),
+            "despite the first holding its connection",
+        )
+        .await;
         assert!(started.elapsed() >= SHORT, "it waited first");
         drop(first);
     });
@@ -352,10 +367,7 @@ fn at_the_cap_a_stale_connection_is_closed_without_waiting() {
     current_thread().block_on(async {
         let first = alice_busy_bob_idle(&upstream).await;
         tokio::time::sleep(SHORT + Duration::from_millis(20)).await;
-        let answer = tokio::time::timeout(Duration::from_secs(5), get_as(&upstream, "alice", "pw"))
-            .await
-            .expect("second answered");
-        assert_eq!(answer.0, StatusCode::UNAUTHORIZED);
+        alice_again(&upstream, Duration::from_secs(5), "").await;
         drop(first);
     });
     assert_eq!(
@@ -382,10 +394,12 @@ fn at_the_cap_a_user_holding_more_gives_one_up() {
             bob.into_body().collect().await.expect("bob's body");
         }
         assert_eq!(upstream.connections(), (1, 3));
-        let answer = tokio::time::timeout(Duration::from_secs(2), get_as(&upstream, "alice", "pw"))
-            .await
-            .expect("second answered without waiting for alice's own connection");
-        assert_eq!(answer.0, StatusCode::UNAUTHORIZED);
+        alice_again(
+            &upstream,
+            Duration::from_secs(2),
+            "without waiting for her own connection",
+        )
+        .await;
         drop(first);
     });
     assert_eq!(
@@ -408,13 +422,7 @@ fn a_request_dropped_while_it_waits_leaves_the_counts_exact() {
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async {
         let first = alice_busy_bob_idle(&upstream).await;
-        let second = {
-            let upstream = upstream.clone();
-            tokio::task::spawn_local(async move { get_as(&upstream, "alice", "pw").await })
-        };
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
+        let second = alice_waits(&upstream).await;
         assert_eq!(
             upstream.connections(),
             (1, 1),

@@ -190,7 +190,7 @@ pub struct Pool {
     /// Affinity: requests holding a slot while they wait for their own user's connection (not
     /// counted as busy connections: they hold none yet).
     waiting: AtomicUsize,
-    /// Activity counters, read by tests, benchmarks and (later) metrics.
+    /// Activity counters, read by tests, benchmarks and the metrics.
     pub stats: PoolStats,
 }
 
@@ -287,12 +287,11 @@ impl Pool {
         if self.affinity == Affinity::None {
             return None;
         }
-        let value = headers
-            .get(http::header::AUTHORIZATION)
-            .cloned()
-            .unwrap_or_else(|| HeaderValue::from_static(""));
+        let none = HeaderValue::from_static(""); // static bytes: no allocation
+        let value = headers.get(http::header::AUTHORIZATION).unwrap_or(&none);
         let mut owners = lock(&self.owners);
-        if let Some(owner) = owners.map.get(&value) {
+        // Looked up by reference: the value is cloned only for a new entry.
+        if let Some(owner) = owners.map.get(value) {
             return Some(AffinityKey(owner.clone()));
         }
         if owners.map.len() >= owners.limit {
@@ -305,7 +304,7 @@ impl Pool {
             open: AtomicUsize::new(0),
             waiters: Mutex::new(VecDeque::new()),
         });
-        owners.map.insert(value, owner.clone());
+        owners.map.insert(value.clone(), owner.clone());
         Some(AffinityKey(owner))
     }
 
@@ -335,13 +334,12 @@ impl Pool {
             let (
                 home,
                 Idle {
-                    h1,
+                    mut h1,
                     since,
                     until,
                     key,
                 },
             ) = self.take_idle(key)?;
-            let mut h1 = h1;
             let expired = Instant::now() >= until;
             if expired || !h1.is_alive() {
                 tracing::debug!(
