@@ -7,6 +7,7 @@ mod support;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -711,8 +712,9 @@ fn a_client_that_stops_reading_frees_its_upstream_connection_after_the_send_time
     );
     // The second client: a whole download over the only upstream connection, once the stalled
     // response has given it back. Returns when its first byte came, counted from `since` (the
-    // stalled response's first byte).
-    fn second(auth: &str, url: &str, what: &str, since: Instant) -> Duration {
+    // stalled response's first byte). On a wrong answer the failure shows the end of tessera's
+    // log (`log`), whose access lines give the reason.
+    fn second(auth: &str, url: &str, what: &str, since: Instant, log: &Path) -> Duration {
         let launched = since.elapsed();
         let out = std::process::Command::new("curl")
             .args(["-s", "-o", "/dev/null", "-w"])
@@ -722,10 +724,18 @@ fn a_client_that_stops_reading_frees_its_upstream_connection_after_the_send_time
             .unwrap();
         let got = String::from_utf8_lossy(&out.stdout).to_string();
         let (answer, first_byte) = got.rsplit_once(' ').unwrap_or((&got, "0"));
-        assert_eq!(answer, format!("200 {N}"), "{what}: the second client");
+        if answer != format!("200 {N}") {
+            let log = std::fs::read_to_string(log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            panic!(
+                "{what}: the second client got {answer:?}, want \"200 {N}\"; tessera's log ends:\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
         launched + Duration::from_secs_f64(first_byte.parse().unwrap())
     }
     let (auth, url) = (bearer(&token), t.url("/second"));
+    let log = t.dir.path().join("tessera.log");
     // Reads what the stalled client was sent until the connection ends; how many bytes.
     let drain = |s: &mut TcpStream| {
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -756,7 +766,7 @@ fn a_client_that_stops_reading_frees_its_upstream_connection_after_the_send_time
         started(&a);
         // Not before the stalled response had stopped for about the timeout (the kernel buffers
         // fill after its first byte; curl's own start-up is not in its transfer times).
-        let waited = second(&auth, &url, what, Instant::now());
+        let waited = second(&auth, &url, what, Instant::now(), &log);
         assert!(waited >= Duration::from_millis(450), "{what}: {waited:?}");
         let got = drain(&mut a);
         assert!(
@@ -775,8 +785,8 @@ fn a_client_that_stops_reading_frees_its_upstream_connection_after_the_send_time
         // The head, then nothing read: the stream's 64 KiB window fills and stays full.
         let resp = h2c_get(&mut send, "/a", &token).await;
         let since = Instant::now();
-        let (auth, url) = (auth.clone(), url.clone());
-        let waited = tokio::task::spawn_blocking(move || second(&auth, &url, "h2c", since))
+        let (auth, url, log) = (auth.clone(), url.clone(), log.clone());
+        let waited = tokio::task::spawn_blocking(move || second(&auth, &url, "h2c", since, &log))
             .await
             .unwrap();
         assert!(waited >= Duration::from_millis(450), "h2c: {waited:?}");
