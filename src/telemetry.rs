@@ -165,6 +165,8 @@ struct Scrape {
     upstream_moved: u64,
     upstream_handed_over: u64,
     upstream_wait_expired: u64,
+    upstream_drained: u64,
+    upstream_drain_failed: u64,
     /// Upstream connections open at the scrape, `(busy, idle)`.
     upstream_open: (usize, usize),
     store_reads: u64,
@@ -189,6 +191,8 @@ impl Scrape {
             upstream_moved: pool.moved.load(Ordering::Relaxed),
             upstream_handed_over: pool.handed_over.load(Ordering::Relaxed),
             upstream_wait_expired: pool.wait_expired.load(Ordering::Relaxed),
+            upstream_drained: pool.drained.load(Ordering::Relaxed),
+            upstream_drain_failed: pool.drain_failed.load(Ordering::Relaxed),
             upstream_open: proxy.upstream().connections(),
             store_reads: sessions.store_reads(),
             session_cache: sessions.cache_entries().map(|n| (n, sessions.cache_live())),
@@ -264,10 +268,12 @@ impl prometheus_client::collector::Collector for Scrape {
         )?;
         counter(&mut e, "upstream_affinity_handovers", "With upstream.affinity = \"session\" at the connection cap: connections handed from a finished request straight to a waiting request of the same user.", self.upstream_handed_over)?;
         counter(&mut e, "upstream_affinity_waits_expired", "With upstream.affinity = \"session\" at the connection cap: requests of a user already holding its share that got no connection of their own (the wait, upstream.affinity_wait_ms, ran out or is 0), so another user's idle connection, if one was still idle, was closed for a new one.", self.upstream_wait_expired)?;
+        counter(&mut e, "upstream_exchanges_drained", "Upstream exchanges whose client went away (before the response head, or with at most 64 KiB of the body left) that were read to their end in the background, their connection kept.", self.upstream_drained)?;
+        counter(&mut e, "upstream_exchanges_drain_failed", "Upstream exchanges whose client went away that could not be finished in the background (no response end within 250 ms or 64 KiB, an error, or the upstream closing): their connection was closed.", self.upstream_drain_failed)?;
         let (busy, idle) = self.upstream_open;
         let mut family = e.encode_descriptor(
             "upstream_connections",
-            "Upstream connections open now: busy (a request's, being opened included; not a request waiting for its own user's connection with affinity) and idle (kept for reuse).",
+            "Upstream connections open now: busy (a request's, being opened or finishing an exchange its client left included; not a request waiting for its own user's connection with affinity) and idle (kept for reuse).",
             None,
             MetricType::Gauge,
         )?;
@@ -551,6 +557,8 @@ mod tests {
             upstream_moved: 0,
             upstream_handed_over: 0,
             upstream_wait_expired: 0,
+            upstream_drained: 0,
+            upstream_drain_failed: 0,
             upstream_open: (0, 0),
             store_reads: 0,
             session_cache: None,

@@ -1,8 +1,11 @@
 //! The upstream pool against a real HTTP upstream (the demo upstream, a hyper server on its own
 //! runtime): across serving threads (an idle connection opened by one serving thread and taken
 //! by another must be moved to the taker's I/O driver), and with `affinity = "session"` at the
-//! connection cap (which connection is closed, and when a request waits for its own user's).
+//! connection cap (which connection is closed, and when a request waits for its own user's);
+//! and, against a raw upstream that paces its answers, exchanges whose requester goes away
+//! (finished in the background and the connection kept, or closed).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
@@ -11,7 +14,8 @@ use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tessera::demo::{serve_demo_upstream, DEMO_PASSWORD, DEMO_USER};
 use tessera::forward::{
-    empty_body, set_serving_thread, Affinity, ProxyBody, Upstream, AFFINITY_STALE, AFFINITY_WAIT,
+    empty_body, set_serving_thread, Affinity, ForwardError, ProxyBody, Upstream, AFFINITY_STALE,
+    AFFINITY_WAIT, DRAIN_BYTES, DRAIN_WAIT,
 };
 
 /// One GET with the demo credential, its body read to the end (which returns the connection to
@@ -439,5 +443,268 @@ fn a_request_dropped_while_it_waits_leaves_the_counts_exact() {
         assert_eq!(upstream.connections(), (0, 2), "alice's went idle");
     });
     assert_eq!(opened_handed_expired(&upstream), (2, 0, 0));
+    drop(up_rt);
+}
+
+/// A raw HTTP/1.1 upstream on its own runtime, for exchanges whose requester goes away. It
+/// answers each request by its path, on a keep-alive connection:
+/// - `/after/<ms>`: waits `ms`, then `200` with a 2-byte body;
+/// - `/length/<n>/<ms>`: a `Content-Length: n` head and 10 body bytes at once, the rest `ms`
+///   later;
+/// - `/chunked/<n>/<ms>`: a chunked head and a 10-byte chunk at once, then one chunk with the
+///   rest of `n` bytes and the last chunk `ms` later.
+///
+/// Returns the runtime (keep it while the upstream is used), the address and the count of
+/// connections accepted.
+fn paced_upstream() -> (tokio::runtime::Runtime, String, Arc<AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("upstream runtime");
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("bind upstream");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = accepted.clone();
+    rt.spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            counter.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        let mut more = [0u8; 4096];
+                        match stream.read(&mut more).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&more[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                    buf.drain(..end + 4);
+                    let path = head.split(' ').nth(1).unwrap_or("").to_string();
+                    let parts: Vec<&str> = path.split('/').skip(1).collect();
+                    let num = |i: usize| parts.get(i).and_then(|p| p.parse::<u64>().ok());
+                    let (now, later, ms): (Vec<u8>, Vec<u8>, u64) = match parts.first() {
+                        Some(&"after") => (
+                            Vec::new(),
+                            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec(),
+                            num(1).unwrap_or(0),
+                        ),
+                        Some(&"length") => {
+                            let n = num(1).unwrap_or(10).max(10);
+                            let mut now = format!("HTTP/1.1 200 OK\r\nContent-Length: {n}\r\n\r\n")
+                                .into_bytes();
+                            now.extend_from_slice(&[b'a'; 10]);
+                            (now, vec![b'b'; (n - 10) as usize], num(2).unwrap_or(0))
+                        }
+                        Some(&"chunked") => {
+                            let n = num(1).unwrap_or(10).max(11);
+                            let now = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\na\r\naaaaaaaaaa\r\n"
+                                .to_vec();
+                            let mut later = format!("{:x}\r\n", n - 10).into_bytes();
+                            later.extend(std::iter::repeat_n(b'b', (n - 10) as usize));
+                            later.extend_from_slice(b"\r\n0\r\n\r\n");
+                            (now, later, num(2).unwrap_or(0))
+                        }
+                        _ => return,
+                    };
+                    if stream.write_all(&now).await.is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    if stream.write_all(&later).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (rt, addr, accepted)
+}
+
+/// An `Upstream` for [`paced_upstream`] with a cap of 2 and this response-head timeout.
+fn paced(addr: &str, header_timeout: Duration) -> Upstream {
+    Upstream::new(
+        addr.to_string(),
+        2,
+        Duration::from_secs(2),
+        Duration::from_secs(60),
+        header_timeout,
+        Affinity::None,
+        1,
+    )
+}
+
+/// A GET of `path`, its response head and nothing more.
+async fn head_of(upstream: &Upstream, path: &str) -> http::Response<ProxyBody> {
+    let req = Request::get(path)
+        .header(http::header::HOST, "upstream.test")
+        .body(empty_body())
+        .expect("request");
+    upstream.forward(req).await.expect("forwarded")
+}
+
+/// A GET of `path`, dropped (as when its client goes away) after `after`, before its answer.
+async fn left_before_the_answer(upstream: &Upstream, path: &str, after: Duration) {
+    let req = Request::get(path)
+        .header(http::header::HOST, "upstream.test")
+        .body(empty_body())
+        .expect("request");
+    let left = tokio::time::timeout(after, upstream.forward(req)).await;
+    assert!(left.is_err(), "{path} was answered within {after:?}");
+}
+
+/// Waits (at most 5 s) until the background drains have ended: `drained + drain_failed` reach
+/// `n`. Returns `(drained, drain_failed)`.
+async fn drains(upstream: &Upstream, n: u64) -> (u64, u64) {
+    let stats = upstream.stats();
+    let seen = || (count(&stats.drained), count(&stats.drain_failed));
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while seen().0 + seen().1 < n && std::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    seen()
+}
+
+/// A request whose requester goes away while its answer is still due (the request written in
+/// full) leaves the exchange to a background task that reads the answer and keeps the
+/// connection, holding its slot meanwhile: the next request reuses it, and the upstream
+/// accepts one connection in all. (Before, the connection was closed and the next request
+/// opened another.)
+#[test]
+fn a_request_left_before_its_answer_keeps_its_connection() {
+    let (up_rt, addr, accepted) = paced_upstream();
+    let upstream = paced(&addr, Duration::from_secs(5));
+    set_serving_thread(0);
+    current_thread().block_on(async {
+        left_before_the_answer(&upstream, "/after/150", Duration::from_millis(30)).await;
+        assert_eq!(
+            upstream.connections(),
+            (1, 0),
+            "the draining connection holds its slot"
+        );
+        assert_eq!(drains(&upstream, 1).await, (1, 0));
+        assert_eq!(upstream.connections(), (0, 1), "kept, idle");
+        let resp = head_of(&upstream, "/after/0").await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        let body = resp.into_body().collect().await.expect("body").to_bytes();
+        assert_eq!(&body[..], b"ok");
+    });
+    let stats = upstream.stats();
+    assert_eq!((count(&stats.opened), count(&stats.reused)), (1, 1));
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    drop(up_rt);
+}
+
+/// A response body dropped with a short rest (at most `DRAIN_BYTES`), `Content-Length` or
+/// chunked, is read to its end in the background and its connection kept; one with a longer
+/// rest is closed at once, without a drain.
+#[test]
+fn a_body_left_with_a_short_rest_keeps_its_connection_and_a_long_one_closes_it() {
+    let (up_rt, addr, accepted) = paced_upstream();
+    let upstream = paced(&addr, Duration::from_secs(5));
+    set_serving_thread(0);
+    let short = DRAIN_BYTES as usize;
+    current_thread().block_on(async {
+        for (i, path) in [
+            format!("/length/{short}/100"),
+            format!("/chunked/{short}/100"),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let mut body = head_of(&upstream, path).await.into_body();
+            let first = body.frame().await.expect("a frame").expect("data");
+            assert_eq!(first.data_ref().map(|d| d.len()), Some(10), "{path}");
+            drop(body);
+            assert_eq!(
+                drains(&upstream, i as u64 + 1).await,
+                (i as u64 + 1, 0),
+                "{path}"
+            );
+            assert_eq!(upstream.connections(), (0, 1), "{path}: kept, idle");
+        }
+        let long = format!("/length/{}/100", short + 11);
+        let mut body = head_of(&upstream, &long).await.into_body();
+        body.frame().await.expect("a frame").expect("data");
+        drop(body);
+        assert_eq!(
+            upstream.connections(),
+            (0, 0),
+            "a long rest: closed at once"
+        );
+        // A chunked body is drained up to `DRAIN_BYTES` of data, then closed.
+        let long = format!("/chunked/{}/100", short + 11);
+        let mut body = head_of(&upstream, &long).await.into_body();
+        body.frame().await.expect("a frame").expect("data");
+        drop(body);
+        assert_eq!(drains(&upstream, 3).await, (2, 1));
+        assert_eq!(upstream.connections(), (0, 0), "over the budget: closed");
+    });
+    let stats = upstream.stats();
+    // The first connection carried the three first exchanges (kept twice); the last one opened
+    // a second.
+    assert_eq!((count(&stats.opened), count(&stats.reused)), (2, 2));
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    drop(up_rt);
+}
+
+/// An answer not due within `DRAIN_WAIT` of the requester's leaving is not waited for longer:
+/// the connection is closed and its slot freed when the wait runs out.
+#[test]
+fn an_answer_not_due_within_the_drain_wait_closes_its_connection() {
+    let (up_rt, addr, accepted) = paced_upstream();
+    let upstream = paced(&addr, Duration::from_secs(5));
+    set_serving_thread(0);
+    let late = (DRAIN_WAIT + Duration::from_millis(700)).as_millis();
+    current_thread().block_on(async {
+        let started = std::time::Instant::now();
+        left_before_the_answer(
+            &upstream,
+            &format!("/after/{late}"),
+            Duration::from_millis(30),
+        )
+        .await;
+        assert_eq!(drains(&upstream, 1).await, (0, 1));
+        let took = started.elapsed();
+        assert!(
+            took >= DRAIN_WAIT && took < Duration::from_millis(late as u64),
+            "closed after {took:?}"
+        );
+        assert_eq!(upstream.connections(), (0, 0), "closed, its slot free");
+        let resp = head_of(&upstream, "/after/0").await;
+        assert_eq!(resp.status(), StatusCode::OK);
+    });
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    drop(up_rt);
+}
+
+/// A request whose response head timed out closes its connection at once: no background wait
+/// for an upstream already too slow.
+#[test]
+fn a_response_head_timeout_closes_its_connection_at_once() {
+    let (up_rt, addr, _accepted) = paced_upstream();
+    let upstream = paced(&addr, Duration::from_millis(100));
+    set_serving_thread(0);
+    current_thread().block_on(async {
+        let req = Request::get("/after/200")
+            .header(http::header::HOST, "upstream.test")
+            .body(empty_body())
+            .expect("request");
+        let answer = upstream.forward(req).await;
+        assert!(
+            matches!(answer, Err(ForwardError::Timeout)),
+            "{:?}",
+            answer.map(|r| r.status())
+        );
+        assert_eq!(upstream.connections(), (0, 0), "closed at once");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    });
+    let stats = upstream.stats();
+    assert_eq!((count(&stats.drained), count(&stats.drain_failed)), (0, 0));
     drop(up_rt);
 }

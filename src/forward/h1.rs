@@ -41,6 +41,9 @@ const _: () = assert!(MAX_HEADERS <= 128);
 const READ_CHUNK: usize = 16 * 1024;
 /// Longest chunk-size line (size + extensions), bytes.
 const MAX_CHUNK_LINE: usize = 4096;
+/// Most response-body bytes read to finish an exchange whose requester went away
+/// ([`H1::finish`]): a longer body costs less as a new connection than as a read nobody wants.
+pub const DRAIN_BYTES: u64 = 64 * 1024;
 
 /// One upstream connection: the socket and the bytes read from it but not yet consumed.
 pub struct H1 {
@@ -54,6 +57,18 @@ pub struct H1 {
     /// How long the upstream said, on its last response, that it keeps the connection open
     /// while idle (`Keep-Alive: timeout=N`); `None`: it did not say.
     announced_idle: Option<Duration>,
+}
+
+/// What is left of an exchange whose request was written to its end: read it with
+/// [`H1::finish`] and the connection can carry another request (see [`H1::send`]'s
+/// `awaiting_head` and [`worth_finishing`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unfinished {
+    /// The response head has not been read yet (`head_request`: the request was a `HEAD`, so the
+    /// response has no body).
+    Head { head_request: bool },
+    /// The head was read; the body is left, framed as given.
+    Body(Framing),
 }
 
 /// Why sending a request failed, and whether it may be replayed on another connection.
@@ -175,6 +190,42 @@ impl H1 {
         idle_limit(pool_idle, self.announced_idle)
     }
 
+    /// Reads the rest of an exchange whose requester went away (see [`H1::send`]):
+    /// the response head if it is still due, then the body, discarded. Returns whether the
+    /// connection can carry another request: the response was read exactly to its end within
+    /// [`DRAIN_BYTES`] body bytes and the upstream keeps the connection open. The caller bounds
+    /// the time. `false` for a 101 (the connection belongs to the switched protocol), a malformed
+    /// response, a longer body, or a closed connection.
+    pub async fn finish(&mut self, rest: Unfinished) -> bool {
+        let mut framing = match rest {
+            Unfinished::Head { head_request } => match self.read_head(head_request, false).await {
+                Ok(head)
+                    if head.keep_alive
+                        && head.response.status() != StatusCode::SWITCHING_PROTOCOLS =>
+                {
+                    self.announced_idle = head.announced_idle;
+                    head.framing
+                }
+                _ => return false,
+            },
+            Unfinished::Body(framing) => framing,
+        };
+        let mut budget = DRAIN_BYTES;
+        loop {
+            match poll_fn(|cx| self.poll_body(cx, &mut framing)).await {
+                None => return !self.has_leftover(),
+                Some(Ok(frame)) => {
+                    let len = frame.data_ref().map_or(0, |d| d.len() as u64);
+                    match budget.checked_sub(len) {
+                        Some(left) => budget = left,
+                        None => return false,
+                    }
+                }
+                Some(Err(_)) => return false,
+            }
+        }
+    }
+
     /// Whether bytes beyond the last response are buffered (the connection is then unusable).
     pub fn has_leftover(&self) -> bool {
         !self.buf.is_empty()
@@ -221,9 +272,20 @@ impl H1 {
     /// final head waits until the body was sent. The connection is marked reusable
     /// ([`Head::keep_alive`]) only if the whole request was written.
     ///
+    /// `awaiting_head` is `Some(is_head_request)` while the response head is awaited after the
+    /// request was written in full, else `None`: should this future be dropped then (its
+    /// requester went away), the exchange can still be finished ([`H1::finish`] with
+    /// [`Unfinished::Head`]) and the connection kept. (The caller's, not a field of this
+    /// struct: the pool's connection has room for it, and this struct, moved with every
+    /// checkout, none.)
+    ///
     /// Errors: see [`SendError`]; request-body errors are [`ForwardError::BodyTooLarge`] when the
     /// body exceeded its limit, else [`ForwardError::ClientBody`].
-    pub async fn send(&mut self, req: Request<UpBody>) -> Result<Head, SendError> {
+    pub async fn send(
+        &mut self,
+        req: Request<UpBody>,
+        awaiting_head: &mut Option<bool>,
+    ) -> Result<Head, SendError> {
         let head_request = req.method() == Method::HEAD;
         let (parts, mut body) = req.into_parts();
         let framing = if body.is_end_stream() {
@@ -350,15 +412,22 @@ impl H1 {
         self.out = out;
         let head = match early {
             Some(head) => Ok(head),
-            None => match self.read_head(head_request, eof).await {
-                Err(SendError::ClosedBeforeResponse(None, e)) if !polled_body => {
-                    return Err(SendError::ClosedBeforeResponse(
-                        Some(Request::from_parts(parts, body)),
-                        e,
-                    ))
+            None => {
+                if request_complete && !eof {
+                    *awaiting_head = Some(head_request);
                 }
-                other => other,
-            },
+                let head = self.read_head(head_request, eof).await;
+                *awaiting_head = None;
+                match head {
+                    Err(SendError::ClosedBeforeResponse(None, e)) if !polled_body => {
+                        return Err(SendError::ClosedBeforeResponse(
+                            Some(Request::from_parts(parts, body)),
+                            e,
+                        ))
+                    }
+                    other => other,
+                }
+            }
         };
         let head = match head {
             Ok(head) if head.response.status() == StatusCode::SWITCHING_PROTOCOLS => {
@@ -468,6 +537,18 @@ impl H1 {
                 Err(e) => return Poll::Ready(Some(Err(e.into()))),
             }
         }
+    }
+}
+
+/// Whether a response body left unread with this much of it to come (on a connection the
+/// upstream keeps open) is worth finishing in the background ([`H1::finish`]): a
+/// `Content-Length` rest of at most [`DRAIN_BYTES`], or a chunked rest (then read up to that
+/// many bytes). A close-delimited body never is.
+pub fn worth_finishing(framing: Framing) -> bool {
+    match framing {
+        Framing::Length(left) => left <= DRAIN_BYTES,
+        Framing::Chunked(_) => true,
+        Framing::Done | Framing::Close => false,
     }
 }
 

@@ -9,6 +9,10 @@
 //! (the keep-alive race of RFC 9112 section 9.3.1). Must never: retry a request whose body was
 //! partly sent.
 //!
+//! A request whose response head timed out closes its connection; one dropped by its requester
+//! (the client went away) leaves its connection to finish the exchange in the background (see
+//! `pool.rs`).
+//!
 //! The HTTP/1.1 exchange itself runs in the request's own task (`forward/h1.rs`): no connection task.
 
 mod body;
@@ -35,6 +39,7 @@ use h1::SendError;
 pub(crate) use pool::serving_thread;
 pub use pool::{
     set_serving_thread, Affinity, AffinityKey, Pool, PoolStats, AFFINITY_STALE, AFFINITY_WAIT,
+    DRAIN_BYTES, DRAIN_WAIT,
 };
 pub use raw::RawHead;
 pub(crate) use tunnel::frame_edges;
@@ -136,17 +141,21 @@ impl Upstream {
                 Some(progress),
             )
         };
-        let send = self.send(req);
-        tokio::pin!(send);
+        // In an `Option` so that a timeout can drop it in place, marked as abandoned.
+        let mut send = std::pin::pin!(Some(self.send(req)));
         let mut last = 0;
         loop {
-            match tokio::time::timeout(self.header_timeout, &mut send).await {
+            let sending = send.as_mut().as_pin_mut().expect("dropped only to return");
+            match tokio::time::timeout(self.header_timeout, sending).await {
                 Ok(result) => return result,
                 Err(_) => {
                     let now = progress
                         .as_ref()
                         .map_or(0, |p| p.frames.load(Ordering::Relaxed));
                     if now == last {
+                        // An upstream slower than the timeout: its connection is closed, not
+                        // left to finish the exchange in the background.
+                        pool::abandoning(|| send.set(None));
                         return Err(ForwardError::Timeout);
                     }
                     last = now;
@@ -158,7 +167,7 @@ impl Upstream {
     async fn send(&self, req: Request<UpBody>) -> Result<Response<ProxyBody>, ForwardError> {
         let key = self.pool.affinity_key(req.headers());
         let mut conn = self.pool.checkout(key.clone()).await?;
-        let (retry, err) = match conn.h1().send(req).await {
+        let (retry, err) = match conn.send(req).await {
             Ok(head) => return Ok(wrap(head, conn)),
             Err(SendError::Unsent(req, e)) => (Some(req), e),
             Err(SendError::ClosedBeforeResponse(req, e)) => {
@@ -184,7 +193,7 @@ impl Upstream {
         req: Request<UpBody>,
     ) -> Result<Response<ProxyBody>, ForwardError> {
         let mut conn = self.pool.checkout_fresh(key).await?;
-        match conn.h1().send(req).await {
+        match conn.send(req).await {
             Ok(head) => Ok(wrap(head, conn)),
             Err(
                 SendError::Unsent(_, e)

@@ -10,6 +10,14 @@
 //! Must never: hand one connection to two requests at once, or keep a connection whose response
 //! body was not read to the end.
 //!
+//! **Exchanges whose requester went away.** A request dropped while its response head is awaited
+//! (the request written in full), or a response body dropped with a short rest (at most
+//! [`DRAIN_BYTES`], or chunked), leaves its connection to a background task on the same thread,
+//! which reads the rest for at most [`DRAIN_WAIT`] and then keeps the connection (or closes it).
+//! The connection keeps its slot meanwhile: the cap counts it. Without this, every client that
+//! leaves mid-request (a browser navigating away, a load generator at its run's end) cost a new
+//! upstream connection (BENCHMARKS.md, "Exchanges finished in the background").
+//!
 //! **Affinity.** With [`Affinity::Session`] every connection is bound to the first request's
 //! upstream credential (its `Authorization` value) and is reused only for requests carrying the
 //! same one, so one upstream connection never carries two users' requests (an upstream that keeps
@@ -49,12 +57,14 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use http::HeaderValue;
+use http::{HeaderValue, Request};
 use tokio::net::TcpStream;
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
-use super::h1::H1;
+pub use super::h1::DRAIN_BYTES;
+use super::h1::{Head, SendError, Unfinished, H1};
 use super::ForwardError;
+use super::UpBody;
 
 /// Counters of pool activity (monotonic since start).
 #[derive(Debug, Default)]
@@ -74,7 +84,18 @@ pub struct PoolStats {
     /// connection of their own (the wait ran out, or `wait` is zero) and so closed another
     /// user's idle one, if one was still idle, to open their own.
     pub wait_expired: AtomicU64,
+    /// Exchanges whose requester went away, read to their end in the background and their
+    /// connection kept (see the module docs).
+    pub drained: AtomicU64,
+    /// Exchanges whose requester went away that could not be finished so (no response end
+    /// within [`DRAIN_WAIT`] or [`DRAIN_BYTES`], an error, or the upstream closing): closed.
+    pub drain_failed: AtomicU64,
 }
+
+/// Longest time a background task reads the rest of an exchange whose requester went away
+/// before it closes the connection: 250 ms. It holds a slot meanwhile, so it is kept short; an
+/// answer still due after this is a slow one, and a new connection costs less than the wait.
+pub const DRAIN_WAIT: Duration = Duration::from_millis(250);
 
 /// The default `wait` of [`Affinity::Session`] (`upstream.affinity_wait_ms`): 5 ms. A few
 /// request times on a LAN, and less than a new upstream connection costs an upstream that
@@ -113,6 +134,28 @@ thread_local! {
 /// share one list, apart from the serving threads'.
 pub fn set_serving_thread(index: usize) {
     THREAD.with(|t| t.set(Some(index)));
+}
+
+thread_local! {
+    /// Set while [`abandoning`] runs on this thread.
+    static ABANDONING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `drop_requests` (which drops requests in progress) with their exchanges marked as not
+/// worth finishing: their connections are closed instead of reading the rest in the background
+/// (a response-head timeout: an upstream already slower than the timeout). A flag of the
+/// thread, because the connections are dropped deep inside the requests' futures; cleared
+/// after, also on a panic.
+pub(crate) fn abandoning(drop_requests: impl FnOnce()) {
+    struct Clear;
+    impl Drop for Clear {
+        fn drop(&mut self) {
+            ABANDONING.set(false);
+        }
+    }
+    ABANDONING.set(true);
+    let _clear = Clear;
+    drop_requests();
 }
 
 /// The serving-thread index given to [`set_serving_thread`] on the calling thread, if any.
@@ -216,7 +259,11 @@ pub struct Conn {
     /// Whether this connection served a request before this one.
     pub reused: bool,
     reusable: bool,
-    _permit: OwnedSemaphorePermit,
+    /// See [`H1::send`]: while `Some`, a drop leaves the exchange to [`Conn::finish_later`].
+    awaiting_head: Option<bool>,
+    /// `None` only while the drop hands the connection to a background task (see
+    /// [`Conn::drop`]).
+    permit: Option<OwnedSemaphorePermit>,
 }
 
 impl Pool {
@@ -252,12 +299,13 @@ impl Pool {
     }
 
     /// Connections open now, as `(busy, idle)`: busy ones are checked out by a request (one being
-    /// opened included: each holds one of the `max_connections` slots; a request that holds a
-    /// slot while it waits for its own user's connection, with affinity, holds no connection and
-    /// is not counted), idle ones wait for reuse (some may have been closed by the upstream and
-    /// not noticed yet). `busy + idle` stays within `max_connections`, except that a connection
-    /// being put back or taken out is counted in both for an instant (it is idle before its slot
-    /// is freed, and a request takes a slot before it takes an idle connection).
+    /// opened, or finishing an exchange its requester left, included: each holds one of the
+    /// `max_connections` slots; a request that holds a slot while it waits for its own user's
+    /// connection, with affinity, holds no connection and is not counted), idle ones wait for
+    /// reuse (some may have been closed by the upstream and not noticed yet). `busy + idle` stays
+    /// within `max_connections`, except that a connection being put back or taken out is counted
+    /// in both for an instant (it is idle before its slot is freed, and a request takes a slot
+    /// before it takes an idle connection).
     pub fn connections(&self) -> (usize, usize) {
         let busy = self
             .max_connections
@@ -388,7 +436,8 @@ impl Pool {
             pool: self.clone(),
             reused: true,
             reusable: false,
-            _permit: permit,
+            awaiting_head: None,
+            permit: Some(permit),
         }
     }
 
@@ -609,7 +658,8 @@ impl Pool {
             pool: self.clone(),
             reused: false,
             reusable: false,
-            _permit: permit,
+            awaiting_head: None,
+            permit: Some(permit),
         })
     }
 }
@@ -622,11 +672,33 @@ impl Conn {
             .expect("connection present while Conn lives")
     }
 
+    /// Sends `req` on the connection ([`H1::send`]), so that dropping the sending while the
+    /// response head is awaited leaves the exchange to be finished in the background.
+    ///
+    /// Errors: see [`H1::send`].
+    pub async fn send(&mut self, req: Request<UpBody>) -> Result<Head, SendError> {
+        let h1 = self
+            .h1
+            .as_mut()
+            .expect("connection present while Conn lives");
+        h1.send(req, &mut self.awaiting_head).await
+    }
+
     /// Marks the exchange complete (the response read to its end, and the request written to its
     /// end, which the upstream client's `keep_alive` includes): on drop the connection goes back
     /// to the pool.
     pub fn set_reusable(&mut self) {
         self.reusable = true;
+    }
+
+    /// Releases a connection whose requester went away with `rest` of its exchange unread: a
+    /// task on this thread (the socket is registered with its runtime) reads the rest and then
+    /// keeps the connection or closes it (see [`drain`]); it holds the slot until then. Outside
+    /// a runtime, the connection is closed.
+    pub fn finish_later(self, rest: Unfinished) {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(drain(self, rest));
+        }
     }
 }
 
@@ -663,15 +735,49 @@ impl Drop for Conn {
                 }
                 self.pool.idle(self.home).push(idle);
             } else {
-                tracing::debug!(
-                    exchange_complete = self.reusable,
-                    leftover = h1.has_leftover(),
-                    "upstream connection closed after its request"
-                );
+                let rest = self.awaiting_head.take();
+                if let Some(head_request) = rest.filter(|_| !ABANDONING.get()) {
+                    // The requester went away while the head was due.
+                    Conn {
+                        h1: Some(h1),
+                        home: self.home,
+                        key: self.key.take(),
+                        pool: self.pool.clone(),
+                        reused: self.reused,
+                        reusable: false,
+                        awaiting_head: None,
+                        permit: self.permit.take(),
+                    }
+                    .finish_later(Unfinished::Head { head_request });
+                } else {
+                    tracing::debug!(
+                        exchange_complete = self.reusable,
+                        leftover = h1.has_leftover(),
+                        "upstream connection closed after its request"
+                    );
+                }
             }
         }
-        // `_permit` is released after this body runs: the connection is already idle (or
+        // The permit is released after this body runs: the connection is already idle (or
         // handed over), so a waiter finds it instead of opening another.
+    }
+}
+
+/// Reads the rest of an exchange whose requester went away ([`H1::finish`]) for at most
+/// [`DRAIN_WAIT`], then releases the connection: kept when the response was read to its end,
+/// else closed. (The rest was taken out of the connection, so releasing it here cannot start
+/// another drain; a task dropped unrun closes it likewise.)
+async fn drain(mut conn: Conn, rest: Unfinished) {
+    let finished = tokio::time::timeout(DRAIN_WAIT, conn.h1().finish(rest)).await;
+    if finished == Ok(true) {
+        conn.pool.stats.drained.fetch_add(1, Ordering::Relaxed);
+        conn.set_reusable();
+    } else {
+        conn.pool.stats.drain_failed.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            timed_out = finished.is_err(),
+            "upstream exchange left by its requester not finished; connection closed"
+        );
     }
 }
 

@@ -135,8 +135,9 @@ pub async fn serve(serving: Arc<Serving>, io: TcpStream, peer: Peer) {
             .await
         };
         let Some(resp) = resp else {
-            // Dropping the answer in the making closed its upstream connection, or took the
-            // request out of the pool's queue (its access line says 499).
+            // Dropping the answer in the making freed its upstream connection (closed, or kept
+            // after its rest is read in the background), or took the request out of the pool's
+            // queue (its access line says 499).
             tracing::debug!(peer = %peer.addr.ip(), "client closed the connection before its answer");
             return;
         };
@@ -168,9 +169,10 @@ pub async fn serve(serving: Arc<Serving>, io: TcpStream, peer: Peer) {
 
 /// Watches a client connection, while its request is answered, for the client going away: its
 /// FIN or a reset (nginx's `proxy_ignore_client_abort off`). The answer is then dropped, which
-/// closes its upstream connection; without this, a client that left a silent response (an
-/// event stream, a long poll) held an upstream connection until the upstream next wrote, and
-/// a few such clients exhausted `upstream.max_connections`.
+/// frees its upstream connection (after a bounded background read of a short rest, see
+/// `forward/pool.rs`); without this, a client that left a silent response (an event stream, a
+/// long poll) held an upstream connection until the upstream next wrote, and a few such
+/// clients exhausted `upstream.max_connections`.
 ///
 /// No syscall while the runtime's readiness says nothing arrived. When it says the socket is
 /// readable (also still, after a request read without meeting `EAGAIN`), one `recv(MSG_PEEK)`
