@@ -268,8 +268,8 @@ impl prometheus_client::collector::Collector for Scrape {
         )?;
         counter(&mut e, "upstream_affinity_handovers", "With upstream.affinity = \"session\" at the connection cap: connections handed from a finished request straight to a waiting request of the same user.", self.upstream_handed_over)?;
         counter(&mut e, "upstream_affinity_waits_expired", "With upstream.affinity = \"session\" at the connection cap: requests of a user already holding its share that got no connection of their own (the wait, upstream.affinity_wait_ms, ran out or is 0), so another user's idle connection, if one was still idle, was closed for a new one.", self.upstream_wait_expired)?;
-        counter(&mut e, "upstream_exchanges_drained", "Upstream exchanges whose client went away (before the response head, or with at most 64 KiB of the body left) that were read to their end in the background, their connection kept.", self.upstream_drained)?;
-        counter(&mut e, "upstream_exchanges_drain_failed", "Upstream exchanges whose client went away that could not be finished in the background (no response end within 250 ms or 64 KiB, an error, or the upstream closing): their connection was closed.", self.upstream_drain_failed)?;
+        counter(&mut e, "upstream_exchanges_drained", "Upstream exchanges whose client went away less than 250 ms after the request was sent (before the response head, or with at most 64 KiB or a chunked rest of the body left) that were read to their end in the background, their connection kept.", self.upstream_drained)?;
+        counter(&mut e, "upstream_exchanges_drain_failed", "Upstream exchanges whose client went away that were read in the background but could not be finished so (no response end within 250 ms or 64 KiB, a response that ends its connection, an error, or the upstream closing): their connection was closed.", self.upstream_drain_failed)?;
         let (busy, idle) = self.upstream_open;
         let mut family = e.encode_descriptor(
             "upstream_connections",

@@ -14,8 +14,8 @@ use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tessera::demo::{serve_demo_upstream, DEMO_PASSWORD, DEMO_USER};
 use tessera::forward::{
-    empty_body, set_serving_thread, Affinity, ForwardError, ProxyBody, Upstream, AFFINITY_STALE,
-    AFFINITY_WAIT, DRAIN_BYTES, DRAIN_WAIT,
+    empty_body, set_serving_thread, Affinity, BoxError, ForwardError, ProxyBody, UpBody, Upstream,
+    AFFINITY_STALE, AFFINITY_WAIT, DRAIN_BYTES, DRAIN_WAIT,
 };
 
 /// One GET with the demo credential, its body read to the end (which returns the connection to
@@ -447,12 +447,17 @@ fn a_request_dropped_while_it_waits_leaves_the_counts_exact() {
 }
 
 /// A raw HTTP/1.1 upstream on its own runtime, for exchanges whose requester goes away. It
-/// answers each request by its path, on a keep-alive connection:
-/// - `/after/<ms>`: waits `ms`, then `200` with a 2-byte body;
+/// reads a request's `Content-Length` body, then answers by the path, on a keep-alive
+/// connection:
+/// - `/after/<ms>`: waits `ms`, then `200` with a 2-byte body (no body for a `HEAD`);
 /// - `/length/<n>/<ms>`: a `Content-Length: n` head and 10 body bytes at once, the rest `ms`
 ///   later;
 /// - `/chunked/<n>/<ms>`: a chunked head and a 10-byte chunk at once, then one chunk with the
-///   rest of `n` bytes and the last chunk `ms` later.
+///   rest of `n` bytes and the last chunk `ms` later;
+/// - `/big/<n>/<ms>`: after `ms`, a `Content-Length: n` head and 10 body bytes, then nothing;
+/// - `/close/<ms>`: after `ms`, a complete answer with `Connection: close`, then it closes;
+/// - `/junk/<ms>`: after `ms`, a complete answer followed by stray bytes;
+/// - `/upload`: no answer; reads until the connection closes.
 ///
 /// Returns the runtime (keep it while the upstream is used), the address and the count of
 /// connections accepted.
@@ -474,49 +479,91 @@ fn paced_upstream() -> (tokio::runtime::Runtime, String, Arc<AtomicUsize>) {
             counter.fetch_add(1, Ordering::SeqCst);
             tokio::spawn(async move {
                 let mut buf = Vec::new();
+                let mut more = [0u8; 4096];
                 loop {
                     let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-                        let mut more = [0u8; 4096];
                         match stream.read(&mut more).await {
                             Ok(0) | Err(_) => return,
                             Ok(n) => buf.extend_from_slice(&more[..n]),
                         }
                         continue;
                     };
-                    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
                     buf.drain(..end + 4);
+                    let body_len = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse::<usize>().ok())
+                        .unwrap_or(0);
+                    while buf.len() < body_len {
+                        match stream.read(&mut more).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&more[..n]),
+                        }
+                    }
+                    buf.drain(..body_len);
+                    let method_head = head.starts_with("head ");
                     let path = head.split(' ').nth(1).unwrap_or("").to_string();
                     let parts: Vec<&str> = path.split('/').skip(1).collect();
                     let num = |i: usize| parts.get(i).and_then(|p| p.parse::<u64>().ok());
-                    let (now, later, ms): (Vec<u8>, Vec<u8>, u64) = match parts.first() {
-                        Some(&"after") => (
-                            Vec::new(),
-                            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec(),
-                            num(1).unwrap_or(0),
-                        ),
-                        Some(&"length") => {
-                            let n = num(1).unwrap_or(10).max(10);
-                            let mut now = format!("HTTP/1.1 200 OK\r\nContent-Length: {n}\r\n\r\n")
-                                .into_bytes();
-                            now.extend_from_slice(&[b'a'; 10]);
-                            (now, vec![b'b'; (n - 10) as usize], num(2).unwrap_or(0))
-                        }
-                        Some(&"chunked") => {
-                            let n = num(1).unwrap_or(10).max(11);
-                            let now = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\na\r\naaaaaaaaaa\r\n"
-                                .to_vec();
-                            let mut later = format!("{:x}\r\n", n - 10).into_bytes();
-                            later.extend(std::iter::repeat_n(b'b', (n - 10) as usize));
-                            later.extend_from_slice(b"\r\n0\r\n\r\n");
-                            (now, later, num(2).unwrap_or(0))
-                        }
-                        _ => return,
-                    };
+                    let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec();
+                    let (now, later, ms, close): (Vec<u8>, Vec<u8>, u64, bool) =
+                        match parts.first() {
+                            Some(&"after") if method_head => (
+                                Vec::new(),
+                                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n".to_vec(),
+                                num(1).unwrap_or(0),
+                                false,
+                            ),
+                            Some(&"after") => (Vec::new(), ok, num(1).unwrap_or(0), false),
+                            Some(&"length") => {
+                                let n = num(1).unwrap_or(10).max(10);
+                                let mut now =
+                                    format!("HTTP/1.1 200 OK\r\nContent-Length: {n}\r\n\r\n")
+                                        .into_bytes();
+                                now.extend_from_slice(&[b'a'; 10]);
+                                (now, vec![b'b'; (n - 10) as usize], num(2).unwrap_or(0), false)
+                            }
+                            Some(&"chunked") => {
+                                let n = num(1).unwrap_or(10).max(11);
+                                let now = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\na\r\naaaaaaaaaa\r\n"
+                                    .to_vec();
+                                let mut later = format!("{:x}\r\n", n - 10).into_bytes();
+                                later.extend(std::iter::repeat_n(b'b', (n - 10) as usize));
+                                later.extend_from_slice(b"\r\n0\r\n\r\n");
+                                (now, later, num(2).unwrap_or(0), false)
+                            }
+                            Some(&"big") => {
+                                let n = num(1).unwrap_or(10).max(10);
+                                let mut later =
+                                    format!("HTTP/1.1 200 OK\r\nContent-Length: {n}\r\n\r\n")
+                                        .into_bytes();
+                                later.extend_from_slice(&[b'a'; 10]);
+                                (Vec::new(), later, num(2).unwrap_or(0), false)
+                            }
+                            Some(&"close") => (
+                                Vec::new(),
+                                b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok"
+                                    .to_vec(),
+                                num(1).unwrap_or(0),
+                                true,
+                            ),
+                            Some(&"junk") => {
+                                let mut later = ok;
+                                later.extend_from_slice(b"JUNK");
+                                (Vec::new(), later, num(1).unwrap_or(0), false)
+                            }
+                            Some(&"upload") => {
+                                while matches!(stream.read(&mut more).await, Ok(n) if n > 0) {}
+                                return;
+                            }
+                            _ => return,
+                        };
                     if stream.write_all(&now).await.is_err() {
                         return;
                     }
                     tokio::time::sleep(Duration::from_millis(ms)).await;
-                    if stream.write_all(&later).await.is_err() {
+                    if stream.write_all(&later).await.is_err() || close {
                         return;
                     }
                 }
@@ -548,15 +595,31 @@ async fn head_of(upstream: &Upstream, path: &str) -> http::Response<ProxyBody> {
     upstream.forward(req).await.expect("forwarded")
 }
 
-/// A GET of `path`, dropped (as when its client goes away) after `after`, before its answer.
-async fn left_before_the_answer(upstream: &Upstream, path: &str, after: Duration) {
-    let req = Request::get(path)
+/// A request of `method` for `path` with `body`.
+fn request(method: &str, path: &str, body: UpBody) -> Request<UpBody> {
+    Request::builder()
+        .method(method)
+        .uri(path)
         .header(http::header::HOST, "upstream.test")
-        .body(empty_body())
-        .expect("request");
-    let left = tokio::time::timeout(after, upstream.forward(req)).await;
-    assert!(left.is_err(), "{path} was answered within {after:?}");
+        .body(body)
+        .expect("request")
 }
+
+/// `req` dropped (as when its client goes away) after `after`, before its answer.
+async fn left_before_the_answer(upstream: &Upstream, req: Request<UpBody>, after: Duration) {
+    let what = format!("{} {}", req.method(), req.uri());
+    let left = tokio::time::timeout(after, upstream.forward(req)).await;
+    assert!(left.is_err(), "{what} was answered within {after:?}");
+}
+
+/// A GET of `path`, dropped after `after`, before its answer.
+async fn get_left(upstream: &Upstream, path: &str, after: Duration) {
+    left_before_the_answer(upstream, request("GET", path, empty_body()), after).await;
+}
+
+/// When a test's request leaves: long enough for it to be written on a loaded machine, well
+/// within `DRAIN_WAIT` of its sending.
+const LEAVE: Duration = Duration::from_millis(60);
 
 /// Waits (at most 5 s) until the background drains have ended: `drained + drain_failed` reach
 /// `n`. Returns `(drained, drain_failed)`.
@@ -581,7 +644,7 @@ fn a_request_left_before_its_answer_keeps_its_connection() {
     let upstream = paced(&addr, Duration::from_secs(5));
     set_serving_thread(0);
     current_thread().block_on(async {
-        left_before_the_answer(&upstream, "/after/150", Duration::from_millis(30)).await;
+        get_left(&upstream, "/after/200", LEAVE).await;
         assert_eq!(
             upstream.connections(),
             (1, 0),
@@ -663,12 +726,7 @@ fn an_answer_not_due_within_the_drain_wait_closes_its_connection() {
     let late = (DRAIN_WAIT + Duration::from_millis(700)).as_millis();
     current_thread().block_on(async {
         let started = std::time::Instant::now();
-        left_before_the_answer(
-            &upstream,
-            &format!("/after/{late}"),
-            Duration::from_millis(30),
-        )
-        .await;
+        get_left(&upstream, &format!("/after/{late}"), LEAVE).await;
         assert_eq!(drains(&upstream, 1).await, (0, 1));
         let took = started.elapsed();
         assert!(
@@ -706,5 +764,70 @@ fn a_response_head_timeout_closes_its_connection_at_once() {
     });
     let stats = upstream.stats();
     assert_eq!((count(&stats.drained), count(&stats.drain_failed)), (0, 0));
+    drop(up_rt);
+}
+
+/// Which exchanges left while their head is due are finished, and which are closed at once or
+/// after reading the head: a `POST` sent whole and a `HEAD` are finished; an answer that ends its
+/// connection, one followed by stray bytes, and one announcing a body over `DRAIN_BYTES` are
+/// closed (the last as soon as its head is read); a request left mid-upload, or left
+/// `DRAIN_WAIT` or more after it was sent (a long poll), is closed at once, without a drain.
+#[test]
+fn exchanges_left_before_their_head_are_finished_only_when_safe() {
+    use futures_util::StreamExt;
+    let (up_rt, addr, _accepted) = paced_upstream();
+    let upstream = paced(&addr, Duration::from_secs(5));
+    set_serving_thread(0);
+    current_thread().block_on(async {
+        let body = || {
+            http_body_util::Full::new(bytes::Bytes::from(vec![b'x'; 100]))
+                .map_err(|never| match never {})
+                .boxed()
+        };
+        // (request, counters (drained, drain_failed) after it, connections after it)
+        for (req, counters, open) in [
+            (request("POST", "/after/200", body()), (1, 0), (0, 1)),
+            (request("HEAD", "/after/200", empty_body()), (2, 0), (0, 1)),
+            (request("GET", "/close/200", empty_body()), (2, 1), (0, 0)),
+            (request("GET", "/junk/200", empty_body()), (2, 2), (0, 0)),
+        ] {
+            let what = format!("{} {}", req.method(), req.uri());
+            left_before_the_answer(&upstream, req, LEAVE).await;
+            assert_eq!(
+                drains(&upstream, counters.0 + counters.1).await,
+                counters,
+                "{what}"
+            );
+            assert_eq!(upstream.connections(), open, "{what}");
+        }
+        // A body announced over the budget: closed once the head is read, not after
+        // `DRAIN_WAIT`.
+        let big = format!("/big/{}/100", DRAIN_BYTES + 1);
+        let started = std::time::Instant::now();
+        get_left(&upstream, &big, LEAVE).await;
+        assert_eq!(drains(&upstream, 5).await, (2, 3));
+        let took = started.elapsed();
+        assert!(took < DRAIN_WAIT, "closed {took:?} after it was sent");
+        assert_eq!(upstream.connections(), (0, 0));
+        // Left mid-upload: the request was not written in full.
+        let endless = BodyExt::boxed(http_body_util::StreamBody::new(
+            futures_util::stream::once(async {
+                Ok::<_, BoxError>(http_body::Frame::data(bytes::Bytes::from_static(b"part")))
+            })
+            .chain(futures_util::stream::pending()),
+        ));
+        left_before_the_answer(&upstream, request("POST", "/upload", endless), LEAVE).await;
+        assert_eq!(upstream.connections(), (0, 0), "mid-upload: closed at once");
+        // Left `DRAIN_WAIT` after it was sent: an answer not about to end.
+        get_left(&upstream, "/after/2000", DRAIN_WAIT + LEAVE).await;
+        assert_eq!(
+            upstream.connections(),
+            (0, 0),
+            "an old exchange: closed at once"
+        );
+        tokio::time::sleep(LEAVE).await;
+    });
+    let stats = upstream.stats();
+    assert_eq!((count(&stats.drained), count(&stats.drain_failed)), (2, 3));
     drop(up_rt);
 }

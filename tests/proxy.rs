@@ -1509,8 +1509,10 @@ fn sighup_is_logged_and_ignored() {
 }
 
 /// Clients that go away while their answer is silent (before its head, or mid-body) free their
-/// upstream connection within 250 ms (`DRAIN_WAIT`: the background read of the rest gives up;
-/// nginx's `proxy_ignore_client_abort off` closes at once): six such clients on a pool of two,
+/// upstream connection: at once when the request is 250 ms old or more (`DRAIN_WAIT`; here
+/// the ones left before the head, after 300 ms), else within 250 ms, when the background read
+/// of the rest gives up (nginx's `proxy_ignore_client_abort off` closes at once): six such
+/// clients on a pool of two,
 /// then a normal request is answered at once, where before it waited for the 60 s
 /// response-head timeout. The ones that left before the head are logged as 499.
 #[test]
@@ -1564,22 +1566,22 @@ fn a_client_that_leaves_frees_its_upstream_connection() {
 
 /// A client that leaves while its answer is due shortly does not cost an upstream connection:
 /// the exchange is read to its end in the background and the connection kept. Three clients
-/// leave (the HTTP/1.1 fast path twice, hyper's HTTP/1.0 path once) 40 ms into a 120 ms answer;
+/// leave (the HTTP/1.1 fast path twice, hyper's HTTP/1.0 path once) 80 ms into a 200 ms answer;
 /// a fourth request is answered, and the upstream accepted one connection for all four.
 #[test]
 fn a_client_that_leaves_before_a_prompt_answer_keeps_the_upstream_connection() {
     use std::io::Write;
     let up = upstream::start(Behavior::Echo {
-        delay: Duration::from_millis(120),
+        delay: Duration::from_millis(200),
     });
     let (t, token) = behind(&up.url(), &[]);
     let auth = bearer(&token);
     for version in ["1.1", "1.1", "1.0"] {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
         write!(s, "GET /left HTTP/{version}\r\nHost: x\r\n{auth}\r\n\r\n").unwrap();
-        std::thread::sleep(Duration::from_millis(40));
+        std::thread::sleep(Duration::from_millis(80));
         drop(s);
-        // The answer comes 80 ms later; the background read waits up to 250 ms for it.
+        // The answer comes 120 ms later; the background read waits up to 250 ms for it.
         std::thread::sleep(Duration::from_millis(400));
     }
     let (code, body) = curl(&["-H", &auth, &t.url("/after")]);

@@ -194,14 +194,20 @@ impl H1 {
     /// the response head if it is still due, then the body, discarded. Returns whether the
     /// connection can carry another request: the response was read exactly to its end within
     /// [`DRAIN_BYTES`] body bytes and the upstream keeps the connection open. The caller bounds
-    /// the time. `false` for a 101 (the connection belongs to the switched protocol), a malformed
-    /// response, a longer body, or a closed connection.
+    /// the time. `false` for a 101 (the connection belongs to the switched protocol), a response
+    /// that ends the connection (`Connection: close`, HTTP/1.0 without keep-alive, a
+    /// close-delimited body), a malformed response, a longer body (a `Content-Length` over the
+    /// budget is refused from the head), bytes after the response's end, or a closed
+    /// connection. The budget counts body data only: chunk-size lines and trailers are bounded
+    /// by the caller's time limit.
     pub async fn finish(&mut self, rest: Unfinished) -> bool {
         let mut framing = match rest {
             Unfinished::Head { head_request } => match self.read_head(head_request, false).await {
+                // A body too long to finish is known from the head: closed without reading it.
                 Ok(head)
                     if head.keep_alive
-                        && head.response.status() != StatusCode::SWITCHING_PROTOCOLS =>
+                        && head.response.status() != StatusCode::SWITCHING_PROTOCOLS
+                        && (head.framing == Framing::Done || worth_finishing(head.framing)) =>
                 {
                     self.announced_idle = head.announced_idle;
                     head.framing
@@ -273,7 +279,7 @@ impl H1 {
     /// ([`Head::keep_alive`]) only if the whole request was written.
     ///
     /// `awaiting_head` is `Some(is_head_request)` while the response head is awaited after the
-    /// request was written in full, else `None`: should this future be dropped then (its
+    /// request was written in full (and no close from the upstream was seen), else `None`: should this future be dropped then (its
     /// requester went away), the exchange can still be finished ([`H1::finish`] with
     /// [`Unfinished::Head`]) and the connection kept. (The caller's, not a field of this
     /// struct: the pool's connection has room for it, and this struct, moved with every

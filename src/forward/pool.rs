@@ -12,11 +12,14 @@
 //!
 //! **Exchanges whose requester went away.** A request dropped while its response head is awaited
 //! (the request written in full), or a response body dropped with a short rest (at most
-//! [`DRAIN_BYTES`], or chunked), leaves its connection to a background task on the same thread,
-//! which reads the rest for at most [`DRAIN_WAIT`] and then keeps the connection (or closes it).
-//! The connection keeps its slot meanwhile: the cap counts it. Without this, every client that
-//! leaves mid-request (a browser navigating away, a load generator at its run's end) cost a new
-//! upstream connection (BENCHMARKS.md, "Exchanges finished in the background").
+//! [`DRAIN_BYTES`], or chunked), less than [`DRAIN_WAIT`] after the request was sent, leaves its
+//! connection to a background task on the runtime its socket is registered with (the serving
+//! thread's), which reads the rest for at most [`DRAIN_WAIT`] and then keeps the connection (or
+//! closes it). The connection keeps its slot meanwhile: the cap counts it. An older exchange (a
+//! long poll, an event stream) is closed at once, as before: its answer is not about to end.
+//! Without this, every client that leaves mid-request (a browser navigating away, a load
+//! generator at its run's end) cost a new upstream connection (BENCHMARKS.md, "Exchanges
+//! finished in the background").
 //!
 //! **Affinity.** With [`Affinity::Session`] every connection is bound to the first request's
 //! upstream credential (its `Authorization` value) and is reused only for requests carrying the
@@ -54,7 +57,7 @@
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use http::{HeaderValue, Request};
@@ -261,6 +264,10 @@ pub struct Conn {
     reusable: bool,
     /// See [`H1::send`]: while `Some`, a drop leaves the exchange to [`Conn::finish_later`].
     awaiting_head: Option<bool>,
+    /// When the last request was sent on it ([`coarse_ms`]): how old an exchange left by its
+    /// requester is (in what was padding of this struct: a wider time made every request's
+    /// moves of it slower).
+    sent_ms: u32,
     /// `None` only while the drop hands the connection to a background task (see
     /// [`Conn::drop`]).
     permit: Option<OwnedSemaphorePermit>,
@@ -437,6 +444,7 @@ impl Pool {
             reused: true,
             reusable: false,
             awaiting_head: None,
+            sent_ms: 0,
             permit: Some(permit),
         }
     }
@@ -659,6 +667,7 @@ impl Pool {
             reused: false,
             reusable: false,
             awaiting_head: None,
+            sent_ms: 0,
             permit: Some(permit),
         })
     }
@@ -681,6 +690,8 @@ impl Conn {
             .h1
             .as_mut()
             .expect("connection present while Conn lives");
+        debug_assert!(self.awaiting_head.is_none(), "a send dropped unfinished");
+        self.sent_ms = coarse_ms();
         h1.send(req, &mut self.awaiting_head).await
     }
 
@@ -692,10 +703,15 @@ impl Conn {
     }
 
     /// Releases a connection whose requester went away with `rest` of its exchange unread: a
-    /// task on this thread (the socket is registered with its runtime) reads the rest and then
-    /// keeps the connection or closes it (see [`drain`]); it holds the slot until then. Outside
-    /// a runtime, the connection is closed.
+    /// task on the current runtime (the one the socket is registered with) reads the rest and
+    /// then keeps the connection or closes it (see [`drain`]); it holds the slot until then.
+    /// Closed at once instead when the request was sent [`DRAIN_WAIT`] or more ago (a long poll
+    /// or an event stream, not about to end), or outside a runtime.
     pub fn finish_later(self, rest: Unfinished) {
+        let age_ms = coarse_ms().wrapping_sub(self.sent_ms);
+        if u128::from(age_ms) >= DRAIN_WAIT.as_millis() {
+            return;
+        }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(drain(self, rest));
         }
@@ -746,6 +762,7 @@ impl Drop for Conn {
                         reused: self.reused,
                         reusable: false,
                         awaiting_head: None,
+                        sent_ms: self.sent_ms,
                         permit: self.permit.take(),
                     }
                     .finish_later(Unfinished::Head { head_request });
@@ -761,6 +778,16 @@ impl Drop for Conn {
         // The permit is released after this body runs: the connection is already idle (or
         // handed over), so a waiter finds it instead of opening another.
     }
+}
+
+/// Milliseconds since the first call, wrapping every 49.7 days: 4 bytes to stamp a request
+/// with, precise enough for [`DRAIN_WAIT`]. (`Instant`, read through the vDSO. rustix's
+/// `CLOCK_MONOTONIC_COARSE` reader was tried and not kept: its vDSO lookup crashes callgrind,
+/// which `bench/instructions.sh` runs tessera under.)
+fn coarse_ms() -> u32 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    epoch.elapsed().as_millis() as u32
 }
 
 /// Reads the rest of an exchange whose requester went away ([`H1::finish`]) for at most
