@@ -644,7 +644,7 @@ fn a_request_left_before_its_answer_keeps_its_connection() {
     let upstream = paced(&addr, Duration::from_secs(5));
     set_serving_thread(0);
     current_thread().block_on(async {
-        get_left(&upstream, "/after/200", LEAVE).await;
+        get_left(&upstream, "/after/160", LEAVE).await;
         assert_eq!(
             upstream.connections(),
             (1, 0),
@@ -770,8 +770,9 @@ fn a_response_head_timeout_closes_its_connection_at_once() {
 /// Which exchanges left while their head is due are finished, and which are closed at once or
 /// after reading the head: a `POST` sent whole and a `HEAD` are finished; an answer that ends its
 /// connection, one followed by stray bytes, and one announcing a body over `DRAIN_BYTES` are
-/// closed (the last as soon as its head is read); a request left mid-upload, or left
-/// `DRAIN_WAIT` or more after it was sent (a long poll), is closed at once, without a drain.
+/// closed (the last as soon as its head is read); a request left mid-upload, or left (before
+/// its head or during its body) `DRAIN_WAIT` or more after it was sent (a long poll, an event
+/// stream), is closed at once, without a drain.
 #[test]
 fn exchanges_left_before_their_head_are_finished_only_when_safe() {
     use futures_util::StreamExt;
@@ -786,10 +787,10 @@ fn exchanges_left_before_their_head_are_finished_only_when_safe() {
         };
         // (request, counters (drained, drain_failed) after it, connections after it)
         for (req, counters, open) in [
-            (request("POST", "/after/200", body()), (1, 0), (0, 1)),
-            (request("HEAD", "/after/200", empty_body()), (2, 0), (0, 1)),
-            (request("GET", "/close/200", empty_body()), (2, 1), (0, 0)),
-            (request("GET", "/junk/200", empty_body()), (2, 2), (0, 0)),
+            (request("POST", "/after/160", body()), (1, 0), (0, 1)),
+            (request("HEAD", "/after/160", empty_body()), (2, 0), (0, 1)),
+            (request("GET", "/close/160", empty_body()), (2, 1), (0, 0)),
+            (request("GET", "/junk/160", empty_body()), (2, 2), (0, 0)),
         ] {
             let what = format!("{} {}", req.method(), req.uri());
             left_before_the_answer(&upstream, req, LEAVE).await;
@@ -806,8 +807,12 @@ fn exchanges_left_before_their_head_are_finished_only_when_safe() {
         let started = std::time::Instant::now();
         get_left(&upstream, &big, LEAVE).await;
         assert_eq!(drains(&upstream, 5).await, (2, 3));
+        // Without the head check it would close `DRAIN_WAIT` after the leave, or later.
         let took = started.elapsed();
-        assert!(took < DRAIN_WAIT, "closed {took:?} after it was sent");
+        assert!(
+            took < LEAVE + DRAIN_WAIT,
+            "closed {took:?} after it was sent"
+        );
         assert_eq!(upstream.connections(), (0, 0));
         // Left mid-upload: the request was not written in full.
         let endless = BodyExt::boxed(http_body_util::StreamBody::new(
@@ -819,11 +824,21 @@ fn exchanges_left_before_their_head_are_finished_only_when_safe() {
         left_before_the_answer(&upstream, request("POST", "/upload", endless), LEAVE).await;
         assert_eq!(upstream.connections(), (0, 0), "mid-upload: closed at once");
         // Left `DRAIN_WAIT` after it was sent: an answer not about to end.
-        get_left(&upstream, "/after/2000", DRAIN_WAIT + LEAVE).await;
+        get_left(&upstream, "/after/2000", DRAIN_WAIT + 2 * LEAVE).await;
         assert_eq!(
             upstream.connections(),
             (0, 0),
             "an old exchange: closed at once"
+        );
+        // Likewise a body with a short rest, left `DRAIN_WAIT` after the request was sent.
+        let mut body = head_of(&upstream, "/length/100/2000").await.into_body();
+        body.frame().await.expect("a frame").expect("data");
+        tokio::time::sleep(DRAIN_WAIT + LEAVE).await;
+        drop(body);
+        assert_eq!(
+            upstream.connections(),
+            (0, 0),
+            "an old body: closed at once"
         );
         tokio::time::sleep(LEAVE).await;
     });

@@ -279,9 +279,9 @@ impl H1 {
     /// ([`Head::keep_alive`]) only if the whole request was written.
     ///
     /// `awaiting_head` is `Some(is_head_request)` while the response head is awaited after the
-    /// request was written in full (and no close from the upstream was seen), else `None`: should this future be dropped then (its
-    /// requester went away), the exchange can still be finished ([`H1::finish`] with
-    /// [`Unfinished::Head`]) and the connection kept. (The caller's, not a field of this
+    /// request was written in full (and no close from the upstream was seen), else `None`:
+    /// should this future be dropped then (its requester went away), the exchange can still be
+    /// finished ([`H1::finish`] with [`Unfinished::Head`]) and the connection kept. (The caller's, not a field of this
     /// struct: the pool's connection has room for it, and this struct, moved with every
     /// checkout, none.)
     ///

@@ -10,7 +10,8 @@
 //! partly sent.
 //!
 //! A request whose response head timed out closes its connection; one dropped by its requester
-//! (the client went away) leaves its connection to finish the exchange in the background (see
+//! (the client went away) after it was written in full, less than `DRAIN_WAIT` after its
+//! sending began, leaves its connection to finish the exchange in the background (see
 //! `pool.rs`).
 //!
 //! The HTTP/1.1 exchange itself runs in the request's own task (`forward/h1.rs`): no connection task.

@@ -90,8 +90,11 @@ pub struct PoolStats {
     /// Exchanges whose requester went away, read to their end in the background and their
     /// connection kept (see the module docs).
     pub drained: AtomicU64,
-    /// Exchanges whose requester went away that could not be finished so (no response end
-    /// within [`DRAIN_WAIT`] or [`DRAIN_BYTES`], an error, or the upstream closing): closed.
+    /// Exchanges whose requester went away that were read in the background but could not be
+    /// finished so (no response end within [`DRAIN_WAIT`] or [`DRAIN_BYTES`], a response that
+    /// ends its connection, bytes after its end, an error, or the upstream closing): closed.
+    /// Exchanges closed without a drain (too old, a longer rest, a request not sent in full)
+    /// are counted in neither.
     pub drain_failed: AtomicU64,
 }
 
