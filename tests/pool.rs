@@ -573,17 +573,23 @@ fn paced_upstream() -> (tokio::runtime::Runtime, String, Arc<AtomicUsize>) {
     (rt, addr, accepted)
 }
 
-/// An `Upstream` for [`paced_upstream`] with a cap of 2 and this response-head timeout.
-fn paced(addr: &str, header_timeout: Duration) -> Upstream {
-    Upstream::new(
-        addr.to_string(),
+/// A [`paced_upstream`] and an `Upstream` for it with a cap of 2 and this response-head
+/// timeout, used from serving thread 0 (the calling thread). Returns the upstream's runtime
+/// (keep it while the upstream is used), the `Upstream` and the count of connections the
+/// upstream accepted.
+fn paced(header_timeout: Duration) -> (tokio::runtime::Runtime, Upstream, Arc<AtomicUsize>) {
+    let (rt, addr, accepted) = paced_upstream();
+    let upstream = Upstream::new(
+        addr,
         2,
         Duration::from_secs(2),
         Duration::from_secs(60),
         header_timeout,
         Affinity::None,
         1,
-    )
+    );
+    set_serving_thread(0);
+    (rt, upstream, accepted)
 }
 
 /// A GET of `path`, its response head and nothing more.
@@ -640,9 +646,7 @@ async fn drains(upstream: &Upstream, n: u64) -> (u64, u64) {
 /// opened another.)
 #[test]
 fn a_request_left_before_its_answer_keeps_its_connection() {
-    let (up_rt, addr, accepted) = paced_upstream();
-    let upstream = paced(&addr, Duration::from_secs(5));
-    set_serving_thread(0);
+    let (up_rt, upstream, accepted) = paced(Duration::from_secs(5));
     current_thread().block_on(async {
         get_left(&upstream, "/after/160", LEAVE).await;
         assert_eq!(
@@ -668,9 +672,7 @@ fn a_request_left_before_its_answer_keeps_its_connection() {
 /// rest is closed at once, without a drain.
 #[test]
 fn a_body_left_with_a_short_rest_keeps_its_connection_and_a_long_one_closes_it() {
-    let (up_rt, addr, accepted) = paced_upstream();
-    let upstream = paced(&addr, Duration::from_secs(5));
-    set_serving_thread(0);
+    let (up_rt, upstream, accepted) = paced(Duration::from_secs(5));
     let short = DRAIN_BYTES as usize;
     current_thread().block_on(async {
         for (i, path) in [
@@ -720,9 +722,7 @@ fn a_body_left_with_a_short_rest_keeps_its_connection_and_a_long_one_closes_it()
 /// the connection is closed and its slot freed when the wait runs out.
 #[test]
 fn an_answer_not_due_within_the_drain_wait_closes_its_connection() {
-    let (up_rt, addr, accepted) = paced_upstream();
-    let upstream = paced(&addr, Duration::from_secs(5));
-    set_serving_thread(0);
+    let (up_rt, upstream, accepted) = paced(Duration::from_secs(5));
     let late = (DRAIN_WAIT + Duration::from_millis(700)).as_millis();
     current_thread().block_on(async {
         let started = std::time::Instant::now();
@@ -745,9 +745,7 @@ fn an_answer_not_due_within_the_drain_wait_closes_its_connection() {
 /// for an upstream already too slow.
 #[test]
 fn a_response_head_timeout_closes_its_connection_at_once() {
-    let (up_rt, addr, _accepted) = paced_upstream();
-    let upstream = paced(&addr, Duration::from_millis(100));
-    set_serving_thread(0);
+    let (up_rt, upstream, _accepted) = paced(Duration::from_millis(100));
     current_thread().block_on(async {
         let req = Request::get("/after/200")
             .header(http::header::HOST, "upstream.test")
@@ -776,9 +774,7 @@ fn a_response_head_timeout_closes_its_connection_at_once() {
 #[test]
 fn exchanges_left_before_their_head_are_finished_only_when_safe() {
     use futures_util::StreamExt;
-    let (up_rt, addr, _accepted) = paced_upstream();
-    let upstream = paced(&addr, Duration::from_secs(5));
-    set_serving_thread(0);
+    let (up_rt, upstream, _accepted) = paced(Duration::from_secs(5));
     current_thread().block_on(async {
         let body = || {
             http_body_util::Full::new(bytes::Bytes::from(vec![b'x'; 100]))
