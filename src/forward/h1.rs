@@ -281,9 +281,9 @@ impl H1 {
     /// `awaiting_head` is `Some(is_head_request)` while the response head is awaited after the
     /// request was written in full (and no close from the upstream was seen), else `None`:
     /// should this future be dropped then (its requester went away), the exchange can still be
-    /// finished ([`H1::finish`] with [`Unfinished::Head`]) and the connection kept. (The caller's, not a field of this
-    /// struct: the pool's connection has room for it, and this struct, moved with every
-    /// checkout, none.)
+    /// finished ([`H1::finish`] with [`Unfinished::Head`]) and the connection kept. (The
+    /// caller's, not a field of this struct: the pool's connection has room for it in its
+    /// padding, and this struct, moved with every checkout, none.)
     ///
     /// Errors: see [`SendError`]; request-body errors are [`ForwardError::BodyTooLarge`] when the
     /// body exceeded its limit, else [`ForwardError::ClientBody`].
