@@ -271,8 +271,8 @@ pub struct Conn {
     /// requester is (in what was padding of this struct: a wider time made every request's
     /// moves of it slower).
     sent_ms: u32,
-    /// `None` only while the drop hands the connection to a background task (see
-    /// [`Conn::drop`]).
+    /// `None` only while the drop hands the connection to a background task (see the
+    /// `Drop` impl).
     permit: Option<OwnedSemaphorePermit>,
 }
 
