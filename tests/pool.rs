@@ -241,6 +241,22 @@ fn opened_handed_expired(upstream: &Upstream) -> (u64, u64, u64) {
     )
 }
 
+/// Runs `test` on serving thread 0 (the calling thread, a current-thread runtime with a
+/// `LocalSet` for local tasks) against the demo upstream behind an `Upstream` with at most `cap`
+/// connections and this affinity; the demo upstream's runtime is stopped after. Returns the
+/// `Upstream`, for its counts.
+fn on_serving_thread<F, Fut>(cap: usize, affinity: Affinity, test: F) -> Arc<Upstream>
+where
+    F: FnOnce(Arc<Upstream>) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let (up_rt, upstream) = demo_upstream(cap, affinity);
+    set_serving_thread(0);
+    tokio::task::LocalSet::new().block_on(&current_thread(), test(upstream.clone()));
+    drop(up_rt);
+    upstream
+}
+
 /// With affinity at the cap, when every user holds as many connections as this request's user
 /// (so closing another user's would only move the shortage), the request waits for one of its
 /// own user's busy connections and gets it handed over. Cap 2: alice's first response is still
@@ -248,11 +264,7 @@ fn opened_handed_expired(upstream: &Upstream) -> (u64, u64, u64) {
 /// wait, and take her first connection when its response has been read: 2 opened, bob's kept.
 #[test]
 fn at_the_cap_a_user_holding_its_share_waits_for_its_own_connection() {
-    let (up_rt, upstream) = demo_upstream(2, session(LONG, LONG));
-    set_serving_thread(0);
-    let rt = current_thread();
-    let local = tokio::task::LocalSet::new();
-    local.block_on(&rt, async {
+    let upstream = on_serving_thread(2, session(LONG, LONG), |upstream| async move {
         let first = alice_busy_bob_idle(&upstream).await;
         let second = alice_waits(&upstream).await;
         first.into_body().collect().await.expect("first body");
@@ -272,7 +284,6 @@ fn at_the_cap_a_user_holding_its_share_waits_for_its_own_connection() {
         (0, 2),
         "both connections idle, none closed"
     );
-    drop(up_rt);
 }
 
 /// The wait for one's own connection is bounded: when alice's only connection stays busy (its
@@ -280,9 +291,7 @@ fn at_the_cap_a_user_holding_its_share_waits_for_its_own_connection() {
 /// connection and opens its own.
 #[test]
 fn at_the_cap_the_wait_for_ones_own_connection_is_bounded() {
-    let (up_rt, upstream) = demo_upstream(2, session(SHORT, LONG));
-    set_serving_thread(0);
-    current_thread().block_on(async {
+    let upstream = on_serving_thread(2, session(SHORT, LONG), |upstream| async move {
         let first = alice_busy_bob_idle(&upstream).await;
         let started = std::time::Instant::now();
         alice_again(
@@ -299,7 +308,6 @@ fn at_the_cap_the_wait_for_ones_own_connection_is_bounded() {
         (3, 0, 1),
         "bob's connection was closed after the wait, and a second one opened for alice"
     );
-    drop(up_rt);
 }
 
 /// Under sustained load with fewer users than pool slots, affinity settles: the connections are
@@ -311,12 +319,8 @@ fn at_the_cap_the_wait_for_ones_own_connection_is_bounded() {
 fn with_fewer_users_than_slots_affinity_settles_under_load() {
     const CAP: usize = 8;
     const USERS: [&str; 4] = ["alice", "bob", "carol", "dave"];
-    let (up_rt, upstream) = demo_upstream(CAP, session(SHORT, AFFINITY_STALE));
-    set_serving_thread(0);
-    let rt = current_thread();
-    let local = tokio::task::LocalSet::new();
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    local.block_on(&rt, async {
+    let upstream = on_serving_thread(CAP, session(SHORT, AFFINITY_STALE), |upstream| async move {
         let clients: Vec<_> = (0..CAP)
             .map(|_| {
                 let (upstream, next) = (upstream.clone(), next.clone());
@@ -358,7 +362,6 @@ fn with_fewer_users_than_slots_affinity_settles_under_load() {
         opened <= 100,
         "{opened} connections opened for 4,000 requests at a cap of {CAP}"
     );
-    drop(up_rt);
 }
 
 /// A connection idle for the stale time belongs to a user between bursts: at the cap it is
@@ -366,9 +369,7 @@ fn with_fewer_users_than_slots_affinity_settles_under_load() {
 /// but bob's connection has been idle for longer than that.
 #[test]
 fn at_the_cap_a_stale_connection_is_closed_without_waiting() {
-    let (up_rt, upstream) = demo_upstream(2, session(LONG, SHORT));
-    set_serving_thread(0);
-    current_thread().block_on(async {
+    let upstream = on_serving_thread(2, session(LONG, SHORT), |upstream| async move {
         let first = alice_busy_bob_idle(&upstream).await;
         tokio::time::sleep(SHORT + Duration::from_millis(20)).await;
         alice_again(&upstream, Duration::from_secs(5), "").await;
@@ -379,7 +380,6 @@ fn at_the_cap_a_stale_connection_is_closed_without_waiting() {
         (3, 0, 0),
         "bob's stale connection was closed for alice's second, with no wait"
     );
-    drop(up_rt);
 }
 
 /// At the cap, a user holding two connections more than this request's user gives one up at
@@ -388,9 +388,7 @@ fn at_the_cap_a_stale_connection_is_closed_without_waiting() {
 /// connections. Alice's second request must close one of bob's and open one: 5 opened, no wait.
 #[test]
 fn at_the_cap_a_user_holding_more_gives_one_up() {
-    let (up_rt, upstream) = demo_upstream(4, session(LONG, LONG));
-    set_serving_thread(0);
-    current_thread().block_on(async {
+    let upstream = on_serving_thread(4, session(LONG, LONG), |upstream| async move {
         let first = send_as(&upstream, "alice", "pw").await;
         let bobs =
             futures_util::future::join_all((0..3).map(|_| send_as(&upstream, "bob", "pw"))).await;
@@ -411,7 +409,6 @@ fn at_the_cap_a_user_holding_more_gives_one_up() {
         (5, 0, 0),
         "one of bob's three idle connections was closed for alice's second"
     );
-    drop(up_rt);
 }
 
 /// A request that waits for its own connection and is dropped mid-wait (its client gone)
@@ -420,11 +417,7 @@ fn at_the_cap_a_user_holding_more_gives_one_up() {
 /// connection, when it comes back, goes idle rather than to the dropped waiter.
 #[test]
 fn a_request_dropped_while_it_waits_leaves_the_counts_exact() {
-    let (up_rt, upstream) = demo_upstream(2, session(LONG, LONG));
-    set_serving_thread(0);
-    let rt = current_thread();
-    let local = tokio::task::LocalSet::new();
-    local.block_on(&rt, async {
+    let upstream = on_serving_thread(2, session(LONG, LONG), |upstream| async move {
         let first = alice_busy_bob_idle(&upstream).await;
         let second = alice_waits(&upstream).await;
         assert_eq!(
@@ -443,7 +436,6 @@ fn a_request_dropped_while_it_waits_leaves_the_counts_exact() {
         assert_eq!(upstream.connections(), (0, 2), "alice's went idle");
     });
     assert_eq!(opened_handed_expired(&upstream), (2, 0, 0));
-    drop(up_rt);
 }
 
 /// A raw HTTP/1.1 upstream on its own runtime, for exchanges whose requester goes away. It
