@@ -23,6 +23,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use tokio::net::TcpListener;
 
+use crate::forward::Closed;
 use crate::proxy::Proxy;
 
 /// Installs a `tracing` subscriber writing to stderr with `filter` (e.g. `info`,
@@ -167,6 +168,8 @@ struct Scrape {
     upstream_wait_expired: u64,
     upstream_drained: u64,
     upstream_drain_failed: u64,
+    /// Upstream connections closed, by reason (`Closed::ALL`'s order).
+    upstream_closed: [u64; Closed::ALL.len()],
     /// Upstream connections open at the scrape, `(busy, idle)`.
     upstream_open: (usize, usize),
     store_reads: u64,
@@ -193,6 +196,7 @@ impl Scrape {
             upstream_wait_expired: pool.wait_expired.load(Ordering::Relaxed),
             upstream_drained: pool.drained.load(Ordering::Relaxed),
             upstream_drain_failed: pool.drain_failed.load(Ordering::Relaxed),
+            upstream_closed: Closed::ALL.map(|reason| pool.closed(reason)),
             upstream_open: proxy.upstream().connections(),
             store_reads: sessions.store_reads(),
             session_cache: sessions.cache_entries().map(|n| (n, sessions.cache_live())),
@@ -270,6 +274,15 @@ impl prometheus_client::collector::Collector for Scrape {
         counter(&mut e, "upstream_affinity_waits_expired", "With upstream.affinity = \"session\" at the connection cap: requests of a user already holding its share that got no connection of their own (the wait, upstream.affinity_wait_ms, ran out or is 0), so another user's idle connection, if one was still idle, was closed for a new one.", self.upstream_wait_expired)?;
         counter(&mut e, "upstream_exchanges_drained", "Upstream exchanges whose client went away less than 250 ms after the request was sent (before the response head, or with at most 64 KiB or a chunked rest of the body left) that were read to their end in the background, their connection kept.", self.upstream_drained)?;
         counter(&mut e, "upstream_exchanges_drain_failed", "Upstream exchanges whose client went away that were read in the background but could not be finished so (no response end within 250 ms or 64 KiB, a response that ends its connection, an error, or the upstream closing): their connection was closed.", self.upstream_drain_failed)?;
+        let mut family = e.encode_descriptor(
+            "upstream_connections_closed",
+            "Upstream connections closed, by reason: upstream (it said Connection: close, or closed or reset the connection), expired (idle past upstream.idle_timeout_ms or the upstream's Keep-Alive timeout), evicted (idle, closed to make room under upstream.max_connections), abandoned (an exchange left before its end, by its client or a timeout, and not finished in the background), error (an I/O error or a malformed response), tunnel (a WebSocket tunnel ended).",
+            None,
+            MetricType::Counter,
+        )?;
+        for (reason, n) in Closed::ALL.iter().zip(self.upstream_closed) {
+            ConstCounter::new(n).encode(family.encode_family(&[("reason", reason.label())])?)?;
+        }
         let (busy, idle) = self.upstream_open;
         let mut family = e.encode_descriptor(
             "upstream_connections",
@@ -544,7 +557,7 @@ mod tests {
     }
 
     #[test]
-    fn the_histogram_is_cumulative_with_inf_count_and_sum_in_seconds() {
+    fn the_histogram_is_cumulative_and_closes_are_counted_by_reason() {
         let counts = RequestCounts::new(1);
         counts.record(200, Duration::from_micros(40));
         counts.record(200, Duration::from_micros(300));
@@ -559,6 +572,7 @@ mod tests {
             upstream_wait_expired: 0,
             upstream_drained: 0,
             upstream_drain_failed: 0,
+            upstream_closed: [0, 0, 0, 3, 0, 1],
             upstream_open: (0, 0),
             store_reads: 0,
             session_cache: None,
@@ -581,6 +595,10 @@ mod tests {
             "tessera_request_duration_seconds_count 3",
             "tessera_request_duration_seconds_sum 20.00034",
             "tessera_requests_total{code=\"502\"} 1",
+            "# TYPE tessera_upstream_connections_closed counter",
+            "tessera_upstream_connections_closed_total{reason=\"upstream\"} 0",
+            "tessera_upstream_connections_closed_total{reason=\"abandoned\"} 3",
+            "tessera_upstream_connections_closed_total{reason=\"tunnel\"} 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line:?} not in:\n{text}");
         }

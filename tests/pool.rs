@@ -14,8 +14,8 @@ use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tessera::demo::{serve_demo_upstream, DEMO_PASSWORD, DEMO_USER};
 use tessera::forward::{
-    empty_body, set_serving_thread, Affinity, BoxError, ForwardError, ProxyBody, UpBody, Upstream,
-    AFFINITY_STALE, AFFINITY_WAIT, DRAIN_BYTES, DRAIN_WAIT,
+    empty_body, set_serving_thread, Affinity, BoxError, Closed, ForwardError, ProxyBody, UpBody,
+    Upstream, AFFINITY_STALE, AFFINITY_WAIT, DRAIN_BYTES, DRAIN_WAIT,
 };
 
 /// One GET with the demo credential, its body read to the end (which returns the connection to
@@ -87,6 +87,26 @@ const SHORT: Duration = Duration::from_millis(50);
 
 fn count(c: &std::sync::atomic::AtomicU64) -> u64 {
     c.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Connections closed so far, by reason: `(label, count)` for each reason counted at least once,
+/// in `Closed::ALL`'s order. First checks that every connection opened is either open or
+/// counted closed (call it while no connection is being put back or taken out).
+fn closes(upstream: &Upstream) -> Vec<(&'static str, u64)> {
+    let stats = upstream.stats();
+    let closed: Vec<_> = Closed::ALL
+        .iter()
+        .map(|&r| (r.label(), stats.closed(r)))
+        .filter(|&(_, n)| n > 0)
+        .collect();
+    let (busy, idle) = upstream.connections();
+    let sum: u64 = closed.iter().map(|(_, n)| n).sum();
+    assert_eq!(
+        count(&stats.opened),
+        sum + (busy + idle) as u64,
+        "opened = closed + open: closed {closed:?}, {busy} busy, {idle} idle"
+    );
+    closed
 }
 
 fn current_thread() -> tokio::runtime::Runtime {
@@ -196,6 +216,7 @@ fn at_the_cap_the_longest_idle_connection_of_any_thread_is_closed() {
         (3, 1),
         "alice's idle connection (the oldest) was closed for carol; bob's was kept and reused"
     );
+    assert_eq!(closes(&upstream), [("evicted", 1)]);
     drop(up_rt);
 }
 
@@ -308,6 +329,7 @@ fn at_the_cap_the_wait_for_ones_own_connection_is_bounded() {
         (3, 0, 1),
         "bob's connection was closed after the wait, and a second one opened for alice"
     );
+    assert_eq!(upstream.stats().closed(Closed::Evicted), 1);
 }
 
 /// Under sustained load with fewer users than pool slots, affinity settles: the connections are
@@ -380,6 +402,7 @@ fn at_the_cap_a_stale_connection_is_closed_without_waiting() {
         (3, 0, 0),
         "bob's stale connection was closed for alice's second, with no wait"
     );
+    assert_eq!(upstream.stats().closed(Closed::Evicted), 1);
 }
 
 /// At the cap, a user holding two connections more than this request's user gives one up at
@@ -409,6 +432,7 @@ fn at_the_cap_a_user_holding_more_gives_one_up() {
         (5, 0, 0),
         "one of bob's three idle connections was closed for alice's second"
     );
+    assert_eq!(upstream.stats().closed(Closed::Evicted), 1);
 }
 
 /// A request that waits for its own connection and is dropped mid-wait (its client gone)
@@ -449,6 +473,7 @@ fn a_request_dropped_while_it_waits_leaves_the_counts_exact() {
 /// - `/big/<n>/<ms>`: after `ms`, a `Content-Length: n` head and 10 body bytes, then nothing;
 /// - `/close/<ms>`: after `ms`, a complete answer with `Connection: close`, then it closes;
 /// - `/junk/<ms>`: after `ms`, a complete answer followed by stray bytes;
+/// - `/drop/<ms>`: a complete keep-alive answer, then it closes the connection `ms` later;
 /// - `/upload`: no answer; reads until the connection closes.
 ///
 /// Returns the runtime (keep it while the upstream is used), the address and the count of
@@ -545,6 +570,7 @@ fn paced_upstream() -> (tokio::runtime::Runtime, String, Arc<AtomicUsize>) {
                                 later.extend_from_slice(b"JUNK");
                                 (Vec::new(), later, num(1).unwrap_or(0), false)
                             }
+                            Some(&"drop") => (ok, Vec::new(), num(1).unwrap_or(0), true),
                             Some(&"upload") => {
                                 while matches!(stream.read(&mut more).await, Ok(n) if n > 0) {}
                                 return;
@@ -570,12 +596,20 @@ fn paced_upstream() -> (tokio::runtime::Runtime, String, Arc<AtomicUsize>) {
 /// (keep it while the upstream is used), the `Upstream` and the count of connections the
 /// upstream accepted.
 fn paced(header_timeout: Duration) -> (tokio::runtime::Runtime, Upstream, Arc<AtomicUsize>) {
+    paced_idle(Duration::from_secs(60), header_timeout)
+}
+
+/// [`paced`] with this pool idle timeout.
+fn paced_idle(
+    idle_timeout: Duration,
+    header_timeout: Duration,
+) -> (tokio::runtime::Runtime, Upstream, Arc<AtomicUsize>) {
     let (rt, addr, accepted) = paced_upstream();
     let upstream = Upstream::new(
         addr,
         2,
         Duration::from_secs(2),
-        Duration::from_secs(60),
+        idle_timeout,
         header_timeout,
         Affinity::None,
         1,
@@ -832,5 +866,64 @@ fn exchanges_left_before_their_head_are_finished_only_when_safe() {
     });
     let stats = upstream.stats();
     assert_eq!((count(&stats.drained), count(&stats.drain_failed)), (2, 3));
+    // Every close above was an exchange left before its end: the three failed drains, the
+    // upload, the old exchange and the old body.
+    assert_eq!(closes(&upstream), [("abandoned", 6)]);
+    drop(up_rt);
+}
+
+/// Each connection closed is counted once, under why: the upstream ended it (`Connection:
+/// close`, or it closed an idle one), it sent bytes after a response (an error), or it idled
+/// past the pool's idle timeout. The head timeout's close counts as abandoned.
+#[test]
+fn connections_closed_are_counted_by_reason() {
+    let idle_timeout = Duration::from_millis(300);
+    let rt = current_thread();
+    // Made within the runtime, so that its reaper runs there.
+    let (up_rt, upstream, accepted) = {
+        let _within = rt.enter();
+        paced_idle(idle_timeout, Duration::from_millis(100))
+    };
+    rt.block_on(async {
+        let read = |path: &'static str| {
+            let upstream = &upstream;
+            async move {
+                let resp = head_of(upstream, path).await;
+                assert_eq!(resp.status(), StatusCode::OK, "{path}");
+                resp.into_body().collect().await.expect("body");
+            }
+        };
+        read("/close/0").await;
+        assert_eq!(closes(&upstream), [("upstream", 1)]);
+        read("/junk/0").await;
+        assert_eq!(closes(&upstream), [("upstream", 1), ("error", 1)]);
+        // Kept, then closed by the upstream while idle: found so at the next checkout.
+        read("/drop/20").await;
+        assert_eq!(upstream.connections(), (0, 1));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        read("/after/0").await;
+        assert_eq!(closes(&upstream), [("upstream", 2), ("error", 1)]);
+        // Idle past the idle timeout: closed by the reaper (every half idle timeout).
+        tokio::time::sleep(idle_timeout * 2 + Duration::from_millis(100)).await;
+        assert_eq!(upstream.connections(), (0, 0), "expired");
+        assert_eq!(
+            closes(&upstream),
+            [("upstream", 2), ("expired", 1), ("error", 1)]
+        );
+        let timed_out = upstream
+            .forward(request("GET", "/after/300", empty_body()))
+            .await;
+        assert!(matches!(timed_out, Err(ForwardError::Timeout)));
+        assert_eq!(
+            closes(&upstream),
+            [
+                ("upstream", 2),
+                ("expired", 1),
+                ("abandoned", 1),
+                ("error", 1)
+            ]
+        );
+    });
+    assert_eq!(accepted.load(Ordering::SeqCst), 5);
     drop(up_rt);
 }

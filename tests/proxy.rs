@@ -809,6 +809,18 @@ fn metrics_count_requests_store_reads_and_upstream_connections() {
     ] {
         assert_eq!(value(&text, name), 0, "{name}: {text}");
     }
+    // None was closed, for any reason.
+    for reason in [
+        "upstream",
+        "expired",
+        "evicted",
+        "abandoned",
+        "error",
+        "tunnel",
+    ] {
+        let name = format!("tessera_upstream_connections_closed_total{{reason=\"{reason}\"}}");
+        assert_eq!(value(&text, &name), 0, "{name}: {text}");
+    }
     // The one connection is open and idle again.
     assert_eq!(
         value(&text, "tessera_upstream_connections{state=\"busy\"}"),

@@ -271,8 +271,12 @@ fn a_websocket_carries_frames_both_ways_with_the_upstream_credential_and_nothing
                 && sample(&m, "tessera_upstream_connections{state=\"busy\"}")
                     + sample(&m, "tessera_upstream_connections{state=\"idle\"}")
                     == 0
+                && sample(
+                    &m,
+                    "tessera_upstream_connections_closed_total{reason=\"tunnel\"}",
+                ) == 1
         }),
-        "a tunnel stayed open or its connection went back to the pool: {}",
+        "a tunnel stayed open, its connection went back to the pool, or its close was not counted as a tunnel's: {}",
         metrics(metrics_port)
     );
     let log = t.log_when(|l| l.contains("WebSocket closed"));

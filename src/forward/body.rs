@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
 use super::h1::{self, Framing};
-use super::pool::Conn;
+use super::pool::{Closed, Conn};
 use super::raw::RawHead;
 use super::BoxError;
 use crate::session::Watch;
@@ -112,14 +112,15 @@ impl UpstreamBody {
             switched: false,
         };
         if framing == Framing::Done {
-            this.release(true);
+            this.release(None);
         }
         this
     }
 
     /// The body of a 101 response: none, but the connection stays with it until
     /// [`ProxyBody::take_tunnel`] takes it (dropped untaken, it is closed).
-    pub(super) fn switched(fields: RawHead, conn: Conn) -> Self {
+    pub(super) fn switched(fields: RawHead, mut conn: Conn) -> Self {
+        conn.close_as(Closed::Tunnel);
         Self {
             fields: Some(fields),
             conn: Some(conn),
@@ -130,14 +131,17 @@ impl UpstreamBody {
         }
     }
 
-    /// Gives the connection back: to the pool when the body was read to its end and the
-    /// upstream keeps the connection open, else closed. The body no longer waits, so its
-    /// session watch (if registered) ends too.
-    fn release(&mut self, complete: bool) {
+    /// Gives the connection back: to the pool when the body was read to its end (`broken` is
+    /// `None`) and the upstream keeps the connection open, else closed (for `broken`'s reason,
+    /// or [`Closed::Upstream`]). The body no longer waits, so its session watch (if registered)
+    /// ends too.
+    fn release(&mut self, broken: Option<Closed>) {
         self.watch = None;
         if let Some(mut conn) = self.conn.take() {
-            if complete && self.keep_alive {
-                conn.set_reusable();
+            match broken {
+                None if self.keep_alive => conn.set_reusable(),
+                None => conn.close_as(Closed::Upstream),
+                Some(reason) => conn.close_as(reason),
             }
         }
     }
@@ -181,14 +185,14 @@ impl Body for ProxyBody {
                     if let Poll::Ready(ended) =
                         watch.poll_ended(cx, polled.is_pending(), went_on, drained)
                     {
-                        u.release(false);
+                        u.release(Some(Closed::Abandoned));
                         return Poll::Ready(Some(Err(ended.into())));
                     }
                 }
                 let frame = ready!(polled);
                 match &frame {
-                    Some(Err(_)) => u.release(false),
-                    _ if u.framing == Framing::Done => u.release(true),
+                    Some(Err(_)) => u.release(Some(Closed::Error)),
+                    _ if u.framing == Framing::Done => u.release(None),
                     _ => {}
                 }
                 Poll::Ready(frame)

@@ -39,8 +39,8 @@ pub use body::{ProxyBody, UpstreamBody};
 use h1::SendError;
 pub(crate) use pool::serving_thread;
 pub use pool::{
-    set_serving_thread, Affinity, AffinityKey, Pool, PoolStats, AFFINITY_STALE, AFFINITY_WAIT,
-    DRAIN_BYTES, DRAIN_WAIT,
+    set_serving_thread, Affinity, AffinityKey, Closed, Pool, PoolStats, AFFINITY_STALE,
+    AFFINITY_WAIT, DRAIN_BYTES, DRAIN_WAIT,
 };
 pub use raw::RawHead;
 pub(crate) use tunnel::frame_edges;
@@ -170,11 +170,16 @@ impl Upstream {
         let mut conn = self.pool.checkout(key.clone()).await?;
         let (retry, err) = match conn.send(req).await {
             Ok(head) => return Ok(wrap(head, conn)),
-            Err(SendError::Unsent(req, e)) => (Some(req), e),
-            Err(SendError::ClosedBeforeResponse(req, e)) => {
-                (req.filter(|r| idempotent(r.method())), e)
+            Err(e) => {
+                conn.close_as(closed_by(&e));
+                match e {
+                    SendError::Unsent(req, e) => (Some(req), e),
+                    SendError::ClosedBeforeResponse(req, e) => {
+                        (req.filter(|r| idempotent(r.method())), e)
+                    }
+                    SendError::Failed(e) => (None, e),
+                }
             }
-            Err(SendError::Failed(e)) => (None, e),
         };
         let reused = conn.reused;
         drop(conn);
@@ -196,12 +201,28 @@ impl Upstream {
         let mut conn = self.pool.checkout_fresh(key).await?;
         match conn.send(req).await {
             Ok(head) => Ok(wrap(head, conn)),
-            Err(
-                SendError::Unsent(_, e)
-                | SendError::ClosedBeforeResponse(_, e)
-                | SendError::Failed(e),
-            ) => Err(e),
+            Err(e) => {
+                conn.close_as(closed_by(&e));
+                match e {
+                    SendError::Unsent(_, e)
+                    | SendError::ClosedBeforeResponse(_, e)
+                    | SendError::Failed(e) => Err(e),
+                }
+            }
         }
+    }
+}
+
+/// Why a connection whose send failed with `e` is closed: the upstream closed or reset it
+/// before answering; the client's request body broke off or was too large (the exchange left
+/// unfinished); else an error (a broken connection, a malformed response).
+fn closed_by(e: &SendError) -> Closed {
+    match e {
+        SendError::Unsent(..) | SendError::ClosedBeforeResponse(..) => Closed::Upstream,
+        SendError::Failed(ForwardError::ClientBody(_) | ForwardError::BodyTooLarge) => {
+            Closed::Abandoned
+        }
+        SendError::Failed(_) => Closed::Error,
     }
 }
 

@@ -96,6 +96,86 @@ pub struct PoolStats {
     /// Exchanges closed without a drain (too old, a longer rest, a request not sent in full)
     /// are counted in neither.
     pub drain_failed: AtomicU64,
+    /// Connections closed, by [`Closed`] reason (indexed by `Closed as usize`; read with
+    /// [`PoolStats::closed`]). Every connection counted in `opened` is counted here once, when
+    /// it closes while the pool lives, so `opened` minus their sum is the connections open now.
+    closed: [AtomicU64; Closed::ALL.len()],
+}
+
+impl PoolStats {
+    /// Connections closed so far for `reason`.
+    pub fn closed(&self, reason: Closed) -> u64 {
+        self.closed[reason as usize].load(Ordering::Relaxed)
+    }
+
+    fn count_closed(&self, reason: Closed, n: usize) {
+        self.closed[reason as usize].fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
+
+/// Why an upstream connection was closed: the `reason` label of
+/// `tessera_upstream_connections_closed_total`, so that an operator can tell why connections are
+/// being opened (each one closed while requests still come is one opened later).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Closed {
+    /// The upstream ended it: its response said `Connection: close` (or was HTTP/1.0 without
+    /// keep-alive, or came before the request was sent in full), it closed the connection while
+    /// idle, or it closed or reset the connection as a request was being sent on it.
+    Upstream,
+    /// Idle past `upstream.idle_timeout_ms`, or past the upstream's own `Keep-Alive: timeout`.
+    Expired,
+    /// Closed while idle to make room under `upstream.max_connections`: for another user's
+    /// connection (`upstream.affinity = "session"`), or for a retry's fresh connection.
+    Evicted,
+    /// Its exchange was left before its end (the client went away or its request body broke
+    /// off, a response-head timeout, the session ended during a response) and was not finished
+    /// in the background: too old, too long a rest, the request still being sent, or the
+    /// background read failed (`PoolStats::drain_failed`). Also an idle connection handed over
+    /// to a request that had just gone away.
+    Abandoned,
+    /// An I/O error, a malformed response, bytes after a response's end, or a failed move to
+    /// another serving thread's I/O driver.
+    Error,
+    /// It switched protocols (a WebSocket tunnel) and was closed when the tunnel ended.
+    Tunnel,
+}
+
+impl Closed {
+    /// Every reason, in label order.
+    pub const ALL: [Closed; 6] = [
+        Closed::Upstream,
+        Closed::Expired,
+        Closed::Evicted,
+        Closed::Abandoned,
+        Closed::Error,
+        Closed::Tunnel,
+    ];
+
+    /// The metric label value: `upstream`, `expired`, `evicted`, `abandoned`, `error` or
+    /// `tunnel`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Closed::Upstream => "upstream",
+            Closed::Expired => "expired",
+            Closed::Evicted => "evicted",
+            Closed::Abandoned => "abandoned",
+            Closed::Error => "error",
+            Closed::Tunnel => "tunnel",
+        }
+    }
+
+    /// Why an idle connection reusable until `until` is not reusable at `now`: expired, or
+    /// closed (or written to unasked) by the upstream; `None` when it is.
+    fn of_idle(h1: &mut H1, until: Instant, now: Instant) -> Option<Self> {
+        if now >= until {
+            Some(Closed::Expired)
+        } else if !h1.is_alive() {
+            Some(Closed::Upstream)
+        } else {
+            None
+        }
+    }
 }
 
 /// Longest time a background task reads the rest of an exchange whose requester went away
@@ -271,6 +351,9 @@ pub struct Conn {
     /// requester is (in what was padding of this struct: a wider time made every request's
     /// moves of it slower).
     sent_ms: u32,
+    /// Why it is closed if it is not kept ([`Conn::close_as`]; by default
+    /// [`Closed::Abandoned`]: the exchange was left before its end).
+    closing: Closed,
     /// `None` only while the drop hands the connection to a background task (see the
     /// `Drop` impl).
     permit: Option<OwnedSemaphorePermit>,
@@ -398,10 +481,10 @@ impl Pool {
                     key,
                 },
             ) = self.take_idle(key)?;
-            let expired = Instant::now() >= until;
-            if expired || !h1.is_alive() {
+            if let Some(reason) = Closed::of_idle(&mut h1, until, Instant::now()) {
+                self.stats.count_closed(reason, 1);
                 tracing::debug!(
-                    expired,
+                    reason = reason.label(),
                     idle_ms = since.elapsed().as_millis() as u64,
                     "idle upstream connection closed at checkout"
                 );
@@ -425,6 +508,7 @@ impl Pool {
                 Some(h1)
             }
             Err(e) => {
+                self.stats.count_closed(Closed::Error, 1);
                 tracing::debug!(cause = %e, "could not move an idle upstream connection to this thread; closed it");
                 None
             }
@@ -448,6 +532,7 @@ impl Pool {
             reusable: false,
             awaiting_head: None,
             sent_ms: 0,
+            closing: Closed::Abandoned,
             permit: Some(permit),
         }
     }
@@ -529,7 +614,7 @@ impl Pool {
             waiters.retain(|tx| !tx.is_closed());
             let (tx, rx) = oneshot::channel();
             waiters.push_back(tx);
-            Waiting::new(&self.waiting, rx)
+            Waiting::new(self, rx)
         };
         let handed = tokio::time::timeout(wait, &mut waiting.rx).await;
         // From here this request either has its connection or makes its own room.
@@ -544,10 +629,13 @@ impl Pool {
             },
         )) = handed
         {
-            if Instant::now() < until && h1.is_alive() {
-                if let Some(h1) = self.bring_home(h1, home) {
-                    self.stats.handed_over.fetch_add(1, Ordering::Relaxed);
-                    return Some((h1, bound));
+            match Closed::of_idle(&mut h1, until, Instant::now()) {
+                Some(reason) => self.stats.count_closed(reason, 1),
+                None => {
+                    if let Some(h1) = self.bring_home(h1, home) {
+                        self.stats.handed_over.fetch_add(1, Ordering::Relaxed);
+                        return Some((h1, bound));
+                    }
                 }
             }
         }
@@ -604,6 +692,7 @@ impl Pool {
             at.map(|at| idle.remove(at))
         };
         if closed.is_some() {
+            self.stats.count_closed(Closed::Evicted, 1);
             tracing::debug!(why, "closed an idle upstream connection of another user");
         }
         closed.is_some()
@@ -629,6 +718,7 @@ impl Pool {
             }
         }
         if !evicted.is_empty() {
+            self.stats.count_closed(Closed::Evicted, evicted.len());
             tracing::debug!(
                 closed = evicted.len(),
                 "closed idle upstream connections to stay within max_connections"
@@ -645,6 +735,9 @@ impl Pool {
     ) -> Result<Conn, ForwardError> {
         let permit = self.slot().await?;
         let suspect = self.idle(self.this_thread()).pop();
+        if suspect.is_some() {
+            self.stats.count_closed(Closed::Evicted, 1);
+        }
         drop(suspect);
         self.make_room();
         self.stats.retried.fetch_add(1, Ordering::Relaxed);
@@ -671,6 +764,7 @@ impl Pool {
             reusable: false,
             awaiting_head: None,
             sent_ms: 0,
+            closing: Closed::Abandoned,
             permit: Some(permit),
         })
     }
@@ -703,6 +797,12 @@ impl Conn {
     /// to the pool.
     pub fn set_reusable(&mut self) {
         self.reusable = true;
+    }
+
+    /// Records why the connection is closed if it is dropped without [`Conn::set_reusable`]
+    /// (counted in [`PoolStats::closed`] at the drop).
+    pub fn close_as(&mut self, reason: Closed) {
+        self.closing = reason;
     }
 
     /// Releases a connection whose requester went away with `rest` of its exchange unread: a
@@ -753,6 +853,10 @@ impl Drop for Conn {
                     }
                 }
                 self.pool.idle(self.home).push(idle);
+            } else if self.reusable {
+                // Complete, yet bytes came after the response's end.
+                self.pool.stats.count_closed(Closed::Error, 1);
+                tracing::debug!("upstream connection closed: bytes after its response's end");
             } else {
                 let rest = self.awaiting_head.take();
                 if let Some(head_request) = rest.filter(|_| !ABANDONING.get()) {
@@ -766,13 +870,14 @@ impl Drop for Conn {
                         reusable: false,
                         awaiting_head: None,
                         sent_ms: self.sent_ms,
+                        closing: Closed::Abandoned,
                         permit: self.permit.take(),
                     }
                     .finish_later(Unfinished::Head { head_request });
                 } else {
+                    self.pool.stats.count_closed(self.closing, 1);
                     tracing::debug!(
-                        exchange_complete = self.reusable,
-                        leftover = h1.has_leftover(),
+                        reason = self.closing.label(),
                         "upstream connection closed after its request"
                     );
                 }
@@ -828,8 +933,13 @@ fn spawn_reaper(pool: Weak<Pool>, idle_timeout: Duration) {
             let Some(pool) = pool.upgrade() else { return };
             let now = Instant::now();
             for t in 0..pool.idle.len() {
-                pool.idle(t)
-                    .retain_mut(|i| now < i.until && i.h1.is_alive());
+                pool.idle(t).retain_mut(|i| {
+                    let closing = Closed::of_idle(&mut i.h1, i.until, now);
+                    if let Some(reason) = closing {
+                        pool.stats.count_closed(reason, 1);
+                    }
+                    closing.is_none()
+                });
             }
             // Credentials no connection or request refers to any more leave memory.
             lock(&pool.owners).prune();
@@ -843,16 +953,16 @@ fn spawn_reaper(pool: Weak<Pool>, idle_timeout: Duration) {
 /// uncounts it. Exactly one of the two: the receiver is closed before it is looked at a last
 /// time, so no handover can come after.
 struct Waiting<'a> {
-    count: &'a AtomicUsize,
+    pool: &'a Pool,
     rx: oneshot::Receiver<(usize, Idle)>,
     ended: bool,
 }
 
 impl<'a> Waiting<'a> {
-    fn new(count: &'a AtomicUsize, rx: oneshot::Receiver<(usize, Idle)>) -> Self {
-        count.fetch_add(1, Ordering::Relaxed);
+    fn new(pool: &'a Pool, rx: oneshot::Receiver<(usize, Idle)>) -> Self {
+        pool.waiting.fetch_add(1, Ordering::Relaxed);
         Self {
-            count,
+            pool,
             rx,
             ended: false,
         }
@@ -871,7 +981,7 @@ impl<'a> Waiting<'a> {
         self.rx.close();
         let got = self.rx.try_recv().ok();
         if got.is_none() {
-            self.count.fetch_sub(1, Ordering::Relaxed);
+            self.pool.waiting.fetch_sub(1, Ordering::Relaxed);
         }
         got
     }
@@ -881,7 +991,9 @@ impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         if !self.ended {
             // Dropped mid-wait: a connection handed over meanwhile is closed here.
-            drop(self.last_look());
+            if self.last_look().is_some() {
+                self.pool.stats.count_closed(Closed::Abandoned, 1);
+            }
         }
     }
 }
