@@ -1474,7 +1474,7 @@ fn an_abandoned_login_is_charged_a_failure() {
         ],
     );
     let body = r#"{"username":"victim","password":"guess"}"#;
-    for _ in 0..2 {
+    for attempt in 1..=2 {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
         write!(
             s,
@@ -1482,7 +1482,13 @@ fn an_abandoned_login_is_charged_a_failure() {
             body.len()
         )
         .unwrap();
-        std::thread::sleep(Duration::from_millis(300));
+        // The client leaves once the upstream has the password check (on a loaded machine
+        // that can take longer than any fixed sleep), then a moment more.
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while up.stats.requests.load(SeqCst) < attempt && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
     let asked = up.stats.requests.load(SeqCst);
     assert_eq!(asked, 2, "both attempts reached the upstream");
