@@ -52,7 +52,10 @@
 #   close      `wrk -H "Connection: close"` (a new client connection per request): tessera-pool16
 #              (`upstream.max_connections = 16`) at c=8 and c=64, nginx-proxy at c=8; upstream
 #              connections opened (origin `accepted` delta) and the most upstream connections open at
-#              once (tessera's sockets to the origin, sampled with `ss -tnp` every 50 ms).
+#              once (tessera's sockets to the origin, sampled with `ss -tnp` every 50 ms); why
+#              tessera-pool16 closed upstream connections and the exchanges it finished in the
+#              background, per run (its metrics before the run and 0.5 s after it) and over the
+#              whole section (close-closes.tsv; tessera-pool16 has [metrics] on for these).
 #   revocation two tessera instances (tessera-redis = A, tessera-b = B) on one Redis;
 #              bench/revocation.py, REVOCATION_TRIALS (1,000) trials, revoke = DEL in Redis.
 #   affinity   the cost of `[upstream] affinity = "session"` (a pooled upstream connection only
@@ -156,7 +159,7 @@ RUNS="$WORK/runs.tsv"
 : >"$RUNS"
 
 read -r P_REDIS P_ORIGIN P_STATUS P_PROXY P_PYREF P_TR P_TE P_TCOLD P_TPOOL P_TB P_TMEM P_TAFF P_TBUSY \
-  P_PROXY_MW P_PYREF_MW P_TAFF_METRICS < <(free_ports 16)
+  P_PROXY_MW P_PYREF_MW P_TAFF_METRICS P_TPOOL_METRICS < <(free_ports 17)
 
 
 declare -A PID_OF URL_OF CPU_PID_OF
@@ -342,7 +345,11 @@ WARM_TTL="cache_ttl_seconds = 3600"
 write_conf tessera-redis "$P_TR" "$REDIS" "$WARM_TTL"
 write_conf tessera-embedded "$P_TE" "embedded:$WORK/emb/sessions" "$WARM_TTL"
 write_conf tessera-cold "$P_TCOLD" "$REDIS" "cache_max_entries = 0" "cache_max_entries = 0"
-write_conf tessera-pool16 "$P_TPOOL" "$REDIS" "" "" "max_connections = $POOL_CAP"
+# Its metrics say why upstream connections closed (scraped around each run; with [metrics] it
+# also counts each request by status and duration).
+write_conf tessera-pool16 "$P_TPOOL" "$REDIS" "" "" "max_connections = $POOL_CAP" "
+[metrics]
+listen = \"127.0.0.1:$P_TPOOL_METRICS\""
 write_conf tessera-b "$P_TB" "$REDIS"
 write_conf tessera-mem "$P_TMEM" "$REDIS" "cache_max_entries = 120000
 cache_ttl_seconds = 3600" "cache_max_entries = $MEMORY_TOKEN_CACHE"
@@ -683,10 +690,41 @@ if has_section algs; then
 fi
 
 # ---------------------------------------------------------------- section: close
+# pool_closes: tessera-pool16's upstream connections closed so far by reason, then its exchanges
+# drained and drain-failed so far: "upstream expired evicted abandoned error tunnel drained
+# drain_failed" (tessera_upstream_connections_closed_total{reason}, ..._exchanges_drained_total,
+# ..._exchanges_drain_failed_total).
+POOL_CLOSE_KEYS="upstream expired evicted abandoned error tunnel drained drain_failed"
+pool_closes() {
+  curl -s --max-time 5 "http://127.0.0.1:$P_TPOOL_METRICS/metrics" | awk -v keys="$POOL_CLOSE_KEYS" '
+    $1 ~ /^tessera_upstream_connections_closed_total[{]reason="/ { split($1, a, "\""); v[a[2]] = $2 }
+    $1 == "tessera_upstream_exchanges_drained_total" { v["drained"] = $2 }
+    $1 == "tessera_upstream_exchanges_drain_failed_total" { v["drain_failed"] = $2 }
+    END {
+      n = split(keys, k, " ")
+      for (i = 1; i <= n; i++) {
+        if (v[k[i]] == "") exit 1
+        printf "%s%s", v[k[i]], (i < n ? " " : "\n")
+      }
+    }' || die "no closed-connection counters in tessera-pool16's metrics"
+}
+
+# close_delta C REP BEFORE AFTER: "C REP" and each AFTER - BEFORE field, tab-separated.
+close_delta() {
+  local line="$1"$'\t'"$2" i
+  local -a b a
+  read -ra b <<<"$3"
+  read -ra a <<<"$4"
+  for i in "${!a[@]}"; do line+=$'\t'"$((a[i] - b[i]))"; done
+  printf '%s\n' "$line"
+}
+
 if has_section close; then
   t0=$(date +%s)
   start_tessera tessera-pool16 "$P_TPOOL"
   check_target tessera-pool16 "${URL_OF[tessera-pool16]}" "$TOK_HS512"
+  closes_start="$(pool_closes)"
+  echo "c rep $POOL_CLOSE_KEYS" | tr ' ' '\t' >"$WORK/close-closes.tsv"
   log "close: wrk -H 'Connection: close'; tessera-pool16 (max_connections = $POOL_CAP) c=8, c=64; nginx-proxy c=8"
   for ((rep = 1; rep <= REPS; rep++)); do
     for cell in "tessera-pool16 8" "nginx-proxy 8" "tessera-pool16 64"; do
@@ -695,10 +733,18 @@ if has_section close; then
       # Whose sockets to the origin are counted: tessera's, or the nginx proxy's worker.
       owner="${PID_OF[$target]}"
       [[ $target == nginx-proxy ]] && owner="$(pgrep -P "$owner" | head -1)"
+      [[ $target == tessera-pool16 ]] && closes_before="$(pool_closes)"
       SAMPLE_PID="$owner" measure close "$target" "$c" "$rep" "$WORK/tok/hs512.lua" \
         -H "Connection: close"
+      if [[ $target == tessera-pool16 ]]; then
+        # Exchanges left at wrk's end finish or close within DRAIN_WAIT (250 ms).
+        sleep 0.5
+        close_delta "$c" "$rep" "$closes_before" "$(pool_closes)" >>"$WORK/close-closes.tsv"
+      fi
     done
   done
+  # The whole section: the runs, the first fill and the time between runs.
+  close_delta all all "$closes_start" "$(pool_closes)" >>"$WORK/close-closes.tsv"
   echo "tessera-pool16 $(proc_mem "${PID_OF[tessera-pool16]}")" >"$WORK/close-mem.txt"
   stop_named tessera-pool16
   PID_OF[tessera-pool16]=""

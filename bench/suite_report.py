@@ -5,7 +5,8 @@ Called by bench/suite.sh (not meant to be run by hand, though it can be re-run o
 directory): reads WORK/runs.tsv (section, target, c, rep, id per wrk run), WORK/raw/<id>.txt (wrk
 --latency output), <id>.redis0/.redis1 (INFO commandstats before/after), <id>.nginx0/.nginx1 (the
 origin's stub_status before/after), <id>.maxopen (most upstream sockets open at once, close
-section), WORK/revocation.json, WORK/memory.json, WORK/*-mem.txt, WORK/tok/aff-{many,few}.jsonl
+section), WORK/close-closes.tsv (tessera-pool16's upstream connections closed by reason and
+exchanges drained, per close run and over the section), WORK/revocation.json, WORK/memory.json, WORK/*-mem.txt, WORK/tok/aff-{many,few}.jsonl
 (session counts of the affinity section); machine facts come from the environment suite.sh exports.
 
 Per run: Redis commands = sum of `calls` deltas over every command but INFO (the snapshots' own
@@ -180,6 +181,30 @@ def affinity_waits(work):
     return sums
 
 
+def close_closes(work):
+    """tessera-pool16's closes by reason and drains from close-closes.tsv (a header line `c rep
+    <keys...>`, then one line per close run and a last `all all` line for the whole section):
+    {c: {key: sum over the reps}} with c an int, and "all" for the section."""
+    path = os.path.join(work, "close-closes.tsv")
+    sums = {}
+    if os.path.exists(path):
+        lines = [line.split() for line in open(path) if line.strip()]
+        keys = lines[0][2:]
+        for fields in lines[1:]:
+            c = fields[0] if fields[0] == "all" else int(fields[0])
+            row = sums.setdefault(c, dict.fromkeys(keys, 0))
+            for k, v in zip(keys, fields[2:]):
+                row[k] += int(v)
+    return sums
+
+
+def closes_text(row):
+    """`reason n, ...` for each close reason counted (or `none`), then the drains."""
+    reasons = [f"{k} {v:,}" for k, v in row.items() if v and k not in ("drained", "drain_failed")]
+    return (f"{', '.join(reasons) or 'none'}; drained {row.get('drained', 0):,}, "
+            f"failed {row.get('drain_failed', 0):,}")
+
+
 def us(ms):
     x = ms * 1e3
     return f"{x:.0f} µs" if x < 10000 else f"{x / 1000:.1f} ms"
@@ -239,11 +264,15 @@ def main():
                 row = cell(by[(f"algs_{key}", t, 8)], f"{name} {mode}", 8)
                 row.update(alg=name, mode=mode, instance=t)
                 out["algs"].append(row)
+    closes = close_closes(work)
     for t, c in (("tessera-pool16", 8), ("nginx-proxy", 8), ("tessera-pool16", 64)):
         if ("close", t, c) in by:
             row = cell(by[("close", t, c)], f"{t} (Connection: close)", c)
             row["instance"] = t
+            if t == "tessera-pool16" and c in closes:
+                row["upstream_closed"] = closes[c]
             out["close"].append(row)
+    out["close_section_closed"] = closes.get("all")
     aff_concs = sorted({r["c"] for r in runs if r["section"].startswith("affinity_")})
     waits = affinity_waits(work)
     for c in aff_concs:
@@ -402,15 +431,24 @@ def main():
         summary += [""] + t
 
     if out["close"]:
-        t = ["| target | c | req/s | p50 | p99 | upstream conns opened (max of reps) | "
-             "most open at once | proxy CPU per request | non-2xx | socket errors |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        t = ["| target | c | req/s | p50 | p99 | upstream conns opened (max of reps; per rep) | "
+             "most open at once | upstream conns closed by reason; exchanges drained (all reps) | "
+             "proxy CPU per request | non-2xx | socket errors |",
+             "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
         for r in out["close"]:
+            per_rep = ", ".join(str(n) for n in r.get("origin_accepted_per_rep", []))
+            closed = closes_text(r["upstream_closed"]) if "upstream_closed" in r else "n/a"
             t.append(f"| {r['target']} | {r['concurrency']} | {r['rps']:,.0f} | {us(r['p50_ms'])} | "
-                     f"{us(r['p99_ms'])} | {r['upstream_conns']} | {r.get('max_open_upstream', 'n/a')} | "
+                     f"{us(r['p99_ms'])} | {r['upstream_conns']} ({per_rep}) | "
+                     f"{r.get('max_open_upstream', 'n/a')} | {closed} | "
                      f"{cpu(r)} | {r['non2xx']} | {r['socket_errors']} |")
         md += [f"## New client connection per request (`wrk -H \"Connection: close\"`, "
                f"tessera `upstream.max_connections = {env.get('POOL_CAP', '16')}`, medians)", ""] + t + [""]
+        if out.get("close_section_closed"):
+            md += ["tessera-pool16 over the whole section (its first fill and the time between runs "
+                   "included; `[metrics]` on, so it also counts each request by status and "
+                   "duration): upstream connections closed: "
+                   f"{closes_text(out['close_section_closed'])}.", ""]
         summary += [""] + t
 
     rev = out["revocation"]
