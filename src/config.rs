@@ -102,6 +102,8 @@ struct RawUpstream {
     strip_response_headers: Option<Vec<String>>,
     affinity: Option<String>,
     affinity_wait_ms: Option<u64>,
+    drain_wait_ms: Option<u64>,
+    drain_max_bytes: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -311,6 +313,11 @@ pub struct UpstreamConfig {
     /// `affinity_wait_ms` (0..=1000, default 5) for one of its own connections (see
     /// `forward::pool` and BENCHMARKS.md, "Affinity without churn").
     pub affinity: crate::forward::Affinity,
+    /// Exchanges whose client went away, finished in the background so that their connection is
+    /// kept: `drain_wait_ms` (0..=10000, default 250; 0 turns it off) bounds how young an
+    /// exchange must be and how long its rest is read, `drain_max_bytes` (0..=16777216, default
+    /// 65536) how much of a body rest is read (see `forward::pool`).
+    pub drain: crate::forward::Drain,
 }
 
 /// `[token]`.
@@ -568,6 +575,11 @@ pub fn resolve_secret(
         Ok(Zeroizing::new(value.to_string()))
     }
 }
+
+/// Longest `upstream.drain_wait_ms`: a drain holds a connection slot, so seconds at most.
+const MAX_DRAIN_WAIT_MS: u64 = 10_000;
+/// Largest `upstream.drain_max_bytes`: 16 MiB.
+const MAX_DRAIN_BYTES: u64 = 16 * 1024 * 1024;
 
 fn ms(key: &str, v: Option<u64>, default_ms: u64) -> Result<Duration, ConfigError> {
     match v.unwrap_or(default_ms) {
@@ -857,10 +869,33 @@ fn validate_upstream(u: RawUpstream) -> Result<UpstreamConfig, ConfigError> {
             ))
         }
     };
+    let drain = crate::forward::Drain {
+        wait: match u.drain_wait_ms {
+            None => crate::forward::DRAIN_WAIT,
+            Some(ms) if ms <= MAX_DRAIN_WAIT_MS => Duration::from_millis(ms),
+            Some(ms) => {
+                return Err(ConfigError::new(
+                    "upstream.drain_wait_ms",
+                    format!("must be between 0 (close at once) and {MAX_DRAIN_WAIT_MS} milliseconds, not {ms} (leave it out for 250)"),
+                ))
+            }
+        },
+        max_bytes: match u.drain_max_bytes {
+            None => crate::forward::DRAIN_BYTES,
+            Some(n) if n <= MAX_DRAIN_BYTES => n,
+            Some(n) => {
+                return Err(ConfigError::new(
+                    "upstream.drain_max_bytes",
+                    format!("must be between 0 and {MAX_DRAIN_BYTES} bytes (16 MiB), not {n} (leave it out for 65536)"),
+                ))
+            }
+        },
+    };
     Ok(UpstreamConfig {
         url,
         max_connections,
         affinity,
+        drain,
         connect_timeout: ms("upstream.connect_timeout_ms", u.connect_timeout_ms, 5_000)?,
         response_header_timeout: ms(
             "upstream.response_header_timeout_ms",
@@ -1748,6 +1783,40 @@ mod tests {
                 "upstream.affinity_wait_ms",
                 "affinity = \"session\"",
             ),
+        ] {
+            let err = with(lines).unwrap_err();
+            assert!(err.contains(key) && err.contains(says), "{lines}: {err}");
+        }
+    }
+
+    #[test]
+    fn upstream_drain_settings_default_bound_and_turn_off() {
+        use crate::forward::Drain;
+        let with = |lines: &str| {
+            let text = minimal().replace("[token]", &format!("{lines}\n[token]"));
+            Config::from_toml_with(&text, env)
+                .map(|c| c.upstream.drain)
+                .map_err(|e| e.to_string())
+        };
+        let drain = |ms, max_bytes| Drain {
+            wait: Duration::from_millis(ms),
+            max_bytes,
+        };
+        assert_eq!(with(""), Ok(drain(250, 65_536)));
+        assert_eq!(with("drain_wait_ms = 0"), Ok(drain(0, 65_536)));
+        assert_eq!(
+            with("drain_wait_ms = 10000\ndrain_max_bytes = 16777216"),
+            Ok(drain(10_000, 16_777_216))
+        );
+        assert_eq!(with("drain_max_bytes = 0"), Ok(drain(250, 0)));
+        for (lines, key, says) in [
+            ("drain_wait_ms = 10001", "upstream.drain_wait_ms", "10000"),
+            (
+                "drain_max_bytes = 16777217",
+                "upstream.drain_max_bytes",
+                "16 MiB",
+            ),
+            ("drain_wait_ms = -1", "drain_wait_ms", ""),
         ] {
             let err = with(lines).unwrap_err();
             assert!(err.contains(key) && err.contains(says), "{lines}: {err}");

@@ -148,6 +148,7 @@ impl Proxy {
             cfg.upstream.idle_timeout,
             cfg.upstream.response_header_timeout,
             cfg.upstream.affinity,
+            cfg.upstream.drain,
             cfg.server.threads,
         );
         let verifier = Verifier::new(&cfg.token);

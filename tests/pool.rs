@@ -14,8 +14,8 @@ use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tessera::demo::{serve_demo_upstream, DEMO_PASSWORD, DEMO_USER};
 use tessera::forward::{
-    empty_body, set_serving_thread, Affinity, BoxError, Closed, ForwardError, ProxyBody, UpBody,
-    Upstream, AFFINITY_STALE, AFFINITY_WAIT, DRAIN_BYTES, DRAIN_WAIT,
+    empty_body, set_serving_thread, Affinity, BoxError, Closed, Drain, ForwardError, ProxyBody,
+    UpBody, Upstream, AFFINITY_STALE, AFFINITY_WAIT, DRAIN_BYTES, DRAIN_WAIT,
 };
 
 /// One GET with the demo credential, its body read to the end (which returns the connection to
@@ -66,6 +66,7 @@ fn demo_upstream(cap: usize, affinity: Affinity) -> (tokio::runtime::Runtime, Ar
         Duration::from_secs(60),
         Duration::from_secs(5),
         affinity,
+        Drain::default(),
         2,
     );
     (rt, Arc::new(upstream))
@@ -596,13 +597,14 @@ fn paced_upstream() -> (tokio::runtime::Runtime, String, Arc<AtomicUsize>) {
 /// (keep it while the upstream is used), the `Upstream` and the count of connections the
 /// upstream accepted.
 fn paced(header_timeout: Duration) -> (tokio::runtime::Runtime, Upstream, Arc<AtomicUsize>) {
-    paced_idle(Duration::from_secs(60), header_timeout)
+    paced_with(Duration::from_secs(60), header_timeout, Drain::default())
 }
 
-/// [`paced`] with this pool idle timeout.
-fn paced_idle(
+/// [`paced`] with this pool idle timeout and these drain settings.
+fn paced_with(
     idle_timeout: Duration,
     header_timeout: Duration,
+    drain: Drain,
 ) -> (tokio::runtime::Runtime, Upstream, Arc<AtomicUsize>) {
     let (rt, addr, accepted) = paced_upstream();
     let upstream = Upstream::new(
@@ -612,6 +614,7 @@ fn paced_idle(
         idle_timeout,
         header_timeout,
         Affinity::None,
+        drain,
         1,
     );
     set_serving_thread(0);
@@ -882,7 +885,7 @@ fn connections_closed_are_counted_by_reason() {
     // Made within the runtime, so that its reaper runs there.
     let (up_rt, upstream, accepted) = {
         let _within = rt.enter();
-        paced_idle(idle_timeout, Duration::from_millis(100))
+        paced_with(idle_timeout, Duration::from_secs(1), Drain::default())
     };
     rt.block_on(async {
         let read = |path: &'static str| {
@@ -911,7 +914,7 @@ fn connections_closed_are_counted_by_reason() {
             [("upstream", 2), ("expired", 1), ("error", 1)]
         );
         let timed_out = upstream
-            .forward(request("GET", "/after/300", empty_body()))
+            .forward(request("GET", "/after/3000", empty_body()))
             .await;
         assert!(matches!(timed_out, Err(ForwardError::Timeout)));
         assert_eq!(
@@ -924,6 +927,68 @@ fn connections_closed_are_counted_by_reason() {
             ]
         );
     });
+    // Counted by the upstream's own runtime, maybe a moment after the connect.
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while accepted.load(Ordering::SeqCst) < 5 && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     assert_eq!(accepted.load(Ordering::SeqCst), 5);
+    drop(up_rt);
+}
+
+/// The drain settings (`upstream.drain_wait_ms`, `upstream.drain_max_bytes`) bound what is
+/// finished in the background: with a zero wait nothing is (the connection closes at once);
+/// a longer wait finishes an answer the default 250 ms would give up on; a smaller byte budget
+/// closes a body rest over it at once and finishes one within it.
+#[test]
+fn the_drain_settings_bound_what_is_finished_in_the_background() {
+    let (up_rt, off, _) = paced_with(
+        Duration::from_secs(60),
+        Duration::from_secs(5),
+        Drain {
+            wait: Duration::ZERO,
+            max_bytes: DRAIN_BYTES,
+        },
+    );
+    current_thread().block_on(async {
+        get_left(&off, "/after/160", LEAVE).await;
+        assert_eq!(off.connections(), (0, 0), "no drain: closed at once");
+    });
+    let stats = off.stats();
+    assert_eq!((count(&stats.drained), count(&stats.drain_failed)), (0, 0));
+    assert_eq!(closes(&off), [("abandoned", 1)]);
+    drop(up_rt);
+
+    let late = DRAIN_WAIT + Duration::from_millis(350);
+    let (up_rt, custom, accepted) = paced_with(
+        Duration::from_secs(60),
+        Duration::from_secs(5),
+        Drain {
+            wait: late + Duration::from_millis(500),
+            max_bytes: 50,
+        },
+    );
+    current_thread().block_on(async {
+        // Due 600 ms after it was sent: past the default wait, within this one.
+        get_left(&custom, &format!("/after/{}", late.as_millis()), LEAVE).await;
+        assert_eq!(drains(&custom, 1).await, (1, 0));
+        assert_eq!(custom.connections(), (0, 1), "kept, idle");
+        // A rest of 50 bytes is within the budget; one of 51 is not.
+        let mut body = head_of(&custom, "/length/60/100").await.into_body();
+        body.frame().await.expect("a frame").expect("data");
+        drop(body);
+        assert_eq!(drains(&custom, 2).await, (2, 0));
+        assert_eq!(custom.connections(), (0, 1), "kept, idle");
+        let mut body = head_of(&custom, "/length/61/100").await.into_body();
+        body.frame().await.expect("a frame").expect("data");
+        drop(body);
+        assert_eq!(
+            custom.connections(),
+            (0, 0),
+            "over the budget: closed at once"
+        );
+    });
+    assert_eq!(closes(&custom), [("abandoned", 1)]);
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
     drop(up_rt);
 }

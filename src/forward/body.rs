@@ -150,11 +150,11 @@ impl UpstreamBody {
 impl Drop for UpstreamBody {
     /// A body dropped before its end (the client went away, or its answer was replaced) leaves
     /// its rest to be read in the background if it is short (see [`h1::worth_finishing`]) and
-    /// the exchange young (see `Conn::finish_later`), so the connection can be kept; otherwise
-    /// the connection is closed.
+    /// the exchange young (see `Conn::finish_later`, which decides both), so the connection can
+    /// be kept; otherwise the connection is closed.
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
-            if self.keep_alive && !self.switched && h1::worth_finishing(self.framing) {
+            if self.keep_alive && !self.switched {
                 conn.finish_later(h1::Unfinished::Body(self.framing));
             }
         }

@@ -41,8 +41,9 @@ const _: () = assert!(MAX_HEADERS <= 128);
 const READ_CHUNK: usize = 16 * 1024;
 /// Longest chunk-size line (size + extensions), bytes.
 const MAX_CHUNK_LINE: usize = 4096;
-/// Most response-body bytes read to finish an exchange whose requester went away
-/// ([`H1::finish`]): a longer body costs less as a new connection than as a read nobody wants.
+/// The default of `upstream.drain_max_bytes`: most response-body bytes read to finish an
+/// exchange whose requester went away ([`H1::finish`]), 64 KiB: a longer body costs less as a
+/// new connection than as a read nobody wants.
 pub const DRAIN_BYTES: u64 = 64 * 1024;
 
 /// One upstream connection: the socket and the bytes read from it but not yet consumed.
@@ -193,21 +194,22 @@ impl H1 {
     /// Reads the rest of an exchange whose requester went away (see [`H1::send`]):
     /// the response head if it is still due, then the body, discarded. Returns whether the
     /// connection can carry another request: the response was read exactly to its end within
-    /// [`DRAIN_BYTES`] body bytes and the upstream keeps the connection open. The caller bounds
+    /// `budget` body bytes and the upstream keeps the connection open. The caller bounds
     /// the time. `false` for a 101 (the connection belongs to the switched protocol), a response
     /// that ends the connection (`Connection: close`, HTTP/1.0 without keep-alive, a
     /// close-delimited body), a malformed response, a longer body (a `Content-Length` over the
     /// budget is refused from the head), bytes after the response's end, or a closed
     /// connection. The budget counts body data only: chunk-size lines and trailers are bounded
     /// by the caller's time limit.
-    pub async fn finish(&mut self, rest: Unfinished) -> bool {
+    pub async fn finish(&mut self, rest: Unfinished, budget: u64) -> bool {
         let mut framing = match rest {
             Unfinished::Head { head_request } => match self.read_head(head_request, false).await {
                 // A body too long to finish is known from the head: closed without reading it.
                 Ok(head)
                     if head.keep_alive
                         && head.response.status() != StatusCode::SWITCHING_PROTOCOLS
-                        && (head.framing == Framing::Done || worth_finishing(head.framing)) =>
+                        && (head.framing == Framing::Done
+                            || worth_finishing(head.framing, budget)) =>
                 {
                     self.announced_idle = head.announced_idle;
                     head.framing
@@ -216,7 +218,7 @@ impl H1 {
             },
             Unfinished::Body(framing) => framing,
         };
-        let mut budget = DRAIN_BYTES;
+        let mut budget = budget;
         loop {
             match poll_fn(|cx| self.poll_body(cx, &mut framing)).await {
                 None => return !self.has_leftover(),
@@ -547,12 +549,13 @@ impl H1 {
 }
 
 /// Whether a response body left unread with this much of it to come (on a connection the
-/// upstream keeps open) is worth finishing in the background ([`H1::finish`]): a
-/// `Content-Length` rest of at most [`DRAIN_BYTES`], or a chunked rest (then read up to that
-/// many bytes). A close-delimited body never is.
-pub fn worth_finishing(framing: Framing) -> bool {
+/// upstream keeps open) is worth finishing in the background ([`H1::finish`]) within `budget`
+/// body bytes (`upstream.drain_max_bytes`, default [`DRAIN_BYTES`]): a `Content-Length` rest of
+/// at most `budget`, or a chunked rest (then read up to `budget` bytes). A close-delimited body
+/// never is.
+pub fn worth_finishing(framing: Framing, budget: u64) -> bool {
     match framing {
-        Framing::Length(left) => left <= DRAIN_BYTES,
+        Framing::Length(left) => left <= budget,
         Framing::Chunked(_) => true,
         Framing::Done | Framing::Close => false,
     }

@@ -10,8 +10,8 @@
 //! partly sent.
 //!
 //! A request whose response head timed out closes its connection; one dropped by its requester
-//! (the client went away) after it was written in full, less than `DRAIN_WAIT` after its
-//! sending began, leaves its connection to finish the exchange in the background (see
+//! (the client went away) after it was written in full, less than `upstream.drain_wait_ms`
+//! after its sending began, leaves its connection to finish the exchange in the background (see
 //! `pool.rs`).
 //!
 //! The HTTP/1.1 exchange itself runs in the request's own task (`forward/h1.rs`): no connection task.
@@ -39,7 +39,7 @@ pub use body::{ProxyBody, UpstreamBody};
 use h1::SendError;
 pub(crate) use pool::serving_thread;
 pub use pool::{
-    set_serving_thread, Affinity, AffinityKey, Closed, Pool, PoolStats, AFFINITY_STALE,
+    set_serving_thread, Affinity, AffinityKey, Closed, Drain, Pool, PoolStats, AFFINITY_STALE,
     AFFINITY_WAIT, DRAIN_BYTES, DRAIN_WAIT,
 };
 pub use raw::RawHead;
@@ -93,7 +93,11 @@ fn idempotent(m: &Method) -> bool {
 }
 
 impl Upstream {
-    /// An upstream at `addr` (`host:port`).
+    /// An upstream at `addr` (`host:port`) with these `[upstream]` settings, used from `threads`
+    /// serving threads.
+    // Each argument is one setting (a struct of them would repeat `UpstreamConfig`, which tests
+    // and benchmarks do not build).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         addr: String,
         max_connections: usize,
@@ -101,6 +105,7 @@ impl Upstream {
         idle_timeout: Duration,
         header_timeout: Duration,
         affinity: Affinity,
+        drain: Drain,
         threads: usize,
     ) -> Self {
         Self {
@@ -110,6 +115,7 @@ impl Upstream {
                 connect_timeout,
                 idle_timeout,
                 affinity,
+                drain,
                 threads,
             ),
             header_timeout,

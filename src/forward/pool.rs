@@ -12,10 +12,10 @@
 //!
 //! **Exchanges whose requester went away.** A request dropped while its response head is awaited
 //! (the request written in full), or a response body dropped with a short rest (at most
-//! [`DRAIN_BYTES`], or chunked), less than [`DRAIN_WAIT`] after the request was sent, leaves its
-//! connection to a background task on the runtime its socket is registered with (the serving
-//! thread's), which reads the rest for at most [`DRAIN_WAIT`] and then keeps the connection (or
-//! closes it). The connection keeps its slot meanwhile: the cap counts it. An older exchange (a
+//! [`Drain::max_bytes`], or chunked), less than [`Drain::wait`] after the request was sent,
+//! leaves its connection to a background task on the runtime its socket is registered with (the
+//! serving thread's), which reads the rest for at most [`Drain::wait`] and then keeps the
+//! connection (or closes it). A zero wait turns this off. The connection keeps its slot meanwhile: the cap counts it. An older exchange (a
 //! long poll, an event stream) is closed at once, as before: its answer is not about to end.
 //! Without this, every client that leaves mid-request (a browser navigating away, a load
 //! generator at its run's end) cost a new upstream connection (BENCHMARKS.md, "Exchanges
@@ -91,7 +91,7 @@ pub struct PoolStats {
     /// connection kept (see the module docs).
     pub drained: AtomicU64,
     /// Exchanges whose requester went away that were read in the background but could not be
-    /// finished so (no response end within [`DRAIN_WAIT`] or [`DRAIN_BYTES`], a response that
+    /// finished so (no response end within [`Drain::wait`] or [`Drain::max_bytes`], a response that
     /// ends its connection, bytes after its end, an error, or the upstream closing): closed.
     /// Exchanges closed without a drain (too old, a longer rest, a request not sent in full)
     /// are counted in neither.
@@ -120,24 +120,29 @@ impl PoolStats {
 #[repr(u8)]
 pub enum Closed {
     /// The upstream ended it: its response said `Connection: close` (or was HTTP/1.0 without
-    /// keep-alive, or came before the request was sent in full), it closed the connection while
-    /// idle, or it closed or reset the connection as a request was being sent on it.
+    /// keep-alive, framed its body both ways, or came before the request was sent in full); it
+    /// closed the connection (or sent bytes unasked) while idle; or, as a request was sent, it
+    /// closed or reset the connection before any of the request was written, or after all of
+    /// it and before any response byte (a reset while the request was partly written counts as
+    /// [`Closed::Error`]).
     Upstream,
     /// Idle past `upstream.idle_timeout_ms`, or past the upstream's own `Keep-Alive: timeout`.
     Expired,
-    /// Closed while idle to make room under `upstream.max_connections`: for another user's
-    /// connection (`upstream.affinity = "session"`), or for a retry's fresh connection.
+    /// Closed while idle to make room under `upstream.max_connections` for another user's
+    /// connection (`upstream.affinity = "session"`), or, still alive, closed with a reused
+    /// connection that failed (its idle peer is suspect too) before the retry's fresh one.
     Evicted,
-    /// Its exchange was left before its end (the client went away or its request body broke
-    /// off, a response-head timeout, the session ended during a response) and was not finished
-    /// in the background: too old, too long a rest, the request still being sent, or the
-    /// background read failed (`PoolStats::drain_failed`). Also an idle connection handed over
-    /// to a request that had just gone away.
+    /// Its exchange was left before its end (the client went away, or its request body broke
+    /// off or grew over `server.max_body_bytes`; a response-head timeout; the session ended
+    /// during a response) and was not finished in the background: too old, too long a rest,
+    /// the request still being sent, or the background read failed (`PoolStats::drain_failed`).
+    /// Also an idle connection handed over to a request that had just gone away.
     Abandoned,
     /// An I/O error, a malformed response, bytes after a response's end, or a failed move to
     /// another serving thread's I/O driver.
     Error,
-    /// It switched protocols (a WebSocket tunnel) and was closed when the tunnel ended.
+    /// It switched protocols (101) and was closed when its WebSocket tunnel ended, or when the
+    /// tunnel never started.
     Tunnel,
 }
 
@@ -178,10 +183,33 @@ impl Closed {
     }
 }
 
-/// Longest time a background task reads the rest of an exchange whose requester went away
-/// before it closes the connection: 250 ms. It holds a slot meanwhile, so it is kept short; an
-/// answer still due after this is a slow one, and a new connection costs less than the wait.
+/// The default of `upstream.drain_wait_ms`: the longest time a background task reads the rest
+/// of an exchange whose requester went away before it closes the connection, 250 ms. It holds a
+/// slot meanwhile, so it is kept short; an answer still due after this is a slow one, and a new
+/// connection costs less than the wait.
 pub const DRAIN_WAIT: Duration = Duration::from_millis(250);
+
+/// How exchanges whose requester went away are finished in the background (module docs):
+/// `upstream.drain_wait_ms` and `upstream.drain_max_bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Drain {
+    /// Only exchanges whose request was sent less than this long ago are finished, and each is
+    /// read for at most this long (then closed). Zero: none is; each is closed at once.
+    pub wait: Duration,
+    /// Most response-body bytes read to finish one, bytes: a `Content-Length` rest over this is
+    /// closed at once (or as soon as its head announces it), a chunked rest when it passes it.
+    pub max_bytes: u64,
+}
+
+impl Default for Drain {
+    /// [`DRAIN_WAIT`] and [`DRAIN_BYTES`].
+    fn default() -> Self {
+        Self {
+            wait: DRAIN_WAIT,
+            max_bytes: DRAIN_BYTES,
+        }
+    }
+}
 
 /// The default `wait` of [`Affinity::Session`] (`upstream.affinity_wait_ms`): 5 ms. A few
 /// request times on a LAN, and less than a new upstream connection costs an upstream that
@@ -314,6 +342,7 @@ pub struct Pool {
     connect_timeout: Duration,
     idle_timeout: Duration,
     affinity: Affinity,
+    drain: Drain,
     /// Affinity only: the credentials in use.
     owners: Mutex<Owners>,
     /// Affinity: requests holding a slot while they wait for their own user's connection (not
@@ -361,13 +390,15 @@ pub struct Conn {
 
 impl Pool {
     /// A pool for `addr` (`host:port`) with at most `max_connections` open connections, used
-    /// from `threads` serving threads (see [`set_serving_thread`]).
+    /// from `threads` serving threads (see [`set_serving_thread`]), finishing exchanges left by
+    /// their requesters as `drain` says.
     pub fn new(
         addr: String,
         max_connections: usize,
         connect_timeout: Duration,
         idle_timeout: Duration,
         affinity: Affinity,
+        drain: Drain,
         threads: usize,
     ) -> Arc<Self> {
         let pool = Arc::new(Self {
@@ -380,6 +411,7 @@ impl Pool {
             connect_timeout,
             idle_timeout,
             affinity,
+            drain,
             waiting: AtomicUsize::new(0),
             owners: Mutex::new(Owners {
                 map: HashMap::new(),
@@ -735,10 +767,12 @@ impl Pool {
     ) -> Result<Conn, ForwardError> {
         let permit = self.slot().await?;
         let suspect = self.idle(self.this_thread()).pop();
-        if suspect.is_some() {
-            self.stats.count_closed(Closed::Evicted, 1);
+        if let Some(mut idle) = suspect {
+            // Often closed by the upstream already, as the failed one was.
+            let reason = Closed::of_idle(&mut idle.h1, idle.until, Instant::now());
+            self.stats
+                .count_closed(reason.unwrap_or(Closed::Evicted), 1);
         }
-        drop(suspect);
         self.make_room();
         self.stats.retried.fetch_add(1, Ordering::Relaxed);
         self.connect(permit, key).await
@@ -808,12 +842,19 @@ impl Conn {
     /// Releases a connection whose requester went away with `rest` of its exchange unread: a
     /// task on the current runtime (the one the socket is registered with) reads the rest and
     /// then keeps the connection or closes it (see [`drain`]); it holds the slot until then.
-    /// Closed at once instead when the request was sent [`DRAIN_WAIT`] or more ago (a long poll
-    /// or an event stream, not about to end), or outside a runtime.
+    /// Closed at once instead when the request was sent [`Drain::wait`] or more ago (a long poll
+    /// or an event stream, not about to end; always, with a zero wait), when a body's rest is
+    /// over [`Drain::max_bytes`] ([`super::h1::worth_finishing`]), or outside a runtime.
     pub fn finish_later(self, rest: Unfinished) {
+        let Drain { wait, max_bytes } = self.pool.drain;
         let age_ms = coarse_ms().wrapping_sub(self.sent_ms);
-        if u128::from(age_ms) >= DRAIN_WAIT.as_millis() {
+        if u128::from(age_ms) >= wait.as_millis() {
             return;
+        }
+        if let Unfinished::Body(framing) = rest {
+            if !super::h1::worth_finishing(framing, max_bytes) {
+                return;
+            }
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(drain(self, rest));
@@ -889,7 +930,7 @@ impl Drop for Conn {
 }
 
 /// Milliseconds since the first call, wrapping every 49.7 days: 4 bytes to stamp a request
-/// with, precise enough for [`DRAIN_WAIT`]. (`Instant`, read through the vDSO. rustix's
+/// with, precise enough for [`Drain::wait`]. (`Instant`, read through the vDSO. rustix's
 /// `CLOCK_MONOTONIC_COARSE` reader was tried and not kept: its vDSO lookup crashes callgrind,
 /// which `bench/instructions.sh` runs tessera under.)
 fn coarse_ms() -> u32 {
@@ -899,11 +940,12 @@ fn coarse_ms() -> u32 {
 }
 
 /// Reads the rest of an exchange whose requester went away ([`H1::finish`]) for at most
-/// [`DRAIN_WAIT`], then releases the connection: kept when the response was read to its end,
+/// [`Drain::wait`], then releases the connection: kept when the response was read to its end,
 /// else closed. (The rest was taken out of the connection, so releasing it here cannot start
 /// another drain; a task dropped unrun closes it likewise.)
 async fn drain(mut conn: Conn, rest: Unfinished) {
-    let finished = tokio::time::timeout(DRAIN_WAIT, conn.h1().finish(rest)).await;
+    let Drain { wait, max_bytes } = conn.pool.drain;
+    let finished = tokio::time::timeout(wait, conn.h1().finish(rest, max_bytes)).await;
     if finished == Ok(true) {
         conn.pool.stats.drained.fetch_add(1, Ordering::Relaxed);
         conn.set_reusable();
