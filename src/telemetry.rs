@@ -276,7 +276,7 @@ impl prometheus_client::collector::Collector for Scrape {
         counter(&mut e, "upstream_exchanges_drain_failed", "Upstream exchanges whose client went away that were read in the background but could not be finished so (no response end within upstream.drain_wait_ms or upstream.drain_max_bytes, a response that ends its connection, an error, or the upstream closing): their connection was closed.", self.upstream_drain_failed)?;
         let mut family = e.encode_descriptor(
             "upstream_connections_closed",
-            "Upstream connections closed, by reason: upstream (it said Connection: close, or closed or reset the connection), expired (idle past upstream.idle_timeout_ms or the upstream's Keep-Alive timeout), evicted (idle, closed to make room under upstream.max_connections), abandoned (an exchange left before its end, by its client or a timeout, and not finished in the background), error (an I/O error or a malformed response), tunnel (a WebSocket tunnel ended).",
+            "Upstream connections closed, by reason: upstream (it said Connection: close, or closed or reset the connection), expired (idle past upstream.idle_timeout_ms or the upstream's Keep-Alive timeout), evicted (idle, closed to make room under upstream.max_connections for another user's connection with affinity, or an idle peer of a reused connection that failed, before the retry), abandoned (an exchange left before its end, by its client, an oversized request body, a timeout or its session's end, and not finished in the background), error (an I/O error, a malformed response, bytes after a response's end, a reset while a request was partly written), tunnel (a WebSocket tunnel ended).",
             None,
             MetricType::Counter,
         )?;

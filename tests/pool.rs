@@ -876,8 +876,9 @@ fn exchanges_left_before_their_head_are_finished_only_when_safe() {
 }
 
 /// Each connection closed is counted once, under why: the upstream ended it (`Connection:
-/// close`, or it closed an idle one), it sent bytes after a response (an error), or it idled
-/// past the pool's idle timeout. The head timeout's close counts as abandoned.
+/// close`, also when the body is dropped unread, or it closed an idle one), it sent bytes after
+/// a response (an error), or it idled past the pool's idle timeout. The head timeout's close
+/// counts as abandoned.
 #[test]
 fn connections_closed_are_counted_by_reason() {
     let idle_timeout = Duration::from_millis(300);
@@ -898,20 +899,23 @@ fn connections_closed_are_counted_by_reason() {
         };
         read("/close/0").await;
         assert_eq!(closes(&upstream), [("upstream", 1)]);
+        // Dropped before its body is read: closed for the upstream too, as its head said.
+        drop(head_of(&upstream, "/close/0").await);
+        assert_eq!(closes(&upstream), [("upstream", 2)]);
         read("/junk/0").await;
-        assert_eq!(closes(&upstream), [("upstream", 1), ("error", 1)]);
+        assert_eq!(closes(&upstream), [("upstream", 2), ("error", 1)]);
         // Kept, then closed by the upstream while idle: found so at the next checkout.
         read("/drop/20").await;
         assert_eq!(upstream.connections(), (0, 1));
         tokio::time::sleep(Duration::from_millis(100)).await;
         read("/after/0").await;
-        assert_eq!(closes(&upstream), [("upstream", 2), ("error", 1)]);
+        assert_eq!(closes(&upstream), [("upstream", 3), ("error", 1)]);
         // Idle past the idle timeout: closed by the reaper (every half idle timeout).
         tokio::time::sleep(idle_timeout * 2 + Duration::from_millis(100)).await;
         assert_eq!(upstream.connections(), (0, 0), "expired");
         assert_eq!(
             closes(&upstream),
-            [("upstream", 2), ("expired", 1), ("error", 1)]
+            [("upstream", 3), ("expired", 1), ("error", 1)]
         );
         let timed_out = upstream
             .forward(request("GET", "/after/3000", empty_body()))
@@ -920,7 +924,7 @@ fn connections_closed_are_counted_by_reason() {
         assert_eq!(
             closes(&upstream),
             [
-                ("upstream", 2),
+                ("upstream", 3),
                 ("expired", 1),
                 ("abandoned", 1),
                 ("error", 1)
@@ -929,27 +933,36 @@ fn connections_closed_are_counted_by_reason() {
     });
     // Counted by the upstream's own runtime, maybe a moment after the connect.
     let until = std::time::Instant::now() + Duration::from_secs(5);
-    while accepted.load(Ordering::SeqCst) < 5 && std::time::Instant::now() < until {
+    while accepted.load(Ordering::SeqCst) < 6 && std::time::Instant::now() < until {
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert_eq!(accepted.load(Ordering::SeqCst), 5);
+    assert_eq!(accepted.load(Ordering::SeqCst), 6);
     drop(up_rt);
 }
 
 /// The drain settings (`upstream.drain_wait_ms`, `upstream.drain_max_bytes`) bound what is
 /// finished in the background: with a zero wait nothing is (the connection closes at once);
-/// a longer wait finishes an answer the default 250 ms would give up on; a smaller byte budget
-/// closes a body rest over it at once and finishes one within it.
+/// a longer wait finishes an answer the default 250 ms would give up on, and an exchange left
+/// more than 250 ms after it was sent; a smaller byte budget closes a body rest over it (at
+/// once, from the head, or once a chunked rest passes it) and finishes one within it; a budget
+/// of zero finishes no chunked rest.
 #[test]
 fn the_drain_settings_bound_what_is_finished_in_the_background() {
-    let (up_rt, off, _) = paced_with(
-        Duration::from_secs(60),
-        Duration::from_secs(5),
-        Drain {
-            wait: Duration::ZERO,
-            max_bytes: DRAIN_BYTES,
-        },
-    );
+    let paced_drain = |wait, max_bytes| {
+        paced_with(
+            Duration::from_secs(60),
+            Duration::from_secs(5),
+            Drain { wait, max_bytes },
+        )
+    };
+    // The first 10 bytes of a body, then the body dropped with its rest unread.
+    async fn left_after_10(upstream: &Upstream, path: &str) {
+        let mut body = head_of(upstream, path).await.into_body();
+        let first = body.frame().await.expect("a frame").expect("data");
+        assert_eq!(first.data_ref().map(|d| d.len()), Some(10), "{path}");
+    }
+
+    let (up_rt, off, _) = paced_drain(Duration::ZERO, DRAIN_BYTES);
     current_thread().block_on(async {
         get_left(&off, "/after/160", LEAVE).await;
         assert_eq!(off.connections(), (0, 0), "no drain: closed at once");
@@ -959,36 +972,49 @@ fn the_drain_settings_bound_what_is_finished_in_the_background() {
     assert_eq!(closes(&off), [("abandoned", 1)]);
     drop(up_rt);
 
+    let (up_rt, no_bytes, _) = paced_drain(DRAIN_WAIT, 0);
+    current_thread().block_on(async {
+        left_after_10(&no_bytes, "/chunked/20/100").await;
+        assert_eq!(no_bytes.connections(), (0, 0), "no budget: closed at once");
+    });
+    let stats = no_bytes.stats();
+    assert_eq!((count(&stats.drained), count(&stats.drain_failed)), (0, 0));
+    assert_eq!(closes(&no_bytes), [("abandoned", 1)]);
+    drop(up_rt);
+
     let late = DRAIN_WAIT + Duration::from_millis(350);
-    let (up_rt, custom, accepted) = paced_with(
-        Duration::from_secs(60),
-        Duration::from_secs(5),
-        Drain {
-            wait: late + Duration::from_millis(500),
-            max_bytes: 50,
-        },
-    );
+    let wait = late + Duration::from_millis(500);
+    let (up_rt, custom, accepted) = paced_drain(wait, 50);
     current_thread().block_on(async {
         // Due 600 ms after it was sent: past the default wait, within this one.
         get_left(&custom, &format!("/after/{}", late.as_millis()), LEAVE).await;
         assert_eq!(drains(&custom, 1).await, (1, 0));
         assert_eq!(custom.connections(), (0, 1), "kept, idle");
-        // A rest of 50 bytes is within the budget; one of 51 is not.
-        let mut body = head_of(&custom, "/length/60/100").await.into_body();
-        body.frame().await.expect("a frame").expect("data");
-        drop(body);
+        // Left 400 ms after it was sent: too old for the default wait, young for this one.
+        get_left(&custom, "/after/700", Duration::from_millis(400)).await;
         assert_eq!(drains(&custom, 2).await, (2, 0));
         assert_eq!(custom.connections(), (0, 1), "kept, idle");
-        let mut body = head_of(&custom, "/length/61/100").await.into_body();
-        body.frame().await.expect("a frame").expect("data");
-        drop(body);
+        // A rest of 50 bytes is within the budget; one of 51 is not.
+        left_after_10(&custom, "/length/60/100").await;
+        assert_eq!(drains(&custom, 3).await, (3, 0));
+        assert_eq!(custom.connections(), (0, 1), "kept, idle");
+        left_after_10(&custom, "/length/61/100").await;
         assert_eq!(
             custom.connections(),
             (0, 0),
             "over the budget: closed at once"
         );
+        // A head announcing 51 body bytes: closed when it is read, long before the wait.
+        let started = std::time::Instant::now();
+        get_left(&custom, "/big/51/100", LEAVE).await;
+        assert_eq!(drains(&custom, 4).await, (3, 1));
+        assert!(started.elapsed() < wait, "{:?}", started.elapsed());
+        // A chunked rest of 51 bytes: read until it passes the budget, then closed.
+        left_after_10(&custom, "/chunked/61/100").await;
+        assert_eq!(drains(&custom, 5).await, (3, 2));
+        assert_eq!(custom.connections(), (0, 0));
     });
-    assert_eq!(closes(&custom), [("abandoned", 1)]);
-    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    assert_eq!(closes(&custom), [("abandoned", 3)]);
+    assert_eq!(accepted.load(Ordering::SeqCst), 3);
     drop(up_rt);
 }

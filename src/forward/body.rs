@@ -151,11 +151,16 @@ impl Drop for UpstreamBody {
     /// A body dropped before its end (the client went away, or its answer was replaced) leaves
     /// its rest to be read in the background if it is short (see [`h1::worth_finishing`]) and
     /// the exchange young (see `Conn::finish_later`, which decides both), so the connection can
-    /// be kept; otherwise the connection is closed.
+    /// be kept; otherwise the connection is closed (counted for the upstream when its response
+    /// ended the connection anyway).
     fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            if self.keep_alive && !self.switched {
+        if let Some(mut conn) = self.conn.take() {
+            if self.switched {
+                // A tunnel never started: closed as the tunnel's.
+            } else if self.keep_alive {
                 conn.finish_later(h1::Unfinished::Body(self.framing));
+            } else {
+                conn.close_as(Closed::Upstream);
             }
         }
     }

@@ -551,12 +551,12 @@ impl H1 {
 /// Whether a response body left unread with this much of it to come (on a connection the
 /// upstream keeps open) is worth finishing in the background ([`H1::finish`]) within `budget`
 /// body bytes (`upstream.drain_max_bytes`, default [`DRAIN_BYTES`]): a `Content-Length` rest of
-/// at most `budget`, or a chunked rest (then read up to `budget` bytes). A close-delimited body
-/// never is.
+/// at most `budget`, or a chunked rest when `budget` is not zero (then read up to `budget`
+/// bytes). A close-delimited body never is.
 pub fn worth_finishing(framing: Framing, budget: u64) -> bool {
     match framing {
         Framing::Length(left) => left <= budget,
-        Framing::Chunked(_) => true,
+        Framing::Chunked(_) => budget > 0,
         Framing::Done | Framing::Close => false,
     }
 }

@@ -15,8 +15,9 @@
 //! [`Drain::max_bytes`], or chunked), less than [`Drain::wait`] after the request was sent,
 //! leaves its connection to a background task on the runtime its socket is registered with (the
 //! serving thread's), which reads the rest for at most [`Drain::wait`] and then keeps the
-//! connection (or closes it). A zero wait turns this off. The connection keeps its slot meanwhile: the cap counts it. An older exchange (a
-//! long poll, an event stream) is closed at once, as before: its answer is not about to end.
+//! connection (or closes it). A zero wait turns this off. The connection keeps its slot
+//! meanwhile: the cap counts it. An older exchange (a long poll, an event stream) is closed at
+//! once, as before: its answer is not about to end.
 //! Without this, every client that leaves mid-request (a browser navigating away, a load
 //! generator at its run's end) cost a new upstream connection (BENCHMARKS.md, "Exchanges
 //! finished in the background").
@@ -848,16 +849,27 @@ impl Conn {
     pub fn finish_later(self, rest: Unfinished) {
         let Drain { wait, max_bytes } = self.pool.drain;
         let age_ms = coarse_ms().wrapping_sub(self.sent_ms);
+        // Each early return closes the connection (counted `abandoned` by the drop).
         if u128::from(age_ms) >= wait.as_millis() {
+            tracing::debug!(
+                age_ms,
+                ?rest,
+                "exchange left by its requester too old to finish"
+            );
             return;
         }
         if let Unfinished::Body(framing) = rest {
             if !super::h1::worth_finishing(framing, max_bytes) {
+                tracing::debug!(
+                    ?framing,
+                    "exchange left by its requester: body rest too long"
+                );
                 return;
             }
         }
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(drain(self, rest));
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(drain(self, rest))),
+            Err(_) => tracing::debug!("exchange left by its requester outside a runtime"),
         }
     }
 }
