@@ -733,18 +733,23 @@ if has_section close; then
       # Whose sockets to the origin are counted: tessera's, or the nginx proxy's worker.
       owner="${PID_OF[$target]}"
       [[ $target == nginx-proxy ]] && owner="$(pgrep -P "$owner" | head -1)"
-      [[ $target == tessera-pool16 ]] && closes_before="$(pool_closes)"
+      if [[ $target == tessera-pool16 ]]; then
+        closes_before="$(pool_closes)"
+      fi
       SAMPLE_PID="$owner" measure close "$target" "$c" "$rep" "$WORK/tok/hs512.lua" \
         -H "Connection: close"
       if [[ $target == tessera-pool16 ]]; then
         # Exchanges left at wrk's end finish or close within DRAIN_WAIT (250 ms).
         sleep 0.5
-        close_delta "$c" "$rep" "$closes_before" "$(pool_closes)" >>"$WORK/close-closes.tsv"
+        # Assigned first: a failed scrape stops the suite (set -e) instead of writing a short line.
+        closes_after="$(pool_closes)"
+        close_delta "$c" "$rep" "$closes_before" "$closes_after" >>"$WORK/close-closes.tsv"
       fi
     done
   done
   # The whole section: the runs, the first fill and the time between runs.
-  close_delta all all "$closes_start" "$(pool_closes)" >>"$WORK/close-closes.tsv"
+  closes_after="$(pool_closes)"
+  close_delta all all "$closes_start" "$closes_after" >>"$WORK/close-closes.tsv"
   echo "tessera-pool16 $(proc_mem "${PID_OF[tessera-pool16]}")" >"$WORK/close-mem.txt"
   stop_named tessera-pool16
   PID_OF[tessera-pool16]=""

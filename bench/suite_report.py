@@ -181,28 +181,55 @@ def affinity_waits(work):
     return sums
 
 
+DRAIN_KEYS = ("drained", "drain_failed")
+
+
+def close_counts(keys, fields):
+    """One close-closes.tsv line's counts as {"closed": {reason: n}, "drained": n,
+    "drain_failed": n}; dies on a line without every field."""
+    if len(fields) != len(keys) + 2:
+        sys.exit(f"close-closes.tsv: {len(fields)} fields, expected {len(keys) + 2}: {fields}")
+    values = dict(zip(keys, map(int, fields[2:])))
+    out = {"closed": {k: v for k, v in values.items() if k not in DRAIN_KEYS}}
+    out.update({k: values.get(k, 0) for k in DRAIN_KEYS})
+    return out
+
+
 def close_closes(work):
     """tessera-pool16's closes by reason and drains from close-closes.tsv (a header line `c rep
     <keys...>`, then one line per close run and a last `all all` line for the whole section):
-    {c: {key: sum over the reps}} with c an int, and "all" for the section."""
+    a list of per-run {"concurrency", "rep", "closed": {reason: n}, "drained", "drain_failed"},
+    and the section's counts in the same shape (None without the file or its `all` line)."""
     path = os.path.join(work, "close-closes.tsv")
-    sums = {}
+    runs, section = [], None
     if os.path.exists(path):
         lines = [line.split() for line in open(path) if line.strip()]
         keys = lines[0][2:]
         for fields in lines[1:]:
-            c = fields[0] if fields[0] == "all" else int(fields[0])
-            row = sums.setdefault(c, dict.fromkeys(keys, 0))
-            for k, v in zip(keys, fields[2:]):
-                row[k] += int(v)
-    return sums
+            counts = close_counts(keys, fields)
+            if fields[0] == "all":
+                section = counts
+            else:
+                runs.append({"concurrency": int(fields[0]), "rep": int(fields[1]), **counts})
+    return runs, section
 
 
-def closes_text(row):
+def sum_closes(rows):
+    """The counts of several runs added up, in close_counts' shape."""
+    out = {"closed": {}, **{k: 0 for k in DRAIN_KEYS}}
+    for r in rows:
+        for k, v in r["closed"].items():
+            out["closed"][k] = out["closed"].get(k, 0) + v
+        for k in DRAIN_KEYS:
+            out[k] += r[k]
+    return out
+
+
+def closes_text(counts):
     """`reason n, ...` for each close reason counted (or `none`), then the drains."""
-    reasons = [f"{k} {v:,}" for k, v in row.items() if v and k not in ("drained", "drain_failed")]
-    return (f"{', '.join(reasons) or 'none'}; drained {row.get('drained', 0):,}, "
-            f"failed {row.get('drain_failed', 0):,}")
+    reasons = [f"{k} {v:,}" for k, v in counts["closed"].items() if v]
+    return (f"{', '.join(reasons) or 'none'}; drained {counts['drained']:,}, "
+            f"failed {counts['drain_failed']:,}")
 
 
 def us(ms):
@@ -264,15 +291,18 @@ def main():
                 row = cell(by[(f"algs_{key}", t, 8)], f"{name} {mode}", 8)
                 row.update(alg=name, mode=mode, instance=t)
                 out["algs"].append(row)
-    closes = close_closes(work)
+    close_runs, close_section = close_closes(work)
     for t, c in (("tessera-pool16", 8), ("nginx-proxy", 8), ("tessera-pool16", 64)):
         if ("close", t, c) in by:
             row = cell(by[("close", t, c)], f"{t} (Connection: close)", c)
             row["instance"] = t
-            if t == "tessera-pool16" and c in closes:
-                row["upstream_closed"] = closes[c]
+            runs_c = sorted((r for r in close_runs if r["concurrency"] == c), key=lambda r: r["rep"])
+            if t == "tessera-pool16" and runs_c:
+                row["upstream_closed"] = sum_closes(runs_c)
+                row["upstream_closed_per_rep"] = runs_c
             out["close"].append(row)
-    out["close_section_closed"] = closes.get("all")
+    if close_section:
+        out["close_section_closed"] = close_section
     aff_concs = sorted({r["c"] for r in runs if r["section"].startswith("affinity_")})
     waits = affinity_waits(work)
     for c in aff_concs:
@@ -444,6 +474,12 @@ def main():
                      f"{cpu(r)} | {r['non2xx']} | {r['socket_errors']} |")
         md += [f"## New client connection per request (`wrk -H \"Connection: close\"`, "
                f"tessera `upstream.max_connections = {env.get('POOL_CAP', '16')}`, medians)", ""] + t + [""]
+        for r in out["close"]:
+            if "upstream_closed_per_rep" in r:
+                md += [f"tessera-pool16 at c={r['concurrency']}, per repetition (from before the run "
+                       "to 0.5 s after it): " + " · ".join(
+                           f"rep {p['rep']}: {closes_text(p)}" for p in r["upstream_closed_per_rep"]),
+                       ""]
         if out.get("close_section_closed"):
             md += ["tessera-pool16 over the whole section (its first fill and the time between runs "
                    "included; `[metrics]` on, so it also counts each request by status and "

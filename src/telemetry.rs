@@ -557,7 +557,7 @@ mod tests {
     }
 
     #[test]
-    fn the_histogram_is_cumulative_and_closes_are_counted_by_reason() {
+    fn the_histogram_is_cumulative_in_seconds_and_closes_are_counted_by_reason() {
         let counts = RequestCounts::new(1);
         counts.record(200, Duration::from_micros(40));
         counts.record(200, Duration::from_micros(300));

@@ -1018,3 +1018,56 @@ fn the_drain_settings_bound_what_is_finished_in_the_background() {
     assert_eq!(accepted.load(Ordering::SeqCst), 3);
     drop(up_rt);
 }
+
+/// A request whose requester goes away before any of it was written leaves its connection as it
+/// was: idle, kept, not closed and not drained. A connection just moved to another serving
+/// thread's I/O driver is not writable until that driver has reported it, so the first poll of
+/// a request taking it stops before writing; the request is dropped there. (Before, the
+/// connection was closed, as an exchange left unfinished.)
+#[test]
+fn a_request_left_before_any_of_it_was_written_keeps_its_connection() {
+    let (up_rt, upstream) = demo_upstream(4, Affinity::None);
+    // Serving thread 0 (this thread) opens the connection; its runtime stays alive, undriven,
+    // so the socket's registration there stays valid until thread 1 moves it.
+    set_serving_thread(0);
+    let rt0 = current_thread();
+    assert_eq!(rt0.block_on(get(&upstream)).0, StatusCode::OK);
+    let thread_1 = {
+        let upstream = upstream.clone();
+        std::thread::spawn(move || {
+            set_serving_thread(1);
+            current_thread().block_on(async {
+                let basic = base64::engine::general_purpose::STANDARD
+                    .encode(format!("{DEMO_USER}:{DEMO_PASSWORD}"));
+                let req = Request::get("/pool")
+                    .header(http::header::HOST, "upstream.test")
+                    .header(http::header::AUTHORIZATION, format!("Basic {basic}"))
+                    .body(empty_body())
+                    .expect("request");
+                {
+                    let mut forward = std::pin::pin!(upstream.forward(req));
+                    let polled = futures_util::poll!(forward.as_mut());
+                    assert!(polled.is_pending(), "answered at its first poll");
+                }
+                let stats = upstream.stats();
+                assert_eq!(count(&stats.moved), 1, "taken from thread 0's list");
+                assert_eq!(
+                    (count(&stats.drained), count(&stats.drain_failed)),
+                    (0, 0),
+                    "nothing was sent, so nothing to finish"
+                );
+                assert_eq!(upstream.connections(), (0, 1), "kept, idle");
+                assert_eq!(closes(&upstream), []);
+                assert_eq!(get(&upstream).await.0, StatusCode::OK);
+                assert_eq!(
+                    count(&stats.opened),
+                    1,
+                    "the one connection carried both answers"
+                );
+            });
+        })
+    };
+    thread_1.join().expect("serving thread 1");
+    drop(rt0);
+    drop(up_rt);
+}

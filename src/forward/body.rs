@@ -158,6 +158,7 @@ impl Drop for UpstreamBody {
             if self.switched {
                 // A tunnel never started: closed as the tunnel's.
             } else if self.keep_alive {
+                tracing::debug!(framing = ?self.framing, "response body dropped before its end");
                 conn.finish_later(h1::Unfinished::Body(self.framing));
             } else {
                 conn.close_as(Closed::Upstream);

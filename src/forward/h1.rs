@@ -60,9 +60,25 @@ pub struct H1 {
     announced_idle: Option<Duration>,
 }
 
+/// Where a request's sending is ([`H1::send`] keeps it up to date), for the owner of the
+/// connection should the sending be dropped (its requester went away). One byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Sending {
+    /// No sending in progress, or one past the point where the connection can be saved by
+    /// either of the others (partly written, or its head read).
+    #[default]
+    Idle,
+    /// Nothing of the request written yet (the socket was not yet writable): the connection is
+    /// as it was before, and can be reused as it is.
+    Unsent,
+    /// Written in full and the response head awaited (no close from the upstream seen): the
+    /// exchange can still be finished ([`H1::finish`] with [`Unfinished::Head`]).
+    HeadDue { head_request: bool },
+}
+
 /// What is left of an exchange whose request was written to its end: read it with
-/// [`H1::finish`] and the connection can carry another request (see [`H1::send`]'s
-/// `awaiting_head` and [`worth_finishing`]).
+/// [`H1::finish`] and the connection can carry another request (see [`Sending`] and
+/// [`worth_finishing`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unfinished {
     /// The response head has not been read yet (`head_request`: the request was a `HEAD`, so the
@@ -201,7 +217,7 @@ impl H1 {
     /// budget is refused from the head), bytes after the response's end, or a closed
     /// connection. The budget counts body data only: chunk-size lines and trailers are bounded
     /// by the caller's time limit.
-    pub async fn finish(&mut self, rest: Unfinished, budget: u64) -> bool {
+    pub async fn finish(&mut self, rest: Unfinished, mut budget: u64) -> bool {
         let mut framing = match rest {
             Unfinished::Head { head_request } => match self.read_head(head_request, false).await {
                 // A body too long to finish is known from the head: closed without reading it.
@@ -218,7 +234,6 @@ impl H1 {
             },
             Unfinished::Body(framing) => framing,
         };
-        let mut budget = budget;
         loop {
             match poll_fn(|cx| self.poll_body(cx, &mut framing)).await {
                 None => return !self.has_leftover(),
@@ -280,19 +295,18 @@ impl H1 {
     /// final head waits until the body was sent. The connection is marked reusable
     /// ([`Head::keep_alive`]) only if the whole request was written.
     ///
-    /// `awaiting_head` is `Some(is_head_request)` while the response head is awaited after the
-    /// request was written in full (and no close from the upstream was seen), else `None`:
-    /// should this future be dropped then (its requester went away), the exchange can still be
-    /// finished ([`H1::finish`] with [`Unfinished::Head`]) and the connection kept. (The
-    /// caller's, not a field of this struct: the pool's connection has room for it in its
-    /// padding, and this struct, moved with every checkout, none.)
+    /// `sending` says, should this future be dropped (its requester went away), whether the
+    /// connection can be kept as it is ([`Sending::Unsent`]), or after the exchange is finished
+    /// ([`Sending::HeadDue`]); it is [`Sending::Idle`] when this returns. (The caller's, not a
+    /// field of this struct: the pool's connection has room for it in its padding, and this
+    /// struct, moved with every checkout, none.)
     ///
     /// Errors: see [`SendError`]; request-body errors are [`ForwardError::BodyTooLarge`] when the
     /// body exceeded its limit, else [`ForwardError::ClientBody`].
     pub async fn send(
         &mut self,
         req: Request<UpBody>,
-        awaiting_head: &mut Option<bool>,
+        sending: &mut Sending,
     ) -> Result<Head, SendError> {
         let head_request = req.method() == Method::HEAD;
         let (parts, mut body) = req.into_parts();
@@ -320,6 +334,7 @@ impl H1 {
         let mut eof = false;
         // A final response head that arrived while the request was still being sent.
         let mut early: Option<Head> = None;
+        *sending = Sending::Unsent;
         let result = poll_fn(|cx| {
             while !(body_done && out.is_empty()) {
                 // Watch for an answer while sending (RFC 9112 section 9.5): interim (1xx) heads
@@ -357,6 +372,7 @@ impl H1 {
                     match self.poll_write_out(cx, &mut out) {
                         Poll::Ready(Ok(_)) => {
                             sent_any = true;
+                            *sending = Sending::Idle;
                             continue;
                         }
                         Poll::Ready(Err(e)) => {
@@ -403,6 +419,7 @@ impl H1 {
             Poll::Ready(Ok(()))
         })
         .await;
+        *sending = Sending::Idle;
         if let Err(fail) = result {
             return Err(match fail {
                 Fail::Body(e) => SendError::Failed(body_error(e)),
@@ -422,10 +439,10 @@ impl H1 {
             Some(head) => Ok(head),
             None => {
                 if request_complete && !eof {
-                    *awaiting_head = Some(head_request);
+                    *sending = Sending::HeadDue { head_request };
                 }
                 let head = self.read_head(head_request, eof).await;
-                *awaiting_head = None;
+                *sending = Sending::Idle;
                 match head {
                     Err(SendError::ClosedBeforeResponse(None, e)) if !polled_body => {
                         return Err(SendError::ClosedBeforeResponse(

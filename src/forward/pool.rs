@@ -66,7 +66,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 pub use super::h1::DRAIN_BYTES;
-use super::h1::{Head, SendError, Unfinished, H1};
+use super::h1::{Head, SendError, Sending, Unfinished, H1};
 use super::ForwardError;
 use super::UpBody;
 
@@ -148,7 +148,7 @@ pub enum Closed {
 }
 
 impl Closed {
-    /// Every reason, in label order.
+    /// Every reason, in the order the metric lists them (`upstream` first, `tunnel` last).
     pub const ALL: [Closed; 6] = [
         Closed::Upstream,
         Closed::Expired,
@@ -375,8 +375,9 @@ pub struct Conn {
     /// Whether this connection served a request before this one.
     pub reused: bool,
     reusable: bool,
-    /// See [`H1::send`]: while `Some`, a drop leaves the exchange to [`Conn::finish_later`].
-    awaiting_head: Option<bool>,
+    /// See [`H1::send`]: at [`Sending::Unsent`] a drop keeps the connection as it is, at
+    /// [`Sending::HeadDue`] it leaves the exchange to [`Conn::finish_later`].
+    sending: Sending,
     /// When the last request was sent on it ([`coarse_ms`]): how old an exchange left by its
     /// requester is (in what was padding of this struct: a wider time made every request's
     /// moves of it slower).
@@ -563,7 +564,7 @@ impl Pool {
             pool: self.clone(),
             reused: true,
             reusable: false,
-            awaiting_head: None,
+            sending: Sending::Idle,
             sent_ms: 0,
             closing: Closed::Abandoned,
             permit: Some(permit),
@@ -797,7 +798,7 @@ impl Pool {
             pool: self.clone(),
             reused: false,
             reusable: false,
-            awaiting_head: None,
+            sending: Sending::Idle,
             sent_ms: 0,
             closing: Closed::Abandoned,
             permit: Some(permit),
@@ -822,9 +823,9 @@ impl Conn {
             .h1
             .as_mut()
             .expect("connection present while Conn lives");
-        debug_assert!(self.awaiting_head.is_none(), "a send dropped unfinished");
+        debug_assert!(self.sending == Sending::Idle, "a send dropped unfinished");
         self.sent_ms = coarse_ms();
-        h1.send(req, &mut self.awaiting_head).await
+        h1.send(req, &mut self.sending).await
     }
 
     /// Marks the exchange complete (the response read to its end, and the request written to its
@@ -876,6 +877,11 @@ impl Conn {
 
 impl Drop for Conn {
     fn drop(&mut self) {
+        if self.sending == Sending::Unsent && !ABANDONING.get() {
+            // Its requester went away before any of the request was written (the socket was not
+            // yet writable): nothing was sent, so the connection is as it was.
+            self.reusable = true;
+        }
         if let Some(h1) = self.h1.take() {
             if self.reusable && !h1.has_leftover() {
                 let since = Instant::now();
@@ -911,8 +917,8 @@ impl Drop for Conn {
                 self.pool.stats.count_closed(Closed::Error, 1);
                 tracing::debug!("upstream connection closed: bytes after its response's end");
             } else {
-                let rest = self.awaiting_head.take();
-                if let Some(head_request) = rest.filter(|_| !ABANDONING.get()) {
+                let rest = std::mem::take(&mut self.sending);
+                if let (Sending::HeadDue { head_request }, false) = (rest, ABANDONING.get()) {
                     // The requester went away while the head was due.
                     Conn {
                         h1: Some(h1),
@@ -921,7 +927,7 @@ impl Drop for Conn {
                         pool: self.pool.clone(),
                         reused: self.reused,
                         reusable: false,
-                        awaiting_head: None,
+                        sending: Sending::Idle,
                         sent_ms: self.sent_ms,
                         closing: Closed::Abandoned,
                         permit: self.permit.take(),
@@ -931,6 +937,9 @@ impl Drop for Conn {
                     self.pool.stats.count_closed(self.closing, 1);
                     tracing::debug!(
                         reason = self.closing.label(),
+                        sending = ?rest,
+                        reused = self.reused,
+                        age_ms = coarse_ms().wrapping_sub(self.sent_ms),
                         "upstream connection closed after its request"
                     );
                 }
