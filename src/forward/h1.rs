@@ -68,8 +68,9 @@ pub enum Sending {
     /// either of the others (partly written, or its head read).
     #[default]
     Idle,
-    /// Nothing of the request written yet (the socket was not yet writable): the connection is
-    /// as it was before, and can be reused as it is.
+    /// Nothing of the request written yet (the socket was not yet writable): nothing was sent
+    /// or read, so the connection can be reused. (Its pool idle deadline restarts when it goes
+    /// back: it is not kept from its checkout.)
     Unsent,
     /// Written in full and the response head awaited (no close from the upstream seen): the
     /// exchange can still be finished ([`H1::finish`] with [`Unfinished::Head`]).

@@ -75,7 +75,8 @@ use super::UpBody;
 pub struct PoolStats {
     /// Connections opened to the upstream.
     pub opened: AtomicU64,
-    /// Requests sent on a connection that had served an earlier request.
+    /// Requests that took an idle connection (one that had served an earlier request, or that
+    /// a request dropped before writing anything gave back), counted at checkout.
     pub reused: AtomicU64,
     /// Requests retried on a fresh connection after a reused one failed.
     pub retried: AtomicU64,
@@ -364,7 +365,8 @@ struct Idle {
 }
 
 /// A checked-out connection. Dropping it returns the connection to the pool only when
-/// [`Conn::set_reusable`] was called (the response was read to the end); the permit is released
+/// [`Conn::set_reusable`] was called (the response was read to the end), or when its request's
+/// sending was dropped before any of it was written ([`Sending::Unsent`]); the permit is released
 /// after the connection is back, so a waiter finds it idle instead of opening another.
 pub struct Conn {
     h1: Option<H1>,
