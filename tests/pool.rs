@@ -36,13 +36,23 @@ async fn get_as(upstream: &Upstream, user: &str, password: &str) -> (StatusCode,
 /// A GET as `user`, its response body not read yet: its upstream connection stays checked out
 /// (busy) until the body is read to the end or the response dropped.
 async fn send_as(upstream: &Upstream, user: &str, password: &str) -> http::Response<ProxyBody> {
+    let req = get_of("/pool", user, password);
+    upstream.forward(req).await.expect("forwarded")
+}
+
+/// A GET of `path` as `user` (`Authorization: Basic`).
+fn get_of(path: &str, user: &str, password: &str) -> Request<UpBody> {
     let basic = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
-    let req = Request::get("/pool")
+    Request::get(path)
         .header(http::header::HOST, "upstream.test")
         .header(http::header::AUTHORIZATION, format!("Basic {basic}"))
         .body(empty_body())
-        .expect("request");
-    upstream.forward(req).await.expect("forwarded")
+        .expect("request")
+}
+
+/// A GET of `path` with the demo credential.
+fn demo_get(path: &str) -> Request<UpBody> {
+    get_of(path, DEMO_USER, DEMO_PASSWORD)
 }
 
 /// The demo upstream on its own runtime, and an `Upstream` for it used from two serving threads
@@ -1037,15 +1047,8 @@ fn a_request_left_before_any_of_it_was_written_keeps_its_connection() {
         std::thread::spawn(move || {
             set_serving_thread(1);
             current_thread().block_on(async {
-                let basic = base64::engine::general_purpose::STANDARD
-                    .encode(format!("{DEMO_USER}:{DEMO_PASSWORD}"));
-                let req = Request::get("/pool")
-                    .header(http::header::HOST, "upstream.test")
-                    .header(http::header::AUTHORIZATION, format!("Basic {basic}"))
-                    .body(empty_body())
-                    .expect("request");
                 {
-                    let mut forward = std::pin::pin!(upstream.forward(req));
+                    let mut forward = std::pin::pin!(upstream.forward(demo_get("/pool")));
                     let polled = futures_util::poll!(forward.as_mut());
                     // Pending at the write: the moved socket's new registration has not
                     // reported it writable yet (were writes tried first, this test would need
@@ -1063,14 +1066,8 @@ fn a_request_left_before_any_of_it_was_written_keeps_its_connection() {
                 assert_eq!(closes(&upstream), []);
                 // Its answer is the next request's own: had the dropped request been sent, the
                 // demo upstream's answer to it (with its path) would be read here instead.
-                let basic = base64::engine::general_purpose::STANDARD
-                    .encode(format!("{DEMO_USER}:{DEMO_PASSWORD}"));
-                let req = Request::get("/second")
-                    .header(http::header::HOST, "upstream.test")
-                    .header(http::header::AUTHORIZATION, format!("Basic {basic}"))
-                    .body(empty_body())
-                    .expect("request");
-                let resp = upstream.forward(req).await.expect("forwarded");
+                let resp = upstream.forward(demo_get("/second")).await;
+                let resp = resp.expect("forwarded");
                 assert_eq!(resp.status(), StatusCode::OK);
                 let body = resp.into_body().collect().await.expect("body").to_bytes();
                 let body = String::from_utf8_lossy(&body);
