@@ -662,6 +662,14 @@ async fn get_left(upstream: &Upstream, path: &str, after: Duration) {
     left_before_the_answer(upstream, request("GET", path, empty_body()), after).await;
 }
 
+/// A GET of `path` whose response body is dropped (as when its client goes away) after its
+/// first frame, which the paced upstream makes the first 10 body bytes.
+async fn left_after_10(upstream: &Upstream, path: &str) {
+    let mut body = head_of(upstream, path).await.into_body();
+    let first = body.frame().await.expect("a frame").expect("data");
+    assert_eq!(first.data_ref().map(|d| d.len()), Some(10), "{path}");
+}
+
 /// When a test's request leaves: long enough for it to be written on a loaded machine, well
 /// within `DRAIN_WAIT` of its sending.
 const LEAVE: Duration = Duration::from_millis(60);
@@ -721,10 +729,7 @@ fn a_body_left_with_a_short_rest_keeps_its_connection_and_a_long_one_closes_it()
         .iter()
         .enumerate()
         {
-            let mut body = head_of(&upstream, path).await.into_body();
-            let first = body.frame().await.expect("a frame").expect("data");
-            assert_eq!(first.data_ref().map(|d| d.len()), Some(10), "{path}");
-            drop(body);
+            left_after_10(&upstream, path).await;
             assert_eq!(
                 drains(&upstream, i as u64 + 1).await,
                 (i as u64 + 1, 0),
@@ -732,20 +737,14 @@ fn a_body_left_with_a_short_rest_keeps_its_connection_and_a_long_one_closes_it()
             );
             assert_eq!(upstream.connections(), (0, 1), "{path}: kept, idle");
         }
-        let long = format!("/length/{}/100", short + 11);
-        let mut body = head_of(&upstream, &long).await.into_body();
-        body.frame().await.expect("a frame").expect("data");
-        drop(body);
+        left_after_10(&upstream, &format!("/length/{}/100", short + 11)).await;
         assert_eq!(
             upstream.connections(),
             (0, 0),
             "a long rest: closed at once"
         );
         // A chunked body is drained up to `DRAIN_BYTES` of data, then closed.
-        let long = format!("/chunked/{}/100", short + 11);
-        let mut body = head_of(&upstream, &long).await.into_body();
-        body.frame().await.expect("a frame").expect("data");
-        drop(body);
+        left_after_10(&upstream, &format!("/chunked/{}/100", short + 11)).await;
         assert_eq!(drains(&upstream, 3).await, (2, 1));
         assert_eq!(upstream.connections(), (0, 0), "over the budget: closed");
     });
@@ -965,12 +964,6 @@ fn the_drain_settings_bound_what_is_finished_in_the_background() {
             Drain { wait, max_bytes },
         )
     };
-    // The first 10 bytes of a body, then the body dropped with its rest unread.
-    async fn left_after_10(upstream: &Upstream, path: &str) {
-        let mut body = head_of(upstream, path).await.into_body();
-        let first = body.frame().await.expect("a frame").expect("data");
-        assert_eq!(first.data_ref().map(|d| d.len()), Some(10), "{path}");
-    }
 
     let (up_rt, off, _) = paced_drain(Duration::ZERO, DRAIN_BYTES);
     current_thread().block_on(async {
