@@ -45,7 +45,8 @@ pub enum LoadError {
         path: PathBuf,
         source: std::io::Error,
     },
-    /// TOML syntax error, wrong type or unknown key (the message names the key and line).
+    /// TOML syntax error (the message names the line and column), or a wrong type or unknown key
+    /// (the message names the dotted key and the fix, then the line).
     #[error("config file {path}: {message}")]
     Parse { path: PathBuf, message: String },
     /// A value is present but invalid.
@@ -316,7 +317,8 @@ pub struct UpstreamConfig {
     /// Exchanges whose client went away, finished in the background so that their connection is
     /// kept: `drain_wait_ms` (0..=10000, default 250; 0 turns it off) bounds how young an
     /// exchange must be and how long its rest is read, `drain_max_bytes` (0..=16777216, default
-    /// 65536) how much of a body rest is read (see `forward::pool`).
+    /// 65536; an error with `drain_wait_ms = 0`) how much of a body rest is read (see
+    /// `forward::pool`).
     pub drain: crate::forward::Drain,
 }
 
@@ -528,16 +530,73 @@ impl Config {
         text: &str,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, FromTomlError> {
-        let raw: RawConfig =
-            toml::from_str(text).map_err(|e| FromTomlError::Parse(e.to_string()))?;
+        let raw = parse_raw(text).map_err(FromTomlError::Parse)?;
         validate(raw, &env).map_err(FromTomlError::Invalid)
+    }
+}
+
+/// Deserializes the file's tables. A syntax error is toml's message as it is (line, column and
+/// the line itself). A wrong-typed value or an unknown key is led by a line naming the dotted
+/// key and the fix, e.g. ``config key `upstream.idle_timeout_ms`: must be a whole number of
+/// milliseconds from 0 to 18446744073709551615, without quotes (e.g. 250)``, followed by toml's
+/// message.
+fn parse_raw(text: &str) -> Result<RawConfig, String> {
+    let document = toml::Deserializer::parse(text).map_err(|e| e.to_string())?;
+    serde_path_to_error::deserialize(document).map_err(|e| {
+        let key = e.path().to_string();
+        let error = e.into_inner();
+        format!(
+            "config key `{key}`: {}\n{error}",
+            type_fix(&key, error.message())
+        )
+    })
+}
+
+/// The fix for serde's message about `key` (serde's wording: "invalid type: string \"5s\",
+/// expected u64", "unknown field `x`, expected one of ..."), in one sentence.
+fn type_fix(key: &str, message: &str) -> String {
+    let expected = message.rsplit("expected ").next().unwrap_or("");
+    let unit = [
+        ("_ms", " of milliseconds"),
+        ("_seconds", " of seconds"),
+        ("_bytes", " of bytes"),
+    ]
+    .into_iter()
+    .find(|(suffix, _)| key.ends_with(suffix))
+    .map_or("", |(_, unit)| unit);
+    if message.starts_with("unknown field") {
+        "is unknown here; check its spelling and its table against the keys listed below \
+         and the configuration reference in README.md"
+            .to_string()
+    } else if let Some(max) = [
+        ("u8", u64::from(u8::MAX)),
+        ("u16", u64::from(u16::MAX)),
+        ("u32", u64::from(u32::MAX)),
+        ("u64", u64::MAX),
+        ("usize", usize::MAX as u64),
+    ]
+    .into_iter()
+    .find_map(|(name, max)| (name == expected).then_some(max))
+    {
+        format!("must be a whole number{unit} from 0 to {max}, without quotes (e.g. 250)")
+    } else if expected.starts_with("struct ") {
+        format!("must be a table: a `[{key}]` line with its keys below it")
+    } else if expected == "a boolean" {
+        "must be true or false, without quotes".to_string()
+    } else if expected == "a string" {
+        "must be a quoted string".to_string()
+    } else if expected == "a sequence" {
+        "must be an array, e.g. [\"a\", \"b\"]".to_string()
+    } else {
+        "has the wrong type; see the configuration reference in README.md".to_string()
     }
 }
 
 /// Error from [`Config::from_toml`].
 #[derive(Debug, thiserror::Error)]
 pub enum FromTomlError {
-    /// Syntax, type or unknown-key error; the message names the key and line.
+    /// Syntax error (line and column), or a wrong type or unknown key (dotted key and fix, then
+    /// the line); see `parse_raw`.
     #[error("{0}")]
     Parse(String),
     /// A value is invalid.
@@ -897,6 +956,12 @@ fn validate_upstream(u: RawUpstream) -> Result<UpstreamConfig, ConfigError> {
             }
         },
     };
+    if drain.wait.is_zero() && u.drain_max_bytes.is_some() {
+        return Err(ConfigError::new(
+            "upstream.drain_max_bytes",
+            "applies only when drains are on; remove it or set drain_wait_ms above 0",
+        ));
+    }
     Ok(UpstreamConfig {
         url,
         max_connections,
@@ -1822,6 +1887,11 @@ mod tests {
                 "upstream.drain_max_bytes",
                 "16 MiB",
             ),
+            (
+                "drain_wait_ms = 0\ndrain_max_bytes = 100",
+                "upstream.drain_max_bytes",
+                "remove it or set drain_wait_ms above 0",
+            ),
         ] {
             let err = with(lines).unwrap_err();
             assert!(err.contains(key) && err.contains(says), "{lines}: {err}");
@@ -1846,7 +1916,64 @@ mod tests {
     fn unknown_key_is_named() {
         let text = format!("{}\n[server]\nlisen = \"x\"\n", minimal());
         let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
-        assert!(err.contains("lisen"), "{err}");
+        assert!(
+            err.starts_with("config key `server.lisen`: is unknown here; check its spelling"),
+            "{err}"
+        );
+        // toml's own message follows, with the line and the keys this table has.
+        assert!(err.contains("line 9") && err.contains("`listen`"), "{err}");
+    }
+
+    /// A value of the wrong type is led by its dotted key and the fix, then toml's line.
+    #[test]
+    fn wrong_typed_values_name_the_key_and_the_fix() {
+        let cases = [
+            (
+                "[upstream]\nidle_timeout_ms = -1\n",
+                "config key `upstream.idle_timeout_ms`: must be a whole number of milliseconds \
+                 from 0 to 18446744073709551615, without quotes",
+            ),
+            (
+                "[upstream]\ndrain_wait_ms = \"250ms\"\n",
+                "config key `upstream.drain_wait_ms`: must be a whole number of milliseconds",
+            ),
+            (
+                "[login]\nmax_failures_per_ip = 5000000000\n",
+                "config key `login.max_failures_per_ip`: must be a whole number from 0 to \
+                 4294967295,",
+            ),
+            (
+                "[upstream]\npreserve_host = \"yes\"\n",
+                "config key `upstream.preserve_host`: must be true or false, without quotes",
+            ),
+            (
+                "[server]\nlisten = 8080\n",
+                "config key `server.listen`: must be a quoted string",
+            ),
+            (
+                "[token]\nalgorithms = \"HS256\"\n",
+                "config key `token.algorithms`: must be an array",
+            ),
+            (
+                "[[token.keys]]\nkid = \"a\"\nalg = 5\n",
+                "config key `token.keys[0].alg`: must be a quoted string",
+            ),
+            (
+                "log = 5\n",
+                "config key `log`: must be a table: a `[log]` line with its keys below it",
+            ),
+        ];
+        for (text, want) in cases {
+            // Types are checked before any value is validated, so the rest may be missing.
+            let err = Config::from_toml_with(text, env).unwrap_err().to_string();
+            assert!(err.starts_with(want), "{text}\n{err}");
+            assert!(err.contains("TOML parse error at line "), "{err}");
+        }
+        // A syntax error has no key to name: toml's message alone.
+        let err = Config::from_toml_with("[upstream\n", env)
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("TOML parse error at line 1"), "{err}");
     }
 
     #[test]
