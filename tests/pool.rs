@@ -59,6 +59,15 @@ fn demo_get(path: &str) -> Request<UpBody> {
 /// (connect timeout 2 s, idle timeout 60 s, header timeout 5 s) with at most `cap` connections.
 /// Keep the runtime while the upstream is used.
 fn demo_upstream(cap: usize, affinity: Affinity) -> (tokio::runtime::Runtime, Arc<Upstream>) {
+    demo_upstream_idle(cap, affinity, Duration::from_secs(60))
+}
+
+/// [`demo_upstream`] with this pool idle timeout.
+fn demo_upstream_idle(
+    cap: usize,
+    affinity: Affinity,
+    idle: Duration,
+) -> (tokio::runtime::Runtime, Arc<Upstream>) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -73,7 +82,7 @@ fn demo_upstream(cap: usize, affinity: Affinity) -> (tokio::runtime::Runtime, Ar
         addr,
         cap,
         Duration::from_secs(2),
-        Duration::from_secs(60),
+        idle,
         Duration::from_secs(5),
         affinity,
         Drain::default(),
@@ -469,6 +478,25 @@ fn a_request_dropped_while_it_waits_leaves_the_counts_exact() {
         );
         first.into_body().collect().await.expect("first body");
         assert_eq!(upstream.connections(), (0, 2), "alice's went idle");
+    });
+    assert_eq!(opened_handed_expired(&upstream), (2, 0, 0));
+}
+
+/// A connection handed over to a waiting request that is dropped before it runs again (its
+/// client gone just then) had nothing sent on it: it goes idle, not closed.
+#[test]
+fn a_connection_handed_to_a_request_gone_just_then_goes_idle() {
+    let upstream = on_serving_thread(2, session(LONG, LONG), |upstream| async move {
+        let first = alice_busy_bob_idle(&upstream).await;
+        let second = alice_waits(&upstream).await;
+        // Reading the first response to its end hands its connection to the waiting request,
+        // which is woken but not yet run; it is cancelled before it runs.
+        first.into_body().collect().await.expect("first body");
+        second.abort();
+        assert!(second.await.unwrap_err().is_cancelled());
+        assert_eq!(upstream.connections(), (0, 2), "alice's went idle");
+        assert_eq!(closes(&upstream), []);
+        alice_again(&upstream, Duration::from_secs(5), "on her idle connection").await;
     });
     assert_eq!(opened_handed_expired(&upstream), (2, 0, 0));
 }
@@ -1030,50 +1058,105 @@ fn the_drain_settings_bound_what_is_finished_in_the_background() {
 #[test]
 fn a_request_left_before_any_of_it_was_written_keeps_its_connection() {
     let (up_rt, upstream) = demo_upstream(4, Affinity::None);
-    // Serving thread 0 (this thread) opens the connection; its runtime stays alive, undriven,
-    // so the socket's registration there stays valid until thread 1 moves it.
+    left_unsent(
+        &upstream,
+        Duration::ZERO,
+        Duration::ZERO,
+        |upstream| async move {
+            let stats = upstream.stats();
+            assert_eq!(
+                (count(&stats.drained), count(&stats.drain_failed)),
+                (0, 0),
+                "nothing was sent, so nothing to finish"
+            );
+            assert_eq!(upstream.connections(), (0, 1), "kept, idle");
+            assert_eq!(closes(&upstream), []);
+            // Its answer is the next request's own: had the dropped request been sent, the demo
+            // upstream's answer to it (with its path) would be read here instead.
+            let resp = upstream.forward(demo_get("/second")).await;
+            let resp = resp.expect("forwarded");
+            assert_eq!(resp.status(), StatusCode::OK);
+            let body = resp.into_body().collect().await.expect("body").to_bytes();
+            let body = String::from_utf8_lossy(&body);
+            assert!(body.contains("\"path\":\"/second\""), "{body}");
+            assert_eq!(
+                count(&stats.opened),
+                1,
+                "the one connection carried both answers"
+            );
+        },
+    );
+    drop(up_rt);
+}
+
+/// A connection given back by a request left before any of it was written keeps the idle
+/// deadline it had before that request took it: the time it was idle before counts, whether the
+/// deadline passes while it is back in the pool or while the request still held it.
+#[test]
+fn a_request_left_unsent_gives_its_connection_back_with_its_idle_deadline() {
+    let idle = Duration::from_millis(1000);
+    let part = Duration::from_millis(600);
+    // Idle 600 ms, taken and given back at once, then 600 ms more: 1.2 s idle in all.
+    let (up_rt, upstream) = demo_upstream_idle(4, Affinity::None, idle);
+    left_unsent(
+        &upstream,
+        part,
+        Duration::ZERO,
+        move |upstream| async move {
+            assert_eq!(upstream.connections(), (0, 1), "given back, idle");
+            tokio::time::sleep(part).await;
+            assert_eq!(get(&upstream).await.0, StatusCode::OK);
+            let stats = upstream.stats();
+            assert_eq!(count(&stats.opened), 2, "the first one was not reused");
+            assert_eq!(closes(&upstream), [("expired", 1)]);
+        },
+    );
+    drop(up_rt);
+    // Idle 600 ms, then held 600 ms by the request before it is left: past its deadline when it
+    // comes back, so it is closed there.
+    let (up_rt, upstream) = demo_upstream_idle(4, Affinity::None, idle);
+    left_unsent(&upstream, part, part, |upstream| async move {
+        assert_eq!(upstream.connections(), (0, 0), "closed, not given back");
+        assert_eq!(closes(&upstream), [("expired", 1)]);
+    });
+    drop(up_rt);
+}
+
+/// Serving thread 0 (this thread) opens a connection to `upstream` and leaves it idle for
+/// `idle_for`. Serving thread 1 takes it (moving it to its I/O driver) for a request that, at its
+/// first poll, waits for the moved socket to be writable; it holds that request for `held`, then
+/// drops it with none of it written, and runs `then` on its runtime.
+fn left_unsent<F, Fut>(upstream: &Arc<Upstream>, idle_for: Duration, held: Duration, then: F)
+where
+    F: FnOnce(Arc<Upstream>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    // Thread 0's runtime stays alive, undriven, so the socket's registration there stays valid
+    // until thread 1 moves it.
     set_serving_thread(0);
     let rt0 = current_thread();
-    assert_eq!(rt0.block_on(get(&upstream)).0, StatusCode::OK);
-    let thread_1 = {
-        let upstream = upstream.clone();
-        std::thread::spawn(move || {
-            set_serving_thread(1);
-            current_thread().block_on(async {
-                {
-                    let mut forward = std::pin::pin!(upstream.forward(demo_get("/pool")));
-                    let polled = futures_util::poll!(forward.as_mut());
-                    // Pending at the write: the moved socket's new registration has not
-                    // reported it writable yet (were writes tried first, this test would need
-                    // another way to hold the first write back).
-                    assert!(polled.is_pending(), "answered or failed at its first poll");
-                }
-                let stats = upstream.stats();
-                assert_eq!(count(&stats.moved), 1, "taken from thread 0's list");
-                assert_eq!(
-                    (count(&stats.drained), count(&stats.drain_failed)),
-                    (0, 0),
-                    "nothing was sent, so nothing to finish"
-                );
-                assert_eq!(upstream.connections(), (0, 1), "kept, idle");
-                assert_eq!(closes(&upstream), []);
-                // Its answer is the next request's own: had the dropped request been sent, the
-                // demo upstream's answer to it (with its path) would be read here instead.
-                let resp = upstream.forward(demo_get("/second")).await;
-                let resp = resp.expect("forwarded");
-                assert_eq!(resp.status(), StatusCode::OK);
-                let body = resp.into_body().collect().await.expect("body").to_bytes();
-                let body = String::from_utf8_lossy(&body);
-                assert!(body.contains("\"path\":\"/second\""), "{body}");
-                assert_eq!(
-                    count(&stats.opened),
-                    1,
-                    "the one connection carried both answers"
-                );
-            });
-        })
-    };
-    thread_1.join().expect("serving thread 1");
+    assert_eq!(rt0.block_on(get(upstream)).0, StatusCode::OK);
+    std::thread::sleep(idle_for);
+    let upstream = upstream.clone();
+    std::thread::spawn(move || {
+        set_serving_thread(1);
+        current_thread().block_on(async {
+            {
+                let mut forward = std::pin::pin!(upstream.forward(demo_get("/pool")));
+                let polled = futures_util::poll!(forward.as_mut());
+                // Pending at the write: the moved socket's new registration has not reported
+                // it writable yet (were writes tried first, this helper would need another way
+                // to hold the first write back).
+                assert!(polled.is_pending(), "answered or failed at its first poll");
+                // Held without being polled again: nothing is written meanwhile.
+                std::thread::sleep(held);
+            }
+            let stats = upstream.stats();
+            assert_eq!(count(&stats.moved), 1, "taken from thread 0's list");
+            then(upstream).await;
+        });
+    })
+    .join()
+    .expect("serving thread 1");
     drop(rt0);
-    drop(up_rt);
 }

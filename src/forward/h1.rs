@@ -69,8 +69,8 @@ pub enum Sending {
     #[default]
     Idle,
     /// Nothing of the request written yet (the socket was not yet writable): nothing was sent
-    /// or read, so the connection can be reused. (Its pool idle deadline restarts when it goes
-    /// back: it is not kept from its checkout.)
+    /// or read, so the connection can be reused. (A reused one goes back with the idle deadline
+    /// it had before its checkout, to the millisecond.)
     Unsent,
     /// Written in full and the response head awaited (no close from the upstream seen): the
     /// exchange can still be finished ([`H1::finish`] with [`Unfinished::Head`]).
@@ -298,9 +298,10 @@ impl H1 {
     ///
     /// `sending` says, should this future be dropped (its requester went away), whether the
     /// connection can be kept as it is ([`Sending::Unsent`]), or after the exchange is finished
-    /// ([`Sending::HeadDue`]); it is [`Sending::Idle`] when this returns. (The caller's, not a
-    /// field of this struct: the pool's connection has room for it in its padding, and this
-    /// struct, moved with every checkout, none.)
+    /// ([`Sending::HeadDue`]); it is [`Sending::Idle`] when this returns. `sent_ms` is set to
+    /// [`super::pool::coarse_ms`] when the first bytes are written, and left as it is if none
+    /// are. (Both the caller's, not fields of this struct: the pool's connection has room for
+    /// them in its padding, and this struct, moved with every checkout, none.)
     ///
     /// Errors: see [`SendError`]; request-body errors are [`ForwardError::BodyTooLarge`] when the
     /// body exceeded its limit, else [`ForwardError::ClientBody`].
@@ -308,6 +309,7 @@ impl H1 {
         &mut self,
         req: Request<UpBody>,
         sending: &mut Sending,
+        sent_ms: &mut u32,
     ) -> Result<Head, SendError> {
         let head_request = req.method() == Method::HEAD;
         let (parts, mut body) = req.into_parts();
@@ -372,6 +374,9 @@ impl H1 {
                 if !out.is_empty() {
                     match self.poll_write_out(cx, &mut out) {
                         Poll::Ready(Ok(_)) => {
+                            if !sent_any {
+                                *sent_ms = super::pool::coarse_ms();
+                            }
                             sent_any = true;
                             *sending = Sending::Idle;
                             continue;

@@ -128,7 +128,9 @@ pub enum Closed {
     /// it and before any response byte (a reset while the request was partly written counts as
     /// [`Closed::Error`]).
     Upstream,
-    /// Idle past `upstream.idle_timeout_ms`, or past the upstream's own `Keep-Alive: timeout`.
+    /// Idle past `upstream.idle_timeout_ms`, or past the upstream's own `Keep-Alive: timeout`
+    /// (also counted from before a checkout whose request went away before any of it was
+    /// written).
     Expired,
     /// Closed while idle to make room under `upstream.max_connections` for another user's
     /// connection (`upstream.affinity = "session"`), or, still alive, closed with a reused
@@ -138,7 +140,6 @@ pub enum Closed {
     /// off or grew over `server.max_body_bytes`; a response-head timeout; the session ended
     /// during a response) and was not finished in the background: too old, too long a rest,
     /// the request still being sent, or the background read failed (`PoolStats::drain_failed`).
-    /// Also an idle connection handed over to a request that had just gone away.
     Abandoned,
     /// An I/O error, a malformed response, bytes after a response's end, or a failed move to
     /// another serving thread's I/O driver.
@@ -362,6 +363,9 @@ struct Idle {
     until: Instant,
     /// The credential this connection is bound to (affinity only).
     key: Option<Binding>,
+    /// When its last request's first bytes were written ([`coarse_ms`]; 0 if none was): a bound
+    /// on `since` that costs no clock read, for a request that gives it back unsent.
+    sent_ms: u32,
 }
 
 /// A checked-out connection. Dropping it returns the connection to the pool only when
@@ -380,9 +384,11 @@ pub struct Conn {
     /// See [`H1::send`]: at [`Sending::Unsent`] a drop keeps the connection as it is, at
     /// [`Sending::HeadDue`] it leaves the exchange to [`Conn::finish_later`].
     sending: Sending,
-    /// When the last request was sent on it ([`coarse_ms`]): how old an exchange left by its
-    /// requester is (in what was padding of this struct: a wider time made every request's
-    /// moves of it slower).
+    /// When the last request's first bytes were written ([`coarse_ms`], set by [`H1::send`]):
+    /// how old an exchange left by its requester is. Until then, for a reused connection, its
+    /// previous request's: its idle time is counted from then if nothing is written
+    /// ([`Sending::Unsent`]). (In what was padding of this
+    /// struct: a wider time made every request's moves of it slower.)
     sent_ms: u32,
     /// Why it is closed if it is not kept ([`Conn::close_as`]; by default
     /// [`Closed::Abandoned`]: the exchange was left before its end).
@@ -506,28 +512,20 @@ impl Pool {
     /// Takes a live idle connection for `key` ([`Pool::take_idle`]; expired or closed ones met
     /// on the way are closed) and moves it to the calling thread's I/O driver if it was another
     /// thread's.
-    fn take_live(&self, key: Option<&AffinityKey>) -> Option<(H1, Option<Binding>)> {
+    fn take_live(&self, key: Option<&AffinityKey>) -> Option<Idle> {
         loop {
-            let (
-                home,
-                Idle {
-                    mut h1,
-                    since,
-                    until,
-                    key,
-                },
-            ) = self.take_idle(key)?;
-            if let Some(reason) = Closed::of_idle(&mut h1, until, Instant::now()) {
+            let (home, mut idle) = self.take_idle(key)?;
+            if let Some(reason) = Closed::of_idle(&mut idle.h1, idle.until, Instant::now()) {
                 self.stats.count_closed(reason, 1);
                 tracing::debug!(
                     reason = reason.label(),
-                    idle_ms = since.elapsed().as_millis() as u64,
+                    idle_ms = idle.since.elapsed().as_millis() as u64,
                     "idle upstream connection closed at checkout"
                 );
                 continue;
             }
-            if let Some(h1) = self.bring_home(h1, home) {
-                return Some((h1, key));
+            if let Some(h1) = self.bring_home(idle.h1, home) {
+                return Some(Idle { h1, ..idle });
             }
         }
     }
@@ -551,23 +549,43 @@ impl Pool {
         }
     }
 
-    /// A checked-out reused connection.
-    fn reused(
-        self: &Arc<Self>,
-        h1: H1,
-        key: Option<Binding>,
-        permit: OwnedSemaphorePermit,
-    ) -> Conn {
+    /// Makes `idle`, registered with serving thread `home`'s driver, available again. Affinity:
+    /// a waiting request of the same user takes it straight away, else it goes idle (under the
+    /// waiters' lock: see `Owner::waiters`).
+    fn put_back(&self, home: usize, mut idle: Idle) {
+        let Some(owner) = idle.key.as_ref().map(|b| b.0 .0.clone()) else {
+            self.idle(home).push(idle);
+            return;
+        };
+        let mut waiters = lock(&owner.waiters);
+        while let Some(waiter) = waiters.pop_front() {
+            match waiter.send((home, idle)) {
+                Ok(()) => {
+                    // The waiter holds a connection now: no longer waiting (counted here,
+                    // before the giver's slot is freed, so no request sees room that the
+                    // connection in transit takes).
+                    self.waiting.fetch_sub(1, Ordering::Relaxed);
+                    return;
+                }
+                Err((_, back)) => idle = back,
+            }
+        }
+        self.idle(home).push(idle);
+    }
+
+    /// A checked-out reused connection, `idle` now registered with this thread's driver.
+    fn reused(self: &Arc<Self>, idle: Idle, permit: OwnedSemaphorePermit) -> Conn {
         self.stats.reused.fetch_add(1, Ordering::Relaxed);
         Conn {
-            h1: Some(h1),
+            h1: Some(idle.h1),
             home: self.this_thread(),
-            key,
+            key: idle.key,
             pool: self.clone(),
             reused: true,
             reusable: false,
             sending: Sending::Idle,
-            sent_ms: 0,
+            // Until the request is written: its previous one's, kept if nothing of it is.
+            sent_ms: idle.sent_ms,
             closing: Closed::Abandoned,
             permit: Some(permit),
         }
@@ -585,13 +603,13 @@ impl Pool {
         key: Option<AffinityKey>,
     ) -> Result<Conn, ForwardError> {
         let permit = self.slot().await?;
-        if let Some((h1, bound)) = self.take_live(key.as_ref()) {
-            return Ok(self.reused(h1, bound, permit));
+        if let Some(idle) = self.take_live(key.as_ref()) {
+            return Ok(self.reused(idle, permit));
         }
         if let Some(key) = &key {
             // Boxed, like the connect below: rare once the shares have settled.
-            if let Some((h1, bound)) = Box::pin(self.share(key)).await {
-                return Ok(self.reused(h1, Some(bound), permit));
+            if let Some(idle) = Box::pin(self.share(key)).await {
+                return Ok(self.reused(idle, permit));
             }
         }
         // Boxed: connecting is rare once the pool is warm, and inline it would enlarge every
@@ -621,8 +639,9 @@ impl Pool {
 
     /// Affinity, when `key` has no idle connection: makes room for a new one at the cap by the
     /// rules in the module docs, or returns one of `key`'s own connections handed over within
-    /// [`Affinity::Session`]'s `wait` (or gone idle just as it ran out).
-    async fn share(&self, key: &AffinityKey) -> Option<(H1, Binding)> {
+    /// [`Affinity::Session`]'s `wait` (or gone idle just as it ran out), registered with this
+    /// thread's driver.
+    async fn share(&self, key: &AffinityKey) -> Option<Idle> {
         if self.excess() == 0 {
             return None;
         }
@@ -644,8 +663,8 @@ impl Pool {
             let mut waiters = lock(&key.0.waiters);
             // A connection of this user may have gone idle since `take_live` looked; none can
             // while the lock is held.
-            if let Some((h1, Some(bound))) = self.take_live(Some(key)) {
-                return Some((h1, bound));
+            if let Some(idle) = self.take_live(Some(key)) {
+                return Some(idle);
             }
             waiters.retain(|tx| !tx.is_closed());
             let (tx, rx) = oneshot::channel();
@@ -655,22 +674,13 @@ impl Pool {
         let handed = tokio::time::timeout(wait, &mut waiting.rx).await;
         // From here this request either has its connection or makes its own room.
         let handed = waiting.end(handed.ok().and_then(Result::ok));
-        if let Some((
-            home,
-            Idle {
-                mut h1,
-                until,
-                key: Some(bound),
-                ..
-            },
-        )) = handed
-        {
-            match Closed::of_idle(&mut h1, until, Instant::now()) {
+        if let Some((home, mut idle)) = handed {
+            match Closed::of_idle(&mut idle.h1, idle.until, Instant::now()) {
                 Some(reason) => self.stats.count_closed(reason, 1),
                 None => {
-                    if let Some(h1) = self.bring_home(h1, home) {
+                    if let Some(h1) = self.bring_home(idle.h1, home) {
                         self.stats.handed_over.fetch_add(1, Ordering::Relaxed);
-                        return Some((h1, bound));
+                        return Some(Idle { h1, ..idle });
                     }
                 }
             }
@@ -678,8 +688,8 @@ impl Pool {
         // None handed over, or one not reusable after all (an upstream keep-alive of no time,
         // closed by the upstream, a failed move). One of this user's may have gone idle as the
         // receiver closed; else another user's is closed and one opened below.
-        if let Some((h1, Some(bound))) = self.take_live(Some(key)) {
-            return Some((h1, bound));
+        if let Some(idle) = self.take_live(Some(key)) {
+            return Some(idle);
         }
         self.stats.wait_expired.fetch_add(1, Ordering::Relaxed);
         self.make_room();
@@ -826,8 +836,7 @@ impl Conn {
             .as_mut()
             .expect("connection present while Conn lives");
         debug_assert!(self.sending == Sending::Idle, "a send dropped unfinished");
-        self.sent_ms = coarse_ms();
-        h1.send(req, &mut self.sending).await
+        h1.send(req, &mut self.sending, &mut self.sent_ms).await
     }
 
     /// Marks the exchange complete (the response read to its end, and the request written to its
@@ -886,34 +895,32 @@ impl Drop for Conn {
         }
         if let Some(h1) = self.h1.take() {
             if self.reusable && !h1.has_leftover() {
-                let since = Instant::now();
+                let now = Instant::now();
+                let mut since = now;
+                if self.sending == Sending::Unsent && self.reused {
+                    // Idle since before its checkout: counted from when its previous request
+                    // was sent (`sent_ms`, to the millisecond), which is no later, so its
+                    // deadline is no later than the one the upstream's keep-alive runs against.
+                    let idle_ms = coarse_ms().wrapping_sub(self.sent_ms);
+                    since = now
+                        .checked_sub(Duration::from_millis(idle_ms.into()))
+                        .unwrap_or(now);
+                }
                 let until = since + h1.idle_limit(self.pool.idle_timeout);
-                let mut idle = Idle {
+                if until <= now {
+                    // Only an Unsent one can be past its deadline already.
+                    self.pool.stats.count_closed(Closed::Expired, 1);
+                    tracing::debug!("upstream connection left unsent closed: idle too long");
+                    return;
+                }
+                let idle = Idle {
                     h1,
                     since,
                     until,
                     key: self.key.take(),
+                    sent_ms: self.sent_ms,
                 };
-                let Some(owner) = idle.key.as_ref().map(|b| b.0 .0.clone()) else {
-                    self.pool.idle(self.home).push(idle);
-                    return;
-                };
-                // Affinity: a waiting request of the same user takes it straight away, else it
-                // goes idle (under the waiters' lock: see `Owner::waiters`).
-                let mut waiters = lock(&owner.waiters);
-                while let Some(waiter) = waiters.pop_front() {
-                    match waiter.send((self.home, idle)) {
-                        Ok(()) => {
-                            // The waiter holds a connection now: no longer waiting (counted
-                            // here, before this slot is freed, so no request sees room that the
-                            // connection in transit takes).
-                            self.pool.waiting.fetch_sub(1, Ordering::Relaxed);
-                            return;
-                        }
-                        Err((_, back)) => idle = back,
-                    }
-                }
-                self.pool.idle(self.home).push(idle);
+                self.pool.put_back(self.home, idle);
             } else if self.reusable {
                 // Complete, yet bytes came after the response's end.
                 self.pool.stats.count_closed(Closed::Error, 1);
@@ -956,7 +963,7 @@ impl Drop for Conn {
 /// with, precise enough for [`Drain::wait`]. (`Instant`, read through the vDSO. rustix's
 /// `CLOCK_MONOTONIC_COARSE` reader was tried and not kept: its vDSO lookup crashes callgrind,
 /// which `bench/instructions.sh` runs tessera under.)
-fn coarse_ms() -> u32 {
+pub(super) fn coarse_ms() -> u32 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
     let epoch = *EPOCH.get_or_init(Instant::now);
     epoch.elapsed().as_millis() as u32
@@ -1055,9 +1062,10 @@ impl<'a> Waiting<'a> {
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         if !self.ended {
-            // Dropped mid-wait: a connection handed over meanwhile is closed here.
-            if self.last_look().is_some() {
-                self.pool.stats.count_closed(Closed::Abandoned, 1);
+            // Dropped mid-wait (its client gone): a connection handed over meanwhile had
+            // nothing sent on it, so it goes to the next waiter of its user, or idle.
+            if let Some((home, idle)) = self.last_look() {
+                self.pool.put_back(home, idle);
             }
         }
     }
