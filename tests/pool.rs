@@ -1089,33 +1089,31 @@ fn a_request_left_before_any_of_it_was_written_keeps_its_connection() {
     drop(up_rt);
 }
 
-/// A connection given back by a request left before any of it was written keeps the idle
-/// deadline it had before that request took it: the time it was idle before counts, whether the
-/// deadline passes while it is back in the pool or while the request still held it.
+/// A connection given back by a request left before any of it was written keeps its idle time:
+/// counted from its previous request's send, whether the deadline passes while it is back in the
+/// pool or while the request still held it.
 #[test]
 fn a_request_left_unsent_gives_its_connection_back_with_its_idle_deadline() {
+    // 1.2 s idle in all against a 1 s idle timeout. Each check that the deadline has not passed
+    // yet comes 200-300 ms after the previous request, so a slow start of up to 700 ms does not
+    // spoil it; a later check only finds it further past.
     let idle = Duration::from_millis(1000);
-    let part = Duration::from_millis(600);
-    // Idle 600 ms, taken and given back at once, then 600 ms more: 1.2 s idle in all.
+    let ms = Duration::from_millis;
+    // Idle 300 ms, taken and given back at once, then 900 ms more.
     let (up_rt, upstream) = demo_upstream_idle(4, Affinity::None, idle);
-    left_unsent(
-        &upstream,
-        part,
-        Duration::ZERO,
-        move |upstream| async move {
-            assert_eq!(upstream.connections(), (0, 1), "given back, idle");
-            tokio::time::sleep(part).await;
-            assert_eq!(get(&upstream).await.0, StatusCode::OK);
-            let stats = upstream.stats();
-            assert_eq!(count(&stats.opened), 2, "the first one was not reused");
-            assert_eq!(closes(&upstream), [("expired", 1)]);
-        },
-    );
+    left_unsent(&upstream, ms(300), ms(0), move |upstream| async move {
+        assert_eq!(upstream.connections(), (0, 1), "given back, idle");
+        tokio::time::sleep(ms(900)).await;
+        assert_eq!(get(&upstream).await.0, StatusCode::OK);
+        let stats = upstream.stats();
+        assert_eq!(count(&stats.opened), 2, "the first one was not reused");
+        assert_eq!(closes(&upstream), [("expired", 1)]);
+    });
     drop(up_rt);
-    // Idle 600 ms, then held 600 ms by the request before it is left: past its deadline when it
+    // Idle 200 ms, then held 1 s by the request before it is left: past its deadline when it
     // comes back, so it is closed there.
     let (up_rt, upstream) = demo_upstream_idle(4, Affinity::None, idle);
-    left_unsent(&upstream, part, part, |upstream| async move {
+    left_unsent(&upstream, ms(200), ms(1000), |upstream| async move {
         assert_eq!(upstream.connections(), (0, 0), "closed, not given back");
         assert_eq!(closes(&upstream), [("expired", 1)]);
     });

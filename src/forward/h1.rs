@@ -69,8 +69,8 @@ pub enum Sending {
     #[default]
     Idle,
     /// Nothing of the request written yet (the socket was not yet writable): nothing was sent
-    /// or read, so the connection can be reused. (A reused one goes back with the idle deadline
-    /// it had before its checkout, to the millisecond.)
+    /// or read, so the connection can be reused. (A reused one goes back with its idle time
+    /// counted from its previous request's send, or is closed if that is past its deadline.)
     Unsent,
     /// Written in full and the response head awaited (no close from the upstream seen): the
     /// exchange can still be finished ([`H1::finish`] with [`Unfinished::Head`]).

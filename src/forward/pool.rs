@@ -340,7 +340,8 @@ pub struct Pool {
     max_connections: usize,
     permits: Arc<Semaphore>,
     /// Idle connections, one list per serving thread (the thread whose runtime the socket is
-    /// registered with) and a last one for every other thread, most recently idle last.
+    /// registered with) and a last one for every other thread, most recently idle last (one given
+    /// back unsent keeps its earlier `since`, so the order is by return, not strictly by `since`).
     idle: Vec<Mutex<Vec<Idle>>>,
     connect_timeout: Duration,
     idle_timeout: Duration,
@@ -363,14 +364,16 @@ struct Idle {
     until: Instant,
     /// The credential this connection is bound to (affinity only).
     key: Option<Binding>,
-    /// When its last request's first bytes were written ([`coarse_ms`]; 0 if none was): a bound
-    /// on `since` that costs no clock read, for a request that gives it back unsent.
+    /// When its last request's first bytes were written ([`coarse_ms`]; for a new connection
+    /// given back unsent, when it was): a bound on `since` that costs no clock read, for a
+    /// request that gives it back unsent.
     sent_ms: u32,
 }
 
 /// A checked-out connection. Dropping it returns the connection to the pool only when
 /// [`Conn::set_reusable`] was called (the response was read to the end), or when its request's
-/// sending was dropped before any of it was written ([`Sending::Unsent`]); the permit is released
+/// sending was dropped before any of it was written ([`Sending::Unsent`]; unless, counted from
+/// its previous request's send, it is idle past its deadline: `expired`); the permit is released
 /// after the connection is back, so a waiter finds it idle instead of opening another.
 pub struct Conn {
     h1: Option<H1>,
@@ -552,6 +555,7 @@ impl Pool {
     /// Makes `idle`, registered with serving thread `home`'s driver, available again. Affinity:
     /// a waiting request of the same user takes it straight away, else it goes idle (under the
     /// waiters' lock: see `Owner::waiters`).
+    #[inline]
     fn put_back(&self, home: usize, mut idle: Idle) {
         let Some(owner) = idle.key.as_ref().map(|b| b.0 .0.clone()) else {
             self.idle(home).push(idle);
@@ -607,7 +611,9 @@ impl Pool {
             return Ok(self.reused(idle, permit));
         }
         if let Some(key) = &key {
-            // Boxed, like the connect below: rare once the shares have settled.
+            // Boxed, like the connect below: rare once the shares have settled. If this is
+            // dropped mid-wait, the wait is dropped before `permit` (declared earlier), so a
+            // connection handed to it is put back before this slot is freed.
             if let Some(idle) = Box::pin(self.share(key)).await {
                 return Ok(self.reused(idle, permit));
             }
@@ -751,7 +757,8 @@ impl Pool {
         let excess = self.excess();
         let mut evicted = Vec::with_capacity(excess);
         for _ in 0..excess {
-            // The longest-idle connection of all threads (each list's first is its oldest).
+            // The longest-idle connection of all threads (each list's first is its oldest, or
+            // nearly: see `Pool::idle`).
             // Taking the first list's oldest instead closed busy users' connections while
             // another thread's stale ones stayed, and with affinity that churned for good.
             let oldest = (0..self.idle.len())
@@ -897,21 +904,31 @@ impl Drop for Conn {
             if self.reusable && !h1.has_leftover() {
                 let now = Instant::now();
                 let mut since = now;
-                if self.sending == Sending::Unsent && self.reused {
-                    // Idle since before its checkout: counted from when its previous request
-                    // was sent (`sent_ms`, to the millisecond), which is no later, so its
-                    // deadline is no later than the one the upstream's keep-alive runs against.
-                    let idle_ms = coarse_ms().wrapping_sub(self.sent_ms);
-                    since = now
-                        .checked_sub(Duration::from_millis(idle_ms.into()))
-                        .unwrap_or(now);
-                }
-                let until = since + h1.idle_limit(self.pool.idle_timeout);
-                if until <= now {
-                    // Only an Unsent one can be past its deadline already.
-                    self.pool.stats.count_closed(Closed::Expired, 1);
-                    tracing::debug!("upstream connection left unsent closed: idle too long");
-                    return;
+                let mut until = now + h1.idle_limit(self.pool.idle_timeout);
+                if self.sending == Sending::Unsent {
+                    if self.reused {
+                        // Idle since before its checkout: counted from when its previous
+                        // request was sent (`sent_ms`, to the millisecond). That is no later
+                        // than when it went idle, so its deadline is no later than the one the
+                        // upstream's keep-alive runs against (and earlier by that exchange's
+                        // length: after a long one it may be closed here, which is safe).
+                        let idle_ms = coarse_ms().wrapping_sub(self.sent_ms);
+                        since = now
+                            .checked_sub(Duration::from_millis(idle_ms.into()))
+                            .unwrap_or(now);
+                        until = since + h1.idle_limit(self.pool.idle_timeout);
+                        if until <= now {
+                            self.pool.stats.count_closed(Closed::Expired, 1);
+                            tracing::debug!(
+                                idle_ms,
+                                "upstream connection left unsent closed: idle too long"
+                            );
+                            return;
+                        }
+                    } else {
+                        // New, never written: idle from now.
+                        self.sent_ms = coarse_ms();
+                    }
                 }
                 let idle = Idle {
                     h1,
@@ -1021,7 +1038,7 @@ fn spawn_reaper(pool: Weak<Pool>, idle_timeout: Duration) {
 
 /// A request waiting for its own user's connection (affinity): counted in [`Pool`]'s `waiting`
 /// until it ends. A connection handed over through `rx` is uncounted by its sender, at the
-/// handover (see `Conn`'s drop); otherwise the wait's end (or its drop, the client gone)
+/// handover (see [`Pool::put_back`]); otherwise the wait's end (or its drop, the client gone)
 /// uncounts it. Exactly one of the two: the receiver is closed before it is looked at a last
 /// time, so no handover can come after.
 struct Waiting<'a> {
