@@ -554,6 +554,8 @@ fn parse_raw(text: &str) -> Result<RawConfig, String> {
 /// The fix for serde's message about `key` (serde's wording: "invalid type: string \"5s\",
 /// expected u64", "unknown field `x`, expected one of ..."), in one sentence.
 fn type_fix(key: &str, message: &str) -> String {
+    // The keys that are arrays of tables (`Vec` of a struct in the `Raw*` types).
+    const ARRAYS_OF_TABLES: [&str; 1] = ["token.keys"];
     let expected = message.rsplit("expected ").next().unwrap_or("");
     let unit = [
         ("_ms", " of milliseconds"),
@@ -573,18 +575,13 @@ fn type_fix(key: &str, message: &str) -> String {
         "is unknown here; check its spelling and its table against the keys listed below \
          and the configuration reference in README.md"
             .to_string()
-    } else if ["u64", "usize"].contains(&expected) {
-        // Any bound is the key's own, checked after this (TOML integers end at 2^63 - 1).
+    } else if ["u8", "u16", "u32", "u64", "usize"].contains(&expected) {
+        // No range: the type's is not the key's, whose own bounds are checked after this.
         format!("must be a whole number{unit}, without quotes")
-    } else if let Some(max) = [
-        ("u8", u32::from(u8::MAX)),
-        ("u16", u32::from(u16::MAX)),
-        ("u32", u32::MAX),
-    ]
-    .into_iter()
-    .find_map(|(name, max)| (name == expected).then_some(max))
-    {
-        format!("must be a whole number{unit} from 0 to {max}, without quotes")
+    } else if ARRAYS_OF_TABLES.contains(&key) {
+        format!(
+            "must be an array of tables: one `[[{key}]]` block per entry, with its keys below it"
+        )
     } else if let (true, Some(array)) = (expected.starts_with("struct "), entry_of) {
         format!("must be a table: a `[[{array}]]` block with its keys below it")
     } else if expected.starts_with("struct ") {
@@ -599,10 +596,7 @@ fn type_fix(key: &str, message: &str) -> String {
     } else if expected == "a string" {
         "must be a quoted string".to_string()
     } else if expected == "a sequence" && message.starts_with("invalid type: map") {
-        format!(
-            "must be an array, not a table (an array of tables is one `[[{key}]]` block per \
-             entry, not `[{key}]`)"
-        )
+        "must be an array, not a table, e.g. [\"a\", \"b\"]".to_string()
     } else if expected == "a sequence" {
         "must be an array, e.g. [\"a\", \"b\"]".to_string()
     } else {
@@ -1958,8 +1952,8 @@ mod tests {
             ),
             (
                 "[login]\nmax_failures_per_ip = 5000000000\n",
-                "config key `login.max_failures_per_ip`: must be a whole number from 0 to \
-                 4294967295, without quotes\n",
+                "config key `login.max_failures_per_ip`: must be a whole number, without \
+                 quotes\n",
             ),
             (
                 "[upstream]\npreserve_host = \"yes\"\n",
@@ -1988,8 +1982,17 @@ mod tests {
             ),
             (
                 "[token.keys]\nkid = \"a\"\n",
-                "config key `token.keys`: must be an array, not a table (an array of tables is \
-                 one `[[token.keys]]` block per entry, not `[token.keys]`)",
+                "config key `token.keys`: must be an array of tables: one `[[token.keys]]` \
+                 block per entry, with its keys below it",
+            ),
+            (
+                "[token]\nkeys = \"a\"\n",
+                "config key `token.keys`: must be an array of tables: one `[[token.keys]]`",
+            ),
+            (
+                "[server.trusted_proxies]\na = 1\n",
+                "config key `server.trusted_proxies`: must be an array, not a table, e.g. \
+                 [\"a\", \"b\"]",
             ),
             (
                 "[credentials]\nkeys = 5\n",

@@ -341,7 +341,7 @@ pub struct Pool {
     permits: Arc<Semaphore>,
     /// Idle connections, one list per serving thread (the thread whose runtime the socket is
     /// registered with) and a last one for every other thread, most recently idle last (one given
-    /// back unsent keeps its earlier `since`, so the order is by return, not strictly by `since`).
+    /// back unsent has an earlier `since`, so the order is by return, not strictly by `since`).
     idle: Vec<Mutex<Vec<Idle>>>,
     connect_timeout: Duration,
     idle_timeout: Duration,
@@ -358,7 +358,7 @@ pub struct Pool {
 
 struct Idle {
     h1: H1,
-    /// When it went idle.
+    /// When it went idle (one given back unsent: its previous request's first write, earlier).
     since: Instant,
     /// When it may no longer be reused: `since` + [`H1::idle_limit`].
     until: Instant,
