@@ -1112,10 +1112,20 @@ fn a_request_left_unsent_gives_its_connection_back_with_its_idle_deadline() {
     });
     drop(up_rt);
     // Idle 200 ms, then held 1 s by the request before it is left: past its deadline when it
-    // comes back, so it is closed there.
+    // comes back, so the next request closes it and opens another.
     let (up_rt, upstream) = demo_upstream_idle(4, Affinity::None, idle);
     left_unsent(&upstream, ms(200), ms(1000), |upstream| async move {
-        assert_eq!(upstream.connections(), (0, 0), "closed, not given back");
+        assert_eq!(
+            upstream.connections(),
+            (0, 1),
+            "given back, past its deadline"
+        );
+        assert_eq!(get(&upstream).await.0, StatusCode::OK);
+        assert_eq!(
+            count(&upstream.stats().opened),
+            2,
+            "the first one was not reused"
+        );
         assert_eq!(closes(&upstream), [("expired", 1)]);
     });
     drop(up_rt);

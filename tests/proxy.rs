@@ -1483,12 +1483,18 @@ fn an_abandoned_login_is_charged_a_failure() {
         )
         .unwrap();
         // The client leaves once the upstream has the password check (on a loaded machine
-        // that can take longer than any fixed sleep), then a moment more.
+        // that can take longer than any fixed sleep).
         let until = std::time::Instant::now() + Duration::from_secs(10);
         while up.stats.requests.load(SeqCst) < attempt && std::time::Instant::now() < until {
             std::thread::sleep(Duration::from_millis(5));
         }
-        std::thread::sleep(Duration::from_millis(100));
+        drop(s);
+        // The next attempt waits until tessera has seen this one go (its access line, written
+        // as the attempt is dropped): one login check per user runs at a time, so an attempt
+        // made while this one still ran would be refused without asking the upstream.
+        let gone = "path=/auth/login status=499";
+        let log = t.log_when(|l| l.matches(gone).count() == attempt);
+        assert_eq!(log.matches(gone).count(), attempt, "{log}");
     }
     let asked = up.stats.requests.load(SeqCst);
     assert_eq!(asked, 2, "both attempts reached the upstream");

@@ -70,7 +70,7 @@ pub enum Sending {
     Idle,
     /// Nothing of the request written yet (the socket was not yet writable): nothing was sent
     /// or read, so the connection can be reused. (A reused one goes back with its idle time
-    /// counted from its previous request's send, or is closed if that is past its deadline.)
+    /// counted from its previous request's send, so it may come back past its deadline.)
     Unsent,
     /// Written in full and the response head awaited (no close from the upstream seen): the
     /// exchange can still be finished ([`H1::finish`] with [`Unfinished::Head`]).

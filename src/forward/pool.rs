@@ -372,8 +372,9 @@ struct Idle {
 
 /// A checked-out connection. Dropping it returns the connection to the pool only when
 /// [`Conn::set_reusable`] was called (the response was read to the end), or when its request's
-/// sending was dropped before any of it was written ([`Sending::Unsent`]; unless, counted from
-/// its previous request's send, it is idle past its deadline: `expired`); the permit is released
+/// sending was dropped before any of it was written ([`Sending::Unsent`]; its idle time counted
+/// from its previous request's send, so it may come back past its deadline, to be closed as
+/// `expired` by whoever takes it or the reaper); the permit is released
 /// after the connection is back, so a waiter finds it idle instead of opening another.
 pub struct Conn {
     h1: Option<H1>,
@@ -911,20 +912,15 @@ impl Drop for Conn {
                         // request was sent (`sent_ms`, to the millisecond). That is no later
                         // than when it went idle, so its deadline is no later than the one the
                         // upstream's keep-alive runs against (and earlier by that exchange's
-                        // length: after a long one it may be closed here, which is safe).
+                        // length: after a long one it may be past already, which is safe). One
+                        // past its deadline goes back all the same: a waiter of its user, or
+                        // the next checkout or the reaper, closes it (`expired`), so a waiter
+                        // is woken rather than left to its wait's end.
                         let idle_ms = coarse_ms().wrapping_sub(self.sent_ms);
                         since = now
                             .checked_sub(Duration::from_millis(idle_ms.into()))
                             .unwrap_or(now);
                         until = since + h1.idle_limit(self.pool.idle_timeout);
-                        if until <= now {
-                            self.pool.stats.count_closed(Closed::Expired, 1);
-                            tracing::debug!(
-                                idle_ms,
-                                "upstream connection left unsent closed: idle too long"
-                            );
-                            return;
-                        }
                     } else {
                         // New, never written: idle from now.
                         self.sent_ms = coarse_ms();
