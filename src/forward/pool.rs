@@ -391,8 +391,8 @@ pub struct Conn {
     /// When the last request's first bytes were written ([`coarse_ms`], set by [`H1::send`]):
     /// how old an exchange left by its requester is. Until then, for a reused connection, its
     /// previous request's: its idle time is counted from then if nothing is written
-    /// ([`Sending::Unsent`]). (In what was padding of this
-    /// struct: a wider time made every request's moves of it slower.)
+    /// ([`Sending::Unsent`]). (In what was padding of this struct: a wider time made every
+    /// request's moves of it slower.)
     sent_ms: u32,
     /// Why it is closed if it is not kept ([`Conn::close_as`]; by default
     /// [`Closed::Abandoned`]: the exchange was left before its end).
