@@ -1832,16 +1832,30 @@ mod tests {
         );
     }
 
+    /// The `[upstream]` table of [`minimal`] with `lines` added, or the error's text.
+    fn upstream_with(lines: &str) -> Result<UpstreamConfig, String> {
+        let text = minimal().replace("[token]", &format!("{lines}\n[token]"));
+        Config::from_toml_with(&text, env)
+            .map(|c| c.upstream)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Each `(lines, key, says)`: `[upstream]` with `lines` is refused, naming `key` and saying
+    /// `says`.
+    fn rejected(cases: &[(&str, &str, &str)]) {
+        for (lines, key, says) in cases {
+            let err = upstream_with(lines)
+                .err()
+                .unwrap_or_else(|| panic!("{lines}: accepted"));
+            assert!(err.contains(key) && err.contains(says), "{lines}: {err}");
+        }
+    }
+
     #[test]
     fn upstream_affinity_is_none_or_session() {
         let c = Config::from_toml_with(&minimal(), env).unwrap();
         assert_eq!(c.upstream.affinity, crate::forward::Affinity::None);
-        let with = |lines: &str| {
-            let text = minimal().replace("[token]", &format!("{lines}\n[token]"));
-            Config::from_toml_with(&text, env)
-                .map(|c| c.upstream.affinity)
-                .map_err(|e| e.to_string())
-        };
+        let with = |lines: &str| upstream_with(lines).map(|u| u.affinity);
         let session = |ms| crate::forward::Affinity::Session {
             wait: Duration::from_millis(ms),
             stale: crate::forward::AFFINITY_STALE,
@@ -1855,7 +1869,7 @@ mod tests {
             with("affinity = \"session\"\naffinity_wait_ms = 1000"),
             Ok(session(1000))
         );
-        for (lines, key, says) in [
+        rejected(&[
             ("affinity = \"user\"", "upstream.affinity", "\"session\""),
             (
                 "affinity = \"session\"\naffinity_wait_ms = 1001",
@@ -1867,21 +1881,13 @@ mod tests {
                 "upstream.affinity_wait_ms",
                 "affinity = \"session\"",
             ),
-        ] {
-            let err = with(lines).unwrap_err();
-            assert!(err.contains(key) && err.contains(says), "{lines}: {err}");
-        }
+        ]);
     }
 
     #[test]
     fn upstream_drain_settings_default_bound_and_turn_off() {
         use crate::forward::Drain;
-        let with = |lines: &str| {
-            let text = minimal().replace("[token]", &format!("{lines}\n[token]"));
-            Config::from_toml_with(&text, env)
-                .map(|c| c.upstream.drain)
-                .map_err(|e| e.to_string())
-        };
+        let with = |lines: &str| upstream_with(lines).map(|u| u.drain);
         let drain = |ms, max_bytes| Drain {
             wait: Duration::from_millis(ms),
             max_bytes,
@@ -1893,7 +1899,7 @@ mod tests {
             Ok(drain(10_000, 16_777_216))
         );
         assert_eq!(with("drain_max_bytes = 0"), Ok(drain(250, 0)));
-        for (lines, key, says) in [
+        rejected(&[
             ("drain_wait_ms = 10001", "upstream.drain_wait_ms", "10000"),
             (
                 "drain_max_bytes = 16777217",
@@ -1905,10 +1911,7 @@ mod tests {
                 "upstream.drain_max_bytes",
                 "remove it or set drain_wait_ms above 0",
             ),
-        ] {
-            let err = with(lines).unwrap_err();
-            assert!(err.contains(key) && err.contains(says), "{lines}: {err}");
-        }
+        ]);
     }
 
     #[test]
