@@ -37,7 +37,10 @@
 //! - otherwise this user already holds its share, and the request waits up to `wait`
 //!   ([`Affinity::Session`], default [`AFFINITY_WAIT`]) for one of its user's busy connections
 //!   to come back (handed over directly, first come, first served), and only then closes the
-//!   longest-idle connection.
+//!   longest-idle connection. If one of those connections is closed instead (its exchange
+//!   abandoned or failed), the oldest waiter is woken at once and opens its own in the room
+//!   left (closing another user's idle one only if a request queued for a slot took that room
+//!   first).
 //!
 //! Without the wait, 16 users over 64 connections at 64 concurrent requests closed and opened
 //! about one connection per seven requests, for good: a user's requests in flight vary around
@@ -290,8 +293,8 @@ struct Owner {
     /// Connections open with this credential (busy + idle), counted by [`Binding`].
     open: AtomicUsize,
     /// Requests of this credential waiting for one of its connections (see [`Affinity::Session`]),
-    /// oldest first. Held while a connection of this credential goes idle, so that a request
-    /// registering here cannot miss one.
+    /// oldest first. Held while a connection of this credential goes idle or, once closed, wakes
+    /// a waiter ([`Pool::closed_one_of`]), so that a request registering here misses neither.
     waiters: Mutex<VecDeque<oneshot::Sender<(usize, Idle)>>>,
 }
 
@@ -397,8 +400,8 @@ pub struct Conn {
     /// Why it is closed if it is not kept ([`Conn::close_as`]; by default
     /// [`Closed::Abandoned`]: the exchange was left before its end).
     closing: Closed,
-    /// `None` only while the drop hands the connection to a background task (see the
-    /// `Drop` impl).
+    /// `None` only in the drop: after it hands the connection to a background task, or frees
+    /// the slot of a closed one before waking a waiter ([`Conn::wake_a_waiter`]).
     permit: Option<OwnedSemaphorePermit>,
 }
 
@@ -578,6 +581,24 @@ impl Pool {
         self.idle(home).push(idle);
     }
 
+    /// Affinity: a connection bound to `binding`'s user was closed (its slot already freed).
+    /// The oldest request of that user still waiting for one of its connections is woken with
+    /// none handed over, to open its own in the room left, instead of sleeping out its wait for
+    /// a connection that will not come back. (Not from [`Binding`]'s drop: [`Pool::share`]
+    /// closes expired connections while it holds the waiters' lock.)
+    fn closed_one_of(&self, binding: Binding) {
+        let owner = binding.0 .0.clone();
+        drop(binding);
+        let mut waiters = lock(&owner.waiters);
+        while let Some(waiter) = waiters.pop_front() {
+            if !waiter.is_closed() {
+                // Dropping the sender wakes its receiver with `RecvError`.
+                drop(waiter);
+                return;
+            }
+        }
+    }
+
     /// A checked-out reused connection, `idle` now registered with this thread's driver.
     fn reused(self: &Arc<Self>, idle: Idle, permit: OwnedSemaphorePermit) -> Conn {
         self.stats.reused.fetch_add(1, Ordering::Relaxed);
@@ -638,7 +659,8 @@ impl Pool {
     fn excess(&self) -> usize {
         // Busy connections, this request's included, hold the permits not available; so do the
         // requests waiting for their own user's connection (affinity), which hold none. Each of
-        // those makes its own room if its wait runs out (no longer counted as waiting then).
+        // those makes its own room if its wait runs out or a close wakes it (no longer counted as
+        // waiting then).
         let idle_now: usize = (0..self.idle.len()).map(|t| self.idle(t).len()).sum();
         idle_now
             .saturating_sub(self.permits.available_permits() + self.waiting.load(Ordering::Relaxed))
@@ -666,21 +688,37 @@ impl Pool {
             return None;
         }
         // Counted as waiting until the wait ends (or this is dropped: its client gone).
-        let mut waiting = {
+        let waiting = {
             let mut waiters = lock(&key.0.waiters);
-            // A connection of this user may have gone idle since `take_live` looked; none can
-            // while the lock is held.
+            // A connection of this user may have gone idle since `take_live` looked, or been
+            // closed (on another thread) since `excess` and `mine` were read, waking nobody.
+            // Neither can while the lock is held: a close frees its slot and lowers `open`
+            // before it takes this lock to wake a waiter.
             if let Some(idle) = self.take_live(Some(key)) {
                 return Some(idle);
             }
-            waiters.retain(|tx| !tx.is_closed());
-            let (tx, rx) = oneshot::channel();
-            waiters.push_back(tx);
-            Waiting::new(self, rx)
+            if self.excess() == 0 {
+                return None;
+            }
+            if key.0.open.load(Ordering::Relaxed) == 0 {
+                // None of this user's can come back: room is made below, without a wait.
+                None
+            } else {
+                waiters.retain(|tx| !tx.is_closed());
+                let (tx, rx) = oneshot::channel();
+                waiters.push_back(tx);
+                Some(Waiting::new(self, rx))
+            }
         };
-        let handed = tokio::time::timeout(wait, &mut waiting.rx).await;
-        // From here this request either has its connection or makes its own room.
-        let handed = waiting.end(handed.ok().and_then(Result::ok));
+        let Some(mut waiting) = waiting else {
+            self.make_room();
+            return None;
+        };
+        let waited = tokio::time::timeout(wait, &mut waiting.rx).await;
+        // From here this request either has its connection or makes its own room. Woken with
+        // nothing (`room_left`): one of this user's connections was closed (`closed_one_of`),
+        // which left room for its own without its wait having run out.
+        let (handed, room_left) = waiting.end(waited.ok());
         if let Some((home, mut idle)) = handed {
             match Closed::of_idle(&mut idle.h1, idle.until, Instant::now()) {
                 Some(reason) => self.stats.count_closed(reason, 1),
@@ -698,7 +736,9 @@ impl Pool {
         if let Some(idle) = self.take_live(Some(key)) {
             return Some(idle);
         }
-        self.stats.wait_expired.fetch_add(1, Ordering::Relaxed);
+        if !room_left {
+            self.stats.wait_expired.fetch_add(1, Ordering::Relaxed);
+        }
         self.make_room();
         None
     }
@@ -892,6 +932,18 @@ impl Conn {
             Err(_) => tracing::debug!("exchange left by its requester outside a runtime"),
         }
     }
+
+    /// Affinity, after this connection was closed (its socket already): frees its slot, then
+    /// wakes a request of its user waiting for one of its connections ([`Pool::closed_one_of`]),
+    /// which finds the room left. Off the hot path: a kept connection has no key left here.
+    #[cold]
+    #[inline(never)]
+    fn wake_a_waiter(&mut self) {
+        if let Some(key) = self.key.take() {
+            drop(self.permit.take());
+            self.pool.closed_one_of(key);
+        }
+    }
 }
 
 impl Drop for Conn {
@@ -967,8 +1019,12 @@ impl Drop for Conn {
                 }
             }
         }
-        // The permit is released after this body runs: the connection is already idle (or
-        // handed over), so a waiter finds it instead of opening another.
+        if self.key.is_some() {
+            // Closed (a kept connection, or one handed to a drain, took its key along).
+            self.wake_a_waiter();
+        }
+        // Otherwise the permit is released after this body runs: the connection is already idle
+        // (or handed over), so a waiter finds it instead of opening another.
     }
 }
 
@@ -1053,22 +1109,36 @@ impl<'a> Waiting<'a> {
         }
     }
 
-    /// Ends the wait: the connection handed over, `got` or one handed over just before the
-    /// receiver closed, if any.
-    fn end(mut self, got: Option<(usize, Idle)>) -> Option<(usize, Idle)> {
+    /// Ends the wait, given what the receiver yielded (`None`: the wait ran out): the
+    /// connection handed over (or handed over just before the receiver closed), if any, and
+    /// whether it was woken with none ([`Pool::closed_one_of`]).
+    fn end(
+        mut self,
+        waited: Option<Result<(usize, Idle), oneshot::error::RecvError>>,
+    ) -> (Option<(usize, Idle)>, bool) {
         self.ended = true;
-        got.or_else(|| self.last_look())
+        match waited {
+            Some(Ok(got)) => (Some(got), false),
+            _ => self.last_look(),
+        }
     }
 
-    /// Closes the receiver and takes what was handed over before; uncounts the wait if nothing
-    /// was.
-    fn last_look(&mut self) -> Option<(usize, Idle)> {
-        self.rx.close();
-        let got = self.rx.try_recv().ok();
+    /// Takes what was handed over, closing the receiver first if nothing was yet, so that no
+    /// handover can come after; uncounts the wait if nothing was. Also tells whether the sender
+    /// was dropped unsent (woken by a close, maybe just as the wait ran out).
+    fn last_look(&mut self) -> (Option<(usize, Idle)>, bool) {
+        let (got, woken) = match self.rx.try_recv() {
+            Ok(got) => (Some(got), false),
+            Err(oneshot::error::TryRecvError::Closed) => (None, true),
+            Err(oneshot::error::TryRecvError::Empty) => {
+                self.rx.close();
+                (self.rx.try_recv().ok(), false)
+            }
+        };
         if got.is_none() {
             self.pool.waiting.fetch_sub(1, Ordering::Relaxed);
         }
-        got
+        (got, woken)
     }
 }
 
@@ -1077,7 +1147,9 @@ impl Drop for Waiting<'_> {
         if !self.ended {
             // Dropped mid-wait (its client gone): a connection handed over meanwhile had
             // nothing sent on it, so it goes to the next waiter of its user, or idle.
-            if let Some((home, idle)) = self.last_look() {
+            // Woken by a close instead, the wake is not passed on: this request's slot is
+            // freed only after this drop, so a waiter woken now could find no room yet.
+            if let (Some((home, idle)), _) = self.last_look() {
                 self.pool.put_back(home, idle);
             }
         }
