@@ -3,6 +3,9 @@
 //!
 //! Layout: `PATH/sessions.sqlite3`, table `kv(key TEXT PRIMARY KEY, value BLOB, expires_at INTEGER)`
 //! with `expires_at` in seconds since the Unix epoch. Expired rows are invisible and purged on write.
+//! `PATH/sessions.lock` is held (`flock`, exclusive) while a process opens the store: a new file
+//! is turned to WAL and given its tables by one opener at a time (two at once made SQLite refuse
+//! one with "database is locked", without waiting: each held a lock the other needed).
 //! SQLite calls block, so they run on tokio's blocking pool over a small set of reused connections.
 
 use std::path::{Path, PathBuf};
@@ -23,6 +26,10 @@ pub struct EmbeddedStore {
 const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(25);
 /// Change-log rows older than this are pruned, seconds.
 const LOG_KEEP_SECONDS: i64 = 300;
+/// The lock file beside the database, held while the store is opened (module docs).
+const OPEN_LOCK: &str = "sessions.lock";
+/// How long an open waits for another process's open to finish before it fails.
+const OPEN_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 struct Inner {
     file: PathBuf,
@@ -35,9 +42,11 @@ fn err(e: impl std::fmt::Display) -> StoreError {
 }
 
 impl EmbeddedStore {
-    /// Opens (creating if needed) the store directory `dir`.
+    /// Opens (creating if needed) the store directory `dir`. Blocks the calling thread while
+    /// another process opens it (module docs), for at most [`OPEN_LOCK_WAIT`].
     ///
-    /// Errors: the directory or database cannot be created.
+    /// Errors: the directory, the lock file or the database cannot be created; another
+    /// process's open held the lock for [`OPEN_LOCK_WAIT`].
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
         std::fs::create_dir_all(dir)
             .map_err(|e| err(format!("cannot create {}: {e}", dir.display())))?;
@@ -45,6 +54,8 @@ impl EmbeddedStore {
             file: dir.join("sessions.sqlite3"),
             idle: Mutex::new(Vec::new()),
         });
+        // Held until the tables exist (dropped at the end of this function).
+        let _opening = lock_for_open(&dir.join(OPEN_LOCK))?;
         let conn = inner.connect()?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value BLOB NOT NULL, expires_at INTEGER NOT NULL);
@@ -71,6 +82,24 @@ impl EmbeddedStore {
         .map_err(err)?
     }
 
+    /// [`EmbeddedStore::run`] in one `BEGIN IMMEDIATE` transaction: a change and its change-log
+    /// row are written together or not at all (a row changed without its log entry would leave
+    /// other processes' caches stale), and the write lock is taken, within the busy timeout,
+    /// before anything is read.
+    async fn run_write<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> rusqlite::Result<R> + Send + 'static,
+    ) -> Result<R, StoreError> {
+        self.run(move |c| {
+            let tx =
+                rusqlite::Transaction::new_unchecked(c, rusqlite::TransactionBehavior::Immediate)?;
+            let out = f(&tx)?;
+            tx.commit()?;
+            Ok(out)
+        })
+        .await
+    }
+
     pub(super) async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let key = key.to_owned();
         self.run(move |c| {
@@ -88,7 +117,7 @@ impl EmbeddedStore {
         ttl_seconds: u64,
     ) -> Result<(), StoreError> {
         let (key, value) = (key.to_owned(), value.to_vec());
-        self.run(move |c| {
+        self.run_write(move |c| {
             let now = unix_now() as i64;
             c.prepare_cached("DELETE FROM kv WHERE expires_at <= ?1")?
                 .execute(params![now])?;
@@ -145,7 +174,7 @@ impl EmbeddedStore {
 
     pub(super) async fn delete(&self, key: &str) -> Result<bool, StoreError> {
         let key = key.to_owned();
-        self.run(move |c| {
+        self.run_write(move |c| {
             let existed = c
                 .prepare_cached("DELETE FROM kv WHERE key = ?1")?
                 .execute(params![key])?
@@ -181,7 +210,7 @@ impl EmbeddedStore {
         value: &[u8],
     ) -> Result<bool, StoreError> {
         let (key, old, value) = (key.to_owned(), old.to_vec(), value.to_vec());
-        self.run(move |c| {
+        self.run_write(move |c| {
             let replaced = c
                 .prepare_cached(
                     "UPDATE kv SET value = ?1 WHERE key = ?2 AND value = ?3 AND expires_at > ?4",
@@ -265,6 +294,40 @@ impl EmbeddedStore {
     }
 }
 
+/// Takes the exclusive `flock` on `path` (created if needed), polling every 10 ms for at most
+/// [`OPEN_LOCK_WAIT`]; released when the returned file is dropped. `flock` locks are per open
+/// file, so threads of one process exclude each other too.
+///
+/// Errors: the file cannot be created or locked, or is still locked after the wait.
+fn lock_for_open(path: &Path) -> Result<std::fs::File, StoreError> {
+    use rustix::fs::{flock, FlockOperation};
+    use rustix::io::Errno;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| err(format!("cannot create {}: {e}", path.display())))?;
+    let deadline = std::time::Instant::now() + OPEN_LOCK_WAIT;
+    loop {
+        match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(file),
+            Err(Errno::INTR) => {}
+            Err(Errno::WOULDBLOCK) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(Errno::WOULDBLOCK) => {
+                return Err(err(format!(
+                    "{} held by another process opening the store for {} s; is one stuck?",
+                    path.display(),
+                    OPEN_LOCK_WAIT.as_secs()
+                )))
+            }
+            Err(e) => return Err(err(format!("cannot lock {}: {e}", path.display()))),
+        }
+    }
+}
+
 fn log_change(c: &Connection, key: &str) -> rusqlite::Result<()> {
     c.prepare_cached("INSERT INTO kv_log (key, at) VALUES (?1, ?2)")?
         .execute(params![key, unix_now() as i64])?;
@@ -296,6 +359,66 @@ impl Inner {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         if idle.len() < 8 {
             idle.push(conn);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A new store opened by several at once (`tessera serve` starting as the CLI creates a
+    /// session, in a fresh directory) opens for each, and each can write: the first open turns
+    /// the file to WAL and creates the tables, and two connections doing that together made
+    /// SQLite refuse one at once ("database is locked", no busy wait: each held the lock the
+    /// other needed). 20 fresh stores, 8 openers each, released together.
+    /// A change is written with its change-log row or not at all: with the log unwritable (its
+    /// table dropped by another connection), a put fails and leaves no row, and a delete fails
+    /// and leaves its row (written alone, other processes' caches would never hear of it).
+    #[test]
+    fn a_change_whose_log_row_fails_is_not_written() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let store = EmbeddedStore::open(dir.path()).expect("open");
+        rt.block_on(store.put("kept", b"v", 60)).expect("put");
+        Connection::open(dir.path().join("sessions.sqlite3"))
+            .and_then(|c| c.execute_batch("DROP TABLE kv_log"))
+            .expect("log dropped");
+        assert!(rt.block_on(store.put("new", b"v", 60)).is_err());
+        assert_eq!(rt.block_on(store.get("new")).expect("get"), None);
+        assert!(rt.block_on(store.delete("kept")).is_err());
+        assert_eq!(
+            rt.block_on(store.get("kept")).expect("get"),
+            Some(b"v".to_vec()),
+            "the row stays when its deletion cannot be logged"
+        );
+    }
+
+    #[test]
+    fn a_new_store_opened_by_many_at_once_opens_for_each() {
+        const OPENERS: usize = 8;
+        for round in 0..20 {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let barrier = Arc::new(std::sync::Barrier::new(OPENERS));
+            let openers: Vec<_> = (0..OPENERS)
+                .map(|i| {
+                    let (path, barrier) = (dir.path().to_path_buf(), barrier.clone());
+                    std::thread::spawn(move || {
+                        let rt = tokio::runtime::Builder::new_current_thread()
+                            .build()
+                            .expect("runtime");
+                        barrier.wait();
+                        let store = EmbeddedStore::open(&path)?;
+                        rt.block_on(store.put(&format!("k{i}"), b"v", 60))
+                    })
+                })
+                .collect();
+            for (i, opener) in openers.into_iter().enumerate() {
+                let opened = opener.join().expect("opener thread");
+                assert!(opened.is_ok(), "round {round}, opener {i}: {opened:?}");
+            }
         }
     }
 }
