@@ -43,10 +43,11 @@ fn err(e: impl std::fmt::Display) -> StoreError {
 
 impl EmbeddedStore {
     /// Opens (creating if needed) the store directory `dir`. Blocks the calling thread while
-    /// another process opens it (module docs), for at most [`OPEN_LOCK_WAIT`].
+    /// another process opens it (module docs), for at most [`OPEN_LOCK_WAIT`] (then SQLite's
+    /// statements wait up to their 5 s busy timeout each, as every store call does).
     ///
-    /// Errors: the directory, the lock file or the database cannot be created; another
-    /// process's open held the lock for [`OPEN_LOCK_WAIT`].
+    /// Errors (each naming the file): the directory, the lock file or the database cannot be
+    /// created or opened; another process's open held the lock for [`OPEN_LOCK_WAIT`].
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
         std::fs::create_dir_all(dir)
             .map_err(|e| err(format!("cannot create {}: {e}", dir.display())))?;
@@ -62,7 +63,7 @@ impl EmbeddedStore {
              CREATE INDEX IF NOT EXISTS kv_expires ON kv(expires_at);
              CREATE TABLE IF NOT EXISTS kv_log (seq INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL, at INTEGER NOT NULL);",
         )
-        .map_err(err)?;
+        .map_err(|e| inner.error(e))?;
         inner.release(conn);
         Ok(Self { inner })
     }
@@ -74,7 +75,7 @@ impl EmbeddedStore {
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
             let conn = inner.acquire()?;
-            let out = f(&conn).map_err(err);
+            let out = f(&conn).map_err(|e| inner.error(e));
             inner.release(conn);
             out
         })
@@ -294,20 +295,31 @@ impl EmbeddedStore {
     }
 }
 
-/// Takes the exclusive `flock` on `path` (created if needed), polling every 10 ms for at most
-/// [`OPEN_LOCK_WAIT`]; released when the returned file is dropped. `flock` locks are per open
-/// file, so threads of one process exclude each other too.
+/// Takes the exclusive `flock` on `path` (created if missing; opened read-only, which is all
+/// `flock` needs), polling every 10 ms for at most [`OPEN_LOCK_WAIT`]; released when the
+/// returned file is dropped. `flock` locks are per open file, so threads of one process exclude
+/// each other too (on a local filesystem, which SQLite's WAL mode needs anyway).
 ///
-/// Errors: the file cannot be created or locked, or is still locked after the wait.
+/// Errors: the file cannot be created, opened or locked, or is still locked after the wait.
 fn lock_for_open(path: &Path) -> Result<std::fs::File, StoreError> {
     use rustix::fs::{flock, FlockOperation};
     use rustix::io::Errno;
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .map_err(|e| err(format!("cannot create {}: {e}", path.display())))?;
+    let open = || std::fs::OpenOptions::new().read(true).open(path);
+    let file = match open() {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .and_then(|_| open()),
+        opened => opened,
+    }
+    .map_err(|e| {
+        err(format!(
+            "cannot open {} (the store directory must be writable by tessera): {e}",
+            path.display()
+        ))
+    })?;
     let deadline = std::time::Instant::now() + OPEN_LOCK_WAIT;
     loop {
         match flock(&file, FlockOperation::NonBlockingLockExclusive) {
@@ -318,12 +330,18 @@ fn lock_for_open(path: &Path) -> Result<std::fs::File, StoreError> {
             }
             Err(Errno::WOULDBLOCK) => {
                 return Err(err(format!(
-                    "{} held by another process opening the store for {} s; is one stuck?",
+                    "{} still locked after {} s by another tessera opening the store; \
+                     retry, or look for a stuck tessera process using that directory",
                     path.display(),
                     OPEN_LOCK_WAIT.as_secs()
                 )))
             }
-            Err(e) => return Err(err(format!("cannot lock {}: {e}", path.display()))),
+            Err(e) => {
+                return Err(err(format!(
+                    "cannot lock {} (the store needs a local filesystem): {e}",
+                    path.display()
+                )))
+            }
         }
     }
 }
@@ -336,15 +354,19 @@ fn log_change(c: &Connection, key: &str) -> rusqlite::Result<()> {
 
 impl Inner {
     fn connect(&self) -> Result<Connection, StoreError> {
-        let conn = Connection::open(&self.file)
-            .map_err(|e| err(format!("{}: {e}", self.file.display())))?;
+        let conn = Connection::open(&self.file).map_err(|e| self.error(e))?;
         conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(err)?;
+            .map_err(|e| self.error(e))?;
         conn.pragma_update(None, "synchronous", "NORMAL")
-            .map_err(err)?;
+            .map_err(|e| self.error(e))?;
         conn.busy_timeout(std::time::Duration::from_secs(5))
-            .map_err(err)?;
+            .map_err(|e| self.error(e))?;
         Ok(conn)
+    }
+
+    /// A store error naming the database file.
+    fn error(&self, e: impl std::fmt::Display) -> StoreError {
+        err(format!("{}: {e}", self.file.display()))
     }
 
     fn acquire(&self) -> Result<Connection, StoreError> {
@@ -355,7 +377,12 @@ impl Inner {
         }
     }
 
+    /// Gives `conn` back for reuse (at most 8 kept), unless it is still in a transaction (a
+    /// rollback that failed): kept, it would hold the write lock for every process.
     fn release(&self, conn: Connection) {
+        if !conn.is_autocommit() {
+            return;
+        }
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         if idle.len() < 8 {
             idle.push(conn);
@@ -367,11 +394,6 @@ impl Inner {
 mod tests {
     use super::*;
 
-    /// A new store opened by several at once (`tessera serve` starting as the CLI creates a
-    /// session, in a fresh directory) opens for each, and each can write: the first open turns
-    /// the file to WAL and creates the tables, and two connections doing that together made
-    /// SQLite refuse one at once ("database is locked", no busy wait: each held the lock the
-    /// other needed). 20 fresh stores, 8 openers each, released together.
     /// A change is written with its change-log row or not at all: with the log unwritable (its
     /// table dropped by another connection), a put fails and leaves no row, and a delete fails
     /// and leaves its row (written alone, other processes' caches would never hear of it).
@@ -396,6 +418,11 @@ mod tests {
         );
     }
 
+    /// A new store opened by several at once (`tessera serve` starting as the CLI creates a
+    /// session, in a fresh directory) opens for each, and each can write: the first open turns
+    /// the file to WAL and creates the tables, and two connections doing that together made
+    /// SQLite refuse one at once ("database is locked", no busy wait: each held the lock the
+    /// other needed). 20 fresh stores, 8 openers each, released together.
     #[test]
     fn a_new_store_opened_by_many_at_once_opens_for_each() {
         const OPENERS: usize = 8;
