@@ -59,8 +59,11 @@ fn demo_get(path: &str) -> Request<UpBody> {
 /// (connect timeout 2 s, idle timeout 60 s, header timeout 5 s) with at most `cap` connections.
 /// Keep the runtime while the upstream is used.
 fn demo_upstream(cap: usize, affinity: Affinity) -> (tokio::runtime::Runtime, Arc<Upstream>) {
-    demo_upstream_idle(cap, affinity, Duration::from_secs(60))
+    demo_upstream_idle(cap, affinity, IDLE)
 }
+
+/// The pool idle timeout of [`demo_upstream`]: longer than any test.
+const IDLE: Duration = Duration::from_secs(60);
 
 /// [`demo_upstream`] with this pool idle timeout.
 fn demo_upstream_idle(
@@ -535,10 +538,9 @@ const NO_DRAIN: Drain = Drain {
 /// (3 s) for it. Before, the second waited out its whole wait, then opened its own.
 #[test]
 fn a_request_waiting_for_a_connection_closed_meanwhile_opens_its_own_at_once() {
-    let idle = Duration::from_secs(60);
     // Below the header timeout (5 s), so the old behaviour fails the time check below.
     let wait = Duration::from_secs(3);
-    let up = demo_upstream_with(2, session(wait, LONG), idle, NO_DRAIN);
+    let up = demo_upstream_with(2, session(wait, LONG), IDLE, NO_DRAIN);
     let upstream = on_serving_thread_of(up, |upstream| async move {
         let first = alice_busy_bob_idle(&upstream).await;
         let second = alice_waits(&upstream).await;
@@ -582,8 +584,7 @@ fn under_load_with_closes_no_wait_for_ones_own_connection_runs_out() {
     const CAP: usize = 4;
     const REQUESTS: usize = 2_000;
     const USERS: [&str; 2] = ["alice", "bob"];
-    let idle = Duration::from_secs(60);
-    let (up_rt, upstream) = demo_upstream_with(CAP, session(LONG, LONG), idle, NO_DRAIN);
+    let (up_rt, upstream) = demo_upstream_with(CAP, session(LONG, LONG), IDLE, NO_DRAIN);
     let next = Arc::new(AtomicUsize::new(0));
     let (done_tx, done_rx) = mpsc::channel();
     // Each thread keeps its runtime until both are done: a connection registered with a runtime

@@ -354,14 +354,14 @@ fn log_change(c: &Connection, key: &str) -> rusqlite::Result<()> {
 
 impl Inner {
     fn connect(&self) -> Result<Connection, StoreError> {
-        let conn = Connection::open(&self.file).map_err(|e| self.error(e))?;
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(|e| self.error(e))?;
-        conn.pragma_update(None, "synchronous", "NORMAL")
-            .map_err(|e| self.error(e))?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))
-            .map_err(|e| self.error(e))?;
-        Ok(conn)
+        let connect = || {
+            let conn = Connection::open(&self.file)?;
+            conn.pragma_update(None, "journal_mode", "WAL")?;
+            conn.pragma_update(None, "synchronous", "NORMAL")?;
+            conn.busy_timeout(std::time::Duration::from_secs(5))?;
+            Ok::<_, rusqlite::Error>(conn)
+        };
+        connect().map_err(|e| self.error(e))
     }
 
     /// A store error naming the database file.
