@@ -73,14 +73,22 @@ pub fn serving_sessions(cfg: &Config) -> Result<session::Sessions, session::Stor
 /// drain ends; `/readyz` answers 200 only from when the serving threads run until shutdown
 /// begins.
 ///
+/// Each configuration received on `reloads` (the binary sends one per SIGHUP, already loaded
+/// and validated) has its keys put in place ([`Proxy::reload_keys`]), without dropping a
+/// connection; the outcome is logged.
+///
 /// Errors: the session store cannot be opened.
 pub async fn run(
     cfg: Config,
     listener: TcpListener,
     metrics: Option<TcpListener>,
+    reloads: tokio::sync::mpsc::Receiver<Config>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), session::StoreError> {
     let proxy = Arc::new(Proxy::from_config(&cfg)?);
+    // Ends with `run`, like the metrics task.
+    let _stop_reloads =
+        tokio_util::task::AbortOnDropHandle::new(tokio::spawn(reload_keys(proxy.clone(), reloads)));
     // `Serving` once the serving threads run; `Draining` when shutdown begins, which tells them
     // to drain. `/readyz` answers 200 only while `Serving`.
     let (phase, phase_rx) = tokio::sync::watch::channel(telemetry::Phase::Starting);
@@ -158,6 +166,22 @@ pub async fn run(
     })
     .await;
     Ok(())
+}
+
+/// Puts the keys of each configuration from `reloads` in place, in order; logs the outcome.
+async fn reload_keys(proxy: Arc<Proxy>, mut reloads: tokio::sync::mpsc::Receiver<Config>) {
+    while let Some(cfg) = reloads.recv().await {
+        match proxy.reload_keys(&cfg) {
+            Ok(summary) => tracing::info!(
+                keys = %summary,
+                "configuration reloaded: keys in place; other settings apply at the next restart"
+            ),
+            Err(cause) => tracing::error!(
+                %cause,
+                "configuration reload refused; the running keys are kept"
+            ),
+        }
+    }
 }
 
 /// One serving thread: a current-thread runtime accepting from its clone of the listener.

@@ -153,11 +153,17 @@ async fn serve(config: PathBuf) -> ExitCode {
     };
     telemetry::init(&cfg.log.level);
     tessera::server::raise_open_files_limit();
+    let (reload_tx, reloads) = tokio::sync::mpsc::channel(1);
     // Registered before the listener is bound, so no SIGHUP can arrive unhandled once it is.
     #[cfg(unix)]
-    if let Ok(hangups) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-        tokio::spawn(hangups_ignored(hangups));
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(hangups) => {
+            tokio::spawn(reload_on_hangup(hangups, config.clone(), reload_tx));
+        }
+        Err(e) => tracing::warn!(cause = %e, "cannot handle SIGHUP; keys reload only by restart"),
     }
+    #[cfg(not(unix))]
+    drop(reload_tx);
     let listener = match tokio::net::TcpListener::bind(cfg.server.listen).await {
         Ok(l) => l,
         Err(e) => {
@@ -181,7 +187,7 @@ async fn serve(config: PathBuf) -> ExitCode {
             }
         },
     };
-    match tessera::run(cfg, listener, metrics, shutdown_signal()).await {
+    match tessera::run(cfg, listener, metrics, reloads, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tessera: config key `session.store`: {e}");
@@ -295,15 +301,28 @@ async fn session(cmd: SessionCommand) -> ExitCode {
     }
 }
 
-/// SIGHUP, which would end the process (and every request in flight) by default, is logged
-/// and ignored: the configuration is not reloaded (a restart applies it; SIGTERM drains first).
+/// On each SIGHUP (which would otherwise end the process and every request in flight), reads
+/// the configuration file `path` again and, when it loads, sends it to the server, which puts
+/// its keys in place; when it does not, logs why (the key and the fix) and keeps running as is.
 #[cfg(unix)]
-async fn hangups_ignored(mut hangups: tokio::signal::unix::Signal) {
+async fn reload_on_hangup(
+    mut hangups: tokio::signal::unix::Signal,
+    path: PathBuf,
+    reloads: tokio::sync::mpsc::Sender<Config>,
+) {
     while hangups.recv().await.is_some() {
-        tracing::warn!(
-            "SIGHUP ignored: tessera does not reload its configuration; restart it to apply \
-             changes (SIGTERM lets requests in flight finish first)"
-        );
+        tracing::info!(config = %path.display(), "SIGHUP: reloading the keys");
+        match Config::load(&path) {
+            Ok(cfg) => {
+                if reloads.send(cfg).await.is_err() {
+                    return;
+                }
+            }
+            Err(e) => tracing::error!(
+                cause = %e,
+                "configuration reload refused; the running keys are kept"
+            ),
+        }
     }
 }
 

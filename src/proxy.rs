@@ -245,6 +245,50 @@ impl Proxy {
         &self.verifier
     }
 
+    /// Puts the keys of a reloaded configuration in place (SIGHUP): the JWT keys
+    /// (`token.secret`, `[[token.keys]]`, `token.active_kid`) and the sealing keys
+    /// (`credentials.keys`, `credentials.active`). No connection is dropped and requests in
+    /// flight go on. Cached verifications and cached sessions are
+    /// forgotten, so a key removed stops working at once. Every other setting in `cfg` is
+    /// ignored: a restart applies it.
+    ///
+    /// Returns a summary for the log (key ids only). Errors, as a sentence naming the key,
+    /// with nothing changed: see [`Verifier::load_keys`]; or the login endpoints are served and
+    /// no key of `cfg` can sign.
+    pub fn reload_keys(&self, cfg: &Config) -> Result<String, String> {
+        let keys = self.verifier.load_keys(&cfg.token)?;
+        if self.login.is_some() && !keys.can_sign() {
+            return Err(
+                "config key `token.active_kid`: no key can sign, and tessera serves \
+                        [login]; name a key with a secret or private_key (a restart applies a \
+                        config without [login])"
+                    .into(),
+            );
+        }
+        let summary = format!(
+            "token kids [{}], signing {}; sealing keys [{}], active {}",
+            keys.kids().join(", "),
+            cfg.token
+                .active_kid
+                .as_deref()
+                .unwrap_or(if keys.can_sign() {
+                    "token.secret"
+                } else {
+                    "none"
+                }),
+            cfg.credentials
+                .keys
+                .keys()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .join(", "),
+            cfg.credentials.active
+        );
+        self.verifier.install_keys(keys);
+        self.sessions.replace_sealing_keys(&cfg.credentials);
+        Ok(summary)
+    }
+
     /// The session layer (its counters, for metrics).
     pub fn sessions(&self) -> &Sessions {
         &self.sessions

@@ -6,6 +6,7 @@
 //! key, every listed key unseals). Must never: log plaintext or reuse a nonce deliberately.
 
 use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
 
 use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
@@ -35,27 +36,54 @@ pub enum SealError {
 
 /// Seals and unseals with the configured keys.
 pub struct Sealer {
-    keys: HashMap<String, Aes256Gcm>,
+    /// `credentials.keys` and `credentials.active`; replaced whole when the configuration is
+    /// reloaded (SIGHUP, [`Sealer::replace`]). Read at every seal (login, reseal) and every
+    /// unseal (a session cache miss), never on a warm request.
+    keys: RwLock<Arc<SealKeys>>,
+}
+
+/// One generation of sealing keys.
+struct SealKeys {
+    ciphers: HashMap<String, Aes256Gcm>,
     active: String,
+}
+
+impl SealKeys {
+    fn new(cfg: &CredentialsConfig) -> Self {
+        Self {
+            ciphers: cfg
+                .keys
+                .iter()
+                .map(|(id, key)| (id.clone(), Aes256Gcm::new(key.as_slice().into())))
+                .collect(),
+            active: cfg.active.clone(),
+        }
+    }
 }
 
 impl Sealer {
     /// Builds ciphers for every configured key.
     pub fn new(cfg: &CredentialsConfig) -> Self {
-        let keys = cfg
-            .keys
-            .iter()
-            .map(|(id, key)| (id.clone(), Aes256Gcm::new(key.as_slice().into())))
-            .collect();
         Self {
-            keys,
-            active: cfg.active.clone(),
+            keys: RwLock::new(Arc::new(SealKeys::new(cfg))),
         }
+    }
+
+    /// Puts the keys of `cfg` in place of the current ones (a configuration reload): new seals
+    /// use its `active` key, and only its keys unseal from then on.
+    pub fn replace(&self, cfg: &CredentialsConfig) {
+        let keys = Arc::new(SealKeys::new(cfg));
+        *self.keys.write().unwrap_or_else(|p| p.into_inner()) = keys;
+    }
+
+    fn keys(&self) -> Arc<SealKeys> {
+        self.keys.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Seals `plaintext` under the active key with `sid` as associated data.
     pub fn seal(&self, sid: &str, plaintext: &[u8]) -> String {
-        let cipher = &self.keys[&self.active];
+        let keys = self.keys();
+        let cipher = &keys.ciphers[&keys.active];
         let mut nonce = [0u8; 12];
         getrandom::getrandom(&mut nonce).expect("OS random source unavailable");
         let ct = cipher
@@ -72,7 +100,7 @@ impl Sealer {
         blob.extend_from_slice(&ct);
         format!(
             "{SEALED_PREFIX}{}.{}",
-            self.active,
+            keys.active,
             URL_SAFE_NO_PAD.encode(blob)
         )
     }
@@ -85,7 +113,8 @@ impl Sealer {
             .strip_prefix(SEALED_PREFIX)
             .ok_or(SealError::Format)?;
         let (kid, b64) = rest.split_once('.').ok_or(SealError::Format)?;
-        let cipher = self.keys.get(kid).ok_or(SealError::UnknownKey)?;
+        let keys = self.keys();
+        let cipher = keys.ciphers.get(kid).ok_or(SealError::UnknownKey)?;
         let blob = URL_SAFE_NO_PAD.decode(b64).map_err(|_| SealError::Format)?;
         if blob.len() < 12 + 16 {
             return Err(SealError::Format);
@@ -103,9 +132,9 @@ impl Sealer {
             .map_err(|_| SealError::Decrypt)
     }
 
-    /// Id of the key new seals use.
-    pub fn active_key_id(&self) -> &str {
-        &self.active
+    /// Id of the key new seals use (now: a reload may change it).
+    pub fn active_key_id(&self) -> String {
+        self.keys().active.clone()
     }
 }
 
@@ -224,6 +253,30 @@ mod tests {
             active: active.into(),
             allow_plaintext_legacy: false,
         })
+    }
+
+    #[test]
+    fn replaced_keys_seal_with_the_new_active_and_a_removed_key_no_longer_unseals() {
+        let s = sealer(&[("k1", 1)], "k1");
+        let by_k1 = s.seal("sid-1", b"alice:pw");
+        let two = sealer(&[("k1", 1), ("k2", 2)], "k2");
+        let keys = |ids: &[(&str, u8)], active: &str| CredentialsConfig {
+            keys: ids
+                .iter()
+                .map(|(id, b)| (id.to_string(), Zeroizing::new([*b; 32])))
+                .collect(),
+            active: active.into(),
+            allow_plaintext_legacy: false,
+        };
+        s.replace(&keys(&[("k1", 1), ("k2", 2)], "k2"));
+        assert_eq!(s.active_key_id(), "k2");
+        let by_k2 = s.seal("sid-1", b"bob:pw");
+        assert!(by_k2.starts_with("tsl1.k2."), "{by_k2}");
+        assert_eq!(two.unseal("sid-1", &by_k2).unwrap().as_slice(), b"bob:pw");
+        assert_eq!(s.unseal("sid-1", &by_k1).unwrap().as_slice(), b"alice:pw");
+        s.replace(&keys(&[("k2", 2)], "k2"));
+        assert_eq!(s.unseal("sid-1", &by_k1), Err(SealError::UnknownKey));
+        assert_eq!(s.unseal("sid-1", &by_k2).unwrap().as_slice(), b"bob:pw");
     }
 
     #[test]

@@ -1513,25 +1513,6 @@ fn an_abandoned_login_is_charged_a_failure() {
     );
 }
 
-/// SIGHUP does not end `tessera serve` (by default it would, dropping every request in flight):
-/// it is logged as ignored, since the configuration is not reloaded, and serving goes on.
-#[test]
-fn sighup_is_logged_and_ignored() {
-    let up = upstream::start(Behavior::Scripted(framing_script));
-    let (t, token) = behind(&up.url(), &[]);
-    let hup = std::process::Command::new("kill")
-        .args(["-HUP", &t.pid().to_string()])
-        .status()
-        .unwrap();
-    assert!(hup.success());
-    let log = t.log_when(|l| l.contains("SIGHUP ignored"));
-    assert!(log.contains("SIGHUP ignored"), "{log}");
-    assert_eq!(
-        curl(&["-H", &bearer(&token), &t.url("/length")]),
-        (200, "ok".to_string())
-    );
-}
-
 /// Clients that go away while their answer is silent (before its head, or mid-body) free their
 /// upstream connection: at once when the request is 250 ms old or more (`DRAIN_WAIT`; here
 /// the ones left before the head, after 300 ms), else within 250 ms, when the background read

@@ -763,6 +763,190 @@ fn jwt_key_rotation_listed_old_key_accepted_retired_key_refused() {
     assert_eq!(curl(&["-H", &bearer(&token), &retired.url("/x")]).0, 200);
 }
 
+/// `kill -HUP` tessera, then waits for its log to show the `n`th reload's outcome (`ok`: keys
+/// in place, else refused); returns the log.
+fn hangup(t: &Tessera, n: usize, ok: bool) -> String {
+    let hup = Command::new("kill")
+        .args(["-HUP", &t.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    let outcomes = |l: &str| {
+        l.matches("configuration reloaded").count()
+            + l.matches("configuration reload refused").count()
+    };
+    let log = t.log_when(|l| outcomes(l) >= n);
+    assert_eq!(outcomes(&log), n, "reload {n} has no outcome: {log}");
+    let last = log
+        .lines()
+        .rfind(|l| l.contains("configuration reload"))
+        .unwrap();
+    assert_eq!(last.contains("configuration reloaded"), ok, "{last}");
+    log
+}
+
+/// One request on an open keep-alive connection; the status code.
+fn get_on(conn: &mut std::net::TcpStream, port: u16, token: &str) -> u16 {
+    use std::io::{BufRead, BufReader, Read, Write};
+    write!(
+        conn,
+        "GET /x HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n\r\n"
+    )
+    .unwrap();
+    let mut reader = BufReader::new(conn);
+    let mut status = String::new();
+    reader.read_line(&mut status).unwrap();
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        if line == "\r\n" {
+            break;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap();
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).unwrap();
+    status.split(' ').nth(1).unwrap().parse().unwrap()
+}
+
+/// One instance on the embedded store (the single-node default, where a restart would refuse
+/// clients): SIGHUP puts new JWT and sealing keys in place without a restart or a dropped
+/// connection; a key removed stops working at once, cached or not; a config that does not
+/// load, or whose keys could not serve the running login, changes nothing.
+#[test]
+fn sighup_reloads_the_keys_without_a_restart() {
+    const C1: &str = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=";
+    const C2: &str = "AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=";
+    let up = users();
+    let up_url = up.url();
+    let key = |kid: &str, secret: &str| {
+        format!("[[token.keys]]\nkid = \"{kid}\"\nalg = \"HS512\"\nsecret = \"{secret}\"\n")
+    };
+    // The config with these JWT keys (the first signs) and sealing keys (the first seals).
+    let text =
+        move |port: u16, dir: &std::path::Path, jwt: &[(&str, &str)], seal: &[(&str, &str)]| {
+            let seal_keys: Vec<String> = seal
+                .iter()
+                .map(|(id, k)| format!("{id} = \"{k}\""))
+                .collect();
+            let credentials = format!(
+                "keys = {{ {} }}\nactive = \"{}\"",
+                seal_keys.join(", "),
+                seal[0].0
+            );
+            let active = format!("active_kid = \"{}\"", jwt[0].0);
+            let tables: String = jwt.iter().map(|(kid, s)| key(kid, s)).collect();
+            let store = format!("embedded:{}/sessions", dir.display());
+            config(
+                port,
+                &up_url,
+                &store,
+                &[
+                    ("login", "cookie_secure = false"),
+                    ("login", "verify_path = \"/check\""),
+                    ("token", &active),
+                    ("credentials", &credentials),
+                    ("tables", &tables),
+                ],
+            )
+        };
+    let t = Tessera::start(|port, dir| text(port, dir, &[("old", K_OLD)], &[("c1", C1)]));
+    let rewrite = |jwt: &[(&str, &str)], seal: &[(&str, &str)]| {
+        std::fs::write(t.config_path(), text(t.port, t.dir.path(), jwt, seal)).unwrap();
+    };
+    let status = |token: &str| curl(&["-H", &bearer(token), &t.url("/x")]).0;
+    let sealed_with = |user: &str| -> String {
+        let listed = run_cli(&[
+            "session",
+            "list",
+            "--json",
+            "--config",
+            t.config_path().to_str().unwrap(),
+        ]);
+        let line = listed
+            .lines()
+            .find(|l| l.contains(&format!("\"sub\":\"{user}\"")))
+            .unwrap();
+        serde_json::from_str::<serde_json::Value>(line).unwrap()["key_id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let t_alice = token_of(&login(&t, "alice", "alice-pw"));
+    assert_eq!(header_of(&t_alice)["kid"], "old");
+    assert_eq!(sealed_with("alice"), "c1");
+    assert_eq!(status(&t_alice), 200, "verified, and now cached");
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+    assert_eq!(get_on(&mut conn, t.port, &t_alice), 200);
+
+    // 1. New keys in front, the old ones still listed: both work, the new ones sign and seal.
+    rewrite(&[("k2", K2), ("old", K_OLD)], &[("c2", C2), ("c1", C1)]);
+    let log = hangup(&t, 1, true);
+    assert!(
+        log.contains("token kids [k2, old], signing k2; sealing keys [c1, c2], active c2"),
+        "{log}"
+    );
+    let t_bob = token_of(&login(&t, "bob", "bob-pw"));
+    assert_eq!(header_of(&t_bob)["kid"], "k2");
+    assert_eq!(sealed_with("bob"), "c2");
+    assert_eq!((status(&t_alice), status(&t_bob)), (200, 200));
+    assert_eq!(
+        get_on(&mut conn, t.port, &t_bob),
+        200,
+        "the connection open before the reload"
+    );
+    let t_bob_old = hs512_with_kid("old", K_OLD, &sid_of(&t_bob));
+    assert_eq!(status(&t_bob_old), 200, "verified, and now cached");
+
+    // 2. A config that does not load changes nothing (its error names the key).
+    std::fs::write(t.config_path(), "[token]\nactive_kid = 7\n").unwrap();
+    let log = hangup(&t, 2, false);
+    assert!(log.contains("token.active_kid"), "{log}");
+    // Nor does a config whose keys could not sign for the running login: without [login] it
+    // loads, but this instance serves login and a reload does not stop that.
+    let mut cut = text(
+        t.port,
+        t.dir.path(),
+        &[("k2", K2), ("old", K_OLD)],
+        &[("c2", C2)],
+    );
+    for line in [
+        "[login]\ncookie_secure = false\nverify_path = \"/check\"\n".to_string(),
+        "active_kid = \"k2\"\n".to_string(),
+        format!("secret = \"{}\"\n", support::JWT_SECRET),
+    ] {
+        assert!(cut.contains(&line), "{line} in {cut}");
+        cut = cut.replace(&line, "");
+    }
+    std::fs::write(t.config_path(), cut).unwrap();
+    let log = hangup(&t, 3, false);
+    assert!(log.contains("no key can sign"), "{log}");
+    assert_eq!(
+        (status(&t_alice), status(&t_bob), status(&t_bob_old)),
+        (200, 200, 200),
+        "still the keys of reload 1"
+    );
+
+    // 3. The old keys removed: a token of the old JWT key is refused although its verification
+    //    was cached, and alice's session (sealed with c1, removed) is refused though it was
+    //    cached too, whichever key signed her token. bob's session goes on, on the same
+    //    connection.
+    rewrite(&[("k2", K2)], &[("c2", C2)]);
+    hangup(&t, 4, true);
+    assert_eq!(status(&t_bob_old), 401, "a token of a removed JWT key");
+    assert_eq!(
+        status(&hs512_with_kid("k2", K2, &sid_of(&t_alice))),
+        401,
+        "sealed with a removed key"
+    );
+    assert_eq!(status(&t_alice), 401);
+    assert_eq!(get_on(&mut conn, t.port, &t_bob), 200);
+    assert_eq!(status(&t_bob), 200);
+}
+
 fn run_cli(args: &[&str]) -> String {
     let out = Command::new(bin()).args(args).output().unwrap();
     assert!(
@@ -1316,7 +1500,15 @@ fn run_stops_refreshing_the_jwks_when_it_returns() {
             }
             tokio::time::sleep(Duration::from_millis(300)).await;
         };
-        tessera::run(cfg, listener, None, shutdown).await.unwrap();
+        tessera::run(
+            cfg,
+            listener,
+            None,
+            tokio::sync::mpsc::channel(1).1,
+            shutdown,
+        )
+        .await
+        .unwrap();
     });
     let at_return = count();
     assert!(

@@ -284,6 +284,17 @@ impl Sessions {
         self.cache.as_ref().is_some_and(|c| c.is_live())
     }
 
+    /// Puts the sealing keys of `cfg` in place (a configuration reload) and flushes the session
+    /// cache, so that every cached session is unsealed again under the keys now in place: one
+    /// sealed under a key removed (or whose bytes changed) is refused from then on, as after a
+    /// restart. Costs one store read per session in use afterwards.
+    pub fn replace_sealing_keys(&self, cfg: &crate::config::CredentialsConfig) {
+        self.sealer.replace(cfg);
+        if let Some(cache) = &self.cache {
+            cache.flush();
+        }
+    }
+
     /// The store (for health checks).
     pub fn store(&self) -> &Store {
         &self.store
@@ -435,7 +446,7 @@ impl Sessions {
                 continue;
             };
             report.total += 1;
-            if sealed_key_id(&record.credentials) == Some(active) {
+            if sealed_key_id(&record.credentials) == Some(active.as_str()) {
                 report.already_active += 1;
                 continue;
             }

@@ -181,10 +181,18 @@ pub struct KeyError(pub String);
 
 /// Every verification key (configured + JWKS) and the signing key.
 pub struct Keys {
+    /// The `[token]` keys; replaced whole when the configuration is reloaded (SIGHUP,
+    /// [`Keys::replace`]). Read on every signature check and every login, never on a
+    /// verified-token cache hit.
+    configured: RwLock<Arc<ConfiguredKeys>>,
+    jwks: Option<Jwks>,
+}
+
+/// The keys of `[token]` (`secret`, `[[token.keys]]`, `active_kid`), checked and ready.
+pub struct ConfiguredKeys {
     by_kid: HashMap<String, VerifyKey>,
     no_kid: Option<VerifyKey>,
-    signer: Option<Signer>,
-    jwks: Option<Jwks>,
+    signer: Option<Arc<Signer>>,
 }
 
 struct Jwks {
@@ -252,18 +260,13 @@ fn encoding_key(alg: Algorithm, material: &KeyMaterial) -> Result<Option<Encodin
     })
 }
 
-impl Keys {
+impl ConfiguredKeys {
     /// Loads the configured keys; `active_kid` names the signing key (`None` with only the legacy
     /// secret: it signs, without a `kid`).
     ///
     /// Errors: a PEM does not parse for its algorithm, or the active key cannot sign; the message
     /// names the kid.
-    pub fn new(
-        specs: &[KeySpec],
-        active_kid: Option<&str>,
-        jwks: Option<JwksConfig>,
-        allowed: &[Algorithm],
-    ) -> Result<Self, KeyError> {
+    pub fn load(specs: &[KeySpec], active_kid: Option<&str>) -> Result<Self, KeyError> {
         let mut by_kid = HashMap::new();
         let mut no_kid = None;
         let mut signer = None;
@@ -301,7 +304,7 @@ impl Keys {
                         "key `{name}`: private_key and public_key are not a pair"
                     )));
                 }
-                signer = Some(s);
+                signer = Some(Arc::new(s));
             }
             match &spec.kid {
                 Some(kid) => {
@@ -314,6 +317,35 @@ impl Keys {
             by_kid,
             no_kid,
             signer,
+        })
+    }
+
+    /// True when one of these keys can sign (tokens issued at login).
+    pub fn can_sign(&self) -> bool {
+        self.signer.is_some()
+    }
+
+    /// The `kid`s of these keys, sorted (`token.secret`, which has none, is left out): for logs.
+    pub fn kids(&self) -> Vec<&str> {
+        let mut kids: Vec<&str> = self.by_kid.keys().map(String::as_str).collect();
+        kids.sort_unstable();
+        kids
+    }
+}
+
+impl Keys {
+    /// Loads the configured keys ([`ConfiguredKeys::load`]) beside an optional JWKS source whose
+    /// keys must verify one of `allowed`.
+    ///
+    /// Errors: as [`ConfiguredKeys::load`].
+    pub fn new(
+        specs: &[KeySpec],
+        active_kid: Option<&str>,
+        jwks: Option<JwksConfig>,
+        allowed: &[Algorithm],
+    ) -> Result<Self, KeyError> {
+        Ok(Self {
+            configured: RwLock::new(Arc::new(ConfiguredKeys::load(specs, active_kid)?)),
             jwks: jwks.map(|cfg| Jwks {
                 cfg,
                 allowed: allowed.to_vec(),
@@ -323,9 +355,19 @@ impl Keys {
         })
     }
 
-    /// The signing key, when one is configured.
-    pub fn signer(&self) -> Option<&Signer> {
-        self.signer.as_ref()
+    /// Puts `keys` in place of the configured keys (a configuration reload); the JWKS keys stay.
+    /// A verification already under way finishes with the keys it began with.
+    pub fn replace(&self, keys: ConfiguredKeys) {
+        *self.configured.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(keys);
+    }
+
+    fn configured(&self) -> std::sync::RwLockReadGuard<'_, Arc<ConfiguredKeys>> {
+        self.configured.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The signing key, when one is configured (the one in place now: a reload may change it).
+    pub fn signer(&self) -> Option<Arc<Signer>> {
+        self.configured().signer.clone()
     }
 
     /// Calls `f` with the key for `kid` if it verifies `alg`. `Err(true)`: no key with this kid
@@ -337,9 +379,10 @@ impl Keys {
         f: impl FnOnce(&DecodingKey) -> R,
     ) -> Result<R, bool> {
         let pick = |k: &VerifyKey| k.algs.contains(&alg);
+        let configured = self.configured();
         match kid {
             Some(kid) => {
-                if let Some(k) = self.by_kid.get(kid) {
+                if let Some(k) = configured.by_kid.get(kid) {
                     return if pick(k) { Ok(f(&k.key)) } else { Err(false) };
                 }
                 let jwks = self.jwks.as_ref().ok_or(true)?;
@@ -352,9 +395,9 @@ impl Keys {
             }
             None => {
                 // RFC 7515 4.1.4: kid is optional. Without one, only an unambiguous key applies.
-                let only = self.no_kid.as_ref().or_else(|| {
-                    (self.by_kid.len() == 1 && self.jwks.is_none())
-                        .then(|| self.by_kid.values().next())
+                let only = configured.no_kid.as_ref().or_else(|| {
+                    (configured.by_kid.len() == 1 && self.jwks.is_none())
+                        .then(|| configured.by_kid.values().next())
                         .flatten()
                 });
                 match only {

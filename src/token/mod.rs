@@ -8,7 +8,7 @@ pub mod keys;
 pub mod verify;
 
 pub use extract::{extract, strip_token_cookies, TokenSource};
-pub use keys::{KeyMaterial, KeySpec, Keys, Signer};
+pub use keys::{ConfiguredKeys, KeyMaterial, KeySpec, Keys, Signer};
 pub use verify::{Claims, TokenError, VerifiedToken, Verifier};
 
 /// A JWS algorithm tessera accepts (RFC 7518 section 3, RFC 8037 for EdDSA).

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::keys::Keys;
+use super::keys::{ConfiguredKeys, Keys};
 use super::Algorithm;
 use crate::config::TokenConfig;
 
@@ -262,6 +262,34 @@ impl Verifier {
         Ok(verified)
     }
 
+    /// Loads the keys of `cfg` for a configuration reload, to be put in place with
+    /// [`Verifier::install_keys`]. Only the keys change (`token.secret`, `[[token.keys]]`,
+    /// `token.active_kid`); the rest of the policy stays as started.
+    ///
+    /// Errors, as a sentence naming the key: the pinned algorithms would change (they bind the
+    /// JWKS keys too: a restart applies them), or a key does not load ([`ConfiguredKeys::load`]).
+    pub fn load_keys(&self, cfg: &TokenConfig) -> Result<ConfiguredKeys, String> {
+        if cfg.algorithms != self.algorithms {
+            let names = |a: &[Algorithm]| a.iter().map(|a| a.name()).collect::<Vec<_>>().join(", ");
+            return Err(format!(
+                "config key `token.algorithms`: would change from [{}] to [{}]; a reload keeps \
+                 the algorithms tessera started with (restart to change them, or list them in \
+                 token.algorithms)",
+                names(&self.algorithms),
+                names(&cfg.algorithms)
+            ));
+        }
+        ConfiguredKeys::load(&cfg.keys, cfg.active_kid.as_deref())
+            .map_err(|e| format!("config key `token.keys`: {e}"))
+    }
+
+    /// Puts reloaded keys in place and forgets every cached verification: a token of a key
+    /// removed is refused from the next request on.
+    pub fn install_keys(&self, keys: ConfiguredKeys) {
+        self.keys.replace(keys);
+        self.clear_cache();
+    }
+
     /// Verified tokens in the cache now (`None` when the cache is off).
     pub fn cache_entries(&self) -> Option<u64> {
         self.cache.as_ref().map(|c| c.entries.len() as u64)
@@ -482,6 +510,39 @@ mod tests {
             &[7; 64],
             Algorithm::HS512,
         )
+    }
+
+    #[test]
+    fn reloaded_keys_replace_the_old_ones_and_the_cached_verifications() {
+        let mut c = cfg();
+        c.cache_hmac = true;
+        let v = Verifier::new(&c);
+        let old = good_token();
+        assert!(v.verify(&old, NOW).is_ok());
+        assert_eq!(v.cache_entries(), Some(1));
+        // The secret replaced: the old token is refused at once although it was cached.
+        let mut next = c.clone();
+        next.keys[0].material = KeyMaterial::Secret(Zeroizing::new(vec![8u8; 64]));
+        v.install_keys(v.load_keys(&next).unwrap());
+        assert_eq!(v.cache_entries(), Some(0));
+        assert_eq!(v.verify(&old, NOW).unwrap_err(), TokenError::Signature);
+        let new = raw(
+            r#"{"alg":"HS512"}"#,
+            &good_claims(),
+            &[8; 64],
+            Algorithm::HS512,
+        );
+        assert!(v.verify(&new, NOW).is_ok());
+        assert!(v.keys().signer().is_some(), "token.secret signs");
+        // A reload may not change the pinned algorithms; nothing changes then.
+        let mut other = next.clone();
+        other.algorithms = vec![Algorithm::HS512, Algorithm::HS256];
+        let err = v.load_keys(&other).err().unwrap();
+        assert!(
+            err.contains("token.algorithms") && err.contains("[HS512, HS256]"),
+            "{err}"
+        );
+        assert!(v.verify(&new, NOW).is_ok());
     }
 
     #[test]
