@@ -268,14 +268,7 @@ impl Proxy {
         let summary = format!(
             "token kids [{}], signing {}; sealing keys [{}], active {}",
             keys.kids().join(", "),
-            cfg.token
-                .active_kid
-                .as_deref()
-                .unwrap_or(if keys.can_sign() {
-                    "token.secret"
-                } else {
-                    "none"
-                }),
+            keys.signing_kid().unwrap_or("none"),
             cfg.credentials
                 .keys
                 .keys()

@@ -236,14 +236,7 @@ impl Sessions {
                             cache.flush();
                             cache.set_live(true);
                         }
-                        streams.changed_all();
-                        // Every open sid is read again, by at most RECHECK_TASKS reads at a time.
-                        let open = streams.open_sids();
-                        let per_task = open.len().div_ceil(RECHECK_TASKS).max(1);
-                        for sids in open.chunks(per_task) {
-                            let sids = sids.to_vec();
-                            tokio::spawn(recheck(reader.clone(), weak_streams.clone(), sids));
-                        }
+                        recheck_all(&reader, &streams);
                     }
                     Invalidation::Lost => {
                         if let Some(cache) = &cache {
@@ -287,11 +280,21 @@ impl Sessions {
     /// Puts the sealing keys of `cfg` in place (a configuration reload) and flushes the session
     /// cache, so that every cached session is unsealed again under the keys now in place: one
     /// sealed under a key removed (or whose bytes changed) is refused from then on, as after a
-    /// restart. Costs one store read per session in use afterwards.
+    /// restart. Costs one store read per session in use afterwards (needs a tokio runtime).
+    /// Sessions with open responses are read again the same way: those sealed under a key
+    /// removed end their responses, as a revocation would.
     pub fn replace_sealing_keys(&self, cfg: &crate::config::CredentialsConfig) {
         self.sealer.replace(cfg);
         if let Some(cache) = &self.cache {
             cache.flush();
+        }
+        if let Some(streams) = &self.streams {
+            let reader = Self {
+                cache: None,
+                streams: None,
+                ..self.clone()
+            };
+            recheck_all(&reader, streams);
         }
     }
 
@@ -560,6 +563,23 @@ const RECHECK_TASKS: usize = 16;
 /// Reads each of `sids` again and ends its open responses if the session is gone or unusable.
 /// A store failure is retried (every 0.1 s, doubling to 2 s) while the sid still has open
 /// responses: a revocation is never dropped because the store hiccuped.
+/// Has every session with open responses read again by `reader` (no cache, no registry), by at
+/// most [`RECHECK_TASKS`] tasks at a time; each one gone or no longer readable ends its open
+/// responses ([`recheck`]). For when any session may have changed unreported: the invalidation
+/// stream is back after a loss, or the sealing keys were reloaded.
+fn recheck_all(reader: &Sessions, streams: &Arc<OpenStreams>) {
+    streams.changed_all();
+    let open = streams.open_sids();
+    let per_task = open.len().div_ceil(RECHECK_TASKS).max(1);
+    for sids in open.chunks(per_task) {
+        tokio::spawn(recheck(
+            reader.clone(),
+            Arc::downgrade(streams),
+            sids.to_vec(),
+        ));
+    }
+}
+
 async fn recheck(reader: Sessions, streams: std::sync::Weak<OpenStreams>, sids: Vec<Arc<str>>) {
     for sid in sids {
         let mut backoff = Duration::from_millis(100);

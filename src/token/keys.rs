@@ -325,6 +325,14 @@ impl ConfiguredKeys {
         self.signer.is_some()
     }
 
+    /// The `kid` of the signing key, `token.secret` for the legacy secret (no `kid`); `None`
+    /// when none signs: for logs.
+    pub fn signing_kid(&self) -> Option<&str> {
+        self.signer
+            .as_ref()
+            .map(|s| s.kid().unwrap_or("token.secret"))
+    }
+
     /// The `kid`s of these keys, sorted (`token.secret`, which has none, is left out): for logs.
     pub fn kids(&self) -> Vec<&str> {
         let mut kids: Vec<&str> = self.by_kid.keys().map(String::as_str).collect();
@@ -356,13 +364,18 @@ impl Keys {
     }
 
     /// Puts `keys` in place of the configured keys (a configuration reload); the JWKS keys stay.
-    /// A verification already under way finishes with the keys it began with.
+    /// A verification already under way finishes with the keys it began with (see
+    /// [`Verifier::install_keys`](super::Verifier::install_keys) for the verified-token cache).
     pub fn replace(&self, keys: ConfiguredKeys) {
         *self.configured.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(keys);
     }
 
-    fn configured(&self) -> std::sync::RwLockReadGuard<'_, Arc<ConfiguredKeys>> {
-        self.configured.read().unwrap_or_else(|p| p.into_inner())
+    /// The configured keys in place now (a snapshot: the lock is not held while they are used).
+    fn configured(&self) -> Arc<ConfiguredKeys> {
+        self.configured
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The signing key, when one is configured (the one in place now: a reload may change it).

@@ -254,10 +254,16 @@ impl Verifier {
         let generation = cache.generation.load(std::sync::atomic::Ordering::Acquire);
         let (verified, alg) = self.verify_inner(token, now, true)?;
         // Refused tokens are never remembered: a flood of bad tokens cannot evict good ones.
-        if (self.cache_hmac || !alg.is_hmac())
-            && cache.generation.load(std::sync::atomic::Ordering::Acquire) == generation
-        {
+        let unchanged =
+            || cache.generation.load(std::sync::atomic::Ordering::Acquire) == generation;
+        if (self.cache_hmac || !alg.is_hmac()) && unchanged() {
             cache.entries.insert(key, verified.clone());
+            // A clear between the check and the insert (a key withdrawn meanwhile) bumped the
+            // generation before it emptied the cache: the entry goes, and the token is verified
+            // again under the keys in place on its next request.
+            if !unchanged() {
+                cache.entries.remove(&key);
+            }
         }
         Ok(verified)
     }
