@@ -21,12 +21,15 @@ fn users() -> TestUpstream {
     up
 }
 
-/// A tessera on Redis with `[login]` for local http (cookie `tessera`, not Secure).
+/// `[login]` for local http (cookie `tessera`, not Secure), checked at the upstream's `/check`.
+const LOCAL_LOGIN: [(&str, &str); 2] = [
+    ("login", "cookie_secure = false"),
+    ("login", "verify_path = \"/check\""),
+];
+
+/// A tessera on Redis with [`LOCAL_LOGIN`].
 fn on_redis(up: &TestUpstream, redis: &Redis, extra: &[(&str, &str)]) -> Tessera {
-    let mut all: Vec<(&str, &str)> = vec![
-        ("login", "cookie_secure = false"),
-        ("login", "verify_path = \"/check\""),
-    ];
+    let mut all: Vec<(&str, &str)> = LOCAL_LOGIN.to_vec();
     all.extend_from_slice(extra);
     let url = redis.url();
     let up_url = up.url();
@@ -244,10 +247,7 @@ fn wrong_password_is_401_and_stores_nothing_and_upstream_down_is_502() {
             port,
             &format!("http://127.0.0.1:{dead}"),
             &url,
-            &[
-                ("login", "cookie_secure = false"),
-                ("login", "verify_path = \"/check\""),
-            ],
+            &LOCAL_LOGIN,
         )
     });
     let a = login(&down, "alice", "alice-pw");
@@ -341,8 +341,8 @@ fn failed_logins_are_counted_by_every_instance_on_the_store() {
                     &up_url,
                     &store,
                     &[
-                        ("login", "cookie_secure = false"),
-                        ("login", "verify_path = \"/check\""),
+                        LOCAL_LOGIN[0],
+                        LOCAL_LOGIN[1],
                         ("login", "max_failures_per_user = 3"),
                         ("login", "max_failures_per_ip = 6"),
                     ],
@@ -845,8 +845,8 @@ fn sighup_reloads_the_keys_without_a_restart() {
                 &up_url,
                 &store,
                 &[
-                    ("login", "cookie_secure = false"),
-                    ("login", "verify_path = \"/check\""),
+                    LOCAL_LOGIN[0],
+                    LOCAL_LOGIN[1],
                     ("token", &active),
                     ("credentials", &credentials),
                     ("tables", &tables),
