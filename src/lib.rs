@@ -73,16 +73,16 @@ pub fn serving_sessions(cfg: &Config) -> Result<session::Sessions, session::Stor
 /// drain ends; `/readyz` answers 200 only from when the serving threads run until shutdown
 /// begins.
 ///
-/// Each configuration received on `reloads` (the binary sends one per SIGHUP, already loaded
-/// and validated) has its keys put in place ([`Proxy::reload_keys`]), without dropping a
-/// connection; the outcome is logged.
+/// Each [`ConfigReload`] received on `reloads` (the binary sends one per SIGHUP) has its keys
+/// put in place ([`Proxy::reload_keys`]), without dropping a connection; the outcome is logged
+/// and counted (`tessera_config_reloads_total`).
 ///
 /// Errors: the session store cannot be opened.
 pub async fn run(
     cfg: Config,
     listener: TcpListener,
     metrics: Option<TcpListener>,
-    reloads: tokio::sync::mpsc::Receiver<Config>,
+    reloads: tokio::sync::mpsc::Receiver<ConfigReload>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), session::StoreError> {
     let proxy = Arc::new(Proxy::from_config(&cfg)?);
@@ -168,10 +168,17 @@ pub async fn run(
     Ok(())
 }
 
-/// Puts the keys of each configuration from `reloads` in place, in order; logs the outcome.
-async fn reload_keys(proxy: Arc<Proxy>, mut reloads: tokio::sync::mpsc::Receiver<Config>) {
-    while let Some(cfg) = reloads.recv().await {
-        match proxy.reload_keys(&cfg) {
+/// A configuration reload asked for (SIGHUP): the configuration file as loaded and validated
+/// again, or why it did not load (the message of [`config::LoadError`], naming the key).
+pub type ConfigReload = Result<Config, String>;
+
+/// Puts the keys of each configuration from `reloads` in place, in order; logs and counts the
+/// outcome.
+async fn reload_keys(proxy: Arc<Proxy>, mut reloads: tokio::sync::mpsc::Receiver<ConfigReload>) {
+    while let Some(reload) = reloads.recv().await {
+        let outcome = reload.and_then(|cfg| proxy.reload_keys(&cfg));
+        proxy.reload_counts().record(outcome.is_ok());
+        match outcome {
             Ok(summary) => tracing::info!(
                 keys = %summary,
                 "configuration reloaded: keys in place; other settings apply at the next restart"

@@ -302,26 +302,19 @@ async fn session(cmd: SessionCommand) -> ExitCode {
 }
 
 /// On each SIGHUP (which would otherwise end the process and every request in flight), reads
-/// the configuration file `path` again and, when it loads, sends it to the server, which puts
-/// its keys in place; when it does not, logs why (the key and the fix) and keeps running as is.
+/// the configuration file `path` again and sends it, or why it did not load (the key and the
+/// fix), to the server, which puts its keys in place or logs why not and keeps running as is.
 #[cfg(unix)]
 async fn reload_on_hangup(
     mut hangups: tokio::signal::unix::Signal,
     path: PathBuf,
-    reloads: tokio::sync::mpsc::Sender<Config>,
+    reloads: tokio::sync::mpsc::Sender<tessera::ConfigReload>,
 ) {
     while hangups.recv().await.is_some() {
         tracing::info!(config = %path.display(), "SIGHUP: reloading the keys");
-        match Config::load(&path) {
-            Ok(cfg) => {
-                if reloads.send(cfg).await.is_err() {
-                    return;
-                }
-            }
-            Err(e) => tracing::error!(
-                cause = %e,
-                "configuration reload refused; the running keys are kept"
-            ),
+        let reload = Config::load(&path).map_err(|e| e.to_string());
+        if reloads.send(reload).await.is_err() {
+            return;
         }
     }
 }

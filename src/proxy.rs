@@ -46,6 +46,8 @@ pub struct Proxy {
     login: Option<Login>,
     /// Requests by status, when `[metrics]` is configured.
     request_counts: Option<RequestCounts>,
+    /// Outcomes of configuration reloads (SIGHUP).
+    reload_counts: crate::telemetry::ReloadCounts,
     /// `server.trusted_proxies`.
     trusted_proxies: Vec<ipnet::IpNet>,
     /// `[websocket]`; `None` when `websocket.max_connections = 0` (upgrades not passed).
@@ -174,6 +176,7 @@ impl Proxy {
                 .metrics
                 .as_ref()
                 .map(|_| RequestCounts::new(cfg.server.threads)),
+            reload_counts: Default::default(),
             trusted_proxies: cfg.server.trusted_proxies.clone(),
             websockets: (cfg.websocket.max_connections > 0).then(|| WebSockets {
                 slots: Arc::new(tokio::sync::Semaphore::new(cfg.websocket.max_connections)),
@@ -285,6 +288,11 @@ impl Proxy {
     /// The session layer (its counters, for metrics).
     pub fn sessions(&self) -> &Sessions {
         &self.sessions
+    }
+
+    /// Outcomes of configuration reloads (counted by [`crate::run`]).
+    pub fn reload_counts(&self) -> &crate::telemetry::ReloadCounts {
+        &self.reload_counts
     }
 
     /// Requests answered by status code (`None` unless `[metrics]` is configured).

@@ -77,6 +77,43 @@ pub struct RequestSnapshot {
     pub duration_sum_us: u64,
 }
 
+/// Outcomes of configuration reloads (SIGHUP), for `/metrics`.
+#[derive(Debug)]
+pub struct ReloadCounts {
+    applied: AtomicU64,
+    refused: AtomicU64,
+    /// The last reload put its keys in place (true at start, as the start's own load did).
+    last_ok: std::sync::atomic::AtomicBool,
+}
+
+impl Default for ReloadCounts {
+    fn default() -> Self {
+        Self {
+            applied: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            last_ok: std::sync::atomic::AtomicBool::new(true),
+        }
+    }
+}
+
+impl ReloadCounts {
+    /// Counts one reload: its keys put in place (`ok`) or refused.
+    pub fn record(&self, ok: bool) {
+        let n = if ok { &self.applied } else { &self.refused };
+        n.fetch_add(1, Ordering::Relaxed);
+        self.last_ok.store(ok, Ordering::Relaxed);
+    }
+
+    /// `(applied, refused, last one applied)`.
+    pub fn snapshot(&self) -> (u64, u64, bool) {
+        (
+            self.applied.load(Ordering::Relaxed),
+            self.refused.load(Ordering::Relaxed),
+            self.last_ok.load(Ordering::Relaxed),
+        )
+    }
+}
+
 /// Requests answered, by status code and by duration, counted per serving thread.
 pub struct RequestCounts {
     /// One row per serving thread, and a last one for every other thread.
@@ -180,6 +217,8 @@ struct Scrape {
     /// WebSocket tunnels: `(open now, opened since start)`.
     websockets: Option<(u64, u64)>,
     busy_poll: crate::busy_poll::PollStats,
+    /// Configuration reloads: `(applied, refused, last one applied)`.
+    reloads: (u64, u64, bool),
 }
 
 impl Scrape {
@@ -204,6 +243,7 @@ impl Scrape {
             streams: sessions.streams(),
             websockets: proxy.websockets(),
             busy_poll: crate::busy_poll::stats(),
+            reloads: proxy.reload_counts().snapshot(),
         }
     }
 }
@@ -335,6 +375,17 @@ impl prometheus_client::collector::Collector for Scrape {
             "Times a serving thread stopped polling for 20 ms because its CPU was contended.",
             poll.backoffs,
         )?;
+        let (applied, refused, last_ok) = self.reloads;
+        let mut family = e.encode_descriptor(
+            "config_reloads",
+            "Configuration reloads asked for by SIGHUP, by result: applied (the keys in the file put in place) or refused (the file did not load, or its keys could not be put in place; nothing changed).",
+            None,
+            MetricType::Counter,
+        )?;
+        for (result, n) in [("applied", applied), ("refused", refused)] {
+            ConstCounter::new(n).encode(family.encode_family(&[("result", result)])?)?;
+        }
+        gauge(&mut e, "config_last_reload_successful", "1 when the last configuration reload was applied (or none was asked for since start), 0 when it was refused.", u64::from(last_ok))?;
         if let Some(entries) = self.token_cache {
             gauge(
                 &mut e,
@@ -557,7 +608,7 @@ mod tests {
     }
 
     #[test]
-    fn the_histogram_is_cumulative_in_seconds_and_closes_are_counted_by_reason() {
+    fn the_histogram_is_cumulative_in_seconds_and_closes_and_reloads_are_counted() {
         let counts = RequestCounts::new(1);
         counts.record(200, Duration::from_micros(40));
         counts.record(200, Duration::from_micros(300));
@@ -580,6 +631,7 @@ mod tests {
             streams: None,
             websockets: None,
             busy_poll: Default::default(),
+            reloads: (2, 1, false),
         };
         let mut registry = prometheus_client::registry::Registry::with_prefix("tessera");
         registry.register_collector(Box::new(scrape));
@@ -599,6 +651,9 @@ mod tests {
             "tessera_upstream_connections_closed_total{reason=\"upstream\"} 0",
             "tessera_upstream_connections_closed_total{reason=\"abandoned\"} 3",
             "tessera_upstream_connections_closed_total{reason=\"tunnel\"} 1",
+            "tessera_config_reloads_total{result=\"applied\"} 2",
+            "tessera_config_reloads_total{result=\"refused\"} 1",
+            "tessera_config_last_reload_successful 0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line:?} not in:\n{text}");
         }

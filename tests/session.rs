@@ -825,6 +825,7 @@ fn sighup_reloads_the_keys_without_a_restart() {
     let key = |kid: &str, secret: &str| {
         format!("[[token.keys]]\nkid = \"{kid}\"\nalg = \"HS512\"\nsecret = \"{secret}\"\n")
     };
+    let metrics_port = support::free_port();
     // The config with these JWT keys (the first signs) and sealing keys (the first seals).
     let text =
         move |port: u16, dir: &std::path::Path, jwt: &[(&str, &str)], seal: &[(&str, &str)]| {
@@ -840,20 +841,33 @@ fn sighup_reloads_the_keys_without_a_restart() {
             let active = format!("active_kid = \"{}\"", jwt[0].0);
             let tables: String = jwt.iter().map(|(kid, s)| key(kid, s)).collect();
             let store = format!("embedded:{}/sessions", dir.display());
-            config(
-                port,
-                &up_url,
-                &store,
-                &[
-                    LOCAL_LOGIN[0],
-                    LOCAL_LOGIN[1],
-                    ("token", &active),
-                    ("credentials", &credentials),
-                    ("tables", &tables),
-                ],
+            let lines = [
+                LOCAL_LOGIN[0],
+                LOCAL_LOGIN[1],
+                ("token", &active),
+                ("credentials", &credentials),
+                ("tables", &tables),
+            ];
+            format!(
+                "{}[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n",
+                config(port, &up_url, &store, &lines)
             )
         };
     let t = Tessera::start(|port, dir| text(port, dir, &[("old", K_OLD)], &[("c1", C1)]));
+    support::wait_for_port(metrics_port, "tessera metrics");
+    // (applied, refused, the last one applied) from /metrics
+    let reloads = || {
+        let (_, m) = curl(&[&format!("http://127.0.0.1:{metrics_port}/metrics")]);
+        let n = |result: &str| {
+            support::sample(
+                &m,
+                &format!("tessera_config_reloads_total{{result=\"{result}\"}}"),
+            )
+        };
+        let last = support::sample(&m, "tessera_config_last_reload_successful");
+        (n("applied"), n("refused"), last)
+    };
+    assert_eq!(reloads(), (0, 0, 1));
     let rewrite = |jwt: &[(&str, &str)], seal: &[(&str, &str)]| {
         std::fs::write(t.config_path(), text(t.port, t.dir.path(), jwt, seal)).unwrap();
     };
@@ -885,6 +899,7 @@ fn sighup_reloads_the_keys_without_a_restart() {
     // 1. New keys in front, the old ones still listed: both work, the new ones sign and seal.
     rewrite(&[("k2", K2), ("old", K_OLD)], &[("c2", C2), ("c1", C1)]);
     let log = hangup(&t, 1, true);
+    assert_eq!(reloads(), (1, 0, 1));
     assert!(
         log.contains("token kids [k2, old], signing k2; sealing keys [c1, c2], active c2"),
         "{log}"
@@ -924,6 +939,7 @@ fn sighup_reloads_the_keys_without_a_restart() {
     std::fs::write(t.config_path(), cut).unwrap();
     let log = hangup(&t, 3, false);
     assert!(log.contains("no key can sign"), "{log}");
+    assert_eq!(reloads(), (1, 2, 0));
     assert_eq!(
         (status(&t_alice), status(&t_bob), status(&t_bob_old)),
         (200, 200, 200),
@@ -938,6 +954,7 @@ fn sighup_reloads_the_keys_without_a_restart() {
     let mut bob_events = EventStream::open(&t, &t_bob);
     rewrite(&[("k2", K2)], &[("c2", C2)]);
     hangup(&t, 4, true);
+    assert_eq!(reloads(), (2, 2, 1));
     assert!(
         alice_events.ended_within(Duration::from_secs(5)).is_some(),
         "alice's open stream ends: her session can no longer be unsealed"
