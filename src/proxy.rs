@@ -251,9 +251,9 @@ impl Proxy {
     /// Puts the keys of a reloaded configuration in place (SIGHUP): the JWT keys
     /// (`token.secret`, `[[token.keys]]`, `token.active_kid`) and the sealing keys
     /// (`credentials.keys`, `credentials.active`). No connection is dropped and requests in
-    /// flight go on. Cached verifications and cached sessions are
-    /// forgotten, so a key removed stops working at once. Every other setting in `cfg` is
-    /// ignored: a restart applies it.
+    /// flight go on. Cached verifications and cached sessions are forgotten, and sessions with
+    /// open responses read again, so a key removed stops working at once. Every other setting
+    /// in `cfg` is ignored: a restart applies it.
     ///
     /// Returns a summary for the log (key ids only). Errors, as a sentence naming the key,
     /// with nothing changed: see [`Verifier::load_keys`]; or the login endpoints are served and
@@ -263,8 +263,8 @@ impl Proxy {
         if self.login.is_some() && !keys.can_sign() {
             return Err(
                 "config key `token.active_kid`: no key can sign, and tessera serves \
-                        [login]; name a key with a secret or private_key (a restart applies a \
-                        config without [login])"
+                 [login]; name a key with a secret or private_key (a restart applies a config \
+                 without [login])"
                     .into(),
             );
         }
