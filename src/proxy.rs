@@ -253,7 +253,8 @@ impl Proxy {
     /// (`credentials.keys`, `credentials.active`). No connection is dropped and requests in
     /// flight go on. Cached verifications and cached sessions are forgotten, and sessions with
     /// open responses read again, so a key removed stops working at once. Every other setting
-    /// in `cfg` is ignored: a restart applies it.
+    /// in `cfg` is ignored: a restart applies it. Needs a tokio runtime (the rereads are
+    /// tasks).
     ///
     /// Returns a summary for the log (key ids only). Errors, as a sentence naming the key,
     /// with nothing changed: see [`Verifier::load_keys`]; or the login endpoints are served and

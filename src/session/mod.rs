@@ -556,13 +556,10 @@ impl Sessions {
 }
 
 /// Store reads at once when every session with open responses is read again (the invalidation
-/// stream came back): enough to go through thousands quickly, few enough to leave the store
+/// stream came back, or the sealing keys were reloaded): enough to go through thousands quickly, few enough to leave the store
 /// and the runtime to the requests.
 const RECHECK_TASKS: usize = 16;
 
-/// Reads each of `sids` again and ends its open responses if the session is gone or unusable.
-/// A store failure is retried (every 0.1 s, doubling to 2 s) while the sid still has open
-/// responses: a revocation is never dropped because the store hiccuped.
 /// Has every session with open responses read again by `reader` (no cache, no registry), by at
 /// most [`RECHECK_TASKS`] tasks at a time; each one gone or no longer readable ends its open
 /// responses ([`recheck`]). For when any session may have changed unreported: the invalidation
@@ -580,6 +577,9 @@ fn recheck_all(reader: &Sessions, streams: &Arc<OpenStreams>) {
     }
 }
 
+/// Reads each of `sids` again and ends its open responses if the session is gone or unusable.
+/// A store failure is retried (every 0.1 s, doubling to 2 s) while the sid still has open
+/// responses: a revocation is never dropped because the store hiccuped.
 async fn recheck(reader: Sessions, streams: std::sync::Weak<OpenStreams>, sids: Vec<Arc<str>>) {
     for sid in sids {
         let mut backoff = Duration::from_millis(100);

@@ -12,7 +12,8 @@
 //! - the store reports the session's key changed (another instance's logout, a `DEL` by any
 //!   writer) and a fresh read finds it gone or unusable: within the invalidation stream's delay
 //!   plus one store read;
-//! - the invalidation stream comes back after a loss: every registered sid is read again;
+//! - the invalidation stream comes back after a loss, or the sealing keys are reloaded
+//!   (SIGHUP): every registered sid is read again;
 //! - the session's own expiry (`expires_at`, as it was when the request was authenticated)
 //!   passes by the wall clock.
 //!
@@ -91,7 +92,7 @@ impl OpenStreams {
     }
 
     /// Records that any session may have changed (the invalidation stream is back after a
-    /// loss: changes made meanwhile were not reported).
+    /// loss: changes made meanwhile were not reported; or the sealing keys were reloaded).
     pub(crate) fn changed_all(&self) {
         for e in &self.epochs {
             e.fetch_add(1, Ordering::SeqCst);

@@ -134,7 +134,7 @@ struct TokenCache {
     k0: u64,
     k1: u64,
     /// Bumped by every clear: a verification that began before a clear (under a key set since
-    /// changed) is not inserted after it.
+    /// changed) is not kept after it (see [`Verifier::verify`]).
     generation: std::sync::atomic::AtomicU64,
 }
 
