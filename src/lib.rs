@@ -118,11 +118,16 @@ pub async fn run(
         None => None,
     };
     tracing::info!(listen = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), upstream = %cfg.upstream.url, threads = cfg.server.threads, busy_poll_us = cfg.server.busy_poll.as_micros() as u64, "tessera serving");
+    // The rest needs `[server]` only. The keys are in the proxy now, where a reload replaces
+    // them; this copy of them is wiped here (their types zeroize on drop) rather than kept for
+    // the process's life.
+    let server_cfg = cfg.server.clone();
+    drop(cfg);
     let std_listener = listener.into_std().expect("a tokio listener has a socket");
-    let mut threads = Vec::with_capacity(cfg.server.threads);
-    for index in 0..cfg.server.threads {
+    let mut threads = Vec::with_capacity(server_cfg.threads);
+    for index in 0..server_cfg.threads {
         let spawned = std_listener.try_clone().and_then(|listener| {
-            let (proxy, server, mut phase) = (proxy.clone(), cfg.server.clone(), phase_rx.clone());
+            let (proxy, server, mut phase) = (proxy.clone(), server_cfg.clone(), phase_rx.clone());
             std::thread::Builder::new()
                 .name(format!("tessera-serve-{index}"))
                 .spawn(move || {
@@ -145,7 +150,7 @@ pub async fn run(
                     shutdown.await;
                     phase.send_replace(telemetry::Phase::Draining);
                 };
-                server::serve(listener, proxy, &cfg.server, shutdown).await
+                server::serve(listener, proxy, &server_cfg, shutdown).await
             }
             Err(e) => tracing::error!(cause = %e, "cannot register the listener"),
         }

@@ -59,6 +59,7 @@ pub enum Endpoint {
 /// The session-side endpoints, built once from `[login]`.
 pub struct Login {
     cfg: LoginConfig,
+    /// `[token]` for issued tokens' `iss`/`aud` and the token sources; `keys` left empty.
     token: TokenConfig,
     keys: Arc<Keys>,
     session_ttl: u64,
@@ -236,7 +237,12 @@ impl Login {
             by_ip: FailureLimit::new(l.max_failures_per_ip, window),
             by_user: FailureLimit::new(l.max_failures_per_user, window),
             csrf_cookie: format!("{}-csrf", l.cookie_name),
-            token: cfg.token.clone(),
+            // Without its keys: the signing key is taken from `keys` (the one in place now, a
+            // reload may change it), and a copy here would keep removed secrets alive.
+            token: TokenConfig {
+                keys: Vec::new(),
+                ..cfg.token.clone()
+            },
             keys: verifier.keys().clone(),
             session_ttl: cfg.session.ttl_seconds,
             verify_target,
