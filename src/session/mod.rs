@@ -556,8 +556,8 @@ impl Sessions {
 }
 
 /// Store reads at once when every session with open responses is read again (the invalidation
-/// stream came back, or the sealing keys were reloaded): enough to go through thousands quickly, few enough to leave the store
-/// and the runtime to the requests.
+/// stream came back, or the sealing keys were reloaded): enough to go through thousands
+/// quickly, few enough to leave the store and the runtime to the requests.
 const RECHECK_TASKS: usize = 16;
 
 /// Has every session with open responses read again by `reader` (no cache, no registry), by at
