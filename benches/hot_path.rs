@@ -44,6 +44,7 @@ fn bench(c: &mut Criterion) {
         max_header_bytes: 16384,
         max_uri_bytes: 8192,
         max_body_bytes: 0,
+        allow_encoded_slashes: false,
     };
     let sealer = Sealer::new(&CredentialsConfig {
         keys: BTreeMap::from([("k1".to_string(), zeroize::Zeroizing::new([7u8; 32]))]),

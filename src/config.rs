@@ -89,6 +89,8 @@ struct RawServer {
     threads: Option<usize>,
     busy_poll_us: Option<u64>,
     trusted_proxies: Option<Vec<String>>,
+    allow_encoded_slashes: Option<bool>,
+    client_body_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -96,6 +98,7 @@ struct RawServer {
 struct RawUpstream {
     url: Option<String>,
     max_connections: Option<usize>,
+    max_connections_per_user: Option<usize>,
     connect_timeout_ms: Option<u64>,
     response_header_timeout_ms: Option<u64>,
     idle_timeout_ms: Option<u64>,
@@ -285,6 +288,15 @@ pub struct ServerConfig {
     /// (nginx's `set_real_ip_from` + `real_ip_recursive on`). Default empty: every peer is the
     /// client, and client-sent forwarding headers are dropped.
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Forward a path holding an encoded slash (`%2F`, `%5C`, their overlong and full-width
+    /// forms) or a backslash outside a dot segment, instead of refusing it with 400 (false,
+    /// the default, as Tomcat and Apache's `AllowEncodedSlashes Off`). Dot segments in any
+    /// encoding are refused either way (`screen::path`).
+    pub allow_encoded_slashes: bool,
+    /// Longest wait between two reads of a request body (nginx's `client_body_timeout`): a
+    /// body that stalls this long ends its request with 408 and closes its upstream connection.
+    /// Default 60 s.
+    pub client_body_timeout: Duration,
 }
 
 /// `[upstream]`.
@@ -295,6 +307,11 @@ pub struct UpstreamConfig {
     /// Hard cap on open upstream connections (idle + busy); requests beyond it queue FIFO.
     /// Keep it at or below the upstream's own limit (Cyrus `maxchild`). Default 64.
     pub max_connections: usize,
+    /// Most upstream connections one user (one upstream credential) or one HTTP/2 connection
+    /// holds at once; its further requests wait for one of its own (see `forward::share`).
+    /// 1..=max_connections (equal: no bound). Default three quarters of `max_connections`,
+    /// rounded up.
+    pub max_connections_per_user: usize,
     /// TCP connect + HTTP handshake timeout. Default 5 s.
     pub connect_timeout: Duration,
     /// Longest wait for the upstream's response head with no request-body progress (pool queue
@@ -848,6 +865,12 @@ fn validate_server(s: RawServer) -> Result<ServerConfig, ConfigError> {
             30_000,
         )?,
         send_timeout: ms("server.send_timeout_ms", s.send_timeout_ms, 60_000)?,
+        client_body_timeout: ms(
+            "server.client_body_timeout_ms",
+            s.client_body_timeout_ms,
+            60_000,
+        )?,
+        allow_encoded_slashes: s.allow_encoded_slashes.unwrap_or(false),
         http2_max_concurrent_streams: match s.http2_max_concurrent_streams {
             None => 200,
             Some(n @ 1..=1000) => n,
@@ -900,6 +923,20 @@ fn validate_upstream(u: RawUpstream) -> Result<UpstreamConfig, ConfigError> {
             "must be between 1 and 100000",
         ));
     }
+    let max_connections_per_user = match u.max_connections_per_user {
+        None => crate::forward::default_per_user(max_connections),
+        Some(n) if (1..=max_connections).contains(&n) => n,
+        Some(n) => {
+            return Err(ConfigError::new(
+                "upstream.max_connections_per_user",
+                format!(
+                    "must be between 1 and upstream.max_connections ({max_connections}), not {n} \
+                     (leave it out for {})",
+                    crate::forward::default_per_user(max_connections)
+                ),
+            ))
+        }
+    };
     let mut strip = Vec::new();
     for name in u
         .strip_response_headers
@@ -978,6 +1015,7 @@ fn validate_upstream(u: RawUpstream) -> Result<UpstreamConfig, ConfigError> {
     Ok(UpstreamConfig {
         url,
         max_connections,
+        max_connections_per_user,
         affinity,
         drain,
         connect_timeout: ms("upstream.connect_timeout_ms", u.connect_timeout_ms, 5_000)?,

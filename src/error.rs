@@ -5,6 +5,7 @@
 //! | malformed request (Host missing/duplicated/with userinfo, dot segments) | 400 |
 //! | request body cut short or malformed by the client while it streams upstream | 400 |
 //! | TRACE (would echo the injected credential) or CONNECT | 405 + `Allow` |
+//! | request body paused longer than `server.client_body_timeout_ms` | 408 |
 //! | body larger than `server.max_body_bytes` | 413 |
 //! | request-target longer than `server.max_uri_bytes` | 414 |
 //! | header bytes above `server.max_header_bytes` | 431 |
@@ -129,6 +130,7 @@ impl ProxyError {
                 ForwardError::ConnectTimeout | ForwardError::Timeout => StatusCode::GATEWAY_TIMEOUT,
                 ForwardError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
                 ForwardError::ClientBody(_) => StatusCode::BAD_REQUEST,
+                ForwardError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             },
         }
     }

@@ -16,11 +16,10 @@ use http::request::Parts;
 use http::uri::PathAndQuery;
 use http::{HeaderValue, Request, Response, Uri, Version};
 use http_body::Body;
-use http_body_util::BodyExt;
 
 use crate::config::Config;
 use crate::error::ProxyError;
-use crate::forward::{BoxError, ProxyBody, Tunnel, UpBody, Upstream};
+use crate::forward::{BoxError, ConnectionShare, ProxyBody, Tunnel, UpBody, Upstream};
 use crate::login::Login;
 use crate::screen::{self, Limits, Screened};
 use crate::session::{Session, Sessions};
@@ -31,6 +30,8 @@ use crate::unix_now;
 /// Everything the request path needs, built once from the config.
 pub struct Proxy {
     limits: Limits,
+    /// `server.client_body_timeout_ms`.
+    body_timeout: Duration,
     sources: Vec<TokenSource>,
     verifier: Verifier,
     sessions: Sessions,
@@ -96,6 +97,9 @@ pub struct Peer {
     trusted: bool,
     /// `X-Forwarded-Proto` sent upstream: `http`, or what a trusted proxy reported.
     proto: &'static str,
+    /// The connection's share of the upstream pool, made at its first HTTP/2 request (an
+    /// HTTP/1.1 connection carries one request at a time and needs none).
+    share: std::sync::OnceLock<ConnectionShare>,
 }
 
 impl Peer {
@@ -108,6 +112,7 @@ impl Peer {
             forwarded_for: HeaderValue::from_str(&addr.ip().to_string()).ok(),
             trusted: false,
             proto: "http",
+            share: std::sync::OnceLock::new(),
         }
     }
 
@@ -128,6 +133,8 @@ struct Ctx {
     sid: Option<Arc<str>>,
     /// Log reason of a response that is not a [`ProxyError`] (login endpoints).
     reason: Option<String>,
+    /// The downstream connection's share of the upstream pool (HTTP/2 only).
+    share: ConnectionShare,
 }
 
 impl Proxy {
@@ -152,7 +159,8 @@ impl Proxy {
             cfg.upstream.affinity,
             cfg.upstream.drain,
             cfg.server.threads,
-        );
+        )
+        .with_shares(cfg.upstream.max_connections_per_user);
         let verifier = Verifier::new(&cfg.token);
         let login = Login::from_config(cfg, &verifier);
         Self {
@@ -161,7 +169,9 @@ impl Proxy {
                 max_header_bytes: cfg.server.max_header_bytes,
                 max_uri_bytes: cfg.server.max_uri_bytes,
                 max_body_bytes: cfg.server.max_body_bytes,
+                allow_encoded_slashes: cfg.server.allow_encoded_slashes,
             },
+            body_timeout: cfg.server.client_body_timeout,
             sources: cfg.token.sources.clone(),
             verifier,
             sessions,
@@ -325,6 +335,13 @@ impl Proxy {
         B: Body<Data = Bytes> + Send + Sync + 'static,
         B::Error: Into<BoxError>,
     {
+        let mut ctx = Ctx::default();
+        if req.version() == Version::HTTP_2 {
+            ctx.share = peer
+                .share
+                .get_or_init(|| self.upstream.connection_share())
+                .clone();
+        }
         let relayed;
         let peer = if peer.trusted {
             relayed = peer.relayed(req.headers(), &self.trusted_proxies);
@@ -343,7 +360,6 @@ impl Proxy {
             started,
             written: false,
         };
-        let mut ctx = Ctx::default();
         let (resp, reason) = match self.process(req, peer, &mut ctx).await {
             Ok(resp) => (resp, None),
             Err(e) => {
@@ -420,7 +436,7 @@ impl Proxy {
             h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
         }
         let req = Request::from_parts(parts, self.limit_body(body));
-        let mut resp = self.upstream.forward(req).await?;
+        let mut resp = self.upstream.forward_on(req, ctx.share.take()).await?;
         if let Some(upgrading) = upgrading {
             if let Some(tunnel) = resp.body_mut().take_tunnel() {
                 return Ok(self.switch(resp, tunnel, upgrading, ctx, &session));
@@ -662,11 +678,7 @@ impl Proxy {
         B: Body<Data = Bytes> + Send + Sync + 'static,
         B::Error: Into<BoxError>,
     {
-        if self.limits.max_body_bytes > 0 {
-            http_body_util::Limited::new(body, self.limits.max_body_bytes as usize).boxed()
-        } else {
-            body.map_err(Into::into).boxed()
-        }
+        screen::body::limit(body, self.limits.max_body_bytes, self.body_timeout)
     }
 }
 

@@ -1154,6 +1154,9 @@ fn body_error(e: BoxError) -> ForwardError {
         if s.is::<http_body_util::LengthLimitError>() {
             return ForwardError::BodyTooLarge;
         }
+        if s.is::<crate::screen::body::BodyStalled>() {
+            return ForwardError::BodyTimeout;
+        }
         src = s.source();
     }
     ForwardError::ClientBody(e.to_string())

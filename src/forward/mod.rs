@@ -20,6 +20,7 @@ mod body;
 pub(crate) mod h1;
 mod pool;
 pub(crate) mod raw;
+mod share;
 mod tunnel;
 
 use std::cell::RefCell;
@@ -43,6 +44,7 @@ pub use pool::{
     AFFINITY_WAIT, DRAIN_BYTES, DRAIN_WAIT,
 };
 pub use raw::RawHead;
+pub use share::default_per_user;
 pub(crate) use tunnel::frame_edges;
 pub use tunnel::{Tunnel, TunnelEnd, TunnelReport, CLOSING_WAIT};
 
@@ -66,6 +68,10 @@ pub enum ForwardError {
     /// The client's body exceeded `server.max_body_bytes` while streaming. 413.
     #[error("request body too large")]
     BodyTooLarge,
+    /// The client sent no request-body data for `server.client_body_timeout_ms` while it was
+    /// streamed upstream. 408, as nginx's `client_body_timeout`.
+    #[error("client request body timed out")]
+    BodyTimeout,
     /// The client's body broke off or was malformed while being sent upstream (the client closed
     /// or reset its connection before the announced end, a bad chunk). 400, as nginx's "client
     /// prematurely closed connection" (the client is usually gone; the status is for the log).
@@ -83,7 +89,13 @@ pub enum ForwardError {
 pub struct Upstream {
     pool: Arc<Pool>,
     header_timeout: Duration,
+    /// Each user's and each HTTP/2 connection's share of the pool.
+    shares: share::Shares,
 }
+
+/// The downstream connection a request came on, as the pool's shares see it: `None` for one
+/// that carries one request at a time (HTTP/1.1), else its share ([`Upstream::connection_share`]).
+pub type ConnectionShare = Option<Arc<tokio::sync::Semaphore>>;
 
 fn idempotent(m: &Method) -> bool {
     matches!(
@@ -94,7 +106,7 @@ fn idempotent(m: &Method) -> bool {
 
 impl Upstream {
     /// An upstream at `addr` (`host:port`) with these `[upstream]` settings, used from `threads`
-    /// serving threads.
+    /// serving threads; shares off (see [`Upstream::with_shares`]).
     // Each argument is one setting (a struct of them would repeat `UpstreamConfig`, which tests
     // and benchmarks do not build).
     #[allow(clippy::too_many_arguments)]
@@ -119,7 +131,27 @@ impl Upstream {
                 threads,
             ),
             header_timeout,
+            shares: share::Shares::new(max_connections, max_connections),
         }
+    }
+
+    /// Bounds each user (upstream credential) and each HTTP/2 connection to `per_user` upstream
+    /// connections at once (`upstream.max_connections_per_user`; at or above the pool's cap:
+    /// no bound).
+    pub fn with_shares(mut self, per_user: usize) -> Self {
+        self.shares = share::Shares::new(per_user, self.pool.max_connections());
+        self
+    }
+
+    /// A new HTTP/2 connection's share of the pool, for all its streams together; `None` when
+    /// shares are off.
+    pub fn connection_share(&self) -> ConnectionShare {
+        self.shares.for_connection()
+    }
+
+    /// Requests that waited because their user or connection held its share of the pool.
+    pub fn share_waits(&self) -> u64 {
+        self.shares.waited()
     }
 
     /// Pool counters.
@@ -138,6 +170,18 @@ impl Upstream {
     ///
     /// Errors: [`ForwardError`], after at most one retry (see module docs).
     pub async fn forward(&self, req: Request<UpBody>) -> Result<Response<ProxyBody>, ForwardError> {
+        self.forward_on(req, None).await
+    }
+
+    /// [`Upstream::forward`] for a request that came on a downstream connection with the share
+    /// `conn` (an HTTP/2 connection's, from [`Upstream::connection_share`]).
+    ///
+    /// Errors: as [`Upstream::forward`].
+    pub async fn forward_on(
+        &self,
+        req: Request<UpBody>,
+        conn: ConnectionShare,
+    ) -> Result<Response<ProxyBody>, ForwardError> {
         let (req, progress) = if req.body().is_end_stream() {
             (req, None)
         } else {
@@ -149,7 +193,7 @@ impl Upstream {
             )
         };
         // In an `Option` so that a timeout can drop it in place, marked as abandoned.
-        let mut send = std::pin::pin!(Some(self.send(req)));
+        let mut send = std::pin::pin!(Some(self.send(req, conn)));
         let mut last = 0;
         loop {
             let sending = send.as_mut().as_pin_mut().expect("dropped only to return");
@@ -171,9 +215,21 @@ impl Upstream {
         }
     }
 
-    async fn send(&self, req: Request<UpBody>) -> Result<Response<ProxyBody>, ForwardError> {
+    async fn send(
+        &self,
+        req: Request<UpBody>,
+        share: ConnectionShare,
+    ) -> Result<Response<ProxyBody>, ForwardError> {
         let key = self.pool.affinity_key(req.headers());
+        let held = self
+            .shares
+            .take(
+                req.headers().get(http::header::AUTHORIZATION),
+                share.as_ref(),
+            )
+            .await;
         let mut conn = self.pool.checkout(key.clone()).await?;
+        conn.hold(held);
         let (retry, err) = match conn.send(req).await {
             Ok(head) => return Ok(wrap(head, conn)),
             Err(e) => {
@@ -195,7 +251,7 @@ impl Upstream {
         tracing::debug!(cause = %err, "reused upstream connection failed; retrying once on a fresh one");
         // Boxed: the rare retry (and its connect) would otherwise double the size of every
         // request's future, which is copied as it is awaited.
-        Box::pin(self.retry(key, req)).await
+        Box::pin(self.retry(key, req, share)).await
     }
 
     /// The single retry of [`Upstream::send`], on a fresh connection.
@@ -203,8 +259,17 @@ impl Upstream {
         &self,
         key: Option<AffinityKey>,
         req: Request<UpBody>,
+        share: ConnectionShare,
     ) -> Result<Response<ProxyBody>, ForwardError> {
+        let held = self
+            .shares
+            .take(
+                req.headers().get(http::header::AUTHORIZATION),
+                share.as_ref(),
+            )
+            .await;
         let mut conn = self.pool.checkout_fresh(key).await?;
+        conn.hold(held);
         match conn.send(req).await {
             Ok(head) => Ok(wrap(head, conn)),
             Err(e) => {
@@ -225,9 +290,9 @@ impl Upstream {
 fn closed_by(e: &SendError) -> Closed {
     match e {
         SendError::Unsent(..) | SendError::ClosedBeforeResponse(..) => Closed::Upstream,
-        SendError::Failed(ForwardError::ClientBody(_) | ForwardError::BodyTooLarge) => {
-            Closed::Abandoned
-        }
+        SendError::Failed(
+            ForwardError::ClientBody(_) | ForwardError::BodyTooLarge | ForwardError::BodyTimeout,
+        ) => Closed::Abandoned,
         SendError::Failed(_) => Closed::Error,
     }
 }

@@ -70,6 +70,7 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 pub use super::h1::DRAIN_BYTES;
 use super::h1::{Head, SendError, Sending, Unfinished, H1};
+use super::share::Held;
 use super::ForwardError;
 use super::UpBody;
 
@@ -403,6 +404,8 @@ pub struct Conn {
     /// `None` only in the drop: after it hands the connection to a background task, or frees
     /// the slot of a closed one before waking a waiter ([`Conn::wake_a_waiter`]).
     permit: Option<OwnedSemaphorePermit>,
+    /// The request's shares of the pool ([`super::share`]), released with the slot.
+    held: Held,
 }
 
 impl Pool {
@@ -438,6 +441,11 @@ impl Pool {
         });
         spawn_reaper(Arc::downgrade(&pool), idle_timeout);
         pool
+    }
+
+    /// The cap on open connections (`upstream.max_connections`).
+    pub fn max_connections(&self) -> usize {
+        self.max_connections
     }
 
     /// Connections open now, as `(busy, idle)`: busy ones are checked out by a request (one being
@@ -614,6 +622,7 @@ impl Pool {
             sent_ms: idle.sent_ms,
             closing: Closed::Abandoned,
             permit: Some(permit),
+            held: Held::default(),
         }
     }
 
@@ -862,6 +871,7 @@ impl Pool {
             sent_ms: 0,
             closing: Closed::Abandoned,
             permit: Some(permit),
+            held: Held::default(),
         })
     }
 }
@@ -892,6 +902,11 @@ impl Conn {
     /// to the pool.
     pub fn set_reusable(&mut self) {
         self.reusable = true;
+    }
+
+    /// Keeps the request's shares of the pool until the connection is released.
+    pub fn hold(&mut self, held: Held) {
+        self.held = held;
     }
 
     /// Records why the connection is closed if it is dropped without [`Conn::set_reusable`]
@@ -1005,6 +1020,7 @@ impl Drop for Conn {
                         sent_ms: self.sent_ms,
                         closing: Closed::Abandoned,
                         permit: self.permit.take(),
+                        held: std::mem::take(&mut self.held),
                     }
                     .finish_later(Unfinished::Head { head_request });
                 } else {

@@ -170,6 +170,13 @@ pub struct Nginx {
 
 impl Nginx {
     pub fn start() -> Self {
+        Self::start_with("")
+    }
+
+    /// Like [`Nginx::start`], with `locations` added to its server block and the normalised
+    /// path of every request (`$uri`: decoded, dot segments resolved) logged, read by
+    /// [`Nginx::uris`].
+    pub fn start_with(locations: &str) -> Self {
         require("nginx");
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
@@ -187,8 +194,11 @@ http {{
   client_body_temp_path {d}/tmp; proxy_temp_path {d}/tmp; fastcgi_temp_path {d}/tmp;
   uwsgi_temp_path {d}/tmp; scgi_temp_path {d}/tmp;
   keepalive_requests 100000;
+  log_format uris '$uri';
   server {{
     listen 127.0.0.1:{port};
+    access_log {d}/uris.log uris;
+    {locations}
     location /echo {{
       default_type application/json;
       return 200 '{{"authorization":"$http_authorization","cookie":"$http_cookie","xff":"$http_x_forwarded_for","xfh":"$http_x_forwarded_host","xfp":"$http_x_forwarded_proto","host":"$http_host","x_secret":"$http_x_secret","connection":"$http_connection","uri":"$request_uri"}}';
@@ -218,6 +228,15 @@ http {{
 
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The normalised paths (`$uri`) of the requests nginx served so far, in order.
+    pub fn uris(&self) -> Vec<String> {
+        std::fs::read_to_string(self._dir.path().join("uris.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
     }
 
     /// Connections nginx has accepted so far (stub_status `accepts`), not counting the

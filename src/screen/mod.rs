@@ -15,6 +15,9 @@ use std::net::IpAddr;
 use crate::error::ProxyError;
 use crate::forward::RawHead;
 
+pub mod body;
+pub mod path;
+
 /// Request limits from `[server]`.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -24,6 +27,9 @@ pub struct Limits {
     pub max_uri_bytes: usize,
     /// Max body bytes, 0 = unlimited.
     pub max_body_bytes: u64,
+    /// `server.allow_encoded_slashes`: forward `%2F`, `%5C` and `\` outside dot segments
+    /// instead of refusing them (see [`path::check`]).
+    pub allow_encoded_slashes: bool,
 }
 
 /// What the screen learnt that later phases need.
@@ -119,9 +125,8 @@ pub fn screen_request(parts: &mut Parts, limits: &Limits) -> Result<Screened, Pr
             }
         }
     }
-    if has_dot_segment(parts.uri.path()) {
-        return Err(ProxyError::BadRequest("dot segment in path"));
-    }
+    path::check(parts.uri.path(), limits.allow_encoded_slashes)
+        .map_err(|e| ProxyError::BadRequest(e.reason()))?;
     let host = authority(parts)?;
     let (cookie_is_hop_by_hop, websocket) =
         remove_connection_named(&mut parts.headers, &parts.method, parts.version);
@@ -203,19 +208,6 @@ fn authority(parts: &Parts) -> Result<HeaderValue, ProxyError> {
         return Err(ProxyError::BadRequest("invalid Host header"));
     }
     Ok(value)
-}
-
-/// Whether `path` has a `.` or `..` segment, plain or percent-encoded (RFC 3986 5.2.4): refused so
-/// that a path can never climb out of `upstream.url`'s base path after upstream normalisation.
-/// A segment counts up to its first `;`: servlet containers (Tomcat, Jetty) drop such path
-/// parameters before they resolve dot segments, so `/..;/admin` climbs there.
-fn has_dot_segment(path: &str) -> bool {
-    path.as_bytes().split(|&b| b == b'/').any(|seg| {
-        let seg = seg.split(|&b| b == b';').next().unwrap_or_default();
-        [&b"."[..], b"..", b"%2e", b"%2e%2e", b".%2e", b"%2e."]
-            .iter()
-            .any(|d| seg.eq_ignore_ascii_case(d))
-    })
 }
 
 /// Removes the headers named in `Connection` (RFC 9110 section 7.6.1), except `Authorization`
@@ -446,6 +438,7 @@ mod tests {
                 max_header_bytes: 16384,
                 max_uri_bytes: 8192,
                 max_body_bytes: 0,
+                allow_encoded_slashes: false,
             };
             let s = screen_request(&mut parts, &limits).unwrap();
             let gone = ["connection", "upgrade"]
@@ -578,6 +571,7 @@ mod tests {
         max_header_bytes: 1024,
         max_uri_bytes: 256,
         max_body_bytes: 100,
+        allow_encoded_slashes: false,
     };
 
     #[test]

@@ -1,0 +1,190 @@
+//! Fair shares of the upstream pool: one user (one upstream credential, its `Authorization`
+//! value) and one downstream connection (the streams of one HTTP/2 connection) each hold at most
+//! `upstream.max_connections_per_user` upstream connections at once. A request over its share
+//! waits (first come, first served) for one of its own to end before it asks the pool for a
+//! slot, so it never holds a slot another user could use meanwhile.
+//!
+//! Why: without it one authenticated client that trickles request bodies, or reads responses
+//! with a closed flow-control window, holds every connection of the pool while other users'
+//! requests wait. Must never: let a request take a pool slot before its shares, or let a user's
+//! entry be replaced while one of its permits is out (its bound would then count twice).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use http::HeaderValue;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// The default of `upstream.max_connections_per_user` for a pool of `max_connections`: three
+/// quarters of it, rounded up (at least 1), so one user leaves a quarter for the others.
+pub fn default_per_user(max_connections: usize) -> usize {
+    max_connections.saturating_mul(3).div_ceil(4).max(1)
+}
+
+/// The users' and downstream connections' shares of one pool.
+pub struct Shares {
+    /// Most upstream connections one user or one downstream connection holds at once.
+    per_user: usize,
+    /// One semaphore per credential with a request in flight; an entry whose semaphore is gone
+    /// (no permit out, no request waiting) is reused as new, or pruned.
+    users: Mutex<HashMap<HeaderValue, Weak<Semaphore>>>,
+    /// Requests that waited because their user or downstream connection held its share.
+    waited: AtomicU64,
+}
+
+/// The share permits one request holds while its upstream connection is checked out.
+#[derive(Default)]
+pub struct Held {
+    _user: Option<OwnedSemaphorePermit>,
+    _downstream: Option<OwnedSemaphorePermit>,
+}
+
+impl Shares {
+    /// Shares of `per_user` connections each; `per_user >= max_connections` turns them off (no
+    /// cost per request).
+    pub fn new(per_user: usize, max_connections: usize) -> Self {
+        Self {
+            per_user: if per_user >= max_connections {
+                0
+            } else {
+                per_user
+            },
+            users: Mutex::new(HashMap::new()),
+            waited: AtomicU64::new(0),
+        }
+    }
+
+    /// A new downstream connection's share, for the streams of one HTTP/2 connection; `None`
+    /// when shares are off.
+    pub fn for_connection(&self) -> Option<Arc<Semaphore>> {
+        (self.per_user > 0).then(|| Arc::new(Semaphore::new(self.per_user)))
+    }
+
+    /// Requests that waited for their share so far.
+    pub fn waited(&self) -> u64 {
+        self.waited.load(Ordering::Relaxed)
+    }
+
+    /// Takes one permit of the user of `credential` (requests without one share one entry) and
+    /// one of `downstream`, in that order (every request takes them in the same order, so two
+    /// requests can never each hold what the other waits for), waiting for them if need be.
+    pub async fn take(
+        &self,
+        credential: Option<&HeaderValue>,
+        downstream: Option<&Arc<Semaphore>>,
+    ) -> Held {
+        if self.per_user == 0 {
+            return Held::default();
+        }
+        let user = self.user(credential.unwrap_or(&HeaderValue::from_static("")));
+        Held {
+            _user: Some(self.acquire(user).await),
+            _downstream: match downstream {
+                Some(share) => Some(self.acquire(share.clone()).await),
+                None => None,
+            },
+        }
+    }
+
+    async fn acquire(&self, share: Arc<Semaphore>) -> OwnedSemaphorePermit {
+        if let Ok(permit) = share.clone().try_acquire_owned() {
+            return permit;
+        }
+        self.waited.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            "request waits: its user or connection holds its share of the upstream pool"
+        );
+        share
+            .acquire_owned()
+            .await
+            .expect("share semaphores are never closed")
+    }
+
+    /// The semaphore of `credential`, made on first use (or again once all of its permits
+    /// were returned and it was dropped).
+    fn user(&self, credential: &HeaderValue) -> Arc<Semaphore> {
+        let mut users = self.users.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(live) = users.get(credential).and_then(Weak::upgrade) {
+            return live;
+        }
+        if users.len() >= 1024 && users.len().is_power_of_two() {
+            users.retain(|_, share| share.strong_count() > 0);
+        }
+        let share = Arc::new(Semaphore::new(self.per_user));
+        users.insert(credential.clone(), Arc::downgrade(&share));
+        share
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn bob() -> HeaderValue {
+        HeaderValue::from_static("Basic Ym9iOnB3")
+    }
+
+    #[test]
+    fn the_default_leaves_a_quarter_to_the_others() {
+        assert_eq!(default_per_user(64), 48);
+        assert_eq!(default_per_user(8), 6);
+        assert_eq!(default_per_user(2), 2);
+        assert_eq!(default_per_user(1), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_user_over_its_share_waits_for_its_own_and_others_go_on() {
+        let shares = Shares::new(2, 4);
+        let alice = HeaderValue::from_static("Basic YWxpY2U6cHc=");
+        let a1 = shares.take(Some(&alice), None).await;
+        let _a2 = shares.take(Some(&alice), None).await;
+        let third = shares.take(Some(&alice), None);
+        tokio::pin!(third);
+        assert!(
+            tokio::time::timeout(Duration::from_secs(1), &mut third)
+                .await
+                .is_err(),
+            "alice's third request did not wait"
+        );
+        // Bob is not held up by alice.
+        let _b = tokio::time::timeout(Duration::from_secs(1), shares.take(Some(&bob()), None))
+            .await
+            .expect("bob waited for alice's share");
+        drop(a1);
+        tokio::time::timeout(Duration::from_secs(1), third)
+            .await
+            .expect("alice's third request goes on once one of hers ended");
+        assert_eq!(shares.waited(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_streams_of_one_connection_share_one_bound_across_users() {
+        let shares = Shares::new(1, 4);
+        let conn = shares.for_connection().expect("shares on");
+        let alice = HeaderValue::from_static("Basic YWxpY2U6cHc=");
+        let first = shares.take(Some(&alice), Some(&conn)).await;
+        let bob = bob();
+        let other = shares.take(Some(&bob), Some(&conn));
+        tokio::pin!(other);
+        assert!(tokio::time::timeout(Duration::from_secs(1), &mut other)
+            .await
+            .is_err());
+        drop(first);
+        tokio::time::timeout(Duration::from_secs(1), other)
+            .await
+            .expect("goes on once the connection's other stream ended");
+    }
+
+    #[tokio::test]
+    async fn shares_at_or_over_the_pool_are_off() {
+        let shares = Shares::new(4, 4);
+        assert!(shares.for_connection().is_none());
+        let bob = bob();
+        let held: Vec<_> =
+            futures_util::future::join_all((0..16).map(|_| shares.take(Some(&bob), None))).await;
+        assert_eq!(held.len(), 16);
+        assert!(shares.users.lock().unwrap().is_empty());
+    }
+}

@@ -1,0 +1,279 @@
+//! Attacks from outside against the real `tessera serve` binary in front of real nginx: paths that
+//! climb out of the upstream base path, and one user holding the upstream pool.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::*;
+
+/// nginx answering under `/base/` and, to show an escape, outside it.
+const BASE_AND_SECRET: &str = r#"
+    location /base/ { return 200 "base $uri\n"; }
+    location /secret { return 200 "outside $uri\n"; }
+"#;
+
+fn tessera(upstream: &str, extra: &'static [(&'static str, &'static str)]) -> Tessera {
+    let upstream = upstream.to_string();
+    Tessera::start(move |port, dir| {
+        config(
+            port,
+            &upstream,
+            &format!("embedded:{}/sessions", dir.display()),
+            extra,
+        )
+    })
+}
+
+fn get_as_is(t: &Tessera, token: &str, path: &str) -> (u16, String) {
+    curl(&["--path-as-is", "-H", &bearer(token), &t.url(path)])
+}
+
+#[test]
+fn no_encoding_of_a_dot_segment_climbs_out_of_the_base_path() {
+    let nginx = Nginx::start_with(BASE_AND_SECRET);
+    let t = tessera(&format!("{}/base/", nginx.url()), &[]);
+    let (_, token) = t.create_session("alice", "pw");
+    for path in [
+        "/..%2fsecret",
+        "/a/..%2f..%2fsecret",
+        "/%2e%2e%2fsecret",
+        "/.%2e%2fsecret",
+        "/..%2Fsecret",
+        "/..\\secret",
+        "/%5c..%5csecret",
+        "/%252e%252e%252fsecret",
+        "/%c0%ae%c0%ae/secret",
+        "/..;/secret",
+    ] {
+        let (code, body) = get_as_is(&t, &token, path);
+        assert_eq!(code, 400, "{path}: {body}");
+    }
+    let (code, body) = get_as_is(&t, &token, "/inside");
+    assert_eq!((code, body.as_str()), (200, "base /base/inside\n"));
+    let uris = nginx.uris();
+    assert_eq!(uris, ["/base/inside"], "nginx served paths outside /base/");
+    let log = t.log_when(|l| l.contains("encoded slash"));
+    assert!(log.contains("dot segment in path"), "{log}");
+}
+
+#[test]
+fn encoded_slashes_outside_dot_segments_are_refused_unless_allowed() {
+    let nginx = Nginx::start_with(BASE_AND_SECRET);
+    let refusing = tessera(&format!("{}/base/", nginx.url()), &[]);
+    let (_, token) = refusing.create_session("alice", "pw");
+    assert_eq!(get_as_is(&refusing, &token, "/a%2Fb").0, 400);
+    assert_eq!(get_as_is(&refusing, &token, "/a\\b").0, 400);
+    let allowing = tessera(
+        &format!("{}/base/", nginx.url()),
+        &[("server", "allow_encoded_slashes = true")],
+    );
+    let (_, token) = allowing.create_session("alice", "pw");
+    let (code, body) = get_as_is(&allowing, &token, "/a%2Fb");
+    assert_eq!((code, body.as_str()), (200, "base /base/a/b\n"));
+    let (code, _) = get_as_is(&allowing, &token, "/..%2fsecret");
+    assert_eq!(code, 400, "a dot segment stays refused");
+    assert_eq!(nginx.uris(), ["/base/a/b"]);
+}
+
+/// Sends a request head with a body announced by `framing`, then a byte of body every 500 ms
+/// until `stop`; returns what the server answered, if anything.
+fn trickle(port: u16, token: &str, framing: &str, stop: Arc<AtomicBool>) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        s,
+        "POST /base/upload HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {token}\r\n{framing}\r\n\r\n"
+    )
+    .unwrap();
+    let chunked = framing.contains("chunked");
+    s.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut answer = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        let byte: &[u8] = if chunked { b"1\r\nx\r\n" } else { b"x" };
+        if s.write_all(byte).is_err() {
+            break;
+        }
+        let mut buf = [0; 1024];
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+            Err(_) => {}
+        }
+    }
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// Connections nginx has open now (stub_status), not counting the query's own.
+fn active(nginx: &Nginx) -> u64 {
+    let (_, body) = curl(&[&format!("{}/nginx_status", nginx.url())]);
+    let line = body.lines().next().expect("stub_status line 1");
+    let n: u64 = line.split_whitespace().last().unwrap().parse().unwrap();
+    n - 1
+}
+
+#[test]
+fn one_user_trickling_bodies_cannot_hold_every_upstream_connection() {
+    let nginx = Nginx::start_with(BASE_AND_SECRET);
+    // 8 connections, 6 for one user at most (the default three quarters).
+    let t = tessera(
+        &nginx.url(),
+        &[
+            ("upstream", "max_connections = 8"),
+            ("server", "client_body_timeout_ms = 600000"),
+        ],
+    );
+    let (_, alice) = t.create_session("alice", "pw");
+    let (_, bob) = t.create_session("bob", "pw");
+    let stop = Arc::new(AtomicBool::new(false));
+    let trickles: Vec<_> = (0..10)
+        .map(|i| {
+            let (stop, alice, port) = (stop.clone(), alice.clone(), t.port);
+            let framing = if i % 2 == 0 {
+                "Transfer-Encoding: chunked"
+            } else {
+                "Content-Length: 100000"
+            };
+            std::thread::spawn(move || trickle(port, &alice, framing, stop))
+        })
+        .collect();
+    // Until alice's trickles hold all she may: 6 upstream connections.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while nginx.accepted() < 6 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let (code, body) = curl(&["--max-time", "15", "-H", &bearer(&bob), &t.url("/base/bob")]);
+    let held = active(&nginx);
+    let opened = nginx.accepted();
+    stop.store(true, Ordering::Relaxed);
+    for h in trickles {
+        h.join().unwrap();
+    }
+    assert_eq!(
+        (code, body.as_str()),
+        (200, "base /base/bob\n"),
+        "bob was not served while alice trickled"
+    );
+    assert!(
+        held <= 7,
+        "alice held more than her share: {held} upstream connections ({opened} opened)"
+    );
+}
+
+/// What the server sends until the end of a response head, or the connection's end (at most
+/// 30 s).
+fn read_head(s: &mut TcpStream) -> String {
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0; 4096];
+    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[test]
+fn a_stalled_request_body_is_answered_408_and_frees_its_upstream_connection() {
+    let nginx = Nginx::start_with(BASE_AND_SECRET);
+    let t = tessera(
+        &nginx.url(),
+        &[
+            ("upstream", "max_connections = 1"),
+            ("server", "client_body_timeout_ms = 1000"),
+        ],
+    );
+    let (_, token) = t.create_session("alice", "pw");
+    for framing in ["Content-Length: 100000", "Transfer-Encoding: chunked"] {
+        let mut s = TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+        let first: &str = if framing.contains("chunked") {
+            "a\r\n0123456789\r\n"
+        } else {
+            "0123456789"
+        };
+        write!(
+            s,
+            "POST /base/upload HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {token}\r\n{framing}\r\n\r\n{first}"
+        )
+        .unwrap();
+        let answer = read_head(&mut s);
+        assert!(answer.starts_with("HTTP/1.1 408"), "{framing}: {answer}");
+        // The one upstream connection is free again.
+        let (code, _) = curl(&["--max-time", "15", "-H", &bearer(&token), &t.url("/base/x")]);
+        assert_eq!(code, 200, "{framing}");
+    }
+    let log = t.log_when(|l| l.matches("client request body timed out").count() >= 2);
+    assert_eq!(
+        log.matches("client request body timed out").count(),
+        2,
+        "{log}"
+    );
+}
+
+/// Opens one HTTP/2 connection (prior knowledge) whose flow-control window stays shut, with one
+/// stream per token in `tokens`, each asking for a large download it never reads; returns what
+/// keeps them open (a dropped response would reset its stream).
+async fn shut_window_streams(port: u16, tokens: Vec<String>) -> Vec<Box<dyn std::any::Any>> {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let (client, conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let mut client = client.ready().await.unwrap();
+    let mut pending = Vec::new();
+    for token in tokens {
+        let req = http::Request::get(format!("http://127.0.0.1:{port}/big"))
+            .header("authorization", format!("Bearer {token}"))
+            .body(())
+            .unwrap();
+        pending.push(client.send_request(req, true).unwrap().0);
+        client = client.ready().await.unwrap();
+    }
+    let mut kept: Vec<Box<dyn std::any::Any>> = vec![Box::new(client)];
+    for resp in pending {
+        kept.push(Box::new(resp));
+    }
+    kept
+}
+
+#[test]
+fn the_streams_of_one_http2_connection_share_one_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big");
+    std::fs::write(&big, vec![b'x'; 16 << 20]).unwrap();
+    let nginx = Nginx::start_with(&format!("location = /big {{ alias {}; }}", big.display()));
+    let t = tessera(&nginx.url(), &[("upstream", "max_connections = 8")]);
+    // Five users, two streams each: no user over its share of 6, the connection over it.
+    let tokens: Vec<String> = (0..10)
+        .map(|i| t.create_session(&format!("user{}", i / 2), "pw").1)
+        .collect();
+    let (_, bob) = t.create_session("bob", "pw");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let _client = runtime.block_on(shut_window_streams(t.port, tokens));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while active(&nginx) < 6 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let held = active(&nginx);
+    let (code, body) = curl(&["--max-time", "15", "-H", &bearer(&bob), &t.url("/echo")]);
+    assert_eq!(
+        code, 200,
+        "bob was not served while the streams held the pool: {body}"
+    );
+    assert_eq!(
+        held, 6,
+        "the connection's streams held {held} upstream connections"
+    );
+}
