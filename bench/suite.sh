@@ -36,7 +36,7 @@
 #              share CPU 0, the nginx origin has CPU 1); unpinned again afterwards. Why: unpinned,
 #              a c=1 run lands in one of two latency modes (where the scheduler puts the three
 #              processes), for nginx-proxy as for tessera, and the median of five follows that
-#              lottery (BENCHMARKS.md, session 21); pinned, every run has the same layout.
+#              lottery (docs/benchmarks.md, "Method"); pinned, every run has the same layout.
 #   scaled     the peers with one process per CPU, beside their one-process runs: nginx-proxy-mw
 #              (the same proxy as nginx-proxy, `worker_processes` = the CPUs) and python-ref-mw
 #              (bench/reference/proxy.py --workers = the CPUs, forked processes sharing the port),

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds tessera with profile-guided optimization (PGO): the release binary the benchmarks in
-# BENCHMARKS.md measure as "PGO build", at target/pgo/release/tessera.
+# docs/benchmarks.md measure ("Profile-guided build"), at target/pgo/release/tessera.
 #   scripts/build-pgo.sh            # then: target/pgo/release/tessera serve --config tessera.toml
 # Why: with the same instructions per request as nginx, tessera spent more CPU cycles on them (user
-# time per request, BENCHMARKS.md "Profile-guided optimization (session 9)"); a profile of the real
+# time per request, docs/benchmarks.md "Profile-guided build"); a profile of the real
 # workload lets LLVM lay out and inline the hot path for it. It is the plain `cargo build --release`
 # otherwise: same source, same Cargo profile, same behaviour.
 # Steps: 1. an instrumented build (RUSTFLAGS=-Cprofile-generate, target/pgo-instr); 2. the training

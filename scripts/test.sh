@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The project's test command (README "Run the tests"; .ci/run calls it).
+# The project's test command (README "Quick start", docs/testing.md; .ci/run calls it).
 # Installs what the tests need on a fresh Debian machine (redis-server, nginx, curl, openssl, nghttp, the
 # Cyrus JMAP packages, Chromium + Node.js with playwright-core for the login page), then runs format and lint checks and every test: unit, service, and integration tests
 # that start real redis-server / nginx / Cyrus / tessera processes on free loopback ports.
