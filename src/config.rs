@@ -308,7 +308,7 @@ pub struct UpstreamConfig {
     /// Keep it at or below the upstream's own limit (Cyrus `maxchild`). Default 64.
     pub max_connections: usize,
     /// Most upstream connections one user (one upstream credential) or one HTTP/2 connection
-    /// holds at once; its further requests wait for one of its own (see `forward::share`).
+    /// holds at once; its further requests wait for one of its own (see `upstream::share`).
     /// 1..=max_connections (equal: no bound). Default three quarters of `max_connections`,
     /// rounded up.
     pub max_connections_per_user: usize,
@@ -319,7 +319,7 @@ pub struct UpstreamConfig {
     pub response_header_timeout: Duration,
     /// Idle pooled connections older than this are closed; keep it below the upstream's
     /// keep-alive timeout (nginx: 75 s). A response's `Keep-Alive: timeout=N` shortens it for
-    /// that connection (see `forward::h1::H1::idle_limit`). Default 30 s.
+    /// that connection (see `upstream::conn::H1::idle_limit`). Default 30 s.
     pub idle_timeout: Duration,
     /// Forward the client's `Host` (true, default) or the upstream URL's authority (false).
     pub preserve_host: bool,
@@ -329,14 +329,14 @@ pub struct UpstreamConfig {
     /// only carries requests with the same upstream credential, so it never carries two users'
     /// requests. At the cap, a request whose user holds its share waits up to
     /// `affinity_wait_ms` (0..=1000, default 5) for one of its own connections (see
-    /// `forward::pool` and BENCHMARKS.md, "Affinity without churn").
-    pub affinity: crate::forward::Affinity,
+    /// `upstream::pool` and BENCHMARKS.md, "Affinity without churn").
+    pub affinity: crate::upstream::Affinity,
     /// Exchanges whose client went away, finished in the background so that their connection is
     /// kept: `drain_wait_ms` (0..=10000, default 250; 0 turns it off) bounds how young an
     /// exchange must be and how long its rest is read, `drain_max_bytes` (0..=16777216, default
     /// 65536; an error with `drain_wait_ms = 0`) how much of a body rest is read (see
-    /// `forward::pool`).
-    pub drain: crate::forward::Drain,
+    /// `upstream::pool`).
+    pub drain: crate::upstream::Drain,
 }
 
 /// `[token]`.
@@ -924,7 +924,7 @@ fn validate_upstream(u: RawUpstream) -> Result<UpstreamConfig, ConfigError> {
         ));
     }
     let max_connections_per_user = match u.max_connections_per_user {
-        None => crate::forward::default_per_user(max_connections),
+        None => crate::upstream::default_per_user(max_connections),
         Some(n) if (1..=max_connections).contains(&n) => n,
         Some(n) => {
             return Err(ConfigError::new(
@@ -932,7 +932,7 @@ fn validate_upstream(u: RawUpstream) -> Result<UpstreamConfig, ConfigError> {
                 format!(
                     "must be between 1 and upstream.max_connections ({max_connections}), not {n} \
                      (leave it out for {})",
-                    crate::forward::default_per_user(max_connections)
+                    crate::upstream::default_per_user(max_connections)
                 ),
             ))
         }
@@ -951,7 +951,7 @@ fn validate_upstream(u: RawUpstream) -> Result<UpstreamConfig, ConfigError> {
         strip.push(header);
     }
     let affinity = match (u.affinity.as_deref().unwrap_or("none"), u.affinity_wait_ms) {
-        ("none", None) => crate::forward::Affinity::None,
+        ("none", None) => crate::upstream::Affinity::None,
         ("none", Some(_)) => {
             return Err(ConfigError::new(
                 "upstream.affinity_wait_ms",
@@ -965,9 +965,9 @@ fn validate_upstream(u: RawUpstream) -> Result<UpstreamConfig, ConfigError> {
                     format!("must be between 0 (never wait) and 1000 milliseconds, not {ms} (leave it out for 5)"),
                 ))
             }
-            wait => crate::forward::Affinity::Session {
-                wait: wait.map_or(crate::forward::AFFINITY_WAIT, Duration::from_millis),
-                stale: crate::forward::AFFINITY_STALE,
+            wait => crate::upstream::Affinity::Session {
+                wait: wait.map_or(crate::upstream::AFFINITY_WAIT, Duration::from_millis),
+                stale: crate::upstream::AFFINITY_STALE,
             },
         },
         (other, _) => {
@@ -977,29 +977,29 @@ fn validate_upstream(u: RawUpstream) -> Result<UpstreamConfig, ConfigError> {
             ))
         }
     };
-    let drain = crate::forward::Drain {
+    let drain = crate::upstream::Drain {
         wait: match u.drain_wait_ms {
-            None => crate::forward::DRAIN_WAIT,
+            None => crate::upstream::DRAIN_WAIT,
             Some(ms) if ms <= MAX_DRAIN_WAIT_MS => Duration::from_millis(ms),
             Some(ms) => {
                 return Err(ConfigError::new(
                     "upstream.drain_wait_ms",
                     format!(
                         "must be between 0 (close at once) and {MAX_DRAIN_WAIT_MS} milliseconds, not {ms} (leave it out for {})",
-                        crate::forward::DRAIN_WAIT.as_millis()
+                        crate::upstream::DRAIN_WAIT.as_millis()
                     ),
                 ))
             }
         },
         max_bytes: match u.drain_max_bytes {
-            None => crate::forward::DRAIN_BYTES,
+            None => crate::upstream::DRAIN_BYTES,
             Some(n) if n <= MAX_DRAIN_BYTES => n,
             Some(n) => {
                 return Err(ConfigError::new(
                     "upstream.drain_max_bytes",
                     format!(
                         "must be between 0 and {MAX_DRAIN_BYTES} bytes (16 MiB), not {n} (leave it out for {})",
-                        crate::forward::DRAIN_BYTES
+                        crate::upstream::DRAIN_BYTES
                     ),
                 ))
             }
@@ -1892,11 +1892,11 @@ mod tests {
     #[test]
     fn upstream_affinity_is_none_or_session() {
         let c = Config::from_toml_with(&minimal(), env).unwrap();
-        assert_eq!(c.upstream.affinity, crate::forward::Affinity::None);
+        assert_eq!(c.upstream.affinity, crate::upstream::Affinity::None);
         let with = |lines: &str| upstream_with(lines).map(|u| u.affinity);
-        let session = |ms| crate::forward::Affinity::Session {
+        let session = |ms| crate::upstream::Affinity::Session {
             wait: Duration::from_millis(ms),
-            stale: crate::forward::AFFINITY_STALE,
+            stale: crate::upstream::AFFINITY_STALE,
         };
         assert_eq!(with("affinity = \"session\""), Ok(session(5)));
         assert_eq!(
@@ -1924,7 +1924,7 @@ mod tests {
 
     #[test]
     fn upstream_drain_settings_default_bound_and_turn_off() {
-        use crate::forward::Drain;
+        use crate::upstream::Drain;
         let with = |lines: &str| upstream_with(lines).map(|u| u.drain);
         let drain = |ms, max_bytes| Drain {
             wait: Duration::from_millis(ms),

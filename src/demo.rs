@@ -141,6 +141,6 @@ pub async fn run(
     use std::io::Write;
     let _ = std::io::stdout().flush();
     let proxy = Arc::new(crate::Proxy::from_config(&cfg).map_err(|e| e.to_string())?);
-    crate::server::serve(listener, proxy, &cfg.server, shutdown).await;
+    crate::downstream::serve(listener, proxy, &cfg.server, shutdown).await;
     Ok(())
 }

@@ -17,10 +17,10 @@
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderValue, Response, StatusCode};
 
-use crate::forward::{ForwardError, ProxyBody};
 use crate::session::ResolveError;
 use crate::token::extract::ExtractError;
 use crate::token::TokenError;
+use crate::upstream::{ForwardError, ProxyBody};
 
 /// Everything that can stop a request, by phase.
 #[derive(Debug, thiserror::Error)]

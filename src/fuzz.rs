@@ -11,10 +11,11 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Request};
 use http_body_util::BodyExt;
 
-use crate::forward::h1::{body_eof, decode_body, final_head};
-use crate::server::{Incoming, Taken};
+use crate::downstream::{Incoming, Taken};
+use crate::upstream::chunked::{body_eof, decode_body};
+use crate::upstream::codec::final_head;
 
-/// What the downstream HTTP/1.1 fast path (`src/server/h1.rs`) made of a connection's bytes.
+/// What the downstream HTTP/1.1 fast path (`src/downstream/h1.rs`) made of a connection's bytes.
 #[derive(Debug, Default)]
 pub struct FastPath {
     /// The requests it took, in order, each with its whole body and whether the client asked to
@@ -30,7 +31,7 @@ pub struct FastPath {
 
 /// Runs the fast path over `pieces` received in turn on a new connection, with the largest head
 /// it waits for (`max_head`, bytes; `serve` uses `max_header_bytes + max_uri_bytes + 1024`, at
-/// least 8192) and body it buffers (`max_body`, bytes, at most [`crate::server::MAX_FAST_BODY`]).
+/// least 8192) and body it buffers (`max_body`, bytes, at most [`crate::downstream::MAX_FAST_BODY`]).
 pub fn fast_path(pieces: &[&[u8]], max_head: usize, max_body: u64) -> FastPath {
     let mut incoming = Incoming::default();
     let mut out = FastPath::default();
@@ -61,7 +62,7 @@ pub fn fast_path(pieces: &[&[u8]], max_head: usize, max_body: u64) -> FastPath {
     out
 }
 
-/// An upstream response as the upstream HTTP/1.1 client (`src/forward/h1.rs`) read it.
+/// An upstream response as the upstream HTTP/1.1 client (`src/upstream/h1.rs`) read it.
 #[derive(Debug, PartialEq, Eq)]
 pub struct UpstreamResponse {
     /// The final status (1xx interim heads skipped; a 101 is final).
@@ -144,7 +145,7 @@ fn unread<'a>(buf: &[u8], pieces: impl Iterator<Item = &'a &'a [u8]>) -> usize {
 /// tunnel's `FrameEdge`): whether the bytes so far end on a frame's last byte, and whether a
 /// Close frame was begun.
 pub fn frame_edges(pieces: &[&[u8]]) -> Vec<(bool, bool)> {
-    crate::forward::frame_edges(pieces)
+    crate::upstream::frame_edges(pieces)
 }
 
 /// Polls `f` once, for bodies that are already in memory.

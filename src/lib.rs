@@ -8,18 +8,18 @@ pub mod admin;
 mod busy_poll;
 pub mod config;
 pub mod demo;
+pub mod downstream;
 pub mod error;
-pub mod forward;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod login;
 pub mod proxy;
 pub mod screen;
 pub mod seal;
-pub mod server;
 pub mod session;
 pub mod telemetry;
 pub mod token;
+pub mod upstream;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -150,7 +150,7 @@ pub async fn run(
                     shutdown.await;
                     phase.send_replace(telemetry::Phase::Draining);
                 };
-                server::serve(listener, proxy, &server_cfg, shutdown).await
+                downstream::serve(listener, proxy, &server_cfg, shutdown).await
             }
             Err(e) => tracing::error!(cause = %e, "cannot register the listener"),
         }
@@ -204,7 +204,7 @@ fn serving_thread(
     cfg: config::ServerConfig,
     shutdown: impl Future<Output = ()>,
 ) {
-    forward::set_serving_thread(index);
+    upstream::set_serving_thread(index);
     access_log::batch_on_this_thread();
     busy_poll::enable(cfg.busy_poll);
     let rt = match tokio::runtime::Builder::new_current_thread()
@@ -226,7 +226,7 @@ fn serving_thread(
             Ok(listener) => {
                 // A new connection ends a busy poll too.
                 busy_poll::watch(&listener);
-                server::serve(listener, proxy, &cfg, shutdown).await
+                downstream::serve(listener, proxy, &cfg, shutdown).await
             }
             Err(e) => tracing::error!(cause = %e, index, "cannot register the listener"),
         }

@@ -32,11 +32,11 @@ use zeroize::Zeroizing;
 
 use crate::config::{Config, LoginConfig, TokenConfig};
 use crate::error::ProxyError;
-use crate::forward::{empty_body, BoxError, ProxyBody, Upstream};
 use crate::seal::Credentials;
 use crate::session::{sid_hash, Sessions, Store};
 use crate::token::{self, Keys, Verifier};
 use crate::unix_now;
+use crate::upstream::{empty_body, BoxError, ProxyBody, Upstream};
 
 /// Largest login/logout request body, bytes.
 const MAX_FORM_BYTES: usize = 8 * 1024;
@@ -578,7 +578,7 @@ impl Login {
                     status = status.as_u16(),
                     "login check: unexpected upstream status"
                 );
-                Err(ProxyError::Upstream(crate::forward::ForwardError::Broken(
+                Err(ProxyError::Upstream(crate::upstream::ForwardError::Broken(
                     "unexpected status to the login check".into(),
                 )))
             }
@@ -944,7 +944,7 @@ fn check_same_origin(parts: &Parts, host: &HeaderValue) -> Result<(), Refusal> {
 /// `BODY_TIMEOUT`, into one buffer that is wiped when dropped, since a login body holds the
 /// password. The buffer is allocated at its full size first, so it never moves and leaves no
 /// unwiped copy of its own behind. The bytes it copies from are not wiped: the connection's
-/// read buffer (the fast path's in `server::h1`, or hyper's), which is reused for later requests.
+/// read buffer (the fast path's in `downstream::h1`, or hyper's), which is reused for later requests.
 /// Errors: `Refusal::TooLarge` for a body over the cap (by its declared length, before any of it
 /// is read, or as it arrives), `Refusal::Bad` for one cut or too slow. Trailers are ignored.
 async fn read_body<B>(body: B) -> Result<Zeroizing<Vec<u8>>, Refusal>

@@ -130,7 +130,7 @@ fn main() -> ExitCode {
             }
             Command::Demo { listen } => {
                 telemetry::init("warn");
-                tessera::server::raise_open_files_limit();
+                tessera::downstream::raise_open_files_limit();
                 let dir = std::env::temp_dir().join(format!("tessera-demo-{}", std::process::id()));
                 let result = tessera::demo::run(listen, &dir, shutdown_signal()).await;
                 let _ = std::fs::remove_dir_all(&dir);
@@ -152,7 +152,7 @@ async fn serve(config: PathBuf) -> ExitCode {
         Err(code) => return code,
     };
     telemetry::init(&cfg.log.level);
-    tessera::server::raise_open_files_limit();
+    tessera::downstream::raise_open_files_limit();
     let (reload_tx, reloads) = tokio::sync::mpsc::channel(1);
     // Registered before the listener is bound, so no SIGHUP can arrive unhandled once it is.
     #[cfg(unix)]

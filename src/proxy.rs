@@ -19,13 +19,13 @@ use http_body::Body;
 
 use crate::config::Config;
 use crate::error::ProxyError;
-use crate::forward::{BoxError, ConnectionShare, ProxyBody, Tunnel, UpBody, Upstream};
 use crate::login::Login;
 use crate::screen::{self, Limits, Screened};
 use crate::session::{Session, Sessions};
 use crate::telemetry::RequestCounts;
 use crate::token::{self, TokenSource, Verifier};
 use crate::unix_now;
+use crate::upstream::{BoxError, ConnectionShare, ProxyBody, Tunnel, UpBody, Upstream};
 
 /// Everything the request path needs, built once from the config.
 pub struct Proxy {
@@ -202,7 +202,7 @@ impl Proxy {
 
     /// Shutdown of WebSocket tunnels: every open one (and any opened from now on) sends both
     /// sides a Close frame 1001 (going away) and ends within about a second
-    /// ([`crate::forward::CLOSING_WAIT`]). Call it when shutdown starts; [`Self::tunnels_closed`]
+    /// ([`crate::upstream::CLOSING_WAIT`]). Call it when shutdown starts; [`Self::tunnels_closed`]
     /// waits for them.
     pub fn close_websockets(&self) {
         if let Some(ws) = &self.websockets {
@@ -323,7 +323,7 @@ impl Proxy {
         B::Error: Into<BoxError>,
     {
         let mut resp = self.respond(req, peer).await;
-        crate::forward::materialize(&mut resp);
+        crate::upstream::materialize(&mut resp);
         resp
     }
 
@@ -552,7 +552,7 @@ impl Proxy {
             match upgraded {
                 Ok(Ok(io)) => {
                     let report = tunnel
-                        .run(crate::server::downstream(io), idle, watch, stop)
+                        .run(crate::downstream::downstream(io), idle, watch, stop)
                         .await;
                     tracing::info!(
                         sid_hash = sid_hash.as_deref().unwrap_or("-"),
@@ -705,7 +705,7 @@ fn origin_allowed(
 
 /// One request's access line and metrics, written once: by [`Proxy::respond`] when the answer is
 /// ready, or, when its future is dropped before (the client went away: see
-/// `server::h1::ClientWatch`; hyper drops it on an h2 stream reset), as 499 (nginx's "client
+/// `downstream::h1::ClientWatch`; hyper drops it on an h2 stream reset), as 499 (nginx's "client
 /// closed request").
 struct Record<'a> {
     proxy: &'a Proxy,

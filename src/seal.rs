@@ -218,7 +218,7 @@ impl Credentials {
 /// A sensitive header value that owns `bytes` without copying them: every clone shares that one
 /// buffer, and it is zeroized when the last clone is dropped. (`HeaderValue::from_bytes` would
 /// copy into a buffer that is freed unwiped.) The copy in each upstream request head is wiped
-/// separately (src/forward/h1.rs, `SecretHead`); the kernel's socket buffers are out of reach.
+/// separately (src/upstream/h1.rs, `SecretHead`); the kernel's socket buffers are out of reach.
 ///
 /// Errors: `bytes` holds a byte not allowed in a field value (RFC 9110 section 5.5).
 pub fn wiped_header(

@@ -23,8 +23,8 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use tokio::net::TcpListener;
 
-use crate::forward::Closed;
 use crate::proxy::Proxy;
+use crate::upstream::Closed;
 
 /// Installs a `tracing` subscriber writing to stderr with `filter` (e.g. `info`,
 /// `tessera=debug`); `RUST_LOG` overrides it. Colours (ANSI escapes) only when stderr is a
@@ -121,7 +121,7 @@ pub struct RequestCounts {
 }
 
 impl RequestCounts {
-    /// Counters for `threads` serving threads (see [`crate::forward::set_serving_thread`]).
+    /// Counters for `threads` serving threads (see [`crate::upstream::set_serving_thread`]).
     pub fn new(threads: usize) -> Self {
         Self {
             rows: (0..threads.max(1) + 1)
@@ -156,7 +156,7 @@ impl RequestCounts {
     /// thread counts in the last row.
     fn row(&self) -> &Row {
         let others = self.rows.len() - 1;
-        &self.rows[crate::forward::serving_thread()
+        &self.rows[crate::upstream::serving_thread()
             .filter(|&i| i < others)
             .unwrap_or(others)]
     }
@@ -560,7 +560,7 @@ mod tests {
                 let counts = counts.clone();
                 std::thread::spawn(move || {
                     if let Some(i) = serving {
-                        crate::forward::set_serving_thread(i);
+                        crate::upstream::set_serving_thread(i);
                     }
                     let ms = Duration::from_millis(1);
                     for _ in 0..1000 {

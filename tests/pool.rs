@@ -13,7 +13,7 @@ use base64::Engine;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tessera::demo::{serve_demo_upstream, DEMO_PASSWORD, DEMO_USER};
-use tessera::forward::{
+use tessera::upstream::{
     empty_body, set_serving_thread, Affinity, BoxError, Closed, Drain, ForwardError, ProxyBody,
     UpBody, Upstream, AFFINITY_STALE, AFFINITY_WAIT, DRAIN_BYTES, DRAIN_WAIT,
 };

@@ -416,7 +416,7 @@ struct Shared {
     users_by_connection: std::collections::HashMap<usize, std::collections::BTreeSet<String>>,
     /// The most connections the upstream had open at once.
     most_open: usize,
-    /// tessera's log, with `tessera::forward` at debug.
+    /// tessera's log, with `tessera::upstream` at debug.
     log: String,
 }
 
@@ -430,7 +430,7 @@ fn three_users_through_two_connections(extra: Extra) -> Shared {
     let t = Tessera::start(move |port, dir| {
         embedded(port, dir).replace(
             "level = \"info\"",
-            "level = \"info,tessera::forward=debug\"",
+            "level = \"info,tessera::upstream=debug\"",
         )
     });
     let tokens: Vec<String> = ["alice", "bob", "carol"]
@@ -552,7 +552,7 @@ fn keepalive_race_retries_bodyless_get_once_but_never_a_post_with_body() {
         )
         .replace(
             "level = \"info\"",
-            "level = \"info,tessera::forward=debug\"",
+            "level = \"info,tessera::upstream=debug\"",
         )
     });
     let (_, token) = t.create_session("alice", "pw");

@@ -13,7 +13,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use tokio::time::{Instant, Sleep};
 
-use crate::forward::{BoxError, UpBody};
+use crate::upstream::{BoxError, UpBody};
 
 /// The error a body yields when its client sent nothing for `client_body_timeout`.
 #[derive(Debug, thiserror::Error)]

@@ -13,7 +13,7 @@ use http::{HeaderMap, HeaderValue, Version};
 use std::net::IpAddr;
 
 use crate::error::ProxyError;
-use crate::forward::RawHead;
+use crate::upstream::RawHead;
 
 pub mod body;
 pub mod path;
@@ -486,7 +486,7 @@ mod tests {
 
     #[test]
     fn response_screening_keeps_only_end_to_end_fields_in_order() {
-        let mut raw = crate::forward::raw::from_pairs(&[
+        let mut raw = crate::upstream::raw::from_pairs(&[
             ("Connection", "keep-alive, X-Internal"),
             ("Keep-Alive", "timeout=5"),
             ("x-internal", "secret"),
@@ -513,7 +513,7 @@ mod tests {
         // More `Connection` tokens than the fast path collects: each is still honoured.
         let mut pairs = vec![("connection", "a, b, c, d, e, f, g, h, x-ninth")];
         pairs.extend([("x-ninth", "1"), ("x-a", "2")]);
-        let mut raw = crate::forward::raw::from_pairs(&pairs);
+        let mut raw = crate::upstream::raw::from_pairs(&pairs);
         screen_response(&mut raw, &[]);
         assert_eq!(raw.iter().map(|(n, _)| n).collect::<Vec<_>>(), [b"x-a"]);
         // Long names, named in `Connection` or configured, are compared in full.
@@ -525,7 +525,7 @@ mod tests {
             (strip.as_str(), "2"),
             ("x-b", "3"),
         ];
-        let mut raw = crate::forward::raw::from_pairs(&pairs);
+        let mut raw = crate::upstream::raw::from_pairs(&pairs);
         screen_response(&mut raw, std::slice::from_ref(&strip));
         assert_eq!(raw.iter().map(|(n, _)| n).collect::<Vec<_>>(), [b"x-b"]);
     }
@@ -775,7 +775,7 @@ mod tests {
 
     #[test]
     fn response_hygiene() {
-        let mut h = crate::forward::raw::from_pairs(&[
+        let mut h = crate::upstream::raw::from_pairs(&[
             ("connection", "Upgrade, x-internal"),
             ("upgrade", "h2c"),
             ("alt-svc", "h3=\":443\""),

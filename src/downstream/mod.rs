@@ -2,7 +2,11 @@
 //! shutdown. Each connection starts on the HTTP/1.1 fast path ([`h1`]), which hands anything
 //! else to hyper. Must never: do request work here (that is `proxy`).
 
-mod h1;
+mod conn;
+mod handoff;
+mod io;
+mod parse;
+mod write;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -17,8 +21,9 @@ use tokio_util::task::TaskTracker;
 use crate::config::ServerConfig;
 use crate::proxy::Proxy;
 
-pub use h1::MAX_FAST_BODY;
-pub(crate) use h1::{downstream, Incoming, Taken};
+pub use conn::MAX_FAST_BODY;
+pub(crate) use io::downstream;
+pub(crate) use parse::{Incoming, Taken};
 
 /// Open-files limits below this many descriptors get a warning at start: each client connection,
 /// upstream connection and WebSocket tunnel holds one or two.
@@ -99,7 +104,7 @@ pub async fn serve(
         .header_read_timeout(cfg.header_read_timeout)
         .max_buf_size(max_head);
     let stop = CancellationToken::new();
-    let serving = Arc::new(h1::Serving {
+    let serving = Arc::new(conn::Serving {
         proxy,
         hyper_h1,
         hyper,
@@ -128,7 +133,7 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let peer = serving.proxy.peer(peer);
-        connections.spawn(h1::serve(serving.clone(), stream, peer));
+        connections.spawn(conn::serve(serving.clone(), stream, peer));
     }
     drop(listener);
     stop.cancel();

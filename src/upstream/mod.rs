@@ -14,10 +14,14 @@
 //! after its sending began, leaves its connection to finish the exchange in the background (see
 //! `pool.rs`).
 //!
-//! The HTTP/1.1 exchange itself runs in the request's own task (`forward/h1.rs`): no connection task.
+//! The HTTP/1.1 exchange itself runs in the request's own task (`upstream/h1.rs`): no connection task.
 
 mod body;
-pub(crate) mod h1;
+pub(crate) mod chunked;
+pub(crate) mod codec;
+mod conn;
+mod encode;
+mod exchange;
 mod pool;
 pub(crate) mod raw;
 mod share;
@@ -37,7 +41,7 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::BodyExt;
 
 pub use body::{ProxyBody, UpstreamBody};
-use h1::SendError;
+use conn::SendError;
 pub(crate) use pool::serving_thread;
 pub use pool::{
     set_serving_thread, Affinity, AffinityKey, Closed, Drain, Pool, PoolStats, AFFINITY_STALE,
@@ -335,8 +339,8 @@ impl Body for Tracked {
     }
 }
 
-fn wrap(head: h1::Head, conn: pool::Conn) -> Response<ProxyBody> {
-    let h1::Head {
+fn wrap(head: conn::Head, conn: pool::Conn) -> Response<ProxyBody> {
+    let conn::Head {
         response,
         fields,
         framing,

@@ -68,8 +68,8 @@ use http::{HeaderValue, Request};
 use tokio::net::TcpStream;
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
-pub use super::h1::DRAIN_BYTES;
-use super::h1::{Head, SendError, Sending, Unfinished, H1};
+pub use super::conn::DRAIN_BYTES;
+use super::conn::{Head, SendError, Sending, Unfinished, H1};
 use super::share::Held;
 use super::ForwardError;
 use super::UpBody;
@@ -920,7 +920,7 @@ impl Conn {
     /// then keeps the connection or closes it (see [`drain`]); it holds the slot until then.
     /// Closed at once instead when the request was sent [`Drain::wait`] or more ago (a long poll
     /// or an event stream, not about to end; always, with a zero wait), when a body's rest is
-    /// over [`Drain::max_bytes`] ([`super::h1::worth_finishing`]), or outside a runtime.
+    /// over [`Drain::max_bytes`] ([`super::conn::worth_finishing`]), or outside a runtime.
     pub fn finish_later(self, rest: Unfinished) {
         let Drain { wait, max_bytes } = self.pool.drain;
         let age_ms = coarse_ms().wrapping_sub(self.sent_ms);
@@ -934,7 +934,7 @@ impl Conn {
             return;
         }
         if let Unfinished::Body(framing) = rest {
-            if !super::h1::worth_finishing(framing, max_bytes) {
+            if !super::conn::worth_finishing(framing, max_bytes) {
                 tracing::debug!(
                     ?framing,
                     "exchange left by its requester: body rest too long"

@@ -7,7 +7,7 @@ use std::task::{ready, Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
-use super::h1::{self, Framing};
+use super::conn::{self as h1, Framing};
 use super::pool::{Closed, Conn};
 use super::raw::RawHead;
 use super::BoxError;
@@ -149,7 +149,7 @@ impl UpstreamBody {
 
 impl Drop for UpstreamBody {
     /// A body dropped before its end (the client went away, or its answer was replaced) leaves
-    /// its rest to be read in the background if it is short (see [`h1::worth_finishing`]) and
+    /// its rest to be read in the background if it is short (see [`super::conn::worth_finishing`]) and
     /// the exchange young (see `Conn::finish_later`, which decides both), so the connection can
     /// be kept; otherwise the connection is closed (counted for the upstream when its response
     /// ended the connection anyway).

@@ -1,0 +1,265 @@
+//! The socket wrappers: [`Prefixed`] yields the bytes the fast path already read before the
+//! socket's own, times out stalled writes and closes with a lingering close (nginx's
+//! `lingering_close`); [`Downstream`] is a WebSocket tunnel's client side. Must never: let a
+//! client's unread request bytes turn the close into a reset that loses the response.
+
+use std::future::Future;
+use std::io::{self, IoSlice};
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
+
+use super::conn::reset_on_close;
+use super::write::Stall;
+
+/// Longest a closing connection is drained in all, and with no bytes arriving (the lingering
+/// close of nginx's `lingering_time` / `lingering_timeout`, shorter).
+const LINGER_TOTAL: Duration = Duration::from_secs(5);
+const LINGER_IDLE: Duration = Duration::from_secs(1);
+
+/// A lingering close: after the last response and our FIN (`shutdown(SHUT_WR)`), the client's
+/// remaining bytes (an upload answered early, say with 413; pipelined requests after a close) are
+/// read and discarded until it closes too, for at most [`LINGER_TOTAL`] and [`LINGER_IDLE`]
+/// without data. Closing a socket with unread bytes makes the kernel send RST (RFC 9112
+/// section 9.6 warns of it), and an RST can reach the client before it has read the response,
+/// which it then never sees.
+pub(super) struct Linger {
+    /// The total deadline.
+    until: Instant,
+    /// The idle timer, made when the first read finds nothing to read (a client that has closed
+    /// already costs one read and no timer).
+    idle: Option<Pin<Box<Sleep>>>,
+}
+
+impl Linger {
+    /// Starts lingering now (once the write side is shut down).
+    pub(super) fn new() -> Self {
+        Self {
+            until: Instant::now() + LINGER_TOTAL,
+            idle: None,
+        }
+    }
+
+    /// Drains `io` (whose write side is shut down); ready at the client's EOF, a read error, or
+    /// a deadline. Reads at most 16 times per poll, then yields.
+    pub(super) fn poll(&mut self, io: &mut TcpStream, cx: &mut Context<'_>) -> Poll<()> {
+        let until = self.until;
+        let mut scratch = [MaybeUninit::<u8>::uninit(); 16 * 1024];
+        for _ in 0..16 {
+            let mut buf = ReadBuf::uninit(&mut scratch);
+            match Pin::new(&mut *io).poll_read(cx, &mut buf) {
+                Poll::Ready(Ok(())) if !buf.filled().is_empty() => {
+                    let now = Instant::now();
+                    if now >= until {
+                        return Poll::Ready(());
+                    }
+                    if let Some(idle) = &mut self.idle {
+                        idle.as_mut().reset((now + LINGER_IDLE).min(until));
+                    }
+                }
+                Poll::Ready(_) => return Poll::Ready(()),
+                Poll::Pending => {
+                    let idle = self.idle.get_or_insert_with(|| {
+                        Box::pin(tokio::time::sleep_until(
+                            (Instant::now() + LINGER_IDLE).min(until),
+                        ))
+                    });
+                    return idle.as_mut().poll(cx);
+                }
+            }
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+/// A stream that first yields bytes already read from it: how a connection reaches hyper with
+/// the request the fast path did not take.
+pub(crate) struct Prefixed {
+    pub(super) pre: Bytes,
+    pub(super) io: TcpStream,
+    /// Set once the write side is shut down: the lingering close in progress.
+    pub(super) linger: Option<Linger>,
+    /// Whether a shutdown lingers (reads and drops the client's bytes); not once the connection
+    /// carries a WebSocket, whose client bytes are the tunnel's to read.
+    pub(super) lingers: bool,
+    /// `server.send_timeout_ms`: a write that finds the send buffer full and stays so this long
+    /// fails with `TimedOut` (hyper then ends the connection, a WebSocket tunnel its tunnel).
+    pub(super) send_timeout: Duration,
+    pub(super) stall: Stall,
+    /// A write timed out: the shutdown resets the connection instead of closing it.
+    pub(super) stalled: bool,
+}
+
+/// The client side of a WebSocket tunnel: the connection's own socket (with the bytes hyper had
+/// read past the handshake first, and no lingering close), or hyper's upgraded stream when the
+/// connection is of another kind (tests driving the proxy directly).
+pub(crate) enum Downstream {
+    /// The socket, unwrapped.
+    Socket(Prefixed),
+    /// Anything else, through hyper.
+    Upgraded(TokioIo<hyper::upgrade::Upgraded>),
+}
+
+/// The downstream side of an upgraded connection (see [`Downstream`]): hyper's upgraded stream
+/// unwrapped to the socket when it is one of tessera's (served by either hyper builder).
+pub(crate) fn downstream(upgraded: hyper::upgrade::Upgraded) -> Downstream {
+    type Io = TokioIo<Prefixed>;
+    let (io, read_buf) = match hyper_util::server::conn::auto::upgrade::downcast::<Io>(upgraded) {
+        Ok(parts) => (parts.io, parts.read_buf),
+        Err(upgraded) => match upgraded.downcast::<Io>() {
+            Ok(parts) => (parts.io, parts.read_buf),
+            Err(upgraded) => return Downstream::Upgraded(TokioIo::new(upgraded)),
+        },
+    };
+    let mut io = io.into_inner();
+    // hyper read `read_buf` from the stream, so it came before what is left of `pre`.
+    if !read_buf.is_empty() {
+        let mut all = BytesMut::with_capacity(read_buf.len() + io.pre.len());
+        all.extend_from_slice(&read_buf);
+        all.extend_from_slice(&io.pre);
+        io.pre = all.freeze();
+    }
+    io.lingers = false;
+    Downstream::Socket(io)
+}
+
+impl AsyncRead for Downstream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Socket(s) => Pin::new(s).poll_read(cx, buf),
+            Self::Upgraded(u) => Pin::new(u).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Downstream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Socket(s) => Pin::new(s).poll_write(cx, buf),
+            Self::Upgraded(u) => Pin::new(u).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Socket(s) => Pin::new(s).poll_flush(cx),
+            Self::Upgraded(u) => Pin::new(u).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Socket(s) => Pin::new(s).poll_shutdown(cx),
+            Self::Upgraded(u) => Pin::new(u).poll_shutdown(cx),
+        }
+    }
+}
+
+impl AsyncRead for Prefixed {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.pre.is_empty() {
+            let n = self.pre.len().min(buf.remaining());
+            buf.put_slice(&self.pre[..n]);
+            self.pre.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl Prefixed {
+    /// A write's result, through the send timeout ([`Stall`]).
+    fn stalled(
+        &mut self,
+        cx: &mut Context<'_>,
+        r: Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
+        match r {
+            Poll::Pending => {
+                if !self.stall.poll_expired(self.send_timeout, cx) {
+                    return Poll::Pending;
+                }
+                tracing::debug!(
+                    "client took no response bytes for server.send_timeout_ms; connection reset"
+                );
+                self.stalled = true;
+                // Closed without lingering or a FIN queued behind a full buffer: reset (nginx's
+                // `reset_timedout_connection`).
+                reset_on_close(&self.io);
+                Poll::Ready(Err(io::ErrorKind::TimedOut.into()))
+            }
+            r => {
+                self.stall.progress();
+                r
+            }
+        }
+    }
+}
+
+impl AsyncWrite for Prefixed {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.stalled(cx, r)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.stalled(cx, r)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    /// Shuts the write side down, then drains the client's remaining bytes ([`Linger`]): hyper
+    /// calls this when it closes a connection, also one whose request body it left unread.
+    /// Without `lingers` (a WebSocket's), only the write side is shut down.
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.stalled {
+            // Nothing more can be sent: the drop that follows resets the connection.
+            return Poll::Ready(Ok(()));
+        }
+        if !this.lingers {
+            return Pin::new(&mut this.io).poll_shutdown(cx);
+        }
+        if this.linger.is_none() {
+            std::task::ready!(Pin::new(&mut this.io).poll_shutdown(cx))?;
+            this.linger = Some(Linger::new());
+        }
+        let linger = this.linger.as_mut().expect("set above");
+        linger.poll(&mut this.io, cx).map(Ok)
+    }
+}

@@ -1,0 +1,378 @@
+//! One request-response exchange on an upstream connection ([`H1::send`]): the request head
+//! and body written with `writev`, heads that arrive early read as they come (1xx skipped, an
+//! error ends the sending at once), a 101 checked against the request's `Upgrade`. Must never:
+//! mark a connection reusable when the request was not written in full.
+
+use std::future::poll_fn;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::task::{ready, Poll};
+
+use bytes::{Buf, Bytes};
+use http::header::{self};
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body::Body;
+
+use super::{BoxError, ForwardError, UpBody};
+
+use super::codec::{final_head, head_complete};
+use super::conn::{broken, Framing, Head, SendError, Sending, H1, MAX_HEAD, READ_CHUNK};
+use super::encode::encode_head;
+
+enum Fail {
+    Io(io::Error),
+    Body(BoxError),
+    Head(ForwardError),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum BodyFraming {
+    None,
+    Length(u64),
+    Chunked,
+}
+
+/// Bytes queued for the socket (the head, then body pieces), written with one `writev` where
+/// several are queued.
+#[derive(Default)]
+pub(super) struct Out {
+    queue: std::collections::VecDeque<Bytes>,
+}
+
+impl Out {
+    pub(super) fn push(&mut self, b: Bytes) {
+        if !b.is_empty() {
+            self.queue.push_back(b);
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    pub(super) fn slices<'a>(&'a self, into: &mut [IoSlice<'a>; 3]) -> usize {
+        let mut n = 0;
+        for (slot, b) in into.iter_mut().zip(self.queue.iter()) {
+            *slot = IoSlice::new(b);
+            n += 1;
+        }
+        n
+    }
+
+    pub(super) fn advance(&mut self, mut n: usize) {
+        while n > 0 {
+            let Some(front) = self.queue.front_mut() else {
+                return;
+            };
+            if n >= front.len() {
+                n -= front.len();
+                self.queue.pop_front();
+            } else {
+                front.advance(n);
+                n = 0;
+            }
+        }
+    }
+}
+
+/// A 101 answer to a request whose `Upgrade` field is `upgrade`: accepted only when both name
+/// `websocket` (RFC 9110 section 15.2.2: a server switches only to a protocol the client listed;
+/// tessera asks for nothing else). The connection then belongs to the new protocol and never
+/// goes back to the pool.
+///
+/// Errors (502): a 101 to a request that asked for no upgrade, or to another protocol.
+fn switched(mut head: Head, request: &HeaderMap) -> Result<Head, ForwardError> {
+    let websocket = |v: &[u8]| crate::screen::has_token(v, b"websocket");
+    if !request
+        .get_all(header::UPGRADE)
+        .iter()
+        .any(|v| websocket(v.as_bytes()))
+    {
+        return Err(broken("upstream switched protocols unasked"));
+    }
+    if !head.fields.get_all(b"upgrade").any(websocket) {
+        return Err(broken(
+            "upstream switched to a protocol other than websocket",
+        ));
+    }
+    head.keep_alive = false;
+    head.framing = Framing::Done;
+    Ok(head)
+}
+
+/// A request-body error as the forward phase reports it.
+fn body_error(e: BoxError) -> ForwardError {
+    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(&*e);
+    while let Some(s) = src {
+        if s.is::<http_body_util::LengthLimitError>() {
+            return ForwardError::BodyTooLarge;
+        }
+        if s.is::<crate::screen::body::BodyStalled>() {
+            return ForwardError::BodyTimeout;
+        }
+        src = s.source();
+    }
+    ForwardError::ClientBody(e.to_string())
+}
+
+impl H1 {
+    /// Sends `req` (origin-form URI, final headers) and reads the response head. The body is then
+    /// read with [`H1::poll_body`].
+    ///
+    /// Framing sent: no body for a bodyless GET/HEAD/DELETE/OPTIONS/TRACE, else
+    /// `Content-Length` when the body's size is known, else `Transfer-Encoding: chunked`; the
+    /// client's framing headers are replaced. Heads that arrive while the body is being sent:
+    /// 1xx are skipped; an error (>= 400) ends the sending and is returned at once; another
+    /// final head waits until the body was sent. The connection is marked reusable
+    /// ([`Head::keep_alive`]) only if the whole request was written.
+    ///
+    /// `sending` says, should this future be dropped (its requester went away), whether the
+    /// connection can be kept as it is ([`Sending::Unsent`]), or after the exchange is finished
+    /// ([`Sending::HeadDue`]); it is [`Sending::Idle`] when this returns. `sent_ms` is set to
+    /// [`super::pool::coarse_ms`] when the first bytes are written, and left as it is if none
+    /// are. (Both the caller's, not fields of this struct: the pool's connection has room for
+    /// them in its padding, and this struct, moved with every checkout, none.)
+    ///
+    /// Errors: see [`SendError`]; request-body errors are [`ForwardError::BodyTooLarge`] when the
+    /// body exceeded its limit, else [`ForwardError::ClientBody`].
+    pub async fn send(
+        &mut self,
+        req: Request<UpBody>,
+        sending: &mut Sending,
+        sent_ms: &mut u32,
+    ) -> Result<Head, SendError> {
+        let head_request = req.method() == Method::HEAD;
+        let (parts, mut body) = req.into_parts();
+        let framing = if body.is_end_stream() {
+            match parts.method {
+                Method::GET
+                | Method::HEAD
+                | Method::DELETE
+                | Method::OPTIONS
+                | Method::TRACE
+                | Method::CONNECT => BodyFraming::None,
+                _ => BodyFraming::Length(0),
+            }
+        } else {
+            match body.size_hint().exact() {
+                Some(n) => BodyFraming::Length(n),
+                None => BodyFraming::Chunked,
+            }
+        };
+        let mut out = std::mem::take(&mut self.out);
+        out.push(encode_head(&parts, framing));
+        let mut sent_any = false;
+        let mut body_done = matches!(framing, BodyFraming::None | BodyFraming::Length(0));
+        let mut polled_body = false;
+        let mut eof = false;
+        // A final response head that arrived while the request was still being sent.
+        let mut early: Option<Head> = None;
+        *sending = Sending::Unsent;
+        let result = poll_fn(|cx| {
+            while !(body_done && out.is_empty()) {
+                // Watch for an answer while sending (RFC 9112 section 9.5): interim (1xx) heads
+                // are consumed, an error (>= 400, or 101) stops the sending, any other final head
+                // is kept and the body is still sent in full.
+                if !eof && early.is_none() {
+                    match self.poll_fill(cx) {
+                        Poll::Ready(Ok(_)) if !sent_any => {
+                            // Bytes or a close before any of the request was written: nothing
+                            // of it was sent, so it may be replayed on another connection.
+                            return Poll::Ready(Err(Fail::Io(io::Error::new(
+                                io::ErrorKind::ConnectionAborted,
+                                "upstream spoke or closed before the request",
+                            ))));
+                        }
+                        Poll::Ready(Ok(0)) => eof = true,
+                        Poll::Ready(Ok(_)) => match self.early_head(head_request) {
+                            Ok(None) => continue,
+                            Ok(Some(head)) => {
+                                let stop = head.response.status().as_u16() >= 400
+                                    || head.response.status() == StatusCode::SWITCHING_PROTOCOLS;
+                                early = Some(head);
+                                if stop {
+                                    return Poll::Ready(Ok(()));
+                                }
+                                continue;
+                            }
+                            Err(e) => return Poll::Ready(Err(Fail::Head(e))),
+                        },
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(Fail::Io(e))),
+                        Poll::Pending => {}
+                    }
+                }
+                if !out.is_empty() {
+                    match self.poll_write_out(cx, &mut out) {
+                        Poll::Ready(Ok(_)) => {
+                            if !sent_any {
+                                *sent_ms = super::pool::coarse_ms();
+                            }
+                            sent_any = true;
+                            *sending = Sending::Idle;
+                            continue;
+                        }
+                        Poll::Ready(Err(e)) => {
+                            // An upstream that answered early (413, 401, even 200) and closed
+                            // with the body unread makes the write fail (EPIPE, ECONNRESET); its
+                            // answer came before the close, so it is in the receive queue.
+                            if early.is_none() && !eof {
+                                early = self.queued_head(head_request);
+                            }
+                            if early.is_some() {
+                                return Poll::Ready(Ok(()));
+                            }
+                            return Poll::Ready(Err(Fail::Io(e)));
+                        }
+                        Poll::Pending => return Poll::Pending,
+                    }
+                }
+                polled_body = true;
+                match ready!(Pin::new(&mut body).poll_frame(cx)) {
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data() {
+                            if data.is_empty() {
+                                continue;
+                            }
+                            if framing == BodyFraming::Chunked {
+                                out.push(Bytes::from(format!("{:x}\r\n", data.len())));
+                                out.push(data);
+                                out.push(Bytes::from_static(b"\r\n"));
+                            } else {
+                                out.push(data);
+                            }
+                        }
+                        // Request trailers are dropped (hop-by-hop `TE`/`Trailer` were removed).
+                    }
+                    Some(Err(e)) => return Poll::Ready(Err(Fail::Body(e))),
+                    None => {
+                        if framing == BodyFraming::Chunked {
+                            out.push(Bytes::from_static(b"0\r\n\r\n"));
+                        }
+                        body_done = true;
+                    }
+                }
+            }
+            Poll::Ready(Ok(()))
+        })
+        .await;
+        *sending = Sending::Idle;
+        if let Err(fail) = result {
+            return Err(match fail {
+                Fail::Body(e) => SendError::Failed(body_error(e)),
+                Fail::Head(e) => SendError::Failed(e),
+                Fail::Io(e) if !sent_any && !polled_body => SendError::Unsent(
+                    Request::from_parts(parts, body),
+                    broken(format!("writing the request: {e}")),
+                ),
+                Fail::Io(e) => SendError::Failed(broken(format!("writing the request: {e}"))),
+            });
+        }
+        // The upstream may take another request only if this one was written to its end.
+        let request_complete = body_done && out.is_empty();
+        out.queue.clear();
+        self.out = out;
+        let head = match early {
+            Some(head) => Ok(head),
+            None => {
+                if request_complete && !eof {
+                    *sending = Sending::HeadDue { head_request };
+                }
+                let head = self.read_head(head_request, eof).await;
+                *sending = Sending::Idle;
+                match head {
+                    Err(SendError::ClosedBeforeResponse(None, e)) if !polled_body => {
+                        return Err(SendError::ClosedBeforeResponse(
+                            Some(Request::from_parts(parts, body)),
+                            e,
+                        ))
+                    }
+                    other => other,
+                }
+            }
+        };
+        let head = match head {
+            Ok(head) if head.response.status() == StatusCode::SWITCHING_PROTOCOLS => {
+                switched(head, &parts.headers).map_err(SendError::Failed)
+            }
+            other => other,
+        };
+        super::recycle_header_map(parts.headers);
+        if let Ok(head) = &head {
+            self.announced_idle = head.announced_idle;
+        }
+        head.map(|mut head| {
+            head.keep_alive &= request_complete;
+            head
+        })
+    }
+
+    /// Consumes the complete response heads buffered while the request is being sent: interim
+    /// (1xx, but 101) heads are dropped; the first other one is returned. `None`: no final head
+    /// yet. A head growing past [`MAX_HEAD`] is an error here, not a reason to read on.
+    fn early_head(&mut self, head_request: bool) -> Result<Option<Head>, ForwardError> {
+        if !head_complete(&self.buf) && self.buf.len() <= MAX_HEAD {
+            return Ok(None);
+        }
+        final_head(&mut self.buf, head_request)
+    }
+
+    /// Reads what the kernel already holds for the socket, without waiting, until a final
+    /// response head is complete, and returns that head (`None`: no complete, valid final head
+    /// is there). Used after a write failed: an upstream that answered early and closed sent its
+    /// answer before the close (RFC 9112 section 9.5), but the runtime may not have seen the
+    /// socket readable yet (its readiness is only updated when its event loop next polls), so a
+    /// readiness-gated read would report nothing. A `recv` with `MSG_DONTWAIT` asks the kernel.
+    fn queued_head(&mut self, head_request: bool) -> Option<Head> {
+        loop {
+            if let Some(head) = self.early_head(head_request).ok()? {
+                return Some(head);
+            }
+            let start = self.buf.len();
+            self.buf.resize(start + READ_CHUNK, 0);
+            let got = rustix::net::recv(
+                &self.io,
+                &mut self.buf[start..],
+                rustix::net::RecvFlags::DONTWAIT,
+            )
+            .map(|(n, _)| n);
+            self.buf.truncate(start + got.unwrap_or(0));
+            if !matches!(got, Ok(n) if n > 0) {
+                return None;
+            }
+        }
+    }
+
+    /// Reads response heads until a final (non-1xx) one, or a 101.
+    pub(super) async fn read_head(
+        &mut self,
+        head_request: bool,
+        mut eof: bool,
+    ) -> Result<Head, SendError> {
+        let mut received_any = !self.buf.is_empty();
+        loop {
+            if let Some(head) =
+                final_head(&mut self.buf, head_request).map_err(SendError::Failed)?
+            {
+                return Ok(head);
+            }
+            let closed = |what: String| {
+                if received_any {
+                    SendError::Failed(broken(format!("{what} inside the response head")))
+                } else {
+                    SendError::ClosedBeforeResponse(
+                        None,
+                        broken(format!("{what} before a response")),
+                    )
+                }
+            };
+            if eof {
+                return Err(closed("connection closed".into()));
+            }
+            match poll_fn(|cx| self.poll_fill(cx)).await {
+                Ok(0) => eof = true,
+                Ok(_) => received_any = true,
+                Err(e) => return Err(closed(format!("read failed ({e})"))),
+            }
+        }
+    }
+}
