@@ -11,10 +11,11 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::{header, HeaderValue, Request};
-use tessera::config::{Config, CredentialsConfig};
 use tessera::screen::{screen_request, Limits};
+use tessera::seal::CredentialsConfig;
 use tessera::seal::{Credentials, Sealer};
 use tessera::token::{self, Verifier};
+use tessera::Config;
 
 const SECRET: &str = "bench-secret-0123456789-0123456789-0123456789-0123456789-01234567";
 

@@ -6,11 +6,11 @@ use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use base64::Engine;
 use serde::Serialize;
 
-use crate::config::Config;
 use crate::seal::Credentials;
 use crate::session::StoreError;
 use crate::token::Keys;
 use crate::unix_now;
+use crate::Config;
 
 /// Output of `tessera session create`, printed as one JSON line.
 #[derive(Debug, Serialize)]

@@ -15,7 +15,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 
-use crate::config::Config;
+use crate::Config;
 
 /// The demo upstream's user and password.
 pub const DEMO_USER: &str = "demo";

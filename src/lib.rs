@@ -17,6 +17,7 @@ pub mod proxy;
 pub mod screen;
 pub mod seal;
 pub mod session;
+pub mod share;
 pub mod telemetry;
 pub mod token;
 pub mod upstream;
@@ -26,8 +27,31 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
-pub use config::Config;
 pub use proxy::Proxy;
+
+/// The validated configuration ([`Config::load`] builds it from the TOML file), one settings
+/// value per domain. Every field is ready to use; secrets are resolved.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Downstream listener settings and request limits.
+    pub server: downstream::ServerConfig,
+    /// Where requests go and how the pool behaves.
+    pub upstream: upstream::UpstreamConfig,
+    /// How tokens are found and verified.
+    pub token: token::TokenConfig,
+    /// Which session store, which record format.
+    pub session: session::SessionConfig,
+    /// Sealing keys for stored credentials.
+    pub credentials: seal::CredentialsConfig,
+    /// Login/logout/session endpoints; `None` when `[login]` is absent or `enabled = false`.
+    pub login: Option<login::LoginConfig>,
+    /// Logging.
+    pub log: telemetry::LogConfig,
+    /// The Prometheus endpoint; `None` when `[metrics]` is absent.
+    pub metrics: Option<telemetry::MetricsConfig>,
+    /// WebSocket upgrades passed to the upstream.
+    pub websocket: proxy::WebSocketConfig,
+}
 
 /// Seconds since the Unix epoch (wall clock).
 pub fn unix_now() -> u64 {
@@ -201,7 +225,7 @@ fn serving_thread(
     index: usize,
     listener: std::net::TcpListener,
     proxy: Arc<Proxy>,
-    cfg: config::ServerConfig,
+    cfg: downstream::ServerConfig,
     shutdown: impl Future<Output = ()>,
 ) {
     upstream::set_serving_thread(index);

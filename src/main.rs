@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use tessera::{admin, config::Config, telemetry};
+use tessera::{admin, telemetry, Config};
 
 #[derive(Parser)]
 #[command(

@@ -5,7 +5,7 @@
 //! copied under another sid does not unseal. Owns: key ids and rotation (new seals use the active
 //! key, every listed key unseals). Must never: log plaintext or reuse a nonce deliberately.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 
 use aes_gcm::aead::{Aead, KeyInit, Payload};
@@ -14,8 +14,6 @@ use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use base64::Engine;
 use http::HeaderValue;
 use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
-
-use crate::config::CredentialsConfig;
 
 /// Prefix of every sealed value (format version 1).
 pub const SEALED_PREFIX: &str = "tsl1.";
@@ -234,6 +232,27 @@ impl std::fmt::Debug for Credentials {
         f.debug_struct("Credentials")
             .field("user", &self.user)
             .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+/// `[credentials]`.
+#[derive(Clone)]
+pub struct CredentialsConfig {
+    /// Sealing keys by id: 32 raw bytes each.
+    pub keys: BTreeMap<String, Zeroizing<[u8; 32]>>,
+    /// Key id used for new seals.
+    pub active: String,
+    /// Accept base64 plaintext `user:pass` in hyper-auth-proxy records. Default false.
+    pub allow_plaintext_legacy: bool,
+}
+
+impl std::fmt::Debug for CredentialsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CredentialsConfig")
+            .field("keys", &self.keys.keys().collect::<Vec<_>>())
+            .field("active", &self.active)
+            .field("allow_plaintext_legacy", &self.allow_plaintext_legacy)
             .finish()
     }
 }

@@ -477,8 +477,8 @@ fn health_and_readiness_probes_follow_the_store_and_shutdown() {
 /// again at 1 once their window has passed; on Redis, one found without an expiry gets one.
 #[test]
 fn store_counters_count_within_a_window_and_start_again_after_it() {
-    use tessera::config::StoreSpec;
     use tessera::session::Store;
+    use tessera::session::StoreSpec;
     let redis = Redis::start();
     let dir = tempfile::tempdir().unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()

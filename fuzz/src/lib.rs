@@ -313,7 +313,7 @@ const SECRET: &[u8] = b"tessera fuzz secret, 32 bytes at least";
 /// leeway, `sid`, the verified-token cache on (HS* included).
 fn verifier() -> tessera::token::Verifier {
     use tessera::token::{Algorithm, KeyMaterial, KeySpec, TokenSource};
-    tessera::token::Verifier::new(&tessera::config::TokenConfig {
+    tessera::token::Verifier::new(&tessera::token::TokenConfig {
         algorithms: vec![Algorithm::HS256],
         keys: vec![KeySpec {
             kid: None,

@@ -6,6 +6,7 @@ mod conn;
 mod handoff;
 mod io;
 mod parse;
+mod settings;
 mod write;
 
 use std::future::Future;
@@ -18,12 +19,12 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::ServerConfig;
 use crate::proxy::Proxy;
 
 pub use conn::MAX_FAST_BODY;
 pub(crate) use io::downstream;
 pub(crate) use parse::{Incoming, Taken};
+pub use settings::ServerConfig;
 
 /// Open-files limits below this many descriptors get a warning at start: each client connection,
 /// upstream connection and WebSocket tunnel holds one or two.

@@ -264,6 +264,7 @@ mod tests {
     fn session(user: &str) -> Session {
         Session {
             read_epoch: 0,
+            upstream_share: Default::default(),
             sub: Some(user.to_owned()),
             authorization: HeaderValue::from_static("Basic YWxpY2U6cHc="),
             expires_at: None,

@@ -5,6 +5,7 @@
 //! store failure into "unknown session" (that would be a 401 where 503 is true).
 
 mod cache;
+mod settings;
 pub mod store;
 mod streams;
 
@@ -17,11 +18,11 @@ use http::HeaderValue;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::config::{SessionConfig, SessionFormat};
 use crate::seal::{Credentials, SealError, Sealer, SEALED_PREFIX};
 use crate::unix_now;
 pub use cache::CacheConfig;
 use cache::{Cached, SessionCache};
+pub use settings::{SessionConfig, SessionFormat, StoreSpec};
 pub use store::{Invalidation, Store, StoreError};
 use streams::OpenStreams;
 use streams::Revocable;
@@ -39,6 +40,9 @@ pub struct Session {
     /// The change epoch of the sid's bucket taken before the store read that produced this
     /// session (see `streams.rs`: a response registering later re-reads the session if it moved).
     pub(crate) read_epoch: u64,
+    /// This user's share of the upstream pool, looked up at the session's first request and
+    /// kept, so later requests skip the lookup (`upstream::share`).
+    pub upstream_share: std::sync::OnceLock<Option<std::sync::Arc<crate::share::Share>>>,
 }
 
 /// Why a session could not be resolved.
@@ -283,7 +287,7 @@ impl Sessions {
     /// restart. Costs one store read per session in use afterwards (needs a tokio runtime).
     /// Sessions with open responses are read again the same way: those sealed under a key
     /// removed end their responses, as a revocation would.
-    pub fn replace_sealing_keys(&self, cfg: &crate::config::CredentialsConfig) {
+    pub fn replace_sealing_keys(&self, cfg: &crate::seal::CredentialsConfig) {
         self.sealer.replace(cfg);
         if let Some(cache) = &self.cache {
             cache.flush();
@@ -370,6 +374,7 @@ impl Sessions {
             authorization: creds.basic_header(),
             expires_at: record.expires_at,
             read_epoch,
+            upstream_share: Default::default(),
         })
     }
 
@@ -611,7 +616,8 @@ async fn recheck(reader: Sessions, streams: std::sync::Weak<OpenStreams>, sids: 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{CredentialsConfig, StoreSpec};
+    use crate::seal::CredentialsConfig;
+    use crate::session::StoreSpec;
     use std::collections::BTreeMap;
 
     fn sessions(dir: &std::path::Path, format: SessionFormat, plaintext: bool) -> Sessions {

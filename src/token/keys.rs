@@ -148,7 +148,7 @@ impl Signer {
     /// Errors: as [`Signer::sign`].
     pub fn issue(
         &self,
-        cfg: &crate::config::TokenConfig,
+        cfg: &super::TokenConfig,
         sub: &str,
         sid: &str,
         iat: u64,

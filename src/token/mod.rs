@@ -5,10 +5,12 @@
 
 pub mod extract;
 pub mod keys;
+mod settings;
 pub mod verify;
 
 pub use extract::{extract, strip_token_cookies, TokenSource};
 pub use keys::{ConfiguredKeys, KeyMaterial, KeySpec, Keys, Signer};
+pub use settings::TokenConfig;
 pub use verify::{Claims, TokenError, VerifiedToken, Verifier};
 
 /// A JWS algorithm tessera accepts (RFC 7518 section 3, RFC 8037 for EdDSA).

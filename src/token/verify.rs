@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::keys::{ConfiguredKeys, Keys};
 use super::Algorithm;
-use crate::config::TokenConfig;
+use super::TokenConfig;
 
 /// Why a token was refused. Every variant maps to 401; the variant name goes to the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -24,6 +24,7 @@ mod encode;
 mod exchange;
 mod pool;
 pub(crate) mod raw;
+mod settings;
 mod share;
 mod tunnel;
 
@@ -48,6 +49,7 @@ pub use pool::{
     AFFINITY_WAIT, DRAIN_BYTES, DRAIN_WAIT,
 };
 pub use raw::RawHead;
+pub use settings::UpstreamConfig;
 pub use share::default_per_user;
 pub(crate) use tunnel::frame_edges;
 pub use tunnel::{Tunnel, TunnelEnd, TunnelReport, CLOSING_WAIT};
@@ -99,7 +101,17 @@ pub struct Upstream {
 
 /// The downstream connection a request came on, as the pool's shares see it: `None` for one
 /// that carries one request at a time (HTTP/1.1), else its share ([`Upstream::connection_share`]).
-pub type ConnectionShare = Option<Arc<tokio::sync::Semaphore>>;
+pub type ConnectionShare = Option<Arc<crate::share::Share>>;
+
+/// The shares of the pool one request counts against ([`share`]): its user's (a session keeps
+/// it, from [`Upstream::user_share`]) and its HTTP/2 connection's.
+#[derive(Default, Clone)]
+pub struct RequestShares {
+    /// The user's share; `None` with shares off.
+    pub user: Option<Arc<crate::share::Share>>,
+    /// The downstream HTTP/2 connection's share; `None` for HTTP/1.1.
+    pub connection: ConnectionShare,
+}
 
 fn idempotent(m: &Method) -> bool {
     matches!(
@@ -153,6 +165,12 @@ impl Upstream {
         self.shares.for_connection()
     }
 
+    /// The share of the user whose upstream credential is `credential`; `None` when shares are
+    /// off. A session keeps it, so its requests skip the lookup.
+    pub fn user_share(&self, credential: &http::HeaderValue) -> Option<Arc<crate::share::Share>> {
+        self.shares.user(Some(credential))
+    }
+
     /// Requests that waited because their user or connection held its share of the pool.
     pub fn share_waits(&self) -> u64 {
         self.shares.waited()
@@ -174,17 +192,23 @@ impl Upstream {
     ///
     /// Errors: [`ForwardError`], after at most one retry (see module docs).
     pub async fn forward(&self, req: Request<UpBody>) -> Result<Response<ProxyBody>, ForwardError> {
-        self.forward_on(req, None).await
+        let shares = RequestShares {
+            user: self
+                .shares
+                .user(req.headers().get(http::header::AUTHORIZATION)),
+            connection: None,
+        };
+        self.forward_on(req, shares).await
     }
 
-    /// [`Upstream::forward`] for a request that came on a downstream connection with the share
-    /// `conn` (an HTTP/2 connection's, from [`Upstream::connection_share`]).
+    /// [`Upstream::forward`] for a request whose shares of the pool are already known (its
+    /// session's user share, its HTTP/2 connection's from [`Upstream::connection_share`]).
     ///
     /// Errors: as [`Upstream::forward`].
     pub async fn forward_on(
         &self,
         req: Request<UpBody>,
-        conn: ConnectionShare,
+        shares: RequestShares,
     ) -> Result<Response<ProxyBody>, ForwardError> {
         let (req, progress) = if req.body().is_end_stream() {
             (req, None)
@@ -197,7 +221,7 @@ impl Upstream {
             )
         };
         // In an `Option` so that a timeout can drop it in place, marked as abandoned.
-        let mut send = std::pin::pin!(Some(self.send(req, conn)));
+        let mut send = std::pin::pin!(Some(self.send(req, shares)));
         let mut last = 0;
         loop {
             let sending = send.as_mut().as_pin_mut().expect("dropped only to return");
@@ -222,15 +246,12 @@ impl Upstream {
     async fn send(
         &self,
         req: Request<UpBody>,
-        share: ConnectionShare,
+        shares: RequestShares,
     ) -> Result<Response<ProxyBody>, ForwardError> {
         let key = self.pool.affinity_key(req.headers());
         let held = self
             .shares
-            .take(
-                req.headers().get(http::header::AUTHORIZATION),
-                share.as_ref(),
-            )
+            .take(shares.user.as_ref(), shares.connection.as_ref())
             .await;
         let mut conn = self.pool.checkout(key.clone()).await?;
         conn.hold(held);
@@ -255,7 +276,7 @@ impl Upstream {
         tracing::debug!(cause = %err, "reused upstream connection failed; retrying once on a fresh one");
         // Boxed: the rare retry (and its connect) would otherwise double the size of every
         // request's future, which is copied as it is awaited.
-        Box::pin(self.retry(key, req, share)).await
+        Box::pin(self.retry(key, req, shares)).await
     }
 
     /// The single retry of [`Upstream::send`], on a fresh connection.
@@ -263,14 +284,11 @@ impl Upstream {
         &self,
         key: Option<AffinityKey>,
         req: Request<UpBody>,
-        share: ConnectionShare,
+        shares: RequestShares,
     ) -> Result<Response<ProxyBody>, ForwardError> {
         let held = self
             .shares
-            .take(
-                req.headers().get(http::header::AUTHORIZATION),
-                share.as_ref(),
-            )
+            .take(shares.user.as_ref(), shares.connection.as_ref())
             .await;
         let mut conn = self.pool.checkout_fresh(key).await?;
         conn.hold(held);

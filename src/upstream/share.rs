@@ -14,7 +14,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use http::HeaderValue;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::share::{Share, SharePermit};
 
 /// The default of `upstream.max_connections_per_user` for a pool of `max_connections`: three
 /// quarters of it, rounded up (at least 1), so one user leaves a quarter for the others.
@@ -24,11 +25,11 @@ pub fn default_per_user(max_connections: usize) -> usize {
 
 /// The users' and downstream connections' shares of one pool.
 pub struct Shares {
-    /// Most upstream connections one user or one downstream connection holds at once.
+    /// Most upstream connections one user or one downstream connection holds at once; 0: off.
     per_user: usize,
-    /// One semaphore per credential with a request in flight; an entry whose semaphore is gone
-    /// (no permit out, no request waiting) is reused as new, or pruned.
-    users: Mutex<HashMap<HeaderValue, Weak<Semaphore>>>,
+    /// One share per credential in use; an entry whose share is gone (no session, request or
+    /// permit refers to it) is made anew on next use, or pruned.
+    users: Mutex<HashMap<HeaderValue, Weak<Share>>>,
     /// Requests that waited because their user or downstream connection held its share.
     waited: AtomicU64,
 }
@@ -36,8 +37,8 @@ pub struct Shares {
 /// The share permits one request holds while its upstream connection is checked out.
 #[derive(Default)]
 pub struct Held {
-    _user: Option<OwnedSemaphorePermit>,
-    _downstream: Option<OwnedSemaphorePermit>,
+    _user: Option<SharePermit>,
+    _downstream: Option<SharePermit>,
 }
 
 impl Shares {
@@ -57,8 +58,8 @@ impl Shares {
 
     /// A new downstream connection's share, for the streams of one HTTP/2 connection; `None`
     /// when shares are off.
-    pub fn for_connection(&self) -> Option<Arc<Semaphore>> {
-        (self.per_user > 0).then(|| Arc::new(Semaphore::new(self.per_user)))
+    pub fn for_connection(&self) -> Option<Arc<Share>> {
+        (self.per_user > 0).then(|| Arc::new(Share::new(self.per_user)))
     }
 
     /// Requests that waited for their share so far.
@@ -66,54 +67,52 @@ impl Shares {
         self.waited.load(Ordering::Relaxed)
     }
 
-    /// Takes one permit of the user of `credential` (requests without one share one entry) and
-    /// one of `downstream`, in that order (every request takes them in the same order, so two
-    /// requests can never each hold what the other waits for), waiting for them if need be.
-    pub async fn take(
-        &self,
-        credential: Option<&HeaderValue>,
-        downstream: Option<&Arc<Semaphore>>,
-    ) -> Held {
+    /// The share of the user whose upstream credential is `credential` (requests without one
+    /// share one entry), made on first use; `None` when shares are off. The caller may keep it
+    /// (a session does) to skip this lookup on its next requests.
+    pub fn user(&self, credential: Option<&HeaderValue>) -> Option<Arc<Share>> {
         if self.per_user == 0 {
-            return Held::default();
+            return None;
         }
-        let user = self.user(credential.unwrap_or(&HeaderValue::from_static("")));
+        let none = HeaderValue::from_static("");
+        let credential = credential.unwrap_or(&none);
+        let mut users = self.users.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(live) = users.get(credential).and_then(Weak::upgrade) {
+            return Some(live);
+        }
+        if users.len() >= 1024 && users.len().is_power_of_two() {
+            users.retain(|_, share| share.strong_count() > 0);
+        }
+        let share = Arc::new(Share::new(self.per_user));
+        users.insert(credential.clone(), Arc::downgrade(&share));
+        Some(share)
+    }
+
+    /// Takes one permit of `user` and one of `downstream`, in that order (every request takes
+    /// them in the same order, so two requests can never each hold what the other waits for),
+    /// waiting for them if need be.
+    pub async fn take(&self, user: Option<&Arc<Share>>, downstream: Option<&Arc<Share>>) -> Held {
         Held {
-            _user: Some(self.acquire(user).await),
+            _user: match user {
+                Some(share) => Some(self.acquire(share).await),
+                None => None,
+            },
             _downstream: match downstream {
-                Some(share) => Some(self.acquire(share.clone()).await),
+                Some(share) => Some(self.acquire(share).await),
                 None => None,
             },
         }
     }
 
-    async fn acquire(&self, share: Arc<Semaphore>) -> OwnedSemaphorePermit {
-        if let Ok(permit) = share.clone().try_acquire_owned() {
+    async fn acquire(&self, share: &Arc<Share>) -> SharePermit {
+        if let Some(permit) = share.try_acquire() {
             return permit;
         }
         self.waited.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(
             "request waits: its user or connection holds its share of the upstream pool"
         );
-        share
-            .acquire_owned()
-            .await
-            .expect("share semaphores are never closed")
-    }
-
-    /// The semaphore of `credential`, made on first use (or again once all of its permits
-    /// were returned and it was dropped).
-    fn user(&self, credential: &HeaderValue) -> Arc<Semaphore> {
-        let mut users = self.users.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(live) = users.get(credential).and_then(Weak::upgrade) {
-            return live;
-        }
-        if users.len() >= 1024 && users.len().is_power_of_two() {
-            users.retain(|_, share| share.strong_count() > 0);
-        }
-        let share = Arc::new(Semaphore::new(self.per_user));
-        users.insert(credential.clone(), Arc::downgrade(&share));
-        share
+        share.acquire().await
     }
 }
 
@@ -138,9 +137,10 @@ mod tests {
     async fn a_user_over_its_share_waits_for_its_own_and_others_go_on() {
         let shares = Shares::new(2, 4);
         let alice = HeaderValue::from_static("Basic YWxpY2U6cHc=");
-        let a1 = shares.take(Some(&alice), None).await;
-        let _a2 = shares.take(Some(&alice), None).await;
-        let third = shares.take(Some(&alice), None);
+        let alice = shares.user(Some(&alice));
+        let a1 = shares.take(alice.as_ref(), None).await;
+        let _a2 = shares.take(alice.as_ref(), None).await;
+        let third = shares.take(alice.as_ref(), None);
         tokio::pin!(third);
         assert!(
             tokio::time::timeout(Duration::from_secs(1), &mut third)
@@ -149,7 +149,8 @@ mod tests {
             "alice's third request did not wait"
         );
         // Bob is not held up by alice.
-        let _b = tokio::time::timeout(Duration::from_secs(1), shares.take(Some(&bob()), None))
+        let bob = shares.user(Some(&bob()));
+        let _b = tokio::time::timeout(Duration::from_secs(1), shares.take(bob.as_ref(), None))
             .await
             .expect("bob waited for alice's share");
         drop(a1);
@@ -164,9 +165,9 @@ mod tests {
         let shares = Shares::new(1, 4);
         let conn = shares.for_connection().expect("shares on");
         let alice = HeaderValue::from_static("Basic YWxpY2U6cHc=");
-        let first = shares.take(Some(&alice), Some(&conn)).await;
-        let bob = bob();
-        let other = shares.take(Some(&bob), Some(&conn));
+        let (alice, bob) = (shares.user(Some(&alice)), shares.user(Some(&bob())));
+        let first = shares.take(alice.as_ref(), Some(&conn)).await;
+        let other = shares.take(bob.as_ref(), Some(&conn));
         tokio::pin!(other);
         assert!(tokio::time::timeout(Duration::from_secs(1), &mut other)
             .await
@@ -177,14 +178,11 @@ mod tests {
             .expect("goes on once the connection's other stream ended");
     }
 
-    #[tokio::test]
-    async fn shares_at_or_over_the_pool_are_off() {
+    #[test]
+    fn shares_at_or_over_the_pool_are_off() {
         let shares = Shares::new(4, 4);
         assert!(shares.for_connection().is_none());
-        let bob = bob();
-        let held: Vec<_> =
-            futures_util::future::join_all((0..16).map(|_| shares.take(Some(&bob), None))).await;
-        assert_eq!(held.len(), 16);
+        assert!(shares.user(Some(&bob())).is_none());
         assert!(shares.users.lock().unwrap().is_empty());
     }
 }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::StoreSpec;
+use super::StoreSpec;
 
 mod embedded;
 mod redis;

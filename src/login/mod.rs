@@ -30,13 +30,17 @@ use http_body_util::BodyExt;
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
-use crate::config::{Config, LoginConfig, TokenConfig};
+use crate::token::TokenConfig;
+use crate::Config;
+
+mod settings;
 use crate::error::ProxyError;
 use crate::seal::Credentials;
 use crate::session::{sid_hash, Sessions, Store};
 use crate::token::{self, Keys, Verifier};
 use crate::unix_now;
 use crate::upstream::{empty_body, BoxError, ProxyBody, Upstream};
+pub use settings::{LoginConfig, SameSite};
 
 /// Largest login/logout request body, bytes.
 const MAX_FORM_BYTES: usize = 8 * 1024;

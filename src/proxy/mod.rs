@@ -17,7 +17,9 @@ use http::uri::PathAndQuery;
 use http::{HeaderValue, Request, Response, Uri, Version};
 use http_body::Body;
 
-use crate::config::Config;
+use crate::Config;
+
+mod settings;
 use crate::error::ProxyError;
 use crate::login::Login;
 use crate::screen::{self, Limits, Screened};
@@ -25,7 +27,10 @@ use crate::session::{Session, Sessions};
 use crate::telemetry::RequestCounts;
 use crate::token::{self, TokenSource, Verifier};
 use crate::unix_now;
-use crate::upstream::{BoxError, ConnectionShare, ProxyBody, Tunnel, UpBody, Upstream};
+use crate::upstream::{
+    BoxError, ConnectionShare, ProxyBody, RequestShares, Tunnel, UpBody, Upstream,
+};
+pub use settings::WebSocketConfig;
 
 /// Everything the request path needs, built once from the config.
 pub struct Proxy {
@@ -436,7 +441,14 @@ impl Proxy {
             h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
         }
         let req = Request::from_parts(parts, self.limit_body(body));
-        let mut resp = self.upstream.forward_on(req, ctx.share.take()).await?;
+        let shares = RequestShares {
+            user: session
+                .upstream_share
+                .get_or_init(|| self.upstream.user_share(&session.authorization))
+                .clone(),
+            connection: ctx.share.take(),
+        };
+        let mut resp = self.upstream.forward_on(req, shares).await?;
         if let Some(upgrading) = upgrading {
             if let Some(tunnel) = resp.body_mut().take_tunnel() {
                 return Ok(self.switch(resp, tunnel, upgrading, ctx, &session));

@@ -24,7 +24,10 @@ use prometheus_client::metrics::MetricType;
 use tokio::net::TcpListener;
 
 use crate::proxy::Proxy;
+
+mod settings;
 use crate::upstream::Closed;
+pub use settings::{LogConfig, MetricsConfig};
 
 /// Installs a `tracing` subscriber writing to stderr with `filter` (e.g. `info`,
 /// `tessera=debug`); `RUST_LOG` overrides it. Colours (ANSI escapes) only when stderr is a

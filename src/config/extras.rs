@@ -1,0 +1,81 @@
+//! `[websocket]` and `[metrics]` -> their settings.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::raw::{RawMetrics, RawWebSocket};
+use super::{socket_addr, ConfigError};
+use crate::proxy::WebSocketConfig;
+use crate::telemetry::MetricsConfig;
+use crate::upstream::UpstreamConfig;
+
+pub(super) fn validate_websocket(
+    w: RawWebSocket,
+    upstream: &UpstreamConfig,
+) -> Result<WebSocketConfig, ConfigError> {
+    let cap = upstream.max_connections;
+    let max_connections = w.max_connections.unwrap_or(cap / 2);
+    if max_connections >= cap && max_connections > 0 {
+        return Err(ConfigError::new(
+            "websocket.max_connections",
+            format!(
+                "{max_connections} would let WebSockets hold every upstream connection \
+                 (upstream.max_connections = {cap}); set it below {cap}, or 0 to pass no upgrades"
+            ),
+        ));
+    }
+    let mut allowed_origins = Vec::new();
+    for (i, text) in w.allowed_origins.unwrap_or_default().iter().enumerate() {
+        let key = format!("websocket.allowed_origins[{i}]");
+        let origin = text.trim_end_matches('/').to_ascii_lowercase();
+        // Browsers leave the scheme's default port out of `Origin`.
+        let origin = match origin.strip_suffix(":443") {
+            Some(o) if origin.starts_with("https://") => o.to_string(),
+            _ => match origin.strip_suffix(":80") {
+                Some(o) if origin.starts_with("http://") => o.to_string(),
+                _ => origin,
+            },
+        };
+        let ok = origin.parse::<http::Uri>().is_ok_and(|u| {
+            matches!(u.scheme_str(), Some("http" | "https"))
+                && u.authority().is_some_and(|a| !a.as_str().contains('@'))
+                && u.path_and_query().is_none_or(|pq| pq.as_str() == "/")
+        });
+        if !ok {
+            return Err(ConfigError::new(
+                &key,
+                format!("`{text}` is not an origin; write scheme://host[:port], e.g. \"https://mail.example.com\""),
+            ));
+        }
+        allowed_origins.push(origin);
+    }
+    let idle_timeout = match w.idle_timeout_ms.unwrap_or(600_000) {
+        0 => None,
+        n => Some(Duration::from_millis(n)),
+    };
+    Ok(WebSocketConfig {
+        max_connections,
+        idle_timeout,
+        allowed_origins,
+    })
+}
+
+pub(super) fn validate_metrics(
+    m: RawMetrics,
+    server_listen: SocketAddr,
+) -> Result<MetricsConfig, ConfigError> {
+    let Some(text) = m.listen else {
+        return Err(ConfigError::new(
+            "metrics.listen",
+            "missing: set the address to serve /metrics on, e.g. \"127.0.0.1:9464\", or remove [metrics]",
+        ));
+    };
+    let listen = socket_addr("metrics.listen", &text, "127.0.0.1:9464")?;
+    if listen == server_listen && listen.port() != 0 {
+        return Err(ConfigError::new(
+            "metrics.listen",
+            "is the same address as server.listen; give the metrics their own port",
+        ));
+    }
+    Ok(MetricsConfig { listen })
+}

@@ -1,0 +1,153 @@
+//! `[login]` -> [`LoginConfig`].
+
+use std::time::Duration;
+
+use crate::token::keys::KeyMaterial;
+use crate::token::TokenSource;
+
+use super::raw::RawLogin;
+use super::ConfigError;
+use crate::login::{LoginConfig, SameSite};
+use crate::session::SessionConfig;
+use crate::token::TokenConfig;
+
+/// Longest `login.failure_window_seconds`: one week. A counter's expiry must stay a valid
+/// Redis `EXPIRE` and SQLite integer.
+const MAX_FAILURE_WINDOW_SECONDS: u64 = 7 * 24 * 3600;
+
+pub(super) fn validate_login(
+    l: RawLogin,
+    token: &mut TokenConfig,
+    session: &SessionConfig,
+) -> Result<LoginConfig, ConfigError> {
+    let prefix = l.path_prefix.unwrap_or_else(|| "/auth".into());
+    if !prefix.starts_with('/')
+        || prefix.len() < 2
+        || prefix.ends_with('/')
+        || prefix.contains(['?', '#', ' '])
+    {
+        return Err(ConfigError::new(
+            "login.path_prefix",
+            format!("`{prefix}` must be an absolute path without trailing `/`, e.g. \"/auth\""),
+        ));
+    }
+    // No default: many upstreams answer 2xx to `GET /` without credentials, and then any
+    // password would log in.
+    let verify = l.verify_path.ok_or_else(|| {
+        ConfigError::new(
+            "login.verify_path",
+            "is required: an upstream path that answers 2xx only to valid credentials (Cyrus JMAP: \"/jmap/\")",
+        )
+    })?;
+    let verify_path: http::uri::PathAndQuery = verify
+        .parse()
+        .ok()
+        .filter(|_| verify.starts_with('/'))
+        .ok_or_else(|| {
+            ConfigError::new(
+                "login.verify_path",
+                format!("`{verify}` is not an absolute path, e.g. \"/jmap/\""),
+            )
+        })?;
+    let cookie_secure = l.cookie_secure.unwrap_or(true);
+    let cookie_name = l.cookie_name.unwrap_or_else(|| {
+        if cookie_secure {
+            "__Host-tessera"
+        } else {
+            "tessera"
+        }
+        .into()
+    });
+    if cookie_name.is_empty()
+        || !cookie_name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    {
+        return Err(ConfigError::new(
+            "login.cookie_name",
+            "must be letters, digits, `-`, `_` or `.`",
+        ));
+    }
+    if !cookie_secure
+        && (cookie_name.starts_with("__Host-") || cookie_name.starts_with("__Secure-"))
+    {
+        return Err(ConfigError::new(
+            "login.cookie_name",
+            "a __Host-/__Secure- cookie needs cookie_secure = true (browsers drop it otherwise); rename it for http development",
+        ));
+    }
+    let cookie_same_site = match l.cookie_same_site.as_deref().unwrap_or("Strict") {
+        "Strict" | "strict" => SameSite::Strict,
+        "Lax" | "lax" => SameSite::Lax,
+        "None" | "none" if cookie_secure => SameSite::None,
+        "None" | "none" => {
+            return Err(ConfigError::new(
+                "login.cookie_same_site",
+                "None requires cookie_secure = true",
+            ))
+        }
+        other => {
+            return Err(ConfigError::new(
+                "login.cookie_same_site",
+                format!("`{other}` is not Strict, Lax or None"),
+            ))
+        }
+    };
+    let token_ttl_seconds = l.token_ttl_seconds.unwrap_or(session.ttl_seconds);
+    if token_ttl_seconds == 0 || token_ttl_seconds > session.ttl_seconds {
+        return Err(ConfigError::new(
+            "login.token_ttl_seconds",
+            format!(
+                "must be between 1 and session.ttl_seconds ({})",
+                session.ttl_seconds
+            ),
+        ));
+    }
+    let positive = |key: &str, v: Option<u32>, d: u32| match v.unwrap_or(d) {
+        0 => Err(ConfigError::new(key, "must be greater than 0")),
+        n => Ok(n),
+    };
+    let window = l.failure_window_seconds.unwrap_or(300);
+    if !(1..=MAX_FAILURE_WINDOW_SECONDS).contains(&window) {
+        return Err(ConfigError::new(
+            "login.failure_window_seconds",
+            "must be between 1 and 604800 (one week)",
+        ));
+    }
+    let has_signer = token
+        .keys
+        .iter()
+        .any(|k| k.kid == token.active_kid && !matches!(k.material, KeyMaterial::Public(_)));
+    if !has_signer {
+        return Err(ConfigError::new(
+            "token.active_kid",
+            "login issues tokens and needs a signing key: set token.secret, or token.active_kid naming a key with secret/private_key",
+        ));
+    }
+    if token.sid_claim != "sid" {
+        return Err(ConfigError::new(
+            "token.sid_claim",
+            "login issues tokens with `sid`; remove token.sid_claim or disable [login]",
+        ));
+    }
+    let source = TokenSource::Cookie(cookie_name.clone());
+    if !token.sources.contains(&source) {
+        token.sources.push(source);
+    }
+    Ok(LoginConfig {
+        path_prefix: prefix,
+        verify_path,
+        cookie_name,
+        cookie_secure,
+        cookie_same_site,
+        token_ttl_seconds,
+        max_failures_per_ip: positive("login.max_failures_per_ip", l.max_failures_per_ip, 20)?,
+        max_failures_per_user: positive(
+            "login.max_failures_per_user",
+            l.max_failures_per_user,
+            20,
+        )?,
+        failure_window: Duration::from_secs(window),
+        page_title: l.page_title.unwrap_or_else(|| "Sign in".into()),
+    })
+}

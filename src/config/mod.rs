@@ -1,0 +1,213 @@
+//! Configuration: the raw TOML shape (`Raw*`, every field optional, unknown keys rejected) and its
+//! validated form (`Config`), built once at startup by [`Config::from_toml`].
+//!
+//! Owns: defaults, secret resolution (`env:NAME`, `file:PATH`, literal) and error messages that name
+//! the key and say how to fix it. Must never: log a resolved secret, or accept a config that would
+//! make the proxy fail open.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use zeroize::Zeroizing;
+
+mod extras;
+mod hints;
+mod login;
+mod raw;
+mod server;
+mod session;
+mod token;
+mod upstream;
+
+use crate::telemetry::LogConfig;
+use crate::Config;
+use extras::{validate_metrics, validate_websocket};
+use hints::type_fix;
+use login::validate_login;
+use raw::RawConfig;
+use server::validate_server;
+use session::{validate_credentials, validate_session};
+use token::validate_token;
+use upstream::validate_upstream;
+
+/// A configuration problem: which key, what is wrong, how to fix it.
+#[derive(Debug, thiserror::Error)]
+#[error("config key `{key}`: {problem}")]
+pub struct ConfigError {
+    /// Dotted TOML path of the offending key, e.g. `upstream.url`.
+    pub key: String,
+    /// What is wrong and how to fix it, in one sentence.
+    pub problem: String,
+}
+
+impl ConfigError {
+    fn new(key: &str, problem: impl Into<String>) -> Self {
+        Self {
+            key: key.to_string(),
+            problem: problem.into(),
+        }
+    }
+}
+
+/// Error loading a config file: unreadable, not TOML / unknown key, or invalid value.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// TOML syntax error (the message names the line and column), or a wrong type or unknown key
+    /// (the message names the dotted key and the fix, then the line).
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    /// A value is present but invalid.
+    #[error("config file {path}: {source}")]
+    Invalid { path: PathBuf, source: ConfigError },
+}
+
+impl Config {
+    /// Reads and validates a TOML config file.
+    ///
+    /// Errors: [`LoadError`] naming the file and the key.
+    pub fn load(path: &Path) -> Result<Self, LoadError> {
+        let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_toml_with(&text, |name| std::env::var(name).ok()).map_err(|e| match e {
+            FromTomlError::Parse(message) => LoadError::Parse {
+                path: path.to_path_buf(),
+                message,
+            },
+            FromTomlError::Invalid(source) => LoadError::Invalid {
+                path: path.to_path_buf(),
+                source,
+            },
+        })
+    }
+
+    /// Parses and validates TOML text, resolving `env:` secrets from the process environment.
+    pub fn from_toml(text: &str) -> Result<Self, FromTomlError> {
+        Self::from_toml_with(text, |name| std::env::var(name).ok())
+    }
+
+    /// Like [`Config::from_toml`] with an explicit environment lookup (tests pass a map).
+    pub fn from_toml_with(
+        text: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, FromTomlError> {
+        let raw = parse_raw(text).map_err(FromTomlError::Parse)?;
+        validate(raw, &env).map_err(FromTomlError::Invalid)
+    }
+}
+
+/// Deserializes the file's tables. A syntax error is toml's message as it is (line, column and
+/// the line itself). A wrong-typed value or an unknown key is led by a line naming the dotted
+/// key and the fix, e.g. ``config key `upstream.idle_timeout_ms`: must be a whole number of
+/// milliseconds, without quotes``, followed by toml's message.
+fn parse_raw(text: &str) -> Result<RawConfig, String> {
+    let document = toml::Deserializer::parse(text).map_err(|e| e.to_string())?;
+    serde_path_to_error::deserialize(document).map_err(|e| {
+        let key = e.path().to_string();
+        let error = e.into_inner();
+        format!(
+            "config key `{key}`: {}\n{error}",
+            type_fix(&key, error.message())
+        )
+    })
+}
+
+/// Error from [`Config::from_toml`].
+#[derive(Debug, thiserror::Error)]
+pub enum FromTomlError {
+    /// Syntax error (line and column), or a wrong type or unknown key (dotted key and fix, then
+    /// the line); see `parse_raw`.
+    #[error("{0}")]
+    Parse(String),
+    /// A value is invalid.
+    #[error(transparent)]
+    Invalid(#[from] ConfigError),
+}
+
+/// Resolves a secret reference: `env:NAME` (environment variable), `file:PATH` (file contents,
+/// one trailing newline removed) or the literal string.
+///
+/// Errors: the variable is unset or the file unreadable, naming `key`.
+pub fn resolve_secret(
+    key: &str,
+    value: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Zeroizing<String>, ConfigError> {
+    if let Some(name) = value.strip_prefix("env:") {
+        env(name).map(Zeroizing::new).ok_or_else(|| {
+            ConfigError::new(
+                key,
+                format!("environment variable {name} is not set; export it or use file:PATH"),
+            )
+        })
+    } else if let Some(path) = value.strip_prefix("file:") {
+        let mut text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new(key, format!("cannot read secret file {path}: {e}")))?;
+        if text.ends_with('\n') {
+            text.pop();
+            if text.ends_with('\r') {
+                text.pop();
+            }
+        }
+        Ok(Zeroizing::new(text))
+    } else {
+        Ok(Zeroizing::new(value.to_string()))
+    }
+}
+
+pub(super) fn ms(key: &str, v: Option<u64>, default_ms: u64) -> Result<Duration, ConfigError> {
+    match v.unwrap_or(default_ms) {
+        0 => Err(ConfigError::new(
+            key,
+            "must be greater than 0 (milliseconds)",
+        )),
+        n => Ok(Duration::from_millis(n)),
+    }
+}
+
+/// `text` as IP:PORT, or an error naming `key` with `example`.
+pub(super) fn socket_addr(key: &str, text: &str, example: &str) -> Result<SocketAddr, ConfigError> {
+    text.parse()
+        .map_err(|_| ConfigError::new(key, format!("`{text}` is not IP:PORT, e.g. \"{example}\"")))
+}
+
+fn validate(raw: RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+    let server = validate_server(raw.server.unwrap_or_default())?;
+    let upstream = validate_upstream(raw.upstream.unwrap_or_default())?;
+    let token = validate_token(raw.token.unwrap_or_default(), env)?;
+    let session = validate_session(raw.session.unwrap_or_default())?;
+    let credentials = validate_credentials(raw.credentials.unwrap_or_default(), env)?;
+    let mut token = token;
+    let login = match raw.login {
+        Some(l) if l.enabled != Some(false) => Some(validate_login(l, &mut token, &session)?),
+        _ => None,
+    };
+    let log = raw.log.unwrap_or_default();
+    let websocket = validate_websocket(raw.websocket.unwrap_or_default(), &upstream)?;
+    let metrics = raw
+        .metrics
+        .map(|m| validate_metrics(m, server.listen))
+        .transpose()?;
+    Ok(Config {
+        server,
+        upstream,
+        token,
+        session,
+        credentials,
+        login,
+        log: LogConfig {
+            level: log.level.unwrap_or_else(|| "info".into()),
+            access_log: log.access_log.unwrap_or(true),
+        },
+        metrics,
+        websocket,
+    })
+}

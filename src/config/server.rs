@@ -1,0 +1,103 @@
+//! `[server]` -> [`ServerConfig`].
+
+use std::time::Duration;
+
+use crate::downstream::ServerConfig;
+
+use super::raw::RawServer;
+use super::{ms, socket_addr, ConfigError};
+
+pub(super) fn validate_server(s: RawServer) -> Result<ServerConfig, ConfigError> {
+    let listen = s.listen.as_deref().unwrap_or("127.0.0.1:8080");
+    let listen = socket_addr("server.listen", listen, "127.0.0.1:8080")?;
+    let max_header_bytes = s.max_header_bytes.unwrap_or(16 * 1024);
+    if !(1024..=1024 * 1024).contains(&max_header_bytes) {
+        return Err(ConfigError::new(
+            "server.max_header_bytes",
+            "must be between 1024 and 1048576",
+        ));
+    }
+    let max_uri_bytes = s.max_uri_bytes.unwrap_or(8 * 1024);
+    if !(256..=65534).contains(&max_uri_bytes) {
+        return Err(ConfigError::new(
+            "server.max_uri_bytes",
+            "must be between 256 and 65534",
+        ));
+    }
+    let threads = match s.threads {
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        Some(n @ 1..=1024) => n,
+        Some(_) => {
+            return Err(ConfigError::new(
+                "server.threads",
+                "must be between 1 and 1024 (leave it out for one per CPU)",
+            ))
+        }
+    };
+    let busy_poll_us = s.busy_poll_us.unwrap_or(0);
+    if busy_poll_us > crate::busy_poll::MAX_BUSY_POLL_US {
+        return Err(ConfigError::new(
+            "server.busy_poll_us",
+            format!(
+                "must be between 0 (off, the default) and {} microseconds",
+                crate::busy_poll::MAX_BUSY_POLL_US
+            ),
+        ));
+    }
+    let mut trusted_proxies = Vec::new();
+    for (i, text) in s.trusted_proxies.unwrap_or_default().iter().enumerate() {
+        let net = text
+            .parse::<ipnet::IpNet>()
+            .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+            .map_err(|_| {
+                ConfigError::new(
+                    &format!("server.trusted_proxies[{i}]"),
+                    format!(
+                        "`{text}` is not an IP address or CIDR block, e.g. \"10.0.0.0/8\" or \"::1\""
+                    ),
+                )
+            })?;
+        if let ipnet::IpNet::V6(v6) = net {
+            if v6.network().to_ipv4_mapped().is_some() {
+                return Err(ConfigError::new(
+                    &format!("server.trusted_proxies[{i}]"),
+                    format!(
+                        "`{text}` is IPv4-mapped; write it as IPv4 (peers are matched as IPv4)"
+                    ),
+                ));
+            }
+        }
+        trusted_proxies.push(net);
+    }
+    Ok(ServerConfig {
+        listen,
+        threads,
+        trusted_proxies,
+        busy_poll: Duration::from_micros(busy_poll_us),
+        max_header_bytes,
+        max_uri_bytes,
+        max_body_bytes: s.max_body_bytes.unwrap_or(0),
+        header_read_timeout: ms(
+            "server.header_read_timeout_ms",
+            s.header_read_timeout_ms,
+            30_000,
+        )?,
+        send_timeout: ms("server.send_timeout_ms", s.send_timeout_ms, 60_000)?,
+        client_body_timeout: ms(
+            "server.client_body_timeout_ms",
+            s.client_body_timeout_ms,
+            60_000,
+        )?,
+        allow_encoded_slashes: s.allow_encoded_slashes.unwrap_or(false),
+        http2_max_concurrent_streams: match s.http2_max_concurrent_streams {
+            None => 200,
+            Some(n @ 1..=1000) => n,
+            Some(_) => {
+                return Err(ConfigError::new(
+                    "server.http2_max_concurrent_streams",
+                    "must be between 1 and 1000 (leave it out for 200)",
+                ))
+            }
+        },
+    })
+}

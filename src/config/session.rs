@@ -1,0 +1,140 @@
+//! `[session]` and `[credentials]` -> [`SessionConfig`], [`CredentialsConfig`].
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use base64::Engine;
+use zeroize::Zeroizing;
+
+use super::raw::{RawCredentials, RawSession};
+use super::{ms, resolve_secret, ConfigError};
+use crate::seal::CredentialsConfig;
+use crate::session::{SessionConfig, SessionFormat, StoreSpec};
+
+pub(super) fn validate_session(s: RawSession) -> Result<SessionConfig, ConfigError> {
+    let store_text = s
+        .store
+        .unwrap_or_else(|| "embedded:./tessera-sessions".into());
+    let store = if let Some(path) = store_text.strip_prefix("embedded:") {
+        if path.is_empty() {
+            return Err(ConfigError::new(
+                "session.store",
+                "embedded: needs a path, e.g. \"embedded:./tessera-sessions\"",
+            ));
+        }
+        StoreSpec::Embedded(PathBuf::from(path))
+    } else if store_text.starts_with("redis://") || store_text.starts_with("rediss://") {
+        StoreSpec::Redis(store_text)
+    } else {
+        return Err(ConfigError::new(
+            "session.store",
+            format!("`{store_text}` is neither \"embedded:PATH\" nor \"redis://HOST:PORT/DB\""),
+        ));
+    };
+    let format = match s.format.as_deref().unwrap_or("tessera") {
+        "tessera" => SessionFormat::Tessera,
+        "hyper-auth-proxy" => SessionFormat::HyperAuthProxy,
+        other => {
+            return Err(ConfigError::new(
+                "session.format",
+                format!("`{other}` is neither \"tessera\" nor \"hyper-auth-proxy\""),
+            ))
+        }
+    };
+    let ttl_seconds = s.ttl_seconds.unwrap_or(12 * 3600);
+    if ttl_seconds == 0 {
+        return Err(ConfigError::new(
+            "session.ttl_seconds",
+            "must be greater than 0",
+        ));
+    }
+    Ok(SessionConfig {
+        store,
+        format,
+        key_prefix: s.key_prefix.unwrap_or_else(|| "tessera:session:".into()),
+        ttl_seconds,
+        timeout: ms("session.timeout_ms", s.timeout_ms, 1_000)?,
+        cache: crate::session::CacheConfig {
+            max_entries: s.cache_max_entries.unwrap_or(100_000),
+            max_bytes: match s.cache_max_bytes.unwrap_or(64 << 20) {
+                n if n < 64 << 10 => {
+                    return Err(ConfigError::new(
+                        "session.cache_max_bytes",
+                        "must be at least 65536 (bytes, default 67108864 = 64 MiB); set session.cache_max_entries = 0 to disable the cache",
+                    ))
+                }
+                n => n,
+            },
+            ttl: Duration::from_secs(match s.cache_ttl_seconds.unwrap_or(300) {
+                0 => {
+                    return Err(ConfigError::new(
+                        "session.cache_ttl_seconds",
+                        "must be greater than 0; set session.cache_max_entries = 0 to disable the cache",
+                    ))
+                }
+                n => n,
+            }),
+            negative_ttl: Duration::from_millis(s.negative_cache_ms.unwrap_or(1_000)),
+        },
+    })
+}
+
+pub(super) fn validate_credentials(
+    c: RawCredentials,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<CredentialsConfig, ConfigError> {
+    let raw_keys = c.keys.unwrap_or_default();
+    if raw_keys.is_empty() {
+        return Err(ConfigError::new(
+            "credentials.keys",
+            "is required: keys = { k1 = \"env:TESSERA_CRED_KEY\" } with base64 of 32 bytes; `tessera keygen` makes one",
+        ));
+    }
+    let mut keys = BTreeMap::new();
+    for (id, value) in raw_keys {
+        let key = format!("credentials.keys.{id}");
+        if id.is_empty() || id.contains('.') || !id.is_ascii() {
+            return Err(ConfigError::new(
+                &key,
+                "key ids must be non-empty ASCII without '.'",
+            ));
+        }
+        let secret = resolve_secret(&key, &value, env)?;
+        let bytes = Zeroizing::new(
+            base64::engine::general_purpose::STANDARD
+                .decode(secret.trim())
+                .map_err(|_| {
+                    ConfigError::new(&key, "is not base64; `tessera keygen` makes a valid key")
+                })?,
+        );
+        let arr: [u8; 32] = bytes.as_slice().try_into().map_err(|_| {
+            ConfigError::new(
+                &key,
+                format!("decodes to {} bytes; AES-256 needs exactly 32", bytes.len()),
+            )
+        })?;
+        keys.insert(id, Zeroizing::new(arr));
+    }
+    let active = match c.active {
+        Some(a) => a,
+        None if keys.len() == 1 => keys.keys().next().cloned().unwrap_or_default(),
+        None => {
+            return Err(ConfigError::new(
+                "credentials.active",
+                "is required when several keys are listed",
+            ))
+        }
+    };
+    if !keys.contains_key(&active) {
+        return Err(ConfigError::new(
+            "credentials.active",
+            format!("`{active}` is not one of the ids in credentials.keys"),
+        ));
+    }
+    Ok(CredentialsConfig {
+        keys,
+        active,
+        allow_plaintext_legacy: c.allow_plaintext_legacy.unwrap_or(false),
+    })
+}

@@ -1,0 +1,160 @@
+//! `[upstream]` -> [`UpstreamConfig`].
+
+use std::time::Duration;
+
+use crate::upstream::UpstreamConfig;
+
+use super::raw::RawUpstream;
+use super::{ms, ConfigError};
+
+/// Longest `upstream.drain_wait_ms`: a drain holds a connection slot, so seconds at most.
+const MAX_DRAIN_WAIT_MS: u64 = 10_000;
+
+/// Largest `upstream.drain_max_bytes`: 16 MiB.
+const MAX_DRAIN_BYTES: u64 = 16 * 1024 * 1024;
+
+pub(super) fn validate_upstream(u: RawUpstream) -> Result<UpstreamConfig, ConfigError> {
+    let key = "upstream.url";
+    let text = u.url.ok_or_else(|| {
+        ConfigError::new(key, "is required, e.g. url = \"http://127.0.0.1:8008\"")
+    })?;
+    let url: http::Uri = text
+        .parse()
+        .map_err(|e| ConfigError::new(key, format!("`{text}` is not a URL: {e}")))?;
+    match url.scheme_str() {
+        Some("http") => {}
+        Some(other) => {
+            return Err(ConfigError::new(
+                key,
+                format!("scheme `{other}` is not supported yet; use http://"),
+            ))
+        }
+        None => {
+            return Err(ConfigError::new(
+                key,
+                "needs a scheme, e.g. http://host:port",
+            ))
+        }
+    }
+    if url.host().is_none() {
+        return Err(ConfigError::new(
+            key,
+            "needs a host, e.g. http://127.0.0.1:8008",
+        ));
+    }
+    if url.query().is_some() {
+        return Err(ConfigError::new(key, "must not have a query string"));
+    }
+    let max_connections = u.max_connections.unwrap_or(64);
+    if max_connections == 0 || max_connections > 100_000 {
+        return Err(ConfigError::new(
+            "upstream.max_connections",
+            "must be between 1 and 100000",
+        ));
+    }
+    let max_connections_per_user = match u.max_connections_per_user {
+        None => crate::upstream::default_per_user(max_connections),
+        Some(n) if (1..=max_connections).contains(&n) => n,
+        Some(n) => {
+            return Err(ConfigError::new(
+                "upstream.max_connections_per_user",
+                format!(
+                    "must be between 1 and upstream.max_connections ({max_connections}), not {n} \
+                     (leave it out for {})",
+                    crate::upstream::default_per_user(max_connections)
+                ),
+            ))
+        }
+    };
+    let mut strip = Vec::new();
+    for name in u
+        .strip_response_headers
+        .unwrap_or_else(|| vec!["alt-svc".into()])
+    {
+        let header = http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+            ConfigError::new(
+                "upstream.strip_response_headers",
+                format!("`{name}` is not a header name"),
+            )
+        })?;
+        strip.push(header);
+    }
+    let affinity = match (u.affinity.as_deref().unwrap_or("none"), u.affinity_wait_ms) {
+        ("none", None) => crate::upstream::Affinity::None,
+        ("none", Some(_)) => {
+            return Err(ConfigError::new(
+                "upstream.affinity_wait_ms",
+                "applies only with affinity = \"session\"; remove it or set affinity = \"session\"",
+            ))
+        }
+        ("session", wait) => match wait {
+            Some(ms) if ms > 1000 => {
+                return Err(ConfigError::new(
+                    "upstream.affinity_wait_ms",
+                    format!("must be between 0 (never wait) and 1000 milliseconds, not {ms} (leave it out for 5)"),
+                ))
+            }
+            wait => crate::upstream::Affinity::Session {
+                wait: wait.map_or(crate::upstream::AFFINITY_WAIT, Duration::from_millis),
+                stale: crate::upstream::AFFINITY_STALE,
+            },
+        },
+        (other, _) => {
+            return Err(ConfigError::new(
+                "upstream.affinity",
+                format!("`{other}` is not an affinity; use \"none\" or \"session\""),
+            ))
+        }
+    };
+    let drain = crate::upstream::Drain {
+        wait: match u.drain_wait_ms {
+            None => crate::upstream::DRAIN_WAIT,
+            Some(ms) if ms <= MAX_DRAIN_WAIT_MS => Duration::from_millis(ms),
+            Some(ms) => {
+                return Err(ConfigError::new(
+                    "upstream.drain_wait_ms",
+                    format!(
+                        "must be between 0 (close at once) and {MAX_DRAIN_WAIT_MS} milliseconds, not {ms} (leave it out for {})",
+                        crate::upstream::DRAIN_WAIT.as_millis()
+                    ),
+                ))
+            }
+        },
+        max_bytes: match u.drain_max_bytes {
+            None => crate::upstream::DRAIN_BYTES,
+            Some(n) if n <= MAX_DRAIN_BYTES => n,
+            Some(n) => {
+                return Err(ConfigError::new(
+                    "upstream.drain_max_bytes",
+                    format!(
+                        "must be between 0 and {MAX_DRAIN_BYTES} bytes (16 MiB), not {n} (leave it out for {})",
+                        crate::upstream::DRAIN_BYTES
+                    ),
+                ))
+            }
+        },
+    };
+    if drain.wait.is_zero() && u.drain_max_bytes.is_some() {
+        return Err(ConfigError::new(
+            "upstream.drain_max_bytes",
+            "has no effect with drain_wait_ms = 0 (drains off); remove it or set drain_wait_ms \
+             above 0",
+        ));
+    }
+    Ok(UpstreamConfig {
+        url,
+        max_connections,
+        max_connections_per_user,
+        affinity,
+        drain,
+        connect_timeout: ms("upstream.connect_timeout_ms", u.connect_timeout_ms, 5_000)?,
+        response_header_timeout: ms(
+            "upstream.response_header_timeout_ms",
+            u.response_header_timeout_ms,
+            60_000,
+        )?,
+        idle_timeout: ms("upstream.idle_timeout_ms", u.idle_timeout_ms, 30_000)?,
+        preserve_host: u.preserve_host.unwrap_or(true),
+        strip_response_headers: strip,
+    })
+}

@@ -1,0 +1,59 @@
+//! `[server]`: the downstream listener's settings and request limits, as validated by `config`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// `[server]`.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Address `tessera serve` binds (plain HTTP/1.1 and h2c). Default `127.0.0.1:8080`.
+    pub listen: SocketAddr,
+    /// Cap on the sum of request header names + values, bytes; above -> 431. Default 16384.
+    pub max_header_bytes: usize,
+    /// Cap on the request-target length, bytes; above -> 414. Default 8192.
+    pub max_uri_bytes: usize,
+    /// Cap on the request body, bytes; above -> 413. `0` = unlimited. Default 0.
+    pub max_body_bytes: u64,
+    /// HTTP/1.1: time a client has to send a request head, from its first byte (then 408 and
+    /// close; on the fast path also for a buffered body); an idle keep-alive connection is closed
+    /// after the same time. h2c: a connection with no request open for this time is sent
+    /// GOAWAY, and dropped when idle for the same time again. Default 30 s.
+    pub header_read_timeout: Duration,
+    /// Longest a response waits for the client to take its next bytes (nginx's `send_timeout`,
+    /// counted between two successive writes, not for the whole response). A write that the
+    /// client's full socket buffer does not take for this long ends the connection with a reset
+    /// (also a WebSocket tunnel's), and the response's upstream connection is closed (it was
+    /// mid-body). HTTP/2: a stream whose client grants no flow-control window is cut once hyper
+    /// has held its next bytes this long (checked every quarter of it): its body is dropped, the
+    /// other streams go on. So a client that stops reading holds an upstream connection for
+    /// about this long at most. Default 60 s.
+    pub send_timeout: Duration,
+    /// Most streams one h2c connection may have open at once, announced in the server's
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS` (RFC 9113 section 6.5.2; nginx's
+    /// `http2_max_concurrent_streams`); a client that opens more has them refused with
+    /// `REFUSED_STREAM`. 1..=1000. Default 200 (hyper's). Each open stream may hold an upstream
+    /// connection, so one h2c connection asks for at most this many at once.
+    pub http2_max_concurrent_streams: u32,
+    /// Serving threads, each a single-threaded runtime that accepts from the shared listener and
+    /// runs its connections start to finish (thread per core). Default: the number of CPUs.
+    pub threads: usize,
+    /// How long a serving thread checks its sockets for readiness before it sleeps (busy
+    /// polling, `server.busy_poll_us`, 0..=1000 µs): lower latency at low load for a busy core
+    /// between requests. Default 0 (off).
+    pub busy_poll: Duration,
+    /// Peers (addresses or CIDR blocks) whose `X-Forwarded-For` and `X-Forwarded-Proto` are
+    /// believed: a load balancer or TLS terminator in front of tessera. For a request from one
+    /// of them, the client is the rightmost `X-Forwarded-For` entry that is not itself trusted
+    /// (nginx's `set_real_ip_from` + `real_ip_recursive on`). Default empty: every peer is the
+    /// client, and client-sent forwarding headers are dropped.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Forward a path holding an encoded slash (`%2F`, `%5C`, their overlong and full-width
+    /// forms) or a backslash outside a dot segment, instead of refusing it with 400 (false,
+    /// the default, as Tomcat and Apache's `AllowEncodedSlashes Off`). Dot segments in any
+    /// encoding are refused either way (`screen::path`).
+    pub allow_encoded_slashes: bool,
+    /// Longest wait between two reads of a request body (nginx's `client_body_timeout`): a
+    /// body that stalls this long ends its request with 408 and closes its upstream connection.
+    /// Default 60 s.
+    pub client_body_timeout: Duration,
+}

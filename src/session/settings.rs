@@ -1,0 +1,43 @@
+//! `[session]`: which session store and record format, as validated by `config`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Where sessions live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreSpec {
+    /// `embedded:PATH` — SQLite file in WAL mode (shared safely by `serve` and the CLI).
+    Embedded(PathBuf),
+    /// `redis://...` or `rediss://...` URL.
+    Redis(String),
+}
+
+/// How session records are laid out in the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionFormat {
+    /// Key `{key_prefix}{sid}`, value `{"sub":..,"credentials":"<sealed>","expires_at":..}`.
+    Tessera,
+    /// Key `{sid}`, value `{"credentials":"<base64 user:pass or sealed>"}` (hyper-auth-proxy).
+    HyperAuthProxy,
+}
+
+/// `[session]`.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// Default `embedded:./tessera-sessions`.
+    pub store: StoreSpec,
+    /// Default `tessera`.
+    pub format: SessionFormat,
+    /// Key prefix for the `tessera` format. Default `tessera:session:`.
+    pub key_prefix: String,
+    /// Lifetime of sessions created by tessera, seconds. Default 43200 (12 h).
+    pub ttl_seconds: u64,
+    /// Deadline for one store operation; past it the request gets 503. Default 1000 ms.
+    pub timeout: Duration,
+    /// Local session cache: entries (0 = no cache; default 100000), bytes (`cache_max_bytes`,
+    /// default 64 MiB, at least 64 KiB; a session counts as the larger of its size, about
+    /// 0.35 KiB, and `cache_max_bytes / cache_max_entries`), longest life of an entry
+    /// (`cache_ttl_seconds`, default 300 s — a bound even if an invalidation were missed) and life
+    /// of a remembered unknown sid (`negative_cache_ms`, default 1000 ms).
+    pub cache: crate::session::CacheConfig,
+}

@@ -1,0 +1,21 @@
+//! `[log]` and `[metrics]`, as validated by `config`.
+
+use std::net::SocketAddr;
+
+/// `[log]`.
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    /// `tracing` filter directive. Default `info`.
+    pub level: String,
+    /// Emit one access line per request on target `tessera::access` (written only when `level`
+    /// lets that target through at INFO; see `src/access_log.rs`). Default true.
+    pub access_log: bool,
+}
+
+/// `[metrics]`.
+#[derive(Debug, Clone)]
+pub struct MetricsConfig {
+    /// Address of the listener serving `GET /metrics` (OpenMetrics text), apart from
+    /// `server.listen` so it can stay private. Required in `[metrics]`.
+    pub listen: SocketAddr,
+}

@@ -1,0 +1,43 @@
+//! `[upstream]`: where requests go and how the pool behaves, as validated by `config`.
+
+use std::time::Duration;
+
+/// `[upstream]`.
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    /// Base URL, `http://host:port` (an optional path prefix is prepended to every request path).
+    pub url: http::Uri,
+    /// Hard cap on open upstream connections (idle + busy); requests beyond it queue FIFO.
+    /// Keep it at or below the upstream's own limit (Cyrus `maxchild`). Default 64.
+    pub max_connections: usize,
+    /// Most upstream connections one user (one upstream credential) or one HTTP/2 connection
+    /// holds at once; its further requests wait for one of its own (see `upstream::share`).
+    /// 1..=max_connections (equal: no bound). Default three quarters of `max_connections`,
+    /// rounded up.
+    pub max_connections_per_user: usize,
+    /// TCP connect + HTTP handshake timeout. Default 5 s.
+    pub connect_timeout: Duration,
+    /// Longest wait for the upstream's response head with no request-body progress (pool queue
+    /// included); past it -> 504. Default 60 s.
+    pub response_header_timeout: Duration,
+    /// Idle pooled connections older than this are closed; keep it below the upstream's
+    /// keep-alive timeout (nginx: 75 s). A response's `Keep-Alive: timeout=N` shortens it for
+    /// that connection (see `upstream::conn::H1::idle_limit`). Default 30 s.
+    pub idle_timeout: Duration,
+    /// Forward the client's `Host` (true, default) or the upstream URL's authority (false).
+    pub preserve_host: bool,
+    /// Response headers removed besides hop-by-hop ones. Default `["alt-svc"]`.
+    pub strip_response_headers: Vec<http::HeaderName>,
+    /// `"none"` (default: any idle connection serves any request) or `"session"`: a connection
+    /// only carries requests with the same upstream credential, so it never carries two users'
+    /// requests. At the cap, a request whose user holds its share waits up to
+    /// `affinity_wait_ms` (0..=1000, default 5) for one of its own connections (see
+    /// `upstream::pool` and BENCHMARKS.md, "Affinity without churn").
+    pub affinity: crate::upstream::Affinity,
+    /// Exchanges whose client went away, finished in the background so that their connection is
+    /// kept: `drain_wait_ms` (0..=10000, default 250; 0 turns it off) bounds how young an
+    /// exchange must be and how long its rest is read, `drain_max_bytes` (0..=16777216, default
+    /// 65536; an error with `drain_wait_ms = 0`) how much of a body rest is read (see
+    /// `upstream::pool`).
+    pub drain: crate::upstream::Drain,
+}

@@ -1,0 +1,516 @@
+//! The configuration file as an operator writes it: defaults, bounds, and errors that name the
+//! key and the fix (`tessera::Config::from_toml_with`, the parser `tessera serve` uses).
+
+use std::time::Duration;
+
+use tessera::config::resolve_secret;
+use tessera::session::{SessionFormat, StoreSpec};
+use tessera::token::keys::JwksSource;
+use tessera::upstream::UpstreamConfig;
+use tessera::Config;
+
+const KEY: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+
+fn env(name: &str) -> Option<String> {
+    match name {
+        "SECRET" => Some("s".repeat(64)),
+        "KEY" => Some(KEY.into()),
+        _ => None,
+    }
+}
+
+fn minimal() -> String {
+    "[upstream]\nurl = \"http://127.0.0.1:9\"\n[token]\nsecret = \"env:SECRET\"\n[credentials]\nkeys = { k1 = \"env:KEY\" }\n".into()
+}
+
+#[test]
+fn minimal_config_gets_documented_defaults() {
+    let c = Config::from_toml_with(&minimal(), env).unwrap();
+    assert_eq!(c.server.listen.to_string(), "127.0.0.1:8080");
+    assert_eq!(c.upstream.max_connections, 64);
+    assert_eq!(c.token.sid_claim, "sid");
+    assert_eq!(c.token.sources.len(), 3);
+    assert_eq!(
+        c.session.store,
+        StoreSpec::Embedded("./tessera-sessions".into())
+    );
+    assert_eq!(c.session.format, SessionFormat::Tessera);
+    assert_eq!(c.credentials.active, "k1");
+    assert!(!c.credentials.allow_plaintext_legacy);
+}
+
+#[test]
+fn server_threads_default_to_the_cpus_and_are_bounded() {
+    let c = Config::from_toml_with(&minimal(), env).unwrap();
+    assert!(c.server.threads >= 1);
+    let text = format!("{}[server]\nthreads = 3\n", minimal());
+    assert_eq!(
+        Config::from_toml_with(&text, env).unwrap().server.threads,
+        3
+    );
+    let text = format!("{}[server]\nthreads = 0\n", minimal());
+    let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
+    assert!(err.contains("server.threads"), "{err}");
+}
+
+#[test]
+fn http2_streams_default_to_200_and_are_bounded() {
+    let streams = |extra: &str| {
+        Config::from_toml_with(&format!("{}[server]\n{extra}", minimal()), env)
+            .map(|c| c.server.http2_max_concurrent_streams)
+            .map_err(|e| e.to_string())
+    };
+    assert_eq!(streams(""), Ok(200));
+    assert_eq!(streams("http2_max_concurrent_streams = 16\n"), Ok(16));
+    for bad in ["0", "1001"] {
+        let err = streams(&format!("http2_max_concurrent_streams = {bad}\n")).unwrap_err();
+        assert!(
+            err.contains("server.http2_max_concurrent_streams") && err.contains("1000"),
+            "{bad}: {err}"
+        );
+    }
+}
+
+#[test]
+fn metrics_are_off_by_default_and_need_their_own_address() {
+    assert!(Config::from_toml_with(&minimal(), env)
+        .unwrap()
+        .metrics
+        .is_none());
+    let with = |body: &str| Config::from_toml_with(&format!("{}[metrics]\n{body}", minimal()), env);
+    assert_eq!(
+        with("listen = \"127.0.0.1:9464\"\n")
+            .unwrap()
+            .metrics
+            .unwrap()
+            .listen
+            .to_string(),
+        "127.0.0.1:9464"
+    );
+    for (body, says) in [
+        ("", "missing"),
+        ("listen = \"9464\"\n", "not IP:PORT"),
+        (
+            "listen = \"127.0.0.1:8080\"\n",
+            "same address as server.listen",
+        ),
+    ] {
+        let err = with(body).unwrap_err().to_string();
+        assert!(
+            err.contains("metrics.listen") && err.contains(says),
+            "{body:?}: {err}"
+        );
+    }
+    let err = with("listen = \"127.0.0.1:9464\"\nport = 1\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("port"), "unknown key: {err}");
+}
+
+#[test]
+fn jwks_urls_and_their_ca_file_are_checked_at_load() {
+    let with = |token: &str| {
+        Config::from_toml_with(
+            &format!("[upstream]\nurl = \"http://127.0.0.1:9\"\n[token]\n{token}\n[credentials]\nkeys = {{ k1 = \"env:KEY\" }}\n"),
+            env,
+        )
+    };
+    let not_pem = std::env::temp_dir().join(format!("tessera-not-pem-{}", std::process::id()));
+    std::fs::write(&not_pem, "not a certificate\n").unwrap();
+    let not_pem = not_pem.display().to_string();
+    for (token, key, says) in [
+        ("jwks = \"ftp://idp/jwks.json\"", "token.jwks", "is none of"),
+        ("jwks = \"https:///jwks.json\"", "token.jwks", "jwks.json"),
+        (
+            "jwks = \"https://u:p@idp/jwks.json\"",
+            "token.jwks",
+            "user:password",
+        ),
+        (
+            "secret = \"env:SECRET\"\njwks_ca = \"file:/etc/hosts\"",
+            "token.jwks_ca",
+            "only used with an \"https://\"",
+        ),
+        (
+            "jwks = \"http://127.0.0.1:9/j\"\njwks_ca = \"file:/etc/hosts\"",
+            "token.jwks_ca",
+            "only used with an \"https://\"",
+        ),
+        (
+            "jwks = \"https://idp/j\"\njwks_ca = \"/etc/ca.pem\"",
+            "token.jwks_ca",
+            "is not \"file:PATH\"",
+        ),
+        (
+            "jwks = \"https://idp/j\"\njwks_ca = \"file:/nonexistent/ca.pem\"",
+            "token.jwks_ca",
+            "cannot read CA certificates",
+        ),
+        (
+            &format!("jwks = \"https://idp/j\"\njwks_ca = \"file:{not_pem}\""),
+            "token.jwks_ca",
+            "holds no usable CA certificate",
+        ),
+    ] {
+        let err = with(token).unwrap_err().to_string();
+        assert!(err.contains(key) && err.contains(says), "{token}: {err}");
+    }
+    let c = with("jwks = \"http://127.0.0.1:9/jwks.json\"").unwrap();
+    assert!(matches!(
+        c.token.jwks.unwrap().source,
+        JwksSource::Url(_, None)
+    ));
+    std::fs::remove_file(&not_pem).unwrap();
+}
+
+#[test]
+fn websocket_defaults_limits_and_origins() {
+    let c = Config::from_toml_with(&minimal(), env).unwrap();
+    assert_eq!(
+        c.websocket.max_connections, 32,
+        "half of upstream.max_connections"
+    );
+    assert_eq!(c.websocket.idle_timeout, Some(Duration::from_secs(600)));
+    assert!(c.websocket.allowed_origins.is_empty());
+    let with =
+        |lines: &str| Config::from_toml_with(&format!("{}[websocket]\n{lines}\n", minimal()), env);
+    let c = with("max_connections = 0\nidle_timeout_ms = 0\nallowed_origins = [\"https://Mail.Example.com:443/\", \"http://127.0.0.1:8080\"]").unwrap();
+    assert_eq!(c.websocket.max_connections, 0);
+    assert_eq!(c.websocket.idle_timeout, None);
+    assert_eq!(
+        c.websocket.allowed_origins,
+        ["https://mail.example.com", "http://127.0.0.1:8080"]
+    );
+    let err = with("max_connections = 64").unwrap_err().to_string();
+    assert!(
+        err.contains("websocket.max_connections") && err.contains("below 64"),
+        "{err}"
+    );
+    for bad in [
+        "mail.example.com",
+        "https://mail.example.com/inbox",
+        "ftp://a",
+        "https://u@a",
+    ] {
+        let err = with(&format!("allowed_origins = [\"https://ok\", \"{bad}\"]"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("websocket.allowed_origins[1]") && err.contains("scheme://host[:port]"),
+            "{bad}: {err}"
+        );
+    }
+    let err = with("max_conections = 1").unwrap_err().to_string();
+    assert!(err.contains("max_conections"), "unknown key: {err}");
+}
+
+#[test]
+fn trusted_proxies_are_addresses_or_cidr_blocks_and_none_by_default() {
+    let c = Config::from_toml_with(&minimal(), env).unwrap();
+    assert!(c.server.trusted_proxies.is_empty());
+    let text = format!(
+        "{}[server]\ntrusted_proxies = [\"10.0.0.0/8\", \"::1\", \"192.0.2.7\"]\n",
+        minimal()
+    );
+    let nets = Config::from_toml_with(&text, env)
+        .unwrap()
+        .server
+        .trusted_proxies;
+    let shown: Vec<String> = nets.iter().map(ToString::to_string).collect();
+    assert_eq!(shown, ["10.0.0.0/8", "::1/128", "192.0.2.7/32"]);
+    for (bad, says) in [
+        ("10.0.0.0/33", "e.g. \"10.0.0.0/8\""),
+        ("lb.internal", "e.g. \"10.0.0.0/8\""),
+        ("", "e.g. \"10.0.0.0/8\""),
+        ("::ffff:10.0.0.0/104", "write it as IPv4"),
+    ] {
+        let text = format!(
+            "{}[server]\ntrusted_proxies = [\"127.0.0.1\", \"{bad}\"]\n",
+            minimal()
+        );
+        let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
+        assert!(err.contains("server.trusted_proxies[1]"), "{bad}: {err}");
+        assert!(err.contains(says), "{bad}: {err}");
+    }
+}
+
+#[test]
+fn busy_polling_is_off_by_default_and_bounded() {
+    let c = Config::from_toml_with(&minimal(), env).unwrap();
+    assert_eq!(c.server.busy_poll, Duration::ZERO);
+    let text = format!("{}[server]\nbusy_poll_us = 50\n", minimal());
+    assert_eq!(
+        Config::from_toml_with(&text, env).unwrap().server.busy_poll,
+        Duration::from_micros(50)
+    );
+    let text = format!("{}[server]\nbusy_poll_us = 1000\n", minimal());
+    assert!(Config::from_toml_with(&text, env).is_ok());
+    let text = format!("{}[server]\nbusy_poll_us = 1001\n", minimal());
+    let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
+    assert!(err.contains("server.busy_poll_us"), "{err}");
+}
+
+#[test]
+fn send_timeout_defaults_to_a_minute_and_is_never_zero() {
+    let c = Config::from_toml_with(&minimal(), env).unwrap();
+    assert_eq!(c.server.send_timeout, Duration::from_secs(60));
+    let text = format!("{}[server]\nsend_timeout_ms = 1500\n", minimal());
+    assert_eq!(
+        Config::from_toml_with(&text, env)
+            .unwrap()
+            .server
+            .send_timeout,
+        Duration::from_millis(1500)
+    );
+    let text = format!("{}[server]\nsend_timeout_ms = 0\n", minimal());
+    let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
+    assert!(
+        err.contains("server.send_timeout_ms") && err.contains("greater than 0"),
+        "{err}"
+    );
+}
+
+/// The `[upstream]` table of [`minimal`] with `lines` added, or the error's text.
+fn upstream_with(lines: &str) -> Result<UpstreamConfig, String> {
+    let text = minimal().replace("[token]", &format!("{lines}\n[token]"));
+    Config::from_toml_with(&text, env)
+        .map(|c| c.upstream)
+        .map_err(|e| e.to_string())
+}
+
+/// Each `(lines, key, says)`: `[upstream]` with `lines` is refused, naming `key` and saying
+/// `says`.
+fn rejected(cases: &[(&str, &str, &str)]) {
+    for (lines, key, says) in cases {
+        let err = upstream_with(lines)
+            .err()
+            .unwrap_or_else(|| panic!("{lines}: accepted"));
+        assert!(err.contains(key) && err.contains(says), "{lines}: {err}");
+    }
+}
+
+#[test]
+fn upstream_affinity_is_none_or_session() {
+    let c = Config::from_toml_with(&minimal(), env).unwrap();
+    assert_eq!(c.upstream.affinity, tessera::upstream::Affinity::None);
+    let with = |lines: &str| upstream_with(lines).map(|u| u.affinity);
+    let session = |ms| tessera::upstream::Affinity::Session {
+        wait: Duration::from_millis(ms),
+        stale: tessera::upstream::AFFINITY_STALE,
+    };
+    assert_eq!(with("affinity = \"session\""), Ok(session(5)));
+    assert_eq!(
+        with("affinity = \"session\"\naffinity_wait_ms = 0"),
+        Ok(session(0))
+    );
+    assert_eq!(
+        with("affinity = \"session\"\naffinity_wait_ms = 1000"),
+        Ok(session(1000))
+    );
+    rejected(&[
+        ("affinity = \"user\"", "upstream.affinity", "\"session\""),
+        (
+            "affinity = \"session\"\naffinity_wait_ms = 1001",
+            "upstream.affinity_wait_ms",
+            "1000",
+        ),
+        (
+            "affinity_wait_ms = 5",
+            "upstream.affinity_wait_ms",
+            "affinity = \"session\"",
+        ),
+    ]);
+}
+
+#[test]
+fn upstream_drain_settings_default_bound_and_turn_off() {
+    use tessera::upstream::Drain;
+    let with = |lines: &str| upstream_with(lines).map(|u| u.drain);
+    let drain = |ms, max_bytes| Drain {
+        wait: Duration::from_millis(ms),
+        max_bytes,
+    };
+    assert_eq!(with(""), Ok(drain(250, 65_536)));
+    assert_eq!(with("drain_wait_ms = 0"), Ok(drain(0, 65_536)));
+    assert_eq!(
+        with("drain_wait_ms = 10000\ndrain_max_bytes = 16777216"),
+        Ok(drain(10_000, 16_777_216))
+    );
+    assert_eq!(with("drain_max_bytes = 0"), Ok(drain(250, 0)));
+    rejected(&[
+        ("drain_wait_ms = 10001", "upstream.drain_wait_ms", "10000"),
+        (
+            "drain_max_bytes = 16777217",
+            "upstream.drain_max_bytes",
+            "16 MiB",
+        ),
+        (
+            "drain_wait_ms = 0\ndrain_max_bytes = 100",
+            "upstream.drain_max_bytes",
+            "remove it or set drain_wait_ms above 0",
+        ),
+    ]);
+}
+
+#[test]
+fn session_cache_is_bounded_by_entries_and_bytes() {
+    let c = Config::from_toml_with(&minimal(), env).unwrap();
+    assert_eq!(c.session.cache.max_entries, 100_000);
+    assert_eq!(c.session.cache.max_bytes, 64 << 20);
+    assert!(c.token.cache_hmac, "HS* tokens are cached by default");
+    let text = format!("{}[session]\ncache_max_bytes = 1048576\n", minimal());
+    let c = Config::from_toml_with(&text, env).unwrap();
+    assert_eq!(c.session.cache.max_bytes, 1 << 20);
+    let text = format!("{}[session]\ncache_max_bytes = 65535\n", minimal());
+    let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
+    assert!(err.contains("session.cache_max_bytes"), "{err}");
+}
+
+#[test]
+fn unknown_key_is_named() {
+    let text = format!("{}\n[server]\nlisen = \"x\"\n", minimal());
+    let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
+    assert!(
+        err.starts_with("config key `server.lisen`: is unknown here; check its spelling"),
+        "{err}"
+    );
+    // toml's own message follows, with the line and the keys this table has.
+    assert!(err.contains("line 9") && err.contains("`listen`"), "{err}");
+}
+
+/// A value of the wrong type is led by its dotted key and the fix, then toml's line.
+#[test]
+fn wrong_typed_values_name_the_key_and_the_fix() {
+    let cases = [
+        (
+            "[upstream]\nidle_timeout_ms = -1\n",
+            "config key `upstream.idle_timeout_ms`: must be a whole number of milliseconds, \
+             without quotes\n",
+        ),
+        (
+            "[upstream]\ndrain_wait_ms = \"250ms\"\n",
+            "config key `upstream.drain_wait_ms`: must be a whole number of milliseconds",
+        ),
+        (
+            "[login]\nmax_failures_per_ip = 5000000000\n",
+            "config key `login.max_failures_per_ip`: must be a whole number, without \
+             quotes\n",
+        ),
+        (
+            "[upstream]\npreserve_host = \"yes\"\n",
+            "config key `upstream.preserve_host`: must be true or false, without quotes",
+        ),
+        (
+            "[server]\nlisten = 8080\n",
+            "config key `server.listen`: must be a quoted string",
+        ),
+        (
+            "[token]\nalgorithms = \"HS256\"\n",
+            "config key `token.algorithms`: must be an array",
+        ),
+        (
+            "[[token.keys]]\nkid = \"a\"\nalg = 5\n",
+            "config key `token.keys[0].alg`: must be a quoted string",
+        ),
+        (
+            "log = 5\n",
+            "config key `log`: must be a table: a `[log]` line with its keys below it",
+        ),
+        (
+            "[token]\nkeys = [5]\n",
+            "config key `token.keys[0]`: must be a table: a `[[token.keys]]` block with its \
+             keys below it",
+        ),
+        (
+            "[token.keys]\nkid = \"a\"\n",
+            "config key `token.keys`: must be an array of tables: one `[[token.keys]]` \
+             block per entry, with its keys below it",
+        ),
+        (
+            "[token]\nkeys = \"a\"\n",
+            "config key `token.keys`: must be an array of tables: one `[[token.keys]]`",
+        ),
+        (
+            "[server.trusted_proxies]\na = 1\n",
+            "config key `server.trusted_proxies`: must be an array, not a table, e.g. \
+             [\"a\", \"b\"]",
+        ),
+        (
+            "[credentials]\nkeys = 5\n",
+            "config key `credentials.keys`: must be a table: a `[credentials.keys]` line \
+             with `name = \"value\"` lines below it, or `{ name = \"value\" }`",
+        ),
+        (
+            "[server]\nbusy_poll_us = true\n",
+            "config key `server.busy_poll_us`: must be a whole number of microseconds",
+        ),
+    ];
+    for (text, want) in cases {
+        // Types are checked before any value is validated, so the rest may be missing.
+        let err = Config::from_toml_with(text, env).unwrap_err().to_string();
+        assert!(err.starts_with(want), "{text}\n{err}");
+        assert!(err.contains("TOML parse error at line "), "{err}");
+    }
+    // A syntax error has no key to name: toml's message alone.
+    let err = Config::from_toml_with("[upstream\n", env)
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("TOML parse error at line 1"), "{err}");
+}
+
+#[test]
+fn missing_env_secret_names_key_and_variable() {
+    let text = minimal().replace("env:SECRET", "env:NOPE");
+    let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
+    assert!(
+        err.contains("token.secret") && err.contains("NOPE"),
+        "{err}"
+    );
+}
+
+#[test]
+fn short_hmac_secret_rejected() {
+    let text = minimal().replace("env:SECRET", "tooshort");
+    let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
+    assert!(err.contains("token.secret") && err.contains("64"), "{err}");
+}
+
+#[test]
+fn bad_sealing_key_length_rejected() {
+    let text = minimal().replace("env:KEY", "AAAA");
+    let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
+    assert!(
+        err.contains("credentials.keys.k1") && err.contains("32"),
+        "{err}"
+    );
+}
+
+#[test]
+fn active_must_name_a_key() {
+    let text = format!("{}active = \"k2\"\n", minimal());
+    let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
+    assert!(err.contains("credentials.active"), "{err}");
+}
+
+#[test]
+fn bad_store_and_scheme_rejected() {
+    let text = format!("{}[session]\nstore = \"memcached://x\"\n", minimal());
+    assert!(Config::from_toml_with(&text, env)
+        .unwrap_err()
+        .to_string()
+        .contains("session.store"));
+    let text = minimal().replace("http://127.0.0.1:9", "ftp://x");
+    assert!(Config::from_toml_with(&text, env)
+        .unwrap_err()
+        .to_string()
+        .contains("upstream.url"));
+}
+
+#[test]
+fn file_secret_trailing_newline_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("s");
+    std::fs::write(&p, format!("{}\n", "x".repeat(64))).unwrap();
+    let v = resolve_secret("k", &format!("file:{}", p.display()), &env).unwrap();
+    assert_eq!(v.len(), 64);
+}
