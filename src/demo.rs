@@ -140,7 +140,8 @@ pub async fn run(
     println!("or open http://{addr}/ in a browser and sign in as {DEMO_USER} / {DEMO_PASSWORD}");
     use std::io::Write;
     let _ = std::io::stdout().flush();
-    let proxy = Arc::new(crate::Proxy::from_config(&cfg).map_err(|e| e.to_string())?);
+    let proxy = crate::Proxy::from_config(&cfg).map_err(|e| e.to_string())?;
+    let proxy = Arc::new(proxy.with_client_side(crate::downstream::client_side));
     crate::downstream::serve(listener, proxy, &cfg.server, shutdown).await;
     Ok(())
 }

@@ -17,6 +17,7 @@
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderValue, Response, StatusCode};
 
+use crate::screen::ScreenError;
 use crate::session::ResolveError;
 use crate::token::extract::ExtractError;
 use crate::token::TokenError;
@@ -68,6 +69,19 @@ pub enum ProxyError {
     /// upstream ([`ForwardError::ClientBody`], 400).
     #[error(transparent)]
     Upstream(#[from] ForwardError),
+}
+
+impl From<ScreenError> for ProxyError {
+    fn from(e: ScreenError) -> Self {
+        match e {
+            ScreenError::BadRequest(why) => Self::BadRequest(why),
+            ScreenError::MethodNotAllowed => Self::MethodNotAllowed,
+            ScreenError::BodyTooLarge => Self::BodyTooLarge,
+            ScreenError::TransferCoding => Self::TransferCoding,
+            ScreenError::UriTooLong => Self::UriTooLong,
+            ScreenError::HeadersTooLarge => Self::HeadersTooLarge,
+        }
+    }
 }
 
 impl From<ExtractError> for ProxyError {

@@ -10,6 +10,7 @@ pub mod config;
 pub mod demo;
 pub mod downstream;
 pub mod error;
+pub mod fields;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod login;
@@ -109,7 +110,7 @@ pub async fn run(
     reloads: tokio::sync::mpsc::Receiver<ConfigReload>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), session::StoreError> {
-    let proxy = Arc::new(Proxy::from_config(&cfg)?);
+    let proxy = Arc::new(Proxy::from_config(&cfg)?.with_client_side(downstream::client_side));
     // Ends with `run`, like the metrics task.
     let _stop_reloads =
         tokio_util::task::AbortOnDropHandle::new(tokio::spawn(reload_keys(proxy.clone(), reloads)));

@@ -101,7 +101,7 @@ pub(crate) struct Prefixed {
 /// The client side of a WebSocket tunnel: the connection's own socket (with the bytes hyper had
 /// read past the handshake first, and no lingering close), or hyper's upgraded stream when the
 /// connection is of another kind (tests driving the proxy directly).
-pub(crate) enum Downstream {
+pub(super) enum Downstream {
     /// The socket, unwrapped.
     Socket(Prefixed),
     /// Anything else, through hyper.
@@ -110,7 +110,7 @@ pub(crate) enum Downstream {
 
 /// The downstream side of an upgraded connection (see [`Downstream`]): hyper's upgraded stream
 /// unwrapped to the socket when it is one of tessera's (served by either hyper builder).
-pub(crate) fn downstream(upgraded: hyper::upgrade::Upgraded) -> Downstream {
+fn downstream(upgraded: hyper::upgrade::Upgraded) -> Downstream {
     type Io = TokioIo<Prefixed>;
     let (io, read_buf) = match hyper_util::server::conn::auto::upgrade::downcast::<Io>(upgraded) {
         Ok(parts) => (parts.io, parts.read_buf),
@@ -129,6 +129,12 @@ pub(crate) fn downstream(upgraded: hyper::upgrade::Upgraded) -> Downstream {
     }
     io.lingers = false;
     Downstream::Socket(io)
+}
+
+/// A tunnel's client side for the proxy ([`crate::upstream::ClientSideFn`]): the connection's
+/// own socket when it is one of tessera's, else hyper's upgraded stream (see [`downstream`]).
+pub fn client_side(upgraded: hyper::upgrade::Upgraded) -> crate::upstream::ClientSide {
+    Box::new(downstream(upgraded))
 }
 
 impl AsyncRead for Downstream {

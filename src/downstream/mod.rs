@@ -22,7 +22,7 @@ use tokio_util::task::TaskTracker;
 use crate::proxy::Proxy;
 
 pub use conn::MAX_FAST_BODY;
-pub(crate) use io::downstream;
+pub use io::client_side;
 pub(crate) use parse::{Incoming, Taken};
 pub use settings::ServerConfig;
 

@@ -11,7 +11,7 @@ use http::header::HeaderName;
 use http::{HeaderValue, Method, Request, Uri, Version};
 use http_body_util::Full;
 
-use crate::screen::{content_length, has_token};
+use crate::fields::{content_length, has_token};
 
 /// Most request header fields the fast path parses (hyper's default limit); more go to hyper.
 const MAX_HEADERS: usize = 100;

@@ -13,12 +13,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use tokio::time::{Instant, Sleep};
 
-use crate::upstream::{BoxError, UpBody};
-
-/// The error a body yields when its client sent nothing for `client_body_timeout`.
-#[derive(Debug, thiserror::Error)]
-#[error("request body stalled: no data for {0:?}")]
-pub struct BodyStalled(pub Duration);
+use crate::upstream::{BodyStalled, BoxError, UpBody};
 
 /// `body` bounded to `max_bytes` (0: no bound) and to pauses of at most `stall` between reads.
 pub fn limit<B>(body: B, max_bytes: u64, stall: Duration) -> UpBody

@@ -12,11 +12,34 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Version};
 use std::net::IpAddr;
 
-use crate::error::ProxyError;
+use crate::fields::has_token;
 use crate::upstream::RawHead;
 
 pub mod body;
 pub mod path;
+
+/// Why the screen refused a request; `error.rs` maps each to its status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ScreenError {
+    /// Malformed (the reason is static text, safe to log and answer). 400.
+    #[error("bad request: {0}")]
+    BadRequest(&'static str),
+    /// TRACE or CONNECT (TRACE would reflect the injected credential, RFC 9110 9.3.8). 405.
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    /// `Content-Length` over `server.max_body_bytes`. 413.
+    #[error("request body too large")]
+    BodyTooLarge,
+    /// A `Transfer-Encoding` other than `chunked` alone (RFC 9112 section 6.1). 501.
+    #[error("transfer coding not implemented")]
+    TransferCoding,
+    /// Request-target over `server.max_uri_bytes`. 414.
+    #[error("request-target too long")]
+    UriTooLong,
+    /// Header section over `server.max_header_bytes`. 431.
+    #[error("request header fields too large")]
+    HeadersTooLarge,
+}
 
 /// Request limits from `[server]`.
 #[derive(Debug, Clone, Copy)]
@@ -75,10 +98,10 @@ const SPOOFABLE: [&str; 5] = [
 
 /// Checks limits and cleans the request head in place.
 ///
-/// Errors: 414 / 431 / 413 / 400 as [`ProxyError`].
-pub fn screen_request(parts: &mut Parts, limits: &Limits) -> Result<Screened, ProxyError> {
+/// Errors: [`ScreenError`] (400, 405, 413, 414, 431, 501; mapped in `error.rs`).
+pub fn screen_request(parts: &mut Parts, limits: &Limits) -> Result<Screened, ScreenError> {
     if parts.method == http::Method::TRACE || parts.method == http::Method::CONNECT {
-        return Err(ProxyError::MethodNotAllowed);
+        return Err(ScreenError::MethodNotAllowed);
     }
     if let Some(te) = parts.headers.get(header::TRANSFER_ENCODING) {
         // hyper de-chunks the body; any other coding would be dropped unnamed on the way.
@@ -89,21 +112,21 @@ pub fn screen_request(parts: &mut Parts, limits: &Limits) -> Result<Screened, Pr
             .count()
             > 1
         {
-            return Err(ProxyError::BadRequest(
+            return Err(ScreenError::BadRequest(
                 "more than one Transfer-Encoding field",
             ));
         }
         if !te.as_bytes().trim_ascii().eq_ignore_ascii_case(b"chunked") {
-            return Err(ProxyError::TransferCoding);
+            return Err(ScreenError::TransferCoding);
         }
     }
     // RFC 9112 section 3.2.3: the authority form (`host:port`) is only for CONNECT.
     if parts.uri.scheme().is_none() && parts.uri.authority().is_some() {
-        return Err(ProxyError::BadRequest("authority-form request target"));
+        return Err(ScreenError::BadRequest("authority-form request target"));
     }
     let target_len = parts.uri.path_and_query().map_or(1, |pq| pq.as_str().len());
     if target_len > limits.max_uri_bytes {
-        return Err(ProxyError::UriTooLong);
+        return Err(ScreenError::UriTooLong);
     }
     let header_bytes: usize = parts
         .headers
@@ -111,7 +134,7 @@ pub fn screen_request(parts: &mut Parts, limits: &Limits) -> Result<Screened, Pr
         .map(|(n, v)| n.as_str().len() + v.len())
         .sum();
     if header_bytes > limits.max_header_bytes {
-        return Err(ProxyError::HeadersTooLarge);
+        return Err(ScreenError::HeadersTooLarge);
     }
     if limits.max_body_bytes > 0 {
         if let Some(len) = parts.headers.get(header::CONTENT_LENGTH) {
@@ -119,14 +142,14 @@ pub fn screen_request(parts: &mut Parts, limits: &Limits) -> Result<Screened, Pr
                 .to_str()
                 .ok()
                 .and_then(|s| s.parse().ok())
-                .ok_or(ProxyError::BadRequest("bad content-length"))?;
+                .ok_or(ScreenError::BadRequest("bad content-length"))?;
             if len > limits.max_body_bytes {
-                return Err(ProxyError::BodyTooLarge);
+                return Err(ScreenError::BodyTooLarge);
             }
         }
     }
     path::check(parts.uri.path(), limits.allow_encoded_slashes)
-        .map_err(|e| ProxyError::BadRequest(e.reason()))?;
+        .map_err(|e| ScreenError::BadRequest(e.reason()))?;
     let host = authority(parts)?;
     let (cookie_is_hop_by_hop, websocket) =
         remove_connection_named(&mut parts.headers, &parts.method, parts.version);
@@ -181,22 +204,22 @@ fn forwarding_field(name: &str) -> bool {
     dashed("x-forwarded-") || (name.len() == 9 && dashed("x-real-ip"))
 }
 
-fn authority(parts: &Parts) -> Result<HeaderValue, ProxyError> {
+fn authority(parts: &Parts) -> Result<HeaderValue, ScreenError> {
     let mut hosts = parts.headers.get_all(header::HOST).iter();
     let host = hosts.next();
     if hosts.next().is_some() {
-        return Err(ProxyError::BadRequest("more than one Host header"));
+        return Err(ScreenError::BadRequest("more than one Host header"));
     }
     // RFC 9112 3.2.2: an absolute-form target (and HTTP/2 `:authority`) wins over `Host`.
     let value = match (parts.uri.authority(), host) {
         (Some(a), _) => HeaderValue::from_str(a.as_str())
-            .map_err(|_| ProxyError::BadRequest("bad authority"))?,
+            .map_err(|_| ScreenError::BadRequest("bad authority"))?,
         (None, Some(h)) => h.clone(),
         (None, None) if parts.version == Version::HTTP_10 => HeaderValue::from_static(""),
-        (None, None) => return Err(ProxyError::BadRequest("missing Host header")),
+        (None, None) => return Err(ScreenError::BadRequest("missing Host header")),
     };
     if value.as_bytes().contains(&b'@') {
-        return Err(ProxyError::BadRequest("userinfo in Host"));
+        return Err(ScreenError::BadRequest("userinfo in Host"));
     }
     if !value.is_empty()
         && value
@@ -205,7 +228,7 @@ fn authority(parts: &Parts) -> Result<HeaderValue, ProxyError> {
             .and_then(|s| s.parse::<http::uri::Authority>().ok())
             .is_none()
     {
-        return Err(ProxyError::BadRequest("invalid Host header"));
+        return Err(ScreenError::BadRequest("invalid Host header"));
     }
     Ok(value)
 }
@@ -247,23 +270,6 @@ fn remove_connection_named(
         }
     }
     (cookie_named, websocket)
-}
-
-/// Whether a comma-separated field value (RFC 9110 section 5.6.1) lists `token`, ASCII
-/// case-insensitively (`Connection: keep-alive, Close` lists `close`).
-pub fn has_token(value: &[u8], token: &[u8]) -> bool {
-    value
-        .split(|&b| b == b',')
-        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
-}
-
-/// A `Content-Length` value, or one item of a comma-separated list of them: 1 to 19 ASCII
-/// digits (RFC 9110 section 8.6; 19 digits stay below `u64::MAX`), else `None`.
-pub fn content_length(v: &[u8]) -> Option<u64> {
-    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    Some(v.iter().fold(0, |n, &d| n * 10 + u64::from(d - b'0')))
 }
 
 /// Cleans an upstream response head, its fields as received ([`RawHead`]): hop-by-hop fields,
@@ -530,35 +536,6 @@ mod tests {
         assert_eq!(raw.iter().map(|(n, _)| n).collect::<Vec<_>>(), [b"x-b"]);
     }
 
-    #[test]
-    fn content_length_digits_only() {
-        assert_eq!(content_length(b"0"), Some(0));
-        assert_eq!(content_length(b"65536"), Some(65536));
-        for bad in [
-            &b""[..],
-            b"+5",
-            b"-1",
-            b"5 ",
-            b"5,5",
-            b"0x10",
-            b"99999999999999999999",
-        ] {
-            assert_eq!(
-                content_length(bad),
-                None,
-                "{:?}",
-                String::from_utf8_lossy(bad)
-            );
-        }
-    }
-
-    #[test]
-    fn field_value_tokens() {
-        assert!(has_token(b"keep-alive, Close", b"close"));
-        assert!(has_token(b" close ", b"close"));
-        assert!(!has_token(b"closed", b"close"));
-    }
-
     fn parts(headers: &[(&str, &str)], uri: &str) -> Parts {
         let mut b = http::Request::builder().uri(uri);
         for (k, v) in headers {
@@ -657,13 +634,13 @@ mod tests {
         assert!(te(&[" Chunked "]).is_ok());
         for bad in [&["gzip, chunked"][..], &["gzip"]] {
             assert!(
-                matches!(te(bad), Err(ProxyError::TransferCoding)),
+                matches!(te(bad), Err(ScreenError::TransferCoding)),
                 "{bad:?}"
             );
         }
         assert!(matches!(
             te(&["chunked", "chunked"]),
-            Err(ProxyError::BadRequest(_))
+            Err(ScreenError::BadRequest(_))
         ));
     }
 
@@ -672,26 +649,26 @@ mod tests {
         let long = format!("/{}", "a".repeat(300));
         assert!(matches!(
             screen_request(&mut parts(&[("host", "a")], &long), &L),
-            Err(ProxyError::UriTooLong)
+            Err(ScreenError::UriTooLong)
         ));
         let big = "v".repeat(1100);
         assert!(matches!(
             screen_request(&mut parts(&[("host", "a"), ("x", &big)], "/"), &L),
-            Err(ProxyError::HeadersTooLarge)
+            Err(ScreenError::HeadersTooLarge)
         ));
         assert!(matches!(
             screen_request(
                 &mut parts(&[("host", "a"), ("content-length", "101")], "/"),
                 &L
             ),
-            Err(ProxyError::BodyTooLarge)
+            Err(ScreenError::BodyTooLarge)
         ));
         assert!(matches!(
             screen_request(
                 &mut parts(&[("host", "a"), ("content-length", "x")], "/"),
                 &L
             ),
-            Err(ProxyError::BadRequest(_))
+            Err(ScreenError::BadRequest(_))
         ));
     }
 
@@ -699,15 +676,15 @@ mod tests {
     fn host_rules() {
         assert!(matches!(
             screen_request(&mut parts(&[], "/"), &L),
-            Err(ProxyError::BadRequest(_))
+            Err(ScreenError::BadRequest(_))
         ));
         assert!(matches!(
             screen_request(&mut parts(&[("host", "a"), ("host", "b")], "/"), &L),
-            Err(ProxyError::BadRequest(_))
+            Err(ScreenError::BadRequest(_))
         ));
         assert!(matches!(
             screen_request(&mut parts(&[("host", "a b")], "/"), &L),
-            Err(ProxyError::BadRequest(_))
+            Err(ScreenError::BadRequest(_))
         ));
     }
 
@@ -717,21 +694,21 @@ mod tests {
         p.method = http::Method::TRACE;
         assert!(matches!(
             screen_request(&mut p, &L),
-            Err(ProxyError::MethodNotAllowed)
+            Err(ScreenError::MethodNotAllowed)
         ));
         let mut p = parts(&[("host", "a")], "/");
         p.method = http::Method::CONNECT;
         assert!(matches!(
             screen_request(&mut p, &L),
-            Err(ProxyError::MethodNotAllowed)
+            Err(ScreenError::MethodNotAllowed)
         ));
         assert!(matches!(
             screen_request(&mut parts(&[("host", "u:pw@a")], "/"), &L),
-            Err(ProxyError::BadRequest(_))
+            Err(ScreenError::BadRequest(_))
         ));
         assert!(matches!(
             screen_request(&mut parts(&[], "http://u:pw@a/x"), &L),
-            Err(ProxyError::BadRequest(_))
+            Err(ScreenError::BadRequest(_))
         ));
         for path in [
             "/../x",
@@ -748,7 +725,7 @@ mod tests {
             assert!(
                 matches!(
                     screen_request(&mut parts(&[("host", "a")], path), &L),
-                    Err(ProxyError::BadRequest(_))
+                    Err(ScreenError::BadRequest(_))
                 ),
                 "{path}"
             );

@@ -23,8 +23,6 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use tokio::net::TcpListener;
 
-use crate::proxy::Proxy;
-
 mod settings;
 use crate::upstream::Closed;
 pub use settings::{LogConfig, MetricsConfig};
@@ -197,58 +195,31 @@ impl RequestCounts {
 
 /// The values of one scrape, read from the proxy's counters.
 #[derive(Debug)]
-struct Scrape {
+pub struct Scrape {
     /// `None` when request counts are not kept (no `[metrics]`).
-    requests: Option<RequestSnapshot>,
-    upstream_opened: u64,
-    upstream_reused: u64,
-    upstream_retried: u64,
-    upstream_moved: u64,
-    upstream_handed_over: u64,
-    upstream_wait_expired: u64,
-    upstream_drained: u64,
-    upstream_drain_failed: u64,
+    pub(crate) requests: Option<RequestSnapshot>,
+    pub(crate) upstream_opened: u64,
+    pub(crate) upstream_reused: u64,
+    pub(crate) upstream_retried: u64,
+    pub(crate) upstream_moved: u64,
+    pub(crate) upstream_handed_over: u64,
+    pub(crate) upstream_wait_expired: u64,
+    pub(crate) upstream_drained: u64,
+    pub(crate) upstream_drain_failed: u64,
     /// Upstream connections closed, by reason (`Closed::ALL`'s order).
-    upstream_closed: [u64; Closed::ALL.len()],
+    pub(crate) upstream_closed: [u64; Closed::ALL.len()],
     /// Upstream connections open at the scrape, `(busy, idle)`.
-    upstream_open: (usize, usize),
-    store_reads: u64,
-    session_cache: Option<(u64, bool)>,
-    token_cache: Option<u64>,
+    pub(crate) upstream_open: (usize, usize),
+    pub(crate) store_reads: u64,
+    pub(crate) session_cache: Option<(u64, bool)>,
+    pub(crate) token_cache: Option<u64>,
     /// Responses that end with their session: `(open now, ended by revocation or expiry)`.
-    streams: Option<(u64, u64)>,
+    pub(crate) streams: Option<(u64, u64)>,
     /// WebSocket tunnels: `(open now, opened since start)`.
-    websockets: Option<(u64, u64)>,
-    busy_poll: crate::busy_poll::PollStats,
+    pub(crate) websockets: Option<(u64, u64)>,
+    pub(crate) busy_poll: crate::busy_poll::PollStats,
     /// Configuration reloads: `(applied, refused, last one applied)`.
-    reloads: (u64, u64, bool),
-}
-
-impl Scrape {
-    fn of(proxy: &Proxy) -> Self {
-        let pool = proxy.upstream().stats();
-        let sessions = proxy.sessions();
-        Self {
-            requests: proxy.request_counts().map(RequestCounts::snapshot),
-            upstream_opened: pool.opened.load(Ordering::Relaxed),
-            upstream_reused: pool.reused.load(Ordering::Relaxed),
-            upstream_retried: pool.retried.load(Ordering::Relaxed),
-            upstream_moved: pool.moved.load(Ordering::Relaxed),
-            upstream_handed_over: pool.handed_over.load(Ordering::Relaxed),
-            upstream_wait_expired: pool.wait_expired.load(Ordering::Relaxed),
-            upstream_drained: pool.drained.load(Ordering::Relaxed),
-            upstream_drain_failed: pool.drain_failed.load(Ordering::Relaxed),
-            upstream_closed: Closed::ALL.map(|reason| pool.closed(reason)),
-            upstream_open: proxy.upstream().connections(),
-            store_reads: sessions.store_reads(),
-            session_cache: sessions.cache_entries().map(|n| (n, sessions.cache_live())),
-            token_cache: proxy.verifier().cache_entries(),
-            streams: sessions.streams(),
-            websockets: proxy.websockets(),
-            busy_poll: crate::busy_poll::stats(),
-            reloads: proxy.reload_counts().snapshot(),
-        }
-    }
+    pub(crate) reloads: (u64, u64, bool),
 }
 
 fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
@@ -401,10 +372,21 @@ impl prometheus_client::collector::Collector for Scrape {
     }
 }
 
-/// The OpenMetrics text of `proxy`'s metrics, every name prefixed `tessera_`.
-pub fn render(proxy: &Proxy) -> String {
+/// What the operator's listener reads from the running proxy (implemented by `proxy::Proxy`):
+/// telemetry reads this, never the proxy itself.
+pub trait Observed: Send + Sync + 'static {
+    /// The counters at this instant.
+    fn scrape(&self) -> Scrape;
+    /// One read of the session store, for `/readyz`; the error says why it failed.
+    fn ping_store(
+        &self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + '_>>;
+}
+
+/// The OpenMetrics text of `source`'s metrics, every name prefixed `tessera_`.
+pub fn render(source: &dyn Observed) -> String {
     let mut registry = prometheus_client::registry::Registry::with_prefix("tessera");
-    registry.register_collector(Box::new(Scrape::of(proxy)));
+    registry.register_collector(Box::new(source.scrape()));
     let mut text = String::with_capacity(2048);
     // Encoding into a String cannot fail.
     let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
@@ -417,7 +399,7 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 /// Answers one request of the operator's listener: `/metrics`, and the probes `/healthz`
 /// (live: 200 while the process's main runtime answers) and `/readyz` (see `readiness`).
 async fn answer(
-    proxy: &Proxy,
+    proxy: &dyn Observed,
     phase: &tokio::sync::watch::Receiver<Phase>,
     probe_timeout: Duration,
     req: &Request<hyper::body::Incoming>,
@@ -474,15 +456,19 @@ pub enum Phase {
 /// Whether this instance should get traffic: 200 while `Serving` and the session store answers
 /// a read within `timeout` (`session.timeout_ms`); else 503 with the reason (starting, shutting
 /// down, or the store: every cold session would get 503).
-async fn readiness(proxy: &Proxy, phase: Phase, timeout: Duration) -> (StatusCode, &'static [u8]) {
+async fn readiness(
+    proxy: &dyn Observed,
+    phase: Phase,
+    timeout: Duration,
+) -> (StatusCode, &'static [u8]) {
     match phase {
         Phase::Starting => return (StatusCode::SERVICE_UNAVAILABLE, b"starting\n"),
         Phase::Draining => return (StatusCode::SERVICE_UNAVAILABLE, b"shutting down\n"),
         Phase::Serving => {}
     }
-    let cause = match tokio::time::timeout(timeout, proxy.sessions().store().ping()).await {
+    let cause = match tokio::time::timeout(timeout, proxy.ping_store()).await {
         Ok(Ok(())) => return (StatusCode::OK, b"ready\n"),
-        Ok(Err(e)) => e.to_string(),
+        Ok(Err(e)) => e,
         Err(_) => format!("no answer within {timeout:?}"),
     };
     tracing::debug!(%cause, "readiness probe: session store unavailable");
@@ -505,7 +491,7 @@ pub const MAX_METRICS_CONNECTIONS: usize = 16;
 /// accept is logged and retried after 100 ms.
 pub async fn serve_metrics(
     listener: TcpListener,
-    proxy: Arc<Proxy>,
+    proxy: Arc<dyn Observed>,
     phase: tokio::sync::watch::Receiver<Phase>,
     probe_timeout: Duration,
 ) {
@@ -535,7 +521,7 @@ pub async fn serve_metrics(
             let service = hyper::service::service_fn(move |req| {
                 let (proxy, phase) = (proxy.clone(), phase.clone());
                 async move {
-                    let resp = answer(&proxy, &phase, probe_timeout, &req).await;
+                    let resp = answer(&*proxy, &phase, probe_timeout, &req).await;
                     Ok::<_, std::convert::Infallible>(resp)
                 }
             });

@@ -157,7 +157,7 @@ fn keep_alive(version: Version, fields: &RawHead) -> bool {
     let has = |token: &str| {
         fields
             .get_all(b"connection")
-            .any(|v| crate::screen::has_token(v, token.as_bytes()))
+            .any(|v| crate::fields::has_token(v, token.as_bytes()))
     };
     if version == Version::HTTP_10 {
         has("keep-alive")
@@ -249,7 +249,7 @@ fn declared_length(fields: &RawHead) -> Result<Option<u64>, ForwardError> {
     let mut length = None;
     for v in fields.get_all(b"content-length") {
         for item in v.split(|&b| b == b',') {
-            let n = crate::screen::content_length(item.trim_ascii())
+            let n = crate::fields::content_length(item.trim_ascii())
                 .ok_or_else(|| broken("invalid content-length"))?;
             if length.is_some_and(|l| l != n) {
                 return Err(broken("conflicting content-length values"));

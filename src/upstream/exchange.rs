@@ -82,7 +82,7 @@ impl Out {
 ///
 /// Errors (502): a 101 to a request that asked for no upgrade, or to another protocol.
 fn switched(mut head: Head, request: &HeaderMap) -> Result<Head, ForwardError> {
-    let websocket = |v: &[u8]| crate::screen::has_token(v, b"websocket");
+    let websocket = |v: &[u8]| crate::fields::has_token(v, b"websocket");
     if !request
         .get_all(header::UPGRADE)
         .iter()
@@ -107,7 +107,7 @@ fn body_error(e: BoxError) -> ForwardError {
         if s.is::<http_body_util::LengthLimitError>() {
             return ForwardError::BodyTooLarge;
         }
-        if s.is::<crate::screen::body::BodyStalled>() {
+        if s.is::<super::BodyStalled>() {
             return ForwardError::BodyTimeout;
         }
         src = s.source();

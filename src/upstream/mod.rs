@@ -52,12 +52,22 @@ pub use raw::RawHead;
 pub use settings::UpstreamConfig;
 pub use share::default_per_user;
 pub(crate) use tunnel::frame_edges;
-pub use tunnel::{Tunnel, TunnelEnd, TunnelReport, CLOSING_WAIT};
+pub use tunnel::{
+    upgraded_as_is, ClientIo, ClientSide, ClientSideFn, Tunnel, TunnelEnd, TunnelReport,
+    CLOSING_WAIT,
+};
 
 /// Boxed error type of request bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Request body sent upstream (the client's body, possibly length-limited).
 pub type UpBody = BoxBody<Bytes, BoxError>;
+
+/// The error a request body yields when its client sent nothing for
+/// `server.client_body_timeout_ms` (made by the body's reader, `screen::body`); the forward phase
+/// reports it as [`ForwardError::BodyTimeout`].
+#[derive(Debug, thiserror::Error)]
+#[error("request body stalled: no data for {0:?}")]
+pub struct BodyStalled(pub Duration);
 
 /// Why forwarding failed.
 #[derive(Debug, thiserror::Error)]

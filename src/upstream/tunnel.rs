@@ -31,6 +31,25 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::pool::Conn;
+
+/// A WebSocket tunnel's client side: any byte stream (the client's socket, or hyper's upgraded
+/// connection).
+pub trait ClientIo: AsyncRead + AsyncWrite + Unpin + Send {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> ClientIo for T {}
+
+/// The client side of a tunnel, boxed: the downstream decides what it is
+/// (`downstream::client_side`), the proxy only passes it on.
+pub type ClientSide = Box<dyn ClientIo>;
+
+/// Turns hyper's upgraded connection into a tunnel's client side (what the downstream gives the
+/// proxy, so that the proxy need not know the downstream's socket types).
+pub type ClientSideFn = fn(hyper::upgrade::Upgraded) -> ClientSide;
+
+/// The [`ClientSideFn`] for a connection of unknown kind: hyper's upgraded stream as it is.
+pub fn upgraded_as_is(upgraded: hyper::upgrade::Upgraded) -> ClientSide {
+    Box::new(hyper_util::rt::TokioIo::new(upgraded))
+}
 use crate::session::{Ended, Watch};
 
 /// How long a tunnel stays open after one side closed, for the other side to close as well;

@@ -1,0 +1,118 @@
+//! What one request carries through the phases: its downstream peer ([`Peer`]), the facts the
+//! phases learn ([`Ctx`]) and its access-log line ([`Record`], written once, or as 499 when the
+//! client leaves first). Must never: log a token, a credential or a sid (only its hash).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::HeaderValue;
+
+use crate::screen::{self};
+use crate::upstream::ConnectionShare;
+
+use super::Proxy;
+
+/// The downstream peer of a connection, with its `X-Forwarded-For` value formatted once per
+/// connection rather than per request (formatting the address was 2-3% of a warm request's
+/// user CPU in the profile).
+pub struct Peer {
+    /// The client's socket address (for a request relayed by a trusted proxy: the client it
+    /// names, port 0).
+    pub addr: SocketAddr,
+    pub(super) forwarded_for: Option<HeaderValue>,
+    /// The peer is a trusted proxy (`server.trusted_proxies`): each request names its client.
+    pub(super) trusted: bool,
+    /// `X-Forwarded-Proto` sent upstream: `http`, or what a trusted proxy reported.
+    pub(super) proto: &'static str,
+    /// The connection's share of the upstream pool, made at its first HTTP/2 request (an
+    /// HTTP/1.1 connection carries one request at a time and needs none).
+    pub(super) share: std::sync::OnceLock<ConnectionShare>,
+}
+
+impl Peer {
+    /// The peer at `addr`, itself the client (see [`Proxy::peer`] for trusted proxies); an
+    /// IPv4-mapped IPv6 address (a dual-stack listener's IPv4 peer) is taken as IPv4.
+    pub fn new(addr: SocketAddr) -> Self {
+        let addr = SocketAddr::new(addr.ip().to_canonical(), addr.port());
+        Self {
+            addr,
+            forwarded_for: HeaderValue::from_str(&addr.ip().to_string()).ok(),
+            trusted: false,
+            proto: "http",
+            share: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The client a trusted proxy relayed this request for (see [`screen::forwarded_client`]).
+    pub(super) fn relayed(&self, headers: &http::HeaderMap, trusted: &[ipnet::IpNet]) -> Self {
+        let ip = screen::forwarded_client(headers, trusted, self.addr.ip());
+        Self {
+            proto: screen::forwarded_proto(headers).unwrap_or("http"),
+            ..Self::new(SocketAddr::new(ip, 0))
+        }
+    }
+}
+
+/// Per-request facts carried through the phases, for the access log.
+#[derive(Default)]
+pub(super) struct Ctx {
+    /// The verified session id (hashed only when a log line is written).
+    pub(super) sid: Option<Arc<str>>,
+    /// Log reason of a response that is not a [`ProxyError`] (login endpoints).
+    pub(super) reason: Option<String>,
+    /// The downstream connection's share of the upstream pool (HTTP/2 only).
+    pub(super) share: ConnectionShare,
+}
+
+/// One request's access line and metrics, written once: by [`Proxy::respond`] when the answer is
+/// ready, or, when its future is dropped before (the client went away: see
+/// `downstream::h1::ClientWatch`; hyper drops it on an h2 stream reset), as 499 (nginx's "client
+/// closed request").
+pub(super) struct Record<'a> {
+    pub(super) proxy: &'a Proxy,
+    pub(super) peer: std::net::IpAddr,
+    /// Method and path, when the access log is on.
+    pub(super) logged: Option<(http::Method, String)>,
+    /// When the request head was read (`None`: neither log nor metrics want it).
+    pub(super) started: Option<Instant>,
+    pub(super) written: bool,
+}
+
+/// The status logged for a request the client gave up on (nginx's non-standard 499).
+const CLIENT_CLOSED: u16 = 499;
+
+impl Record<'_> {
+    /// Writes the access line (with the session's `sid` hashed, and `reason`) and counts the
+    /// request under `status` with its duration so far.
+    pub(super) fn write(&mut self, status: u16, sid: Option<&str>, reason: Option<&str>) {
+        self.written = true;
+        let took = self.started.map(|s| s.elapsed()).unwrap_or_default();
+        if let Some((method, path)) = &self.logged {
+            crate::access_log::write(&crate::access_log::Line {
+                peer: self.peer,
+                method: method.as_str(),
+                path,
+                status,
+                duration_us: u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
+                sid,
+                reason,
+            });
+        }
+        if let Some(counts) = &self.proxy.request_counts {
+            counts.record(status, took);
+        }
+    }
+}
+
+impl Drop for Record<'_> {
+    fn drop(&mut self) {
+        if !self.written {
+            self.write(
+                CLIENT_CLOSED,
+                None,
+                Some("answer dropped unfinished: the client went away (or shutdown's drain time ended)"),
+            );
+        }
+    }
+}

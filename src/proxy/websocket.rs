@@ -1,0 +1,248 @@
+//! WebSocket upgrades (RFC 6455) passed to the upstream after the request is authenticated: the
+//! origin check, the limit on open tunnels, the 101 and the tunnel's task. Must never: switch a
+//! connection the upstream did not switch, or let a foreign origin's page open a tunnel.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{self};
+use http::request::Parts;
+use http::{HeaderValue, Response};
+
+use crate::error::ProxyError;
+use crate::screen::{self, Screened};
+use crate::session::Session;
+use crate::upstream::{ProxyBody, Tunnel};
+
+use super::{Ctx, Proxy};
+
+/// WebSocket upgrades: the limit on open tunnels and the origin policy (`[websocket]`).
+pub(super) struct WebSockets {
+    /// One permit per tunnel open now, `websocket.max_connections` in all.
+    pub(super) slots: Arc<tokio::sync::Semaphore>,
+    pub(super) max: usize,
+    pub(super) idle_timeout: Option<Duration>,
+    pub(super) allowed_origins: Vec<String>,
+    /// Tunnels opened since start.
+    pub(super) opened: AtomicU64,
+    /// The running tunnels, for the shutdown to wait on.
+    pub(super) tunnels: tokio_util::task::TaskTracker,
+    /// Cancelled at shutdown: every tunnel closes (Close 1001 to both sides).
+    pub(super) stop: tokio_util::sync::CancellationToken,
+}
+
+/// Longest wait for hyper to write a 101 and hand the client's connection over (the client
+/// reads it) before the tunnel is given up.
+const UPGRADE_WAIT: Duration = Duration::from_secs(10);
+
+/// What an upgrade the proxy passes on needs once the upstream has answered 101: the client's
+/// side of the switch (resolved by hyper after the 101 is written) and the tunnel's slot.
+pub(super) struct Upgrading {
+    downstream: hyper::upgrade::OnUpgrade,
+    slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+/// Whether a WebSocket upgrade with this `Origin` may go on (RFC 6455 section 10.2): the origin
+/// is the request's own, `scheme://host` (`scheme` as the client used it: `http`, or what a
+/// trusted proxy reported in `X-Forwarded-Proto`; a plain-HTTP page cannot speak for an HTTPS
+/// site), or one of `allowed` (lowercase `scheme://host[:port]`, default ports removed). ASCII
+/// case is ignored; `null` and anything else are refused.
+fn origin_allowed(
+    origin: &HeaderValue,
+    scheme: &str,
+    host: &HeaderValue,
+    allowed: &[String],
+) -> bool {
+    let origin = origin.as_bytes();
+    let own = origin.len() == scheme.len() + 3 + host.len()
+        && origin[..scheme.len()].eq_ignore_ascii_case(scheme.as_bytes())
+        && &origin[scheme.len()..scheme.len() + 3] == b"://"
+        && origin[scheme.len() + 3..].eq_ignore_ascii_case(host.as_bytes());
+    own || allowed
+        .iter()
+        .any(|a| a.as_bytes().eq_ignore_ascii_case(origin))
+}
+
+impl Proxy {
+    /// Shutdown of WebSocket tunnels: every open one (and any opened from now on) sends both
+    /// sides a Close frame 1001 (going away) and ends within about a second
+    /// ([`crate::upstream::CLOSING_WAIT`]). Call it when shutdown starts; [`Self::tunnels_closed`]
+    /// waits for them.
+    pub fn close_websockets(&self) {
+        if let Some(ws) = &self.websockets {
+            ws.stop.cancel();
+            ws.tunnels.close();
+        }
+    }
+
+    /// Resolves once no WebSocket tunnel runs (at once when upgrades are off), after
+    /// [`Self::close_websockets`]; a tunnel spawned by a handshake still being answered is
+    /// waited for too if that handshake's connection was waited for first. The tunnels of every
+    /// serving thread count, so each thread's drain waits for the slowest (bounded by the
+    /// caller's drain time; a thread that gives up drops its own tunnels).
+    pub async fn tunnels_closed(&self) {
+        if let Some(ws) = &self.websockets {
+            ws.tunnels.wait().await;
+        }
+    }
+
+    /// WebSocket tunnels `(open now, opened since start)`; `None` when upgrades are not passed
+    /// (`websocket.max_connections = 0`).
+    pub fn websockets(&self) -> Option<(u64, u64)> {
+        self.websockets.as_ref().map(|w| {
+            let open = w.max.saturating_sub(w.slots.available_permits()) as u64;
+            (open, w.opened.load(Ordering::Relaxed))
+        })
+    }
+
+    /// Whether a WebSocket upgrade request (authenticated) is passed on as one: `None` when
+    /// upgrades are off or the connection cannot switch (no `OnUpgrade`: not hyper's HTTP/1.1),
+    /// and the request then goes upstream as a plain `GET` (its `Upgrade` already removed).
+    ///
+    /// Errors: 403 when a browser page of a foreign origin asks ([`ProxyError::ForeignOrigin`]);
+    /// 400 when the request has a body; 503 when `websocket.max_connections` tunnels are open.
+    pub(super) fn upgrading(
+        &self,
+        parts: &mut Parts,
+        screened: &Screened,
+        scheme: &str,
+        no_body: bool,
+    ) -> Result<Option<Upgrading>, ProxyError> {
+        let Some(ws) = &self.websockets else {
+            return Ok(None);
+        };
+        // Taken out at once: a refused handshake is answered as any request (no switch).
+        let Some(downstream) = parts.extensions.remove::<hyper::upgrade::OnUpgrade>() else {
+            return Ok(None);
+        };
+        if let Some(origin) = parts.headers.get(header::ORIGIN) {
+            if !origin_allowed(origin, scheme, &screened.host, &ws.allowed_origins) {
+                return Err(ProxyError::ForeignOrigin);
+            }
+        }
+        if !no_body {
+            return Err(ProxyError::BadRequest(
+                "WebSocket upgrade request with a body",
+            ));
+        }
+        let slot = ws
+            .slots
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| ProxyError::TooManyWebSockets)?;
+        Ok(Some(Upgrading { downstream, slot }))
+    }
+
+    /// The upstream switched to WebSocket: answers the client 101 with the upstream's fields
+    /// (screened; `Connection` and `Upgrade` set anew) and starts the tunnel, which runs in a
+    /// task of its own once hyper has written the 101, until either side closes, it idles out
+    /// (`websocket.idle_timeout_ms`), the session is revoked or expires, or shutdown
+    /// ([`Self::close_websockets`]).
+    pub(super) fn switch(
+        &self,
+        mut resp: Response<ProxyBody>,
+        tunnel: Tunnel,
+        upgrading: Upgrading,
+        ctx: &Ctx,
+        session: &Session,
+    ) -> Response<ProxyBody> {
+        let ws = self
+            .websockets
+            .as_ref()
+            .expect("upgrading implies websockets");
+        ws.opened.fetch_add(1, Ordering::Relaxed);
+        let mut out = Response::new(ProxyBody::empty());
+        *out.status_mut() = http::StatusCode::SWITCHING_PROTOCOLS;
+        if let Some(mut fields) = resp.body_mut().take_fields() {
+            screen::screen_response(&mut fields, &self.strip_response);
+            fields.append_to(out.headers_mut());
+        }
+        let h = out.headers_mut();
+        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        let sid = ctx.sid.clone();
+        let watch = sid
+            .as_ref()
+            .and_then(|sid| self.sessions.revocable(sid.clone(), session));
+        let idle = ws.idle_timeout;
+        let client_side = self.client_side;
+        let stop = ws.stop.clone();
+        ws.tunnels.spawn(async move {
+            let Upgrading { downstream, slot } = upgrading;
+            let sid_hash = sid.as_deref().map(crate::session::sid_hash);
+            // hyper hands the connection over once the 101 is written; a client that does not
+            // read it must not hold the slot and the upstream connection for ever, nor hold up
+            // a shutdown.
+            let upgraded = tokio::select! {
+                taken = tokio::time::timeout(UPGRADE_WAIT, downstream) => Some(taken),
+                () = stop.cancelled() => None,
+            };
+            let Some(upgraded) = upgraded else {
+                tracing::debug!("WebSocket 101 not taken by the client before shutdown");
+                return;
+            };
+            match upgraded {
+                Ok(Ok(io)) => {
+                    let report = tunnel.run(client_side(io), idle, watch, stop).await;
+                    tracing::info!(
+                        sid_hash = sid_hash.as_deref().unwrap_or("-"),
+                        end = %report.end,
+                        close_code = report.close_code.unwrap_or(0),
+                        up_bytes = report.up_bytes,
+                        down_bytes = report.down_bytes,
+                        duration_ms = report.duration.as_millis() as u64,
+                        "WebSocket closed"
+                    );
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(cause = %e, "client side of a WebSocket upgrade failed")
+                }
+                Err(_) => tracing::debug!("WebSocket 101 not taken by the client in time"),
+            }
+            drop(slot);
+        });
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_websocket_origin_must_name_the_requested_host_or_be_listed() {
+        let host = HeaderValue::from_static("mail.example.com:8080");
+        let allowed = ["https://app.example.net".to_string()];
+        let ok = |origin: &str| {
+            origin_allowed(
+                &HeaderValue::from_str(origin).unwrap(),
+                "https",
+                &host,
+                &allowed,
+            )
+        };
+        assert!(ok("https://mail.example.com:8080"));
+        assert!(ok("HTTPS://MAIL.example.com:8080"), "any case");
+        assert!(
+            !ok("http://mail.example.com:8080"),
+            "a plain-HTTP page for an HTTPS site"
+        );
+        assert!(origin_allowed(
+            &HeaderValue::from_static("http://mail.example.com:8080"),
+            "http",
+            &host,
+            &allowed
+        ));
+        assert!(ok("https://app.example.net"));
+        assert!(ok("HTTPS://APP.example.net"));
+        assert!(
+            !ok("https://mail.example.com"),
+            "another port is another origin"
+        );
+        assert!(!ok("https://evil.example"));
+        assert!(!ok("https://mail.example.com:8080.evil.example"));
+        assert!(!ok("null"));
+        assert!(!ok("mail.example.com:8080"), "no scheme");
+    }
+}
