@@ -12,7 +12,6 @@ const MAX_LINES: usize = 400;
 /// Files still over [`MAX_LINES`], each with its size when this list was written: a file here
 /// may shrink but not grow, and one that fits is taken off (the test says so).
 const OVERSIZED: &[(&str, usize)] = &[
-    ("login/mod.rs", 1088),
     ("session/mod.rs", 615),
     ("telemetry/mod.rs", 538),
     ("token/keys.rs", 642),

@@ -1,0 +1,113 @@
+//! `{prefix}/logout` and `{prefix}/session` (who am I). Must never: answer for a token that
+//! does not verify, or leave the token cookie set after a logout.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::request::Parts;
+use http::{Response, StatusCode};
+use http_body::Body;
+use serde::Serialize;
+
+use crate::error::ProxyError;
+use crate::session::{sid_hash, Sessions};
+use crate::token::{self, Verifier};
+use crate::unix_now;
+use crate::upstream::{BoxError, ProxyBody};
+
+use super::page::{json, redirect, safe_redirect};
+use super::request::{check_same_origin, content_type_is, query_param, read_body};
+use super::{Login, Refusal};
+
+#[derive(Serialize)]
+pub(super) struct WhoAmI<'a> {
+    sub: Option<&'a str>,
+    sid_hash: String,
+    expires_at: u64,
+}
+
+impl Login {
+    pub(super) async fn logout<B>(
+        &self,
+        parts: &Parts,
+        body: B,
+        host: &HeaderValue,
+        verifier: &Verifier,
+        sessions: &Sessions,
+        sid_out: &mut Option<Arc<str>>,
+    ) -> (Response<ProxyBody>, Option<String>)
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let is_form = content_type_is(parts, "application/x-www-form-urlencoded");
+        if let Err(r) = check_same_origin(parts, host) {
+            return self.refuse(r, is_form, None);
+        }
+        let bytes = match read_body(body).await {
+            Ok(b) => b,
+            Err(r) => return self.refuse(r, is_form, None),
+        };
+        let rd_raw = if is_form {
+            form_urlencoded::parse(&bytes)
+                .find(|(k, _)| k == "rd")
+                .map(|(_, v)| v.into_owned())
+        } else {
+            query_param(parts, "rd")
+        };
+        let rd = rd_raw.as_deref().and_then(safe_redirect);
+        if rd_raw.is_some() && rd.is_none() {
+            return self.refuse(Refusal::Bad("rd must be a same-origin path"), is_form, None);
+        }
+        let mut reason = "logout without a valid token";
+        if let Ok(tok) = token::extract(&parts.headers, &self.token.sources) {
+            // An expired token still names a session worth deleting: everything but `exp` must hold.
+            if let Ok(v) = verifier.verify_ignoring_expiry(&tok, unix_now()) {
+                if sessions.revoke(&v.sid).await.is_err() {
+                    *sid_out = Some(v.sid);
+                    return (
+                        ProxyError::StoreUnavailable.into_response(),
+                        Some("logout: session store unavailable".into()),
+                    );
+                }
+                *sid_out = Some(v.sid);
+                reason = "logout";
+            }
+        }
+        let clear = self.clear_cookie(&self.cfg.cookie_name);
+        let resp = match rd {
+            Some(rd) => redirect(rd, Some(clear)),
+            None => {
+                let mut r = Response::new(ProxyBody::empty());
+                *r.status_mut() = StatusCode::NO_CONTENT;
+                r.headers_mut()
+                    .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+                r.headers_mut().append(header::SET_COOKIE, clear);
+                r
+            }
+        };
+        (resp, Some(reason.into()))
+    }
+
+    pub(super) async fn who(
+        &self,
+        parts: &Parts,
+        verifier: &Verifier,
+        sessions: &Sessions,
+        sid_out: &mut Option<Arc<str>>,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let tok = token::extract(&parts.headers, &self.token.sources)?;
+        let v = verifier.verify_refreshing(&tok, unix_now()).await?;
+        let session = sessions.resolve(&v.sid).await;
+        *sid_out = Some(v.sid.clone());
+        let session = session?;
+        let body = serde_json::to_vec(&WhoAmI {
+            sub: session.sub.as_deref().or(v.sub.as_deref()),
+            sid_hash: sid_hash(&v.sid),
+            expires_at: session.expires_at.map_or(v.exp, |e| e.min(v.exp)),
+        })
+        .expect("serializes");
+        Ok(json(StatusCode::OK, body))
+    }
+}
