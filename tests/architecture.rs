@@ -12,9 +12,6 @@ const MAX_LINES: usize = 400;
 /// Files still over [`MAX_LINES`], each with its size when this list was written: a file here
 /// may shrink but not grow, and one that fits is taken off (the test says so).
 const OVERSIZED: &[(&str, usize)] = &[
-    ("session/mod.rs", 615),
-    ("telemetry/mod.rs", 538),
-    ("token/keys.rs", 642),
     ("token/verify.rs", 455),
     ("upstream/mod.rs", 441),
     ("upstream/tunnel.rs", 449),

@@ -1,27 +1,33 @@
 //! The resolve and unseal phases: session id -> session record -> ready upstream credential.
 //!
-//! Owns the record formats (`tessera`, `hyper-auth-proxy`) and session creation/revocation.
-//! Must never: return or log plaintext credentials except as the sensitive header value, or turn a
-//! store failure into "unknown session" (that would be a 401 where 503 is true).
-
-mod cache;
-mod settings;
-pub mod store;
-mod streams;
+//! Owns the record formats (`tessera`, `hyper-auth-proxy`, [`record`]) and session creation and
+//! revocation ([`lifecycle`]); the local cache ([`cache`]) is kept true by the store's
+//! invalidations ([`invalidate`]). Must never: return or log plaintext credentials except as the
+//! sensitive header value, or turn a store failure into "unknown session" (that would be a 401
+//! where 503 is true).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
-use base64::Engine;
 use http::HeaderValue;
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::seal::{Credentials, SealError, Sealer, SEALED_PREFIX};
+use crate::seal::{Credentials, Sealer};
 use crate::unix_now;
+
+mod cache;
+mod invalidate;
+mod lifecycle;
+mod record;
+mod settings;
+pub mod store;
+mod streams;
+
 pub use cache::CacheConfig;
 use cache::{Cached, SessionCache};
+use invalidate::{recheck, recheck_all};
+pub use lifecycle::{Created, Listed, ResealReport};
+use record::Record;
 pub use settings::{SessionConfig, SessionFormat, StoreSpec};
 pub use store::{Invalidation, Store, StoreError};
 use streams::OpenStreams;
@@ -57,65 +63,6 @@ pub enum ResolveError {
     /// The store did not answer in time or failed. 503.
     #[error(transparent)]
     Store(#[from] StoreError),
-}
-
-/// The stored record. `credentials` is sealed (`tsl1.`...) or, in hyper-auth-proxy records written
-/// by the published proxy, base64 of `user:password`.
-#[derive(Debug, Serialize, Deserialize)]
-struct Record {
-    credentials: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    sub: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    expires_at: Option<u64>,
-    /// Members tessera does not know (written by another tool): kept as they are on reseal.
-    #[serde(flatten)]
-    extra: serde_json::Map<String, serde_json::Value>,
-}
-
-/// A newly created session.
-#[derive(Debug, Clone, Serialize)]
-pub struct Created {
-    /// The fresh session id (base64url of 18 random bytes: 144 bits).
-    pub sid: String,
-    /// Expiry, seconds since the Unix epoch.
-    pub expires_at: u64,
-}
-
-/// One line of `tessera session list`.
-#[derive(Debug, Clone, Serialize)]
-pub struct Listed {
-    /// [`sid_hash`] of the session id (the id itself is a bearer secret and is not shown).
-    pub sid_hash: String,
-    /// The upstream user.
-    pub sub: Option<String>,
-    /// Expiry, seconds since the Unix epoch (absent in hyper-auth-proxy records).
-    pub expires_at: Option<u64>,
-    /// Sealing key id of the stored credentials; `None` for legacy plaintext.
-    pub key_id: Option<String>,
-}
-
-/// What `tessera session reseal` did.
-#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
-pub struct ResealReport {
-    /// Session records seen.
-    pub total: usize,
-    /// Re-sealed under the active key.
-    pub resealed: usize,
-    /// Already sealed under the active key.
-    pub already_active: usize,
-    /// Could not be opened (retired key, corrupt, plaintext not allowed); left as they were.
-    pub unreadable: usize,
-    /// Revoked, expired or rewritten between read and write; left as it is.
-    pub gone: usize,
-}
-
-/// The sealing key id of a stored credentials value (`tsl1.<kid>.…`), if sealed.
-fn sealed_key_id(credentials: &str) -> Option<&str> {
-    credentials
-        .strip_prefix(SEALED_PREFIX)?
-        .split_once('.')
-        .map(|(kid, _)| kid)
 }
 
 /// Session operations over one store and one sealing key set.
@@ -281,27 +228,6 @@ impl Sessions {
         self.cache.as_ref().is_some_and(|c| c.is_live())
     }
 
-    /// Puts the sealing keys of `cfg` in place (a configuration reload) and flushes the session
-    /// cache, so that every cached session is unsealed again under the keys now in place: one
-    /// sealed under a key removed (or whose bytes changed) is refused from then on, as after a
-    /// restart. Costs one store read per session in use afterwards (needs a tokio runtime).
-    /// Sessions with open responses are read again the same way: those sealed under a key
-    /// removed end their responses, as a revocation would.
-    pub fn replace_sealing_keys(&self, cfg: &crate::seal::CredentialsConfig) {
-        self.sealer.replace(cfg);
-        if let Some(cache) = &self.cache {
-            cache.flush();
-        }
-        if let Some(streams) = &self.streams {
-            let reader = Self {
-                cache: None,
-                streams: None,
-                ..self.clone()
-            };
-            recheck_all(&reader, streams);
-        }
-    }
-
     /// The store (for health checks).
     pub fn store(&self) -> &Store {
         &self.store
@@ -378,140 +304,6 @@ impl Sessions {
         })
     }
 
-    /// The `user:password` pair of a record: unsealed, or decoded legacy plaintext when allowed.
-    fn open_record(
-        &self,
-        sid: &str,
-        record: &Record,
-    ) -> Result<zeroize::Zeroizing<Vec<u8>>, ResolveError> {
-        if record.credentials.starts_with(SEALED_PREFIX) {
-            self.sealer.unseal(sid, &record.credentials).map_err(|e| {
-                ResolveError::Corrupt(match e {
-                    SealError::Format => "sealed value malformed",
-                    SealError::UnknownKey => "sealed under a retired key",
-                    SealError::Decrypt => "sealed value does not authenticate",
-                })
-            })
-        } else if self.format == SessionFormat::HyperAuthProxy && self.allow_plaintext_legacy {
-            Ok(zeroize::Zeroizing::new(
-                STANDARD
-                    .decode(record.credentials.trim())
-                    .map_err(|_| ResolveError::Corrupt("legacy credentials not base64"))?,
-            ))
-        } else {
-            Err(ResolveError::Corrupt("plaintext credentials not allowed"))
-        }
-    }
-
-    /// The key prefix sessions live under, and the sid of a store key.
-    fn scan_prefix(&self) -> &str {
-        match self.format {
-            SessionFormat::Tessera => &self.key_prefix,
-            SessionFormat::HyperAuthProxy => "",
-        }
-    }
-
-    /// Every live session: sid hash, subject and expiry; never credentials. Records that are not
-    /// session records (other keys in a shared Redis database) are skipped.
-    ///
-    /// Errors: the store failed (no deadline: an operator command walking the whole store).
-    pub async fn list(&self) -> Result<Vec<Listed>, StoreError> {
-        let prefix = self.scan_prefix();
-        let mut out = Vec::new();
-        for (key, raw) in self.store.scan(prefix).await? {
-            let Ok(record) = serde_json::from_slice::<Record>(&raw) else {
-                continue;
-            };
-            let sid = &key[prefix.len()..];
-            out.push(Listed {
-                sid_hash: sid_hash(sid),
-                key_id: sealed_key_id(&record.credentials).map(str::to_owned),
-                sub: record.sub.clone().or_else(|| {
-                    self.open_record(sid, &record)
-                        .ok()
-                        .and_then(|p| Credentials::from_pair(&p).ok())
-                        .map(|c| c.user().to_owned())
-                }),
-                expires_at: record.expires_at,
-            });
-        }
-        Ok(out)
-    }
-
-    /// Re-seals every stored session under the active sealing key (`credentials.active`),
-    /// keeping each session's expiry and any members tessera does not know. Legacy plaintext
-    /// records are sealed too when `credentials.allow_plaintext_legacy` lets tessera read them.
-    /// Each record is replaced only if it is still exactly what was read (compare-and-set): a
-    /// session revoked or rewritten meanwhile is left alone and counted as `gone`.
-    ///
-    /// Errors: the store failed; records that cannot be opened are counted, not fatal.
-    pub async fn reseal(&self) -> Result<ResealReport, StoreError> {
-        let prefix = self.scan_prefix();
-        let active = self.sealer.active_key_id();
-        let mut report = ResealReport::default();
-        for (key, raw) in self.store.scan(prefix).await? {
-            let Ok(mut record) = serde_json::from_slice::<Record>(&raw) else {
-                continue;
-            };
-            report.total += 1;
-            if sealed_key_id(&record.credentials) == Some(active.as_str()) {
-                report.already_active += 1;
-                continue;
-            }
-            let sid = &key[prefix.len()..];
-            let Ok(pair) = self.open_record(sid, &record) else {
-                report.unreadable += 1;
-                continue;
-            };
-            record.credentials = self.sealer.seal(sid, &pair);
-            let value = serde_json::to_vec(&record).expect("record serializes");
-            if self.store.replace(&key, &raw, &value).await? {
-                self.evict(sid).await;
-                report.resealed += 1;
-            } else {
-                report.gone += 1;
-            }
-        }
-        Ok(report)
-    }
-
-    /// Creates a session for `creds` living `ttl_seconds`: fresh random sid, sealed credentials.
-    ///
-    /// Errors: the store failed or timed out.
-    pub async fn create(
-        &self,
-        creds: &Credentials,
-        ttl_seconds: u64,
-    ) -> Result<Created, StoreError> {
-        let mut raw = [0u8; 18];
-        getrandom::getrandom(&mut raw).map_err(|e| StoreError(format!("random source: {e}")))?;
-        let sid = URL_SAFE_NO_PAD.encode(raw);
-        let expires_at = unix_now() + ttl_seconds;
-        let record = Record {
-            credentials: self.sealer.seal(&sid, &creds.to_pair()),
-            sub: (self.format == SessionFormat::Tessera).then(|| creds.user().to_owned()),
-            expires_at: (self.format == SessionFormat::Tessera).then_some(expires_at),
-            extra: serde_json::Map::new(),
-        };
-        let value = serde_json::to_vec(&record).expect("record serializes");
-        self.deadline(self.store.put(&self.key(&sid), &value, ttl_seconds))
-            .await?;
-        self.evict(&sid).await;
-        Ok(Created { sid, expires_at })
-    }
-
-    /// Deletes the session `sid`; `true` if it existed.
-    ///
-    /// Errors: the store failed or timed out.
-    pub async fn revoke(&self, sid: &str) -> Result<bool, StoreError> {
-        let existed = self.deadline(self.store.delete(&self.key(sid))).await;
-        self.evict(sid).await;
-        if let (Ok(_), Some(streams)) = (&existed, &self.streams) {
-            streams.cut(sid);
-        }
-        existed
-    }
-
     /// Evicts `sid` from this process's cache (other processes hear it from the store).
     async fn evict(&self, sid: &str) {
         if let Some(cache) = &self.cache {
@@ -544,72 +336,6 @@ impl Sessions {
     /// `None` unless this is a serving layer.
     pub fn streams(&self) -> Option<(u64, u64)> {
         self.streams.as_ref().map(|s| (s.open(), s.cut_total()))
-    }
-
-    /// Stores a raw record value at the key for `sid` (tests and migration tooling).
-    pub async fn put_raw(
-        &self,
-        sid: &str,
-        value: &[u8],
-        ttl_seconds: u64,
-    ) -> Result<(), StoreError> {
-        self.deadline(self.store.put(&self.key(sid), value, ttl_seconds))
-            .await?;
-        self.evict(sid).await;
-        Ok(())
-    }
-}
-
-/// Store reads at once when every session with open responses is read again (the invalidation
-/// stream came back, or the sealing keys were reloaded): enough to go through thousands
-/// quickly, few enough to leave the store and the runtime to the requests.
-const RECHECK_TASKS: usize = 16;
-
-/// Has every session with open responses read again by `reader` (no cache, no registry), by at
-/// most [`RECHECK_TASKS`] tasks at a time; each one gone or no longer readable ends its open
-/// responses ([`recheck`]). For when any session may have changed unreported: the invalidation
-/// stream is back after a loss, or the sealing keys were reloaded.
-fn recheck_all(reader: &Sessions, streams: &Arc<OpenStreams>) {
-    streams.changed_all();
-    let open = streams.open_sids();
-    let per_task = open.len().div_ceil(RECHECK_TASKS).max(1);
-    for sids in open.chunks(per_task) {
-        tokio::spawn(recheck(
-            reader.clone(),
-            Arc::downgrade(streams),
-            sids.to_vec(),
-        ));
-    }
-}
-
-/// Reads each of `sids` again and ends its open responses if the session is gone or unusable.
-/// A store failure is retried (every 0.1 s, doubling to 2 s) while the sid still has open
-/// responses: a revocation is never dropped because the store hiccuped.
-async fn recheck(reader: Sessions, streams: std::sync::Weak<OpenStreams>, sids: Vec<Arc<str>>) {
-    for sid in sids {
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            let answer = reader.resolve_from_store(&sid).await;
-            let Some(streams) = streams.upgrade() else {
-                return;
-            };
-            match answer {
-                Ok(_) => break,
-                Err(ResolveError::Unknown | ResolveError::Corrupt(_)) => {
-                    streams.cut(&sid);
-                    break;
-                }
-                Err(ResolveError::Store(e)) => {
-                    if !streams.is_open(&sid) {
-                        break;
-                    }
-                    tracing::debug!(cause = %e, "re-reading a session with open responses failed; retrying");
-                }
-            }
-            drop(streams);
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(2));
-        }
     }
 }
 

@@ -4,6 +4,7 @@
 //! log a token, accept `alg: none`, or let a token choose its own key.
 
 pub mod extract;
+mod jwks;
 pub mod keys;
 mod settings;
 pub mod verify;

@@ -1,0 +1,66 @@
+//! Sessions with open responses read again when the invalidation stream cannot say which changed
+//! (it was lost, or the sealing keys were replaced): a bounded number of rereads at a time. Must
+//! never: leave an open response of a revoked session running once its reread says so.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::streams::OpenStreams;
+use super::{ResolveError, Sessions};
+
+/// Store reads at once when every session with open responses is read again (the invalidation
+/// stream came back, or the sealing keys were reloaded): enough to go through thousands
+/// quickly, few enough to leave the store and the runtime to the requests.
+pub(super) const RECHECK_TASKS: usize = 16;
+
+/// Has every session with open responses read again by `reader` (no cache, no registry), by at
+/// most [`RECHECK_TASKS`] tasks at a time; each one gone or no longer readable ends its open
+/// responses ([`recheck`]). For when any session may have changed unreported: the invalidation
+/// stream is back after a loss, or the sealing keys were reloaded.
+pub(super) fn recheck_all(reader: &Sessions, streams: &Arc<OpenStreams>) {
+    streams.changed_all();
+    let open = streams.open_sids();
+    let per_task = open.len().div_ceil(RECHECK_TASKS).max(1);
+    for sids in open.chunks(per_task) {
+        tokio::spawn(recheck(
+            reader.clone(),
+            Arc::downgrade(streams),
+            sids.to_vec(),
+        ));
+    }
+}
+
+/// Reads each of `sids` again and ends its open responses if the session is gone or unusable.
+/// A store failure is retried (every 0.1 s, doubling to 2 s) while the sid still has open
+/// responses: a revocation is never dropped because the store hiccuped.
+pub(super) async fn recheck(
+    reader: Sessions,
+    streams: std::sync::Weak<OpenStreams>,
+    sids: Vec<Arc<str>>,
+) {
+    for sid in sids {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let answer = reader.resolve_from_store(&sid).await;
+            let Some(streams) = streams.upgrade() else {
+                return;
+            };
+            match answer {
+                Ok(_) => break,
+                Err(ResolveError::Unknown | ResolveError::Corrupt(_)) => {
+                    streams.cut(&sid);
+                    break;
+                }
+                Err(ResolveError::Store(e)) => {
+                    if !streams.is_open(&sid) {
+                        break;
+                    }
+                    tracing::debug!(cause = %e, "re-reading a session with open responses failed; retrying");
+                }
+            }
+            drop(streams);
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
+}

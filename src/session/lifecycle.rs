@@ -1,0 +1,173 @@
+//! Sessions made, listed, resealed and revoked (login, logout, the operator CLI). Must never:
+//! reuse a sid, or list a sid or a credential.
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use serde::Serialize;
+
+use crate::seal::Credentials;
+use crate::unix_now;
+
+use super::record::{sealed_key_id, Record};
+use super::{sid_hash, SessionFormat, Sessions, StoreError};
+
+/// A newly created session.
+#[derive(Debug, Clone, Serialize)]
+pub struct Created {
+    /// The fresh session id (base64url of 18 random bytes: 144 bits).
+    pub sid: String,
+    /// Expiry, seconds since the Unix epoch.
+    pub expires_at: u64,
+}
+
+/// One line of `tessera session list`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Listed {
+    /// [`sid_hash`] of the session id (the id itself is a bearer secret and is not shown).
+    pub sid_hash: String,
+    /// The upstream user.
+    pub sub: Option<String>,
+    /// Expiry, seconds since the Unix epoch (absent in hyper-auth-proxy records).
+    pub expires_at: Option<u64>,
+    /// Sealing key id of the stored credentials; `None` for legacy plaintext.
+    pub key_id: Option<String>,
+}
+
+/// What `tessera session reseal` did.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct ResealReport {
+    /// Session records seen.
+    pub total: usize,
+    /// Re-sealed under the active key.
+    pub resealed: usize,
+    /// Already sealed under the active key.
+    pub already_active: usize,
+    /// Could not be opened (retired key, corrupt, plaintext not allowed); left as they were.
+    pub unreadable: usize,
+    /// Revoked, expired or rewritten between read and write; left as it is.
+    pub gone: usize,
+}
+
+impl Sessions {
+    /// The key prefix sessions live under, and the sid of a store key.
+    pub(super) fn scan_prefix(&self) -> &str {
+        match self.format {
+            SessionFormat::Tessera => &self.key_prefix,
+            SessionFormat::HyperAuthProxy => "",
+        }
+    }
+
+    /// Every live session: sid hash, subject and expiry; never credentials. Records that are not
+    /// session records (other keys in a shared Redis database) are skipped.
+    ///
+    /// Errors: the store failed (no deadline: an operator command walking the whole store).
+    pub async fn list(&self) -> Result<Vec<Listed>, StoreError> {
+        let prefix = self.scan_prefix();
+        let mut out = Vec::new();
+        for (key, raw) in self.store.scan(prefix).await? {
+            let Ok(record) = serde_json::from_slice::<Record>(&raw) else {
+                continue;
+            };
+            let sid = &key[prefix.len()..];
+            out.push(Listed {
+                sid_hash: sid_hash(sid),
+                key_id: sealed_key_id(&record.credentials).map(str::to_owned),
+                sub: record.sub.clone().or_else(|| {
+                    self.open_record(sid, &record)
+                        .ok()
+                        .and_then(|p| Credentials::from_pair(&p).ok())
+                        .map(|c| c.user().to_owned())
+                }),
+                expires_at: record.expires_at,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Re-seals every stored session under the active sealing key (`credentials.active`),
+    /// keeping each session's expiry and any members tessera does not know. Legacy plaintext
+    /// records are sealed too when `credentials.allow_plaintext_legacy` lets tessera read them.
+    /// Each record is replaced only if it is still exactly what was read (compare-and-set): a
+    /// session revoked or rewritten meanwhile is left alone and counted as `gone`.
+    ///
+    /// Errors: the store failed; records that cannot be opened are counted, not fatal.
+    pub async fn reseal(&self) -> Result<ResealReport, StoreError> {
+        let prefix = self.scan_prefix();
+        let active = self.sealer.active_key_id();
+        let mut report = ResealReport::default();
+        for (key, raw) in self.store.scan(prefix).await? {
+            let Ok(mut record) = serde_json::from_slice::<Record>(&raw) else {
+                continue;
+            };
+            report.total += 1;
+            if sealed_key_id(&record.credentials) == Some(active.as_str()) {
+                report.already_active += 1;
+                continue;
+            }
+            let sid = &key[prefix.len()..];
+            let Ok(pair) = self.open_record(sid, &record) else {
+                report.unreadable += 1;
+                continue;
+            };
+            record.credentials = self.sealer.seal(sid, &pair);
+            let value = serde_json::to_vec(&record).expect("record serializes");
+            if self.store.replace(&key, &raw, &value).await? {
+                self.evict(sid).await;
+                report.resealed += 1;
+            } else {
+                report.gone += 1;
+            }
+        }
+        Ok(report)
+    }
+
+    /// Creates a session for `creds` living `ttl_seconds`: fresh random sid, sealed credentials.
+    ///
+    /// Errors: the store failed or timed out.
+    pub async fn create(
+        &self,
+        creds: &Credentials,
+        ttl_seconds: u64,
+    ) -> Result<Created, StoreError> {
+        let mut raw = [0u8; 18];
+        getrandom::getrandom(&mut raw).map_err(|e| StoreError(format!("random source: {e}")))?;
+        let sid = URL_SAFE_NO_PAD.encode(raw);
+        let expires_at = unix_now() + ttl_seconds;
+        let record = Record {
+            credentials: self.sealer.seal(&sid, &creds.to_pair()),
+            sub: (self.format == SessionFormat::Tessera).then(|| creds.user().to_owned()),
+            expires_at: (self.format == SessionFormat::Tessera).then_some(expires_at),
+            extra: serde_json::Map::new(),
+        };
+        let value = serde_json::to_vec(&record).expect("record serializes");
+        self.deadline(self.store.put(&self.key(&sid), &value, ttl_seconds))
+            .await?;
+        self.evict(&sid).await;
+        Ok(Created { sid, expires_at })
+    }
+
+    /// Deletes the session `sid`; `true` if it existed.
+    ///
+    /// Errors: the store failed or timed out.
+    pub async fn revoke(&self, sid: &str) -> Result<bool, StoreError> {
+        let existed = self.deadline(self.store.delete(&self.key(sid))).await;
+        self.evict(sid).await;
+        if let (Ok(_), Some(streams)) = (&existed, &self.streams) {
+            streams.cut(sid);
+        }
+        existed
+    }
+
+    /// Stores a raw record value at the key for `sid` (tests and migration tooling).
+    pub async fn put_raw(
+        &self,
+        sid: &str,
+        value: &[u8],
+        ttl_seconds: u64,
+    ) -> Result<(), StoreError> {
+        self.deadline(self.store.put(&self.key(sid), value, ttl_seconds))
+            .await?;
+        self.evict(sid).await;
+        Ok(())
+    }
+}

@@ -1,0 +1,274 @@
+//! The metrics as OpenMetrics text: one [`Scrape`] of the proxy's counters (read through
+//! [`Observed`]), encoded by `prometheus-client`. No token, sid or user name appears in a metric.
+
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+
+use super::counts::{RequestSnapshot, DURATION_BOUNDS_US};
+
+use crate::upstream::Closed;
+
+/// The values of one scrape, read from the proxy's counters.
+#[derive(Debug)]
+pub struct Scrape {
+    /// `None` when request counts are not kept (no `[metrics]`).
+    pub(crate) requests: Option<RequestSnapshot>,
+    pub(crate) upstream_opened: u64,
+    pub(crate) upstream_reused: u64,
+    pub(crate) upstream_retried: u64,
+    pub(crate) upstream_moved: u64,
+    pub(crate) upstream_handed_over: u64,
+    pub(crate) upstream_wait_expired: u64,
+    pub(crate) upstream_drained: u64,
+    pub(crate) upstream_drain_failed: u64,
+    /// Upstream connections closed, by reason (`Closed::ALL`'s order).
+    pub(crate) upstream_closed: [u64; Closed::ALL.len()],
+    /// Upstream connections open at the scrape, `(busy, idle)`.
+    pub(crate) upstream_open: (usize, usize),
+    pub(crate) store_reads: u64,
+    pub(crate) session_cache: Option<(u64, bool)>,
+    pub(crate) token_cache: Option<u64>,
+    /// Responses that end with their session: `(open now, ended by revocation or expiry)`.
+    pub(crate) streams: Option<(u64, u64)>,
+    /// WebSocket tunnels: `(open now, opened since start)`.
+    pub(crate) websockets: Option<(u64, u64)>,
+    pub(crate) busy_poll: crate::busy_poll::PollStats,
+    /// Configuration reloads: `(applied, refused, last one applied)`.
+    pub(crate) reloads: (u64, u64, bool),
+}
+
+fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
+    let c = ConstCounter::new(v);
+    c.encode(e.encode_descriptor(name, help, None, c.metric_type())?)
+}
+
+fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
+    let g = ConstGauge::new(v);
+    g.encode(e.encode_descriptor(name, help, None, g.metric_type())?)
+}
+
+impl prometheus_client::collector::Collector for Scrape {
+    fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+        let mut family = e.encode_descriptor(
+            "requests",
+            "Requests answered, by the status code sent downstream.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (status, n) in self.requests.iter().flat_map(|r| &r.statuses) {
+            let code = status.to_string();
+            ConstCounter::new(*n).encode(family.encode_family(&[("code", code.as_str())])?)?;
+        }
+        if let Some(r) = &self.requests {
+            let buckets: Vec<(f64, u64)> = DURATION_BOUNDS_US
+                .iter()
+                .map(|&us| us as f64 / 1e6)
+                // written as `+Inf`
+                .chain([f64::INFINITY])
+                .zip(r.durations)
+                .collect();
+            e.encode_descriptor(
+                "request_duration_seconds",
+                "Time from a request's head being read to its response head being ready (the body streams after), seconds.",
+                None,
+                MetricType::Histogram,
+            )?
+            .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                r.duration_sum_us as f64 / 1e6,
+                r.durations.iter().sum(),
+                &buckets,
+                None,
+            )?;
+        }
+        counter(
+            &mut e,
+            "upstream_connections_opened",
+            "Connections opened to the upstream.",
+            self.upstream_opened,
+        )?;
+        counter(
+            &mut e,
+            "upstream_requests_reused",
+            "Requests sent on an upstream connection that had served an earlier request.",
+            self.upstream_reused,
+        )?;
+        counter(&mut e, "upstream_retries", "Requests retried on a fresh upstream connection after a reused one failed before the request was sent.", self.upstream_retried)?;
+        counter(
+            &mut e,
+            "upstream_connections_moved",
+            "Idle upstream connections moved to the serving thread that took them.",
+            self.upstream_moved,
+        )?;
+        counter(&mut e, "upstream_affinity_handovers", "With upstream.affinity = \"session\" at the connection cap: connections handed from a finished request straight to a waiting request of the same user.", self.upstream_handed_over)?;
+        counter(&mut e, "upstream_affinity_waits_expired", "With upstream.affinity = \"session\" at the connection cap: requests of a user already holding its share that got no connection of their own (the wait, upstream.affinity_wait_ms, ran out or is 0), so another user's idle connection, if one was still idle, was closed for a new one.", self.upstream_wait_expired)?;
+        counter(&mut e, "upstream_exchanges_drained", "Upstream exchanges whose client went away less than upstream.drain_wait_ms (default 250 ms) after the request was sent (before the response head, or with at most upstream.drain_max_bytes (default 64 KiB) or a chunked rest of the body left) that were read to their end in the background, their connection kept.", self.upstream_drained)?;
+        counter(&mut e, "upstream_exchanges_drain_failed", "Upstream exchanges whose client went away that were read in the background but could not be finished so (no response end within upstream.drain_wait_ms or upstream.drain_max_bytes, a response that ends its connection, an error, or the upstream closing): their connection was closed.", self.upstream_drain_failed)?;
+        let mut family = e.encode_descriptor(
+            "upstream_connections_closed",
+            "Upstream connections closed, by reason: upstream (it said Connection: close, or closed or reset the connection), expired (idle past upstream.idle_timeout_ms or the upstream's Keep-Alive timeout), evicted (idle, closed to make room under upstream.max_connections for another user's connection with affinity, or an idle peer of a reused connection that failed, before the retry), abandoned (an exchange left before its end, by its client, an oversized request body, a timeout or its session's end, and not finished in the background), error (an I/O error, a malformed response, bytes after a response's end, a reset while a request was partly written), tunnel (a WebSocket tunnel ended).",
+            None,
+            MetricType::Counter,
+        )?;
+        for (reason, n) in Closed::ALL.iter().zip(self.upstream_closed) {
+            ConstCounter::new(n).encode(family.encode_family(&[("reason", reason.label())])?)?;
+        }
+        let (busy, idle) = self.upstream_open;
+        let mut family = e.encode_descriptor(
+            "upstream_connections",
+            "Upstream connections open now: busy (a request's, being opened or finishing an exchange its client left included; not a request waiting for its own user's connection with affinity) and idle (kept for reuse).",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (state, n) in [("busy", busy), ("idle", idle)] {
+            ConstGauge::new(n as u64).encode(family.encode_family(&[("state", state)])?)?;
+        }
+        counter(&mut e, "session_store_reads", "Session records read from the store on the request path (cache fills, or every request while the cache is bypassed).", self.store_reads)?;
+        if let Some((entries, live)) = self.session_cache {
+            gauge(
+                &mut e,
+                "session_cache_entries",
+                "Sessions in the cache, found and unknown (negative) entries.",
+                entries,
+            )?;
+            gauge(&mut e, "session_cache_live", "1 while the store's invalidation channel is live and the cache is used; 0 while it is bypassed.", u64::from(live))?;
+        }
+        if let Some((open, ended)) = self.streams {
+            gauge(&mut e, "session_streams_open", "Responses open now whose body waited for the upstream (server-sent events, long downloads) and WebSocket connections: each ends when its session is revoked or expires.", open)?;
+            counter(
+                &mut e,
+                "session_streams_ended",
+                "Open responses and WebSocket connections ended because their session was revoked or expired.",
+                ended,
+            )?;
+        }
+        if let Some((open, opened)) = self.websockets {
+            gauge(&mut e, "websockets_open", "WebSocket connections open now, handshakes being forwarded included (each open one holds one upstream connection, counted as busy).", open)?;
+            counter(
+                &mut e,
+                "websockets_opened",
+                "WebSocket upgrades the upstream accepted (101) since start.",
+                opened,
+            )?;
+        }
+        let poll = self.busy_poll;
+        counter(
+            &mut e,
+            "busy_polls",
+            "Busy polls run by serving threads before parking (server.busy_poll_us; 0 while off).",
+            poll.polls,
+        )?;
+        counter(&mut e, "busy_polls_answered", "Busy polls ended by a readable socket or a task woken from another thread (a sleep and wake-up saved).", poll.answered)?;
+        counter(
+            &mut e,
+            "busy_poll_backoffs",
+            "Times a serving thread stopped polling for 20 ms because its CPU was contended.",
+            poll.backoffs,
+        )?;
+        let (applied, refused, last_ok) = self.reloads;
+        let mut family = e.encode_descriptor(
+            "config_reloads",
+            "Configuration reloads asked for by SIGHUP, by result: applied (the keys in the file put in place) or refused (the file did not load, or its keys could not be put in place; nothing changed).",
+            None,
+            MetricType::Counter,
+        )?;
+        for (result, n) in [("applied", applied), ("refused", refused)] {
+            ConstCounter::new(n).encode(family.encode_family(&[("result", result)])?)?;
+        }
+        gauge(&mut e, "config_last_reload_successful", "1 when the last configuration reload was applied (or none was asked for since start), 0 when it was refused.", u64::from(last_ok))?;
+        if let Some(entries) = self.token_cache {
+            gauge(
+                &mut e,
+                "token_cache_entries",
+                "Verified tokens in the cache.",
+                entries,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// What the operator's listener reads from the running proxy (implemented by `proxy::Proxy`):
+/// telemetry reads this, never the proxy itself.
+pub trait Observed: Send + Sync + 'static {
+    /// The counters at this instant.
+    fn scrape(&self) -> Scrape;
+    /// One read of the session store, for `/readyz`; the error says why it failed.
+    fn ping_store(
+        &self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + '_>>;
+}
+
+/// The OpenMetrics text of `source`'s metrics, every name prefixed `tessera_`.
+pub fn render(source: &dyn Observed) -> String {
+    let mut registry = prometheus_client::registry::Registry::with_prefix("tessera");
+    registry.register_collector(Box::new(source.scrape()));
+    let mut text = String::with_capacity(2048);
+    // Encoding into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
+    text
+}
+
+/// `Content-Type` of [`render`]'s text (OpenMetrics 1.0, which Prometheus negotiates).
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    use crate::telemetry::RequestCounts;
+
+    #[test]
+    fn the_histogram_is_cumulative_in_seconds_and_closes_and_reloads_are_counted() {
+        let counts = RequestCounts::new(1);
+        counts.record(200, Duration::from_micros(40));
+        counts.record(200, Duration::from_micros(300));
+        counts.record(502, Duration::from_secs(20));
+        let scrape = Scrape {
+            requests: Some(counts.snapshot()),
+            upstream_opened: 0,
+            upstream_reused: 0,
+            upstream_retried: 0,
+            upstream_moved: 0,
+            upstream_handed_over: 0,
+            upstream_wait_expired: 0,
+            upstream_drained: 0,
+            upstream_drain_failed: 0,
+            upstream_closed: [0, 0, 0, 3, 0, 1],
+            upstream_open: (0, 0),
+            store_reads: 0,
+            session_cache: None,
+            token_cache: None,
+            streams: None,
+            websockets: None,
+            busy_poll: Default::default(),
+            reloads: (2, 1, false),
+        };
+        let mut registry = prometheus_client::registry::Registry::with_prefix("tessera");
+        registry.register_collector(Box::new(scrape));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            "# TYPE tessera_request_duration_seconds histogram",
+            "tessera_request_duration_seconds_bucket{le=\"0.00005\"} 1",
+            "tessera_request_duration_seconds_bucket{le=\"0.00025\"} 1",
+            "tessera_request_duration_seconds_bucket{le=\"0.0005\"} 2",
+            "tessera_request_duration_seconds_bucket{le=\"10.0\"} 2",
+            "tessera_request_duration_seconds_bucket{le=\"+Inf\"} 3",
+            "tessera_request_duration_seconds_count 3",
+            "tessera_request_duration_seconds_sum 20.00034",
+            "tessera_requests_total{code=\"502\"} 1",
+            "# TYPE tessera_upstream_connections_closed counter",
+            "tessera_upstream_connections_closed_total{reason=\"upstream\"} 0",
+            "tessera_upstream_connections_closed_total{reason=\"abandoned\"} 3",
+            "tessera_upstream_connections_closed_total{reason=\"tunnel\"} 1",
+            "tessera_config_reloads_total{result=\"applied\"} 2",
+            "tessera_config_reloads_total{result=\"refused\"} 1",
+            "tessera_config_last_reload_successful 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} not in:\n{text}");
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! The JWKS document of an external identity provider (RFC 7517): fetched over https (rustls,
+//! the system roots or `token.jwks_ca`), http or a file, parsed into verifying keys by `kid`,
+//! cached and refreshed. Must never: take a key without a `kid`, a symmetric key, or one of an
+//! algorithm not pinned.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use jsonwebtoken::DecodingKey;
+use tokio_rustls::rustls::pki_types::ServerName;
+use tokio_rustls::rustls::{ClientConfig, RootCertStore};
+
+use super::Algorithm;
+
+use super::keys::{KeyError, VerifyKey};
+
+/// Where the JWKS document comes from.
+#[derive(Debug, Clone)]
+pub enum JwksSource {
+    /// `file:PATH`, re-read on refresh.
+    File(PathBuf),
+    /// `https://host[:port]/path` (with the TLS client settings of [`jwks_tls`]) or
+    /// `http://host[:port]/path` (`None`: plain HTTP, for loopback or a sidecar).
+    Url(http::Uri, Option<Arc<ClientConfig>>),
+}
+
+/// TLS client settings for fetching a JWKS over https: TLS 1.2 and 1.3 (rustls' safe defaults,
+/// ring provider), ALPN `http/1.1`, the server's certificate checked against the CA certificates
+/// in the PEM file `ca` (they alone are trusted) or, without it, the system's trust store
+/// (`rustls-native-certs`: `SSL_CERT_FILE`/`SSL_CERT_DIR`, else the distribution's bundle).
+///
+/// Errors, as a sentence for the config key: `ca` unreadable or holding no certificate; no
+/// usable root certificate in the system store.
+pub fn jwks_tls(ca: Option<&Path>) -> Result<Arc<ClientConfig>, String> {
+    use tokio_rustls::rustls::pki_types::{pem::PemObject, CertificateDer};
+    let mut roots = RootCertStore::empty();
+    match ca {
+        Some(path) => {
+            let certs = CertificateDer::pem_file_iter(path)
+                .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| format!("cannot read CA certificates from {}: {e}", path.display()))?;
+            let (added, _) = roots.add_parsable_certificates(certs);
+            if added == 0 {
+                return Err(format!(
+                    "{} holds no usable CA certificate (PEM, \"-----BEGIN CERTIFICATE-----\")",
+                    path.display()
+                ));
+            }
+        }
+        None => {
+            let found = rustls_native_certs::load_native_certs();
+            roots.add_parsable_certificates(found.certs);
+            if roots.is_empty() {
+                let why = found
+                    .errors
+                    .first()
+                    .map_or(String::new(), |e| format!(" ({e})"));
+                return Err(format!("no trusted root certificate in the system store{why}: install the ca-certificates package, or set token.jwks_ca to the provider's CA file"));
+            }
+        }
+    }
+    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let mut cfg = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS settings: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+/// `token.jwks*` settings.
+#[derive(Debug, Clone)]
+pub struct JwksConfig {
+    /// The document's location.
+    pub source: JwksSource,
+    /// Periodic refresh interval. Default 300 s.
+    pub refresh: Duration,
+    /// Least time between two refreshes caused by an unknown `kid`. Default 30 s.
+    pub min_refresh: Duration,
+}
+
+pub(super) struct Jwks {
+    pub(super) cfg: JwksConfig,
+    pub(super) allowed: Vec<Algorithm>,
+    pub(super) keys: RwLock<Arc<HashMap<String, VerifyKey>>>,
+    /// Serialises fetches; holds the time of the last attempt.
+    pub(super) last: tokio::sync::Mutex<Option<Instant>>,
+}
+
+impl Jwks {
+    pub(super) async fn refresh(&self, min_gap: Option<Duration>) -> bool {
+        let mut last = self.last.lock().await;
+        if let (Some(gap), Some(at)) = (min_gap, *last) {
+            if at.elapsed() < gap {
+                return false;
+            }
+        }
+        *last = Some(Instant::now());
+        let doc = match fetch(&self.cfg.source).await {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(error = %e, "JWKS refresh failed; keeping the previous keys");
+                return false;
+            }
+        };
+        match parse_jwks(&doc, &self.allowed) {
+            Ok(keys) => {
+                tracing::info!(keys = keys.len(), "JWKS loaded");
+                *self.keys.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(keys);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "JWKS document rejected; keeping the previous keys");
+                false
+            }
+        }
+    }
+}
+
+/// Largest JWKS document accepted, bytes.
+pub(super) const MAX_JWKS_BYTES: usize = 1 << 20;
+
+pub(super) async fn fetch(source: &JwksSource) -> Result<Vec<u8>, KeyError> {
+    match source {
+        JwksSource::File(path) => tokio::fs::read(path)
+            .await
+            .map_err(|e| KeyError(format!("cannot read {}: {e}", path.display()))),
+        JwksSource::Url(uri, tls) => {
+            tokio::time::timeout(Duration::from_secs(5), fetch_http(uri, tls.as_ref()))
+                .await
+                .map_err(|_| KeyError(format!("{uri}: no answer within 5 s")))?
+        }
+    }
+}
+
+/// GET `uri` (HTTP/1.1; over TLS when `tls` is given, the certificate checked for the URL's
+/// host, a name or an IP address): the body of a 2xx answer, at most [`MAX_JWKS_BYTES`].
+pub(super) async fn fetch_http(
+    uri: &http::Uri,
+    tls: Option<&Arc<ClientConfig>>,
+) -> Result<Vec<u8>, KeyError> {
+    let err = |e: &dyn std::fmt::Display| KeyError(format!("{uri}: {e}"));
+    let auth = uri.authority().ok_or_else(|| err(&"no host"))?;
+    let host = auth.host().trim_start_matches('[').trim_end_matches(']');
+    let port = auth
+        .port_u16()
+        .unwrap_or(if tls.is_some() { 443 } else { 80 });
+    let tcp = tokio::net::TcpStream::connect((host, port))
+        .await
+        .map_err(|e| err(&e))?;
+    match tls {
+        None => get(tcp, uri, auth).await.map_err(|e| err(&e)),
+        Some(cfg) => {
+            let name = ServerName::try_from(host.to_owned()).map_err(|e| err(&e))?;
+            let stream = tokio_rustls::TlsConnector::from(cfg.clone())
+                .connect(name, tcp)
+                .await
+                .map_err(|e| err(&format!("TLS: {e}")))?;
+            get(stream, uri, auth).await.map_err(|e| err(&e))
+        }
+    }
+}
+
+/// One GET on a fresh connection `io`.
+pub(super) async fn get<IO>(
+    io: IO,
+    uri: &http::Uri,
+    auth: &http::uri::Authority,
+) -> Result<Vec<u8>, String>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    use http_body_util::BodyExt;
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io))
+        .await
+        .map_err(|e| err(&e))?;
+    tokio::spawn(conn);
+    let req = http::Request::get(uri.path_and_query().map_or("/", |p| p.as_str()))
+        .header(http::header::HOST, auth.as_str())
+        .header(http::header::ACCEPT, "application/json")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .map_err(|e| err(&e))?;
+    let resp = send.send_request(req).await.map_err(|e| err(&e))?;
+    if !resp.status().is_success() {
+        return Err(err(&format!("status {}", resp.status())));
+    }
+    let body = http_body_util::Limited::new(resp.into_body(), MAX_JWKS_BYTES)
+        .collect()
+        .await
+        .map_err(|e| err(&e))?;
+    Ok(body.to_bytes().to_vec())
+}
+
+/// Parses a JWKS document into verification keys by `kid`. Keys without `kid`, with `use` other
+/// than `sig`, or with an algorithm outside `allowed` are skipped. When a JWK has no `alg`, it is
+/// inferred from its type (RSA -> RS256, P-256 -> ES256, P-384 -> ES384, Ed25519 -> EdDSA).
+///
+/// Errors: not a JWKS JSON document.
+pub(super) fn parse_jwks(
+    doc: &[u8],
+    allowed: &[Algorithm],
+) -> Result<HashMap<String, VerifyKey>, KeyError> {
+    use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, PublicKeyUse};
+    #[derive(serde::Deserialize)]
+    struct Doc {
+        keys: Vec<serde_json::Value>,
+    }
+    let doc: Doc =
+        serde_json::from_slice(doc).map_err(|e| KeyError(format!("not a JWKS document: {e}")))?;
+    // Each key on its own: one key this crate cannot represent must not void the others.
+    let set = JwkSet {
+        keys: doc
+            .keys
+            .into_iter()
+            .filter_map(|v| serde_json::from_value(v).ok())
+            .collect(),
+    };
+    let mut out = HashMap::new();
+    for jwk in &set.keys {
+        let Some(kid) = jwk.common.key_id.clone() else {
+            continue;
+        };
+        if matches!(&jwk.common.public_key_use, Some(u) if *u != PublicKeyUse::Signature) {
+            continue;
+        }
+        let alg = match jwk.common.key_algorithm {
+            Some(a) => Algorithm::parse(&format!("{a:?}")),
+            None => match &jwk.algorithm {
+                AlgorithmParameters::RSA(_) => Some(Algorithm::RS256),
+                AlgorithmParameters::EllipticCurve(p) => match p.curve {
+                    EllipticCurve::P256 => Some(Algorithm::ES256),
+                    EllipticCurve::P384 => Some(Algorithm::ES384),
+                    _ => None,
+                },
+                AlgorithmParameters::OctetKeyPair(p) if p.curve == EllipticCurve::Ed25519 => {
+                    Some(Algorithm::EdDSA)
+                }
+                _ => None,
+            },
+        };
+        // Symmetric keys in a published JWKS would be secrets in the open: never accept them.
+        let Some(alg) = alg.filter(|a| allowed.contains(a) && !a.is_hmac()) else {
+            continue;
+        };
+        // The key's type and size must fit its algorithm (a short Ed25519 `x` would otherwise
+        // reach the verifier).
+        let fits = match (&jwk.algorithm, alg) {
+            (AlgorithmParameters::RSA(_), a) => {
+                a.name().starts_with("RS") || a.name().starts_with("PS")
+            }
+            (AlgorithmParameters::EllipticCurve(p), Algorithm::ES256) => {
+                p.curve == EllipticCurve::P256
+            }
+            (AlgorithmParameters::EllipticCurve(p), Algorithm::ES384) => {
+                p.curve == EllipticCurve::P384
+            }
+            (AlgorithmParameters::OctetKeyPair(p), Algorithm::EdDSA) => {
+                p.curve == EllipticCurve::Ed25519
+                    && base64::Engine::decode(
+                        &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+                        &p.x,
+                    )
+                    .is_ok_and(|x| x.len() == 32)
+            }
+            _ => false,
+        };
+        if !fits {
+            tracing::warn!(kid = %kid, "JWKS key skipped: type or size does not fit its algorithm");
+            continue;
+        }
+        match DecodingKey::from_jwk(jwk) {
+            Ok(key) => {
+                out.insert(
+                    kid,
+                    VerifyKey {
+                        algs: vec![alg],
+                        key,
+                    },
+                );
+            }
+            Err(e) => tracing::warn!(kid = %kid, error = %e, "JWKS key skipped"),
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jwks_skips_symmetric_unlisted_and_kidless_keys() {
+        let doc = br#"{"keys":[
+            {"kty":"oct","kid":"h","k":"c2VjcmV0","alg":"HS256"},
+            {"kty":"OKP","crv":"Ed25519","kid":"ed","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"},
+            {"kty":"OKP","crv":"Ed25519","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"},
+            {"kty":"OKP","crv":"Ed25519","kid":"enc","use":"enc","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"},
+            {"kty":"OKP","crv":"Ed25519","kid":"short","x":"11qYAYKxCrfVS_7TyWQ"},
+            {"kty":"OKP","crv":"X25519","kid":"x","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"},
+            {"kty":"weird","kid":"w"}
+        ]}"#;
+        let keys = parse_jwks(doc, &[Algorithm::EdDSA, Algorithm::HS256]).unwrap();
+        assert_eq!(keys.keys().collect::<Vec<_>>(), vec!["ed"]);
+        assert!(parse_jwks(doc, &[Algorithm::RS256]).unwrap().is_empty());
+        assert!(parse_jwks(b"[]", &[Algorithm::EdDSA]).is_err());
+    }
+}
