@@ -3,8 +3,10 @@
 //! Owns the JWT policy of RFC 8725 (pinned algorithms, strict parsing, time claims). Must never:
 //! log a token, accept `alg: none`, or let a token choose its own key.
 
+mod cache;
 pub mod extract;
 mod jwks;
+mod jws;
 pub mod keys;
 mod settings;
 pub mod verify;

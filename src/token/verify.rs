@@ -15,6 +15,9 @@ use super::keys::{ConfiguredKeys, Keys};
 use super::Algorithm;
 use super::TokenConfig;
 
+use super::cache::TokenCache;
+use super::jws::{numeric_date, split3, RawHeader};
+
 /// Why a token was refused. Every variant maps to 401; the variant name goes to the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum TokenError {
@@ -93,75 +96,6 @@ pub struct Claims {
     /// Audience, when configured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub aud: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct RawHeader<'a> {
-    #[serde(borrow)]
-    alg: std::borrow::Cow<'a, str>,
-    #[serde(borrow)]
-    typ: Option<std::borrow::Cow<'a, str>>,
-    #[serde(borrow)]
-    kid: Option<std::borrow::Cow<'a, str>>,
-    // Present with any value, `null` included (an `Option` would read `null` as absent).
-    #[serde(default, deserialize_with = "present")]
-    crit: bool,
-    #[serde(default, deserialize_with = "present")]
-    jku: bool,
-    #[serde(default, deserialize_with = "present")]
-    x5u: bool,
-    #[serde(default, deserialize_with = "present")]
-    jwk: bool,
-    #[serde(default, deserialize_with = "present")]
-    x5c: bool,
-}
-
-/// `true` for a header member that is there at all, whatever its value.
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
-    serde::de::IgnoredAny::deserialize(d).map(|_| true)
-}
-
-/// The verified-token cache: `exp` is checked on every hit, so an entry is never served after
-/// its token's `exp` + leeway.
-///
-/// Keyed by SipHash-2-4 with 128-bit output (the reference implementation's `siphash` with
-/// `outlen` 16) of the token text under a random 128-bit key drawn at start: 16 bytes per entry
-/// instead of the token (0.3-1 KiB). SipHash is a keyed PRF (Aumasson and Bernstein, "SipHash: a
-/// fast short-input PRF", 2012); a forged token would need a second preimage of a cached token's
-/// 128-bit tag under a key it never sees.
-struct TokenCache {
-    entries: quick_cache::sync::Cache<u128, VerifiedToken>,
-    k0: u64,
-    k1: u64,
-    /// Bumped by every clear: a verification that began before a clear (under a key set since
-    /// changed) is not kept after it (see [`Verifier::verify`]).
-    generation: std::sync::atomic::AtomicU64,
-}
-
-impl TokenCache {
-    /// A cache of at most `max_entries` verified tokens.
-    fn new(max_entries: u64) -> Self {
-        let mut k = [0u8; 16];
-        getrandom::getrandom(&mut k).expect("the OS random source works");
-        let (a, b) = k.split_at(8);
-        Self {
-            entries: quick_cache::sync::Cache::new(
-                usize::try_from(max_entries).unwrap_or(usize::MAX),
-            ),
-            k0: u64::from_le_bytes(a.try_into().expect("8 bytes")),
-            k1: u64::from_le_bytes(b.try_into().expect("8 bytes")),
-            generation: std::sync::atomic::AtomicU64::new(0),
-        }
-    }
-
-    /// The cache key of `token`.
-    fn key(&self, token: &str) -> u128 {
-        use siphasher::sip128::Hasher128;
-        use std::hash::Hasher;
-        let mut h = siphasher::sip128::SipHasher24::new_with_keys(self.k0, self.k1);
-        h.write(token.as_bytes());
-        h.finish128().into()
-    }
 }
 
 /// Verifies tokens under one pinned policy (built once from `[token]`).
@@ -425,32 +359,6 @@ impl Verifier {
             exp,
         })
     }
-}
-
-/// NumericDate (RFC 7519 section 2): a non-negative JSON number; fractions are truncated.
-fn numeric_date(v: Option<&serde_json::Value>) -> Option<u64> {
-    let n = v?.as_number()?;
-    n.as_u64().or_else(|| {
-        n.as_f64()
-            .filter(|f| f.is_finite() && *f >= 0.0)
-            .map(|f| f as u64)
-    })
-}
-
-/// Splits a compact JWS into exactly three non-empty base64url segments.
-fn split3(token: &str) -> Option<(&str, &str, &str)> {
-    if !token
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
-    {
-        return None;
-    }
-    let mut parts = token.split('.');
-    let (h, p, s) = (parts.next()?, parts.next()?, parts.next()?);
-    if parts.next().is_some() || h.is_empty() || p.is_empty() || s.is_empty() {
-        return None;
-    }
-    Some((h, p, s))
 }
 
 #[cfg(test)]
