@@ -11,7 +11,7 @@
 //!
 //! Why not `tracing::info!`: with the access log on, CPU per request at 8 clients went from about
 //! 32 to 43 µs, about 6 µs in `tracing-subscriber`'s formatter and 4 µs in one `write(2)` per
-//! line (BENCHMARKS.md, "Access log"). Here a line is written with a few copies, and a serving
+//! line (docs/benchmarks.md, "Access log"). Here a line is written with a few copies, and a serving
 //! thread keeps its lines in a buffer of its own that goes out in one `write(2)`:
 //! - when the thread is about to park (nothing left to run; at light load that is right after
 //!   each response, so a line is out within microseconds of its request),

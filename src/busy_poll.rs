@@ -17,7 +17,7 @@
 //! for loopback; Go's scheduler spins with a non-blocking netpoll likewise. A timer that comes due
 //! during a poll fires when it ends, at most `busy_poll_us` late.
 //!
-//! Trade-off (BENCHMARKS.md, "Busy polling"): at c=1 the added latency and req/s improve, and
+//! Trade-off (docs/benchmarks.md, "Busy polling"): at c=1 the added latency and req/s improve, and
 //! the thread keeps its core busy between requests; on a saturated host the spinning takes CPU
 //! from other processes. So a thread backs off when its CPU is contended: a poll of at least
 //! [`JUDGED_AFTER`] in which the thread ran less than half the wall time (its `sched_yield`s let

@@ -2,6 +2,7 @@
 //! upstream credentials are unsealed and injected as `Authorization: Basic`; the request goes on
 //! over a pooled keep-alive connection. See `proxy` for the request path, phase by phase.
 #![forbid(unsafe_code)]
+#![warn(clippy::too_many_lines)]
 
 mod access_log;
 pub mod admin;
@@ -90,8 +91,7 @@ pub fn serving_sessions(cfg: &Config) -> Result<session::Sessions, session::Stor
 /// tasks (cache invalidation, JWKS refresh, pool reaper). Requests are served by
 /// `server.threads` threads, each a single-threaded tokio runtime accepting from the same
 /// listener: a connection, its requests and the upstream connections they use stay on one
-/// thread, with no cross-thread wake-ups (measured in BENCHMARKS.md, "Tuning, one change at a
-/// time").
+/// thread, with no cross-thread wake-ups (docs/operations.md, "Tuning").
 ///
 /// With `metrics` (bound to `metrics.listen`), `GET /metrics` and the probes `/healthz` and
 /// `/readyz` are served there on the caller's runtime ([`telemetry::serve_metrics`]) until the

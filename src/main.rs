@@ -1,6 +1,9 @@
 //! The `tessera` binary: parse the command line, load config, call the library. Nothing else.
 //! Exit codes: 0 ok, 1 runtime failure, 2 configuration or usage error.
 
+#![forbid(unsafe_code)]
+#![warn(clippy::too_many_lines)]
+
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -203,100 +206,104 @@ async fn session(cmd: SessionCommand) -> ExitCode {
             user,
             password_stdin: _,
             ttl,
-        } => {
-            let cfg = match load(&config) {
-                Ok(c) => c,
-                Err(code) => return code,
-            };
-            let mut password = zeroize::Zeroizing::new(String::new());
-            if let Err(e) = std::io::stdin().read_to_string(&mut password) {
-                eprintln!("tessera: cannot read password from stdin: {e}");
-                return ExitCode::from(1);
-            }
-            let trimmed = password.trim_end_matches(['\r', '\n']).to_string();
-            let ttl = ttl.map_or(cfg.session.ttl_seconds, |d| d.as_secs().max(1));
-            match admin::create_session(&cfg, user, trimmed, ttl).await {
-                Ok(created) => {
-                    println!("{}", serde_json::to_string(&created).expect("serializable"));
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("tessera: {e}");
-                    ExitCode::from(1)
-                }
-            }
-        }
-        SessionCommand::List { config, json } => {
-            let cfg = match load(&config) {
-                Ok(c) => c,
-                Err(code) => return code,
-            };
-            match admin::list_sessions(&cfg).await {
-                Ok(list) => {
-                    if json {
-                        for l in &list {
-                            println!("{}", serde_json::to_string(l).expect("serializable"));
-                        }
-                    } else {
-                        println!("{:<14} {:<24} {:<22} KEY", "SID_HASH", "SUB", "EXPIRES_AT");
-                        for l in &list {
-                            let expires = l.expires_at.map_or_else(
-                                || "-".to_string(),
-                                |e| {
-                                    humantime::format_rfc3339_seconds(
-                                        std::time::UNIX_EPOCH + std::time::Duration::from_secs(e),
-                                    )
-                                    .to_string()
-                                },
-                            );
-                            println!(
-                                "{:<14} {:<24} {:<22} {}",
-                                l.sid_hash,
-                                l.sub.as_deref().unwrap_or("-"),
-                                expires,
-                                l.key_id.as_deref().unwrap_or("plaintext")
-                            );
-                        }
-                    }
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("tessera: {e}");
-                    ExitCode::from(1)
-                }
-            }
-        }
+        } => session_create(&config, user, ttl).await,
+        SessionCommand::List { config, json } => session_list(&config, json).await,
         SessionCommand::Reseal { config } => {
             let cfg = match load(&config) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
-            match admin::reseal_sessions(&cfg).await {
-                Ok(report) => {
-                    println!("{}", serde_json::to_string(&report).expect("serializable"));
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("tessera: {e}");
-                    ExitCode::from(1)
-                }
-            }
+            print_or_fail(admin::reseal_sessions(&cfg).await.map(|r| json_line(&r)))
         }
         SessionCommand::Revoke { config, sid } => {
             let cfg = match load(&config) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
-            match admin::revoke_session(&cfg, &sid).await {
-                Ok(existed) => {
-                    println!("{}", serde_json::json!({ "sid": sid, "revoked": existed }));
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("tessera: {e}");
-                    ExitCode::from(1)
-                }
-            }
+            let revoked = admin::revoke_session(&cfg, &sid).await;
+            print_or_fail(
+                revoked.map(|existed| {
+                    serde_json::json!({ "sid": sid, "revoked": existed }).to_string()
+                }),
+            )
+        }
+    }
+}
+
+/// `tessera session create`: the password from standard input, one JSON line out.
+async fn session_create(
+    config: &std::path::Path,
+    user: String,
+    ttl: Option<std::time::Duration>,
+) -> ExitCode {
+    let cfg = match load(config) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let mut password = zeroize::Zeroizing::new(String::new());
+    if let Err(e) = std::io::stdin().read_to_string(&mut password) {
+        eprintln!("tessera: cannot read password from stdin: {e}");
+        return ExitCode::from(1);
+    }
+    let trimmed = password.trim_end_matches(['\r', '\n']).to_string();
+    let ttl = ttl.map_or(cfg.session.ttl_seconds, |d| d.as_secs().max(1));
+    let created = admin::create_session(&cfg, user, trimmed, ttl).await;
+    print_or_fail(created.map(|c| json_line(&c)))
+}
+
+/// `tessera session list`: a table, or one JSON line per session.
+async fn session_list(config: &std::path::Path, json: bool) -> ExitCode {
+    let cfg = match load(config) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let list = match admin::list_sessions(&cfg).await {
+        Ok(list) => list,
+        Err(e) => return print_or_fail::<String, _>(Err(e)),
+    };
+    if json {
+        for l in &list {
+            println!("{}", json_line(l));
+        }
+        return ExitCode::SUCCESS;
+    }
+    println!("{:<14} {:<24} {:<22} KEY", "SID_HASH", "SUB", "EXPIRES_AT");
+    for l in &list {
+        let expires = l.expires_at.map_or_else(
+            || "-".to_string(),
+            |e| {
+                humantime::format_rfc3339_seconds(
+                    std::time::UNIX_EPOCH + std::time::Duration::from_secs(e),
+                )
+                .to_string()
+            },
+        );
+        println!(
+            "{:<14} {:<24} {:<22} {}",
+            l.sid_hash,
+            l.sub.as_deref().unwrap_or("-"),
+            expires,
+            l.key_id.as_deref().unwrap_or("plaintext")
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+/// `value` as one line of JSON.
+fn json_line(value: &impl serde::Serialize) -> String {
+    serde_json::to_string(value).expect("serializable")
+}
+
+/// Prints the line on success (exit 0), or the error on stderr (exit 1).
+fn print_or_fail<T: std::fmt::Display, E: std::fmt::Display>(result: Result<T, E>) -> ExitCode {
+    match result {
+        Ok(line) => {
+            println!("{line}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("tessera: {e}");
+            ExitCode::from(1)
         }
     }
 }

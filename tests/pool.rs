@@ -93,12 +93,7 @@ fn demo_upstream_with(
     rt.spawn(serve_demo_upstream(listener));
     let upstream = Upstream::new(
         addr,
-        cap,
-        Duration::from_secs(2),
-        idle,
-        Duration::from_secs(5),
-        affinity,
-        drain,
+        &settings(cap, idle, Duration::from_secs(5), affinity, drain),
         2,
     );
     (rt, Arc::new(upstream))
@@ -799,12 +794,7 @@ fn paced_with(
     let (rt, addr, accepted) = paced_upstream();
     let upstream = Upstream::new(
         addr,
-        2,
-        Duration::from_secs(2),
-        idle_timeout,
-        header_timeout,
-        Affinity::None,
-        drain,
+        &settings(2, idle_timeout, header_timeout, Affinity::None, drain),
         1,
     );
     set_serving_thread(0);
@@ -1320,4 +1310,26 @@ where
     .join()
     .expect("serving thread 1");
     drop(rt0);
+}
+
+/// `[upstream]` settings for a pool of `cap` connections (2 s connect timeout, no per-user bound).
+fn settings(
+    cap: usize,
+    idle_timeout: Duration,
+    header_timeout: Duration,
+    affinity: Affinity,
+    drain: Drain,
+) -> tessera::upstream::UpstreamConfig {
+    tessera::upstream::UpstreamConfig {
+        url: "http://127.0.0.1".parse().unwrap(),
+        max_connections: cap,
+        max_connections_per_user: cap,
+        connect_timeout: Duration::from_secs(2),
+        response_header_timeout: header_timeout,
+        idle_timeout,
+        preserve_host: true,
+        strip_response_headers: Vec::new(),
+        affinity,
+        drain,
+    }
 }

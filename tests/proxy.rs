@@ -1637,7 +1637,7 @@ fn an_announced_keep_alive_timeout_shortens_pooling() {
 /// With busy polling on (`server.busy_poll_us`) on two serving threads, requests over one
 /// keep-alive connection and over many parallel ones are all answered whole, the upstream
 /// connections stay pooled, and the serving threads did poll, some polls ended by a request or
-/// response arriving (`/metrics`). (Its effect on latency is a benchmark: BENCHMARKS.md.)
+/// response arriving (`/metrics`). (Its effect on latency is a benchmark: docs/benchmarks.md, "Busy polling".)
 #[test]
 fn busy_polling_answers_like_the_default() {
     let nginx = Nginx::start();

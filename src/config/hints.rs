@@ -22,7 +22,7 @@ pub(super) fn type_fix(key: &str, message: &str) -> String {
         .map(|(array, _)| array);
     if message.starts_with("unknown field") {
         "is unknown here; check its spelling and its table against the keys listed below \
-         and the configuration reference in README.md"
+         and the configuration reference in docs/configuration.md"
             .to_string()
     } else if ["u8", "u16", "u32", "u64", "usize"].contains(&expected) {
         // No range: the type's is not the key's, whose own bounds are checked after this.
@@ -49,6 +49,6 @@ pub(super) fn type_fix(key: &str, message: &str) -> String {
     } else if expected == "a sequence" {
         "must be an array, e.g. [\"a\", \"b\"]".to_string()
     } else {
-        "has the wrong type; see the configuration reference in README.md".to_string()
+        "has the wrong type; see the configuration reference in docs/configuration.md".to_string()
     }
 }

@@ -16,11 +16,58 @@ use crate::token::TokenConfig;
 const MAX_FAILURE_WINDOW_SECONDS: u64 = 7 * 24 * 3600;
 
 pub(super) fn validate_login(
-    l: RawLogin,
+    mut l: RawLogin,
     token: &mut TokenConfig,
     session: &SessionConfig,
 ) -> Result<LoginConfig, ConfigError> {
-    let prefix = l.path_prefix.unwrap_or_else(|| "/auth".into());
+    let (prefix, verify_path) = login_paths(l.path_prefix.take(), l.verify_path.take())?;
+    let (cookie_secure, cookie_name, cookie_same_site) = login_cookie(&l)?;
+    let token_ttl_seconds = l.token_ttl_seconds.unwrap_or(session.ttl_seconds);
+    if token_ttl_seconds == 0 || token_ttl_seconds > session.ttl_seconds {
+        return Err(ConfigError::new(
+            "login.token_ttl_seconds",
+            format!(
+                "must be between 1 and session.ttl_seconds ({})",
+                session.ttl_seconds
+            ),
+        ));
+    }
+    let positive = |key: &str, v: Option<u32>, d: u32| match v.unwrap_or(d) {
+        0 => Err(ConfigError::new(key, "must be greater than 0")),
+        n => Ok(n),
+    };
+    let window = l.failure_window_seconds.unwrap_or(300);
+    if !(1..=MAX_FAILURE_WINDOW_SECONDS).contains(&window) {
+        return Err(ConfigError::new(
+            "login.failure_window_seconds",
+            "must be between 1 and 604800 (one week)",
+        ));
+    }
+    token_for_login(token, &cookie_name)?;
+    Ok(LoginConfig {
+        path_prefix: prefix,
+        verify_path,
+        cookie_name,
+        cookie_secure,
+        cookie_same_site,
+        token_ttl_seconds,
+        max_failures_per_ip: positive("login.max_failures_per_ip", l.max_failures_per_ip, 20)?,
+        max_failures_per_user: positive(
+            "login.max_failures_per_user",
+            l.max_failures_per_user,
+            20,
+        )?,
+        failure_window: Duration::from_secs(window),
+        page_title: l.page_title.unwrap_or_else(|| "Sign in".into()),
+    })
+}
+
+/// `login.path_prefix` (default `/auth`) and `login.verify_path` (required).
+fn login_paths(
+    prefix: Option<String>,
+    verify: Option<String>,
+) -> Result<(String, http::uri::PathAndQuery), ConfigError> {
+    let prefix = prefix.unwrap_or_else(|| "/auth".into());
     if !prefix.starts_with('/')
         || prefix.len() < 2
         || prefix.ends_with('/')
@@ -33,7 +80,7 @@ pub(super) fn validate_login(
     }
     // No default: many upstreams answer 2xx to `GET /` without credentials, and then any
     // password would log in.
-    let verify = l.verify_path.ok_or_else(|| {
+    let verify = verify.ok_or_else(|| {
         ConfigError::new(
             "login.verify_path",
             "is required: an upstream path that answers 2xx only to valid credentials (Cyrus JMAP: \"/jmap/\")",
@@ -49,8 +96,13 @@ pub(super) fn validate_login(
                 format!("`{verify}` is not an absolute path, e.g. \"/jmap/\""),
             )
         })?;
+    Ok((prefix, verify_path))
+}
+
+/// `login.cookie_secure`, `login.cookie_name` and `login.cookie_same_site`.
+fn login_cookie(l: &RawLogin) -> Result<(bool, String, SameSite), ConfigError> {
     let cookie_secure = l.cookie_secure.unwrap_or(true);
-    let cookie_name = l.cookie_name.unwrap_or_else(|| {
+    let cookie_name = l.cookie_name.clone().unwrap_or_else(|| {
         if cookie_secure {
             "__Host-tessera"
         } else {
@@ -93,27 +145,12 @@ pub(super) fn validate_login(
             ))
         }
     };
-    let token_ttl_seconds = l.token_ttl_seconds.unwrap_or(session.ttl_seconds);
-    if token_ttl_seconds == 0 || token_ttl_seconds > session.ttl_seconds {
-        return Err(ConfigError::new(
-            "login.token_ttl_seconds",
-            format!(
-                "must be between 1 and session.ttl_seconds ({})",
-                session.ttl_seconds
-            ),
-        ));
-    }
-    let positive = |key: &str, v: Option<u32>, d: u32| match v.unwrap_or(d) {
-        0 => Err(ConfigError::new(key, "must be greater than 0")),
-        n => Ok(n),
-    };
-    let window = l.failure_window_seconds.unwrap_or(300);
-    if !(1..=MAX_FAILURE_WINDOW_SECONDS).contains(&window) {
-        return Err(ConfigError::new(
-            "login.failure_window_seconds",
-            "must be between 1 and 604800 (one week)",
-        ));
-    }
+    Ok((cookie_secure, cookie_name, cookie_same_site))
+}
+
+/// What login needs of `[token]`: a signing key and the `sid` claim; adds the login cookie to
+/// the token sources.
+fn token_for_login(token: &mut TokenConfig, cookie_name: &str) -> Result<(), ConfigError> {
     let has_signer = token
         .keys
         .iter()
@@ -130,24 +167,9 @@ pub(super) fn validate_login(
             "login issues tokens with `sid`; remove token.sid_claim or disable [login]",
         ));
     }
-    let source = TokenSource::Cookie(cookie_name.clone());
+    let source = TokenSource::Cookie(cookie_name.to_owned());
     if !token.sources.contains(&source) {
         token.sources.push(source);
     }
-    Ok(LoginConfig {
-        path_prefix: prefix,
-        verify_path,
-        cookie_name,
-        cookie_secure,
-        cookie_same_site,
-        token_ttl_seconds,
-        max_failures_per_ip: positive("login.max_failures_per_ip", l.max_failures_per_ip, 20)?,
-        max_failures_per_user: positive(
-            "login.max_failures_per_user",
-            l.max_failures_per_user,
-            20,
-        )?,
-        failure_window: Duration::from_secs(window),
-        page_title: l.page_title.unwrap_or_else(|| "Sign in".into()),
-    })
+    Ok(())
 }

@@ -44,31 +44,7 @@ pub(super) fn validate_server(s: RawServer) -> Result<ServerConfig, ConfigError>
             ),
         ));
     }
-    let mut trusted_proxies = Vec::new();
-    for (i, text) in s.trusted_proxies.unwrap_or_default().iter().enumerate() {
-        let net = text
-            .parse::<ipnet::IpNet>()
-            .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
-            .map_err(|_| {
-                ConfigError::new(
-                    &format!("server.trusted_proxies[{i}]"),
-                    format!(
-                        "`{text}` is not an IP address or CIDR block, e.g. \"10.0.0.0/8\" or \"::1\""
-                    ),
-                )
-            })?;
-        if let ipnet::IpNet::V6(v6) = net {
-            if v6.network().to_ipv4_mapped().is_some() {
-                return Err(ConfigError::new(
-                    &format!("server.trusted_proxies[{i}]"),
-                    format!(
-                        "`{text}` is IPv4-mapped; write it as IPv4 (peers are matched as IPv4)"
-                    ),
-                ));
-            }
-        }
-        trusted_proxies.push(net);
-    }
+    let trusted_proxies = trusted_proxies(s.trusted_proxies.unwrap_or_default())?;
     Ok(ServerConfig {
         listen,
         threads,
@@ -100,4 +76,34 @@ pub(super) fn validate_server(s: RawServer) -> Result<ServerConfig, ConfigError>
             }
         },
     })
+}
+
+/// `server.trusted_proxies`: addresses or CIDR blocks, IPv4 written as IPv4.
+fn trusted_proxies(listed: Vec<String>) -> Result<Vec<ipnet::IpNet>, ConfigError> {
+    let mut trusted_proxies = Vec::new();
+    for (i, text) in listed.iter().enumerate() {
+        let net = text
+            .parse::<ipnet::IpNet>()
+            .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+            .map_err(|_| {
+                ConfigError::new(
+                    &format!("server.trusted_proxies[{i}]"),
+                    format!(
+                        "`{text}` is not an IP address or CIDR block, e.g. \"10.0.0.0/8\" or \"::1\""
+                    ),
+                )
+            })?;
+        if let ipnet::IpNet::V6(v6) = net {
+            if v6.network().to_ipv4_mapped().is_some() {
+                return Err(ConfigError::new(
+                    &format!("server.trusted_proxies[{i}]"),
+                    format!(
+                        "`{text}` is IPv4-mapped; write it as IPv4 (peers are matched as IPv4)"
+                    ),
+                ));
+            }
+        }
+        trusted_proxies.push(net);
+    }
+    Ok(trusted_proxies)
 }

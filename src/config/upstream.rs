@@ -14,37 +14,7 @@ const MAX_DRAIN_WAIT_MS: u64 = 10_000;
 const MAX_DRAIN_BYTES: u64 = 16 * 1024 * 1024;
 
 pub(super) fn validate_upstream(u: RawUpstream) -> Result<UpstreamConfig, ConfigError> {
-    let key = "upstream.url";
-    let text = u.url.ok_or_else(|| {
-        ConfigError::new(key, "is required, e.g. url = \"http://127.0.0.1:8008\"")
-    })?;
-    let url: http::Uri = text
-        .parse()
-        .map_err(|e| ConfigError::new(key, format!("`{text}` is not a URL: {e}")))?;
-    match url.scheme_str() {
-        Some("http") => {}
-        Some(other) => {
-            return Err(ConfigError::new(
-                key,
-                format!("scheme `{other}` is not supported yet; use http://"),
-            ))
-        }
-        None => {
-            return Err(ConfigError::new(
-                key,
-                "needs a scheme, e.g. http://host:port",
-            ))
-        }
-    }
-    if url.host().is_none() {
-        return Err(ConfigError::new(
-            key,
-            "needs a host, e.g. http://127.0.0.1:8008",
-        ));
-    }
-    if url.query().is_some() {
-        return Err(ConfigError::new(key, "must not have a query string"));
-    }
+    let url = upstream_url(u.url.as_deref())?;
     let max_connections = u.max_connections.unwrap_or(64);
     if max_connections == 0 || max_connections > 100_000 {
         return Err(ConfigError::new(
@@ -79,7 +49,68 @@ pub(super) fn validate_upstream(u: RawUpstream) -> Result<UpstreamConfig, Config
         })?;
         strip.push(header);
     }
-    let affinity = match (u.affinity.as_deref().unwrap_or("none"), u.affinity_wait_ms) {
+    let affinity = affinity(u.affinity.as_deref(), u.affinity_wait_ms)?;
+    let drain = drain(u.drain_wait_ms, u.drain_max_bytes)?;
+    Ok(UpstreamConfig {
+        url,
+        max_connections,
+        max_connections_per_user,
+        affinity,
+        drain,
+        connect_timeout: ms("upstream.connect_timeout_ms", u.connect_timeout_ms, 5_000)?,
+        response_header_timeout: ms(
+            "upstream.response_header_timeout_ms",
+            u.response_header_timeout_ms,
+            60_000,
+        )?,
+        idle_timeout: ms("upstream.idle_timeout_ms", u.idle_timeout_ms, 30_000)?,
+        preserve_host: u.preserve_host.unwrap_or(true),
+        strip_response_headers: strip,
+    })
+}
+
+/// `upstream.url`: `http://host[:port][/base]`, required, no query.
+fn upstream_url(text: Option<&str>) -> Result<http::Uri, ConfigError> {
+    let key = "upstream.url";
+    let text = text.ok_or_else(|| {
+        ConfigError::new(key, "is required, e.g. url = \"http://127.0.0.1:8008\"")
+    })?;
+    let url: http::Uri = text
+        .parse()
+        .map_err(|e| ConfigError::new(key, format!("`{text}` is not a URL: {e}")))?;
+    match url.scheme_str() {
+        Some("http") => {}
+        Some(other) => {
+            return Err(ConfigError::new(
+                key,
+                format!("scheme `{other}` is not supported yet; use http://"),
+            ))
+        }
+        None => {
+            return Err(ConfigError::new(
+                key,
+                "needs a scheme, e.g. http://host:port",
+            ))
+        }
+    }
+    if url.host().is_none() {
+        return Err(ConfigError::new(
+            key,
+            "needs a host, e.g. http://127.0.0.1:8008",
+        ));
+    }
+    if url.query().is_some() {
+        return Err(ConfigError::new(key, "must not have a query string"));
+    }
+    Ok(url)
+}
+
+/// `upstream.affinity` (`"none"` or `"session"`) and `upstream.affinity_wait_ms`.
+fn affinity(
+    name: Option<&str>,
+    wait_ms: Option<u64>,
+) -> Result<crate::upstream::Affinity, ConfigError> {
+    let affinity = match (name.unwrap_or("none"), wait_ms) {
         ("none", None) => crate::upstream::Affinity::None,
         ("none", Some(_)) => {
             return Err(ConfigError::new(
@@ -106,8 +137,16 @@ pub(super) fn validate_upstream(u: RawUpstream) -> Result<UpstreamConfig, Config
             ))
         }
     };
+    Ok(affinity)
+}
+
+/// `upstream.drain_wait_ms` and `upstream.drain_max_bytes`.
+fn drain(
+    wait_ms: Option<u64>,
+    max_bytes: Option<u64>,
+) -> Result<crate::upstream::Drain, ConfigError> {
     let drain = crate::upstream::Drain {
-        wait: match u.drain_wait_ms {
+        wait: match wait_ms {
             None => crate::upstream::DRAIN_WAIT,
             Some(ms) if ms <= MAX_DRAIN_WAIT_MS => Duration::from_millis(ms),
             Some(ms) => {
@@ -120,7 +159,7 @@ pub(super) fn validate_upstream(u: RawUpstream) -> Result<UpstreamConfig, Config
                 ))
             }
         },
-        max_bytes: match u.drain_max_bytes {
+        max_bytes: match max_bytes {
             None => crate::upstream::DRAIN_BYTES,
             Some(n) if n <= MAX_DRAIN_BYTES => n,
             Some(n) => {
@@ -134,27 +173,12 @@ pub(super) fn validate_upstream(u: RawUpstream) -> Result<UpstreamConfig, Config
             }
         },
     };
-    if drain.wait.is_zero() && u.drain_max_bytes.is_some() {
+    if drain.wait.is_zero() && max_bytes.is_some() {
         return Err(ConfigError::new(
             "upstream.drain_max_bytes",
             "has no effect with drain_wait_ms = 0 (drains off); remove it or set drain_wait_ms \
              above 0",
         ));
     }
-    Ok(UpstreamConfig {
-        url,
-        max_connections,
-        max_connections_per_user,
-        affinity,
-        drain,
-        connect_timeout: ms("upstream.connect_timeout_ms", u.connect_timeout_ms, 5_000)?,
-        response_header_timeout: ms(
-            "upstream.response_header_timeout_ms",
-            u.response_header_timeout_ms,
-            60_000,
-        )?,
-        idle_timeout: ms("upstream.idle_timeout_ms", u.idle_timeout_ms, 30_000)?,
-        preserve_host: u.preserve_host.unwrap_or(true),
-        strip_response_headers: strip,
-    })
+    Ok(drain)
 }

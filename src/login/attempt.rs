@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,12 +20,12 @@ use zeroize::Zeroizing;
 
 use crate::error::ProxyError;
 use crate::seal::Credentials;
-use crate::session::{Sessions, Store};
+use crate::session::Store;
 use crate::upstream::{empty_body, BoxError, ProxyBody, Upstream};
 
 use super::page::safe_redirect;
 use super::request::{check_same_origin, constant_eq, content_type_is, cookie_value, read_body};
-use super::{Login, Refusal};
+use super::{EndpointRequest, Login, Refusal};
 
 /// Most concurrent login checks per client address (one per user name).
 pub(super) const MAX_IN_FLIGHT_PER_IP: u32 = 4;
@@ -145,21 +145,24 @@ pub(super) fn zeroizing_string<'de, D: serde::Deserializer<'de>>(
 }
 
 impl Login {
-    #[allow(clippy::too_many_arguments)]
     pub(super) async fn login<B>(
         &self,
-        parts: &Parts,
+        req: &EndpointRequest<'_>,
         body: B,
-        host: &HeaderValue,
-        peer: SocketAddr,
-        sessions: &Sessions,
-        upstream: &Upstream,
         sid_out: &mut Option<Arc<str>>,
     ) -> (Response<ProxyBody>, Option<String>)
     where
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
+        let EndpointRequest {
+            parts,
+            host,
+            peer,
+            sessions,
+            upstream,
+            ..
+        } = *req;
         let is_form = content_type_is(parts, "application/x-www-form-urlencoded");
         let form = match self.read_login(parts, body, host, is_form).await {
             Ok(f) => f,

@@ -42,6 +42,24 @@ pub use page::safe_redirect;
 use page::{json_error, redirect};
 use request::query_param;
 
+/// What a session-endpoint request carries besides its body: its head, its client and the parts
+/// of the proxy it uses.
+#[derive(Clone, Copy)]
+pub struct EndpointRequest<'a> {
+    /// The screened request head.
+    pub parts: &'a Parts,
+    /// The screened `Host` (for the same-origin check).
+    pub host: &'a HeaderValue,
+    /// The client (for the failed-login limits).
+    pub peer: SocketAddr,
+    /// Verifies the token of a logout or who-am-I request.
+    pub verifier: &'a Verifier,
+    /// Where sessions are made, read and revoked.
+    pub sessions: &'a Sessions,
+    /// Checks a login's credentials (`login.verify_path`).
+    pub upstream: &'a Upstream,
+}
+
 /// Largest login/logout request body, bytes.
 pub(super) const MAX_FORM_BYTES: usize = 8 * 1024;
 
@@ -147,36 +165,34 @@ impl Login {
         redirect(&format!("{}/login?rd={rd}", self.cfg.path_prefix), None)
     }
 
-    /// Serves one endpoint request. `host` is the screened request `Host` (for the Origin check).
-    /// Never fails: every outcome is a response, with the reason for the access log when there
-    /// is one. The sid the request named (if any) is written to `sid_out`, for the same log.
-    #[allow(clippy::too_many_arguments)]
+    /// Serves one endpoint request. Never fails: every outcome is a response, with the reason
+    /// for the access log when there is one. The sid the request named (if any) is written to
+    /// `sid_out`, for the same log.
     pub async fn handle<B>(
         &self,
         endpoint: Endpoint,
-        parts: &Parts,
+        req: EndpointRequest<'_>,
         body: B,
-        host: &HeaderValue,
-        peer: SocketAddr,
-        verifier: &Verifier,
-        sessions: &Sessions,
-        upstream: &Upstream,
         sid_out: &mut Option<Arc<str>>,
     ) -> (Response<ProxyBody>, Option<String>)
     where
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
+        let EndpointRequest {
+            parts,
+            host,
+            verifier,
+            sessions,
+            ..
+        } = req;
         match (endpoint, &parts.method) {
             (Endpoint::Login, &Method::GET | &Method::HEAD) => {
                 let rd = query_param(parts, "rd");
                 let rd = rd.as_deref().and_then(safe_redirect).unwrap_or("/");
                 (self.page(StatusCode::OK, rd, None), None)
             }
-            (Endpoint::Login, &Method::POST) => {
-                self.login(parts, body, host, peer, sessions, upstream, sid_out)
-                    .await
-            }
+            (Endpoint::Login, &Method::POST) => self.login(&req, body, sid_out).await,
             (Endpoint::Logout, &Method::POST) => {
                 self.logout(parts, body, host, verifier, sessions, sid_out)
                     .await

@@ -85,17 +85,7 @@ impl Proxy {
                 .trim_start_matches('[')
                 .trim_end_matches(']')
         );
-        let upstream = Upstream::new(
-            addr,
-            cfg.upstream.max_connections,
-            cfg.upstream.connect_timeout,
-            cfg.upstream.idle_timeout,
-            cfg.upstream.response_header_timeout,
-            cfg.upstream.affinity,
-            cfg.upstream.drain,
-            cfg.server.threads,
-        )
-        .with_shares(cfg.upstream.max_connections_per_user);
+        let upstream = Upstream::new(addr, &cfg.upstream, cfg.server.threads);
         let verifier = Verifier::new(&cfg.token);
         let login = Login::from_config(cfg, &verifier);
         Self {
@@ -303,18 +293,16 @@ impl Proxy {
             if let Some(endpoint) = login.route(parts.uri.path()) {
                 // Boxed: the login future (an upstream check, a store write) is many times the
                 // size of the proxy path's, and every request's future would carry its size.
-                let (resp, reason) = Box::pin(login.handle(
-                    endpoint,
-                    &parts,
-                    body,
-                    &screened.host,
-                    peer.addr,
-                    &self.verifier,
-                    &self.sessions,
-                    &self.upstream,
-                    &mut ctx.sid,
-                ))
-                .await;
+                let req = crate::login::EndpointRequest {
+                    parts: &parts,
+                    host: &screened.host,
+                    peer: peer.addr,
+                    verifier: &self.verifier,
+                    sessions: &self.sessions,
+                    upstream: &self.upstream,
+                };
+                let (resp, reason) =
+                    Box::pin(login.handle(endpoint, req, body, &mut ctx.sid)).await;
                 ctx.reason = reason;
                 return Ok(resp);
             }

@@ -54,7 +54,7 @@ const SHARD_MIN_ENTRIES: u64 = 64;
 /// Fixed bytes counted per entry on top of its variable parts: the cache slot (with the slab's
 /// growth slack), the hash index, the `Arc<str>` and `Arc<Session>` allocations and allocator
 /// rounding. Chosen so the count matches RSS: 100,000 cached sessions measured 34.4 MiB over the
-/// empty process (about 0.35 KiB each; `SECTIONS=memory bench/suite.sh`, BENCHMARKS.md).
+/// empty process (about 0.35 KiB each; `SECTIONS=memory bench/suite.sh`, docs/benchmarks.md).
 const ENTRY_OVERHEAD: u64 = 288;
 
 /// Bytes an entry is counted as: [`ENTRY_OVERHEAD`] + sid + credential header + user name.

@@ -51,6 +51,17 @@ fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt:
 
 impl prometheus_client::collector::Collector for Scrape {
     fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+        self.encode_requests(&mut e)?;
+        self.encode_upstream(&mut e)?;
+        self.encode_sessions(&mut e)?;
+        self.encode_runtime(&mut e)?;
+        Ok(())
+    }
+}
+
+impl Scrape {
+    /// Requests by status, and their durations.
+    fn encode_requests(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
         let mut family = e.encode_descriptor(
             "requests",
             "Requests answered, by the status code sent downstream.",
@@ -82,29 +93,34 @@ impl prometheus_client::collector::Collector for Scrape {
                 None,
             )?;
         }
+        Ok(())
+    }
+
+    /// The upstream pool: connections opened, reused, moved, drained, closed by reason, open now.
+    fn encode_upstream(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
         counter(
-            &mut e,
+            e,
             "upstream_connections_opened",
             "Connections opened to the upstream.",
             self.upstream_opened,
         )?;
         counter(
-            &mut e,
+            e,
             "upstream_requests_reused",
             "Requests sent on an upstream connection that had served an earlier request.",
             self.upstream_reused,
         )?;
-        counter(&mut e, "upstream_retries", "Requests retried on a fresh upstream connection after a reused one failed before the request was sent.", self.upstream_retried)?;
+        counter(e, "upstream_retries", "Requests retried on a fresh upstream connection after a reused one failed before the request was sent.", self.upstream_retried)?;
         counter(
-            &mut e,
+            e,
             "upstream_connections_moved",
             "Idle upstream connections moved to the serving thread that took them.",
             self.upstream_moved,
         )?;
-        counter(&mut e, "upstream_affinity_handovers", "With upstream.affinity = \"session\" at the connection cap: connections handed from a finished request straight to a waiting request of the same user.", self.upstream_handed_over)?;
-        counter(&mut e, "upstream_affinity_waits_expired", "With upstream.affinity = \"session\" at the connection cap: requests of a user already holding its share that got no connection of their own (the wait, upstream.affinity_wait_ms, ran out or is 0), so another user's idle connection, if one was still idle, was closed for a new one.", self.upstream_wait_expired)?;
-        counter(&mut e, "upstream_exchanges_drained", "Upstream exchanges whose client went away less than upstream.drain_wait_ms (default 250 ms) after the request was sent (before the response head, or with at most upstream.drain_max_bytes (default 64 KiB) or a chunked rest of the body left) that were read to their end in the background, their connection kept.", self.upstream_drained)?;
-        counter(&mut e, "upstream_exchanges_drain_failed", "Upstream exchanges whose client went away that were read in the background but could not be finished so (no response end within upstream.drain_wait_ms or upstream.drain_max_bytes, a response that ends its connection, an error, or the upstream closing): their connection was closed.", self.upstream_drain_failed)?;
+        counter(e, "upstream_affinity_handovers", "With upstream.affinity = \"session\" at the connection cap: connections handed from a finished request straight to a waiting request of the same user.", self.upstream_handed_over)?;
+        counter(e, "upstream_affinity_waits_expired", "With upstream.affinity = \"session\" at the connection cap: requests of a user already holding its share that got no connection of their own (the wait, upstream.affinity_wait_ms, ran out or is 0), so another user's idle connection, if one was still idle, was closed for a new one.", self.upstream_wait_expired)?;
+        counter(e, "upstream_exchanges_drained", "Upstream exchanges whose client went away less than upstream.drain_wait_ms (default 250 ms) after the request was sent (before the response head, or with at most upstream.drain_max_bytes (default 64 KiB) or a chunked rest of the body left) that were read to their end in the background, their connection kept.", self.upstream_drained)?;
+        counter(e, "upstream_exchanges_drain_failed", "Upstream exchanges whose client went away that were read in the background but could not be finished so (no response end within upstream.drain_wait_ms or upstream.drain_max_bytes, a response that ends its connection, an error, or the upstream closing): their connection was closed.", self.upstream_drain_failed)?;
         let mut family = e.encode_descriptor(
             "upstream_connections_closed",
             "Upstream connections closed, by reason: upstream (it said Connection: close, or closed or reset the connection), expired (idle past upstream.idle_timeout_ms or the upstream's Keep-Alive timeout), evicted (idle, closed to make room under upstream.max_connections for another user's connection with affinity, or an idle peer of a reused connection that failed, before the retry), abandoned (an exchange left before its end, by its client, an oversized request body, a timeout or its session's end, and not finished in the background), error (an I/O error, a malformed response, bytes after a response's end, a reset while a request was partly written), tunnel (a WebSocket tunnel ended).",
@@ -124,44 +140,54 @@ impl prometheus_client::collector::Collector for Scrape {
         for (state, n) in [("busy", busy), ("idle", idle)] {
             ConstGauge::new(n as u64).encode(family.encode_family(&[("state", state)])?)?;
         }
-        counter(&mut e, "session_store_reads", "Session records read from the store on the request path (cache fills, or every request while the cache is bypassed).", self.store_reads)?;
+        Ok(())
+    }
+
+    /// The session cache, responses that end with their session, WebSocket tunnels.
+    fn encode_sessions(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
+        counter(e, "session_store_reads", "Session records read from the store on the request path (cache fills, or every request while the cache is bypassed).", self.store_reads)?;
         if let Some((entries, live)) = self.session_cache {
             gauge(
-                &mut e,
+                e,
                 "session_cache_entries",
                 "Sessions in the cache, found and unknown (negative) entries.",
                 entries,
             )?;
-            gauge(&mut e, "session_cache_live", "1 while the store's invalidation channel is live and the cache is used; 0 while it is bypassed.", u64::from(live))?;
+            gauge(e, "session_cache_live", "1 while the store's invalidation channel is live and the cache is used; 0 while it is bypassed.", u64::from(live))?;
         }
         if let Some((open, ended)) = self.streams {
-            gauge(&mut e, "session_streams_open", "Responses open now whose body waited for the upstream (server-sent events, long downloads) and WebSocket connections: each ends when its session is revoked or expires.", open)?;
+            gauge(e, "session_streams_open", "Responses open now whose body waited for the upstream (server-sent events, long downloads) and WebSocket connections: each ends when its session is revoked or expires.", open)?;
             counter(
-                &mut e,
+                e,
                 "session_streams_ended",
                 "Open responses and WebSocket connections ended because their session was revoked or expired.",
                 ended,
             )?;
         }
         if let Some((open, opened)) = self.websockets {
-            gauge(&mut e, "websockets_open", "WebSocket connections open now, handshakes being forwarded included (each open one holds one upstream connection, counted as busy).", open)?;
+            gauge(e, "websockets_open", "WebSocket connections open now, handshakes being forwarded included (each open one holds one upstream connection, counted as busy).", open)?;
             counter(
-                &mut e,
+                e,
                 "websockets_opened",
                 "WebSocket upgrades the upstream accepted (101) since start.",
                 opened,
             )?;
         }
+        Ok(())
+    }
+
+    /// Busy polling, configuration reloads, the verified-token cache.
+    fn encode_runtime(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
         let poll = self.busy_poll;
         counter(
-            &mut e,
+            e,
             "busy_polls",
             "Busy polls run by serving threads before parking (server.busy_poll_us; 0 while off).",
             poll.polls,
         )?;
-        counter(&mut e, "busy_polls_answered", "Busy polls ended by a readable socket or a task woken from another thread (a sleep and wake-up saved).", poll.answered)?;
+        counter(e, "busy_polls_answered", "Busy polls ended by a readable socket or a task woken from another thread (a sleep and wake-up saved).", poll.answered)?;
         counter(
-            &mut e,
+            e,
             "busy_poll_backoffs",
             "Times a serving thread stopped polling for 20 ms because its CPU was contended.",
             poll.backoffs,
@@ -176,10 +202,10 @@ impl prometheus_client::collector::Collector for Scrape {
         for (result, n) in [("applied", applied), ("refused", refused)] {
             ConstCounter::new(n).encode(family.encode_family(&[("result", result)])?)?;
         }
-        gauge(&mut e, "config_last_reload_successful", "1 when the last configuration reload was applied (or none was asked for since start), 0 when it was refused.", u64::from(last_ok))?;
+        gauge(e, "config_last_reload_successful", "1 when the last configuration reload was applied (or none was asked for since start), 0 when it was refused.", u64::from(last_ok))?;
         if let Some(entries) = self.token_cache {
             gauge(
-                &mut e,
+                e,
                 "token_cache_entries",
                 "Verified tokens in the cache.",
                 entries,

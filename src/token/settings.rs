@@ -21,7 +21,7 @@ pub struct TokenConfig {
     /// Verified-token cache entries (0 = off). Default 100000. An entry lives until the token's
     /// `exp` + leeway, so a warm token costs a keyed hash and a lookup (about 0.3 µs), not a
     /// signature check (HS512 about 3 µs with its JSON, RS256/EdDSA 30-100 µs). About 0.16 KiB
-    /// of RSS per cached token (BENCHMARKS.md).
+    /// of RSS per cached token (docs/benchmarks.md, "Memory").
     pub cache_max_entries: u64,
     /// Cache HS* tokens too (default true). With false, HS* tokens are verified on every request
     /// (about 2.8 µs more per warm request in benches/hot_path.rs, 1.2-1.3x fewer req/s in

@@ -293,7 +293,7 @@ mod tests {
     }
 
     #[test]
-    fn response_framing_follows_rfc_9112_section_6_3() {
+    fn content_length_framing_follows_rfc_9112_section_6_3() {
         let ok = StatusCode::OK;
         let f = |head, status, h: &[(&str, &str)]| framing(head, status, &from_pairs(h));
         assert_eq!(
@@ -351,6 +351,12 @@ mod tests {
         assert!(f(false, ok, &[("content-length", "-1")]).is_err());
         assert!(f(false, ok, &[("content-length", "+5")]).is_err());
         assert!(f(false, ok, &[("content-length", "99999999999999999999")]).is_err());
+    }
+
+    #[test]
+    fn transfer_codings_follow_rfc_9112_section_6_3() {
+        let ok = StatusCode::OK;
+        let f = |head, status, h: &[(&str, &str)]| framing(head, status, &from_pairs(h));
         // Transfer-Encoding wins over Content-Length; chunked must be the last coding.
         assert_eq!(
             f(

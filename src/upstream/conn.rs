@@ -32,7 +32,7 @@ use crate::busy_poll;
 
 use super::chunked::{body_eof, decode_body};
 use super::codec::idle_limit;
-use super::exchange::Out;
+use super::outgoing::Out;
 
 /// Largest response head accepted (status line + headers), bytes. Larger: 502.
 pub const MAX_HEAD: usize = 64 * 1024;

@@ -4,76 +4,21 @@
 //! mark a connection reusable when the request was not written in full.
 
 use std::future::poll_fn;
-use std::io::{self, IoSlice};
+use std::io::{self};
 use std::pin::Pin;
-use std::task::{ready, Poll};
+use std::task::{ready, Context, Poll};
 
-use bytes::{Buf, Bytes};
 use http::header::{self};
 use http::{HeaderMap, Method, Request, StatusCode};
 use http_body::Body;
 
-use super::{BoxError, ForwardError, UpBody};
+use super::{ForwardError, UpBody};
 
 use super::codec::{final_head, head_complete};
 use super::conn::{broken, Framing, Head, SendError, Sending, H1, MAX_HEAD, READ_CHUNK};
 use super::encode::encode_head;
 
-enum Fail {
-    Io(io::Error),
-    Body(BoxError),
-    Head(ForwardError),
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum BodyFraming {
-    None,
-    Length(u64),
-    Chunked,
-}
-
-/// Bytes queued for the socket (the head, then body pieces), written with one `writev` where
-/// several are queued.
-#[derive(Default)]
-pub(super) struct Out {
-    queue: std::collections::VecDeque<Bytes>,
-}
-
-impl Out {
-    pub(super) fn push(&mut self, b: Bytes) {
-        if !b.is_empty() {
-            self.queue.push_back(b);
-        }
-    }
-
-    pub(super) fn is_empty(&self) -> bool {
-        self.queue.is_empty()
-    }
-
-    pub(super) fn slices<'a>(&'a self, into: &mut [IoSlice<'a>; 3]) -> usize {
-        let mut n = 0;
-        for (slot, b) in into.iter_mut().zip(self.queue.iter()) {
-            *slot = IoSlice::new(b);
-            n += 1;
-        }
-        n
-    }
-
-    pub(super) fn advance(&mut self, mut n: usize) {
-        while n > 0 {
-            let Some(front) = self.queue.front_mut() else {
-                return;
-            };
-            if n >= front.len() {
-                n -= front.len();
-                self.queue.pop_front();
-            } else {
-                front.advance(n);
-                n = 0;
-            }
-        }
-    }
-}
+use super::outgoing::{body_framing, failed, queue_frame, BodyFraming, Fail};
 
 /// A 101 answer to a request whose `Upgrade` field is `upgrade`: accepted only when both name
 /// `websocket` (RFC 9110 section 15.2.2: a server switches only to a protocol the client listed;
@@ -98,21 +43,6 @@ fn switched(mut head: Head, request: &HeaderMap) -> Result<Head, ForwardError> {
     head.keep_alive = false;
     head.framing = Framing::Done;
     Ok(head)
-}
-
-/// A request-body error as the forward phase reports it.
-fn body_error(e: BoxError) -> ForwardError {
-    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(&*e);
-    while let Some(s) = src {
-        if s.is::<http_body_util::LengthLimitError>() {
-            return ForwardError::BodyTooLarge;
-        }
-        if s.is::<super::BodyStalled>() {
-            return ForwardError::BodyTimeout;
-        }
-        src = s.source();
-    }
-    ForwardError::ClientBody(e.to_string())
 }
 
 impl H1 {
@@ -143,22 +73,7 @@ impl H1 {
     ) -> Result<Head, SendError> {
         let head_request = req.method() == Method::HEAD;
         let (parts, mut body) = req.into_parts();
-        let framing = if body.is_end_stream() {
-            match parts.method {
-                Method::GET
-                | Method::HEAD
-                | Method::DELETE
-                | Method::OPTIONS
-                | Method::TRACE
-                | Method::CONNECT => BodyFraming::None,
-                _ => BodyFraming::Length(0),
-            }
-        } else {
-            match body.size_hint().exact() {
-                Some(n) => BodyFraming::Length(n),
-                None => BodyFraming::Chunked,
-            }
-        };
+        let framing = body_framing(&parts.method, &body);
         let mut out = std::mem::take(&mut self.out);
         out.push(encode_head(&parts, framing));
         let mut sent_any = false;
@@ -174,31 +89,20 @@ impl H1 {
                 // are consumed, an error (>= 400, or 101) stops the sending, any other final head
                 // is kept and the body is still sent in full.
                 if !eof && early.is_none() {
-                    match self.poll_fill(cx) {
-                        Poll::Ready(Ok(_)) if !sent_any => {
-                            // Bytes or a close before any of the request was written: nothing
-                            // of it was sent, so it may be replayed on another connection.
-                            return Poll::Ready(Err(Fail::Io(io::Error::new(
-                                io::ErrorKind::ConnectionAborted,
-                                "upstream spoke or closed before the request",
-                            ))));
-                        }
-                        Poll::Ready(Ok(0)) => eof = true,
-                        Poll::Ready(Ok(_)) => match self.early_head(head_request) {
-                            Ok(None) => continue,
-                            Ok(Some(head)) => {
-                                let stop = head.response.status().as_u16() >= 400
-                                    || head.response.status() == StatusCode::SWITCHING_PROTOCOLS;
-                                early = Some(head);
-                                if stop {
-                                    return Poll::Ready(Ok(()));
-                                }
-                                continue;
+                    match self.poll_early(cx, sent_any, head_request) {
+                        Early::Nothing => {}
+                        Early::Eof => eof = true,
+                        Early::Read => continue,
+                        Early::Head(head) => {
+                            let stop = head.response.status().as_u16() >= 400
+                                || head.response.status() == StatusCode::SWITCHING_PROTOCOLS;
+                            early = Some(head);
+                            if stop {
+                                return Poll::Ready(Ok(()));
                             }
-                            Err(e) => return Poll::Ready(Err(Fail::Head(e))),
-                        },
-                        Poll::Ready(Err(e)) => return Poll::Ready(Err(Fail::Io(e))),
-                        Poll::Pending => {}
+                            continue;
+                        }
+                        Early::Failed(fail) => return Poll::Ready(Err(fail)),
                     }
                 }
                 if !out.is_empty() {
@@ -227,29 +131,10 @@ impl H1 {
                     }
                 }
                 polled_body = true;
-                match ready!(Pin::new(&mut body).poll_frame(cx)) {
-                    Some(Ok(frame)) => {
-                        if let Ok(data) = frame.into_data() {
-                            if data.is_empty() {
-                                continue;
-                            }
-                            if framing == BodyFraming::Chunked {
-                                out.push(Bytes::from(format!("{:x}\r\n", data.len())));
-                                out.push(data);
-                                out.push(Bytes::from_static(b"\r\n"));
-                            } else {
-                                out.push(data);
-                            }
-                        }
-                        // Request trailers are dropped (hop-by-hop `TE`/`Trailer` were removed).
-                    }
-                    Some(Err(e)) => return Poll::Ready(Err(Fail::Body(e))),
-                    None => {
-                        if framing == BodyFraming::Chunked {
-                            out.push(Bytes::from_static(b"0\r\n\r\n"));
-                        }
-                        body_done = true;
-                    }
+                let frame = ready!(Pin::new(&mut body).poll_frame(cx));
+                match queue_frame(frame, framing, &mut out) {
+                    Ok(done) => body_done = done,
+                    Err(e) => return Poll::Ready(Err(Fail::Body(e))),
                 }
             }
             Poll::Ready(Ok(()))
@@ -257,24 +142,43 @@ impl H1 {
         .await;
         *sending = Sending::Idle;
         if let Err(fail) = result {
-            return Err(match fail {
-                Fail::Body(e) => SendError::Failed(body_error(e)),
-                Fail::Head(e) => SendError::Failed(e),
-                Fail::Io(e) if !sent_any && !polled_body => SendError::Unsent(
-                    Request::from_parts(parts, body),
-                    broken(format!("writing the request: {e}")),
-                ),
-                Fail::Io(e) => SendError::Failed(broken(format!("writing the request: {e}"))),
-            });
+            let unsent = (!sent_any && !polled_body).then(|| Request::from_parts(parts, body));
+            return Err(failed(fail, unsent));
         }
         // The upstream may take another request only if this one was written to its end.
-        let request_complete = body_done && out.is_empty();
+        let sent = Sent {
+            complete: body_done && out.is_empty(),
+            early,
+            eof,
+            polled_body,
+            head_request,
+        };
         out.queue.clear();
         self.out = out;
+        self.answer(sent, parts, body, sending).await
+    }
+
+    /// The response head of a request sent ([`Sent`]): the one that came early, or the next one
+    /// read; a 101 checked against the request's `Upgrade`. Its connection is reusable only if
+    /// the request was written to its end.
+    async fn answer(
+        &mut self,
+        sent: Sent,
+        parts: http::request::Parts,
+        body: UpBody,
+        sending: &mut Sending,
+    ) -> Result<Head, SendError> {
+        let Sent {
+            complete,
+            early,
+            eof,
+            polled_body,
+            head_request,
+        } = sent;
         let head = match early {
             Some(head) => Ok(head),
             None => {
-                if request_complete && !eof {
+                if complete && !eof {
                     *sending = Sending::HeadDue { head_request };
                 }
                 let head = self.read_head(head_request, eof).await;
@@ -301,7 +205,7 @@ impl H1 {
             self.announced_idle = head.announced_idle;
         }
         head.map(|mut head| {
-            head.keep_alive &= request_complete;
+            head.keep_alive &= complete;
             head
         })
     }
@@ -373,6 +277,56 @@ impl H1 {
                 Ok(_) => received_any = true,
                 Err(e) => return Err(closed(format!("read failed ({e})"))),
             }
+        }
+    }
+}
+
+/// How the sending of a request ended, for [`H1::answer`].
+struct Sent {
+    /// The request was written to its end.
+    complete: bool,
+    /// A final head that came while it was being sent.
+    early: Option<Head>,
+    /// The upstream closed its side meanwhile.
+    eof: bool,
+    /// The body was read from (it cannot be replayed).
+    polled_body: bool,
+    head_request: bool,
+}
+
+/// What reading while a request is being sent found ([`H1::poll_early`]).
+enum Early {
+    /// Nothing to read yet.
+    Nothing,
+    /// The upstream closed its side.
+    Eof,
+    /// Bytes that complete no final head yet (an interim head was consumed, or a head is partial).
+    Read,
+    /// A final response head, before the request was sent in full.
+    Head(Head),
+    /// An error, or bytes or a close before any of the request was written.
+    Failed(Fail),
+}
+
+impl H1 {
+    /// Reads what the upstream sent while the request is being written (RFC 9112 section 9.5):
+    /// interim heads are consumed, a final head is returned. Bytes or a close before any of the
+    /// request was written (`sent_any` false) fail the sending as unsent, so the request may be
+    /// replayed on another connection.
+    fn poll_early(&mut self, cx: &mut Context<'_>, sent_any: bool, head_request: bool) -> Early {
+        match self.poll_fill(cx) {
+            Poll::Ready(Ok(_)) if !sent_any => Early::Failed(Fail::Io(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "upstream spoke or closed before the request",
+            ))),
+            Poll::Ready(Ok(0)) => Early::Eof,
+            Poll::Ready(Ok(_)) => match self.early_head(head_request) {
+                Ok(None) => Early::Read,
+                Ok(Some(head)) => Early::Head(head),
+                Err(e) => Early::Failed(Fail::Head(e)),
+            },
+            Poll::Ready(Err(e)) => Early::Failed(Fail::Io(e)),
+            Poll::Pending => Early::Nothing,
         }
     }
 }

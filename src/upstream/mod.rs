@@ -23,6 +23,7 @@ mod conn;
 mod encode;
 mod exchange;
 mod frames;
+mod outgoing;
 mod pool;
 pub(crate) mod raw;
 mod request;
@@ -132,42 +133,22 @@ fn idempotent(m: &Method) -> bool {
 }
 
 impl Upstream {
-    /// An upstream at `addr` (`host:port`) with these `[upstream]` settings, used from `threads`
-    /// serving threads; shares off (see [`Upstream::with_shares`]).
-    // Each argument is one setting (a struct of them would repeat `UpstreamConfig`, which tests
-    // and benchmarks do not build).
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        addr: String,
-        max_connections: usize,
-        connect_timeout: Duration,
-        idle_timeout: Duration,
-        header_timeout: Duration,
-        affinity: Affinity,
-        drain: Drain,
-        threads: usize,
-    ) -> Self {
+    /// An upstream at `addr` (`host:port`) with these `[upstream]` settings (its `url` is not
+    /// read: `addr` is where to connect), used from `threads` serving threads.
+    pub fn new(addr: String, settings: &UpstreamConfig, threads: usize) -> Self {
         Self {
             pool: Pool::new(
                 addr,
-                max_connections,
-                connect_timeout,
-                idle_timeout,
-                affinity,
-                drain,
+                settings.max_connections,
+                settings.connect_timeout,
+                settings.idle_timeout,
+                settings.affinity,
+                settings.drain,
                 threads,
             ),
-            header_timeout,
-            shares: share::Shares::new(max_connections, max_connections),
+            header_timeout: settings.response_header_timeout,
+            shares: share::Shares::new(settings.max_connections_per_user, settings.max_connections),
         }
-    }
-
-    /// Bounds each user (upstream credential) and each HTTP/2 connection to `per_user` upstream
-    /// connections at once (`upstream.max_connections_per_user`; at or above the pool's cap:
-    /// no bound).
-    pub fn with_shares(mut self, per_user: usize) -> Self {
-        self.shares = share::Shares::new(per_user, self.pool.max_connections());
-        self
     }
 
     /// A new HTTP/2 connection's share of the pool, for all its streams together; `None` when

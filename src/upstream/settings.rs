@@ -32,7 +32,7 @@ pub struct UpstreamConfig {
     /// only carries requests with the same upstream credential, so it never carries two users'
     /// requests. At the cap, a request whose user holds its share waits up to
     /// `affinity_wait_ms` (0..=1000, default 5) for one of its own connections (see
-    /// `upstream::pool` and BENCHMARKS.md, "Affinity without churn").
+    /// `upstream::pool` and docs/benchmarks.md, "Upstream affinity").
     pub affinity: crate::upstream::Affinity,
     /// Exchanges whose client went away, finished in the background so that their connection is
     /// kept: `drain_wait_ms` (0..=10000, default 250; 0 turns it off) bounds how young an

@@ -22,7 +22,8 @@
 //!
 //! Without the wait, 16 users over 64 connections at 64 concurrent requests closed and opened
 //! about one connection per seven requests, for good: a user's requests in flight vary around
-//! its share, and each one over it closed another user's connection (BENCHMARKS.md, "Affinity
+//! its share, and each one over it closed another user's connection (docs/benchmarks.md,
+//! "Upstream affinity").
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,0 +1,151 @@
+//! A request as it goes out: how its body is framed (none, `Content-Length`, chunked), the write
+//! queue that carries head and body pieces in one `writev`, and what a failed sending is
+//! reported as. Must never: frame a body two ways.
+
+use std::io::{self, IoSlice};
+
+use bytes::{Buf, Bytes};
+use http::{Method, Request};
+use http_body::{Body, Frame};
+
+use super::{BoxError, ForwardError, UpBody};
+
+use super::conn::{broken, SendError};
+
+pub(super) enum Fail {
+    Io(io::Error),
+    Body(BoxError),
+    Head(ForwardError),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum BodyFraming {
+    None,
+    Length(u64),
+    Chunked,
+}
+
+/// Bytes queued for the socket (the head, then body pieces), written with one `writev` where
+/// several are queued.
+#[derive(Default)]
+pub(super) struct Out {
+    pub(super) queue: std::collections::VecDeque<Bytes>,
+}
+
+impl Out {
+    pub(super) fn push(&mut self, b: Bytes) {
+        if !b.is_empty() {
+            self.queue.push_back(b);
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    pub(super) fn slices<'a>(&'a self, into: &mut [IoSlice<'a>; 3]) -> usize {
+        let mut n = 0;
+        for (slot, b) in into.iter_mut().zip(self.queue.iter()) {
+            *slot = IoSlice::new(b);
+            n += 1;
+        }
+        n
+    }
+
+    pub(super) fn advance(&mut self, mut n: usize) {
+        while n > 0 {
+            let Some(front) = self.queue.front_mut() else {
+                return;
+            };
+            if n >= front.len() {
+                n -= front.len();
+                self.queue.pop_front();
+            } else {
+                front.advance(n);
+                n = 0;
+            }
+        }
+    }
+}
+
+/// A request-body error as the forward phase reports it.
+pub(super) fn body_error(e: BoxError) -> ForwardError {
+    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(&*e);
+    while let Some(s) = src {
+        if s.is::<http_body_util::LengthLimitError>() {
+            return ForwardError::BodyTooLarge;
+        }
+        if s.is::<super::BodyStalled>() {
+            return ForwardError::BodyTimeout;
+        }
+        src = s.source();
+    }
+    ForwardError::ClientBody(e.to_string())
+}
+
+/// The error of a sending that failed; `unsent` is the request when none of it was written
+/// and its body was not read (it may be replayed on another connection).
+pub(super) fn failed(fail: Fail, unsent: Option<Request<UpBody>>) -> SendError {
+    match (fail, unsent) {
+        (Fail::Body(e), _) => SendError::Failed(body_error(e)),
+        (Fail::Head(e), _) => SendError::Failed(e),
+        (Fail::Io(e), Some(req)) => {
+            SendError::Unsent(req, broken(format!("writing the request: {e}")))
+        }
+        (Fail::Io(e), None) => SendError::Failed(broken(format!("writing the request: {e}"))),
+    }
+}
+
+/// How a request body is framed upstream: none for a bodyless GET/HEAD/DELETE/OPTIONS/TRACE,
+/// `Content-Length` when the body's size is known, else chunked.
+pub(super) fn body_framing(method: &Method, body: &UpBody) -> BodyFraming {
+    if body.is_end_stream() {
+        match *method {
+            Method::GET
+            | Method::HEAD
+            | Method::DELETE
+            | Method::OPTIONS
+            | Method::TRACE
+            | Method::CONNECT => BodyFraming::None,
+            _ => BodyFraming::Length(0),
+        }
+    } else {
+        match body.size_hint().exact() {
+            Some(n) => BodyFraming::Length(n),
+            None => BodyFraming::Chunked,
+        }
+    }
+}
+
+/// Queues a body frame for the socket in `framing` (request trailers are dropped: the hop-by-hop
+/// `TE`/`Trailer` were removed); `Ok(true)` once the body ended (its last chunk queued).
+pub(super) fn queue_frame(
+    frame: Option<Result<Frame<Bytes>, BoxError>>,
+    framing: BodyFraming,
+    out: &mut Out,
+) -> Result<bool, BoxError> {
+    match frame {
+        Some(Ok(frame)) => {
+            if let Ok(data) = frame.into_data() {
+                if data.is_empty() {
+                    return Ok(false);
+                }
+                if framing == BodyFraming::Chunked {
+                    out.push(Bytes::from(format!("{:x}\r\n", data.len())));
+                    out.push(data);
+                    out.push(Bytes::from_static(b"\r\n"));
+                } else {
+                    out.push(data);
+                }
+            }
+            Ok(false)
+        }
+        Some(Err(e)) => Err(e),
+        None => {
+            if framing == BodyFraming::Chunked {
+                out.push(Bytes::from_static(b"0\r\n\r\n"));
+            }
+            Ok(true)
+        }
+    }
+}
