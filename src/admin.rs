@@ -32,9 +32,12 @@ pub enum AdminError {
     /// User/password unusable for Basic (empty user, `:` in user, control characters).
     #[error("credentials rejected: user must be non-empty without ':' and neither may contain control characters")]
     Credentials,
-    /// Token signing failed.
+    /// No token can be issued with this configuration (the reason names the key).
     #[error("cannot sign token: {0}")]
     Sign(String),
+    /// The signing key refused the token (the crypto backend's error is the source).
+    #[error(transparent)]
+    Signing(#[from] crate::token::SignError),
     /// `check-config` found a problem.
     #[error("{0}")]
     Check(String),
@@ -86,7 +89,7 @@ pub fn issue_token(cfg: &Config, sub: &str, sid: &str, exp: u64) -> Result<Strin
     })?;
     signer
         .issue(&cfg.token, sub, sid, unix_now(), exp)
-        .map_err(AdminError::Sign)
+        .map_err(AdminError::Signing)
 }
 
 /// Deletes session `sid`; `true` if it existed.

@@ -199,14 +199,17 @@ pub async fn run(
 }
 
 /// A configuration reload asked for (SIGHUP): the configuration file as loaded and validated
-/// again, or why it did not load (the message of [`config::LoadError`], naming the key).
-pub type ConfigReload = Result<Config, String>;
+/// again, or why it did not load ([`config::LoadError`], naming the key).
+pub type ConfigReload = Result<Config, config::LoadError>;
 
 /// Puts the keys of each configuration from `reloads` in place, in order; logs and counts the
 /// outcome.
 async fn reload_keys(proxy: Arc<Proxy>, mut reloads: tokio::sync::mpsc::Receiver<ConfigReload>) {
     while let Some(reload) = reloads.recv().await {
-        let outcome = reload.and_then(|cfg| proxy.reload_keys(&cfg));
+        let outcome = match reload {
+            Ok(cfg) => proxy.reload_keys(&cfg).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
         proxy.reload_counts().record(outcome.is_ok());
         match outcome {
             Ok(summary) => tracing::info!(

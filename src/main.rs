@@ -319,7 +319,7 @@ async fn reload_on_hangup(
 ) {
     while hangups.recv().await.is_some() {
         tracing::info!(config = %path.display(), "SIGHUP: reloading the keys");
-        let reload = Config::load(&path).map_err(|e| e.to_string());
+        let reload = Config::load(&path);
         if reloads.send(reload).await.is_err() {
             return;
         }

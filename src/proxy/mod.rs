@@ -69,6 +69,21 @@ pub struct Proxy {
 }
 
 /// `WWW-Authenticate` sent when the upstream answered 401 to the injected credentials (RFC 6750 3).
+/// Why a reloaded configuration's keys were not put in place ([`Proxy::reload_keys`]); nothing
+/// changed. The message names the configuration key and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// Its token keys could not be put in place.
+    #[error(transparent)]
+    Keys(#[from] crate::token::KeyReloadError),
+    /// No key of it can sign while `[login]` is served.
+    #[error(
+        "config key `token.active_kid`: no key can sign, and tessera serves [login]; name a key \
+         with a secret or private_key (a restart applies a config without [login])"
+    )]
+    NoSigner,
+}
+
 pub(super) const UPSTREAM_REJECTED: &str =
     "Bearer realm=\"tessera\", error=\"invalid_token\", error_description=\"upstream rejected credentials\"";
 
@@ -168,18 +183,13 @@ impl Proxy {
     /// in `cfg` is ignored: a restart applies it. Needs a tokio runtime (the rereads are
     /// tasks).
     ///
-    /// Returns a summary for the log (key ids only). Errors, as a sentence naming the key,
+    /// Returns a summary for the log (key ids only). Errors ([`ReloadError`], naming the key),
     /// with nothing changed: see [`Verifier::load_keys`]; or the login endpoints are served and
     /// no key of `cfg` can sign.
-    pub fn reload_keys(&self, cfg: &Config) -> Result<String, String> {
+    pub fn reload_keys(&self, cfg: &Config) -> Result<String, ReloadError> {
         let keys = self.verifier.load_keys(&cfg.token)?;
         if self.login.is_some() && !keys.can_sign() {
-            return Err(
-                "config key `token.active_kid`: no key can sign, and tessera serves \
-                 [login]; name a key with a secret or private_key (a restart applies a config \
-                 without [login])"
-                    .into(),
-            );
+            return Err(ReloadError::NoSigner);
         }
         let summary = format!(
             "token kids [{}], signing {}; sealing keys [{}], active {}",

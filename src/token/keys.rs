@@ -87,7 +87,7 @@ impl Signer {
         sid: &str,
         iat: u64,
         exp: u64,
-    ) -> Result<String, String> {
+    ) -> Result<String, SignError> {
         self.sign(&super::Claims {
             sub: sub.to_owned(),
             sid: sid.to_owned(),
@@ -101,12 +101,18 @@ impl Signer {
     /// Signs `claims` as a compact JWS with header `{"typ":"JWT","alg":..,"kid":..}`.
     ///
     /// Errors: the crypto backend refused the key (not expected for a validated config).
-    pub fn sign<T: serde::Serialize>(&self, claims: &T) -> Result<String, String> {
+    pub fn sign<T: serde::Serialize>(&self, claims: &T) -> Result<String, SignError> {
         let mut header = jsonwebtoken::Header::new(self.alg.jwt());
         header.kid = self.kid.clone();
-        jsonwebtoken::encode(&header, claims, &self.key).map_err(|e| e.to_string())
+        jsonwebtoken::encode(&header, claims, &self.key).map_err(SignError)
     }
 }
+
+/// A token could not be signed: the crypto backend refused the key or the claims (not expected
+/// for a validated configuration); the backend's error is the source.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot sign the token")]
+pub struct SignError(#[source] pub jsonwebtoken::errors::Error);
 
 /// Why a key could not be loaded.
 #[derive(Debug, thiserror::Error)]

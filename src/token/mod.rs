@@ -12,9 +12,9 @@ mod settings;
 pub mod verify;
 
 pub use extract::{extract, strip_token_cookies, TokenSource};
-pub use keys::{ConfiguredKeys, KeyMaterial, KeySpec, Keys, Signer};
+pub use keys::{ConfiguredKeys, KeyMaterial, KeySpec, Keys, SignError, Signer};
 pub use settings::TokenConfig;
-pub use verify::{Claims, TokenError, VerifiedToken, Verifier};
+pub use verify::{Claims, KeyReloadError, TokenError, VerifiedToken, Verifier};
 
 /// A JWS algorithm tessera accepts (RFC 7518 section 3, RFC 8037 for EdDSA).
 ///

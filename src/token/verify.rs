@@ -98,6 +98,27 @@ pub struct Claims {
     pub aud: Option<String>,
 }
 
+/// Why reloaded token keys were not put in place ([`Verifier::load_keys`]); the message names
+/// the configuration key and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyReloadError {
+    /// `token.algorithms` would change: they also bind the JWKS keys, so a restart applies them.
+    #[error(
+        "config key `token.algorithms`: would change from [{from}] to [{to}]; a reload keeps \
+         the algorithms tessera started with (restart to change them, or list them in \
+         token.algorithms)"
+    )]
+    Algorithms {
+        /// The algorithms in force, comma-separated.
+        from: String,
+        /// The algorithms of the reloaded file.
+        to: String,
+    },
+    /// A key of the reloaded file does not load.
+    #[error("config key `token.keys`: {0}")]
+    Keys(#[source] super::keys::KeyError),
+}
+
 /// Verifies tokens under one pinned policy (built once from `[token]`).
 pub struct Verifier {
     algorithms: Vec<Algorithm>,
@@ -208,19 +229,15 @@ impl Verifier {
     ///
     /// Errors, as a sentence naming the key: the pinned algorithms would change (they bind the
     /// JWKS keys too: a restart applies them), or a key does not load ([`ConfiguredKeys::load`]).
-    pub fn load_keys(&self, cfg: &TokenConfig) -> Result<ConfiguredKeys, String> {
+    pub fn load_keys(&self, cfg: &TokenConfig) -> Result<ConfiguredKeys, KeyReloadError> {
         if cfg.algorithms != self.algorithms {
             let names = |a: &[Algorithm]| a.iter().map(|a| a.name()).collect::<Vec<_>>().join(", ");
-            return Err(format!(
-                "config key `token.algorithms`: would change from [{}] to [{}]; a reload keeps \
-                 the algorithms tessera started with (restart to change them, or list them in \
-                 token.algorithms)",
-                names(&self.algorithms),
-                names(&cfg.algorithms)
-            ));
+            return Err(KeyReloadError::Algorithms {
+                from: names(&self.algorithms),
+                to: names(&cfg.algorithms),
+            });
         }
-        ConfiguredKeys::load(&cfg.keys, cfg.active_kid.as_deref())
-            .map_err(|e| format!("config key `token.keys`: {e}"))
+        ConfiguredKeys::load(&cfg.keys, cfg.active_kid.as_deref()).map_err(KeyReloadError::Keys)
     }
 
     /// Puts reloaded keys in place and forgets every cached verification: a token of a key
@@ -451,7 +468,7 @@ mod tests {
         // A reload may not change the pinned algorithms; nothing changes then.
         let mut other = next.clone();
         other.algorithms = vec![Algorithm::HS512, Algorithm::HS256];
-        let err = v.load_keys(&other).err().unwrap();
+        let err = v.load_keys(&other).err().unwrap().to_string();
         assert!(
             err.contains("token.algorithms") && err.contains("[HS512, HS256]"),
             "{err}"
