@@ -1329,6 +1329,7 @@ fn settings(
         idle_timeout,
         preserve_host: true,
         strip_response_headers: Vec::new(),
+        strip_request_headers: Vec::new(),
         affinity,
         drain,
     }

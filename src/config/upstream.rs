@@ -66,7 +66,28 @@ pub(super) fn validate_upstream(u: RawUpstream) -> Result<UpstreamConfig, Config
         idle_timeout: ms("upstream.idle_timeout_ms", u.idle_timeout_ms, 30_000)?,
         preserve_host: u.preserve_host.unwrap_or(true),
         strip_response_headers: strip,
+        strip_request_headers: request_strip_list(u.strip_request_headers)?,
     })
+}
+
+/// `upstream.strip_request_headers`: header names, each maybe ending in `*` (a prefix).
+fn request_strip_list(listed: Option<Vec<String>>) -> Result<Vec<String>, ConfigError> {
+    let Some(listed) = listed else {
+        return Ok(crate::screen::identity::DEFAULT_STRIPPED
+            .iter()
+            .map(|s| s.to_string())
+            .collect());
+    };
+    for name in &listed {
+        let bare = name.strip_suffix('*').unwrap_or(name);
+        if bare.is_empty() || http::HeaderName::from_bytes(bare.as_bytes()).is_err() {
+            return Err(ConfigError::new(
+                "upstream.strip_request_headers",
+                format!("`{name}` is not a header name (or a prefix ending in `*`)"),
+            ));
+        }
+    }
+    Ok(listed)
 }
 
 /// `upstream.url`: `http://host[:port][/base]`, required, no query.

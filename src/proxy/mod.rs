@@ -40,6 +40,8 @@ use websocket::WebSockets;
 /// Everything the request path needs, built once from the config.
 pub struct Proxy {
     limits: Limits,
+    /// `upstream.strip_request_headers`.
+    stripped: screen::Stripped,
     /// `server.client_body_timeout_ms`.
     body_timeout: Duration,
     sources: Vec<TokenSource>,
@@ -105,6 +107,7 @@ impl Proxy {
         let login = Login::from_config(cfg, &verifier);
         Self {
             login,
+            stripped: screen::Stripped::new(&cfg.upstream.strip_request_headers),
             limits: Limits {
                 max_header_bytes: cfg.server.max_header_bytes,
                 max_uri_bytes: cfg.server.max_uri_bytes,
@@ -298,7 +301,7 @@ impl Proxy {
         B::Error: Into<BoxError>,
     {
         let (mut parts, body) = req.into_parts();
-        let screened = screen::screen_request(&mut parts, &self.limits)?;
+        let screened = screen::screen_request_with(&mut parts, &self.limits, &self.stripped)?;
         if let Some(login) = &self.login {
             if let Some(endpoint) = login.route(parts.uri.path()) {
                 // Boxed: the login future (an upstream check, a store write) is many times the

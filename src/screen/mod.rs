@@ -10,13 +10,17 @@
 use http::header::{self, HeaderName};
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Version};
-use std::net::IpAddr;
 
 use crate::fields::has_token;
-use crate::upstream::RawHead;
+pub use forwarded::{forwarded_client, forwarded_proto, set_forwarded};
+pub use identity::Stripped;
+pub use response::screen_response;
 
 pub mod body;
+mod forwarded;
+pub mod identity;
 pub mod path;
+mod response;
 
 /// Why the screen refused a request; `error.rs` maps each to its status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -74,7 +78,7 @@ pub struct Screened {
 ///
 /// Names are kept as `&str` and compared as such (length first): a `const` array of `HeaderName`
 /// (which has drop glue) was built and dropped on every use, once per response field.
-const HOP_BY_HOP: [&str; 8] = [
+pub(super) const HOP_BY_HOP: [&str; 8] = [
     "connection",
     "keep-alive",
     "proxy-connection",
@@ -100,7 +104,19 @@ const SPOOFABLE: [&str; 5] = [
 ///
 /// Errors: [`ScreenError`] (400, 405, 413, 414, 431, 501; mapped in `error.rs`).
 pub fn screen_request(parts: &mut Parts, limits: &Limits) -> Result<Screened, ScreenError> {
-    if parts.method == http::Method::TRACE || parts.method == http::Method::CONNECT {
+    screen_request_with(parts, limits, &Stripped::default())
+}
+
+/// [`screen_request`], also removing the identity and routing fields `stripped` lists
+/// (`upstream.strip_request_headers`).
+///
+/// Errors: as [`screen_request`].
+pub fn screen_request_with(
+    parts: &mut Parts,
+    limits: &Limits,
+    stripped: &Stripped,
+) -> Result<Screened, ScreenError> {
+    if reflects_or_tunnels(&parts.method) {
         return Err(ScreenError::MethodNotAllowed);
     }
     if let Some(te) = parts.headers.get(header::TRANSFER_ENCODING) {
@@ -153,7 +169,7 @@ pub fn screen_request(parts: &mut Parts, limits: &Limits) -> Result<Screened, Sc
     let host = authority(parts)?;
     let (cookie_is_hop_by_hop, websocket) =
         remove_connection_named(&mut parts.headers, &parts.method, parts.version);
-    remove_present(&mut parts.headers, [&HOP_BY_HOP, &SPOOFABLE]);
+    remove_present(&mut parts.headers, [&HOP_BY_HOP, &SPOOFABLE], stripped);
     Ok(Screened {
         host,
         cookie_is_hop_by_hop,
@@ -165,7 +181,7 @@ pub fn screen_request(parts: &mut Parts, limits: &Limits) -> Result<Screened, Sc
 /// pass over the header names: a removal of an absent name costs a hash and a probe, and
 /// removing the 13 hop-by-hop and spoofable names one by one was 5% of a warm request's user
 /// CPU in the profile (most requests carry none of them).
-fn remove_present(headers: &mut HeaderMap, lists: [&[&'static str]; 2]) {
+fn remove_present(headers: &mut HeaderMap, lists: [&[&'static str]; 2], stripped: &Stripped) {
     let names = || lists.iter().flat_map(|l| l.iter());
     debug_assert!(names().count() <= 32);
     let mut present = 0u32;
@@ -174,7 +190,7 @@ fn remove_present(headers: &mut HeaderMap, lists: [&[&'static str]; 2]) {
         let key = name.as_str();
         if let Some(i) = names().position(|n| *n == key) {
             present |= 1 << i;
-        } else if forwarding_field(key) {
+        } else if forwarding_field(key) || stripped.contains(key) {
             forwarded.push(name.clone());
         }
     }
@@ -204,16 +220,43 @@ fn forwarding_field(name: &str) -> bool {
     dashed("x-forwarded-") || (name.len() == 9 && dashed("x-real-ip"))
 }
 
+/// Whether a method is refused (405): TRACE, and TRACK (IIS's), in any case, would reflect the
+/// injected credential back to the client (RFC 9110 9.3.8); CONNECT would open a tunnel through
+/// the proxy. Methods are case-sensitive, so `trace` is an extension method that an upstream may
+/// still treat as TRACE.
+fn reflects_or_tunnels(method: &http::Method) -> bool {
+    if *method == http::Method::TRACE || *method == http::Method::CONNECT {
+        return true;
+    }
+    let m = method.as_str();
+    match m.len() {
+        5 => m.eq_ignore_ascii_case("trace") || m.eq_ignore_ascii_case("track"),
+        7 => m.eq_ignore_ascii_case("connect"),
+        _ => false,
+    }
+}
+
 fn authority(parts: &Parts) -> Result<HeaderValue, ScreenError> {
     let mut hosts = parts.headers.get_all(header::HOST).iter();
     let host = hosts.next();
     if hosts.next().is_some() {
         return Err(ScreenError::BadRequest("more than one Host header"));
     }
-    // RFC 9112 3.2.2: an absolute-form target (and HTTP/2 `:authority`) wins over `Host`.
+    // RFC 9112 3.2.2: an absolute-form target (and HTTP/2 `:authority`) wins over `Host`; over
+    // HTTP/2 a `host` that names another authority is malformed (RFC 9113 8.3.1).
     let value = match (parts.uri.authority(), host) {
+        (Some(a), Some(h))
+            if parts.version >= Version::HTTP_2
+                && !h.as_bytes().eq_ignore_ascii_case(a.as_str().as_bytes()) =>
+        {
+            return Err(ScreenError::BadRequest("host differs from :authority"))
+        }
         (Some(a), _) => HeaderValue::from_str(a.as_str())
             .map_err(|_| ScreenError::BadRequest("bad authority"))?,
+        // RFC 9110 7.2: an empty Host is for a target without an authority, never in HTTP/1.1.
+        (None, Some(h)) if h.is_empty() && parts.version != Version::HTTP_10 => {
+            return Err(ScreenError::BadRequest("empty Host header"))
+        }
         (None, Some(h)) => h.clone(),
         (None, None) if parts.version == Version::HTTP_10 => HeaderValue::from_static(""),
         (None, None) => return Err(ScreenError::BadRequest("missing Host header")),
@@ -272,161 +315,9 @@ fn remove_connection_named(
     (cookie_named, websocket)
 }
 
-/// Cleans an upstream response head, its fields as received ([`RawHead`]): hop-by-hop fields,
-/// those named in `Connection`, and the configured extras (`Alt-Svc` by default: Cyrus advertises
-/// its own h2c/h3, which is not ours); names compare ASCII case-insensitively.
-pub fn screen_response(fields: &mut RawHead, strip: &[HeaderName]) {
-    // The tokens of `Connection` (nginx and Cyrus send one, `keep-alive`); past 8, the slow way.
-    let mut listed: [&[u8]; 8] = [&[]; 8];
-    let mut count = 0;
-    for value in fields.get_all(b"connection") {
-        for token in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
-            if let Some(slot) = listed.get_mut(count) {
-                *slot = token;
-            }
-            count += 1;
-        }
-    }
-    let in_connection = |name: &[u8]| {
-        if count <= listed.len() {
-            listed[..count].iter().any(|t| t.eq_ignore_ascii_case(name))
-        } else {
-            fields.get_all(b"connection").any(|v| has_token(v, name))
-        }
-    };
-    let mut drop = 0u128;
-    for (i, (name, _)) in fields.iter().enumerate() {
-        let screened = HOP_BY_HOP
-            .iter()
-            .any(|n| n.as_bytes().eq_ignore_ascii_case(name))
-            || strip
-                .iter()
-                .any(|n| n.as_str().as_bytes().eq_ignore_ascii_case(name))
-            || in_connection(name);
-        // A head has at most 128 fields (the upstream parser's limit).
-        if screened && i < 128 {
-            drop |= 1 << i;
-        }
-    }
-    if drop != 0 {
-        let mut i = 0;
-        fields.retain(|_, _| {
-            let keep = drop & (1 << i) == 0;
-            i += 1;
-            keep
-        });
-    }
-}
-
-/// Sets `X-Forwarded-For`, `-Proto` and `-Host` from the connection (the client's values were
-/// removed by [`screen_request`]).
-pub fn set_forwarded(
-    headers: &mut HeaderMap,
-    forwarded_for: Option<&HeaderValue>,
-    proto: &'static str,
-    host: &HeaderValue,
-) {
-    // Validated at compile time (a `from_static` call outside a const checks the name per call).
-    const FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-    const PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-    const HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-    if let Some(v) = forwarded_for {
-        headers.insert(FOR, v.clone());
-    }
-    headers.insert(PROTO, HeaderValue::from_static(proto));
-    if !host.is_empty() {
-        headers.insert(HOST, host.clone());
-    }
-}
-
-/// The client of a request that came through trusted proxies (`server.trusted_proxies`): walking
-/// the `X-Forwarded-For` entries (every such field, in order, comma-separated) from the right,
-/// the first that is not a trusted address. Each trusted hop appended the address it received the
-/// request from, so entries left of the first untrusted one are the client's own claims and are
-/// not believed. An entry that is not an IP address ends the walk: the last address passed (a
-/// trusted hop, or `peer` itself) is the client. Ports and `Forwarded` (RFC 7239) are not read.
-pub fn forwarded_client(headers: &HeaderMap, trusted: &[ipnet::IpNet], peer: IpAddr) -> IpAddr {
-    let mut client = peer;
-    let fields: Vec<&[u8]> = headers
-        .get_all("x-forwarded-for")
-        .iter()
-        .map(HeaderValue::as_bytes)
-        .collect();
-    for entry in fields.iter().rev().flat_map(|f| f.rsplit(|&b| b == b',')) {
-        let Some(ip) = std::str::from_utf8(entry)
-            .ok()
-            .and_then(|t| t.trim().parse::<IpAddr>().ok())
-            .map(|ip| ip.to_canonical())
-        else {
-            break;
-        };
-        client = ip;
-        if !trusted.iter().any(|net| net.contains(&ip)) {
-            break;
-        }
-    }
-    client
-}
-
-/// The scheme a trusted proxy says the client used (`X-Forwarded-Proto: https` or `http`, the
-/// last such field); `None` when absent or anything else.
-pub fn forwarded_proto(headers: &HeaderMap) -> Option<&'static str> {
-    let v = headers.get_all("x-forwarded-proto").iter().next_back()?;
-    let v = v.as_bytes().trim_ascii();
-    if v.eq_ignore_ascii_case(b"https") {
-        Some("https")
-    } else if v.eq_ignore_ascii_case(b"http") {
-        Some("http")
-    } else {
-        None
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_client_is_the_rightmost_untrusted_forwarded_for_entry() {
-        let trusted: Vec<ipnet::IpNet> = ["10.0.0.0/8", "2001:db8::/32"]
-            .iter()
-            .map(|n| n.parse().unwrap())
-            .collect();
-        let lb: IpAddr = "10.0.0.2".parse().unwrap();
-        let client = |fields: &[&str]| {
-            let mut h = HeaderMap::new();
-            for f in fields {
-                h.append("x-forwarded-for", HeaderValue::from_str(f).unwrap());
-            }
-            forwarded_client(&h, &trusted, lb).to_string()
-        };
-        assert_eq!(client(&[]), "10.0.0.2", "no header: the peer");
-        assert_eq!(client(&["198.51.100.7"]), "198.51.100.7");
-        // A client's own (spoofed) entry is left of the address the load balancer saw.
-        assert_eq!(client(&["1.2.3.4, 198.51.100.7"]), "198.51.100.7");
-        // Trusted hops are skipped, across fields and with odd spacing.
-        assert_eq!(
-            client(&["1.2.3.4,198.51.100.7", " 10.1.1.1 ,2001:db8::5"]),
-            "198.51.100.7"
-        );
-        assert_eq!(
-            client(&["2001:db8::9, 2001:db8::5"]),
-            "2001:db8::9",
-            "all trusted"
-        );
-        assert_eq!(client(&["2a00::1"]), "2a00::1");
-        // Garbage ends the walk at the last address passed.
-        assert_eq!(client(&["198.51.100.7, unknown"]), "10.0.0.2");
-        assert_eq!(client(&["198.51.100.7, bogus, 10.9.9.9"]), "10.9.9.9");
-        assert_eq!(
-            client(&["198.51.100.7:443"]),
-            "10.0.0.2",
-            "ports are not read"
-        );
-        // An IPv4-mapped entry is matched (and named) as IPv4.
-        assert_eq!(client(&["198.51.100.7, ::ffff:10.3.3.3"]), "198.51.100.7");
-        assert_eq!(client(&["::ffff:198.51.100.7"]), "198.51.100.7");
-    }
 
     #[test]
     fn a_websocket_upgrade_is_an_http11_get_naming_upgrade_and_websocket_and_its_fields_go() {
@@ -473,67 +364,6 @@ mod tests {
             !screened("GET", Version::HTTP_11, &unnamed),
             "Upgrade not named in Connection"
         );
-    }
-
-    #[test]
-    fn only_http_or_https_is_taken_from_forwarded_proto() {
-        let proto = |v: Option<&str>| {
-            let mut h = HeaderMap::new();
-            if let Some(v) = v {
-                h.insert("x-forwarded-proto", HeaderValue::from_str(v).unwrap());
-            }
-            forwarded_proto(&h)
-        };
-        assert_eq!(proto(Some("https")), Some("https"));
-        assert_eq!(proto(Some(" HTTP ")), Some("http"));
-        assert_eq!(proto(Some("javascript")), None);
-        assert_eq!(proto(None), None);
-    }
-
-    #[test]
-    fn response_screening_keeps_only_end_to_end_fields_in_order() {
-        let mut raw = crate::upstream::raw::from_pairs(&[
-            ("Connection", "keep-alive, X-Internal"),
-            ("Keep-Alive", "timeout=5"),
-            ("x-internal", "secret"),
-            ("Transfer-Encoding", "chunked"),
-            ("Upgrade", "h2c"),
-            ("Alt-Svc", "h2=\":443\""),
-            ("Set-Cookie", "a=1"),
-            ("Content-Type", "text/plain"),
-            ("set-cookie", "b=2"),
-        ]);
-        screen_response(&mut raw, &[HeaderName::from_static("alt-svc")]);
-        let kept: Vec<_> = raw
-            .iter()
-            .map(|(n, v)| String::from_utf8_lossy(&[n, b": ", v].concat()).into_owned())
-            .collect();
-        assert_eq!(
-            kept,
-            [
-                "Set-Cookie: a=1",
-                "Content-Type: text/plain",
-                "set-cookie: b=2"
-            ]
-        );
-        // More `Connection` tokens than the fast path collects: each is still honoured.
-        let mut pairs = vec![("connection", "a, b, c, d, e, f, g, h, x-ninth")];
-        pairs.extend([("x-ninth", "1"), ("x-a", "2")]);
-        let mut raw = crate::upstream::raw::from_pairs(&pairs);
-        screen_response(&mut raw, &[]);
-        assert_eq!(raw.iter().map(|(n, _)| n).collect::<Vec<_>>(), [b"x-a"]);
-        // Long names, named in `Connection` or configured, are compared in full.
-        let long = format!("x-{}", "l".repeat(70));
-        let strip = HeaderName::from_bytes(format!("{long}-s").as_bytes()).unwrap();
-        let pairs = [
-            ("connection", long.as_str()),
-            (long.as_str(), "1"),
-            (strip.as_str(), "2"),
-            ("x-b", "3"),
-        ];
-        let mut raw = crate::upstream::raw::from_pairs(&pairs);
-        screen_response(&mut raw, std::slice::from_ref(&strip));
-        assert_eq!(raw.iter().map(|(n, _)| n).collect::<Vec<_>>(), [b"x-b"]);
     }
 
     fn parts(headers: &[(&str, &str)], uri: &str) -> Parts {
@@ -751,18 +581,71 @@ mod tests {
     }
 
     #[test]
-    fn response_hygiene() {
-        let mut h = crate::upstream::raw::from_pairs(&[
-            ("connection", "Upgrade, x-internal"),
-            ("upgrade", "h2c"),
-            ("alt-svc", "h3=\":443\""),
-            ("x-internal", "1"),
-            ("content-type", "a/b"),
-        ]);
-        screen_response(&mut h, &[HeaderName::from_static("alt-svc")]);
+    fn trace_track_and_connect_are_refused_in_any_case() {
+        for method in [
+            "TRACE", "trace", "Trace", "TRACK", "track", "CONNECT", "connect",
+        ] {
+            let mut p = parts(&[("host", "a")], "/");
+            p.method = http::Method::from_bytes(method.as_bytes()).unwrap();
+            assert_eq!(
+                screen_request(&mut p, &L).err(),
+                Some(ScreenError::MethodNotAllowed),
+                "{method}"
+            );
+        }
+        for method in ["GET", "TRACES", "TRAC", "PROPFIND"] {
+            let mut p = parts(&[("host", "a")], "/");
+            p.method = http::Method::from_bytes(method.as_bytes()).unwrap();
+            assert!(screen_request(&mut p, &L).is_ok(), "{method}");
+        }
+    }
+
+    #[test]
+    fn an_empty_host_is_refused_in_http11_and_a_host_unlike_the_authority_in_http2() {
+        assert!(screen_request(&mut parts(&[("host", "")], "/"), &L).is_err());
+        let mut p = parts(&[("host", "")], "/");
+        p.version = Version::HTTP_10;
+        assert!(screen_request(&mut p, &L).is_ok(), "HTTP/1.0 may send none");
+        let h2 = |host: &str| {
+            let mut p = parts(&[("host", host)], "https://mail.example/x");
+            p.version = Version::HTTP_2;
+            screen_request(&mut p, &L)
+        };
+        assert!(h2("mail.example").is_ok());
+        assert!(h2("MAIL.example").is_ok(), "any case");
         assert_eq!(
-            h.iter().map(|(n, _)| n).collect::<Vec<_>>(),
-            [b"content-type"]
+            h2("evil.example").err(),
+            Some(ScreenError::BadRequest("host differs from :authority"))
+        );
+        // HTTP/1.1 absolute form: Host is ignored (RFC 9112 3.2.2).
+        let mut p = parts(&[("host", "other")], "http://mail.example/x");
+        assert_eq!(screen_request(&mut p, &L).unwrap().host, "mail.example");
+    }
+
+    #[test]
+    fn identity_and_routing_fields_are_removed_as_configured() {
+        let stripped = Stripped::new(&identity::DEFAULT_STRIPPED);
+        let mut p = parts(
+            &[
+                ("host", "a"),
+                ("x-remote-user", "admin"),
+                ("x_remote_user", "admin"),
+                ("x-auth-request-email", "a@b"),
+                ("x-original-url", "/admin"),
+                ("true-client-ip", "1.2.3.4"),
+                ("x-http-method-override", "DELETE"),
+                ("x-custom", "kept"),
+            ],
+            "/",
+        );
+        screen_request_with(&mut p, &L, &stripped).unwrap();
+        let kept: Vec<_> = p.headers.keys().map(|k| k.as_str()).collect();
+        assert_eq!(kept, ["host", "x-custom"]);
+        let mut p = parts(&[("host", "a"), ("x-remote-user", "admin")], "/");
+        screen_request_with(&mut p, &L, &Stripped::new::<&str>(&[])).unwrap();
+        assert!(
+            p.headers.contains_key("x-remote-user"),
+            "an empty list strips none"
         );
     }
 }

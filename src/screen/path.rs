@@ -43,6 +43,13 @@ const DECODE_PASSES: usize = 3;
 /// Errors: [`PathError`].
 pub fn check(path: &str, allow_encoded_slashes: bool) -> Result<(), PathError> {
     let bytes = path.as_bytes();
+    if !bytes
+        .iter()
+        .any(|&b| matches!(b, b'.' | b'%' | b'\\') || !b.is_ascii())
+    {
+        // Nothing that is or decodes to a dot or a separator other than `/`.
+        return Ok(());
+    }
     if bytes
         .iter()
         .all(|&b| b.is_ascii() && b != b'%' && b != b'\\')

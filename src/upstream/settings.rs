@@ -26,6 +26,10 @@ pub struct UpstreamConfig {
     pub idle_timeout: Duration,
     /// Forward the client's `Host` (true, default) or the upstream URL's authority (false).
     pub preserve_host: bool,
+    /// Request fields removed besides hop-by-hop and forwarding ones: identity and routing
+    /// fields a client must not set (lowercase; a trailing `*` makes a prefix; `_` matches `-`).
+    /// Default `screen::identity::DEFAULT_STRIPPED`.
+    pub strip_request_headers: Vec<String>,
     /// Response headers removed besides hop-by-hop ones. Default `["alt-svc"]`.
     pub strip_response_headers: Vec<http::HeaderName>,
     /// `"none"` (default: any idle connection serves any request) or `"session"`: a connection

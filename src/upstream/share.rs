@@ -92,6 +92,30 @@ impl Shares {
     /// them in the same order, so two requests can never each hold what the other waits for),
     /// waiting for them if need be.
     pub async fn take(&self, user: Option<&Arc<Share>>, downstream: Option<&Arc<Share>>) -> Held {
+        // Nearly always both are free: taken without a wait, and the waiting path (boxed)
+        // does not enlarge every request's future.
+        let free = (
+            user.map(|s| s.try_acquire()),
+            downstream.map(|s| s.try_acquire()),
+        );
+        match free {
+            (None | Some(Some(_)), None | Some(Some(_))) => Held {
+                _user: free.0.flatten(),
+                _downstream: free.1.flatten(),
+            },
+            _ => {
+                drop(free);
+                Box::pin(self.take_waiting(user, downstream)).await
+            }
+        }
+    }
+
+    /// [`Shares::take`] when a share is full: waits for each in order.
+    async fn take_waiting(
+        &self,
+        user: Option<&Arc<Share>>,
+        downstream: Option<&Arc<Share>>,
+    ) -> Held {
         Held {
             _user: match user {
                 Some(share) => Some(self.acquire(share).await),
