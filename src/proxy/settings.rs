@@ -9,7 +9,7 @@ pub struct WebSocketConfig {
     /// Most WebSocket connections open at once; an upgrade beyond it is answered 503 with
     /// `Retry-After`. Each holds one of `upstream.max_connections` for its life, so it must stay
     /// below that cap (plain requests keep the rest). `0`: upgrades are not passed (the
-    /// `Upgrade` field is dropped like any hop-by-hop field, as before). Default
+    /// `Upgrade` field is dropped like any hop-by-hop field). Default
     /// `upstream.max_connections / 2`.
     pub max_connections: usize,
     /// A WebSocket connection with no byte in either direction for this long is closed;

@@ -72,9 +72,9 @@ pub(crate) fn abandoning(drop_requests: impl FnOnce()) {
 }
 
 /// Milliseconds since the first call, wrapping every 49.7 days: 4 bytes to stamp a request
-/// with, precise enough for [`Drain::wait`]. (`Instant`, read through the vDSO. rustix's
-/// `CLOCK_MONOTONIC_COARSE` reader was tried and not kept: its vDSO lookup crashes callgrind,
-/// which `bench/instructions.sh` runs tessera under.)
+/// with, precise enough for [`Drain::wait`]. (`Instant`, read through the vDSO; not rustix's
+/// `CLOCK_MONOTONIC_COARSE` reader, whose vDSO lookup crashes callgrind, which
+/// `bench/instructions.sh` runs tessera under.)
 pub(crate) fn coarse_ms() -> u32 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
     let epoch = *EPOCH.get_or_init(Instant::now);
