@@ -21,6 +21,8 @@ pub struct Share {
     /// Requests waiting for a permit (read by a release to decide whether to wake one).
     waiting: AtomicUsize,
     notify: Notify,
+    /// Acquisitions that found every permit out and waited (since start).
+    waits: std::sync::atomic::AtomicU64,
 }
 
 /// One permit of a [`Share`], given back when dropped.
@@ -35,6 +37,7 @@ impl Share {
             in_use: AtomicUsize::new(0),
             waiting: AtomicUsize::new(0),
             notify: Notify::new(),
+            waits: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -55,6 +58,10 @@ impl Share {
 
     /// A permit, waiting until one is given back if all are out.
     pub async fn acquire(self: &Arc<Self>) -> SharePermit {
+        if let Some(permit) = self.try_acquire() {
+            return permit;
+        }
+        self.waits.fetch_add(1, Ordering::Relaxed);
         loop {
             if let Some(permit) = self.try_acquire() {
                 return permit;
@@ -71,6 +78,16 @@ impl Share {
             let _uncount = Uncount(&self.waiting);
             notified.await;
         }
+    }
+
+    /// Acquisitions that had to wait, since start.
+    pub fn waits(&self) -> u64 {
+        self.waits.load(Ordering::Relaxed)
+    }
+
+    /// The most permits out at once.
+    pub fn limit(&self) -> usize {
+        self.limit
     }
 
     /// Permits out now.

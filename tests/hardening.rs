@@ -277,3 +277,64 @@ fn the_streams_of_one_http2_connection_share_one_bound() {
         "the connection's streams held {held} upstream connections"
     );
 }
+
+#[test]
+fn client_connections_past_server_max_connections_wait_and_are_counted() {
+    let nginx = Nginx::start_with(BASE_AND_SECRET);
+    let metrics_port = free_port();
+    let upstream = nginx.url();
+    let t = Tessera::start(|port, dir| {
+        format!(
+            "{}[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n",
+            config(
+                port,
+                &upstream,
+                &format!("embedded:{}/sessions", dir.display()),
+                &[("server", "max_connections = 2\nthreads = 1")],
+            )
+        )
+    });
+    wait_for_port(metrics_port, "tessera metrics");
+    let (_, token) = t.create_session("alice", "pw");
+    let get = format!("GET /base/x HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {token}\r\n\r\n");
+    // The readiness probe of Tessera::start may still hold a place: wait until it is gone.
+    let metrics = || curl(&[&format!("http://127.0.0.1:{metrics_port}/metrics")]).1;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while sample(&metrics(), "tessera_client_connections") != 0
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut held: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut s = TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+            s.write_all(get.as_bytes()).unwrap();
+            assert!(read_head(&mut s).starts_with("HTTP/1.1 200"));
+            s
+        })
+        .collect();
+    let mut third = TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+    third.write_all(get.as_bytes()).unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut buf = [0; 64];
+    assert!(
+        third.read(&mut buf).is_err(),
+        "a third connection was served past server.max_connections = 2"
+    );
+    let text = metrics();
+    assert_eq!(sample(&text, "tessera_client_connections"), 2, "{text}");
+    assert!(
+        sample(&text, "tessera_client_connection_waits_total") >= 1,
+        "{text}"
+    );
+    held.pop();
+    assert!(
+        read_head(&mut third).starts_with("HTTP/1.1 200"),
+        "served once a place freed"
+    );
+    assert!(t
+        .log()
+        .contains("server.max_connections client connections are open"));
+}

@@ -42,6 +42,7 @@ pub(super) struct RawServer {
     pub(super) trusted_proxies: Option<Vec<String>>,
     pub(super) allow_encoded_slashes: Option<bool>,
     pub(super) client_body_timeout_ms: Option<u64>,
+    pub(super) max_connections: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -65,6 +65,18 @@ pub(super) fn validate_server(s: RawServer) -> Result<ServerConfig, ConfigError>
             60_000,
         )?,
         allow_encoded_slashes: s.allow_encoded_slashes.unwrap_or(false),
+        max_connections: match s.max_connections {
+            None => 10_000,
+            Some(n) if n <= 10_000_000 => n,
+            Some(n) => {
+                return Err(ConfigError::new(
+                    "server.max_connections",
+                    format!(
+                    "must be between 0 (no limit) and 10000000, not {n} (leave it out for 10000)"
+                ),
+                ))
+            }
+        },
         http2_max_concurrent_streams: match s.http2_max_concurrent_streams {
             None => 200,
             Some(n @ 1..=1000) => n,

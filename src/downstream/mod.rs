@@ -132,9 +132,22 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
+        // Past server.max_connections this connection waits, unserved, and no other is accepted
+        // meanwhile (new clients wait in the listen backlog).
+        let slot = match serving.proxy.client_connections() {
+            None => None,
+            Some(limit) => tokio::select! {
+                slot = connection_slot(limit) => Some(slot),
+                () = &mut shutdown => break,
+            },
+        };
         let _ = stream.set_nodelay(true);
         let peer = serving.proxy.peer(peer);
-        connections.spawn(conn::serve(serving.clone(), stream, peer));
+        let serving = serving.clone();
+        connections.spawn(async move {
+            conn::serve(serving, stream, peer).await;
+            drop(slot);
+        });
     }
     drop(listener);
     stop.cancel();
@@ -149,4 +162,21 @@ pub async fn serve(
     if tokio::time::timeout(DRAIN, drained).await.is_err() {
         tracing::warn!("connections still open after {DRAIN:?}; closing");
     }
+}
+
+/// A place under `server.max_connections` for a connection just accepted; waits while every
+/// place is taken, and says so once in the log.
+async fn connection_slot(limit: &Arc<crate::share::Share>) -> crate::share::SharePermit {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if let Some(slot) = limit.try_acquire() {
+        return slot;
+    }
+    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            max = limit.limit(),
+            "server.max_connections client connections are open; new ones wait until one closes \
+             (counted in tessera_client_connection_waits_total)"
+        );
+    }
+    limit.acquire().await
 }

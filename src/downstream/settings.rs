@@ -56,4 +56,8 @@ pub struct ServerConfig {
     /// body that stalls this long ends its request with 408 and closes its upstream connection.
     /// Default 60 s.
     pub client_body_timeout: Duration,
+    /// Most client connections open at once (all serving threads together); past it no
+    /// connection is accepted until one closes (they wait in the listen backlog). 0: no limit.
+    /// Default 10000 (each holds a descriptor and about 6 KB while idle).
+    pub max_connections: usize,
 }

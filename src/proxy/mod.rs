@@ -42,6 +42,9 @@ pub struct Proxy {
     limits: Limits,
     /// `upstream.strip_request_headers`.
     stripped: screen::Stripped,
+    /// `server.max_connections`: client connections open now, all serving threads together;
+    /// `None` without a limit.
+    client_connections: Option<Arc<crate::share::Share>>,
     /// `server.client_body_timeout_ms`.
     body_timeout: Duration,
     sources: Vec<TokenSource>,
@@ -108,6 +111,8 @@ impl Proxy {
         Self {
             login,
             stripped: screen::Stripped::new(&cfg.upstream.strip_request_headers),
+            client_connections: (cfg.server.max_connections > 0)
+                .then(|| Arc::new(crate::share::Share::new(cfg.server.max_connections))),
             limits: Limits {
                 max_header_bytes: cfg.server.max_header_bytes,
                 max_uri_bytes: cfg.server.max_uri_bytes,
@@ -171,6 +176,12 @@ impl Proxy {
     /// Errors: the session store cannot be opened.
     pub fn from_config(cfg: &Config) -> Result<Self, crate::session::StoreError> {
         Ok(Self::new(cfg, crate::serving_sessions(cfg)?))
+    }
+
+    /// The bound on client connections (`server.max_connections`), taken by the accept loop
+    /// for each connection; `None` without a limit.
+    pub fn client_connections(&self) -> Option<&Arc<crate::share::Share>> {
+        self.client_connections.as_ref()
     }
 
     /// The token verifier (its key set refreshes the JWKS).

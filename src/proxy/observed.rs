@@ -32,6 +32,9 @@ impl Observed for Proxy {
             websockets: proxy.websockets(),
             busy_poll: crate::busy_poll::stats(),
             reloads: proxy.reload_counts().snapshot(),
+            client_connections: proxy
+                .client_connections()
+                .map(|c| (c.in_use() as u64, c.waits())),
         }
     }
 

@@ -35,6 +35,9 @@ pub struct Scrape {
     /// WebSocket tunnels: `(open now, opened since start)`.
     pub(crate) websockets: Option<(u64, u64)>,
     pub(crate) busy_poll: crate::busy_poll::PollStats,
+    /// Client connections: `(open now, accepts that waited for server.max_connections)`;
+    /// `None` without a limit.
+    pub(crate) client_connections: Option<(u64, u64)>,
     /// Configuration reloads: `(applied, refused, last one applied)`.
     pub(crate) reloads: (u64, u64, bool),
 }
@@ -178,6 +181,15 @@ impl Scrape {
 
     /// Busy polling, configuration reloads, the verified-token cache.
     fn encode_runtime(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
+        if let Some((open, waits)) = self.client_connections {
+            gauge(
+                e,
+                "client_connections",
+                "Client connections open now (bounded by server.max_connections).",
+                open,
+            )?;
+            counter(e, "client_connection_waits", "Times the accept loop waited because server.max_connections client connections were open.", waits)?;
+        }
         let poll = self.busy_poll;
         counter(
             e,
@@ -271,6 +283,7 @@ mod tests {
             websockets: None,
             busy_poll: Default::default(),
             reloads: (2, 1, false),
+            client_connections: Some((3, 1)),
         };
         let mut registry = prometheus_client::registry::Registry::with_prefix("tessera");
         registry.register_collector(Box::new(scrape));
@@ -291,6 +304,8 @@ mod tests {
             "tessera_upstream_connections_closed_total{reason=\"abandoned\"} 3",
             "tessera_upstream_connections_closed_total{reason=\"tunnel\"} 1",
             "tessera_config_reloads_total{result=\"applied\"} 2",
+            "tessera_client_connections 3",
+            "tessera_client_connection_waits_total 1",
             "tessera_config_reloads_total{result=\"refused\"} 1",
             "tessera_config_last_reload_successful 0",
         ] {
