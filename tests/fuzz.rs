@@ -65,3 +65,8 @@ fn frame_edges_corpus_agrees_with_tungstenite() {
 fn token_corpus_is_accepted_only_as_the_rfcs_and_config_allow() {
     replay("token", 1150, 1, harness::token);
 }
+
+#[test]
+fn path_corpus_never_resolves_outside_the_base_path() {
+    replay("path", 45, 0, harness::path);
+}

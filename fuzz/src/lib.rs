@@ -455,3 +455,124 @@ pub fn token(data: &[u8]) {
     assert!(!sid.is_empty(), "accepted without a sid");
     assert_eq!(&*verified.sid, sid, "sid returned");
 }
+
+/// The request-path check (`tessera::screen::path::check`) against three upstreams' own
+/// resolution of the forwarded path under a base path: nginx (one percent-decoding, `/` only),
+/// IIS (two decodings, `%uXXXX`, `\` as `/`) and Tomcat (`;` parameters dropped, one decoding).
+/// The input's bytes, kept to visible ASCII without `?` and `#`, are the path after a `/`. Fails
+/// when a path the check lets through resolves outside `/base/` on any of them, or when the check
+/// panics.
+pub fn path(data: &[u8]) {
+    let tail: String = data
+        .iter()
+        .filter(|b| b.is_ascii_graphic() && !matches!(b, b'?' | b'#'))
+        .map(|&b| b as char)
+        .collect();
+    let path = format!("/{tail}");
+    for allow in [false, true] {
+        if tessera::screen::path::check(&path, allow).is_err() {
+            continue;
+        }
+        let forwarded = format!("/base{path}");
+        for (server, resolved) in [
+            (
+                "nginx",
+                resolve(&percent_decode(forwarded.as_bytes()), false),
+            ),
+            ("iis", resolve(&iis_decode(forwarded.as_bytes()), true)),
+            (
+                "tomcat",
+                resolve(&percent_decode(&drop_params(forwarded.as_bytes())), false),
+            ),
+        ] {
+            assert!(
+                resolved == b"/base" || resolved.starts_with(b"/base/"),
+                "{path:?} (allow_encoded_slashes = {allow}) reaches {:?} on {server}",
+                String::from_utf8_lossy(&resolved)
+            );
+        }
+    }
+}
+
+/// `%XX` decoded once; anything else kept.
+fn percent_decode(s: &[u8]) -> Vec<u8> {
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        if s[i] == b'%' && i + 2 < s.len() {
+            if let (Some(h), Some(l)) = (hex(s[i + 1]), hex(s[i + 2])) {
+                out.push(h * 16 + l);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(s[i]);
+        i += 1;
+    }
+    out
+}
+
+/// IIS's reading: `%uXXXX` (ASCII code points only), then `%XX` twice.
+fn iis_decode(s: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        if s[i] == b'%' && matches!(s.get(i + 1), Some(b'u' | b'U')) && i + 5 < s.len() {
+            let code = std::str::from_utf8(&s[i + 2..i + 6])
+                .ok()
+                .and_then(|h| u32::from_str_radix(h, 16).ok());
+            if let Some(c) = code.filter(|c| *c < 0x80) {
+                out.push(c as u8);
+                i += 6;
+                continue;
+            }
+        }
+        out.push(s[i]);
+        i += 1;
+    }
+    percent_decode(&percent_decode(&out))
+}
+
+/// Tomcat's path parameters (`;...` up to the next `/`) removed.
+fn drop_params(s: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut in_params = false;
+    for &b in s {
+        match b {
+            b'/' => {
+                in_params = false;
+                out.push(b);
+            }
+            b';' => in_params = true,
+            _ if in_params => {}
+            _ => out.push(b),
+        }
+    }
+    out
+}
+
+/// RFC 3986 5.2.4 dot-segment removal (with `\` as a separator when `backslash`), as the
+/// resolved path; a `..` above the root stays at the root.
+fn resolve(path: &[u8], backslash: bool) -> Vec<u8> {
+    let mut segments: Vec<&[u8]> = Vec::new();
+    let split = path.split(|&b| b == b'/' || (backslash && b == b'\\'));
+    for segment in split.skip(1) {
+        match segment {
+            b"." => {}
+            b".." => {
+                segments.pop();
+            }
+            s => segments.push(s),
+        }
+    }
+    let mut out = Vec::new();
+    for s in segments {
+        out.push(b'/');
+        out.extend_from_slice(s);
+    }
+    if out.is_empty() {
+        out.push(b'/');
+    }
+    out
+}
