@@ -281,24 +281,14 @@ fn the_streams_of_one_http2_connection_share_one_bound() {
 #[test]
 fn client_connections_past_server_max_connections_wait_and_are_counted() {
     let nginx = Nginx::start_with(BASE_AND_SECRET);
-    let metrics_port = free_port();
-    let upstream = nginx.url();
-    let t = Tessera::start(|port, dir| {
-        format!(
-            "{}[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n",
-            config(
-                port,
-                &upstream,
-                &format!("embedded:{}/sessions", dir.display()),
-                &[("server", "max_connections = 2\nthreads = 1")],
-            )
-        )
-    });
-    wait_for_port(metrics_port, "tessera metrics");
+    let (t, metrics_url) = with_metrics(
+        &nginx.url(),
+        &[("server", "max_connections = 2\nthreads = 1")],
+    );
     let (_, token) = t.create_session("alice", "pw");
     let get = format!("GET /base/x HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {token}\r\n\r\n");
     // The readiness probe of Tessera::start may still hold a place: wait until it is gone.
-    let metrics = || curl(&[&format!("http://127.0.0.1:{metrics_port}/metrics")]).1;
+    let metrics = || curl(&[&metrics_url]).1;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while sample(&metrics(), "tessera_client_connections") != 0
         && std::time::Instant::now() < deadline

@@ -746,21 +746,8 @@ fn demo_prints_a_working_curl_line() {
 #[test]
 fn metrics_count_requests_store_reads_and_upstream_connections() {
     let nginx = Nginx::start();
-    let metrics_port = free_port();
-    let upstream = nginx.url();
-    let t = Tessera::start(|port, dir| {
-        format!(
-            "{}[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n",
-            config(
-                port,
-                &upstream,
-                &format!("embedded:{}/sessions", dir.display()),
-                &[("server", "header_read_timeout_ms = 500")]
-            )
-        )
-    });
-    wait_for_port(metrics_port, "tessera metrics");
-    let metrics_url = format!("http://127.0.0.1:{metrics_port}/metrics");
+    let (t, metrics_url) =
+        with_metrics(&nginx.url(), &[("server", "header_read_timeout_ms = 500")]);
     let scrape = || {
         let (code, text) = curl(&["-i", &metrics_url]);
         assert_eq!(code, 200, "{text}");
@@ -915,7 +902,8 @@ fn metrics_count_requests_store_reads_and_upstream_connections() {
         code, 404,
         "/metrics on server.listen is proxied to the upstream"
     );
-    assert_eq!(curl(&[&format!("http://127.0.0.1:{metrics_port}/")]).0, 404);
+    let root = metrics_url.trim_end_matches("metrics");
+    assert_eq!(curl(&[root]).0, 404);
     let (code, head) = curl(&["-i", "-X", "POST", &metrics_url]);
     assert_eq!(code, 405);
     assert!(head.contains("allow: GET, HEAD"), "{head}");

@@ -512,3 +512,22 @@ pub fn peak_rss_kib(pid: u32) -> u64 {
 pub fn addr(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
+
+/// A tessera (embedded store) in front of `upstream`, with `extra` config lines and `[metrics]`
+/// on a free port, listening; returns it and its `/metrics` URL.
+pub fn with_metrics(upstream: &str, extra: &[(&str, &str)]) -> (Tessera, String) {
+    let metrics_port = free_port();
+    let t = Tessera::start(|port, dir| {
+        format!(
+            "{}[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n",
+            config(
+                port,
+                upstream,
+                &format!("embedded:{}/sessions", dir.display()),
+                extra
+            )
+        )
+    });
+    wait_for_port(metrics_port, "tessera metrics");
+    (t, format!("http://127.0.0.1:{metrics_port}/metrics"))
+}
