@@ -2,17 +2,22 @@
 //!
 //! | failure | status |
 //! |---|---|
-//! | malformed request (Host missing/duplicated/with userinfo, dot segments) | 400 |
+//! | malformed request (Host missing/empty/duplicated/with userinfo, dot segments, encoded slashes) | 400 |
 //! | request body cut short or malformed by the client while it streams upstream | 400 |
-//! | TRACE (would echo the injected credential) or CONNECT | 405 + `Allow` |
+//! | no token, bad token, unknown/expired/unusable session | 401 + `WWW-Authenticate: Bearer` (RFC 6750 3) |
+//! | WebSocket upgrade from a foreign origin | 403 |
+//! | TRACE, TRACK (would echo the injected credential) or CONNECT | 405 + `Allow` |
 //! | request body paused longer than `server.client_body_timeout_ms` | 408 |
 //! | body larger than `server.max_body_bytes` | 413 |
 //! | request-target longer than `server.max_uri_bytes` | 414 |
 //! | header bytes above `server.max_header_bytes` | 431 |
-//! | no token, bad token, unknown/expired/unusable session | 401 + `WWW-Authenticate: Bearer` (RFC 6750 3) |
-//! | session store down or slow | 503 + `Retry-After` |
-//! | upstream refused, reset, invalid answer | 502 |
+//! | a `Transfer-Encoding` other than `chunked` alone | 501 |
+//! | upstream refused, reset, invalid answer; pool shut down | 502 |
+//! | session store down or slow; `websocket.max_connections` tunnels open | 503 + `Retry-After` |
 //! | upstream connect or response-head timeout | 504 |
+//!
+//! (The session endpoints' refusals and the answer to an upstream 401 are built in `login` and
+//! `proxy`.)
 
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderValue, Response, StatusCode};
@@ -189,5 +194,67 @@ impl ProxyError {
             _ => {}
         }
         resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every variant (each `ForwardError` once) with the status the table above gives it.
+    fn every_variant() -> Vec<(ProxyError, u16)> {
+        vec![
+            (ProxyError::BadRequest("x"), 400),
+            (ProxyError::MethodNotAllowed, 405),
+            (ProxyError::BodyTooLarge, 413),
+            (ProxyError::TransferCoding, 501),
+            (ProxyError::UriTooLong, 414),
+            (ProxyError::HeadersTooLarge, 431),
+            (ProxyError::NoToken, 401),
+            (ProxyError::BadToken("x"), 401),
+            (ProxyError::Session("x"), 401),
+            (ProxyError::StoreUnavailable, 503),
+            (ProxyError::ForeignOrigin, 403),
+            (ProxyError::TooManyWebSockets, 503),
+            (ForwardError::Connect("x".into()).into(), 502),
+            (ForwardError::ConnectTimeout.into(), 504),
+            (ForwardError::Timeout.into(), 504),
+            (ForwardError::BodyTooLarge.into(), 413),
+            (ForwardError::BodyTimeout.into(), 408),
+            (ForwardError::ClientBody("x".into()).into(), 400),
+            (ForwardError::Broken("x".into()).into(), 502),
+            (ForwardError::Closed.into(), 502),
+        ]
+    }
+
+    #[test]
+    fn every_variant_has_its_status_and_the_table_lists_each_status() {
+        let table = include_str!("error.rs")
+            .lines()
+            .take_while(|l| l.starts_with("//!"))
+            .filter(|l| l.starts_with("//! | ") && !l.contains("---"))
+            .map(|l| l.rsplit('|').nth(1).unwrap_or("").trim().to_string())
+            .collect::<Vec<_>>();
+        for (error, status) in every_variant() {
+            let reason = error.to_string();
+            let response = error.into_response();
+            assert_eq!(response.status().as_u16(), status, "{reason}");
+            assert!(
+                table
+                    .iter()
+                    .any(|cell| cell.starts_with(&status.to_string())),
+                "{status} ({reason}) is not in the module's table: {table:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn refusals_carry_their_headers() {
+        let header = |e: ProxyError, name: &str| e.into_response().headers().get(name).cloned();
+        assert!(header(ProxyError::NoToken, "www-authenticate").is_some());
+        assert!(header(ProxyError::Session("x"), "www-authenticate").is_some());
+        assert!(header(ProxyError::StoreUnavailable, "retry-after").is_some());
+        assert!(header(ProxyError::TooManyWebSockets, "retry-after").is_some());
+        assert!(header(ProxyError::MethodNotAllowed, "allow").is_some());
     }
 }
