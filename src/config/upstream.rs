@@ -80,6 +80,7 @@ fn request_strip_list(listed: Option<Vec<String>>) -> Result<Vec<String>, Config
     };
     for name in &listed {
         let bare = name.strip_suffix('*').unwrap_or(name);
+        // A lone `*` would be a prefix of every field (Authorization and Host included).
         if bare.is_empty() || http::HeaderName::from_bytes(bare.as_bytes()).is_err() {
             return Err(ConfigError::new(
                 "upstream.strip_request_headers",

@@ -29,6 +29,7 @@ where
         inner: body.map_err(Into::into).boxed(),
         stall,
         timer: None,
+        restart: false,
     };
     if max_bytes > 0 {
         http_body_util::Limited::new(paced, max_bytes as usize).boxed()
@@ -44,6 +45,9 @@ struct Paced {
     stall: Duration,
     /// Boxed and made at the first wait: a body that never waits costs no timer.
     timer: Option<Pin<Box<Sleep>>>,
+    /// A frame was handed over since the timer was last set: the next wait for the client starts
+    /// the timer anew (time the upstream side took to ask for more is not the client's).
+    restart: bool,
 }
 
 impl Body for Paced {
@@ -57,9 +61,7 @@ impl Body for Paced {
         let this = self.get_mut();
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(frame) => {
-                if let Some(timer) = this.timer.as_mut() {
-                    timer.as_mut().reset(Instant::now() + this.stall);
-                }
+                this.restart = true;
                 Poll::Ready(frame)
             }
             Poll::Pending => {
@@ -67,6 +69,9 @@ impl Body for Paced {
                 let timer = this
                     .timer
                     .get_or_insert_with(|| Box::pin(tokio::time::sleep(stall)));
+                if std::mem::take(&mut this.restart) {
+                    timer.as_mut().reset(Instant::now() + stall);
+                }
                 match timer.as_mut().poll(cx) {
                     Poll::Ready(()) => Poll::Ready(Some(Err(BodyStalled(stall).into()))),
                     Poll::Pending => Poll::Pending,
@@ -125,6 +130,34 @@ mod tests {
         assert!(err.is::<BodyStalled>(), "{err}");
         assert_eq!(started.elapsed(), Duration::from_secs(60));
         feeder.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn time_the_reader_takes_to_ask_for_more_is_not_the_clients() {
+        let (tx, mut body) = channel_body();
+        let first = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            tx.send(Ok(Frame::data(Bytes::from_static(b"a"))))
+                .await
+                .unwrap();
+            tx
+        });
+        // The body waits for its first frame (the timer runs), which comes 10 s later.
+        assert!(body.frame().await.unwrap().is_ok());
+        let tx = first.await.unwrap();
+        // The upstream side asks for the next frame only 90 s later (a slow upstream socket);
+        // the client then sends within the minute: no timeout.
+        tokio::time::sleep(Duration::from_secs(90)).await;
+        let feeder = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            tx.send(Ok(Frame::data(Bytes::from_static(b"b"))))
+                .await
+                .unwrap();
+            tx
+        });
+        let frame = body.frame().await.expect("a frame").expect("no timeout");
+        assert_eq!(frame.into_data().unwrap(), "b");
+        drop(feeder.await.unwrap());
     }
 
     #[tokio::test(start_paused = true)]

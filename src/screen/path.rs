@@ -20,6 +20,9 @@ pub enum PathError {
     /// An encoded `/` or `\` (`%2F`, `%5C`, `%u2215`, overlong and full-width forms) or a literal
     /// `\`, with `server.allow_encoded_slashes = false` (the default, as Tomcat's and Apache's).
     EncodedSlash,
+    /// A control character once decoded (`%00`, `%0a`, ...): C and Java decoders stop at a NUL,
+    /// so `..%00` is `..` to them, and no real path holds one.
+    ControlByte,
 }
 
 impl PathError {
@@ -28,6 +31,7 @@ impl PathError {
         match self {
             Self::DotSegment => "dot segment in path",
             Self::EncodedSlash => "encoded slash or backslash in path",
+            Self::ControlByte => "control character in path",
         }
     }
 }
@@ -74,6 +78,9 @@ fn scan(
     // Per segment: dots seen, spaces after them, and whether anything else was.
     let (mut dots, mut spaced, mut other, mut params) = (0usize, false, false, false);
     for (b, escaped) in units.chain(std::iter::once((b'/', false))) {
+        if b < 0x20 || b == 0x7f {
+            return Err(PathError::ControlByte);
+        }
         match b {
             b'/' | b'\\' => {
                 if (escaped || b == b'\\') && !allow_encoded_slashes {
@@ -170,7 +177,7 @@ fn fold_lookalikes(units: &[(u8, bool)]) -> Vec<(u8, bool)> {
 mod tests {
     use super::*;
 
-    const REFUSED: [&str; 28] = [
+    const REFUSED: [&str; 30] = [
         "/../x",
         "/a/./b",
         "/a/..",
@@ -199,6 +206,8 @@ mod tests {
         "/..%20/x",
         "/%2e%2e%20%20/x",
         "/..",
+        "/..%00/x",
+        "/a%0a/b",
     ];
 
     #[test]

@@ -27,11 +27,22 @@ pub fn default_per_user(max_connections: usize) -> usize {
 pub struct Shares {
     /// Most upstream connections one user or one downstream connection holds at once; 0: off.
     per_user: usize,
-    /// One share per credential in use; an entry whose share is gone (no session, request or
+    /// One share per credential in use, keyed by a keyed 128-bit hash of the credential (the
+    /// table never holds a password); an entry whose share is gone (no session, request or
     /// permit refers to it) is made anew on next use, or pruned.
-    users: Mutex<HashMap<HeaderValue, Weak<Share>>>,
+    users: Mutex<Users>,
+    /// The hash key (random per process).
+    hash_key: (u64, u64),
     /// Requests that waited because their user or downstream connection held its share.
     waited: AtomicU64,
+}
+
+/// The users' table of [`Shares`].
+#[derive(Default)]
+struct Users {
+    map: HashMap<u128, Weak<Share>>,
+    /// Entries left by the last prune.
+    live_after_prune: usize,
 }
 
 /// The share permits one request holds while its upstream connection is checked out.
@@ -51,7 +62,16 @@ impl Shares {
             } else {
                 per_user
             },
-            users: Mutex::new(HashMap::new()),
+            users: Mutex::new(Users::default()),
+            hash_key: {
+                let mut k = [0u8; 16];
+                getrandom::getrandom(&mut k).expect("the OS random source works");
+                let (a, b) = k.split_at(8);
+                (
+                    u64::from_le_bytes(a.try_into().expect("8 bytes")),
+                    u64::from_le_bytes(b.try_into().expect("8 bytes")),
+                )
+            },
             waited: AtomicU64::new(0),
         }
     }
@@ -76,15 +96,25 @@ impl Shares {
         }
         let none = HeaderValue::from_static("");
         let credential = credential.unwrap_or(&none);
+        let key = {
+            use siphasher::sip128::Hasher128;
+            use std::hash::Hasher;
+            let mut h =
+                siphasher::sip128::SipHasher24::new_with_keys(self.hash_key.0, self.hash_key.1);
+            h.write(credential.as_bytes());
+            u128::from(h.finish128())
+        };
         let mut users = self.users.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(live) = users.get(credential).and_then(Weak::upgrade) {
+        if let Some(live) = users.map.get(&key).and_then(Weak::upgrade) {
             return Some(live);
         }
-        if users.len() >= 1024 && users.len().is_power_of_two() {
-            users.retain(|_, share| share.strong_count() > 0);
+        // Entries no one refers to leave once the table has doubled since the last pass.
+        if users.map.len() >= 2 * users.live_after_prune.max(32) {
+            users.map.retain(|_, share| share.strong_count() > 0);
+            users.live_after_prune = users.map.len();
         }
         let share = Arc::new(Share::new(self.per_user));
-        users.insert(credential.clone(), Arc::downgrade(&share));
+        users.map.insert(key, Arc::downgrade(&share));
         Some(share)
     }
 
@@ -207,6 +237,6 @@ mod tests {
         let shares = Shares::new(4, 4);
         assert!(shares.for_connection().is_none());
         assert!(shares.user(Some(&bob())).is_none());
-        assert!(shares.users.lock().unwrap().is_empty());
+        assert!(shares.users.lock().unwrap().map.is_empty());
     }
 }
