@@ -31,26 +31,17 @@ use crate::upstream::{ForwardError, ProxyBody};
 /// Everything that can stop a request, by phase.
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
-    /// screen: the request is malformed (the reason is static text, safe to log and answer).
+    /// screen: the request is malformed, over a limit or of a refused method (each
+    /// [`ScreenError`] gets its status below).
+    #[error(transparent)]
+    Screen(#[from] ScreenError),
+    /// inject/websocket: the request is malformed for a later phase (the reason is static text,
+    /// safe to log and answer).
     #[error("bad request: {0}")]
     BadRequest(&'static str),
-    /// screen: TRACE or CONNECT (TRACE would reflect the injected credential, RFC 9110 9.3.8).
-    #[error("method not allowed")]
-    MethodNotAllowed,
-    /// screen/forward: the body is over the cap.
-    #[error("request body too large")]
-    BodyTooLarge,
-    /// screen: a `Transfer-Encoding` other than `chunked` alone (RFC 9112 section 6.1: a
-    /// coding the server does not understand gets 501). Forwarded as is, its body would reach
-    /// the upstream without the coding named.
-    #[error("transfer coding not implemented")]
-    TransferCoding,
-    /// screen: request-target over the cap.
+    /// inject: the upstream target (base path + the client's) is no valid URI (too long).
     #[error("request-target too long")]
     UriTooLong,
-    /// screen: header section over the cap.
-    #[error("request header fields too large")]
-    HeadersTooLarge,
     /// extract: no token in any configured source.
     #[error("no token")]
     NoToken,
@@ -74,19 +65,6 @@ pub enum ProxyError {
     /// upstream ([`ForwardError::ClientBody`], 400).
     #[error(transparent)]
     Upstream(#[from] ForwardError),
-}
-
-impl From<ScreenError> for ProxyError {
-    fn from(e: ScreenError) -> Self {
-        match e {
-            ScreenError::BadRequest(why) => Self::BadRequest(why),
-            ScreenError::MethodNotAllowed => Self::MethodNotAllowed,
-            ScreenError::BodyTooLarge => Self::BodyTooLarge,
-            ScreenError::TransferCoding => Self::TransferCoding,
-            ScreenError::UriTooLong => Self::UriTooLong,
-            ScreenError::HeadersTooLarge => Self::HeadersTooLarge,
-        }
-    }
 }
 
 impl From<ExtractError> for ProxyError {
@@ -133,12 +111,16 @@ impl ProxyError {
     /// The HTTP status for this failure (exhaustive: adding a variant fails to compile here).
     pub fn status(&self) -> StatusCode {
         match self {
+            Self::Screen(s) => match s {
+                ScreenError::BadRequest(_) => StatusCode::BAD_REQUEST,
+                ScreenError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+                ScreenError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+                ScreenError::UriTooLong => StatusCode::URI_TOO_LONG,
+                ScreenError::TransferCoding => StatusCode::NOT_IMPLEMENTED,
+                ScreenError::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            },
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
-            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Self::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UriTooLong => StatusCode::URI_TOO_LONG,
-            Self::TransferCoding => StatusCode::NOT_IMPLEMENTED,
-            Self::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Self::NoToken | Self::BadToken(_) | Self::Session(_) => StatusCode::UNAUTHORIZED,
             Self::StoreUnavailable | Self::TooManyWebSockets => StatusCode::SERVICE_UNAVAILABLE,
             Self::ForeignOrigin => StatusCode::FORBIDDEN,
@@ -185,7 +167,7 @@ impl ProxyError {
             Self::StoreUnavailable | Self::TooManyWebSockets => {
                 h.insert(RETRY_AFTER, HeaderValue::from_static("1"));
             }
-            Self::MethodNotAllowed => {
+            Self::Screen(ScreenError::MethodNotAllowed) => {
                 h.insert(
                     http::header::ALLOW,
                     HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
@@ -205,11 +187,13 @@ mod tests {
     fn every_variant() -> Vec<(ProxyError, u16)> {
         vec![
             (ProxyError::BadRequest("x"), 400),
-            (ProxyError::MethodNotAllowed, 405),
-            (ProxyError::BodyTooLarge, 413),
-            (ProxyError::TransferCoding, 501),
+            (ScreenError::BadRequest("x").into(), 400),
+            (ScreenError::MethodNotAllowed.into(), 405),
+            (ScreenError::BodyTooLarge.into(), 413),
+            (ScreenError::TransferCoding.into(), 501),
+            (ScreenError::UriTooLong.into(), 414),
+            (ScreenError::HeadersTooLarge.into(), 431),
             (ProxyError::UriTooLong, 414),
-            (ProxyError::HeadersTooLarge, 431),
             (ProxyError::NoToken, 401),
             (ProxyError::BadToken("x"), 401),
             (ProxyError::Session("x"), 401),
@@ -255,6 +239,6 @@ mod tests {
         assert!(header(ProxyError::Session("x"), "www-authenticate").is_some());
         assert!(header(ProxyError::StoreUnavailable, "retry-after").is_some());
         assert!(header(ProxyError::TooManyWebSockets, "retry-after").is_some());
-        assert!(header(ProxyError::MethodNotAllowed, "allow").is_some());
+        assert!(header(ScreenError::MethodNotAllowed.into(), "allow").is_some());
     }
 }

@@ -364,8 +364,8 @@ impl Proxy {
             user: session
                 .upstream_share
                 .get_or_init(|| self.upstream.user_share(&session.authorization))
-                .clone(),
-            connection: ctx.share.take(),
+                .as_ref(),
+            connection: ctx.share.as_ref(),
         };
         let mut resp = self.upstream.forward_on(req, shares).await?;
         if let Some(upgrading) = upgrading {

@@ -117,12 +117,13 @@ pub type ConnectionShare = Option<Arc<crate::share::Share>>;
 
 /// The shares of the pool one request counts against ([`share`]): its user's (a session keeps
 /// it, from [`Upstream::user_share`]) and its HTTP/2 connection's.
-#[derive(Default, Clone)]
-pub struct RequestShares {
+/// Borrowed for the request's life: taking a permit is the only reference count it pays.
+#[derive(Default, Clone, Copy)]
+pub struct RequestShares<'a> {
     /// The user's share; `None` with shares off.
-    pub user: Option<Arc<crate::share::Share>>,
+    pub user: Option<&'a Arc<crate::share::Share>>,
     /// The downstream HTTP/2 connection's share; `None` for HTTP/1.1.
-    pub connection: ConnectionShare,
+    pub connection: Option<&'a Arc<crate::share::Share>>,
 }
 
 fn idempotent(m: &Method) -> bool {
@@ -184,10 +185,11 @@ impl Upstream {
     ///
     /// Errors: [`ForwardError`], after at most one retry (see module docs).
     pub async fn forward(&self, req: Request<UpBody>) -> Result<Response<ProxyBody>, ForwardError> {
+        let user = self
+            .shares
+            .user(req.headers().get(http::header::AUTHORIZATION));
         let shares = RequestShares {
-            user: self
-                .shares
-                .user(req.headers().get(http::header::AUTHORIZATION)),
+            user: user.as_ref(),
             connection: None,
         };
         self.forward_on(req, shares).await
@@ -200,7 +202,7 @@ impl Upstream {
     pub async fn forward_on(
         &self,
         req: Request<UpBody>,
-        shares: RequestShares,
+        shares: RequestShares<'_>,
     ) -> Result<Response<ProxyBody>, ForwardError> {
         let (req, progress) = if req.body().is_end_stream() {
             (req, None)
@@ -238,13 +240,10 @@ impl Upstream {
     async fn send(
         &self,
         req: Request<UpBody>,
-        shares: RequestShares,
+        shares: RequestShares<'_>,
     ) -> Result<Response<ProxyBody>, ForwardError> {
         let key = self.pool.affinity_key(req.headers());
-        let held = self
-            .shares
-            .take(shares.user.as_ref(), shares.connection.as_ref())
-            .await;
+        let held = self.shares.take(shares.user, shares.connection).await;
         let mut conn = self.pool.checkout(key.clone()).await?;
         conn.hold(held);
         let (retry, err) = match conn.send(req).await {
@@ -276,12 +275,9 @@ impl Upstream {
         &self,
         key: Option<AffinityKey>,
         req: Request<UpBody>,
-        shares: RequestShares,
+        shares: RequestShares<'_>,
     ) -> Result<Response<ProxyBody>, ForwardError> {
-        let held = self
-            .shares
-            .take(shares.user.as_ref(), shares.connection.as_ref())
-            .await;
+        let held = self.shares.take(shares.user, shares.connection).await;
         let mut conn = self.pool.checkout_fresh(key).await?;
         conn.hold(held);
         match conn.send(req).await {
