@@ -21,6 +21,7 @@ impl Observed for Proxy {
             upstream_moved: pool.moved.load(Ordering::Relaxed),
             upstream_handed_over: pool.handed_over.load(Ordering::Relaxed),
             upstream_wait_expired: pool.wait_expired.load(Ordering::Relaxed),
+            upstream_share_waits: proxy.upstream().share_waits(),
             upstream_drained: pool.drained.load(Ordering::Relaxed),
             upstream_drain_failed: pool.drain_failed.load(Ordering::Relaxed),
             upstream_closed: Closed::ALL.map(|reason| pool.closed(reason)),

@@ -21,6 +21,8 @@ pub struct Scrape {
     pub(crate) upstream_moved: u64,
     pub(crate) upstream_handed_over: u64,
     pub(crate) upstream_wait_expired: u64,
+    /// Requests that waited because their user or HTTP/2 connection held its share of the pool.
+    pub(crate) upstream_share_waits: u64,
     pub(crate) upstream_drained: u64,
     pub(crate) upstream_drain_failed: u64,
     /// Upstream connections closed, by reason (`Closed::ALL`'s order).
@@ -121,6 +123,7 @@ impl Scrape {
             self.upstream_moved,
         )?;
         counter(e, "upstream_affinity_handovers", "With upstream.affinity = \"session\" at the connection cap: connections handed from a finished request straight to a waiting request of the same user.", self.upstream_handed_over)?;
+        counter(e, "upstream_share_waits", "Requests that waited for a connection because their user (upstream credential) or HTTP/2 connection held upstream.max_connections_per_user.", self.upstream_share_waits)?;
         counter(e, "upstream_affinity_waits_expired", "With upstream.affinity = \"session\" at the connection cap: requests of a user already holding its share that got no connection of their own (the wait, upstream.affinity_wait_ms, ran out or is 0), so another user's idle connection, if one was still idle, was closed for a new one.", self.upstream_wait_expired)?;
         counter(e, "upstream_exchanges_drained", "Upstream exchanges whose client went away less than upstream.drain_wait_ms (default 250 ms) after the request was sent (before the response head, or with at most upstream.drain_max_bytes (default 64 KiB) or a chunked rest of the body left) that were read to their end in the background, their connection kept.", self.upstream_drained)?;
         counter(e, "upstream_exchanges_drain_failed", "Upstream exchanges whose client went away that were read in the background but could not be finished so (no response end within upstream.drain_wait_ms or upstream.drain_max_bytes, a response that ends its connection, an error, or the upstream closing): their connection was closed.", self.upstream_drain_failed)?;
@@ -272,6 +275,7 @@ mod tests {
             upstream_moved: 0,
             upstream_handed_over: 0,
             upstream_wait_expired: 0,
+            upstream_share_waits: 4,
             upstream_drained: 0,
             upstream_drain_failed: 0,
             upstream_closed: [0, 0, 0, 3, 0, 1],
@@ -304,6 +308,7 @@ mod tests {
             "tessera_upstream_connections_closed_total{reason=\"abandoned\"} 3",
             "tessera_upstream_connections_closed_total{reason=\"tunnel\"} 1",
             "tessera_config_reloads_total{result=\"applied\"} 2",
+            "tessera_upstream_share_waits_total 4",
             "tessera_client_connections 3",
             "tessera_client_connection_waits_total 1",
             "tessera_config_reloads_total{result=\"refused\"} 1",
