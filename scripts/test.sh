@@ -29,6 +29,8 @@ if ((${#need[@]})); then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
+# h2spec (RFC 9113 conformance, tests/hardening.rs), pinned, from the Go module proxy.
+command -v h2spec >/dev/null || GOBIN=/usr/local/bin go install github.com/summerwind/h2spec/cmd/h2spec@v2.2.1+incompatible
 # playwright-core (pinned in tests/browser/package-lock.json) drives Debian's Chromium; it never
 # downloads a browser of its own.
 [ -d tests/browser/node_modules/playwright-core ] || (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error)

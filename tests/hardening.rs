@@ -328,3 +328,32 @@ fn client_connections_past_server_max_connections_wait_and_are_counted() {
         .log()
         .contains("server.max_connections client connections are open"));
 }
+
+/// h2spec (every check of RFC 9113 and RFC 7541 it knows, over h2c with prior knowledge) finds
+/// no fault: an invalid preface closes the connection, and a request answered before its body
+/// is read still gets the stream error its broken framing asks for.
+#[test]
+fn h2spec_finds_no_fault_over_h2c() {
+    require("h2spec");
+    let nginx = Nginx::start();
+    let t = tessera(&nginx.url(), &[]);
+    let out = std::process::Command::new("h2spec")
+        .args(["-h", "127.0.0.1", "-o", "5", "-p"])
+        .arg(t.port.to_string())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let summary = text
+        .lines()
+        .find(|l| l.ends_with(" failed") && l.contains(" tests, "))
+        .unwrap_or_else(|| panic!("no h2spec summary: {text}"));
+    let count = |what: &str| -> u32 {
+        summary
+            .split(", ")
+            .find_map(|p| p.strip_suffix(what))
+            .and_then(|n| n.trim().split(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("{what} in {summary}"))
+    };
+    assert_eq!(count(" failed"), 0, "{text}");
+    assert!(count(" passed") >= 145, "{summary}");
+}

@@ -686,6 +686,51 @@ fn upstream_401_deletes_the_session_and_says_why() {
     assert!(log.contains("session deleted"), "{log}");
 }
 
+/// A 401 from a path of the upstream's own, to credentials still good at `login.verify_path`
+/// (or a cross-site GET to such a path), logs nobody out: concurrent 401s of one session are
+/// checked once, the session is kept, and the answer passes without its `Basic` challenge.
+#[test]
+fn an_upstream_401_on_a_path_keeps_a_session_whose_credentials_still_pass() {
+    let up = users();
+    let redis = Redis::start();
+    let t = on_redis(&up, &redis, &[]);
+    let token = token_of(&login(&t, "alice", "alice-pw"));
+    let checks = || {
+        up.stats
+            .paths
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|p| *p == "/check")
+            .count()
+    };
+    assert_eq!(checks(), 1, "the login's check");
+    let stored = session_keys(&redis);
+    assert!(!stored.is_empty());
+    let answers: Vec<Answer> = std::thread::scope(|s| {
+        let calls: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| call(&["-H", &bearer(&token), &t.url("/app-401")])))
+            .collect();
+        calls.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    for a in &answers {
+        assert_eq!((a.code, a.body.as_str()), (401, "not here"));
+        assert!(
+            !a.headers.to_ascii_lowercase().contains("www-authenticate"),
+            "{}",
+            a.headers
+        );
+    }
+    assert_eq!(checks(), 2, "one re-check for the four 401s");
+    assert_eq!(session_keys(&redis), stored, "session kept");
+    assert_eq!(curl(&["-H", &bearer(&token), &t.url("/x")]).0, 200);
+    let log = t.log_when(|l| l.contains("session kept"));
+    assert!(
+        log.contains("credentials still accepted at login.verify_path"),
+        "{log}"
+    );
+}
+
 fn hs512_with_kid(kid: &str, secret: &str, sid: &str) -> String {
     let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS512);
     header.kid = Some(kid.to_string());

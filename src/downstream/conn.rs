@@ -309,6 +309,10 @@ impl Conn {
         loop {
             match self.incoming.take(serving.max_head, serving.max_body) {
                 Taken::Request(req, close) => return Next::Request(req, close),
+                Taken::HandOff if super::parse::speaks_no_http(self.incoming.rest()) => {
+                    tracing::debug!("connection closed: its first line names no HTTP version");
+                    return Next::Close;
+                }
                 Taken::HandOff => return Next::HandOff,
                 Taken::More => {}
             }

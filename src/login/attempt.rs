@@ -7,21 +7,19 @@ use std::collections::HashMap;
 use std::hash::Hash;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{self, HeaderValue};
+use http::header::HeaderValue;
 use http::request::Parts;
-use http::{Request, Response};
+use http::Response;
 use http_body::Body;
-use http_body_util::BodyExt;
 use serde::Deserialize;
 use zeroize::Zeroizing;
 
 use crate::error::ProxyError;
 use crate::seal::Credentials;
 use crate::session::Store;
-use crate::upstream::{empty_body, BoxError, ProxyBody, Upstream};
+use crate::upstream::{BoxError, ProxyBody};
 
 use super::page::safe_redirect;
 use super::request::{check_same_origin, constant_eq, content_type_is, cookie_value, read_body};
@@ -340,41 +338,6 @@ impl Login {
             return Err(Refusal::Bad("username too long"));
         }
         Ok(form)
-    }
-
-    /// Asks the upstream whether `creds` are good: `GET login.verify_path` with them.
-    /// Ok(true) on 2xx, Ok(false) on 401/403; anything else is an upstream failure.
-    pub(super) async fn check_upstream(
-        &self,
-        creds: &Credentials,
-        upstream: &Upstream,
-    ) -> Result<bool, ProxyError> {
-        let req = Request::get(self.verify_target.clone())
-            .header(header::HOST, self.upstream_host.clone())
-            .header(header::AUTHORIZATION, creds.basic_header())
-            .body(empty_body())
-            .expect("valid request");
-        let resp = upstream.forward(req).await?;
-        let status = resp.status();
-        // Drain (bounded) so the connection goes back to the pool.
-        let _ = tokio::time::timeout(
-            Duration::from_secs(5),
-            http_body_util::Limited::new(resp.into_body(), 1 << 20).collect(),
-        )
-        .await;
-        match status.as_u16() {
-            200..=299 => Ok(true),
-            401 | 403 => Ok(false),
-            _ => {
-                tracing::warn!(
-                    status = status.as_u16(),
-                    "login check: unexpected upstream status"
-                );
-                Err(ProxyError::Upstream(crate::upstream::ForwardError::Broken(
-                    "unexpected status to the login check".into(),
-                )))
-            }
-        }
     }
 }
 

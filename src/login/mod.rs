@@ -33,6 +33,7 @@ mod attempt;
 mod issue;
 mod limit;
 mod page;
+mod recheck;
 mod request;
 mod routes;
 
@@ -97,6 +98,8 @@ pub struct Login {
     /// of a failure after the upstream answered, so parallel guesses are capped here.
     in_flight: Mutex<HashMap<InFlightKey, u32>>,
     csrf_cookie: String,
+    /// Re-checks of stored credentials after an upstream 401 ([`Login::still_accepted`]).
+    rechecks: recheck::Rechecks,
 }
 
 /// How a login attempt failed, before any response is shaped.
@@ -133,6 +136,7 @@ impl Login {
             by_ip: FailureLimit::new(l.max_failures_per_ip, window),
             by_user: FailureLimit::new(l.max_failures_per_user, window),
             csrf_cookie: format!("{}-csrf", l.cookie_name),
+            rechecks: recheck::Rechecks::default(),
             // Without its keys: the signing key is taken from `keys` (the one in place now, a
             // reload may change it), and a copy here would keep removed secrets alive.
             token: TokenConfig {

@@ -8,6 +8,7 @@ use http::request::Parts;
 use http::uri::PathAndQuery;
 use http::{HeaderValue, Response, Uri, Version};
 use http_body::Body;
+use http_body_util::BodyExt;
 
 use crate::error::ProxyError;
 use crate::screen::{self, Screened};
@@ -33,11 +34,36 @@ impl Proxy {
         Ok(session?)
     }
 
-    /// The upstream refused the stored credentials (the password was changed or the account
-    /// closed): the session is useless, so it is deleted, and the client gets a Bearer challenge
-    /// saying why instead of the upstream's `Basic` one (which would make a browser prompt for
-    /// the upstream password).
-    pub(super) async fn upstream_rejected(&self, ctx: &mut Ctx) -> Response<ProxyBody> {
+    /// The upstream answered 401 to a request made with the session's stored credentials. With
+    /// `[login]`, they are checked again at `login.verify_path` first ([`crate::login::Login::still_accepted`]):
+    /// still good (the 401 was that path's own), or the check failed, and the session is kept
+    /// and the upstream's answer passed on without its challenges. Refused there (the password
+    /// was changed, the account closed), or without `[login]`, the session is useless: it is
+    /// deleted, and the client gets a Bearer challenge saying why. Never the upstream's `Basic`
+    /// challenge, which would make a browser prompt for the upstream password.
+    pub(super) async fn upstream_rejected(
+        &self,
+        ctx: &mut Ctx,
+        session: &Session,
+        resp: Response<ProxyBody>,
+    ) -> Response<ProxyBody> {
+        if let (Some(login), Some(sid)) = (&self.login, &ctx.sid) {
+            // Read first: the answer's connection goes back to the pool before the check takes one.
+            let resp = buffered(resp).await;
+            match login
+                .still_accepted(sid, &session.authorization, &self.upstream)
+                .await
+            {
+                Ok(false) => {}
+                kept => {
+                    ctx.reason = Some(match kept {
+                        Err(e) => format!("upstream answered 401; re-check failed ({e}); session kept"),
+                        Ok(_) => "upstream answered 401; credentials still accepted at login.verify_path; session kept".into(),
+                    });
+                    return resp;
+                }
+            }
+        }
         if let Some(sid) = &ctx.sid {
             match self.sessions.revoke(sid).await {
                 Ok(_) => ctx.reason = Some("upstream rejected credentials; session deleted".into()),
@@ -46,6 +72,12 @@ impl Proxy {
                 }
             }
         }
+        self.rejected_answer()
+    }
+
+    /// The 401 for credentials the upstream refused: a Bearer challenge saying why (RFC 6750 3),
+    /// and the token cookie cleared.
+    fn rejected_answer(&self) -> Response<ProxyBody> {
         let mut resp = Response::new(ProxyBody::full("Unauthorized\n"));
         *resp.status_mut() = http::StatusCode::UNAUTHORIZED;
         let h = resp.headers_mut();
@@ -125,4 +157,28 @@ impl Proxy {
     {
         screen::body::limit(body, self.limits.max_body_bytes, self.body_timeout)
     }
+}
+
+/// Most bytes of an upstream 401's body kept while its session is checked again; a longer body
+/// is dropped (the answer goes on with none).
+const BUFFERED_MAX_BYTES: usize = 64 * 1024;
+
+/// `resp` with its body read into memory (at most [`BUFFERED_MAX_BYTES`], within 5 s; else
+/// none) and its `WWW-Authenticate` fields removed, so it holds no upstream connection.
+async fn buffered(mut resp: Response<ProxyBody>) -> Response<ProxyBody> {
+    crate::upstream::materialize(&mut resp);
+    let (mut parts, body) = resp.into_parts();
+    let read = http_body_util::Limited::new(body, BUFFERED_MAX_BYTES).collect();
+    let bytes = match tokio::time::timeout(std::time::Duration::from_secs(5), read).await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        _ => Bytes::new(),
+    };
+    for name in [
+        header::WWW_AUTHENTICATE,
+        header::CONTENT_LENGTH,
+        header::TRANSFER_ENCODING,
+    ] {
+        parts.headers.remove(name);
+    }
+    Response::from_parts(parts, ProxyBody::full(bytes))
 }

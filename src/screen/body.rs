@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use tokio::time::{Instant, Sleep};
@@ -36,6 +36,34 @@ where
     } else {
         paced.boxed()
     }
+}
+
+/// Most body bytes an early answer waits to read and drop ([`discard`]): a larger body is
+/// answered over (its stream reset with `NO_ERROR`, RFC 9113 8.1).
+pub const DISCARD_MAX_BYTES: u64 = 64 * 1024;
+/// Longest wait, in all, for the rest of a body an early answer reads and drops.
+pub const DISCARD_WAIT: Duration = Duration::from_secs(1);
+
+/// Reads and drops what is left of the body of a request answered without it (a refusal, a
+/// redirect), up to [`DISCARD_MAX_BYTES`] within [`DISCARD_WAIT`], as nginx discards an
+/// unwanted body. Why, for HTTP/2 and HTTP/3: the stream's framing is still checked while it
+/// is read, so a body that breaks it (a `content-length` its DATA frames do not match) ends
+/// in the stream error RFC 9113 8.1.1 asks for rather than in an answer; and a short body
+/// sent with its head is taken whole instead of reset. Read errors end the wait.
+pub async fn discard<B: Body>(body: B) {
+    let read = async {
+        tokio::pin!(body);
+        let mut seen = 0u64;
+        while seen <= DISCARD_MAX_BYTES {
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    seen += frame.data_ref().map_or(0, |d| d.remaining() as u64);
+                }
+                Some(Err(_)) | None => return,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DISCARD_WAIT, read).await;
 }
 
 /// A body whose reads may pause at most `stall` each: the timer starts at the first read that
@@ -169,5 +197,57 @@ mod tests {
         );
         assert!(body.is_end_stream());
         assert!(body.frame().await.is_none());
+    }
+
+    type Frames = tokio_stream::wrappers::ReceiverStream<Result<Frame<Bytes>, BoxError>>;
+
+    /// A body fed by a channel, unbounded: the frames `discard` pulled are the ones sent.
+    fn plain_channel_body() -> (
+        tokio::sync::mpsc::Sender<Result<Frame<Bytes>, BoxError>>,
+        StreamBody<Frames>,
+    ) {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        (tx, StreamBody::new(Frames::new(rx)))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn discard_reads_a_short_body_to_its_end_at_once() {
+        let (tx, body) = plain_channel_body();
+        let feeder = tokio::spawn(async move {
+            tx.send(Ok(Frame::data(Bytes::from_static(b"rest"))))
+                .await
+                .unwrap();
+        });
+        let started = Instant::now();
+        discard(body).await;
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        feeder.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn discard_waits_for_a_silent_body_only_so_long() {
+        let (tx, body) = plain_channel_body();
+        let started = Instant::now();
+        discard(body).await;
+        assert_eq!(started.elapsed(), DISCARD_WAIT);
+        drop(tx);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn discard_stops_reading_past_its_byte_bound() {
+        let (tx, body) = plain_channel_body();
+        let feeder = tokio::spawn(async move {
+            let mut sent = 0u64;
+            let chunk = Bytes::from(vec![0u8; 16 * 1024]);
+            while tx.send(Ok(Frame::data(chunk.clone()))).await.is_ok() {
+                sent += chunk.len() as u64;
+            }
+            sent
+        });
+        discard(body).await;
+        let sent = feeder.await.unwrap();
+        // The channel holds one frame more than was read.
+        assert!(sent > DISCARD_MAX_BYTES, "{sent}");
+        assert!(sent <= DISCARD_MAX_BYTES + 3 * 16 * 1024, "{sent}");
     }
 }

@@ -208,6 +208,13 @@ async fn handle(
                 resp.headers_mut()
                     .insert("content-length", (64u64 << 20).to_string().parse().unwrap());
                 Ok(resp)
+            } else if ok && path == "/app-401" {
+                // A path refusing even a good user with 401 (its own rule, not the login's).
+                let mut r = Response::new(Full::new(Bytes::from_static(b"not here")).boxed());
+                *r.status_mut() = hyper::StatusCode::UNAUTHORIZED;
+                r.headers_mut()
+                    .insert("www-authenticate", "Basic realm=\"up\"".parse().unwrap());
+                Ok(r)
             } else if ok && path == "/events" {
                 let user = pair.split_once(':').unwrap().0.to_string();
                 let mut resp = Response::new(StreamBody::new(events(user, s.clone())).boxed());

@@ -1,0 +1,153 @@
+//! Asking the upstream whether credentials are good (`GET login.verify_path` with them): at
+//! login, and again before a session is deleted because the upstream answered 401 to a request
+//! made with its stored credentials. Why the second: a 401 on an arbitrary path may be that
+//! path's own answer (or a cross-site `GET` to it, with `SameSite=Lax`), and deleting the
+//! session then would log the user out; only credentials refused at `login.verify_path` are.
+//! Must never: ask more than once at a time for one session.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::header::{self, HeaderValue};
+use http::Request;
+use http_body_util::BodyExt;
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
+
+use crate::error::ProxyError;
+use crate::seal::Credentials;
+use crate::upstream::{empty_body, Upstream};
+
+use super::Login;
+
+/// How long one session's re-check answer is reused by later upstream 401s of that session.
+const RECHECK_REUSE: Duration = Duration::from_secs(10);
+
+/// Sessions remembered before answers older than [`RECHECK_REUSE`] are pruned.
+const PRUNE_AT: usize = 1024;
+
+/// One session's check: when it started, and its answer (set once).
+type Check = (Instant, Arc<OnceCell<bool>>);
+
+/// The re-checks of stored credentials, one per session at a time (single flight).
+#[derive(Default)]
+pub(super) struct Rechecks {
+    /// Session id -> its latest check.
+    by_sid: Mutex<HashMap<Arc<str>, Check>>,
+}
+
+impl Rechecks {
+    /// The answer cell for `sid`: the one of a check started less than [`RECHECK_REUSE`] ago,
+    /// else a new one.
+    fn cell(&self, sid: &Arc<str>) -> Arc<OnceCell<bool>> {
+        let now = Instant::now();
+        let fresh = |at: &Instant| now.duration_since(*at) < RECHECK_REUSE;
+        let mut map = self.by_sid.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((at, cell)) = map.get(sid) {
+            if fresh(at) {
+                return cell.clone();
+            }
+        }
+        if map.len() >= PRUNE_AT {
+            map.retain(|_, (at, _)| fresh(at));
+        }
+        let cell = Arc::new(OnceCell::new());
+        map.insert(sid.clone(), (now, cell.clone()));
+        cell
+    }
+}
+
+impl Login {
+    /// Whether the upstream still accepts a session's stored credentials (`authorization`, its
+    /// injected `Authorization` value) at `login.verify_path`. Concurrent callers for one `sid`
+    /// share one check, and its answer is reused for 10 s.
+    ///
+    /// Errors: as [`Login::check_upstream`] (the upstream failed or answered neither 2xx nor
+    /// 401/403); a failed check is not reused.
+    pub async fn still_accepted(
+        &self,
+        sid: &Arc<str>,
+        authorization: &HeaderValue,
+        upstream: &Upstream,
+    ) -> Result<bool, ProxyError> {
+        let cell = self.rechecks.cell(sid);
+        cell.get_or_try_init(|| self.check_authorization(authorization.clone(), upstream))
+            .await
+            .copied()
+    }
+
+    /// Asks the upstream whether `creds` are good: `GET login.verify_path` with them.
+    /// Ok(true) on 2xx, Ok(false) on 401/403; anything else is an upstream failure.
+    pub(super) async fn check_upstream(
+        &self,
+        creds: &Credentials,
+        upstream: &Upstream,
+    ) -> Result<bool, ProxyError> {
+        self.check_authorization(creds.basic_header(), upstream)
+            .await
+    }
+
+    /// [`Login::check_upstream`] with the `Authorization` value to send (a stored session's).
+    pub(super) async fn check_authorization(
+        &self,
+        authorization: HeaderValue,
+        upstream: &Upstream,
+    ) -> Result<bool, ProxyError> {
+        let req = Request::get(self.verify_target.clone())
+            .header(header::HOST, self.upstream_host.clone())
+            .header(header::AUTHORIZATION, authorization)
+            .body(empty_body())
+            .expect("valid request");
+        let resp = upstream.forward(req).await?;
+        let status = resp.status();
+        // Drain (bounded) so the connection goes back to the pool.
+        let _ = tokio::time::timeout(
+            Duration::from_secs(5),
+            http_body_util::Limited::new(resp.into_body(), 1 << 20).collect(),
+        )
+        .await;
+        match status.as_u16() {
+            200..=299 => Ok(true),
+            401 | 403 => Ok(false),
+            _ => {
+                tracing::warn!(
+                    status = status.as_u16(),
+                    "login check: unexpected upstream status"
+                );
+                Err(ProxyError::Upstream(crate::upstream::ForwardError::Broken(
+                    "unexpected status to the login check".into(),
+                )))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn one_session_shares_one_check_until_its_answer_is_old() {
+        let rechecks = Rechecks::default();
+        let (a, b): (Arc<str>, Arc<str>) = ("sid-a".into(), "sid-b".into());
+        let first = rechecks.cell(&a);
+        assert!(Arc::ptr_eq(&first, &rechecks.cell(&a)));
+        assert!(!Arc::ptr_eq(&first, &rechecks.cell(&b)));
+        tokio::time::advance(RECHECK_REUSE - Duration::from_millis(1)).await;
+        assert!(Arc::ptr_eq(&first, &rechecks.cell(&a)));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(!Arc::ptr_eq(&first, &rechecks.cell(&a)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn old_answers_are_pruned_once_many_sessions_are_remembered() {
+        let rechecks = Rechecks::default();
+        for i in 0..PRUNE_AT {
+            rechecks.cell(&Arc::from(format!("sid-{i}")));
+        }
+        tokio::time::advance(RECHECK_REUSE).await;
+        rechecks.cell(&Arc::from("new"));
+        assert_eq!(rechecks.by_sid.lock().unwrap().len(), 1);
+    }
+}

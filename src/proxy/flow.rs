@@ -1,0 +1,186 @@
+//! One request's way through the phases: [`Proxy::handle`] runs them top to bottom and turns
+//! any failure into a response in one place; a body left unread by an early answer is
+//! discarded (bounded) on multiplexed connections.
+
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header;
+use http::uri::PathAndQuery;
+use http::{HeaderValue, Request, Response, Version};
+use http_body::Body;
+
+use crate::error::ProxyError;
+use crate::login::Login;
+use crate::screen;
+use crate::upstream::{BoxError, ProxyBody, RequestShares};
+
+use super::{Ctx, Peer, Proxy, Record};
+
+impl Proxy {
+    /// Handles one downstream request end to end. Never fails: errors become responses.
+    pub async fn handle<B>(&self, req: Request<B>, peer: &Peer) -> Response<ProxyBody>
+    where
+        B: Body<Data = Bytes> + Send + Sync + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let mut resp = self.respond(req, peer).await;
+        crate::upstream::materialize(&mut resp);
+        resp
+    }
+
+    /// [`Proxy::handle`] for a writer that reads an upstream response's fields from the body
+    /// ([`ProxyBody::take_fields`], already screened) and the rest from the `HeaderMap`: the
+    /// fields never become map entries.
+    pub async fn respond<B>(&self, req: Request<B>, peer: &Peer) -> Response<ProxyBody>
+    where
+        B: Body<Data = Bytes> + Send + Sync + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let mut ctx = Ctx::default();
+        if req.version() == Version::HTTP_2 {
+            ctx.share = peer
+                .share
+                .get_or_init(|| self.upstream.connection_share())
+                .clone();
+        }
+        let relayed;
+        let peer = if peer.trusted {
+            relayed = peer.relayed(req.headers(), &self.trusted_proxies);
+            &relayed
+        } else {
+            peer
+        };
+        let logged = (self.access_log && crate::access_log::enabled())
+            .then(|| (req.method().clone(), req.uri().path().to_owned()));
+        let started = (logged.is_some() || self.request_counts.is_some()).then(Instant::now);
+        // Written below when the answer is ready, or as 499 if this future is dropped first.
+        let mut record = Record {
+            proxy: self,
+            peer: peer.addr.ip(),
+            logged,
+            started,
+            written: false,
+        };
+        let (parts, body) = req.into_parts();
+        let multiplexed = parts.version >= Version::HTTP_2;
+        let mut body = Some(body);
+        let (resp, reason) = match self.process(parts, &mut body, peer, &mut ctx).await {
+            Ok(resp) => (resp, None),
+            Err(e) => {
+                let reason = e.to_string();
+                (e.into_response(), Some(reason))
+            }
+        };
+        if let Some(body) = body.filter(|b| multiplexed && !b.is_end_stream()) {
+            // Answered without its body: see `discard` (HTTP/1.1's own reader drains or
+            // closes after the answer).
+            screen::body::discard(body).await;
+        }
+        record.write(
+            resp.status().as_u16(),
+            ctx.sid.as_deref(),
+            reason.as_deref().or(ctx.reason.as_deref()),
+        );
+        resp
+    }
+
+    /// The phases after the head is read; `body` is taken when the request is forwarded or
+    /// given to a login endpoint, and left for the caller to discard otherwise.
+    async fn process<B>(
+        &self,
+        mut parts: http::request::Parts,
+        body: &mut Option<B>,
+        peer: &Peer,
+        ctx: &mut Ctx,
+    ) -> Result<Response<ProxyBody>, ProxyError>
+    where
+        B: Body<Data = Bytes> + Send + Sync + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let screened = screen::screen_request_with(&mut parts, &self.limits, &self.stripped)?;
+        if let Some(login) = &self.login {
+            if let Some(endpoint) = login.route(parts.uri.path()) {
+                // Boxed: the login future (an upstream check, a store write) is many times the
+                // size of the proxy path's, and every request's future would carry its size.
+                let req = crate::login::EndpointRequest {
+                    parts: &parts,
+                    host: &screened.host,
+                    peer: peer.addr,
+                    verifier: &self.verifier,
+                    sessions: &self.sessions,
+                    upstream: &self.upstream,
+                };
+                let body = body.take().expect("the body is taken once");
+                let (resp, reason) =
+                    Box::pin(login.handle(endpoint, req, body, &mut ctx.sid)).await;
+                ctx.reason = reason;
+                return Ok(resp);
+            }
+        }
+        let session = match self.authenticate(&parts, ctx).await {
+            Ok(s) => s,
+            Err(e) => {
+                return match &self.login {
+                    Some(login)
+                        if e.status() == http::StatusCode::UNAUTHORIZED
+                            && Login::wants_login_page(&parts) =>
+                    {
+                        ctx.reason = Some(format!("{e}; sent to the login page"));
+                        let target = parts.uri.path_and_query().map_or("/", PathAndQuery::as_str);
+                        Ok(login.login_redirect(target))
+                    }
+                    _ => Err(e),
+                };
+            }
+        };
+        let upgrading = if screened.websocket {
+            let empty = body.as_ref().is_none_or(Body::is_end_stream);
+            self.upgrading(&mut parts, &screened, peer.proto, empty)?
+        } else {
+            None
+        };
+        let target = self.upstream_uri(&parts.uri)?;
+        self.inject(&mut parts, &screened, &session, peer, target);
+        if upgrading.is_some() {
+            let h = &mut parts.headers;
+            h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        }
+        let body = body.take().expect("the body is taken once");
+        let req = Request::from_parts(parts, self.limit_body(body));
+        let shares = RequestShares {
+            user: session
+                .upstream_share
+                .get_or_init(|| self.upstream.user_share(&session.authorization))
+                .as_ref(),
+            connection: ctx.share.as_ref(),
+        };
+        let mut resp = self.upstream.forward_on(req, shares).await?;
+        if let Some(upgrading) = upgrading {
+            if let Some(tunnel) = resp.body_mut().take_tunnel() {
+                return Ok(self.switch(resp, tunnel, upgrading, ctx, &session));
+            }
+        }
+        if resp.body_mut().may_wait() {
+            // The body may wait for the upstream: it ends with the session (logout, expiry).
+            // (Not asked of a body already in memory: a watch is an allocation, 1.5% of a
+            // warm request's instructions.)
+            if let Some(sid) = &ctx.sid {
+                if let Some(w) = self.sessions.revocable(sid.clone(), &session) {
+                    resp.body_mut().end_with_session(w);
+                }
+            }
+        }
+        // An upstream response's fields are all in its body until `materialize` (its map is
+        // empty), so they are screened there.
+        if let Some(fields) = resp.body_mut().fields_mut() {
+            screen::screen_response(fields, &self.strip_response);
+        }
+        if resp.status() == http::StatusCode::UNAUTHORIZED {
+            // Boxed, as the session store's futures are (see `Sessions::resolve`).
+            return Ok(Box::pin(self.upstream_rejected(ctx, &session, resp)).await);
+        }
+        Ok(resp)
+    }
+}
