@@ -2,7 +2,8 @@
 # The project's test command (README "Quick start", docs/testing.md; .ci/run calls it).
 # Installs what the tests need on a fresh Debian machine (redis-server, nginx, curl, openssl, nghttp, the
 # Cyrus JMAP packages, Chromium + Node.js with playwright-core for the login page), then runs format and lint checks and every test: unit, service, and integration tests
-# that start real redis-server / nginx / Cyrus / tessera processes on free loopback ports.
+# that start real redis-server / nginx / Cyrus / tessera processes on free loopback ports, then
+# every fuzz target for 20 s (scripts/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,5 +44,7 @@ cargo clippy --all-targets -- -D warnings
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --all-targets 2>&1 | tee "$log"
+# Every fuzz target for a bounded time (installs cargo-fuzz when missing; docs/testing.md).
+FUZZ_SECONDS="${FUZZ_SECONDS:-20}" ./scripts/fuzz.sh
 # One closing line over every test binary (cargo prints one "test result" line per target).
 grep -E '^test result:' "$log" | awk '{p += $4; f += $6} END {printf "tests: %d passed, %d failed\n", p, f; exit (f > 0 || p == 0)}'

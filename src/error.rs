@@ -15,9 +15,20 @@
 //! | upstream refused, reset, invalid answer; pool shut down | 502 |
 //! | session store down or slow; `websocket.max_connections` tunnels open | 503 + `Retry-After` |
 //! | upstream connect or response-head timeout | 504 |
+//! | upstream 401 to the stored credentials, refused again at `login.verify_path` (session deleted) | 401 + `WWW-Authenticate: Bearer ... error_description="upstream rejected credentials"` |
 //!
-//! (The session endpoints' refusals and the answer to an upstream 401 are built in `login` and
-//! `proxy`.)
+//! The session endpoints' refusals ([`LoginRefusal`]), answered as JSON to API clients and as the
+//! login page to form posts:
+//!
+//! | refusal | status |
+//! |---|---|
+//! | unreadable or incomplete form, `rd` not a same-origin path | 400 |
+//! | user name or password refused by the upstream | 401 + `WWW-Authenticate: Bearer` |
+//! | cross-origin POST, CSRF token mismatch | 403 |
+//! | login body over 8 KiB | 413 |
+//! | neither a form nor JSON | 415 |
+//! | too many failed logins for the client address or user name | 429 + `Retry-After` |
+//! | the upstream or the session store failed | as the table above (502, 503 + `Retry-After`, 504) |
 
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderValue, Response, StatusCode};
@@ -27,6 +38,10 @@ use crate::session::ResolveError;
 use crate::token::extract::ExtractError;
 use crate::token::TokenError;
 use crate::upstream::{ForwardError, ProxyBody};
+
+/// `WWW-Authenticate` of [`ProxyError::UpstreamRejected`] (RFC 6750 3).
+const UPSTREAM_REJECTED: &str = "Bearer realm=\"tessera\", error=\"invalid_token\", \
+     error_description=\"upstream rejected credentials\"";
 
 /// Everything that can stop a request, by phase.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +76,11 @@ pub enum ProxyError {
     /// forward: `websocket.max_connections` WebSockets are open already. 503 with `Retry-After`.
     #[error("too many WebSocket connections")]
     TooManyWebSockets,
+    /// forward: the upstream refused the session's stored credentials, and refused them again
+    /// at `login.verify_path`; the session was deleted. 401 with a Bearer challenge saying why
+    /// (never the upstream's `Basic` one, which would make a browser prompt for its password).
+    #[error("upstream rejected credentials")]
+    UpstreamRejected,
     /// forward: the upstream failed, or the client's body broke off while it was streamed
     /// upstream ([`ForwardError::ClientBody`], 400).
     #[error(transparent)]
@@ -121,7 +141,9 @@ impl ProxyError {
             },
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::UriTooLong => StatusCode::URI_TOO_LONG,
-            Self::NoToken | Self::BadToken(_) | Self::Session(_) => StatusCode::UNAUTHORIZED,
+            Self::NoToken | Self::BadToken(_) | Self::Session(_) | Self::UpstreamRejected => {
+                StatusCode::UNAUTHORIZED
+            }
             Self::StoreUnavailable | Self::TooManyWebSockets => StatusCode::SERVICE_UNAVAILABLE,
             Self::ForeignOrigin => StatusCode::FORBIDDEN,
             Self::Upstream(f) => match f {
@@ -164,6 +186,12 @@ impl ProxyError {
                     HeaderValue::from_static("Bearer realm=\"tessera\", error=\"invalid_token\""),
                 );
             }
+            Self::UpstreamRejected => {
+                h.insert(
+                    WWW_AUTHENTICATE,
+                    HeaderValue::from_static(UPSTREAM_REJECTED),
+                );
+            }
             Self::StoreUnavailable | Self::TooManyWebSockets => {
                 h.insert(RETRY_AFTER, HeaderValue::from_static("1"));
             }
@@ -176,6 +204,82 @@ impl ProxyError {
             _ => {}
         }
         resp
+    }
+}
+
+/// Why a session-endpoint request (login, logout) was refused, before its response is shaped.
+#[derive(Debug, thiserror::Error)]
+pub enum LoginRefusal {
+    /// 400: unreadable body, missing fields, a bad `rd`.
+    #[error("login: {0}")]
+    Bad(&'static str),
+    /// 413: a body over the 8 KiB cap (refused by its `Content-Length` before any of it is read,
+    /// so a client that sent `Expect: 100-continue` never gets a `100`).
+    #[error("login: body over 8 KiB")]
+    TooLarge,
+    /// 401: the upstream said no.
+    #[error("login: upstream rejected the credentials")]
+    Credentials,
+    /// 403: cross-origin POST or CSRF token mismatch.
+    #[error("login: {0}")]
+    Forbidden(&'static str),
+    /// 415: neither form nor JSON.
+    #[error("login: unsupported content type")]
+    MediaType,
+    /// 429: too many failures; seconds to wait (sent as `Retry-After`).
+    #[error("login: rate limited")]
+    Limited(u64),
+    /// The upstream or the store failed: its [`ProxyError`]'s status.
+    #[error("login: {0}")]
+    Proxy(ProxyError),
+}
+
+impl LoginRefusal {
+    /// The HTTP status (exhaustive, as [`ProxyError::status`]).
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::Bad(_) => StatusCode::BAD_REQUEST,
+            Self::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Credentials => StatusCode::UNAUTHORIZED,
+            Self::Forbidden(_) => StatusCode::FORBIDDEN,
+            Self::MediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::Limited(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::Proxy(e) => e.status(),
+        }
+    }
+
+    /// What the user is told: on the login page (`page`), or in the JSON error. Static text,
+    /// never a detail of the upstream's or the store's failure.
+    pub fn message(&self, page: bool) -> &'static str {
+        match self {
+            Self::Bad(why) | Self::Forbidden(why) => why,
+            Self::TooLarge => "login form too large",
+            Self::Credentials => "user name or password is wrong",
+            Self::MediaType => "send application/x-www-form-urlencoded or application/json",
+            Self::Limited(_) => "too many failed attempts; try again later",
+            Self::Proxy(_) if page => "the mail server is not answering; try again shortly",
+            Self::Proxy(_) => "upstream unavailable",
+        }
+    }
+
+    /// The fields the refusal's status calls for: a Bearer challenge with a 401 (RFC 6750 3),
+    /// `Retry-After` with a 429 (its wait) or a 503 (1 s).
+    pub fn add_fields(&self, h: &mut http::HeaderMap) {
+        match self {
+            Self::Credentials => {
+                h.insert(
+                    WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"tessera\""),
+                );
+            }
+            Self::Limited(secs) => {
+                h.insert(RETRY_AFTER, HeaderValue::from(*secs));
+            }
+            Self::Proxy(e) if e.status() == StatusCode::SERVICE_UNAVAILABLE => {
+                h.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            _ => {}
+        }
     }
 }
 
@@ -197,6 +301,7 @@ mod tests {
             (ProxyError::NoToken, 401),
             (ProxyError::BadToken("x"), 401),
             (ProxyError::Session("x"), 401),
+            (ProxyError::UpstreamRejected, 401),
             (ProxyError::StoreUnavailable, 503),
             (ProxyError::ForeignOrigin, 403),
             (ProxyError::TooManyWebSockets, 503),
@@ -232,10 +337,56 @@ mod tests {
         }
     }
 
+    /// Every login refusal with its status, each listed in the refusals' table.
+    #[test]
+    fn every_login_refusal_has_its_status_and_fields() {
+        let table = include_str!("error.rs")
+            .lines()
+            .take_while(|l| l.starts_with("//!"))
+            .skip_while(|l| !l.contains("| refusal | status |"))
+            .filter(|l| l.starts_with("//! | ") && !l.contains("---"))
+            .map(|l| l.rsplit('|').nth(1).unwrap_or("").trim().to_string())
+            .collect::<Vec<_>>();
+        let cases = [
+            (LoginRefusal::Bad("x"), 400, None),
+            (LoginRefusal::TooLarge, 413, None),
+            (LoginRefusal::Credentials, 401, Some("www-authenticate")),
+            (LoginRefusal::Forbidden("x"), 403, None),
+            (LoginRefusal::MediaType, 415, None),
+            (LoginRefusal::Limited(7), 429, Some("retry-after")),
+            (
+                LoginRefusal::Proxy(ProxyError::StoreUnavailable),
+                503,
+                Some("retry-after"),
+            ),
+            (LoginRefusal::Proxy(ForwardError::Timeout.into()), 504, None),
+        ];
+        for (refusal, status, field) in cases {
+            assert_eq!(refusal.status().as_u16(), status, "{refusal}");
+            let listed = status.to_string();
+            assert!(
+                table.iter().any(|cell| cell.contains(&listed)),
+                "{status} ({refusal}) is not in the refusals' table: {table:?}"
+            );
+            let mut h = http::HeaderMap::new();
+            refusal.add_fields(&mut h);
+            assert_eq!(h.keys().next().map(|k| k.as_str()), field, "{refusal}");
+        }
+        let mut h = http::HeaderMap::new();
+        LoginRefusal::Limited(7).add_fields(&mut h);
+        assert_eq!(h["retry-after"], "7");
+    }
+
     #[test]
     fn refusals_carry_their_headers() {
         let header = |e: ProxyError, name: &str| e.into_response().headers().get(name).cloned();
         assert!(header(ProxyError::NoToken, "www-authenticate").is_some());
+        assert!(
+            header(ProxyError::UpstreamRejected, "www-authenticate").is_some_and(|v| v
+                .to_str()
+                .unwrap()
+                .contains("upstream rejected credentials"))
+        );
         assert!(header(ProxyError::Session("x"), "www-authenticate").is_some());
         assert!(header(ProxyError::StoreUnavailable, "retry-after").is_some());
         assert!(header(ProxyError::TooManyWebSockets, "retry-after").is_some());

@@ -23,7 +23,7 @@ use crate::token::TokenConfig;
 use crate::Config;
 
 mod settings;
-use crate::error::ProxyError;
+
 use crate::session::Sessions;
 use crate::token::{Keys, Verifier};
 use crate::upstream::{BoxError, ProxyBody, Upstream};
@@ -102,24 +102,8 @@ pub struct Login {
     rechecks: recheck::Rechecks,
 }
 
-/// How a login attempt failed, before any response is shaped.
-pub(super) enum Refusal {
-    /// 400: unreadable body, missing fields.
-    Bad(&'static str),
-    /// 413: a body over the 8 KiB cap (refused by its `Content-Length` before any of it is
-    /// read, so a client that sent `Expect: 100-continue` never gets a `100`).
-    TooLarge,
-    /// 401: the upstream said no.
-    Credentials,
-    /// 403: cross-origin POST or CSRF token mismatch.
-    Forbidden(&'static str),
-    /// 415: neither form nor JSON.
-    MediaType,
-    /// 429: too many failures; seconds to wait.
-    Limited(u64),
-    /// Upstream or store failure (502/503/504).
-    Proxy(ProxyError),
-}
+/// How a login attempt failed, before any response is shaped (statuses decided in `error`).
+pub(super) use crate::error::LoginRefusal as Refusal;
 
 impl Login {
     /// Builds the endpoints; `None` when `[login]` is not configured.

@@ -103,64 +103,14 @@ impl Login {
         is_form: bool,
         rd: Option<&str>,
     ) -> (Response<ProxyBody>, Option<String>) {
-        let (status, message, log): (StatusCode, &str, String) = match &r {
-            Refusal::Bad(why) => (StatusCode::BAD_REQUEST, why, format!("login: {why}")),
-            Refusal::TooLarge => (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "login form too large",
-                "login: body over 8 KiB".into(),
-            ),
-            Refusal::Credentials => (
-                StatusCode::UNAUTHORIZED,
-                "user name or password is wrong",
-                "login: upstream rejected the credentials".into(),
-            ),
-            Refusal::Forbidden(why) => (StatusCode::FORBIDDEN, why, format!("login: {why}")),
-            Refusal::MediaType => (
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "send application/x-www-form-urlencoded or application/json",
-                "login: unsupported content type".into(),
-            ),
-            Refusal::Limited(_) => (
-                StatusCode::TOO_MANY_REQUESTS,
-                "too many failed attempts; try again later",
-                "login: rate limited".into(),
-            ),
-            Refusal::Proxy(e) => {
-                let log = format!("login: {e}");
-                let status = e.status();
-                let mut resp = if is_form {
-                    self.page(
-                        status,
-                        rd.unwrap_or("/"),
-                        Some("the mail server is not answering; try again shortly"),
-                    )
-                } else {
-                    json_error(status, "upstream unavailable")
-                };
-                if status == StatusCode::SERVICE_UNAVAILABLE {
-                    resp.headers_mut()
-                        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-                }
-                return (resp, Some(log));
-            }
-        };
+        let status = r.status();
         let mut resp = if is_form {
-            self.page(status, rd.unwrap_or("/"), Some(message))
+            self.page(status, rd.unwrap_or("/"), Some(r.message(true)))
         } else {
-            json_error(status, message)
+            json_error(status, r.message(false))
         };
-        if status == StatusCode::UNAUTHORIZED {
-            resp.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("Bearer realm=\"tessera\""),
-            );
-        }
-        if let Refusal::Limited(secs) = r {
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        }
-        (resp, Some(log))
+        r.add_fields(resp.headers_mut());
+        (resp, Some(r.to_string()))
     }
 
     /// The login page: a plain HTML form, no script, no external asset; a fresh CSRF token in a

@@ -70,7 +70,6 @@ pub struct Proxy {
     client_side: crate::upstream::ClientSideFn,
 }
 
-/// `WWW-Authenticate` sent when the upstream answered 401 to the injected credentials (RFC 6750 3).
 /// Why a reloaded configuration's keys were not put in place ([`Proxy::reload_keys`]); nothing
 /// changed. The message names the configuration key and the fix.
 #[derive(Debug, thiserror::Error)]
@@ -85,9 +84,6 @@ pub enum ReloadError {
     )]
     NoSigner,
 }
-
-pub(super) const UPSTREAM_REJECTED: &str =
-    "Bearer realm=\"tessera\", error=\"invalid_token\", error_description=\"upstream rejected credentials\"";
 
 impl Proxy {
     /// Builds the proxy over an already-opened session layer.

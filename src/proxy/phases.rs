@@ -6,7 +6,7 @@ use bytes::Bytes;
 use http::header::{self};
 use http::request::Parts;
 use http::uri::PathAndQuery;
-use http::{HeaderValue, Response, Uri, Version};
+use http::{Response, Uri, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
 
@@ -17,7 +17,7 @@ use crate::token::{self};
 use crate::unix_now;
 use crate::upstream::{BoxError, ProxyBody, UpBody};
 
-use super::{Ctx, Peer, Proxy, UPSTREAM_REJECTED};
+use super::{Ctx, Peer, Proxy};
 
 impl Proxy {
     /// extract -> verify -> resolve (+ unseal): the session a request's token names.
@@ -75,23 +75,13 @@ impl Proxy {
         self.rejected_answer()
     }
 
-    /// The 401 for credentials the upstream refused: a Bearer challenge saying why (RFC 6750 3),
-    /// and the token cookie cleared.
+    /// The 401 for credentials the upstream refused ([`ProxyError::UpstreamRejected`]), with
+    /// the token cookie cleared.
     fn rejected_answer(&self) -> Response<ProxyBody> {
-        let mut resp = Response::new(ProxyBody::full("Unauthorized\n"));
-        *resp.status_mut() = http::StatusCode::UNAUTHORIZED;
-        let h = resp.headers_mut();
-        h.insert(
-            header::WWW_AUTHENTICATE,
-            HeaderValue::from_static(UPSTREAM_REJECTED),
-        );
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
-        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        let mut resp = ProxyError::UpstreamRejected.into_response();
         if let Some(login) = &self.login {
-            h.append(header::SET_COOKIE, login.clear_token_cookie());
+            resp.headers_mut()
+                .append(header::SET_COOKIE, login.clear_token_cookie());
         }
         resp
     }

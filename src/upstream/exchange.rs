@@ -45,6 +45,24 @@ fn switched(mut head: Head, request: &HeaderMap) -> Result<Head, ForwardError> {
     Ok(head)
 }
 
+/// Whether a final head that arrives while the request is still being sent ends the sending
+/// (RFC 9112 section 9.5): an error (>= 400) or a 101 does; any other is kept while the body is
+/// still sent in full.
+fn stops_sending(status: StatusCode) -> bool {
+    status.as_u16() >= 400 || status == StatusCode::SWITCHING_PROTOCOLS
+}
+
+/// Where a sending stands while its response head is awaited: the exchange can be finished in
+/// the background ([`Sending::HeadDue`]) only if the request was written to its end and the
+/// upstream did not close; else nothing can save the connection ([`Sending::Idle`]).
+fn awaiting_head(complete: bool, eof: bool, head_request: bool) -> Sending {
+    if complete && !eof {
+        Sending::HeadDue { head_request }
+    } else {
+        Sending::Idle
+    }
+}
+
 impl H1 {
     /// Sends `req` (origin-form URI, final headers) and reads the response head. The body is then
     /// read with [`H1::poll_body`].
@@ -94,8 +112,7 @@ impl H1 {
                         Early::Eof => eof = true,
                         Early::Read => continue,
                         Early::Head(head) => {
-                            let stop = head.response.status().as_u16() >= 400
-                                || head.response.status() == StatusCode::SWITCHING_PROTOCOLS;
+                            let stop = stops_sending(head.response.status());
                             early = Some(head);
                             if stop {
                                 return Poll::Ready(Ok(()));
@@ -178,9 +195,7 @@ impl H1 {
         let head = match early {
             Some(head) => Ok(head),
             None => {
-                if complete && !eof {
-                    *sending = Sending::HeadDue { head_request };
-                }
+                *sending = awaiting_head(complete, eof, head_request);
                 let head = self.read_head(head_request, eof).await;
                 *sending = Sending::Idle;
                 match head {
@@ -328,5 +343,33 @@ impl H1 {
             Poll::Ready(Err(e)) => Early::Failed(Fail::Io(e)),
             Poll::Pending => Early::Nothing,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_and_switches_end_a_sending_other_heads_wait_for_the_body() {
+        for code in [400, 401, 413, 500, 503, 101] {
+            assert!(stops_sending(StatusCode::from_u16(code).unwrap()), "{code}");
+        }
+        for code in [200, 204, 301, 304] {
+            assert!(
+                !stops_sending(StatusCode::from_u16(code).unwrap()),
+                "{code}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_a_request_written_whole_to_an_open_connection_can_be_finished_later() {
+        assert_eq!(
+            awaiting_head(true, false, true),
+            Sending::HeadDue { head_request: true }
+        );
+        assert_eq!(awaiting_head(true, true, false), Sending::Idle);
+        assert_eq!(awaiting_head(false, false, false), Sending::Idle);
     }
 }

@@ -51,73 +51,76 @@ pub struct Conn {
     pub(super) held: Held,
 }
 
+/// What the drop of a [`Conn`] does with its connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    /// Back to the pool: the exchange ended cleanly, or nothing of the request was written.
+    Keep,
+    /// Closed: complete, yet bytes came after the response's end.
+    CloseLeftover,
+    /// To a background task that reads the response the requester left while its head was due
+    /// ([`Conn::finish_later`]); `head_request`: the request was a `HEAD`.
+    FinishLater { head_request: bool },
+    /// Closed, counted under the `Conn`'s [`Closed`] reason.
+    Close,
+}
+
+/// The keep/close decision of a drop: kept when the exchange is complete (`reusable`) or was
+/// never written ([`Sending::Unsent`]) and has no bytes after its end (`leftover`); finished in
+/// the background when the head was due; else closed. While the runtime shuts down
+/// (`abandoning`), nothing unfinished is kept or finished.
+fn fate(reusable: bool, sending: Sending, leftover: bool, abandoning: bool) -> Fate {
+    let reusable = reusable || (sending == Sending::Unsent && !abandoning);
+    match sending {
+        _ if reusable && !leftover => Fate::Keep,
+        _ if reusable => Fate::CloseLeftover,
+        Sending::HeadDue { head_request } if !abandoning => Fate::FinishLater { head_request },
+        _ => Fate::Close,
+    }
+}
+
+/// When a kept connection's idle time starts and ends (`limit` long): now, or for a reused one
+/// whose new request was never written, when its previous request was sent (`unsent_idle_ms`
+/// ago), so its deadline is no later than the one the upstream's keep-alive runs against (and
+/// may be past already, which is safe: whoever takes it, or the reaper, closes it as expired,
+/// and a waiter is woken rather than left to its wait's end).
+fn idle_window(now: Instant, limit: Duration, unsent_idle_ms: Option<u32>) -> (Instant, Instant) {
+    let since = unsent_idle_ms.map_or(now, |ms| {
+        now.checked_sub(Duration::from_millis(ms.into()))
+            .unwrap_or(now)
+    });
+    (since, since + limit)
+}
+
 impl Drop for Conn {
     fn drop(&mut self) {
-        if self.sending == Sending::Unsent && !ABANDONING.get() {
-            // Its requester went away before any of the request was written (the socket was not
-            // yet writable): nothing was sent, so the connection is as it was.
-            self.reusable = true;
-        }
         if let Some(h1) = self.h1.take() {
-            if self.reusable && !h1.has_leftover() {
-                let now = Instant::now();
-                let mut since = now;
-                let mut until = now + h1.idle_limit(self.pool.idle_timeout);
-                if self.sending == Sending::Unsent {
-                    if self.reused {
-                        // Idle since before its checkout: counted from when its previous
-                        // request was sent (`sent_ms`, to the millisecond). That is no later
-                        // than when it went idle, so its deadline is no later than the one the
-                        // upstream's keep-alive runs against (and earlier by that exchange's
-                        // length: after a long one it may be past already, which is safe). One
-                        // past its deadline goes back all the same: a waiter of its user, or
-                        // the next checkout or the reaper, closes it (`expired`), so a waiter
-                        // is woken rather than left to its wait's end.
-                        let idle_ms = coarse_ms().wrapping_sub(self.sent_ms);
-                        since = now
-                            .checked_sub(Duration::from_millis(idle_ms.into()))
-                            .unwrap_or(now);
-                        until = since + h1.idle_limit(self.pool.idle_timeout);
-                    } else {
-                        // New, never written: idle from now.
-                        self.sent_ms = coarse_ms();
-                    }
+            let sending = std::mem::take(&mut self.sending);
+            match fate(self.reusable, sending, h1.has_leftover(), ABANDONING.get()) {
+                Fate::Keep => self.keep(h1, sending),
+                Fate::CloseLeftover => {
+                    self.pool.stats.count_closed(Closed::Error, 1);
+                    tracing::debug!("upstream connection closed: bytes after its response's end");
                 }
-                let idle = Idle {
-                    h1,
-                    since,
-                    until,
+                Fate::FinishLater { head_request } => Conn {
+                    h1: Some(h1),
+                    home: self.home,
                     key: self.key.take(),
+                    pool: self.pool.clone(),
+                    reused: self.reused,
+                    reusable: false,
+                    sending: Sending::Idle,
                     sent_ms: self.sent_ms,
-                };
-                self.pool.put_back(self.home, idle);
-            } else if self.reusable {
-                // Complete, yet bytes came after the response's end.
-                self.pool.stats.count_closed(Closed::Error, 1);
-                tracing::debug!("upstream connection closed: bytes after its response's end");
-            } else {
-                let rest = std::mem::take(&mut self.sending);
-                if let (Sending::HeadDue { head_request }, false) = (rest, ABANDONING.get()) {
-                    // The requester went away while the head was due.
-                    Conn {
-                        h1: Some(h1),
-                        home: self.home,
-                        key: self.key.take(),
-                        pool: self.pool.clone(),
-                        reused: self.reused,
-                        reusable: false,
-                        sending: Sending::Idle,
-                        sent_ms: self.sent_ms,
-                        closing: Closed::Abandoned,
-                        permit: self.permit.take(),
-                        held: std::mem::take(&mut self.held),
-                    }
-                    .finish_later(Unfinished::Head { head_request });
-                } else {
+                    closing: Closed::Abandoned,
+                    permit: self.permit.take(),
+                    held: std::mem::take(&mut self.held),
+                }
+                .finish_later(Unfinished::Head { head_request }),
+                Fate::Close => {
                     self.pool.stats.count_closed(self.closing, 1);
                     tracing::debug!(
                         reason = self.closing.label(),
-                        sending = ?rest,
+                        ?sending,
                         reused = self.reused,
                         age_ms = coarse_ms().wrapping_sub(self.sent_ms),
                         "upstream connection closed after its request"
@@ -131,6 +134,31 @@ impl Drop for Conn {
         }
         // Otherwise the permit is released after this body runs: the connection is already idle
         // (or handed over), so a waiter finds it instead of opening another.
+    }
+}
+
+impl Conn {
+    /// Puts the connection back in the pool, idle (see [`idle_window`]).
+    fn keep(&mut self, h1: H1, sending: Sending) {
+        let unsent_idle_ms = match sending {
+            Sending::Unsent if self.reused => Some(coarse_ms().wrapping_sub(self.sent_ms)),
+            Sending::Unsent => {
+                // New, never written: idle from now.
+                self.sent_ms = coarse_ms();
+                None
+            }
+            _ => None,
+        };
+        let limit = h1.idle_limit(self.pool.idle_timeout);
+        let (since, until) = idle_window(Instant::now(), limit, unsent_idle_ms);
+        let idle = Idle {
+            h1,
+            since,
+            until,
+            key: self.key.take(),
+            sent_ms: self.sent_ms,
+        };
+        self.pool.put_back(self.home, idle);
     }
 }
 
@@ -183,5 +211,53 @@ impl Conn {
             drop(self.permit.take());
             self.pool.closed_one_of(key);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEAD_DUE: Sending = Sending::HeadDue {
+        head_request: false,
+    };
+
+    #[test]
+    fn a_complete_exchange_is_kept_unless_bytes_follow_it() {
+        for sending in [Sending::Idle, Sending::Unsent, HEAD_DUE] {
+            assert_eq!(fate(true, sending, false, false), Fate::Keep);
+            assert_eq!(fate(true, sending, true, false), Fate::CloseLeftover);
+        }
+    }
+
+    #[test]
+    fn a_request_never_written_keeps_its_connection_except_at_shutdown() {
+        assert_eq!(fate(false, Sending::Unsent, false, false), Fate::Keep);
+        assert_eq!(fate(false, Sending::Unsent, false, true), Fate::Close);
+    }
+
+    #[test]
+    fn a_head_left_due_is_finished_in_the_background_except_at_shutdown() {
+        let head = Sending::HeadDue { head_request: true };
+        assert_eq!(
+            fate(false, head, false, false),
+            Fate::FinishLater { head_request: true }
+        );
+        assert_eq!(fate(false, head, false, true), Fate::Close);
+    }
+
+    #[test]
+    fn an_exchange_left_midway_is_closed() {
+        assert_eq!(fate(false, Sending::Idle, false, false), Fate::Close);
+        assert_eq!(fate(false, Sending::Idle, true, false), Fate::Close);
+    }
+
+    #[test]
+    fn an_unsent_reuse_is_idle_from_its_previous_send() {
+        let now = Instant::now();
+        let limit = Duration::from_secs(4);
+        assert_eq!(idle_window(now, limit, None), (now, now + limit));
+        let since = now - Duration::from_millis(1500);
+        assert_eq!(idle_window(now, limit, Some(1500)), (since, since + limit));
     }
 }

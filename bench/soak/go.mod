@@ -1,0 +1,3 @@
+module tessera/bench/soak
+
+go 1.22
