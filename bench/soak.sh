@@ -89,7 +89,7 @@ mkdir -p "$ROOT/bench/results"
 out="$ROOT/bench/results/soak-$(date +%Y-%m-%d).json"
 "$WORK/soak" load -url "http://127.0.0.1:$PORT" -users "$USERS" -requests "$REQUESTS" \
   -rotate "$ROTATE" -restarts "$RESTARTS" -restart "$WORK/redis-restart.sh" \
-  -pid "$TESSERA_PID" -upstream "http://127.0.0.1:$UP_PORT" >"$WORK/report.json"
+  -pid "$TESSERA_PID" -upstream "http://127.0.0.1:$UP_PORT" -store-port "$REDIS_PORT" >"$WORK/report.json"
 cp "$WORK/report.json" "$out"
 cat "$out"
 log "passed; report in ${out#"$ROOT"/}"

@@ -440,13 +440,21 @@ fn ambiguous_framing_never_reaches_the_upstream() {
     assert_eq!(up.stats.paths.lock().unwrap().clone(), ["/x", "/abs"]);
 }
 
-#[test]
-fn closing_rules_timeouts_and_graceful_shutdown() {
+/// An upstream answering after 600 ms, and a tessera in front of it whose head-read timeout is
+/// 400 ms; a token.
+fn slow_echo_behind_a_short_head_timeout() -> (upstream::TestUpstream, Tessera, String) {
     let up = upstream::start(Behavior::Echo {
         delay: Duration::from_millis(600),
     });
     let (t, token) = behind(&up.url(), &[("server", "header_read_timeout_ms = 400")]);
+    (up, t, token)
+}
 
+/// `Connection: close` and HTTP/1.0 without keep-alive: answered, then EOF; bytes a client sends
+/// after its `Connection: close` are drained, so the close is a FIN, not a reset.
+#[test]
+fn a_connection_the_client_closes_is_answered_then_ended_cleanly() {
+    let (_up, t, token) = slow_echo_behind_a_short_head_timeout();
     // `Connection: close`: answered with `connection: close`, then EOF.
     let mut c = Client::connect(&t);
     c.send(format!("GET /a HTTP/1.1\r\nHost: app\r\nConnection: close\r\nAuthorization: Bearer {token}\r\n\r\n").as_bytes());
@@ -490,7 +498,13 @@ fn closing_rules_timeouts_and_graceful_shutdown() {
         "{}",
         String::from_utf8_lossy(&raw)
     );
+}
 
+/// A head that stalls is answered 408 after `server.header_read_timeout_ms`, counted from its
+/// first byte; an idle connection just closes; keep-alive requests each get the whole timeout.
+#[test]
+fn a_request_head_gets_the_head_timeout_from_its_first_byte() {
+    let (_up, t, token) = slow_echo_behind_a_short_head_timeout();
     // A head that stalls: 408 after the timeout, then EOF; an idle connection just closes.
     let mut c = Client::connect(&t);
     let started = Instant::now();
@@ -532,7 +546,13 @@ fn closing_rules_timeouts_and_graceful_shutdown() {
         c.send(get("/d", &token).as_bytes());
         assert_eq!(c.response(false).status, 200);
     }
+}
 
+/// Shutdown: the request in flight is answered (with `connection: close`), an idle connection
+/// is closed, the listener refuses new clients at once, and the process exits.
+#[test]
+fn shutdown_answers_the_request_in_flight_and_closes_the_rest() {
+    let (_up, t, token) = slow_echo_behind_a_short_head_timeout();
     // Shutdown: the request in flight is answered (with `connection: close`), an idle
     // connection is closed, and the process exits.
     let mut busy = Client::connect(&t);

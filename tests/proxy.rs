@@ -221,9 +221,11 @@ fn revoked_and_expired_sessions_get_401_while_serve_runs() {
     // through the store's change log, polled every 25 ms.
     let started = std::time::Instant::now();
     while curl(&["-H", &bearer(&token), &t.url("/echo")]).0 != 401 {
+        // A bound a loaded machine meets (the change log is polled every 25 ms; the latency
+        // itself is measured in docs/benchmarks.md, not here).
         assert!(
-            started.elapsed() < Duration::from_millis(250),
-            "revocation by the CLI not seen within 250 ms"
+            started.elapsed() < Duration::from_secs(10),
+            "revocation by the CLI not seen within 10 s"
         );
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -741,18 +743,19 @@ fn demo_prints_a_working_curl_line() {
     );
 }
 
+/// The metrics text, scraped with curl as Prometheus would.
+fn scrape(metrics_url: &str) -> String {
+    let (code, text) = curl(&["-i", metrics_url]);
+    assert_eq!(code, 200, "{text}");
+    text
+}
+
 /// `[metrics]`: the counters a warm request must leave alone (store reads, upstream connections
-/// opened) are visible to an operator, scraped with curl as Prometheus would.
+/// opened) are visible to an operator.
 #[test]
-fn metrics_count_requests_store_reads_and_upstream_connections() {
+fn metrics_show_warm_requests_read_no_store_and_open_no_connection() {
     let nginx = Nginx::start();
-    let (t, metrics_url) =
-        with_metrics(&nginx.url(), &[("server", "header_read_timeout_ms = 500")]);
-    let scrape = || {
-        let (code, text) = curl(&["-i", &metrics_url]);
-        assert_eq!(code, 200, "{text}");
-        text
-    };
+    let (t, metrics_url) = with_metrics(&nginx.url(), &[]);
     let value = sample;
     let (_, token) = t.create_session("alice", "pw");
     // Warm-up. The CLI's write of the session reaches the serving process's change-log poll
@@ -761,12 +764,12 @@ fn metrics_count_requests_store_reads_and_upstream_connections() {
     assert_eq!(curl(&["-H", &bearer(&token), &t.url("/1k")]).0, 200);
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(curl(&["-H", &bearer(&token), &t.url("/1k")]).0, 200);
-    let before = scrape();
+    let before = scrape(&metrics_url);
     for _ in 0..5 {
         assert_eq!(curl(&["-H", &bearer(&token), &t.url("/1k")]).0, 200);
     }
     assert_eq!(curl(&[&t.url("/1k")]).0, 401);
-    let text = scrape();
+    let text = scrape(&metrics_url);
     assert!(
         text.contains("content-type: application/openmetrics-text; version=1.0.0"),
         "{text}"
@@ -789,14 +792,13 @@ fn metrics_count_requests_store_reads_and_upstream_connections() {
         "{text}"
     );
     assert_eq!(delta("tessera_upstream_requests_reused_total"), 5);
-    // Without affinity, no request waits for a user's own connection.
+    // Without affinity, no request waits for a user's own connection; none was closed.
     for name in [
         "tessera_upstream_affinity_handovers_total",
         "tessera_upstream_affinity_waits_expired_total",
     ] {
         assert_eq!(value(&text, name), 0, "{name}: {text}");
     }
-    // None was closed, for any reason.
     for reason in [
         "upstream",
         "expired",
@@ -809,15 +811,13 @@ fn metrics_count_requests_store_reads_and_upstream_connections() {
         assert_eq!(value(&text, &name), 0, "{name}: {text}");
     }
     // The one connection is open and idle again.
-    assert_eq!(
-        value(&text, "tessera_upstream_connections{state=\"busy\"}"),
-        0
-    );
-    assert_eq!(
-        value(&text, "tessera_upstream_connections{state=\"idle\"}"),
-        1,
-        "{text}"
-    );
+    let state = |s: &str| {
+        value(
+            &text,
+            &format!("tessera_upstream_connections{{state=\"{s}\"}}"),
+        )
+    };
+    assert_eq!((state("busy"), state("idle")), (0, 1), "{text}");
     // Each of the six requests is in the latency histogram, all under 10 s.
     let d = "tessera_request_duration_seconds";
     assert_eq!(delta(&format!("{d}_count")), 6, "{text}");
@@ -828,39 +828,41 @@ fn metrics_count_requests_store_reads_and_upstream_connections() {
     );
     // Busy polling is off by default.
     assert_eq!(value(&text, "tessera_busy_polls_total"), 0, "{text}");
+    let value = |name: &str| value(&text, name);
+    assert_eq!(value("tessera_session_cache_live"), 1);
+    assert_eq!(value("tessera_session_cache_entries"), 1);
+    assert_eq!(value("tessera_token_cache_entries"), 1);
+    assert!(!text.contains(&token) && !text.contains("alice"), "{text}");
+}
 
-    // A head that never completes is answered 408 by the server and counted, outside the
-    // histogram (it never reached the proxy).
-    {
-        use std::io::{Read, Write};
-        let mut stalled = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
-        stalled
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        stalled.write_all(b"GET /1k HTTP/1.1\r\n").unwrap();
-        let mut answer = String::new();
-        stalled.read_to_string(&mut answer).unwrap();
-        assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
-    }
-    // A head hyper cannot parse is answered 400 by hyper itself, one larger than its buffer
-    // 431: both counted too.
-    let before = scrape();
-    for code in ["400", "431"] {
+/// Answers the server gives before the proxy sees a request (a head that never completes: 408;
+/// one hyper cannot parse: 400; one larger than its buffer: 431) are counted, outside the
+/// latency histogram.
+#[test]
+fn metrics_count_the_answers_given_before_the_proxy() {
+    use std::io::{Read, Write};
+    let nginx = Nginx::start();
+    let (t, metrics_url) =
+        with_metrics(&nginx.url(), &[("server", "header_read_timeout_ms = 500")]);
+    let before = scrape(&metrics_url);
+    for code in ["400", "408", "431"] {
         let row = format!("tessera_requests_total{{code=\"{code}\"}}");
         assert!(!before.contains(&row), "{before}");
     }
+    let mut stalled = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stalled.write_all(b"GET /1k HTTP/1.1\r\n").unwrap();
+    let mut answer = String::new();
+    stalled.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
     let huge = format!(
         "GET /1k HTTP/1.1\r\nHost: t\r\nX-Big: {}\r\n\r\n",
         "b".repeat(40_000)
     );
-    for (head, want) in [
-        (
-            "GET /1k HTTP/1.1\r\nHost: t\r\nNo Colon Here\r\n\r\n",
-            "400",
-        ),
-        (huge.as_str(), "431"),
-    ] {
-        use std::io::{Read, Write};
+    let unparsable = "GET /1k HTTP/1.1\r\nHost: t\r\nNo Colon Here\r\n\r\n";
+    for (head, want) in [(unparsable, "400"), (huge.as_str(), "431")] {
         let mut bad = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
         bad.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let _ = bad.write_all(head.as_bytes());
@@ -871,32 +873,30 @@ fn metrics_count_requests_store_reads_and_upstream_connections() {
     }
     // (hyper reports the error, so it is counted, once the client's side is closed)
     let counted = |text: &str| {
-        ["400", "431"]
+        ["400", "408", "431"]
             .iter()
             .all(|code| text.contains(&format!("tessera_requests_total{{code=\"{code}\"}} 1\n")))
     };
-    let mut after = scrape();
-    for _ in 0..100 {
+    let mut after = scrape(&metrics_url);
+    for _ in 0..250 {
         if counted(&after) {
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
-        after = scrape();
+        after = scrape(&metrics_url);
     }
     assert!(counted(&after), "{after}");
-    assert_eq!(value(&after, "tessera_requests_total{code=\"408\"}"), 1);
-    assert_eq!(
-        value(&after, &format!("{d}_count")),
-        value(&text, &format!("{d}_count")),
-        "{after}"
-    );
-    let value = |name: &str| value(&text, name);
-    assert_eq!(value("tessera_session_cache_live"), 1);
-    assert_eq!(value("tessera_session_cache_entries"), 1);
-    assert_eq!(value("tessera_token_cache_entries"), 1);
-    assert!(!text.contains(&token) && !text.contains("alice"), "{text}");
+    let d = "tessera_request_duration_seconds_count";
+    assert_eq!(sample(&after, d), sample(&before, d), "{after}");
+}
 
-    // The proxy's own address does not serve them, and the metrics address serves only them.
+/// The proxy's own address does not serve the metrics, and the metrics address serves only
+/// them: GET and HEAD (the length GET would send, no body), 405 otherwise.
+#[test]
+fn the_metrics_listener_serves_only_the_metrics() {
+    let nginx = Nginx::start();
+    let (t, metrics_url) = with_metrics(&nginx.url(), &[]);
+    let (_, token) = t.create_session("alice", "pw");
     let (code, _) = curl(&["-H", &bearer(&token), &t.url("/metrics")]);
     assert_eq!(
         code, 404,
@@ -907,7 +907,6 @@ fn metrics_count_requests_store_reads_and_upstream_connections() {
     let (code, head) = curl(&["-i", "-X", "POST", &metrics_url]);
     assert_eq!(code, 405);
     assert!(head.contains("allow: GET, HEAD"), "{head}");
-    // HEAD: the length of what GET would send, and no body.
     let (code, head) = curl(&["-I", &metrics_url]);
     assert_eq!(code, 200, "{head}");
     let length: usize = head
@@ -1544,8 +1543,9 @@ fn a_client_that_leaves_frees_its_upstream_connection() {
         curl(&["--max-time", "5", "-H", &auth, &t.url("/length")]),
         (200, "ok".to_string())
     );
+    // Far below the 60 s response-head timeout it would otherwise have waited for.
     assert!(
-        started.elapsed() < Duration::from_secs(2),
+        started.elapsed() < Duration::from_secs(30),
         "{:?}",
         started.elapsed()
     );

@@ -100,113 +100,32 @@ async fn no_token_is_401_with_bearer_challenge() {
     );
 }
 
-#[tokio::test]
-async fn every_bad_token_class_is_401_invalid_token() {
+/// A fixture with alice's session, and its token's good claims.
+async fn with_session() -> (Fixture, serde_json::Value) {
     let f = fixture("");
     let created = admin::create_session(&f.cfg, "alice".into(), "pw".into(), 600)
         .await
         .unwrap();
-    let good_claims = serde_json::json!({"sub":"alice","sid":created.sid,"iat":now(),"exp":now()+600,"iss":"tessera","aud":"mail"});
-    let hs512 = serde_json::json!({"alg":"HS512","typ":"JWT"});
-    let with = |k: &str, v: serde_json::Value| {
-        let mut c = good_claims.clone();
-        if v.is_null() {
-            c.as_object_mut().unwrap().remove(k);
-        } else {
-            c[k] = v;
-        }
-        c
-    };
-    let good = sign(&hs512, &good_claims);
-    let cases: Vec<(&str, String)> = vec![
-        (
-            "alg none",
-            format!(
-                "{}.{}.",
-                URL_SAFE_NO_PAD.encode(r#"{"alg":"none"}"#),
-                URL_SAFE_NO_PAD.encode(good_claims.to_string())
-            ),
-        ),
-        (
-            "alg none with sig",
-            format!(
-                "{}.{}.c2ln",
-                URL_SAFE_NO_PAD.encode(r#"{"alg":"none"}"#),
-                URL_SAFE_NO_PAD.encode(good_claims.to_string())
-            ),
-        ),
-        (
-            "alg not pinned",
-            sign(&serde_json::json!({"alg":"HS256"}), &good_claims),
-        ),
-        (
-            "crit",
-            sign(
-                &serde_json::json!({"alg":"HS512","crit":["exp"]}),
-                &good_claims,
-            ),
-        ),
-        (
-            "jku",
-            sign(
-                &serde_json::json!({"alg":"HS512","jku":"http://127.0.0.1/k"}),
-                &good_claims,
-            ),
-        ),
-        (
-            "x5u",
-            sign(
-                &serde_json::json!({"alg":"HS512","x5u":"http://127.0.0.1/k"}),
-                &good_claims,
-            ),
-        ),
-        (
-            "jwk",
-            sign(
-                &serde_json::json!({"alg":"HS512","jwk":{"kty":"oct","k":"AA"}}),
-                &good_claims,
-            ),
-        ),
-        ("four segments", format!("{good}.e30")),
-        ("two segments", good.rsplit_once('.').unwrap().0.to_string()),
-        ("padding", format!("{good}==")),
-        ("std alphabet", good.replacen('.', ".+/", 1)),
-        (
-            "too large",
-            format!(
-                "{}.{}.AAAA",
-                URL_SAFE_NO_PAD.encode(r#"{"alg":"HS512"}"#),
-                "A".repeat(9000)
-            ),
-        ),
-        ("bad signature", format!("{}AAAA", &good[..good.len() - 4])),
-        (
-            "exp missing",
-            sign(&hs512, &with("exp", serde_json::Value::Null)),
-        ),
-        ("expired", sign(&hs512, &with("exp", (now() - 60).into()))),
-        (
-            "nbf future",
-            sign(&hs512, &with("nbf", (now() + 600).into())),
-        ),
-        (
-            "iat future",
-            sign(&hs512, &with("iat", (now() + 600).into())),
-        ),
-        ("wrong iss", sign(&hs512, &with("iss", "evil".into()))),
-        ("wrong aud", sign(&hs512, &with("aud", "other".into()))),
-        (
-            "no sid",
-            sign(&hs512, &with("sid", serde_json::Value::Null)),
-        ),
-        (
-            "unknown sid",
-            sign(&hs512, &with("sid", "no-such-session".into())),
-        ),
-    ];
+    let claims = serde_json::json!({"sub":"alice","sid":created.sid,"iat":now(),"exp":now()+600,"iss":"tessera","aud":"mail"});
+    (f, claims)
+}
+
+/// `claims` with `k` set to `v`, or removed when `v` is null.
+fn with(claims: &serde_json::Value, k: &str, v: serde_json::Value) -> serde_json::Value {
+    let mut c = claims.clone();
+    if v.is_null() {
+        c.as_object_mut().unwrap().remove(k);
+    } else {
+        c[k] = v;
+    }
+    c
+}
+
+/// Each token is answered 401 with an `invalid_token` challenge, and never echoed.
+async fn refused_as_invalid_token(f: &Fixture, cases: Vec<(&str, String)>) {
     for (name, token) in cases {
         let (code, h, body) = status(
-            &f,
+            f,
             get(&[("authorization", &format!("Bearer {token}"))], "/"),
         )
         .await;
@@ -220,7 +139,66 @@ async fn every_bad_token_class_is_401_invalid_token() {
         );
         assert!(!body.contains(&token), "{name}: token echoed");
     }
-    // The good token passes every check and reaches forward (the closed upstream -> 502).
+}
+
+/// JOSE headers RFC 8725 warns of: `alg: none`, an algorithm not pinned, `crit`, and keys named
+/// by the token itself (`jku`, `x5u`, `jwk`).
+#[tokio::test]
+async fn tokens_with_a_dangerous_header_are_401_invalid_token() {
+    let (f, claims) = with_session().await;
+    let none = |sig: &str| {
+        format!(
+            "{}.{}.{sig}",
+            URL_SAFE_NO_PAD.encode(r#"{"alg":"none"}"#),
+            URL_SAFE_NO_PAD.encode(claims.to_string())
+        )
+    };
+    let header = |h: serde_json::Value| sign(&h, &claims);
+    let cases = vec![
+        ("alg none", none("")),
+        ("alg none with sig", none("c2ln")),
+        ("alg not pinned", header(serde_json::json!({"alg":"HS256"}))),
+        (
+            "crit",
+            header(serde_json::json!({"alg":"HS512","crit":["exp"]})),
+        ),
+        (
+            "jku",
+            header(serde_json::json!({"alg":"HS512","jku":"http://127.0.0.1/k"})),
+        ),
+        (
+            "x5u",
+            header(serde_json::json!({"alg":"HS512","x5u":"http://127.0.0.1/k"})),
+        ),
+        (
+            "jwk",
+            header(serde_json::json!({"alg":"HS512","jwk":{"kty":"oct","k":"AA"}})),
+        ),
+    ];
+    refused_as_invalid_token(&f, cases).await;
+}
+
+/// Tokens of the wrong shape (segments, base64url, size) or with a bad signature; the good
+/// token passes every check and reaches forward (the closed upstream: 502, its details only in
+/// the log).
+#[tokio::test]
+async fn misshapen_or_badly_signed_tokens_are_401_invalid_token() {
+    let (f, claims) = with_session().await;
+    let good = sign(&serde_json::json!({"alg":"HS512","typ":"JWT"}), &claims);
+    let too_large = format!(
+        "{}.{}.AAAA",
+        URL_SAFE_NO_PAD.encode(r#"{"alg":"HS512"}"#),
+        "A".repeat(9000)
+    );
+    let cases = vec![
+        ("four segments", format!("{good}.e30")),
+        ("two segments", good.rsplit_once('.').unwrap().0.to_string()),
+        ("padding", format!("{good}==")),
+        ("std alphabet", good.replacen('.', ".+/", 1)),
+        ("too large", too_large),
+        ("bad signature", format!("{}AAAA", &good[..good.len() - 4])),
+    ];
+    refused_as_invalid_token(&f, cases).await;
     let (code, _, body) = status(
         &f,
         get(&[("authorization", &format!("Bearer {good}"))], "/"),
@@ -231,6 +209,27 @@ async fn every_bad_token_class_is_401_invalid_token() {
         !body.contains("127.0.0.1"),
         "upstream details stay in the log"
     );
+}
+
+/// Claims RFC 7519 and the configuration refuse: `exp` missing or past, `nbf` or `iat` in the
+/// future, the wrong `iss` or `aud`, no `sid` or an unknown one.
+#[tokio::test]
+async fn tokens_with_refused_claims_are_401_invalid_token() {
+    let (f, claims) = with_session().await;
+    let hs512 = serde_json::json!({"alg":"HS512","typ":"JWT"});
+    let signed = |k: &str, v: serde_json::Value| sign(&hs512, &with(&claims, k, v));
+    let null = serde_json::Value::Null;
+    let cases = vec![
+        ("exp missing", signed("exp", null.clone())),
+        ("expired", signed("exp", (now() - 60).into())),
+        ("nbf future", signed("nbf", (now() + 600).into())),
+        ("iat future", signed("iat", (now() + 600).into())),
+        ("wrong iss", signed("iss", "evil".into())),
+        ("wrong aud", signed("aud", "other".into())),
+        ("no sid", signed("sid", null)),
+        ("unknown sid", signed("sid", "no-such-session".into())),
+    ];
+    refused_as_invalid_token(&f, cases).await;
 }
 
 #[tokio::test]

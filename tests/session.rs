@@ -857,52 +857,97 @@ fn get_on(conn: &mut std::net::TcpStream, port: u16, token: &str) -> u16 {
     status.split(' ').nth(1).unwrap().parse().unwrap()
 }
 
+const C1: &str = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=";
+const C2: &str = "AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=";
+
 /// One instance on the embedded store (the single-node default, where a restart would refuse
-/// clients): SIGHUP puts new JWT and sealing keys in place without a restart or a dropped
-/// connection; a key removed stops working at once, cached or not; a config that does not
-/// load, or whose keys could not serve the running login, changes nothing.
-#[test]
-fn sighup_reloads_the_keys_without_a_restart() {
-    const C1: &str = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=";
-    const C2: &str = "AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=";
-    let up = users();
-    let up_url = up.url();
-    let key = |kid: &str, secret: &str| {
-        format!("[[token.keys]]\nkid = \"{kid}\"\nalg = \"HS512\"\nsecret = \"{secret}\"\n")
-    };
-    let metrics_port = support::free_port();
-    // The config with these JWT keys (the first signs) and sealing keys (the first seals).
-    let text =
-        move |port: u16, dir: &std::path::Path, jwt: &[(&str, &str)], seal: &[(&str, &str)]| {
-            let seal_keys: Vec<String> = seal
-                .iter()
-                .map(|(id, k)| format!("{id} = \"{k}\""))
-                .collect();
-            let credentials = format!(
-                "keys = {{ {} }}\nactive = \"{}\"",
-                seal_keys.join(", "),
-                seal[0].0
-            );
-            let active = format!("active_kid = \"{}\"", jwt[0].0);
-            let tables: String = jwt.iter().map(|(kid, s)| key(kid, s)).collect();
-            let store = format!("embedded:{}/sessions", dir.display());
-            let lines = [
-                LOCAL_LOGIN[0],
-                LOCAL_LOGIN[1],
-                ("token", &active),
-                ("credentials", &credentials),
-                ("tables", &tables),
-            ];
-            format!(
-                "{}[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n",
-                config(port, &up_url, &store, &lines)
-            )
+/// clients) with `[login]`, `[metrics]`, JWT key `old` and sealing key `c1`, whose config the
+/// SIGHUP tests rewrite.
+struct Reloadable {
+    t: Tessera,
+    up_url: String,
+    metrics_port: u16,
+    _up: TestUpstream,
+}
+
+impl Reloadable {
+    fn start() -> Self {
+        let up = users();
+        let up_url = up.url();
+        let metrics_port = support::free_port();
+        let (u, m) = (up_url.clone(), metrics_port);
+        let t = Tessera::start(move |port, dir| {
+            Self::text(&u, m, port, dir, &[("old", K_OLD)], &[("c1", C1)])
+        });
+        support::wait_for_port(metrics_port, "tessera metrics");
+        let this = Self {
+            t,
+            up_url,
+            metrics_port,
+            _up: up,
         };
-    let t = Tessera::start(|port, dir| text(port, dir, &[("old", K_OLD)], &[("c1", C1)]));
-    support::wait_for_port(metrics_port, "tessera metrics");
-    // (applied, refused, the last one applied) from /metrics
-    let reloads = || {
-        let (_, m) = curl(&[&format!("http://127.0.0.1:{metrics_port}/metrics")]);
+        assert_eq!(this.reloads(), (0, 0, 1));
+        this
+    }
+
+    /// The config with these JWT keys (the first signs) and sealing keys (the first seals).
+    fn text(
+        up_url: &str,
+        metrics_port: u16,
+        port: u16,
+        dir: &std::path::Path,
+        jwt: &[(&str, &str)],
+        seal: &[(&str, &str)],
+    ) -> String {
+        let seal_keys: Vec<String> = seal
+            .iter()
+            .map(|(id, k)| format!("{id} = \"{k}\""))
+            .collect();
+        let credentials = format!(
+            "keys = {{ {} }}\nactive = \"{}\"",
+            seal_keys.join(", "),
+            seal[0].0
+        );
+        let active = format!("active_kid = \"{}\"", jwt[0].0);
+        let tables: String = jwt
+            .iter()
+            .map(|(kid, s)| {
+                format!("[[token.keys]]\nkid = \"{kid}\"\nalg = \"HS512\"\nsecret = \"{s}\"\n")
+            })
+            .collect();
+        let store = format!("embedded:{}/sessions", dir.display());
+        let lines = [
+            LOCAL_LOGIN[0],
+            LOCAL_LOGIN[1],
+            ("token", &active),
+            ("credentials", &credentials),
+            ("tables", &tables),
+        ];
+        format!(
+            "{}[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n",
+            config(port, up_url, &store, &lines)
+        )
+    }
+
+    /// The config text with these keys, for this instance.
+    fn with_keys(&self, jwt: &[(&str, &str)], seal: &[(&str, &str)]) -> String {
+        Self::text(
+            &self.up_url,
+            self.metrics_port,
+            self.t.port,
+            self.t.dir.path(),
+            jwt,
+            seal,
+        )
+    }
+
+    fn rewrite(&self, jwt: &[(&str, &str)], seal: &[(&str, &str)]) {
+        std::fs::write(self.t.config_path(), self.with_keys(jwt, seal)).unwrap();
+    }
+
+    /// (applied, refused, the last one applied) from /metrics.
+    fn reloads(&self) -> (u64, u64, u64) {
+        let (_, m) = curl(&[&format!("http://127.0.0.1:{}/metrics", self.metrics_port)]);
         let n = |result: &str| {
             support::sample(
                 &m,
@@ -911,19 +956,21 @@ fn sighup_reloads_the_keys_without_a_restart() {
         };
         let last = support::sample(&m, "tessera_config_last_reload_successful");
         (n("applied"), n("refused"), last)
-    };
-    assert_eq!(reloads(), (0, 0, 1));
-    let rewrite = |jwt: &[(&str, &str)], seal: &[(&str, &str)]| {
-        std::fs::write(t.config_path(), text(t.port, t.dir.path(), jwt, seal)).unwrap();
-    };
-    let status = |token: &str| curl(&["-H", &bearer(token), &t.url("/x")]).0;
-    let sealed_with = |user: &str| -> String {
+    }
+
+    fn status(&self, token: &str) -> u16 {
+        curl(&["-H", &bearer(token), &self.t.url("/x")]).0
+    }
+
+    /// The sealing key id of `user`'s session, from `tessera session list`.
+    fn sealed_with(&self, user: &str) -> String {
+        let config = self.t.config_path();
         let listed = run_cli(&[
             "session",
             "list",
             "--json",
             "--config",
-            t.config_path().to_str().unwrap(),
+            config.to_str().unwrap(),
         ]);
         let line = listed
             .lines()
@@ -933,46 +980,61 @@ fn sighup_reloads_the_keys_without_a_restart() {
             .as_str()
             .unwrap()
             .to_owned()
-    };
-    let t_alice = token_of(&login(&t, "alice", "alice-pw"));
-    assert_eq!(header_of(&t_alice)["kid"], "old");
-    assert_eq!(sealed_with("alice"), "c1");
-    assert_eq!(status(&t_alice), 200, "verified, and now cached");
-    let mut conn = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
-    assert_eq!(get_on(&mut conn, t.port, &t_alice), 200);
+    }
 
-    // 1. New keys in front, the old ones still listed: both work, the new ones sign and seal.
-    rewrite(&[("k2", K2), ("old", K_OLD)], &[("c2", C2), ("c1", C1)]);
-    let log = hangup(&t, 1, true);
-    assert_eq!(reloads(), (1, 0, 1));
+    /// A token of alice's session, signed with `old` and sealed with `c1`, verified and cached.
+    fn alice(&self) -> String {
+        let token = token_of(&login(&self.t, "alice", "alice-pw"));
+        assert_eq!(header_of(&token)["kid"], "old");
+        assert_eq!(self.sealed_with("alice"), "c1");
+        assert_eq!(self.status(&token), 200, "verified, and now cached");
+        token
+    }
+}
+
+/// SIGHUP with new keys in front and the old ones still listed: both work, the new ones sign
+/// and seal, and a connection open before the reload goes on.
+#[test]
+fn sighup_puts_new_keys_in_place_beside_the_old_without_a_restart() {
+    let r = Reloadable::start();
+    let t_alice = r.alice();
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", r.t.port)).unwrap();
+    assert_eq!(get_on(&mut conn, r.t.port, &t_alice), 200);
+    r.rewrite(&[("k2", K2), ("old", K_OLD)], &[("c2", C2), ("c1", C1)]);
+    let log = hangup(&r.t, 1, true);
+    assert_eq!(r.reloads(), (1, 0, 1));
     assert!(
         log.contains("token kids [k2, old], signing k2; sealing keys [c1, c2], active c2"),
         "{log}"
     );
-    let t_bob = token_of(&login(&t, "bob", "bob-pw"));
+    let t_bob = token_of(&login(&r.t, "bob", "bob-pw"));
     assert_eq!(header_of(&t_bob)["kid"], "k2");
-    assert_eq!(sealed_with("bob"), "c2");
-    assert_eq!((status(&t_alice), status(&t_bob)), (200, 200));
+    assert_eq!(r.sealed_with("bob"), "c2");
+    assert_eq!((r.status(&t_alice), r.status(&t_bob)), (200, 200));
     assert_eq!(
-        get_on(&mut conn, t.port, &t_bob),
+        get_on(&mut conn, r.t.port, &t_bob),
         200,
         "the connection open before the reload"
     );
     let t_bob_old = hs512_with_kid("old", K_OLD, &sid_of(&t_bob));
-    assert_eq!(status(&t_bob_old), 200, "verified, and now cached");
-
-    // 2. A config that does not load changes nothing (its error names the key).
-    std::fs::write(t.config_path(), "[token]\nactive_kid = 7\n").unwrap();
-    let log = hangup(&t, 2, false);
-    assert!(log.contains("token.active_kid"), "{log}");
-    // Nor does a config whose keys could not sign for the running login: without [login] it
-    // loads, but this instance serves login and a reload does not stop that.
-    let mut cut = text(
-        t.port,
-        t.dir.path(),
-        &[("k2", K2), ("old", K_OLD)],
-        &[("c2", C2)],
+    assert_eq!(
+        r.status(&t_bob_old),
+        200,
+        "a token of the old key still verifies"
     );
+}
+
+/// A config that does not load changes nothing (its error names the key); nor does one whose
+/// keys could not sign for the running login (without [login] it loads, but this instance
+/// serves login and a reload does not stop that).
+#[test]
+fn sighup_with_a_config_that_cannot_serve_changes_nothing() {
+    let r = Reloadable::start();
+    let t_alice = r.alice();
+    std::fs::write(r.t.config_path(), "[token]\nactive_kid = 7\n").unwrap();
+    let log = hangup(&r.t, 1, false);
+    assert!(log.contains("token.active_kid"), "{log}");
+    let mut cut = r.with_keys(&[("k2", K2), ("old", K_OLD)], &[("c2", C2)]);
     for line in [
         "[login]\ncookie_secure = false\nverify_path = \"/check\"\n".to_string(),
         "active_kid = \"k2\"\n".to_string(),
@@ -981,25 +1043,35 @@ fn sighup_reloads_the_keys_without_a_restart() {
         assert!(cut.contains(&line), "{line} in {cut}");
         cut = cut.replace(&line, "");
     }
-    std::fs::write(t.config_path(), cut).unwrap();
-    let log = hangup(&t, 3, false);
+    std::fs::write(r.t.config_path(), cut).unwrap();
+    let log = hangup(&r.t, 2, false);
     assert!(log.contains("no key can sign"), "{log}");
-    assert_eq!(reloads(), (1, 2, 0));
-    assert_eq!(
-        (status(&t_alice), status(&t_bob), status(&t_bob_old)),
-        (200, 200, 200),
-        "still the keys of reload 1"
-    );
+    assert_eq!(r.reloads(), (0, 2, 0));
+    assert_eq!(r.status(&t_alice), 200, "still the first keys");
+    let t_bob = token_of(&login(&r.t, "bob", "bob-pw"));
+    assert_eq!(header_of(&t_bob)["kid"], "old");
+}
 
-    // 3. The old keys removed: a token of the old JWT key is refused although its verification
-    //    was cached, and alice's session (sealed with c1, removed) is refused though it was
-    //    cached too, whichever key signed her token, and her open stream ends. bob's session goes
-    //    on, on the same connection and in his open stream.
-    let mut alice_events = EventStream::open(&t, &t_alice);
-    let mut bob_events = EventStream::open(&t, &t_bob);
-    rewrite(&[("k2", K2)], &[("c2", C2)]);
-    hangup(&t, 4, true);
-    assert_eq!(reloads(), (2, 2, 1));
+/// Keys removed by a reload stop working at once: a token of the removed JWT key is refused
+/// although its verification was cached, and a session sealed with a removed key is refused
+/// though it was cached too, whichever key signed its token, and its open stream ends; a
+/// session sealed with a kept key goes on, on the same connection and in its open stream.
+#[test]
+fn sighup_removing_keys_refuses_what_they_made_at_once() {
+    let r = Reloadable::start();
+    let t_alice = r.alice();
+    r.rewrite(&[("k2", K2), ("old", K_OLD)], &[("c2", C2), ("c1", C1)]);
+    hangup(&r.t, 1, true);
+    let t_bob = token_of(&login(&r.t, "bob", "bob-pw"));
+    let t_bob_old = hs512_with_kid("old", K_OLD, &sid_of(&t_bob));
+    assert_eq!(r.status(&t_bob_old), 200, "verified, and now cached");
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", r.t.port)).unwrap();
+    assert_eq!(get_on(&mut conn, r.t.port, &t_bob), 200);
+    let mut alice_events = EventStream::open(&r.t, &t_alice);
+    let mut bob_events = EventStream::open(&r.t, &t_bob);
+    r.rewrite(&[("k2", K2)], &[("c2", C2)]);
+    hangup(&r.t, 2, true);
+    assert_eq!(r.reloads(), (2, 0, 1));
     assert!(
         alice_events.ended_within(Duration::from_secs(5)).is_some(),
         "alice's open stream ends: her session can no longer be unsealed"
@@ -1009,14 +1081,14 @@ fn sighup_reloads_the_keys_without_a_restart() {
         bob_events.events_within(1, Duration::from_secs(5)),
         "bob's stream goes on"
     );
-    assert_eq!(status(&t_bob_old), 401, "a token of a removed JWT key");
+    assert_eq!(r.status(&t_bob_old), 401, "a token of a removed JWT key");
     assert_eq!(
-        status(&hs512_with_kid("k2", K2, &sid_of(&t_alice))),
+        r.status(&hs512_with_kid("k2", K2, &sid_of(&t_alice))),
         401,
         "sealed with a removed key"
     );
-    assert_eq!(get_on(&mut conn, t.port, &t_bob), 200);
-    assert_eq!(status(&t_bob), 200);
+    assert_eq!(get_on(&mut conn, r.t.port, &t_bob), 200);
+    assert_eq!(r.status(&t_bob), 200);
 }
 
 fn run_cli(args: &[&str]) -> String {
@@ -1181,62 +1253,100 @@ fn sign_pem(alg: jsonwebtoken::Algorithm, kid: &str, pem_path: &str, sid: &str) 
     jsonwebtoken::encode(&header, &claims, &key).unwrap()
 }
 
-#[test]
-fn eddsa_signing_pem_public_keys_and_jwks_file_with_refresh_on_unknown_kid() {
-    let up = users();
-    let redis = Redis::start();
-    let keys = tempfile::tempdir().unwrap();
-    let d = keys.path();
-    let (ed_priv, ed_pub, _) = ed25519(d, "ed1");
-    let (idp_priv, _, idp_x) = ed25519(d, "idp1");
-    let (idp2_priv, _, idp2_x) = ed25519(d, "idp2");
-    let rsa = d.join("rsa.pem");
-    let rsa_pub = d.join("rsa.pub.pem");
+/// PEM files made by openssl in `d`: an RSA 2048 key, a P-256 key (PKCS#8), and their public keys.
+struct Pems {
+    rsa: String,
+    rsa_pub: String,
+    ec8: String,
+    ec_pub: String,
+}
+
+fn rsa_and_ec_pems(d: &std::path::Path) -> Pems {
+    let path = |name: &str| d.join(name).to_str().unwrap().to_owned();
+    let p = Pems {
+        rsa: path("rsa.pem"),
+        rsa_pub: path("rsa.pub.pem"),
+        ec8: path("ec8.pem"),
+        ec_pub: path("ec.pub.pem"),
+    };
+    let ec = path("ec.pem");
+    let rsa_bits = "rsa_keygen_bits:2048";
     openssl(&[
         "genpkey",
         "-algorithm",
         "RSA",
         "-pkeyopt",
-        "rsa_keygen_bits:2048",
+        rsa_bits,
         "-out",
-        rsa.to_str().unwrap(),
+        &p.rsa,
     ]);
-    openssl(&[
-        "pkey",
-        "-in",
-        rsa.to_str().unwrap(),
-        "-pubout",
-        "-out",
-        rsa_pub.to_str().unwrap(),
-    ]);
-    let ec = d.join("ec.pem");
-    let ec_pub = d.join("ec.pub.pem");
+    openssl(&["pkey", "-in", &p.rsa, "-pubout", "-out", &p.rsa_pub]);
+    let curve = "ec_paramgen_curve:P-256";
     openssl(&[
         "genpkey",
         "-algorithm",
         "EC",
         "-pkeyopt",
-        "ec_paramgen_curve:P-256",
+        curve,
         "-out",
-        ec.to_str().unwrap(),
+        &ec,
     ]);
-    openssl(&[
-        "pkcs8",
-        "-topk8",
-        "-nocrypt",
-        "-in",
-        ec.to_str().unwrap(),
-        "-out",
-        d.join("ec8.pem").to_str().unwrap(),
-    ]);
-    openssl(&[
-        "pkey",
-        "-in",
-        ec.to_str().unwrap(),
-        "-pubout",
-        "-out",
-        ec_pub.to_str().unwrap(),
-    ]);
+    openssl(&["pkcs8", "-topk8", "-nocrypt", "-in", &ec, "-out", &p.ec8]);
+    openssl(&["pkey", "-in", &ec, "-pubout", "-out", &p.ec_pub]);
+    p
+}
+
+/// The status of a request to `/x` with `token`.
+fn status_with(t: &Tessera, token: &str) -> u16 {
+    curl(&["-H", &bearer(token), &t.url("/x")]).0
+}
+
+/// An EdDSA key signs the login's tokens; RS256 and ES256 public keys from PEM files verify
+/// tokens signed elsewhere for the same session; a key id is bound to its algorithm.
+#[test]
+fn eddsa_signs_and_pem_public_keys_verify_each_bound_to_its_alg() {
+    let up = users();
+    let redis = Redis::start();
+    let keys = tempfile::tempdir().unwrap();
+    let d = keys.path();
+    let (ed_priv, ed_pub, _) = ed25519(d, "ed1");
+    let p = rsa_and_ec_pems(d);
+    let tables = format!(
+        "[[token.keys]]\nkid = \"ed1\"\nalg = \"EdDSA\"\nprivate_key = \"file:{ed_priv}\"\npublic_key = \"file:{ed_pub}\"\n\
+         [[token.keys]]\nkid = \"rsa1\"\nalg = \"RS256\"\npublic_key = \"file:{}\"\n\
+         [[token.keys]]\nkid = \"ec1\"\nalg = \"ES256\"\npublic_key = \"file:{}\"",
+        p.rsa_pub, p.ec_pub
+    );
+    let extra = [("token", "active_kid = \"ed1\""), ("tables", &tables)];
+    let t = on_redis(&up, &redis, &extra);
+    let token = token_of(&login(&t, "alice", "alice-pw"));
+    let h = header_of(&token);
+    assert_eq!(
+        (h["alg"].as_str(), h["kid"].as_str()),
+        (Some("EdDSA"), Some("ed1"))
+    );
+    assert_eq!(status_with(&t, &token), 200);
+    let sid = sid_of(&token);
+    use jsonwebtoken::Algorithm::{ES256, RS256};
+    let rs = sign_pem(RS256, "rsa1", &p.rsa, &sid);
+    assert_eq!(status_with(&t, &rs), 200, "RS256 PEM public key");
+    let es = sign_pem(ES256, "ec1", &p.ec8, &sid);
+    assert_eq!(status_with(&t, &es), 200, "ES256 PEM public key");
+    let wrong_alg = sign_pem(RS256, "ec1", &p.rsa, &sid);
+    assert_eq!(status_with(&t, &wrong_alg), 401, "kid bound to its alg");
+}
+
+/// A JWKS file's keys verify; when the identity provider rotates, a token with an unknown kid
+/// makes tessera read the document again (at most once per `jwks_min_refresh_seconds`), and a
+/// key gone from it stops verifying.
+#[test]
+fn a_jwks_file_is_read_again_on_an_unknown_kid() {
+    let up = users();
+    let redis = Redis::start();
+    let keys = tempfile::tempdir().unwrap();
+    let d = keys.path();
+    let (idp_priv, _, idp_x) = ed25519(d, "idp1");
+    let (idp2_priv, _, idp2_x) = ed25519(d, "idp2");
     let jwks = d.join("jwks.json");
     let doc = |keys: &[(&str, &str)]| {
         let keys: Vec<_> = keys
@@ -1246,100 +1356,25 @@ fn eddsa_signing_pem_public_keys_and_jwks_file_with_refresh_on_unknown_kid() {
         serde_json::json!({ "keys": keys }).to_string()
     };
     std::fs::write(&jwks, doc(&[("idp1", &idp_x)])).unwrap();
-
-    let tables = format!(
-        "[[token.keys]]\nkid = \"ed1\"\nalg = \"EdDSA\"\nprivate_key = \"file:{ed_priv}\"\npublic_key = \"file:{ed_pub}\"\n\
-         [[token.keys]]\nkid = \"rsa1\"\nalg = \"RS256\"\npublic_key = \"file:{}\"\n\
-         [[token.keys]]\nkid = \"ec1\"\nalg = \"ES256\"\npublic_key = \"file:{}\"",
-        rsa_pub.display(),
-        ec_pub.display()
-    );
     let jwks_line = format!(
         "jwks = \"file:{}\"\njwks_min_refresh_seconds = 1",
         jwks.display()
     );
-    let t = on_redis(
-        &up,
-        &redis,
-        &[
-            ("token", "active_kid = \"ed1\""),
-            ("token", &jwks_line),
-            ("tables", &tables),
-        ],
-    );
-    let token = token_of(&login(&t, "alice", "alice-pw"));
-    let h = header_of(&token);
-    assert_eq!(
-        (h["alg"].as_str(), h["kid"].as_str()),
-        (Some("EdDSA"), Some("ed1"))
-    );
-    assert_eq!(curl(&["-H", &bearer(&token), &t.url("/x")]).0, 200);
-    let sid = sid_of(&token);
-
-    let rs = sign_pem(
-        jsonwebtoken::Algorithm::RS256,
-        "rsa1",
-        rsa.to_str().unwrap(),
-        &sid,
-    );
-    assert_eq!(
-        curl(&["-H", &bearer(&rs), &t.url("/x")]).0,
-        200,
-        "RS256 PEM public key"
-    );
-    let es = sign_pem(
-        jsonwebtoken::Algorithm::ES256,
-        "ec1",
-        d.join("ec8.pem").to_str().unwrap(),
-        &sid,
-    );
-    assert_eq!(
-        curl(&["-H", &bearer(&es), &t.url("/x")]).0,
-        200,
-        "ES256 PEM public key"
-    );
-    let wrong_alg = sign_pem(
-        jsonwebtoken::Algorithm::RS256,
-        "ec1",
-        rsa.to_str().unwrap(),
-        &sid,
-    );
-    assert_eq!(
-        curl(&["-H", &bearer(&wrong_alg), &t.url("/x")]).0,
-        401,
-        "kid bound to its alg"
-    );
-
-    let idp = sign_pem(jsonwebtoken::Algorithm::EdDSA, "idp1", &idp_priv, &sid);
-    assert_eq!(
-        curl(&["-H", &bearer(&idp), &t.url("/x")]).0,
-        200,
-        "JWKS key"
-    );
-
-    // the identity provider rotates: a token with the new kid triggers one refresh
-    let idp2 = sign_pem(jsonwebtoken::Algorithm::EdDSA, "idp2", &idp2_priv, &sid);
-    assert_eq!(
-        curl(&["-H", &bearer(&idp2), &t.url("/x")]).0,
-        401,
-        "not published yet"
-    );
+    let t = on_redis(&up, &redis, &[("token", &jwks_line)]);
+    let sid = sid_of(&token_of(&login(&t, "alice", "alice-pw")));
+    use jsonwebtoken::Algorithm::EdDSA;
+    let idp = sign_pem(EdDSA, "idp1", &idp_priv, &sid);
+    assert_eq!(status_with(&t, &idp), 200, "JWKS key");
+    let idp2 = sign_pem(EdDSA, "idp2", &idp2_priv, &sid);
+    assert_eq!(status_with(&t, &idp2), 401, "not published yet");
     std::fs::write(&jwks, doc(&[("idp2", &idp2_x)])).unwrap();
     std::thread::sleep(Duration::from_millis(1100));
-    assert_eq!(
-        curl(&["-H", &bearer(&idp2), &t.url("/x")]).0,
-        200,
-        "refreshed on unknown kid"
-    );
+    assert_eq!(status_with(&t, &idp2), 200, "refreshed on unknown kid");
     // idp1 is gone from the document: the next refresh drops it
     std::thread::sleep(Duration::from_millis(1100));
-    let unknown = sign_pem(jsonwebtoken::Algorithm::EdDSA, "idp9", &idp_priv, &sid);
-    assert_eq!(curl(&["-H", &bearer(&unknown), &t.url("/x")]).0, 401);
-    assert_eq!(
-        curl(&["-H", &bearer(&idp), &t.url("/x")]).0,
-        401,
-        "retired by the IdP"
-    );
+    let unknown = sign_pem(EdDSA, "idp9", &idp_priv, &sid);
+    assert_eq!(status_with(&t, &unknown), 401);
+    assert_eq!(status_with(&t, &idp), 401, "retired by the IdP");
 }
 
 #[test]

@@ -183,18 +183,20 @@ impl Incoming {
     }
 }
 
-/// Whether `buf` starts with a line that ends in no HTTP version (`HTTP/...`): neither an
-/// HTTP/1.x request line nor the HTTP/2 preface (`PRI * HTTP/2.0`). Such a peer speaks no HTTP
-/// tessera could answer in, so its connection is closed unanswered: RFC 9113 3.4 for a client
-/// that meant HTTP/2 with a broken preface (an HTTP/1.1 400 would be noise to it). `false`
-/// while the first line is incomplete.
+/// Whether `buf` starts with a line of three or more words whose last is no HTTP version
+/// (`HTTP/...`): neither an HTTP/1.x request line nor the HTTP/2 preface (`PRI * HTTP/2.0`).
+/// Such a peer speaks no HTTP tessera could answer in, so its connection is closed unanswered:
+/// RFC 9113 3.4 for a client that meant HTTP/2 with a broken preface (an HTTP/1.1 400 would be
+/// noise to it). A shorter line (`GET`, `GET /`) is an HTTP/1 request cut short: hyper answers
+/// it 400. `false` while the first line is incomplete.
 pub(super) fn speaks_no_http(buf: &[u8]) -> bool {
     let Some(end) = buf.iter().position(|&b| b == b'\n') else {
         return false;
     };
     let line = buf[..end].strip_suffix(b"\r").unwrap_or(&buf[..end]);
-    let version = line.rsplit(|&b| b == b' ').next().unwrap_or_default();
-    !version.starts_with(b"HTTP/")
+    let words = line.split(|&b| b == b' ').filter(|w| !w.is_empty());
+    let (count, last) = words.fold((0, &b""[..]), |(n, _), w| (n + 1, w));
+    count >= 3 && !last.starts_with(b"HTTP/")
 }
 
 /// Length, bytes, of the empty lines (CRLF or LF) at the front of `buf`.
@@ -236,8 +238,9 @@ mod tests {
     #[test]
     fn a_first_line_with_no_http_version_is_no_http() {
         assert!(speaks_no_http(b"INVALID CONNECTION PREFACE\r\n\r\n"));
-        assert!(speaks_no_http(b"GET /\r\n"));
-        assert!(speaks_no_http(b"\x16\x03\x01\x02\x00\n"));
+        assert!(speaks_no_http(b"GET / FTP/1.0\r\n"));
+        assert!(!speaks_no_http(b"GET /\r\n"));
+        assert!(!speaks_no_http(b"GET\r\n"));
         assert!(!speaks_no_http(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"));
         assert!(!speaks_no_http(b"GET / HTTP/1.1\r\nHost: a\r\n"));
         assert!(!speaks_no_http(b"GET / HTTP/3.0\n"));

@@ -1,6 +1,6 @@
-//! What one request carries through the phases: its downstream peer ([`Peer`]), the facts the
-//! phases learn ([`Ctx`]) and its access-log line ([`Record`], written once, or as 499 when the
-//! client leaves first). Must never: log a token, a credential or a sid (only its hash).
+//! What one request carries through the phases: its downstream peer ([`Peer`]) and its
+//! context ([`RequestCtx`]: the facts the phases learn and its access-log line, written once, or
+//! as 499 when the client leaves first). Must never: log a token, a credential or a sid (only its hash).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -54,29 +54,85 @@ impl Peer {
     }
 }
 
-/// Per-request facts carried through the phases, for the access log.
-#[derive(Default)]
-pub(super) struct Ctx {
+/// One request's context, carried through the phases ([`super::flow`]): its peer, what the
+/// phases learn (the session id, a log reason), its connection's share of the upstream pool, and
+/// its access-log record (its start time), written once by [`RequestCtx::finish`] or as 499
+/// when the request is dropped first.
+pub(super) struct RequestCtx<'a> {
+    /// The connection's peer.
+    conn_peer: &'a Peer,
+    /// The client a trusted proxy relayed this request for; `None`: the peer itself.
+    relayed: Option<Peer>,
     /// The verified session id (hashed only when a log line is written).
     pub(super) sid: Option<Arc<str>>,
-    /// Log reason of a response that is not a [`ProxyError`] (login endpoints).
+    /// Log reason of a response that is not a [`crate::error::ProxyError`] (login endpoints, a
+    /// kept or deleted session).
     pub(super) reason: Option<String>,
-    /// The downstream connection's share of the upstream pool (HTTP/2 only).
+    /// The downstream connection's share of the upstream pool (HTTP/2 and HTTP/3 only).
     pub(super) share: ConnectionShare,
+    record: Record<'a>,
+}
+
+impl<'a> RequestCtx<'a> {
+    /// The context of `req` from `peer`'s connection: the client a trusted peer names, the
+    /// connection's pool share (multiplexed connections), the start time when a log line or
+    /// metrics want it.
+    pub(super) fn new<B>(proxy: &'a Proxy, req: &http::Request<B>, peer: &'a Peer) -> Self {
+        let share = if req.version() >= http::Version::HTTP_2 {
+            peer.share
+                .get_or_init(|| proxy.upstream.connection_share())
+                .clone()
+        } else {
+            ConnectionShare::default()
+        };
+        let relayed = peer
+            .trusted
+            .then(|| peer.relayed(req.headers(), &proxy.trusted_proxies));
+        let logged = (proxy.access_log && crate::access_log::enabled())
+            .then(|| (req.method().clone(), req.uri().path().to_owned()));
+        let started = (logged.is_some() || proxy.request_counts.is_some()).then(Instant::now);
+        let client = relayed.as_ref().unwrap_or(peer).addr.ip();
+        Self {
+            conn_peer: peer,
+            relayed,
+            sid: None,
+            reason: None,
+            share,
+            record: Record {
+                proxy,
+                peer: client,
+                logged,
+                started,
+                written: false,
+            },
+        }
+    }
+
+    /// The request's client: the relayed one, or the connection's peer.
+    pub(super) fn peer(&self) -> &Peer {
+        self.relayed.as_ref().unwrap_or(self.conn_peer)
+    }
+
+    /// Writes the access line and metrics for an answer of `status`; `error`, the failure that
+    /// made it, is logged before any reason a phase left.
+    pub(super) fn finish(&mut self, status: u16, error: Option<&str>) {
+        let reason = error.or(self.reason.as_deref());
+        self.record.write(status, self.sid.as_deref(), reason);
+    }
 }
 
 /// One request's access line and metrics, written once: by [`Proxy::respond`] when the answer is
 /// ready, or, when its future is dropped before (the client went away: see
 /// `downstream::h1::ClientWatch`; hyper drops it on an h2 stream reset), as 499 (nginx's "client
 /// closed request").
-pub(super) struct Record<'a> {
-    pub(super) proxy: &'a Proxy,
-    pub(super) peer: std::net::IpAddr,
+struct Record<'a> {
+    proxy: &'a Proxy,
+    peer: std::net::IpAddr,
     /// Method and path, when the access log is on.
-    pub(super) logged: Option<(http::Method, String)>,
+    logged: Option<(http::Method, String)>,
     /// When the request head was read (`None`: neither log nor metrics want it).
-    pub(super) started: Option<Instant>,
-    pub(super) written: bool,
+    started: Option<Instant>,
+    written: bool,
 }
 
 /// The status logged for a request the client gave up on (nginx's non-standard 499).
@@ -85,7 +141,7 @@ const CLIENT_CLOSED: u16 = 499;
 impl Record<'_> {
     /// Writes the access line (with the session's `sid` hashed, and `reason`) and counts the
     /// request under `status` with its duration so far.
-    pub(super) fn write(&mut self, status: u16, sid: Option<&str>, reason: Option<&str>) {
+    fn write(&mut self, status: u16, sid: Option<&str>, reason: Option<&str>) {
         self.written = true;
         let took = self.started.map(|s| s.elapsed()).unwrap_or_default();
         if let Some((method, path)) = &self.logged {

@@ -2,20 +2,23 @@
 //! any failure into a response in one place; a body left unread by an early answer is
 //! discarded (bounded) on multiplexed connections.
 
-use std::time::Instant;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header;
+use http::request::Parts;
 use http::uri::PathAndQuery;
 use http::{HeaderValue, Request, Response, Version};
 use http_body::Body;
 
 use crate::error::ProxyError;
-use crate::login::Login;
-use crate::screen;
+use crate::login::{Endpoint, Login};
+use crate::screen::{self, Screened};
+use crate::session::Session;
 use crate::upstream::{BoxError, ProxyBody, RequestShares};
 
-use super::{Ctx, Peer, Proxy, Record};
+use super::websocket::Upgrading;
+use super::{Peer, Proxy, RequestCtx};
 
 impl Proxy {
     /// Handles one downstream request end to end. Never fails: errors become responses.
@@ -37,35 +40,12 @@ impl Proxy {
         B: Body<Data = Bytes> + Send + Sync + 'static,
         B::Error: Into<BoxError>,
     {
-        let mut ctx = Ctx::default();
-        if req.version() == Version::HTTP_2 {
-            ctx.share = peer
-                .share
-                .get_or_init(|| self.upstream.connection_share())
-                .clone();
-        }
-        let relayed;
-        let peer = if peer.trusted {
-            relayed = peer.relayed(req.headers(), &self.trusted_proxies);
-            &relayed
-        } else {
-            peer
-        };
-        let logged = (self.access_log && crate::access_log::enabled())
-            .then(|| (req.method().clone(), req.uri().path().to_owned()));
-        let started = (logged.is_some() || self.request_counts.is_some()).then(Instant::now);
-        // Written below when the answer is ready, or as 499 if this future is dropped first.
-        let mut record = Record {
-            proxy: self,
-            peer: peer.addr.ip(),
-            logged,
-            started,
-            written: false,
-        };
+        // Written by `finish` when the answer is ready, or as 499 if this future is dropped first.
+        let mut ctx = RequestCtx::new(self, &req, peer);
         let (parts, body) = req.into_parts();
         let multiplexed = parts.version >= Version::HTTP_2;
         let mut body = Some(body);
-        let (resp, reason) = match self.process(parts, &mut body, peer, &mut ctx).await {
+        let (resp, error) = match self.process(parts, &mut body, &mut ctx).await {
             Ok(resp) => (resp, None),
             Err(e) => {
                 let reason = e.to_string();
@@ -77,71 +57,39 @@ impl Proxy {
             // closes after the answer).
             screen::body::discard(body).await;
         }
-        record.write(
-            resp.status().as_u16(),
-            ctx.sid.as_deref(),
-            reason.as_deref().or(ctx.reason.as_deref()),
-        );
+        ctx.finish(resp.status().as_u16(), error.as_deref());
         resp
     }
 
-    /// The phases after the head is read; `body` is taken when the request is forwarded or
-    /// given to a login endpoint, and left for the caller to discard otherwise.
+    /// The phases after the head is read, top to bottom; `body` is taken when the request is
+    /// forwarded or given to a login endpoint, and left for the caller to discard otherwise.
     async fn process<B>(
         &self,
-        mut parts: http::request::Parts,
+        mut parts: Parts,
         body: &mut Option<B>,
-        peer: &Peer,
-        ctx: &mut Ctx,
+        ctx: &mut RequestCtx<'_>,
     ) -> Result<Response<ProxyBody>, ProxyError>
     where
         B: Body<Data = Bytes> + Send + Sync + 'static,
         B::Error: Into<BoxError>,
     {
         let screened = screen::screen_request_with(&mut parts, &self.limits, &self.stripped)?;
-        if let Some(login) = &self.login {
-            if let Some(endpoint) = login.route(parts.uri.path()) {
-                // Boxed: the login future (an upstream check, a store write) is many times the
-                // size of the proxy path's, and every request's future would carry its size.
-                let req = crate::login::EndpointRequest {
-                    parts: &parts,
-                    host: &screened.host,
-                    peer: peer.addr,
-                    verifier: &self.verifier,
-                    sessions: &self.sessions,
-                    upstream: &self.upstream,
-                };
-                let body = body.take().expect("the body is taken once");
-                let (resp, reason) =
-                    Box::pin(login.handle(endpoint, req, body, &mut ctx.sid)).await;
-                ctx.reason = reason;
-                return Ok(resp);
-            }
+        if let Some(endpoint) = self.login.as_ref().and_then(|l| l.route(parts.uri.path())) {
+            return Ok(self
+                .session_endpoint(endpoint, &parts, &screened, body, ctx)
+                .await);
         }
         let session = match self.authenticate(&parts, ctx).await {
-            Ok(s) => s,
-            Err(e) => {
-                return match &self.login {
-                    Some(login)
-                        if e.status() == http::StatusCode::UNAUTHORIZED
-                            && Login::wants_login_page(&parts) =>
-                    {
-                        ctx.reason = Some(format!("{e}; sent to the login page"));
-                        let target = parts.uri.path_and_query().map_or("/", PathAndQuery::as_str);
-                        Ok(login.login_redirect(target))
-                    }
-                    _ => Err(e),
-                };
-            }
+            Ok(session) => session,
+            Err(e) => return self.unauthenticated(e, &parts, ctx),
         };
         let upgrading = if screened.websocket {
             let empty = body.as_ref().is_none_or(Body::is_end_stream);
-            self.upgrading(&mut parts, &screened, peer.proto, empty)?
+            self.upgrading(&mut parts, &screened, ctx.peer().proto, empty)?
         } else {
             None
         };
-        let target = self.upstream_uri(&parts.uri)?;
-        self.inject(&mut parts, &screened, &session, peer, target);
+        self.inject(&mut parts, &screened, &session, ctx)?;
         if upgrading.is_some() {
             let h = &mut parts.headers;
             h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -156,18 +104,80 @@ impl Proxy {
                 .as_ref(),
             connection: ctx.share.as_ref(),
         };
-        let mut resp = self.upstream.forward_on(req, shares).await?;
+        let resp = self.upstream.forward_on(req, shares).await?;
+        Ok(self.answer(resp, upgrading, &session, ctx).await)
+    }
+
+    /// A `{prefix}/login`, `/logout` or `/session` request, served by [`Login::handle`].
+    async fn session_endpoint<B>(
+        &self,
+        endpoint: Endpoint,
+        parts: &Parts,
+        screened: &Screened,
+        body: &mut Option<B>,
+        ctx: &mut RequestCtx<'_>,
+    ) -> Response<ProxyBody>
+    where
+        B: Body<Data = Bytes> + Send + Sync + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let login = self.login.as_ref().expect("routed by the login endpoints");
+        let req = crate::login::EndpointRequest {
+            parts,
+            host: &screened.host,
+            peer: ctx.peer().addr,
+            verifier: &self.verifier,
+            sessions: &self.sessions,
+            upstream: &self.upstream,
+        };
+        let body = body.take().expect("the body is taken once");
+        // Boxed: the login future (an upstream check, a store write) is many times the size of
+        // the proxy path's, and every request's future would carry its size.
+        let (resp, reason) = Box::pin(login.handle(endpoint, req, body, &mut ctx.sid)).await;
+        ctx.reason = reason;
+        resp
+    }
+
+    /// A request that did not authenticate: a browser navigation is sent to the login page (when
+    /// `[login]` is served), anything else gets `e`'s answer.
+    fn unauthenticated(
+        &self,
+        e: ProxyError,
+        parts: &Parts,
+        ctx: &mut RequestCtx<'_>,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        match &self.login {
+            Some(login)
+                if e.status() == http::StatusCode::UNAUTHORIZED
+                    && Login::wants_login_page(parts) =>
+            {
+                ctx.reason = Some(format!("{e}; sent to the login page"));
+                let target = parts.uri.path_and_query().map_or("/", PathAndQuery::as_str);
+                Ok(login.login_redirect(target))
+            }
+            _ => Err(e),
+        }
+    }
+
+    /// The upstream's answer on its way back: a switch to a WebSocket tunnel, a body that may
+    /// wait tied to its session (logout, expiry), its fields screened, a 401 checked.
+    async fn answer(
+        &self,
+        mut resp: Response<ProxyBody>,
+        upgrading: Option<Upgrading>,
+        session: &Arc<Session>,
+        ctx: &mut RequestCtx<'_>,
+    ) -> Response<ProxyBody> {
         if let Some(upgrading) = upgrading {
             if let Some(tunnel) = resp.body_mut().take_tunnel() {
-                return Ok(self.switch(resp, tunnel, upgrading, ctx, &session));
+                return self.switch(resp, tunnel, upgrading, ctx, session);
             }
         }
         if resp.body_mut().may_wait() {
-            // The body may wait for the upstream: it ends with the session (logout, expiry).
-            // (Not asked of a body already in memory: a watch is an allocation, 1.5% of a
-            // warm request's instructions.)
+            // (Not asked of a body already in memory: a watch is an allocation, 1.5% of a warm
+            // request's instructions.)
             if let Some(sid) = &ctx.sid {
-                if let Some(w) = self.sessions.revocable(sid.clone(), &session) {
+                if let Some(w) = self.sessions.revocable(sid.clone(), session) {
                     resp.body_mut().end_with_session(w);
                 }
             }
@@ -179,8 +189,8 @@ impl Proxy {
         }
         if resp.status() == http::StatusCode::UNAUTHORIZED {
             // Boxed, as the session store's futures are (see `Sessions::resolve`).
-            return Ok(Box::pin(self.upstream_rejected(ctx, &session, resp)).await);
+            return Box::pin(self.upstream_rejected(ctx, session, resp)).await;
         }
-        Ok(resp)
+        resp
     }
 }

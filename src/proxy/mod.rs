@@ -30,7 +30,7 @@ mod settings;
 mod websocket;
 
 pub use ctx::Peer;
-use ctx::{Ctx, Record};
+use ctx::RequestCtx;
 pub use settings::WebSocketConfig;
 use websocket::WebSockets;
 

@@ -17,14 +17,14 @@ use crate::token::{self};
 use crate::unix_now;
 use crate::upstream::{BoxError, ProxyBody, UpBody};
 
-use super::{Ctx, Peer, Proxy};
+use super::{Proxy, RequestCtx};
 
 impl Proxy {
     /// extract -> verify -> resolve (+ unseal): the session a request's token names.
     pub(super) async fn authenticate(
         &self,
         parts: &Parts,
-        ctx: &mut Ctx,
+        ctx: &mut RequestCtx<'_>,
     ) -> Result<std::sync::Arc<Session>, ProxyError> {
         let token = token::extract(&parts.headers, &self.sources)?;
         let verified = self.verifier.verify_refreshing(&token, unix_now()).await?;
@@ -43,7 +43,7 @@ impl Proxy {
     /// challenge, which would make a browser prompt for the upstream password.
     pub(super) async fn upstream_rejected(
         &self,
-        ctx: &mut Ctx,
+        ctx: &mut RequestCtx<'_>,
         session: &Session,
         resp: Response<ProxyBody>,
     ) -> Response<ProxyBody> {
@@ -88,14 +88,17 @@ impl Proxy {
 
     /// inject: drop every client credential, set the upstream's, set forwarding headers and
     /// rewrite the target for the upstream (origin-form, base path, `Host`).
+    ///
+    /// Errors: see [`Proxy::upstream_uri`].
     pub(super) fn inject(
         &self,
         parts: &mut Parts,
         screened: &Screened,
         session: &Session,
-        peer: &Peer,
-        target: Uri,
-    ) {
+        ctx: &RequestCtx<'_>,
+    ) -> Result<(), ProxyError> {
+        parts.uri = self.upstream_uri(&parts.uri)?;
+        parts.version = Version::HTTP_11;
         let headers = &mut parts.headers;
         // The client's `Authorization` values go with the insert of the upstream's below.
         if screened.cookie_is_hop_by_hop {
@@ -104,6 +107,7 @@ impl Proxy {
             token::strip_token_cookies(headers, &self.sources);
         }
         headers.insert(header::AUTHORIZATION, session.authorization.clone());
+        let peer = ctx.peer();
         screen::set_forwarded(
             headers,
             peer.forwarded_for.as_ref(),
@@ -116,8 +120,7 @@ impl Proxy {
             self.upstream_host.clone()
         };
         headers.insert(header::HOST, host);
-        parts.uri = target;
-        parts.version = Version::HTTP_11;
+        Ok(())
     }
 
     /// The origin-form target sent upstream: the base path + the client's path and query.

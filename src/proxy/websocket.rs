@@ -15,7 +15,7 @@ use crate::screen::{self, Screened};
 use crate::session::Session;
 use crate::upstream::{ProxyBody, Tunnel};
 
-use super::{Ctx, Proxy};
+use super::{Proxy, RequestCtx};
 
 /// WebSocket upgrades: the limit on open tunnels and the origin policy (`[websocket]`).
 pub(super) struct WebSockets {
@@ -144,7 +144,7 @@ impl Proxy {
         mut resp: Response<ProxyBody>,
         tunnel: Tunnel,
         upgrading: Upgrading,
-        ctx: &Ctx,
+        ctx: &RequestCtx<'_>,
         session: &Session,
     ) -> Response<ProxyBody> {
         let ws = self
