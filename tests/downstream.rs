@@ -710,19 +710,58 @@ fn response_framing_chunked_short_and_until_close() {
     assert_eq!(&c.buf[end + 4..], b"hello");
 }
 
-/// A client that stops reading its response (a full socket buffer over HTTP/1.1, no flow-control
-/// window over HTTP/2) holds the upstream connection that carries it for `server.send_timeout_ms`
-/// and no longer: with one upstream connection allowed, a second client is answered once the
-/// first has taken nothing for that long, and the first one's response is cut (never complete).
-/// On the fast path, on hyper's HTTP/1 (an HTTP/1.0 request) and over h2c. Without the timeout
-/// the second client waited for as long as the first did not read.
-#[test]
-fn a_client_that_stops_reading_frees_its_upstream_connection_after_the_send_timeout() {
-    use http_body_util::BodyExt;
-    use hyper_util::rt::TokioExecutor;
+/// The size of the download the stalled and the second client ask for.
+const STALLED_N: u64 = 64 << 20;
 
-    const N: u64 = 64 << 20;
-    let up = upstream::start(Behavior::Download { n: N });
+/// The second client: a whole download over the only upstream connection, once the stalled
+/// response has given it back. Returns when its first byte came, counted from `since` (the
+/// stalled response's first byte). On a wrong answer the failure shows the end of tessera's
+/// log (`log`), whose access lines give the reason.
+fn second_client(auth: &str, url: &str, what: &str, since: Instant, log: &Path) -> Duration {
+    let launched = since.elapsed();
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w"])
+        .args(["%{http_code} %{size_download} %{time_starttransfer}"])
+        .args(["--max-time", "20", "-H", auth, url])
+        .output()
+        .unwrap();
+    let got = String::from_utf8_lossy(&out.stdout).to_string();
+    let (answer, first_byte) = got.rsplit_once(' ').unwrap_or((&got, "0"));
+    if answer != format!("200 {STALLED_N}") {
+        let log = std::fs::read_to_string(log).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(20).collect();
+        panic!(
+            "{what}: the second client got {answer:?}, want \"200 {STALLED_N}\"; tessera's log ends:\n{}",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    launched + Duration::from_secs_f64(first_byte.parse().unwrap())
+}
+
+/// Reads what a stalled client was sent until the connection ends; how many bytes.
+fn drain_stalled(s: &mut TcpStream) -> u64 {
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let (mut n, mut tmp) = (0u64, vec![0u8; 1 << 16]);
+    loop {
+        match s.read(&mut tmp) {
+            Ok(0) => return n,
+            Ok(k) => n += k as u64,
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => return n,
+            Err(e) => panic!("stalled client: {e} after {n} bytes"),
+        }
+    }
+}
+
+/// Waits until the response has started to arrive (the upstream connection is taken).
+fn response_started(s: &TcpStream) {
+    let mut b = [0u8; 1];
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(s.peek(&mut b).unwrap(), 1, "no response started");
+}
+
+/// A 64 MiB download upstream; tessera with `send_timeout_ms = 500` and one upstream connection.
+fn one_connection_and_a_short_send_timeout() -> (upstream::TestUpstream, Tessera, String) {
+    let up = upstream::start(Behavior::Download { n: STALLED_N });
     let (t, token) = behind(
         &up.url(),
         &[
@@ -730,52 +769,21 @@ fn a_client_that_stops_reading_frees_its_upstream_connection_after_the_send_time
             ("upstream", "max_connections = 1"),
         ],
     );
-    // The second client: a whole download over the only upstream connection, once the stalled
-    // response has given it back. Returns when its first byte came, counted from `since` (the
-    // stalled response's first byte). On a wrong answer the failure shows the end of tessera's
-    // log (`log`), whose access lines give the reason.
-    fn second(auth: &str, url: &str, what: &str, since: Instant, log: &Path) -> Duration {
-        let launched = since.elapsed();
-        let out = std::process::Command::new("curl")
-            .args(["-s", "-o", "/dev/null", "-w"])
-            .args(["%{http_code} %{size_download} %{time_starttransfer}"])
-            .args(["--max-time", "20", "-H", auth, url])
-            .output()
-            .unwrap();
-        let got = String::from_utf8_lossy(&out.stdout).to_string();
-        let (answer, first_byte) = got.rsplit_once(' ').unwrap_or((&got, "0"));
-        if answer != format!("200 {N}") {
-            let log = std::fs::read_to_string(log).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(20).collect();
-            panic!(
-                "{what}: the second client got {answer:?}, want \"200 {N}\"; tessera's log ends:\n{}",
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-            );
-        }
-        launched + Duration::from_secs_f64(first_byte.parse().unwrap())
-    }
+    (up, t, token)
+}
+
+/// A client that stops reading its response (a full socket buffer) holds the upstream
+/// connection that carries it for `server.send_timeout_ms` and no longer: with one upstream
+/// connection allowed, a second client is answered once the first has taken nothing for that
+/// long, and the first one's response is cut (never complete). On the fast path and on hyper's
+/// HTTP/1 (an HTTP/1.0 request). Without the timeout the second client waited for as long as
+/// the first did not read.
+#[test]
+fn an_http1_client_that_stops_reading_frees_its_upstream_connection_after_the_send_timeout() {
+    const N: u64 = STALLED_N;
+    let (_up, t, token) = one_connection_and_a_short_send_timeout();
     let (auth, url) = (bearer(&token), t.url("/second"));
     let log = t.dir.path().join("tessera.log");
-    // Reads what the stalled client was sent until the connection ends; how many bytes.
-    let drain = |s: &mut TcpStream| {
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let (mut n, mut tmp) = (0u64, vec![0u8; 1 << 16]);
-        loop {
-            match s.read(&mut tmp) {
-                Ok(0) => return n,
-                Ok(k) => n += k as u64,
-                Err(e) if e.kind() == ErrorKind::ConnectionReset => return n,
-                Err(e) => panic!("stalled client: {e} after {n} bytes"),
-            }
-        }
-    };
-    // Waits until the response has started to arrive (the upstream connection is taken).
-    let started = |s: &TcpStream| {
-        let mut b = [0u8; 1];
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        assert_eq!(s.peek(&mut b).unwrap(), 1, "no response started");
-    };
-
     for (what, version) in [("fast path", "1.1"), ("hyper HTTP/1", "1.0")] {
         let mut a = TcpStream::connect(("127.0.0.1", t.port)).unwrap();
         a.write_all(
@@ -783,18 +791,29 @@ fn a_client_that_stops_reading_frees_its_upstream_connection_after_the_send_time
                 .as_bytes(),
         )
         .unwrap();
-        started(&a);
+        response_started(&a);
         // Not before the stalled response had stopped for about the timeout (the kernel buffers
         // fill after its first byte; curl's own start-up is not in its transfer times).
-        let waited = second(&auth, &url, what, Instant::now(), &log);
+        let waited = second_client(&auth, &url, what, Instant::now(), &log);
         assert!(waited >= Duration::from_millis(450), "{what}: {waited:?}");
-        let got = drain(&mut a);
+        let got = drain_stalled(&mut a);
         assert!(
             got < N,
             "{what}: the stalled response was not cut ({got} bytes)"
         );
     }
+}
 
+/// The same over h2c: a stream whose client grants no flow-control window holds its upstream
+/// connection for `server.send_timeout_ms`, then is reset.
+#[test]
+fn an_h2c_stream_that_takes_nothing_frees_its_upstream_connection_after_the_send_timeout() {
+    use http_body_util::BodyExt;
+    use hyper_util::rt::TokioExecutor;
+    const N: u64 = STALLED_N;
+    let (_up, t, token) = one_connection_and_a_short_send_timeout();
+    let (auth, url) = (bearer(&token), t.url("/second"));
+    let log = t.dir.path().join("tessera.log");
     current_thread().block_on(async {
         let mut small_window = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
         small_window
@@ -806,9 +825,10 @@ fn a_client_that_stops_reading_frees_its_upstream_connection_after_the_send_time
         let resp = h2c_get(&mut send, "/a", &token).await;
         let since = Instant::now();
         let (auth, url, log) = (auth.clone(), url.clone(), log.clone());
-        let waited = tokio::task::spawn_blocking(move || second(&auth, &url, "h2c", since, &log))
-            .await
-            .unwrap();
+        let waited =
+            tokio::task::spawn_blocking(move || second_client(&auth, &url, "h2c", since, &log))
+                .await
+                .unwrap();
         assert!(waited >= Duration::from_millis(450), "h2c: {waited:?}");
         // Reading it now: the window bytes, then the stream's reset, never the whole body.
         let mut body = resp.into_body();

@@ -1175,34 +1175,56 @@ fn framing_script(line: &str) -> upstream::Script {
     }
 }
 
-#[test]
-fn upstream_http1_framing_and_connection_reuse() {
-    use std::sync::atomic::Ordering::SeqCst;
-    let up = upstream::start(Behavior::Scripted(framing_script));
-    // A short response-head timeout, so a request stuck waiting fails fast.
-    let (t, token) = behind(
-        &up.url(),
-        &[("upstream", "response_header_timeout_ms = 3000")],
-    );
-    let auth = bearer(&token);
-    let get = |path: &str, extra: &[&str]| {
-        let mut args = vec!["-H", auth.as_str()];
+/// tessera in front of the scripted upstream (`framing_script`), with a short response-head
+/// timeout so a request stuck waiting fails fast.
+struct Framings {
+    up: upstream::TestUpstream,
+    t: Tessera,
+    auth: String,
+}
+
+impl Framings {
+    fn start() -> Self {
+        let up = upstream::start(Behavior::Scripted(framing_script));
+        let (t, token) = behind(
+            &up.url(),
+            &[("upstream", "response_header_timeout_ms = 3000")],
+        );
+        let f = Self {
+            up,
+            t,
+            auth: bearer(&token),
+        };
+        assert_eq!(f.get("/length", &[]), (200, "ok".into()));
+        assert!(
+            f.next_reuses(),
+            "a Content-Length response leaves the connection reusable"
+        );
+        f
+    }
+
+    fn get(&self, path: &str, extra: &[&str]) -> (u16, String) {
+        let mut args = vec!["-H", self.auth.as_str()];
         args.extend_from_slice(extra);
-        let url = t.url(path);
+        let url = self.t.url(path);
         args.push(&url);
         curl(&args)
-    };
-    // Whether the next request reuses the connection the previous one used.
-    let next_reuses = || {
-        let before = up.stats.connections.load(SeqCst);
-        assert_eq!(get("/length", &[]), (200, "ok".to_string()));
-        up.stats.connections.load(SeqCst) == before
-    };
-    assert_eq!(get("/length", &[]), (200, "ok".into()));
-    assert!(
-        next_reuses(),
-        "a Content-Length response leaves the connection reusable"
-    );
+    }
+
+    /// Whether the next request reuses the connection the previous one used.
+    fn next_reuses(&self) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        let before = self.up.stats.connections.load(SeqCst);
+        assert_eq!(self.get("/length", &[]), (200, "ok".to_string()));
+        self.up.stats.connections.load(SeqCst) == before
+    }
+}
+
+/// Each framing of an upstream response is read right, and the connection is reused only when
+/// the response said where it ended and asked for nothing else.
+#[test]
+fn upstream_responses_are_read_by_their_framing_and_reused_only_when_safe() {
+    let f = Framings::start();
     let cases: [(&str, &[&str], u16, &str, bool); 11] = [
         // Both framings: chunked wins, all 11 bytes arrive, the connection is not trusted again.
         ("/te-and-length", &[], 200, "hello world", false),
@@ -1218,66 +1240,83 @@ fn upstream_http1_framing_and_connection_reuse() {
         ("/huge-head", &[], 502, "", false),
     ];
     for (path, extra, code, body, reusable) in cases {
-        let (got, text) = get(path, extra);
+        let (got, text) = f.get(path, extra);
         assert_eq!(got, code, "{path}: {text}");
         if code == 200 || code == 204 {
             assert_eq!(text, body, "{path}");
         }
-        assert_eq!(next_reuses(), reusable, "{path}: reused afterwards?");
+        assert_eq!(f.next_reuses(), reusable, "{path}: reused afterwards?");
     }
     // HEAD: the head says 1000 bytes, none follow, and the connection stays usable.
-    let (code, head) = get("/head", &["-I"]);
+    let (code, head) = f.get("/head", &["-I"]);
     assert_eq!(code, 200);
     assert!(
         head.to_lowercase().contains("content-length: 1000"),
         "{head}"
     );
-    assert!(next_reuses(), "HEAD response");
+    assert!(f.next_reuses(), "HEAD response");
     // A HEAD answer's Content-Length is passed on, so a broken one is a 502, not forwarded.
-    let (code, head) = get("/head-bad-length", &["-I"]);
+    let (code, head) = f.get("/head-bad-length", &["-I"]);
     assert_eq!(code, 502, "{head}");
     assert!(!head.contains("5, 6"), "{head}");
-    assert!(!next_reuses(), "/head-bad-length");
+    assert!(!f.next_reuses(), "/head-bad-length");
+}
+
+/// A response that is no HTTP/1.1, or says two lengths, is a 502 (and says why in the log); a
+/// body cut short or mis-framed after the head went out is an incomplete transfer to the
+/// client, never a complete-looking response; the connection is never reused.
+#[test]
+fn broken_upstream_responses_are_502_or_cut_and_never_reused() {
+    let f = Framings::start();
     for path in ["/garbage", "/switch"] {
-        assert_eq!(get(path, &[]).0, 502, "{path}");
-        assert!(!next_reuses(), "{path}");
+        assert_eq!(f.get(path, &[]).0, 502, "{path}");
+        assert!(!f.next_reuses(), "{path}");
     }
     // A body cut short or mis-framed after the head went out: the client sees an incomplete
     // transfer (curl exits non-zero), never a complete-looking response.
     for path in ["/short-body", "/bad-chunk"] {
         let out = std::process::Command::new("curl")
-            .args(["-s", "-o", "/dev/null", "-H", &auth, &t.url(path)])
+            .args(["-s", "-o", "/dev/null", "-H", &f.auth, &f.t.url(path)])
             .status()
             .unwrap();
         assert!(!out.success(), "{path}: curl saw a complete response");
-        assert!(!next_reuses(), "{path}");
+        assert!(!f.next_reuses(), "{path}");
     }
-    let log = t.log_when(|l| l.contains("invalid response head"));
+    let log = f.t.log_when(|l| l.contains("invalid response head"));
     assert!(
         log.contains("invalid response head"),
         "the 502s say why: {log}"
     );
+}
+
+/// Uploads: the upstream's `100 Continue` while the body is sent is skipped, the body goes out in
+/// full and the connection stays usable; after an early 413 the next request is not mixed into
+/// what was left of the body.
+#[test]
+fn uploads_survive_interim_and_early_answers() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let f = Framings::start();
     // Uploads. The upstream's `100 Continue` arrives while the body is being sent: skipped, the
     // body goes out in full, the final answer follows, and the connection stays usable.
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("body");
     std::fs::write(&file, vec![b'u'; 2 << 20]).unwrap();
     let data = format!("@{}", file.display());
-    let before = up.stats.body_bytes.load(SeqCst);
-    let (code, text) = get(
+    let before = f.up.stats.body_bytes.load(SeqCst);
+    let (code, text) = f.get(
         "/upload",
         &["--data-binary", &data, "-H", "Expect: 100-continue"],
     );
     assert_eq!((code, text.as_str()), (200, "uploaded"));
-    assert_eq!(up.stats.body_bytes.load(SeqCst) - before, 2 << 20);
-    assert!(next_reuses(), "after an upload with 100 Continue");
+    assert_eq!(f.up.stats.body_bytes.load(SeqCst) - before, 2 << 20);
+    assert!(f.next_reuses(), "after an upload with 100 Continue");
     // An upstream that answers 413 at once and drains the body: the client gets the 413, and
     // whatever part of the body was not yet written, the next request is not mixed into it.
     for _ in 0..3 {
-        let (code, _) = get("/early-413", &["--data-binary", &data, "-H", "Expect:"]);
+        let (code, _) = f.get("/early-413", &["--data-binary", &data, "-H", "Expect:"]);
         assert_eq!(code, 413);
         assert_eq!(
-            get("/length", &[]),
+            f.get("/length", &[]),
             (200, "ok".to_string()),
             "after an early 413"
         );
