@@ -2137,3 +2137,55 @@ fn an_expiring_session_ends_its_open_stream_at_its_expiry() {
         1
     );
 }
+
+/// A logout during a paced download resets the connection, so what sat in tessera's send buffer
+/// is dropped (a graceful close let 2.9 MB arrive over 2.9 s here): the client reading 1 MiB/s
+/// gets less than 256 KiB more (its receive buffer, and the write in progress when the session
+/// ended; 138 KiB here), then the reset.
+#[test]
+fn a_logout_resets_a_download_in_progress() {
+    use std::io::{Read, Write};
+    let up = users();
+    let redis = Redis::start();
+    let t = on_redis(&up, &redis, &[]);
+    let token = token_of(&login(&t, "alice", "alice-pw"));
+    let mut download = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+    write!(
+        download,
+        "GET /download HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {token}\r\n\r\n"
+    )
+    .unwrap();
+    download
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    // What the client's own receive buffer took before the logout is beyond tessera's reach:
+    // kept small (the kernel doubles it to 64 KiB), so the bytes after the logout measure
+    // tessera's side.
+    rustix::net::sockopt::set_socket_recv_buffer_size(&download, 32 << 10).unwrap();
+    // 1 MiB/s: 16 KiB every 15.6 ms.
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut paced_read = |got: &mut u64| -> std::io::Result<usize> {
+        std::thread::sleep(Duration::from_micros(15_600));
+        let n = download.read(&mut buf)?;
+        *got += n as u64;
+        Ok(n)
+    };
+    let mut before = 0u64;
+    while before < 1 << 20 {
+        assert!(paced_read(&mut before).unwrap() > 0, "download ended early");
+    }
+    let (code, _) = curl(&["-X", "POST", "-H", &bearer(&token), &t.url("/auth/logout")]);
+    assert_eq!(code, 204);
+    let logged_out = Instant::now();
+    let mut after = 0u64;
+    let end = loop {
+        match paced_read(&mut after) {
+            Ok(0) => break "EOF".to_string(),
+            Ok(_) => assert!(after < 256 << 10, "{after} bytes after the logout"),
+            Err(e) => break e.kind().to_string(),
+        }
+    };
+    let took = logged_out.elapsed();
+    println!("download reset ({end}) {took:?} and {after} bytes after the logout");
+    assert!(end.contains("reset"), "ended with {end}, not a reset");
+}

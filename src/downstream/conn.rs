@@ -78,7 +78,7 @@ pub async fn serve(serving: Arc<Serving>, io: TcpStream, peer: Peer) {
         incoming: Incoming::default(),
         out: Vec::new(),
         send_timeout: serving.send_timeout,
-        stalled: false,
+        reset: false,
     };
     let timer = tokio::time::sleep(serving.header_read_timeout);
     let cancelled = serving.shutdown.cancelled();
@@ -136,9 +136,10 @@ pub async fn serve(serving: Arc<Serving>, io: TcpStream, peer: Peer) {
         }
         served = true;
     }
-    if conn.stalled {
+    if conn.reset {
         // The client took nothing for `send_timeout`: a graceful close would leave the kernel
-        // retrying the full send buffer for minutes. Reset instead (nginx's
+        // retrying the full send buffer for minutes. Or a response was cut by its session's end:
+        // what is queued for it must not arrive. Reset instead (nginx's
         // `reset_timedout_connection`).
         reset_on_close(&conn.io);
         return;
@@ -265,8 +266,10 @@ pub(super) struct Conn {
     pub(super) out: Vec<u8>,
     /// `server.send_timeout_ms`: see [`send`].
     pub(super) send_timeout: Duration,
-    /// A response write timed out ([`send`]): the connection is reset, not closed gracefully.
-    pub(super) stalled: bool,
+    /// The connection is reset (`SO_LINGER` 0), not closed gracefully: a response write timed
+    /// out ([`send`]), or a response was cut because its session ended (its queued bytes must
+    /// not reach the client).
+    pub(super) reset: bool,
 }
 
 /// The head-read timer and the shutdown signal, kept across a connection's requests.

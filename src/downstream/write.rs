@@ -23,15 +23,27 @@ use crate::upstream::{ProxyBody, RawHead};
 use super::conn::{ClientWatch, Conn};
 
 impl Conn {
-    /// Writes `parts` ([`send`]); `false` when that failed or timed out (then `stalled`).
+    /// Writes `parts` ([`send`]); `false` when that failed or timed out (then `reset`).
     pub(super) async fn send(&mut self, parts: &[&[u8]]) -> bool {
         match send(&mut self.io, parts, self.send_timeout).await {
             Ok(()) => true,
             Err(stalled) => {
-                self.stalled |= stalled;
+                self.reset |= stalled;
                 false
             }
         }
+    }
+
+    /// The body's next data frame ([`next_data`]); `Err` when it cannot go on, and then `reset`
+    /// when the body was cut by its session's end.
+    async fn next_of(
+        &mut self,
+        body: &mut ProxyBody,
+        watch: &mut ClientWatch,
+    ) -> Result<Option<Bytes>, ()> {
+        next_data(body, &self.io, watch).await.map_err(|cut| {
+            self.reset |= cut == Cut::SessionEnded;
+        })
     }
 
     /// Writes the response; `false` when the connection cannot carry another request (a write
@@ -89,7 +101,7 @@ impl Conn {
         let mut head = Some(std::mem::take(&mut self.out));
         let mut left = n;
         let complete = loop {
-            let data = match next_data(&mut body, &self.io, watch).await {
+            let data = match self.next_of(&mut body, watch).await {
                 Ok(Some(d)) => d,
                 Ok(None) => break left == 0,
                 Err(()) => break false,
@@ -127,7 +139,7 @@ impl Conn {
     async fn write_chunked(&mut self, body: &mut ProxyBody, watch: &mut ClientWatch) -> bool {
         let mut head = Some(std::mem::take(&mut self.out));
         loop {
-            let data = match next_data(body, &self.io, watch).await {
+            let data = match self.next_of(body, watch).await {
                 Ok(Some(d)) if d.is_empty() => continue,
                 Ok(Some(d)) => d,
                 Ok(None) => break,
@@ -160,14 +172,25 @@ impl Conn {
     }
 }
 
+/// Why a response body did not go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cut {
+    /// The client went away while the body waited.
+    Gone,
+    /// The body failed (the upstream broke off, or a frame was wrong).
+    Failed,
+    /// The body was ended by its session's end ([`crate::session::Ended`]: revoked, expired).
+    SessionEnded,
+}
+
 /// The next data frame of `body` (trailers are dropped: HTTP/1.1 clients did not ask for them);
-/// `Err` when the body failed, or when the client on `io` went away while waiting for it
-/// (`watch`).
+/// `Err` when the body failed or was ended, or when the client on `io` went away while waiting
+/// for it (`watch`).
 async fn next_data(
     body: &mut ProxyBody,
     io: &TcpStream,
     watch: &mut ClientWatch,
-) -> Result<Option<Bytes>, ()> {
+) -> Result<Option<Bytes>, Cut> {
     loop {
         let frame = poll_fn(|cx| match Pin::new(&mut *body).poll_frame(cx) {
             Poll::Ready(frame) => Poll::Ready(Ok(frame)),
@@ -176,7 +199,7 @@ async fn next_data(
         .await;
         let Ok(frame) = frame else {
             tracing::debug!("client closed the connection during the response body");
-            return Err(());
+            return Err(Cut::Gone);
         };
         match frame {
             None => return Ok(None),
@@ -185,9 +208,13 @@ async fn next_data(
                     return Ok(Some(data));
                 }
             }
+            Some(Err(e)) if e.is::<crate::session::Ended>() => {
+                tracing::debug!(cause = %e, "response body ended with its session; connection reset");
+                return Err(Cut::SessionEnded);
+            }
             Some(Err(e)) => {
                 tracing::debug!(cause = %e, "response body failed; connection closed");
-                return Err(());
+                return Err(Cut::Failed);
             }
         }
     }
