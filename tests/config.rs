@@ -514,3 +514,41 @@ fn file_secret_trailing_newline_removed() {
     let v = resolve_secret("k", &format!("file:{}", p.display()), &env).unwrap();
     assert_eq!(v.len(), 64);
 }
+
+#[test]
+fn upstream_max_idle_connections_defaults_to_a_quarter_and_is_bounded() {
+    let with = |lines: &str| upstream_with(lines).map(|u| u.max_idle_connections);
+    assert_eq!(with(""), Ok(16));
+    assert_eq!(with("max_connections = 6"), Ok(2));
+    assert_eq!(with("max_connections = 1"), Ok(1));
+    assert_eq!(with("max_idle_connections = 0"), Ok(0));
+    assert_eq!(with("max_connections = 8\nmax_idle_connections = 8"), Ok(8));
+    rejected(&[(
+        "max_connections = 8\nmax_idle_connections = 9",
+        "upstream.max_idle_connections",
+        "between 0 and upstream.max_connections (8)",
+    )]);
+}
+
+/// `examples/cyrus/tessera.toml` loads as it is (with its secrets in the environment), and keeps
+/// the pool below the `maxchild` of the `cyrus.conf` beside it.
+#[test]
+fn the_cyrus_example_loads_and_stays_below_maxchild() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/cyrus");
+    let text = std::fs::read_to_string(format!("{dir}/tessera.toml")).unwrap();
+    let secrets = |name: &str| match name {
+        "TESSERA_JWT_SECRET" => env("SECRET"),
+        "TESSERA_CRED_KEY" => env("KEY"),
+        _ => None,
+    };
+    let c = Config::from_toml_with(&text, secrets).unwrap_or_else(|e| panic!("{e}"));
+    let cyrus = std::fs::read_to_string(format!("{dir}/cyrus.conf")).unwrap();
+    let maxchild: usize = cyrus
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("maxchild="))
+        .and_then(|n| n.parse().ok())
+        .expect("maxchild in cyrus.conf");
+    assert!(c.upstream.max_connections < maxchild);
+    assert!(c.upstream.max_idle_connections < c.upstream.max_connections);
+    assert_eq!(c.login.expect("[login]").verify_path.as_str(), "/jmap/");
+}

@@ -81,6 +81,13 @@ fn demo_upstream_with(
     idle: Duration,
     drain: Drain,
 ) -> (tokio::runtime::Runtime, Arc<Upstream>) {
+    demo_upstream_of(settings(cap, idle, Duration::from_secs(5), affinity, drain))
+}
+
+/// The demo upstream on its own runtime, and an `Upstream` with these settings for it.
+fn demo_upstream_of(
+    settings: tessera::upstream::UpstreamConfig,
+) -> (tokio::runtime::Runtime, Arc<Upstream>) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -91,11 +98,7 @@ fn demo_upstream_with(
         .expect("bind upstream");
     let addr = listener.local_addr().expect("addr").to_string();
     rt.spawn(serve_demo_upstream(listener));
-    let upstream = Upstream::new(
-        addr,
-        &settings(cap, idle, Duration::from_secs(5), affinity, drain),
-        2,
-    );
+    let upstream = Upstream::new(addr, &settings, 2);
     (rt, Arc::new(upstream))
 }
 
@@ -245,6 +248,58 @@ fn at_the_cap_the_longest_idle_connection_of_any_thread_is_closed() {
         "alice's idle connection (the oldest) was closed for carol; bob's was kept and reused"
     );
     assert_eq!(closes(&upstream), [("evicted", 1)]);
+    drop(up_rt);
+}
+
+/// `upstream.max_idle_connections = 1`: after a burst of four, the three longest idle
+/// connections are closed (within the reaper's second), so an idle tessera holds one upstream
+/// worker, not four; the one kept serves the next request.
+#[test]
+fn idle_connections_past_the_idle_bound_are_closed() {
+    let mut bounded = settings(
+        4,
+        IDLE,
+        Duration::from_secs(5),
+        Affinity::None,
+        Drain::default(),
+    );
+    bounded.max_idle_connections = 1;
+    let (up_rt, _) = demo_upstream(1, Affinity::None);
+    let addr = up_rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(serve_demo_upstream(listener));
+        addr
+    });
+    let rt = current_thread();
+    // Made inside a runtime: the pool's reaper runs on it.
+    let upstream = rt.block_on(async { Upstream::new(addr, &bounded, 2) });
+    rt.block_on(async {
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(send_as(&upstream, DEMO_USER, DEMO_PASSWORD).await);
+        }
+        assert_eq!(upstream.connections(), (4, 0));
+        for resp in held {
+            resp.into_body().collect().await.expect("body");
+        }
+        let mut idle = upstream.connections().1;
+        for _ in 0..300 {
+            if idle == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            idle = upstream.connections().1;
+        }
+        assert_eq!(upstream.connections(), (0, 1));
+        assert_eq!(closes(&upstream), [("surplus", 3)]);
+        assert_eq!(get(&upstream).await.0, StatusCode::OK);
+        assert_eq!(
+            count(&upstream.stats().opened),
+            4,
+            "the kept one was reused"
+        );
+    });
     drop(up_rt);
 }
 
@@ -1323,6 +1378,7 @@ fn settings(
         url: "http://127.0.0.1".parse().unwrap(),
         max_connections: cap,
         max_connections_per_user: cap,
+        max_idle_connections: cap,
         connect_timeout: Duration::from_secs(2),
         response_header_timeout: header_timeout,
         idle_timeout,

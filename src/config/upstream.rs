@@ -36,6 +36,20 @@ pub(super) fn validate_upstream(u: RawUpstream) -> Result<UpstreamConfig, Config
             ))
         }
     };
+    let max_idle_connections = match u.max_idle_connections {
+        None => max_connections.div_ceil(4),
+        Some(n) if n <= max_connections => n,
+        Some(n) => {
+            return Err(ConfigError::new(
+                "upstream.max_idle_connections",
+                format!(
+                    "must be between 0 and upstream.max_connections ({max_connections}), not {n} \
+                     (leave it out for {})",
+                    max_connections.div_ceil(4)
+                ),
+            ))
+        }
+    };
     let mut strip = Vec::new();
     for name in u
         .strip_response_headers
@@ -55,6 +69,7 @@ pub(super) fn validate_upstream(u: RawUpstream) -> Result<UpstreamConfig, Config
         url,
         max_connections,
         max_connections_per_user,
+        max_idle_connections,
         affinity,
         drain,
         connect_timeout: ms("upstream.connect_timeout_ms", u.connect_timeout_ms, 5_000)?,

@@ -138,15 +138,7 @@ impl Upstream {
     /// read: `addr` is where to connect), used from `threads` serving threads.
     pub fn new(addr: String, settings: &UpstreamConfig, threads: usize) -> Self {
         Self {
-            pool: Pool::new(
-                addr,
-                settings.max_connections,
-                settings.connect_timeout,
-                settings.idle_timeout,
-                settings.affinity,
-                settings.drain,
-                threads,
-            ),
+            pool: Pool::new(addr, settings, threads),
             header_timeout: settings.response_header_timeout,
             shares: share::Shares::new(settings.max_connections_per_user, settings.max_connections),
         }

@@ -24,6 +24,11 @@ pub struct UpstreamConfig {
     /// keep-alive timeout (nginx: 75 s). A response's `Keep-Alive: timeout=N` shortens it for
     /// that connection (see `upstream::conn::H1::idle_limit`). Default 30 s.
     pub idle_timeout: Duration,
+    /// Most idle connections kept: past it, the longest idle are closed at the pool's next
+    /// check (within 1 s), so an idle tessera holds few of a process-per-connection upstream's
+    /// workers (a Cyrus child each). 0..=max_connections. Default a quarter of
+    /// `max_connections`, rounded up (16 of 64).
+    pub max_idle_connections: usize,
     /// Forward the client's `Host` (true, default) or the upstream URL's authority (false).
     pub preserve_host: bool,
     /// Request fields removed besides hop-by-hop and forwarding ones: identity and routing

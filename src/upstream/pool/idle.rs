@@ -28,17 +28,19 @@ pub(super) struct Idle {
     pub(super) sent_ms: u32,
 }
 
-/// Closes idle connections past their limit ([`H1::idle_limit`]) and drops the users no
-/// connection or request refers to any more (affinity), every half `idle_timeout` (at most 5 s),
-/// while the pool lives.
+/// Closes idle connections past their limit ([`H1::idle_limit`]) and the longest idle past
+/// `upstream.max_idle_connections` ([`Pool::close_surplus`]), and drops the users no connection
+/// or request refers to any more (affinity), every half `idle_timeout` (at most 1 s), while the
+/// pool lives.
 pub(super) fn spawn_reaper(pool: Weak<Pool>, idle_timeout: Duration) {
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         return;
     };
     handle.spawn(async move {
-        // At most 5 s apart: an upstream's `Keep-Alive: timeout` can expire a connection well
-        // before the pool's own limit, and its socket should not wait long to be closed.
-        let every = (idle_timeout / 2).clamp(Duration::from_millis(10), Duration::from_secs(5));
+        // At most 1 s apart: an upstream's `Keep-Alive: timeout` can expire a connection well
+        // before the pool's own limit, and a surplus one holds an upstream worker; neither
+        // should wait long to be closed.
+        let every = (idle_timeout / 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
         let mut tick = tokio::time::interval(every);
         loop {
             tick.tick().await;
@@ -53,6 +55,7 @@ pub(super) fn spawn_reaper(pool: Weak<Pool>, idle_timeout: Duration) {
                     closing.is_none()
                 });
             }
+            pool.close_surplus();
             // Credentials no connection or request refers to any more leave memory.
             lock(&pool.owners).prune();
         }
@@ -62,6 +65,26 @@ pub(super) fn spawn_reaper(pool: Weak<Pool>, idle_timeout: Duration) {
 impl Pool {
     pub(super) fn idle(&self, thread: usize) -> MutexGuard<'_, Vec<Idle>> {
         lock(&self.idle[thread])
+    }
+
+    /// Closes the longest idle connections while more than `max_idle` are idle (each list is
+    /// ordered by return, its front the longest idle).
+    pub(super) fn close_surplus(&self) {
+        let lens: Vec<usize> = (0..self.idle.len()).map(|t| self.idle(t).len()).collect();
+        let surplus = lens.iter().sum::<usize>().saturating_sub(self.max_idle);
+        for _ in 0..surplus {
+            let oldest = (0..self.idle.len())
+                .filter_map(|t| self.idle(t).first().map(|i| (i.since, t)))
+                .min();
+            let Some((_, t)) = oldest else { return };
+            let mut idle = self.idle(t);
+            if idle.is_empty() {
+                continue;
+            }
+            drop(idle.remove(0));
+            drop(idle);
+            self.stats.count_closed(Closed::Surplus, 1);
+        }
     }
 
     /// The calling thread's index into `idle`: its serving-thread index, or the last list for

@@ -83,6 +83,8 @@ pub struct Pool {
     idle: Vec<Mutex<Vec<Idle>>>,
     connect_timeout: Duration,
     idle_timeout: Duration,
+    /// `upstream.max_idle_connections`: the reaper closes the longest idle past it.
+    max_idle: usize,
     affinity: Affinity,
     drain: Drain,
     /// Affinity only: the credentials in use.
@@ -101,18 +103,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Pool {
-    /// A pool for `addr` (`host:port`) with at most `max_connections` open connections, used
-    /// from `threads` serving threads (see [`set_serving_thread`]), finishing exchanges left by
-    /// their requesters as `drain` says.
+    /// A pool for `addr` (`host:port`) with `settings`' cap, timeouts, idle bound, affinity and
+    /// drain (its `url` is not read), used from `threads` serving threads (see
+    /// [`set_serving_thread`]).
     pub fn new(
         addr: String,
-        max_connections: usize,
-        connect_timeout: Duration,
-        idle_timeout: Duration,
-        affinity: Affinity,
-        drain: Drain,
+        settings: &crate::upstream::UpstreamConfig,
         threads: usize,
     ) -> Arc<Self> {
+        let max_connections = settings.max_connections;
         let pool = Arc::new(Self {
             addr,
             max_connections,
@@ -120,10 +119,11 @@ impl Pool {
             idle: (0..threads.max(1) + 1)
                 .map(|_| Mutex::new(Vec::new()))
                 .collect(),
-            connect_timeout,
-            idle_timeout,
-            affinity,
-            drain,
+            connect_timeout: settings.connect_timeout,
+            idle_timeout: settings.idle_timeout,
+            max_idle: settings.max_idle_connections,
+            affinity: settings.affinity,
+            drain: settings.drain,
             waiting: AtomicUsize::new(0),
             owners: Mutex::new(Owners {
                 map: HashMap::new(),
@@ -131,7 +131,7 @@ impl Pool {
             }),
             stats: PoolStats::default(),
         });
-        spawn_reaper(Arc::downgrade(&pool), idle_timeout);
+        spawn_reaper(Arc::downgrade(&pool), settings.idle_timeout);
         pool
     }
 

@@ -68,6 +68,8 @@ pub enum Closed {
     /// (also counted from before a checkout whose request went away before any of it was
     /// written).
     Expired,
+    /// Idle while more than `upstream.max_idle_connections` were: the longest idle closed.
+    Surplus,
     /// Closed while idle to make room under `upstream.max_connections` for another user's
     /// connection (`upstream.affinity = "session"`), or, still alive, closed with a reused
     /// connection that failed (its idle peer is suspect too) before the retry's fresh one.
@@ -87,21 +89,23 @@ pub enum Closed {
 
 impl Closed {
     /// Every reason, in the order the metric lists them (`upstream` first, `tunnel` last).
-    pub const ALL: [Closed; 6] = [
+    pub const ALL: [Closed; 7] = [
         Closed::Upstream,
         Closed::Expired,
+        Closed::Surplus,
         Closed::Evicted,
         Closed::Abandoned,
         Closed::Error,
         Closed::Tunnel,
     ];
 
-    /// The metric label value: `upstream`, `expired`, `evicted`, `abandoned`, `error` or
-    /// `tunnel`.
+    /// The metric label value: `upstream`, `expired`, `surplus`, `evicted`, `abandoned`,
+    /// `error` or `tunnel`.
     pub fn label(self) -> &'static str {
         match self {
             Closed::Upstream => "upstream",
             Closed::Expired => "expired",
+            Closed::Surplus => "surplus",
             Closed::Evicted => "evicted",
             Closed::Abandoned => "abandoned",
             Closed::Error => "error",
