@@ -14,6 +14,7 @@ pub mod error;
 pub mod fields;
 #[doc(hidden)]
 pub mod fuzz;
+pub mod jmap;
 pub mod login;
 pub mod proxy;
 pub mod screen;
@@ -53,6 +54,8 @@ pub struct Config {
     pub metrics: Option<telemetry::MetricsConfig>,
     /// WebSocket upgrades passed to the upstream.
     pub websocket: proxy::WebSocketConfig,
+    /// The JMAP mode; `None` unless `[jmap] session_urls = "absolute"`.
+    pub jmap: Option<jmap::JmapConfig>,
 }
 
 /// Seconds since the Unix epoch (wall clock).

@@ -552,3 +552,30 @@ fn the_cyrus_example_loads_and_stays_below_maxchild() {
     assert!(c.upstream.max_idle_connections < c.upstream.max_connections);
     assert_eq!(c.login.expect("[login]").verify_path.as_str(), "/jmap/");
 }
+
+#[test]
+fn jmap_mode_is_off_unless_absolute_and_its_path_is_checked() {
+    let with = |extra: &str| {
+        Config::from_toml_with(&format!("{}{extra}", minimal()), env)
+            .map(|c| c.jmap)
+            .map_err(|e| e.to_string())
+    };
+    assert_eq!(with(""), Ok(None));
+    assert_eq!(with("[jmap]\nsession_urls = \"as_sent\"\n"), Ok(None));
+    let on = with("[jmap]\nsession_urls = \"absolute\"\n")
+        .unwrap()
+        .unwrap();
+    assert_eq!(on.session_path, "/jmap/");
+    let other = with("[jmap]\nsession_urls = \"absolute\"\nsession_path = \"/api/session\"\n");
+    assert_eq!(other.unwrap().unwrap().session_path, "/api/session");
+    for (extra, key) in [
+        ("[jmap]\nsession_urls = \"relative\"\n", "jmap.session_urls"),
+        (
+            "[jmap]\nsession_urls = \"absolute\"\nsession_path = \"jmap\"\n",
+            "jmap.session_path",
+        ),
+    ] {
+        let err = with(extra).unwrap_err();
+        assert!(err.contains(key), "{extra}: {err}");
+    }
+}

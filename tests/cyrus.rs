@@ -88,6 +88,7 @@ fn jmap_through_tessera_with_real_cyrus() {
                 ("upstream", "max_connections = 4"),
                 ("login", "verify_path = \"/jmap/\""),
                 ("login", "cookie_secure = false"),
+                ("tables", "[jmap]\nsession_urls = \"absolute\"\n"),
             ],
         )
     });
@@ -118,6 +119,24 @@ fn jmap_through_tessera_with_real_cyrus() {
     let session: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(session["username"], "alice");
     assert!(session["accounts"].get("alice").is_some(), "{body}");
+    // The JMAP mode: Cyrus's relative URLs made absolute on the origin the client used, with
+    // their templates kept.
+    let origin = format!("http://127.0.0.1:{}", t.port);
+    assert_eq!(session["apiUrl"], format!("{origin}/jmap/"), "{body}");
+    for member in ["downloadUrl", "uploadUrl", "eventSourceUrl"] {
+        let url = session[member].as_str().unwrap_or_default();
+        assert!(
+            url.starts_with(&format!("{origin}/jmap/")),
+            "{member}: {body}"
+        );
+    }
+    assert!(
+        session["downloadUrl"]
+            .as_str()
+            .unwrap()
+            .contains("{accountId}"),
+        "{body}"
+    );
 
     // Mailbox/get + Email/query + Email/get find the seeded INBOX message.
     let (code, v) = query_subjects(&t, &alice, "alice");

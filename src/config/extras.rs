@@ -1,10 +1,11 @@
-//! `[websocket]` and `[metrics]` -> their settings.
+//! `[websocket]`, `[metrics]` and `[jmap]` -> their settings.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::raw::{RawMetrics, RawWebSocket};
+use super::raw::{RawJmap, RawMetrics, RawWebSocket};
 use super::{socket_addr, ConfigError};
+use crate::jmap::JmapConfig;
 use crate::proxy::WebSocketConfig;
 use crate::telemetry::MetricsConfig;
 use crate::upstream::UpstreamConfig;
@@ -78,4 +79,29 @@ pub(super) fn validate_metrics(
         ));
     }
     Ok(MetricsConfig { listen })
+}
+
+/// `[jmap]`: `None` unless `session_urls = "absolute"`.
+pub(super) fn validate_jmap(j: RawJmap) -> Result<Option<JmapConfig>, ConfigError> {
+    let absolute_urls = match j.session_urls.as_deref().unwrap_or("as_sent") {
+        "absolute" => true,
+        "as_sent" => false,
+        other => {
+            return Err(ConfigError::new(
+                "jmap.session_urls",
+                format!("`{other}` is neither \"absolute\" nor \"as_sent\""),
+            ))
+        }
+    };
+    let session_path = j.session_path.unwrap_or_else(|| "/jmap/".into());
+    if !session_path.starts_with('/') || session_path.parse::<http::uri::PathAndQuery>().is_err() {
+        return Err(ConfigError::new(
+            "jmap.session_path",
+            format!("`{session_path}` is not a path; write it as the upstream serves it, e.g. \"/jmap/\""),
+        ));
+    }
+    Ok(absolute_urls.then_some(JmapConfig {
+        absolute_urls,
+        session_path,
+    }))
 }

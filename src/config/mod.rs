@@ -22,7 +22,7 @@ mod upstream;
 
 use crate::telemetry::LogConfig;
 use crate::Config;
-use extras::{validate_metrics, validate_websocket};
+use extras::{validate_jmap, validate_metrics, validate_websocket};
 use hints::type_fix;
 use login::validate_login;
 use raw::RawConfig;
@@ -209,5 +209,6 @@ fn validate(raw: RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Conf
         },
         metrics,
         websocket,
+        jmap: validate_jmap(raw.jmap.unwrap_or_default())?,
     })
 }

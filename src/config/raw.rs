@@ -17,6 +17,14 @@ pub(super) struct RawConfig {
     pub(super) log: Option<RawLog>,
     pub(super) metrics: Option<RawMetrics>,
     pub(super) websocket: Option<RawWebSocket>,
+    pub(super) jmap: Option<RawJmap>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawJmap {
+    pub(super) session_urls: Option<String>,
+    pub(super) session_path: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

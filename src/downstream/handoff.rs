@@ -23,7 +23,7 @@ use crate::upstream::ProxyBody;
 
 use super::conn::{Conn, Serving};
 use super::io::Prefixed;
-use super::write::Stall;
+use super::io::Stall;
 
 /// Gives the connection, and the bytes read but not yet served, to hyper: h1 or h2c, or h1 only
 /// once the fast path has `served` a request on it.

@@ -1,6 +1,7 @@
 //! The socket wrappers: [`Prefixed`] yields the bytes the fast path already read before the
 //! socket's own, times out stalled writes and closes with a lingering close (nginx's
-//! `lingering_close`); [`Downstream`] is a WebSocket tunnel's client side. Must never: let a
+//! `lingering_close`); [`Downstream`] is a WebSocket tunnel's client side; [`Stall`] is the
+//! send timeout both the fast path and [`Prefixed`] keep. Must never: let a
 //! client's unread request bytes turn the close into a reset that loses the response.
 
 use std::future::Future;
@@ -17,7 +18,6 @@ use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
 use super::conn::reset_on_close;
-use super::write::Stall;
 
 /// Longest a closing connection is drained in all, and with no bytes arriving (the lingering
 /// close of nginx's `lingering_time` / `lingering_timeout`, shorter).
@@ -267,5 +267,35 @@ impl AsyncWrite for Prefixed {
         }
         let linger = this.linger.as_mut().expect("set above");
         linger.poll(&mut this.io, cx).map(Ok)
+    }
+}
+
+/// The send timeout of one connection's writes: armed by a write the socket could not take,
+/// disarmed by one it took. The timer is allocated at the first full send buffer and reused.
+#[derive(Default)]
+pub(super) struct Stall {
+    timer: Option<Pin<Box<Sleep>>>,
+    armed: bool,
+}
+
+impl Stall {
+    /// A write made progress.
+    pub(super) fn progress(&mut self) {
+        self.armed = false;
+    }
+
+    /// A write found the send buffer full: whether `stall` has passed since the first such
+    /// write after the last progress; registers for the wake-up otherwise.
+    pub(super) fn poll_expired(&mut self, stall: Duration, cx: &mut Context<'_>) -> bool {
+        if !self.armed {
+            self.armed = true;
+            let deadline = Instant::now() + stall;
+            match &mut self.timer {
+                Some(timer) => timer.as_mut().reset(deadline),
+                None => self.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+            }
+        }
+        let timer = self.timer.as_mut().expect("armed above");
+        timer.as_mut().poll(cx).is_ready()
     }
 }

@@ -4,10 +4,10 @@
 //! that takes no byte. Must never: frame a body two ways, or keep a connection whose response was
 //! cut short.
 
-use std::future::{poll_fn, Future};
+use std::future::poll_fn;
 use std::io::IoSlice;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,11 +16,11 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use http_body::Body;
 use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
-use tokio::time::{Instant, Sleep};
 
 use crate::upstream::{ProxyBody, RawHead};
 
 use super::conn::{ClientWatch, Conn};
+use super::io::Stall;
 
 impl Conn {
     /// Writes `parts` ([`send`]); `false` when that failed or timed out (then `reset`).
@@ -257,36 +257,6 @@ async fn send(io: &mut TcpStream, parts: &[&[u8]], stall: Duration) -> Result<()
         Poll::Ready(Ok(()))
     })
     .await
-}
-
-/// The send timeout of one connection's writes: armed by a write the socket could not take,
-/// disarmed by one it took. The timer is allocated at the first full send buffer and reused.
-#[derive(Default)]
-pub(super) struct Stall {
-    timer: Option<Pin<Box<Sleep>>>,
-    armed: bool,
-}
-
-impl Stall {
-    /// A write made progress.
-    pub(super) fn progress(&mut self) {
-        self.armed = false;
-    }
-
-    /// A write found the send buffer full: whether `stall` has passed since the first such
-    /// write after the last progress; registers for the wake-up otherwise.
-    pub(super) fn poll_expired(&mut self, stall: Duration, cx: &mut Context<'_>) -> bool {
-        if !self.armed {
-            self.armed = true;
-            let deadline = Instant::now() + stall;
-            match &mut self.timer {
-                Some(timer) => timer.as_mut().reset(deadline),
-                None => self.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
-            }
-        }
-        let timer = self.timer.as_mut().expect("armed above");
-        timer.as_mut().poll(cx).is_ready()
-    }
 }
 
 #[derive(Clone, Copy)]

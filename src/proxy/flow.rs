@@ -89,6 +89,7 @@ impl Proxy {
         } else {
             None
         };
+        let jmap_origin = self.jmap_origin(&parts, &screened, ctx);
         self.inject(&mut parts, &screened, &session, ctx)?;
         if upgrading.is_some() {
             let h = &mut parts.headers;
@@ -105,7 +106,12 @@ impl Proxy {
             connection: ctx.share.as_ref(),
         };
         let resp = self.upstream.forward_on(req, shares).await?;
-        Ok(self.answer(resp, upgrading, &session, ctx).await)
+        let resp = self.answer(resp, upgrading, &session, ctx).await;
+        Ok(match jmap_origin {
+            // Boxed: rare, and its body read would grow every request's future.
+            Some(origin) => Box::pin(crate::jmap::rewrite_session(resp, &origin)).await,
+            None => resp,
+        })
     }
 
     /// A `{prefix}/login`, `/logout` or `/session` request, served by [`Login::handle`].
@@ -136,6 +142,22 @@ impl Proxy {
         let (resp, reason) = Box::pin(login.handle(endpoint, req, body, &mut ctx.sid)).await;
         ctx.reason = reason;
         resp
+    }
+
+    /// With `[jmap] session_urls = "absolute"`, for a request of the JMAP session resource: the
+    /// origin (`scheme://host`) the client used, on which its URLs are made absolute.
+    fn jmap_origin(
+        &self,
+        parts: &Parts,
+        screened: &Screened,
+        ctx: &RequestCtx<'_>,
+    ) -> Option<String> {
+        let jmap = self.jmap.as_ref()?;
+        if !jmap.is_session_request(&parts.method, parts.uri.path()) {
+            return None;
+        }
+        let host = screened.host.to_str().ok().filter(|h| !h.is_empty())?;
+        Some(format!("{}://{host}", ctx.peer().proto))
     }
 
     /// A request that did not authenticate: a browser navigation is sent to the login page (when

@@ -65,6 +65,8 @@ pub struct Proxy {
     trusted_proxies: Vec<ipnet::IpNet>,
     /// `[websocket]`; `None` when `websocket.max_connections = 0` (upgrades not passed).
     websockets: Option<WebSockets>,
+    /// `[jmap]`: the session resource's URLs made absolute.
+    jmap: Option<crate::jmap::JmapConfig>,
     /// How a WebSocket's client side is made from hyper's upgraded connection (the downstream's
     /// own socket, see [`Proxy::with_client_side`]).
     client_side: crate::upstream::ClientSideFn,
@@ -130,6 +132,7 @@ impl Proxy {
             reload_counts: Default::default(),
             trusted_proxies: cfg.server.trusted_proxies.clone(),
             client_side: crate::upstream::upgraded_as_is,
+            jmap: cfg.jmap.clone(),
             websockets: (cfg.websocket.max_connections > 0).then(|| WebSockets {
                 slots: Arc::new(tokio::sync::Semaphore::new(cfg.websocket.max_connections)),
                 max: cfg.websocket.max_connections,

@@ -1,0 +1,159 @@
+//! The JMAP mode (`[jmap]`, RFC 8620): the session resource an upstream such as Cyrus answers
+//! names `apiUrl`, `downloadUrl`, `uploadUrl` and `eventSourceUrl` as paths (`/jmap/`), which
+//! some JMAP client libraries refuse (jmap-jam: "Failed to parse URL", jmapc: "Invalid URL");
+//! with `session_urls = "absolute"` tessera makes them absolute on the scheme and authority the
+//! client used. Templates (`{accountId}`) are kept verbatim; everything else passes untouched.
+//! Must never: rewrite a body it did not read whole, or anything but those four members.
+
+use bytes::Bytes;
+use http::header;
+use http_body_util::BodyExt;
+
+use crate::upstream::ProxyBody;
+
+/// Largest session resource rewritten, bytes; a larger one passes as the upstream sent it
+/// (Cyrus's is about 2.3 KiB).
+pub const MAX_SESSION_BYTES: usize = 256 * 1024;
+
+/// The session members that hold URLs (RFC 8620 section 2).
+const URL_MEMBERS: [&str; 4] = ["apiUrl", "downloadUrl", "uploadUrl", "eventSourceUrl"];
+
+/// `[jmap]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JmapConfig {
+    /// `session_urls = "absolute"`: the session resource's URLs made absolute. (`"as_sent"`, the
+    /// default, leaves `[jmap]` with nothing to do, and no `JmapConfig` is made.)
+    pub absolute_urls: bool,
+    /// Path of the session resource besides `/.well-known/jmap`. Default `/jmap/` (Cyrus's).
+    pub session_path: String,
+}
+
+impl JmapConfig {
+    /// Whether a request for `path` (with `method`) asks for the session resource.
+    pub fn is_session_request(&self, method: &http::Method, path: &str) -> bool {
+        self.absolute_urls
+            && method == http::Method::GET
+            && (path == "/.well-known/jmap" || path == self.session_path)
+    }
+}
+
+/// `session` (a JMAP session object, JSON) with each relative URL member made absolute on
+/// `origin` (`scheme://authority`, no trailing `/`); `None` when it is no JSON object or has no
+/// relative URL member (then it passes as it is).
+pub fn absolute_session(session: &[u8], origin: &str) -> Option<Vec<u8>> {
+    let mut value: serde_json::Value = serde_json::from_slice(session).ok()?;
+    let object = value.as_object_mut()?;
+    let mut changed = false;
+    for member in URL_MEMBERS {
+        if let Some(serde_json::Value::String(url)) = object.get_mut(member) {
+            if url.starts_with('/') && !url.starts_with("//") {
+                *url = format!("{origin}{url}");
+                changed = true;
+            }
+        }
+    }
+    changed.then(|| serde_json::to_vec(&value).ok()).flatten()
+}
+
+/// The upstream's answer to a session request ([`JmapConfig::is_session_request`]) with its URLs
+/// made absolute on `origin`: a 200 of JSON, not content-encoded, read whole within
+/// [`MAX_SESSION_BYTES`]. Any other answer passes as it is; one whose body turns out larger, or
+/// fails while read, becomes a 502 (its start was read, so it cannot pass whole).
+pub async fn rewrite_session(
+    mut resp: http::Response<ProxyBody>,
+    origin: &str,
+) -> http::Response<ProxyBody> {
+    crate::upstream::materialize(&mut resp);
+    let h = resp.headers();
+    let json = h
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.to_ascii_lowercase().starts_with("application/json"));
+    if resp.status() != http::StatusCode::OK || !json || h.contains_key(header::CONTENT_ENCODING) {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let read = http_body_util::Limited::new(body, MAX_SESSION_BYTES)
+        .collect()
+        .await;
+    let Ok(collected) = read else {
+        tracing::warn!(
+            max_bytes = MAX_SESSION_BYTES,
+            "JMAP session resource unreadable or too large; 502"
+        );
+        return crate::error::ProxyError::Upstream(crate::upstream::ForwardError::Broken(
+            "JMAP session resource unreadable or too large".into(),
+        ))
+        .into_response();
+    };
+    let bytes = collected.to_bytes();
+    let body = match absolute_session(&bytes, origin) {
+        Some(rewritten) => {
+            parts.headers.remove(header::CONTENT_LENGTH);
+            parts.headers.remove(header::ETAG);
+            Bytes::from(rewritten)
+        }
+        None => bytes,
+    };
+    http::Response::from_parts(parts, ProxyBody::full(body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_urls_become_absolute_and_templates_stay() {
+        let cyrus = br#"{"apiUrl":"/jmap/","downloadUrl":"/jmap/download/{accountId}/{blobId}/{name}?accept={type}","uploadUrl":"/jmap/upload/{accountId}/","eventSourceUrl":"/jmap/eventsource/?types={types}&closeafter={closeafter}&ping={ping}","username":"alice","state":"0"}"#;
+        let out = absolute_session(cyrus, "https://mail.example:8443").unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["apiUrl"], "https://mail.example:8443/jmap/");
+        assert_eq!(
+            v["downloadUrl"],
+            "https://mail.example:8443/jmap/download/{accountId}/{blobId}/{name}?accept={type}"
+        );
+        assert_eq!(
+            v["uploadUrl"],
+            "https://mail.example:8443/jmap/upload/{accountId}/"
+        );
+        assert_eq!(
+            v["eventSourceUrl"],
+            "https://mail.example:8443/jmap/eventsource/?types={types}&closeafter={closeafter}&ping={ping}"
+        );
+        assert_eq!(
+            (v["username"].as_str(), v["state"].as_str()),
+            (Some("alice"), Some("0"))
+        );
+    }
+
+    #[test]
+    fn absolute_urls_other_members_and_non_json_pass_as_they_are() {
+        let absolute = br#"{"apiUrl":"https://up.example/jmap/","accounts":{"a":{"name":"/x"}}}"#;
+        assert_eq!(absolute_session(absolute, "http://t"), None);
+        assert_eq!(
+            absolute_session(br#"{"apiUrl":"//evil.example/"}"#, "http://t"),
+            None
+        );
+        assert_eq!(absolute_session(b"not json", "http://t"), None);
+        assert_eq!(absolute_session(b"[\"/jmap/\"]", "http://t"), None);
+        let mixed = br#"{"apiUrl":"/jmap/","name":"/keep"}"#;
+        let v: serde_json::Value =
+            serde_json::from_slice(&absolute_session(mixed, "http://t").unwrap()).unwrap();
+        assert_eq!(
+            (v["apiUrl"].as_str(), v["name"].as_str()),
+            (Some("http://t/jmap/"), Some("/keep"))
+        );
+    }
+
+    #[test]
+    fn only_gets_of_the_session_paths_are_session_requests() {
+        let c = JmapConfig {
+            absolute_urls: true,
+            session_path: "/jmap/".into(),
+        };
+        assert!(c.is_session_request(&http::Method::GET, "/jmap/"));
+        assert!(c.is_session_request(&http::Method::GET, "/.well-known/jmap"));
+        assert!(!c.is_session_request(&http::Method::POST, "/jmap/"));
+        assert!(!c.is_session_request(&http::Method::GET, "/jmap/download/x"));
+    }
+}
