@@ -35,6 +35,8 @@ command -v h2spec >/dev/null || GOBIN=/usr/local/bin go install github.com/summe
 # playwright-core (pinned in tests/browser/package-lock.json) drives Debian's Chromium; it never
 # downloads a browser of its own.
 [ -d tests/browser/node_modules/playwright-core ] || (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error)
+# jmap-jam (pinned in tests/jmap/package-lock.json), a real JMAP client for tests/cyrus.rs.
+[ -d tests/jmap/node_modules/jmap-jam ] || (cd tests/jmap && npm ci --no-audit --no-fund --loglevel=error)
 command -v cargo >/dev/null || { echo "test.sh: cargo not found; install Rust (rustup) first" >&2; exit 1; }
 cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
 cargo clippy --version >/dev/null 2>&1 || rustup component add clippy

@@ -29,11 +29,14 @@ pub struct JmapConfig {
 }
 
 impl JmapConfig {
-    /// Whether a request for `path` (with `method`) asks for the session resource.
+    /// Whether a request for `path` (with `method`) asks for the session resource; a trailing
+    /// `/` is not told apart (Cyrus redirects `/.well-known/jmap` to `/jmap`, and serves the
+    /// session at `/jmap/` too).
     pub fn is_session_request(&self, method: &http::Method, path: &str) -> bool {
+        let path = path.trim_end_matches('/');
         self.absolute_urls
             && method == http::Method::GET
-            && (path == "/.well-known/jmap" || path == self.session_path)
+            && (path == "/.well-known/jmap" || path == self.session_path.trim_end_matches('/'))
     }
 }
 
@@ -153,6 +156,7 @@ mod tests {
         };
         assert!(c.is_session_request(&http::Method::GET, "/jmap/"));
         assert!(c.is_session_request(&http::Method::GET, "/.well-known/jmap"));
+        assert!(c.is_session_request(&http::Method::GET, "/jmap"));
         assert!(!c.is_session_request(&http::Method::POST, "/jmap/"));
         assert!(!c.is_session_request(&http::Method::GET, "/jmap/download/x"));
     }

@@ -212,3 +212,65 @@ fn jmap_through_tessera_with_real_cyrus() {
         "no bearer header reached Cyrus"
     );
 }
+
+/// jmap-jam 0.13.1 (`tests/jmap/jam.mjs`, under Node.js), a JMAP client library that refuses
+/// relative session URLs, works against the real Cyrus through tessera's JMAP mode with no
+/// client-side URL fix-up: the session from `/.well-known/jmap` (Cyrus's redirect followed),
+/// Mailbox/get, Email/query + Email/get of the seeded message, Email/set of a draft, and a
+/// 30 MiB blob uploaded and downloaded whole.
+#[test]
+fn jmap_jam_works_through_the_jmap_mode() {
+    require("node");
+    let cyrus = Cyrus::start();
+    let upstream = format!("http://127.0.0.1:{}", cyrus.http_port);
+    let t = Tessera::start(move |port, dir| {
+        config(
+            port,
+            &upstream,
+            &format!("embedded:{}/s", dir.display()),
+            &[
+                ("upstream", "max_connections = 4"),
+                ("login", "verify_path = \"/jmap/\""),
+                ("login", "cookie_secure = false"),
+                ("tables", "[jmap]\nsession_urls = \"absolute\"\n"),
+            ],
+        )
+    });
+    let body = serde_json::json!({"username": "alice", "password": "alice-secret-1"}).to_string();
+    let (code, answer) = curl(&[
+        "-H",
+        "Content-Type: application/json",
+        "--data-binary",
+        &body,
+        &t.url("/auth/login"),
+    ]);
+    assert_eq!(code, 200, "{answer}");
+    let login: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/jmap/jam.mjs");
+    let out = Command::new("node")
+        .arg(script)
+        .env("SESSION_URL", t.url("/.well-known/jmap"))
+        .env("TOKEN", login["token"].as_str().unwrap())
+        .env("BLOB_MIB", "30")
+        .output()
+        .expect("node");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "jam.mjs failed: {stdout}\n{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        t.log()
+    );
+    let seen: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(seen["apiUrl"], format!("http://127.0.0.1:{}/jmap/", t.port));
+    assert_eq!(seen["accountId"], "alice");
+    let mailboxes = seen["mailboxes"].to_string().to_lowercase();
+    assert!(mailboxes.contains("inbox"), "{mailboxes}");
+    assert!(
+        seen["subjects"].to_string().contains("tessera e2e alice"),
+        "{seen}"
+    );
+    assert_eq!(seen["draftCreated"], true, "{seen}");
+    assert_eq!(seen["blobBytes"], serde_json::json!([30 << 20, 30 << 20]));
+    assert_eq!(seen["blobSame"], true);
+}
