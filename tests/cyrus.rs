@@ -53,6 +53,25 @@ impl Drop for Cyrus {
     }
 }
 
+/// tessera in front of Cyrus's JMAP at `port` (directly, or through a relay): 4 upstream
+/// connections, `[login]` checked at `/jmap/`, the JMAP mode on.
+fn in_front_of(port: u16) -> Tessera {
+    let upstream = format!("http://127.0.0.1:{port}");
+    Tessera::start(move |port, dir| {
+        config(
+            port,
+            &upstream,
+            &format!("embedded:{}/s", dir.display()),
+            &[
+                ("upstream", "max_connections = 4"),
+                ("login", "verify_path = \"/jmap/\""),
+                ("login", "cookie_secure = false"),
+                ("tables", "[jmap]\nsession_urls = \"absolute\"\n"),
+            ],
+        )
+    })
+}
+
 const USING: &str = r#"["urn:ietf:params:jmap:core","urn:ietf:params:jmap:mail"]"#;
 
 fn query_subjects(t: &Tessera, token: &str, account: &str) -> (u16, serde_json::Value) {
@@ -74,44 +93,39 @@ fn query_subjects(t: &Tessera, token: &str, account: &str) -> (u16, serde_json::
     )
 }
 
+/// `POST /auth/login` with JSON credentials: (status, body).
+fn login_at(t: &Tessera, user: &str, password: &str) -> (u16, String) {
+    let body = serde_json::json!({"username": user, "password": password}).to_string();
+    curl(&[
+        "-H",
+        "Content-Type: application/json",
+        "--data-binary",
+        &body,
+        &t.url("/auth/login"),
+    ])
+}
+
+/// The token of a login that must have succeeded.
+fn token_of((code, body): (u16, String)) -> String {
+    assert_eq!(code, 200, "login: {body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["token"].as_str().unwrap().to_string()
+}
+
+/// Users log in with their Cyrus passwords (a wrong one: 401, no session) and read their own
+/// mail through tessera, never another's; the session resource's URLs are absolute (the JMAP
+/// mode); Cyrus's hop-by-hop and `Alt-Svc` fields stay behind; Cyrus sees Basic credentials only,
+/// never a token.
 #[test]
 fn jmap_through_tessera_with_real_cyrus() {
     let cyrus = Cyrus::start();
     let (relay_port, seen_by_cyrus) = recording_relay(cyrus.http_port);
-    let upstream = format!("http://127.0.0.1:{relay_port}");
-    let t = Tessera::start(move |port, dir| {
-        config(
-            port,
-            &upstream,
-            &format!("embedded:{}/s", dir.display()),
-            &[
-                ("upstream", "max_connections = 4"),
-                ("login", "verify_path = \"/jmap/\""),
-                ("login", "cookie_secure = false"),
-                ("tables", "[jmap]\nsession_urls = \"absolute\"\n"),
-            ],
-        )
-    });
-    let login = |user: &str, password: &str| {
-        let body = serde_json::json!({"username": user, "password": password}).to_string();
-        curl(&[
-            "-H",
-            "Content-Type: application/json",
-            "--data-binary",
-            &body,
-            &t.url("/auth/login"),
-        ])
-    };
+    let t = in_front_of(relay_port);
     // Cyrus refuses a wrong password: 401 and no session.
-    let (code, body) = login("alice", "wrong-password");
+    let (code, body) = login_at(&t, "alice", "wrong-password");
     assert_eq!(code, 401, "{body}");
-    let token_of = |(code, body): (u16, String)| -> String {
-        assert_eq!(code, 200, "login: {body}");
-        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-        v["token"].as_str().unwrap().to_string()
-    };
-    let alice = token_of(login("alice", "alice-secret-1"));
-    let bob = token_of(login("bob", "bob-secret-2"));
+    let alice = token_of(login_at(&t, "alice", "alice-secret-1"));
+    let bob = token_of(login_at(&t, "bob", "bob-secret-2"));
 
     // The JMAP session resource.
     let (code, body) = curl(&["-H", &bearer(&alice), &t.url("/jmap/")]);
@@ -170,8 +184,31 @@ fn jmap_through_tessera_with_real_cyrus() {
         "{head}"
     );
 
-    // A stored password Cyrus no longer accepts (changed elsewhere): Cyrus's 401 becomes a
-    // Bearer challenge saying why, and the session is deleted.
+    // Cyrus saw Basic credentials for both users and never a token.
+    let raw = String::from_utf8_lossy(&seen_by_cyrus.lock().unwrap()).to_string();
+    assert!(
+        raw.contains(&basic("alice", "alice-secret-1"))
+            && raw.contains(&basic("bob", "bob-secret-2"))
+    );
+    for token in [&alice, &bob] {
+        assert!(!raw.contains(token.as_str()), "a token reached Cyrus");
+        let signature = token.rsplit('.').next().unwrap();
+        assert!(!raw.contains(signature));
+    }
+    assert!(
+        !raw.to_lowercase().contains("bearer"),
+        "no bearer header reached Cyrus"
+    );
+}
+
+/// A stored password Cyrus no longer accepts (changed elsewhere): Cyrus's 401 becomes a Bearer
+/// challenge saying why, and the session is deleted; a logout ends only its own session.
+#[test]
+fn cyrus_refusing_stored_credentials_deletes_the_session_and_logout_ends_only_its_own() {
+    let cyrus = Cyrus::start();
+    let t = in_front_of(cyrus.http_port);
+    let alice = token_of(login_at(&t, "alice", "alice-secret-1"));
+    let bob = token_of(login_at(&t, "bob", "bob-secret-2"));
     let (wrong_sid, wrong) = t.create_session("alice", "not-the-password");
     let (code, head) = curl(&["-i", "-H", &bearer(&wrong), &t.url("/jmap/")]);
     assert_eq!(code, 401);
@@ -195,22 +232,6 @@ fn jmap_through_tessera_with_real_cyrus() {
         200,
         "other sessions unaffected"
     );
-
-    // Cyrus saw Basic credentials for both users and never a token.
-    let raw = String::from_utf8_lossy(&seen_by_cyrus.lock().unwrap()).to_string();
-    assert!(
-        raw.contains(&basic("alice", "alice-secret-1"))
-            && raw.contains(&basic("bob", "bob-secret-2"))
-    );
-    for token in [&alice, &bob] {
-        assert!(!raw.contains(token.as_str()), "a token reached Cyrus");
-        let signature = token.rsplit('.').next().unwrap();
-        assert!(!raw.contains(signature));
-    }
-    assert!(
-        !raw.to_lowercase().contains("bearer"),
-        "no bearer header reached Cyrus"
-    );
 }
 
 /// jmap-jam 0.13.1 (`tests/jmap/jam.mjs`, under Node.js), a JMAP client library that refuses
@@ -222,35 +243,13 @@ fn jmap_through_tessera_with_real_cyrus() {
 fn jmap_jam_works_through_the_jmap_mode() {
     require("node");
     let cyrus = Cyrus::start();
-    let upstream = format!("http://127.0.0.1:{}", cyrus.http_port);
-    let t = Tessera::start(move |port, dir| {
-        config(
-            port,
-            &upstream,
-            &format!("embedded:{}/s", dir.display()),
-            &[
-                ("upstream", "max_connections = 4"),
-                ("login", "verify_path = \"/jmap/\""),
-                ("login", "cookie_secure = false"),
-                ("tables", "[jmap]\nsession_urls = \"absolute\"\n"),
-            ],
-        )
-    });
-    let body = serde_json::json!({"username": "alice", "password": "alice-secret-1"}).to_string();
-    let (code, answer) = curl(&[
-        "-H",
-        "Content-Type: application/json",
-        "--data-binary",
-        &body,
-        &t.url("/auth/login"),
-    ]);
-    assert_eq!(code, 200, "{answer}");
-    let login: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    let t = in_front_of(cyrus.http_port);
+    let token = token_of(login_at(&t, "alice", "alice-secret-1"));
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/jmap/jam.mjs");
     let out = Command::new("node")
         .arg(script)
         .env("SESSION_URL", t.url("/.well-known/jmap"))
-        .env("TOKEN", login["token"].as_str().unwrap())
+        .env("TOKEN", &token)
         .env("BLOB_MIB", "30")
         .output()
         .expect("node");

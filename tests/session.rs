@@ -1998,6 +1998,13 @@ fn streams_open(metrics_port: u16, want: u64) {
     assert!(registered, "the {want} open responses are not counted");
 }
 
+/// No open response is followed any more, and `ended` were ended by their session's end.
+fn all_streams_ended(metrics_port: u16, ended: u64) {
+    assert_eq!(scrape_on(metrics_port, "tessera_session_streams_open"), 0);
+    let total = scrape_on(metrics_port, "tessera_session_streams_ended_total");
+    assert_eq!(total, ended);
+}
+
 /// `tessera session revoke`, another process, ends the session's open responses (the server
 /// hears it from the embedded store's change log): an event stream at once, a 64 MiB download
 /// after what was on its way.
@@ -2057,11 +2064,7 @@ fn a_session_revoked_by_the_cli_ends_its_open_responses() {
         "the download ran to its end after revocation"
     );
 
-    assert_eq!(scrape_on(metrics_port, "tessera_session_streams_open"), 0);
-    assert_eq!(
-        scrape_on(metrics_port, "tessera_session_streams_ended_total"),
-        2
-    );
+    all_streams_ended(metrics_port, 2);
 }
 
 /// A session's event stream runs until the session expires (fresh events keep arriving until
@@ -2131,11 +2134,7 @@ fn an_expiring_session_ends_its_open_stream_at_its_expiry() {
         log.contains("open response of an expired session ended"),
         "{log}"
     );
-    assert_eq!(scrape_on(metrics_port, "tessera_session_streams_open"), 0);
-    assert_eq!(
-        scrape_on(metrics_port, "tessera_session_streams_ended_total"),
-        1
-    );
+    all_streams_ended(metrics_port, 1);
 }
 
 /// A logout during a paced download resets the connection, so what sat in tessera's send buffer
