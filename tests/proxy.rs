@@ -1841,3 +1841,72 @@ fn an_upload_cut_short_by_the_client_is_logged_as_the_clients_failure() {
         before + 1
     );
 }
+
+/// nginx under `/base/` answering redirects: to its own address, in `Refresh`, to the client's
+/// host over http, and elsewhere.
+const REDIRECTS: &str = r#"
+    location = /base/old { return 301 http://$server_addr:$server_port/base/new; }
+    location = /base/refresh {
+        add_header Refresh "0; url=http://$server_addr:$server_port/base/r";
+        return 200 "r\n";
+    }
+    location = /base/hosted { return 301 http://$http_host/jmap; }
+    location = /base/away { return 302 https://elsewhere.example/x; }
+"#;
+
+/// The `(name, value)` of `name` in a `curl -i` head, lowercase name.
+fn field<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|l| {
+        let (n, v) = l.split_once(':')?;
+        n.eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+/// Redirects that point at the upstream's own address (and base path), or at the client's host
+/// over the upstream hop's http where the client came over https (through a trusted proxy), are
+/// repointed at the client's side (nginx's `proxy_redirect default`); others pass as they are.
+#[test]
+fn redirects_naming_the_upstream_point_at_the_client_side() {
+    let nginx = Nginx::start_with(REDIRECTS);
+    let base = format!("{}/base/", nginx.url());
+    let extra: Extra = &[("server", "trusted_proxies = [\"127.0.0.1/32\"]")];
+    let (t, token) = behind(&base, extra);
+    let auth = bearer(&token);
+    let get = |path: &str, more: &[&str]| {
+        let url = t.url(path);
+        let mut args = vec!["-i", "-H", auth.as_str()];
+        args.extend_from_slice(more);
+        args.push(&url);
+        curl(&args).1
+    };
+    let client = format!("http://127.0.0.1:{}", t.port);
+    let head = get("/old", &[]);
+    assert_eq!(
+        field(&head, "location"),
+        Some(format!("{client}/new").as_str()),
+        "{head}"
+    );
+    let head = get("/refresh", &[]);
+    let refresh = format!("0; url={client}/r");
+    assert_eq!(field(&head, "refresh"), Some(refresh.as_str()), "{head}");
+    let head = get("/away", &[]);
+    assert_eq!(
+        field(&head, "location"),
+        Some("https://elsewhere.example/x")
+    );
+    // Cyrus's way: an absolute URL built from `Host`, over http.
+    let host = ["-H", "Host: mail.example"];
+    let head = get("/hosted", &host);
+    assert_eq!(
+        field(&head, "location"),
+        Some("http://mail.example/jmap"),
+        "{head}"
+    );
+    let https = ["-H", "Host: mail.example", "-H", "X-Forwarded-Proto: https"];
+    let head = get("/hosted", &https);
+    assert_eq!(
+        field(&head, "location"),
+        Some("https://mail.example/jmap"),
+        "{head}"
+    );
+}

@@ -106,7 +106,8 @@ impl Proxy {
             connection: ctx.share.as_ref(),
         };
         let resp = self.upstream.forward_on(req, shares).await?;
-        let resp = self.answer(resp, upgrading, &session, ctx).await;
+        let mut resp = self.answer(resp, upgrading, &session, ctx).await;
+        self.point_redirects(&mut resp, &screened, ctx);
         Ok(match jmap_origin {
             // Boxed: rare, and its body read would grow every request's future.
             Some(origin) => Box::pin(crate::jmap::rewrite_session(resp, &origin)).await,

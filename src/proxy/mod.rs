@@ -26,6 +26,7 @@ mod ctx;
 mod flow;
 mod observed;
 mod phases;
+mod redirect;
 mod settings;
 mod websocket;
 
