@@ -13,8 +13,16 @@ use crate::upstream::ProxyBody;
 
 use super::{Proxy, RequestCtx};
 
-/// The fields whose URLs are repointed.
-const REDIRECT_FIELDS: [&[u8]; 3] = [b"location", b"content-location", b"refresh"];
+/// Whether a field name is one whose URL is repointed: `Location`, `Content-Location` or
+/// `Refresh`. Told apart by length first: every response's fields are scanned.
+fn is_redirect_field(name: &[u8]) -> bool {
+    match name.len() {
+        7 => name.eq_ignore_ascii_case(b"refresh"),
+        8 => name.eq_ignore_ascii_case(b"location"),
+        16 => name.eq_ignore_ascii_case(b"content-location"),
+        _ => false,
+    }
+}
 
 /// `url` with a leading `from` (ASCII case aside, as schemes and hosts compare) replaced by `to`;
 /// `from` ends in `/`, and `url` equal to `from` without it counts too. `None` otherwise.
@@ -52,11 +60,8 @@ impl Proxy {
         screened: &Screened,
         ctx: &RequestCtx<'_>,
     ) {
-        let has = |fields: &crate::upstream::RawHead| {
-            fields
-                .iter()
-                .any(|(n, _)| REDIRECT_FIELDS.iter().any(|f| n.eq_ignore_ascii_case(f)))
-        };
+        let has =
+            |fields: &crate::upstream::RawHead| fields.iter().any(|(n, _)| is_redirect_field(n));
         if !resp.body_mut().fields_mut().is_some_and(|f| has(f)) {
             return;
         }
