@@ -13,17 +13,6 @@ use crate::upstream::ProxyBody;
 
 use super::{Proxy, RequestCtx};
 
-/// Whether a field name is one whose URL is repointed: `Location`, `Content-Location` or
-/// `Refresh`. Told apart by length first: every response's fields are scanned.
-fn is_redirect_field(name: &[u8]) -> bool {
-    match name.len() {
-        7 => name.eq_ignore_ascii_case(b"refresh"),
-        8 => name.eq_ignore_ascii_case(b"location"),
-        16 => name.eq_ignore_ascii_case(b"content-location"),
-        _ => false,
-    }
-}
-
 /// `url` with a leading `from` (ASCII case aside, as schemes and hosts compare) replaced by `to`;
 /// `from` ends in `/`, and `url` equal to `from` without it counts too. `None` otherwise.
 fn repoint(url: &str, from: &str, to: &str) -> Option<String> {
@@ -60,9 +49,12 @@ impl Proxy {
         screened: &Screened,
         ctx: &RequestCtx<'_>,
     ) {
-        let has =
-            |fields: &crate::upstream::RawHead| fields.iter().any(|(n, _)| is_redirect_field(n));
-        if !resp.body_mut().fields_mut().is_some_and(|f| has(f)) {
+        // Recorded as the head was read: no scan here.
+        if !resp
+            .body_mut()
+            .fields_mut()
+            .is_some_and(|f| f.may_redirect())
+        {
             return;
         }
         let Ok(host) = screened.host.to_str() else {

@@ -24,6 +24,20 @@ pub struct RawHead {
 /// [`RawHead::new`] so that asking for an absent one costs no scan.
 const TRACKED: [&[u8]; 3] = [b"connection", b"transfer-encoding", b"content-length"];
 
+/// The bit of `seen` set when a field names a URL the proxy may repoint ([`is_redirect_field`]).
+const REDIRECT_SEEN: u8 = 1 << TRACKED.len();
+
+/// Whether a field name is `Location`, `Content-Location` or `Refresh`: the fields whose URL
+/// may name the upstream (told apart by length first: every field of every response is asked).
+pub fn is_redirect_field(name: &[u8]) -> bool {
+    match name.len() {
+        7 => name.eq_ignore_ascii_case(b"refresh"),
+        8 => name.eq_ignore_ascii_case(b"location"),
+        16 => name.eq_ignore_ascii_case(b"content-location"),
+        _ => false,
+    }
+}
+
 impl RawHead {
     /// Fields at `spans` of `bytes` (offsets must lie within `bytes`; a head is at most
     /// 64 KiB).
@@ -38,6 +52,9 @@ impl RawHead {
                 if name.eq_ignore_ascii_case(t) {
                     seen |= 1 << i;
                 }
+            }
+            if is_redirect_field(name) {
+                seen |= REDIRECT_SEEN;
             }
         }
         Self {
@@ -64,6 +81,12 @@ impl RawHead {
             .map(|s| self.field(s))
             .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| v)
+    }
+
+    /// Whether a `Location`, `Content-Location` or `Refresh` field may be present (recorded when
+    /// the head was read; it may outlive a removal).
+    pub fn may_redirect(&self) -> bool {
+        self.seen & REDIRECT_SEEN != 0
     }
 
     /// Whether a field named `name` (lowercase) is present.
@@ -159,6 +182,17 @@ pub(crate) fn from_pairs(pairs: &[(&str, &str)]) -> RawHead {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_head_knows_whether_it_may_name_a_redirect() {
+        assert!(!from_pairs(&[("content-type", "text/plain"), ("locations", "x")]).may_redirect());
+        for name in ["Location", "content-location", "REFRESH"] {
+            assert!(
+                from_pairs(&[("date", "x"), (name, "/y")]).may_redirect(),
+                "{name}"
+            );
+        }
+    }
 
     #[test]
     fn lookups_are_case_insensitive_and_ordered_and_the_map_matches() {
