@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # JMAP through tessera against Cyrus directly (issue 36): `Mailbox/get` POSTs to Cyrus's JMAP API,
-# with `Authorization: Bearer` through tessera and with `Authorization: Basic` straight to Cyrus,
-# round-robin in one run. About 2 min.
+# with `Authorization: Bearer` through tessera, and with `Authorization: Basic` straight to Cyrus
+# and through nginx as a plain proxy (the floor for one proxy hop), round-robin in one run. About
+# 3 min.
 #   bench/jmap.sh                          # builds target/release/tessera
 #   BIN=/tmp/tessera CONC="1 8" REPS=5 DURATION=5s bench/jmap.sh
 # Processes (127.0.0.1, free ports, stopped on exit): a private Cyrus 3.6 (scripts/cyrus.sh,
-# maxchild 8) and one `tessera serve` (embedded store, [login] checked at /jmap/,
-# upstream.max_connections 8 = maxchild). Per repetition and c: `wrk -t1 -c c -d DURATION` on
-# each target. Reported: medians of req/s and p50 per target and c, tessera's req/s over
+# maxchild 32), one `tessera serve` (embedded store, [login] checked at /jmap/,
+# upstream.max_connections 8) and nginx-proxy (one worker, keepalive 8). Per repetition and c: `wrk -t1 -c c -d DURATION` on
+# each target. Reported: medians of req/s and p50 per target and c, the proxies' req/s over
 # direct, the upstream connections tessera opened, and the Cyrus httpd children alive at the
 # end. Writes results/jmap-<date>.md. Needs wrk, curl, cargo; runs as root (Cyrus).
 set -euo pipefail
@@ -27,10 +28,15 @@ if [[ -z ${BIN:-} ]]; then
   (cd "$ROOT" && cargo build --release --quiet)
   BIN="$ROOT/target/release/tessera"
 fi
-read -r PORT METRICS <<<"$(free_ports 2)"
-HTTP_PORT="$("$ROOT/scripts/cyrus.sh" start "$WORK/cyrus" | sed -n 's/^HTTP_PORT=//p')"
+read -r PORT METRICS NGINX <<<"$(free_ports 3)"
+# maxchild 32: the direct clients (8), nginx's idle connections (8) and tessera's (8) together, so
+# no target waits on a connection Cyrus accepted and does not serve.
+HTTP_PORT="$(CYRUS_MAXCHILD=32 "$ROOT/scripts/cyrus.sh" start "$WORK/cyrus" | sed -n 's/^HTTP_PORT=//p')"
 [[ -n $HTTP_PORT ]] || die "Cyrus did not start"
 
+nginx_start nginx-proxy "$NGINX" "  upstream cyrus { server 127.0.0.1:$HTTP_PORT; keepalive 8; }
+  server { listen 127.0.0.1:$NGINX; location / { proxy_pass http://cyrus;
+    proxy_http_version 1.1; proxy_set_header Connection \"\"; } }"
 mkdir -p "$WORK/keys"
 tessera_keys "$BIN"
 cat >"$WORK/tessera.toml" <<TOML
@@ -66,9 +72,11 @@ wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 wrk.body = '{"using":["urn:ietf:params:jmap:core","urn:ietf:params:jmap:mail"],"methodCalls":[["Mailbox/get",{"accountId":"alice"},"m"]]}'
 LUA
-declare -A URL=([direct]="http://127.0.0.1:$HTTP_PORT/jmap/" [tessera]="http://127.0.0.1:$PORT/jmap/")
-declare -A AUTH=([direct]="Basic $BASIC" [tessera]="Bearer $TOKEN")
-for t in direct tessera; do
+TARGETS=(direct nginx-proxy tessera)
+declare -A URL=([direct]="http://127.0.0.1:$HTTP_PORT/jmap/" [nginx-proxy]="http://127.0.0.1:$NGINX/jmap/"
+  [tessera]="http://127.0.0.1:$PORT/jmap/")
+declare -A AUTH=([direct]="Basic $BASIC" [nginx-proxy]="Basic $BASIC" [tessera]="Bearer $TOKEN")
+for t in "${TARGETS[@]}"; do
   code="$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: ${AUTH[$t]}" -H 'Content-Type: application/json' \
     -d @<(sed -n "s/^wrk.body = '\(.*\)'$/\1/p" "$WORK/post.lua") "${URL[$t]}")"
   [[ $code == 200 ]] || die "$t answered $code to Mailbox/get"
@@ -77,7 +85,7 @@ done
 : >"$WORK/runs.tsv"
 for ((rep = 1; rep <= REPS; rep++)); do
   for c in $CONC; do
-    for t in direct tessera; do
+    for t in "${TARGETS[@]}"; do
       out="$(wrk -t1 -c "$c" -d "$DURATION" --latency -s "$WORK/post.lua" -H "Authorization: ${AUTH[$t]}" "${URL[$t]}")"
       grep -q 'Non-2xx' <<<"$out" && die "$t c=$c: non-2xx answers: $out"
       rps="$(awk '/^Requests\/sec/ {print $2}' <<<"$out")"
@@ -107,11 +115,16 @@ def us(text):
 opened, children, commit, duration, reps = sys.argv[2:7]
 print(f"# JMAP Mailbox/get through tessera vs Cyrus directly\n\ncommit {commit}; wrk -t1, {duration} per run, "
       f"{reps} repetitions round-robin, medians. `bench/jmap.sh`\n")
-print("| clients | direct req/s | tessera req/s | tessera / direct | p50 direct | p50 tessera |\n|---:|---:|---:|---:|---|---|")
+targets = ("direct", "nginx-proxy", "tessera")
+print("| clients | " + " | ".join(f"{t} req/s" for t in targets) + " | nginx-proxy / direct | tessera / direct | "
+      + " | ".join(f"p50 {t}" for t in targets) + " |")
+print("|---:|" + "---:|" * 5 + "---|" * 3)
 for c in sorted({r[1] for r in rows}, key=int):
-    med = {t: statistics.median(float(r[2]) for r in rows if r[0] == t and r[1] == c) for t in ("direct", "tessera")}
-    p50 = {t: statistics.median(us(r[3]) for r in rows if r[0] == t and r[1] == c) for t in ("direct", "tessera")}
-    print(f"| {c} | {med['direct']:,.0f} | {med['tessera']:,.0f} | {med['tessera'] / med['direct']:.2f}x | {p50['direct']:,.0f} µs | {p50['tessera']:,.0f} µs |")
+    med = {t: statistics.median(float(r[2]) for r in rows if r[0] == t and r[1] == c) for t in targets}
+    p50 = {t: statistics.median(us(r[3]) for r in rows if r[0] == t and r[1] == c) for t in targets}
+    print(f"| {c} | " + " | ".join(f"{med[t]:,.0f}" for t in targets)
+          + f" | {med['nginx-proxy'] / med['direct']:.2f}x | {med['tessera'] / med['direct']:.2f}x | "
+          + " | ".join(f"{p50[t]:,.0f} µs" for t in targets) + " |")
 print(f"\nUpstream connections tessera opened in all: {opened}; Cyrus httpd children alive at the end: {children}.")
 print("\nEvery run:\n\n| target | clients | req/s | p50 |\n|---|---:|---:|---|")
 for r in rows:

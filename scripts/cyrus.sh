@@ -8,6 +8,7 @@
 #                                HTTP_PORT=, IMAP_PORT=, PID= on stdout.
 #   scripts/cyrus.sh stop DIR    SIGTERM the instance's master (SIGKILL
 #                                after 10 s); exit 0 if already stopped.
+#   CYRUS_MAXCHILD=N             the http service's maxchild (default 8).
 #
 # Must run as root (master's children drop to user `cyrus`). Installs the
 # Debian packages when missing. Every diagnostic goes to stderr; stdout
@@ -20,7 +21,7 @@ PACKAGES=(cyrus-common cyrus-caldav cyrus-imapd sasl2-bin curl)
 USERS=(alice bob)
 declare -A PASSWORDS=([alice]=alice-secret-1 [bob]=bob-secret-2)
 REALM=localhost
-MAXCHILD=8
+MAXCHILD=${CYRUS_MAXCHILD:-8}
 START_TIMEOUT=30
 STOP_TIMEOUT=10
 # Serialises port picking + binding between concurrent `start`s.
