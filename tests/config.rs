@@ -579,3 +579,19 @@ fn jmap_mode_is_off_unless_absolute_and_its_path_is_checked() {
         assert!(err.contains(key), "{extra}: {err}");
     }
 }
+
+#[test]
+fn upstream_probe_timeout_is_off_by_default_and_bounded() {
+    let with = |lines: &str| upstream_with(lines).map(|u| u.probe_timeout);
+    assert_eq!(with(""), Ok(None));
+    assert_eq!(with("probe_timeout_ms = 0"), Ok(None));
+    assert_eq!(
+        with("probe_timeout_ms = 500"),
+        Ok(Some(Duration::from_millis(500)))
+    );
+    rejected(&[(
+        "probe_timeout_ms = 10001",
+        "upstream.probe_timeout_ms",
+        "over 10000",
+    )]);
+}

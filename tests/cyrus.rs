@@ -16,6 +16,11 @@ struct Cyrus {
 
 impl Cyrus {
     fn start() -> Self {
+        Self::start_with_maxchild(8)
+    }
+
+    /// A Cyrus whose JMAP service forks at most `maxchild` children (one per connection).
+    fn start_with_maxchild(maxchild: u32) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("cy")
             .tempdir_in("/tmp")
@@ -25,6 +30,7 @@ impl Cyrus {
             .arg(script)
             .arg("start")
             .arg(dir.path())
+            .env("CYRUS_MAXCHILD", maxchild.to_string())
             .output()
             .expect("run cyrus.sh");
         assert!(
@@ -272,4 +278,64 @@ fn jmap_jam_works_through_the_jmap_mode() {
     assert_eq!(seen["draftCreated"], true, "{seen}");
     assert_eq!(seen["blobBytes"], serde_json::json!([30 << 20, 30 << 20]));
     assert_eq!(seen["blobSame"], true);
+}
+
+/// A Cyrus serving 4 connections, 2 of them held by idle clients, behind a tessera allowed 8:
+/// with `upstream.probe_timeout_ms`, the connections Cyrus accepts and never serves are found
+/// by the probe, closed, and taken off the cap, so 12 concurrent JMAP requests all get 200
+/// (without the probe, those sent on such connections waited for the response-head timeout),
+/// and the log names the setting to change.
+#[test]
+fn connections_cyrus_accepts_and_does_not_serve_are_left() {
+    let cyrus = Cyrus::start_with_maxchild(4);
+    // Two idle clients hold two of Cyrus's four children.
+    let held: Vec<std::net::TcpStream> = (0..2)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", cyrus.http_port)).unwrap())
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let upstream = format!("http://127.0.0.1:{}", cyrus.http_port);
+    let t = Tessera::start(move |port, dir| {
+        config(
+            port,
+            &upstream,
+            &format!("embedded:{}/s", dir.display()),
+            &[
+                ("upstream", "max_connections = 8"),
+                ("upstream", "probe_timeout_ms = 500"),
+                ("upstream", "response_header_timeout_ms = 30000"),
+                ("login", "verify_path = \"/jmap/\""),
+                ("login", "cookie_secure = false"),
+            ],
+        )
+    });
+    let token = token_of(login_at(&t, "alice", "alice-secret-1"));
+    let body = format!(
+        r#"{{"using":{USING},"methodCalls":[["Mailbox/get",{{"accountId":"alice"}},"m"]]}}"#
+    );
+    let codes: Vec<u16> = std::thread::scope(|s| {
+        let calls: Vec<_> = (0..12)
+            .map(|_| {
+                s.spawn(|| {
+                    let auth = bearer(&token);
+                    let url = t.url("/jmap/");
+                    let args = [
+                        "--max-time",
+                        "20",
+                        "-H",
+                        &auth,
+                        "-H",
+                        "Content-Type: application/json",
+                    ];
+                    let mut args = args.to_vec();
+                    args.extend(["--data-binary", &body, &url]);
+                    curl(&args).0
+                })
+            })
+            .collect();
+        calls.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    assert_eq!(codes, [200; 12], "{}", t.log());
+    let log = t.log_when(|l| l.contains("did not serve it"));
+    assert!(log.contains("upstream.max_connections"), "{log}");
+    drop(held);
 }

@@ -1379,6 +1379,7 @@ fn settings(
         max_connections: cap,
         max_connections_per_user: cap,
         max_idle_connections: cap,
+        probe_timeout: None,
         connect_timeout: Duration::from_secs(2),
         response_header_timeout: header_timeout,
         idle_timeout,

@@ -60,6 +60,7 @@ pub(super) struct RawUpstream {
     pub(super) max_connections: Option<usize>,
     pub(super) max_connections_per_user: Option<usize>,
     pub(super) max_idle_connections: Option<usize>,
+    pub(super) probe_timeout_ms: Option<u64>,
     pub(super) connect_timeout_ms: Option<u64>,
     pub(super) response_header_timeout_ms: Option<u64>,
     pub(super) idle_timeout_ms: Option<u64>,

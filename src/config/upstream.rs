@@ -70,6 +70,16 @@ pub(super) fn validate_upstream(u: RawUpstream) -> Result<UpstreamConfig, Config
         max_connections,
         max_connections_per_user,
         max_idle_connections,
+        probe_timeout: match u.probe_timeout_ms.unwrap_or(0) {
+            0 => None,
+            n @ 1..=10_000 => Some(std::time::Duration::from_millis(n)),
+            n => {
+                return Err(ConfigError::new(
+                    "upstream.probe_timeout_ms",
+                    format!("{n} is over 10000; a served connection answers within milliseconds (0 turns the probe off)"),
+                ))
+            }
+        },
         affinity,
         drain,
         connect_timeout: ms("upstream.connect_timeout_ms", u.connect_timeout_ms, 5_000)?,

@@ -278,7 +278,7 @@ mod tests {
             upstream_share_waits: 4,
             upstream_drained: 0,
             upstream_drain_failed: 0,
-            upstream_closed: [0, 0, 2, 0, 3, 0, 1],
+            upstream_closed: [0, 0, 2, 0, 0, 3, 0, 1],
             upstream_open: (0, 0),
             store_reads: 0,
             session_cache: None,

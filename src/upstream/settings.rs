@@ -29,6 +29,11 @@ pub struct UpstreamConfig {
     /// workers (a Cyrus child each). 0..=max_connections. Default a quarter of
     /// `max_connections`, rounded up (16 of 64).
     pub max_idle_connections: usize,
+    /// `upstream.probe_timeout_ms`: a new connection is first asked `OPTIONS *` and used only if
+    /// answered within this long (see `upstream::pool` probe); one that is not is closed and the
+    /// pool's cap lowered by one for a minute. For upstreams that accept more connections than
+    /// they serve (Cyrus past `maxchild`). `None` (0, the default): no probe.
+    pub probe_timeout: Option<Duration>,
     /// Forward the client's `Host` (true, default) or the upstream URL's authority (false).
     pub preserve_host: bool,
     /// Request fields removed besides hop-by-hop and forwarding ones: identity and routing

@@ -27,7 +27,7 @@
 
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -53,7 +53,9 @@ pub use drain::{Drain, DRAIN_WAIT};
 pub use stats::{Closed, PoolStats};
 
 mod idle;
+mod probe;
 use idle::{spawn_reaper, Idle};
+use probe::Probed;
 
 thread_local! {
     static THREAD: Cell<Option<usize>> = const { Cell::new(None) };
@@ -72,6 +74,10 @@ pub(crate) fn serving_thread() -> Option<usize> {
     THREAD.with(Cell::get)
 }
 
+/// How long a slot removed from the cap for an unserved connection stays removed: then the
+/// pool may open one more connection again, probed like any new one.
+pub const CAP_RESTORE: Duration = Duration::from_secs(60);
+
 /// The pool for one upstream address.
 pub struct Pool {
     addr: String,
@@ -85,6 +91,12 @@ pub struct Pool {
     idle_timeout: Duration,
     /// `upstream.max_idle_connections`: the reaper closes the longest idle past it.
     max_idle: usize,
+    /// `upstream.probe_timeout_ms` ([`probe`]), while the upstream can be probed (cleared when
+    /// it answers the probe unusably).
+    probe: Option<Duration>,
+    probing: AtomicBool,
+    /// An unserved connection was warned of (once per process).
+    warned_unserved: AtomicBool,
     affinity: Affinity,
     drain: Drain,
     /// Affinity only: the credentials in use.
@@ -122,6 +134,9 @@ impl Pool {
             connect_timeout: settings.connect_timeout,
             idle_timeout: settings.idle_timeout,
             max_idle: settings.max_idle_connections,
+            probe: settings.probe_timeout,
+            probing: AtomicBool::new(settings.probe_timeout.is_some()),
+            warned_unserved: AtomicBool::new(false),
             affinity: settings.affinity,
             drain: settings.drain,
             waiting: AtomicUsize::new(0),
@@ -274,17 +289,65 @@ impl Pool {
         self.connect(permit, key).await
     }
 
+    /// A new connection the upstream did not serve within the probe's `limit`: closed with a
+    /// reset (so the upstream's backlog drops it), its slot removed from the cap for
+    /// [`CAP_RESTORE`], counted, and warned of once.
+    fn unserved(
+        self: &Arc<Self>,
+        stream: TcpStream,
+        permit: OwnedSemaphorePermit,
+        limit: Duration,
+    ) {
+        let _ = rustix::net::sockopt::set_socket_linger(&stream, Some(Duration::ZERO));
+        drop(stream);
+        self.stats.count_closed(Closed::Unserved, 1);
+        permit.forget();
+        let pool = Arc::downgrade(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(CAP_RESTORE).await;
+            if let Some(pool) = pool.upgrade() {
+                pool.permits.add_permits(1);
+            }
+        });
+        if !self.warned_unserved.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                probe_ms = limit.as_millis() as u64,
+                max_connections = self.max_connections,
+                "upstream accepted a connection and did not serve it: it serves fewer connections \
+                 than upstream.max_connections; lower that below the upstream's own limit (Cyrus: \
+                 maxchild). Connections past it are closed and the cap lowered meanwhile"
+            );
+        }
+    }
+
     async fn connect(
         self: &Arc<Self>,
         permit: OwnedSemaphorePermit,
         key: Option<AffinityKey>,
     ) -> Result<Conn, ForwardError> {
-        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.addr))
+        let mut stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.addr))
             .await
             .map_err(|_| ForwardError::ConnectTimeout)?
             .map_err(|e| ForwardError::Connect(e.to_string()))?;
         let _ = stream.set_nodelay(true);
         self.stats.opened.fetch_add(1, Ordering::Relaxed);
+        if let Some(limit) = self.probe.filter(|_| self.probing.load(Ordering::Relaxed)) {
+            match probe::probe(&mut stream, &self.addr, limit).await {
+                Probed::Served => {}
+                Probed::Unsupported => {
+                    self.probing.store(false, Ordering::Relaxed);
+                    self.stats.count_closed(Closed::Error, 1);
+                    tracing::warn!(
+                        "upstream answers OPTIONS * unusably; upstream.probe_timeout_ms turned off"
+                    );
+                    return Box::pin(self.connect(permit, key)).await;
+                }
+                Probed::Unserved => {
+                    self.unserved(stream, permit, limit);
+                    return Box::pin(self.checkout(key)).await;
+                }
+            }
+        }
         Ok(Conn {
             h1: Some(H1::new(stream)),
             home: self.this_thread(),

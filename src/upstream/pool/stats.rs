@@ -70,6 +70,9 @@ pub enum Closed {
     Expired,
     /// Idle while more than `upstream.max_idle_connections` were: the longest idle closed.
     Surplus,
+    /// New, and not answering the probe (`upstream.probe_timeout_ms`): accepted by the upstream's
+    /// kernel and not served (Cyrus past `maxchild`); the pool's cap was lowered for a minute.
+    Unserved,
     /// Closed while idle to make room under `upstream.max_connections` for another user's
     /// connection (`upstream.affinity = "session"`), or, still alive, closed with a reused
     /// connection that failed (its idle peer is suspect too) before the retry's fresh one.
@@ -89,23 +92,25 @@ pub enum Closed {
 
 impl Closed {
     /// Every reason, in the order the metric lists them (`upstream` first, `tunnel` last).
-    pub const ALL: [Closed; 7] = [
+    pub const ALL: [Closed; 8] = [
         Closed::Upstream,
         Closed::Expired,
         Closed::Surplus,
+        Closed::Unserved,
         Closed::Evicted,
         Closed::Abandoned,
         Closed::Error,
         Closed::Tunnel,
     ];
 
-    /// The metric label value: `upstream`, `expired`, `surplus`, `evicted`, `abandoned`,
-    /// `error` or `tunnel`.
+    /// The metric label value: `upstream`, `expired`, `surplus`, `unserved`, `evicted`,
+    /// `abandoned`, `error` or `tunnel`.
     pub fn label(self) -> &'static str {
         match self {
             Closed::Upstream => "upstream",
             Closed::Expired => "expired",
             Closed::Surplus => "surplus",
+            Closed::Unserved => "unserved",
             Closed::Evicted => "evicted",
             Closed::Abandoned => "abandoned",
             Closed::Error => "error",

@@ -1,0 +1,124 @@
+//! Whether the upstream serves a connection it accepted. A process-per-connection upstream (Cyrus
+//! `httpd`, up to `maxchild` children) lets the kernel accept connections past its limit into
+//! the listen backlog and never reads them: a request sent on one waited for the whole
+//! response-head timeout. With `upstream.probe_timeout_ms`, a new connection is first asked
+//! `OPTIONS * HTTP/1.1` (RFC 9110 9.3.7: the server itself, no resource, no credential); any
+//! complete answer within the timeout proves a worker serves it. An upstream that answers it by
+//! closing the connection, or with a body of unknown length, cannot be probed so: probing stops.
+//! Must never: send a client's request on a connection the probe found unserved.
+
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Largest probe answer read, bytes (Cyrus's is about 500).
+const MAX_ANSWER: usize = 16 * 1024;
+
+/// What the probe of a new connection found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Probed {
+    /// A complete answer came: the connection is served and still usable.
+    Served,
+    /// No answer within the timeout: accepted, not served.
+    Unserved,
+    /// The upstream answered in a way that leaves the connection unusable (closed it, an
+    /// answer of unknown length, bytes after it) or broke it: it cannot be probed so.
+    Unsupported,
+}
+
+/// Sends `OPTIONS *` for `host` on `stream` and waits at most `timeout` for the whole answer.
+pub(super) async fn probe(stream: &mut TcpStream, host: &str, timeout: Duration) -> Probed {
+    let ask = format!("OPTIONS * HTTP/1.1\r\nHost: {host}\r\n\r\n");
+    if stream.write_all(ask.as_bytes()).await.is_err() {
+        return Probed::Unsupported;
+    }
+    match tokio::time::timeout(timeout, read_answer(stream)).await {
+        Ok(served) => served,
+        Err(_) => Probed::Unserved,
+    }
+}
+
+/// Reads one answer to the probe: its head and a body of declared length, nothing after it.
+async fn read_answer(stream: &mut TcpStream) -> Probed {
+    let mut buf = BytesMut::with_capacity(1024);
+    loop {
+        match stream.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => return Probed::Unsupported,
+            Ok(_) => {}
+        }
+        match complete(&buf) {
+            Some(end) if end == buf.len() => return Probed::Served,
+            Some(_) => return Probed::Unsupported,
+            None if buf.len() > MAX_ANSWER => return Probed::Unsupported,
+            None => {}
+        }
+    }
+}
+
+/// Where the answer at the front of `buf` ends (its head and its `Content-Length` body; an
+/// interim 1xx head is skipped); `None` while incomplete, `Some(usize::MAX)` when it cannot be
+/// used (unparsable, chunked, `Connection: close`).
+fn complete(buf: &[u8]) -> Option<usize> {
+    let mut at = 0;
+    loop {
+        let mut fields = [httparse::EMPTY_HEADER; 64];
+        let mut head = httparse::Response::new(&mut fields);
+        let len = match head.parse(&buf[at..]) {
+            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Partial) => return None,
+            Err(_) => return Some(usize::MAX),
+        };
+        let code = head.code.unwrap_or(0);
+        if (100..200).contains(&code) {
+            at += len;
+            continue;
+        }
+        let mut body = 0usize;
+        for f in head.headers.iter() {
+            if f.name.eq_ignore_ascii_case("content-length") {
+                body = match crate::fields::content_length(f.value) {
+                    Some(n) if n as usize <= MAX_ANSWER => n as usize,
+                    _ => return Some(usize::MAX),
+                };
+            } else if f.name.eq_ignore_ascii_case("transfer-encoding")
+                || (f.name.eq_ignore_ascii_case("connection")
+                    && crate::fields::has_token(f.value, b"close"))
+            {
+                return Some(usize::MAX);
+            }
+        }
+        let end = at + len + body;
+        return (buf.len() >= end).then_some(end);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_ends_after_its_head_and_declared_body() {
+        let cyrus = b"HTTP/1.1 200 OK\r\nAllow: OPTIONS, GET\r\nContent-Length: 0\r\n\r\n";
+        assert_eq!(complete(cyrus), Some(cyrus.len()));
+        let body = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+        assert_eq!(complete(body), Some(body.len()));
+        assert_eq!(complete(&body[..body.len() - 1]), None);
+        let interim = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n";
+        assert_eq!(complete(interim), Some(interim.len()));
+        assert_eq!(complete(b"HTTP/1.1 200 OK\r\nDate: x"), None);
+    }
+
+    #[test]
+    fn answers_that_leave_the_connection_unusable_are_told() {
+        for answer in [
+            &b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 99999999\r\n\r\n",
+            b"SSH-2.0-OpenSSH\r\n\r\n",
+        ] {
+            assert_eq!(complete(answer), Some(usize::MAX), "{answer:?}");
+        }
+    }
+}
