@@ -1142,3 +1142,25 @@ fn h2c_streams_beyond_the_limit_are_refused() {
         "the two beyond the limit refused"
     );
 }
+
+/// An https client on the plain listener (its TLS ClientHello) gets no HTTP answer: the
+/// connection is closed at once, and the log says what came, for the operator.
+#[test]
+fn a_tls_handshake_on_the_plain_listener_is_closed_and_logged() {
+    let up = upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    });
+    let (t, _) = behind(&up.url(), &[]);
+    let mut s = TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    // The start of a TLS 1.2/1.3 ClientHello record.
+    s.write_all(&[
+        0x16, 0x03, 0x01, 0x00, 0xf4, 0x01, 0x00, 0x00, 0xf0, 0x03, 0x03,
+    ])
+    .unwrap();
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    assert!(answer.is_empty(), "{:?}", String::from_utf8_lossy(&answer));
+    let log = t.log_when(|l| l.contains("TLS handshake on the plain listener"));
+    assert!(log.contains("TLS handshake on the plain listener"), "{log}");
+}

@@ -312,6 +312,13 @@ impl Conn {
         loop {
             match self.incoming.take(serving.max_head, serving.max_body) {
                 Taken::Request(req, close) => return Next::Request(req, close),
+                Taken::HandOff if super::parse::speaks_tls(self.incoming.rest()) => {
+                    tracing::info!(
+                        "TLS handshake on the plain listener (server.listen); closed: point the \
+                         client at http://, or put a TLS terminator in front"
+                    );
+                    return Next::Close;
+                }
                 Taken::HandOff if super::parse::speaks_no_http(self.incoming.rest()) => {
                     tracing::debug!("connection closed: its first line names no HTTP version");
                     return Next::Close;

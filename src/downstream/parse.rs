@@ -199,6 +199,13 @@ pub(super) fn speaks_no_http(buf: &[u8]) -> bool {
     count >= 3 && !last.starts_with(b"HTTP/")
 }
 
+/// Whether `buf` starts like a TLS record carrying a handshake (type 22, version 3.x): a client
+/// speaking https to the plain listener. Answering it in HTTP would be noise; it is closed and
+/// logged as such, so the operator can tell a misdirected client from garbage.
+pub(super) fn speaks_tls(buf: &[u8]) -> bool {
+    matches!(buf, [0x16, 0x03, ..])
+}
+
 /// Length, bytes, of the empty lines (CRLF or LF) at the front of `buf`.
 fn empty_lines(buf: &[u8]) -> usize {
     let mut at = 0;
@@ -245,6 +252,13 @@ mod tests {
         assert!(!speaks_no_http(b"GET / HTTP/1.1\r\nHost: a\r\n"));
         assert!(!speaks_no_http(b"GET / HTTP/3.0\n"));
         assert!(!speaks_no_http(b"INVALID CONNECTION"));
+    }
+
+    #[test]
+    fn a_tls_handshake_is_told_from_http() {
+        assert!(speaks_tls(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01]));
+        assert!(!speaks_tls(b"GET / HTTP/1.1\r\n"));
+        assert!(!speaks_tls(&[0x16]));
     }
 
     #[test]
