@@ -294,12 +294,15 @@ fn connections_cyrus_accepts_and_does_not_serve_are_left() {
         .collect();
     std::thread::sleep(std::time::Duration::from_millis(300));
     let upstream = format!("http://127.0.0.1:{}", cyrus.http_port);
+    let metrics_port = free_port();
+    let metrics = format!("[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n");
     let t = Tessera::start(move |port, dir| {
         config(
             port,
             &upstream,
             &format!("embedded:{}/s", dir.display()),
             &[
+                ("tables", &metrics),
                 ("upstream", "max_connections = 8"),
                 ("upstream", "probe_timeout_ms = 500"),
                 ("upstream", "response_header_timeout_ms = 30000"),
@@ -337,5 +340,12 @@ fn connections_cyrus_accepts_and_does_not_serve_are_left() {
     assert_eq!(codes, [200; 12], "{}", t.log());
     let log = t.log_when(|l| l.contains("did not serve it"));
     assert!(log.contains("upstream.max_connections"), "{log}");
+    // The metric counts them; once the requests are answered no connection is busy (the slots
+    // taken off the cap are not busy connections).
+    let (_, metrics) = curl(&[&format!("http://127.0.0.1:{metrics_port}/metrics")]);
+    let unserved = "tessera_upstream_connections_closed_total{reason=\"unserved\"}";
+    assert!(sample(&metrics, unserved) >= 1, "{metrics}");
+    let busy = "tessera_upstream_connections{state=\"busy\"}";
+    assert_eq!(sample(&metrics, busy), 0, "{metrics}");
     drop(held);
 }

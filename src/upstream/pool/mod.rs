@@ -97,6 +97,9 @@ pub struct Pool {
     probing: AtomicBool,
     /// An unserved connection was warned of (once per process).
     warned_unserved: AtomicBool,
+    /// Slots taken off the cap for unserved connections, until [`CAP_RESTORE`] gives them back
+    /// (not busy connections: [`Pool::connections`] leaves them out).
+    removed: AtomicUsize,
     affinity: Affinity,
     drain: Drain,
     /// Affinity only: the credentials in use.
@@ -137,6 +140,7 @@ impl Pool {
             probe: settings.probe_timeout,
             probing: AtomicBool::new(settings.probe_timeout.is_some()),
             warned_unserved: AtomicBool::new(false),
+            removed: AtomicUsize::new(0),
             affinity: settings.affinity,
             drain: settings.drain,
             waiting: AtomicUsize::new(0),
@@ -167,7 +171,8 @@ impl Pool {
         let busy = self
             .max_connections
             .saturating_sub(self.permits.available_permits())
-            .saturating_sub(self.waiting.load(Ordering::Relaxed));
+            .saturating_sub(self.waiting.load(Ordering::Relaxed))
+            .saturating_sub(self.removed.load(Ordering::Relaxed));
         let idle = (0..self.idle.len()).map(|t| self.idle(t).len()).sum();
         (busy, idle)
     }
@@ -302,10 +307,12 @@ impl Pool {
         drop(stream);
         self.stats.count_closed(Closed::Unserved, 1);
         permit.forget();
+        self.removed.fetch_add(1, Ordering::Relaxed);
         let pool = Arc::downgrade(self);
         tokio::spawn(async move {
             tokio::time::sleep(CAP_RESTORE).await;
             if let Some(pool) = pool.upgrade() {
+                pool.removed.fetch_sub(1, Ordering::Relaxed);
                 pool.permits.add_permits(1);
             }
         });
