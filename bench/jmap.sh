@@ -39,27 +39,10 @@ nginx_start nginx-proxy "$NGINX" "  upstream cyrus { server 127.0.0.1:$HTTP_PORT
     proxy_http_version 1.1; proxy_set_header Connection \"\"; } }"
 mkdir -p "$WORK/keys"
 tessera_keys "$BIN"
-cat >"$WORK/tessera.toml" <<TOML
-[server]
-listen = "127.0.0.1:$PORT"
-[upstream]
-url = "http://127.0.0.1:$HTTP_PORT/"
-max_connections = 8
-[token]
-secret = "file:$WORK/keys/jwt.secret"
-[session]
-store = "embedded:$WORK/sessions"
-[credentials]
-keys = { k1 = "file:$WORK/keys/cred.key" }
-[login]
-verify_path = "/jmap/"
-cookie_secure = false
-[metrics]
-listen = "127.0.0.1:$METRICS"
-[log]
-level = "warn"
-access_log = false
-TOML
+tessera_toml_on "$WORK/tessera.toml" "$PORT" "http://127.0.0.1:$HTTP_PORT/" "embedded:$WORK/sessions" \
+  "max_connections = 8"
+printf '[login]\nverify_path = "/jmap/"\ncookie_secure = false\n[metrics]\nlisten = "127.0.0.1:%s"\n' \
+  "$METRICS" >>"$WORK/tessera.toml"
 "$BIN" serve --config "$WORK/tessera.toml" >"$WORK/tessera.log" 2>&1 &
 PIDS+=($!)
 wait_port "$PORT" tessera "$!"

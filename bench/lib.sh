@@ -168,15 +168,22 @@ tessera_keys() {
 # origin on 127.0.0.1:ORIGIN_PORT, the embedded store in STORE_DIR, the keys of tessera_keys,
 # log level warn, no access log.
 tessera_toml() {
+  tessera_toml_on "$1" "$2" "http://127.0.0.1:$3" "embedded:$4/sessions"
+}
+
+# tessera_toml_on FILE PORT UPSTREAM_URL STORE [UPSTREAM_LINES]: the same config with any upstream
+# URL and store (`redis://...`), and more `[upstream]` lines; the caller may append tables after it.
+tessera_toml_on() {
   cat >"$1" <<TOML
 [server]
 listen = "127.0.0.1:$2"
 [upstream]
-url = "http://127.0.0.1:$3"
+url = "$3"
+${5:-}
 [token]
 secret = "file:$WORK/keys/jwt.secret"
 [session]
-store = "embedded:$4/sessions"
+store = "$4"
 [credentials]
 keys = { k1 = "file:$WORK/keys/cred.key" }
 [log]

@@ -61,24 +61,8 @@ wait_port "$UP_PORT" upstream "$!"
 
 mkdir -p "$WORK/keys"
 tessera_keys "$BIN"
-cat >"$WORK/tessera.toml" <<TOML
-[server]
-listen = "127.0.0.1:$PORT"
-[upstream]
-url = "http://127.0.0.1:$UP_PORT"
-[token]
-secret = "file:$WORK/keys/jwt.secret"
-[session]
-store = "redis://127.0.0.1:$REDIS_PORT/0"
-[credentials]
-keys = { k1 = "file:$WORK/keys/cred.key" }
-[log]
-level = "warn"
-access_log = false
-[login]
-verify_path = "/check"
-cookie_secure = false
-TOML
+tessera_toml_on "$WORK/tessera.toml" "$PORT" "http://127.0.0.1:$UP_PORT" "redis://127.0.0.1:$REDIS_PORT/0"
+printf '[login]\nverify_path = "/check"\ncookie_secure = false\n' >>"$WORK/tessera.toml"
 "$BIN" serve --config "$WORK/tessera.toml" >"$WORK/tessera.log" 2>&1 &
 TESSERA_PID=$!
 PIDS+=("$TESSERA_PID")

@@ -342,6 +342,8 @@ impl Pool {
             match probe::probe(&mut stream, &self.addr, limit).await {
                 Probed::Served => {}
                 Probed::Unsupported => {
+                    // Closed before the plain connect that replaces it.
+                    drop(stream);
                     self.probing.store(false, Ordering::Relaxed);
                     self.stats.count_closed(Closed::Error, 1);
                     tracing::warn!(
