@@ -159,5 +159,34 @@ pub async fn check(cfg: &Config) -> Result<Vec<String>, AdminError> {
     out.push(format!(
         "upstream.url: {addr} resolves ({resolved} address(es))"
     ));
+    if let Some(tls) = &cfg.tls {
+        for identity in std::iter::once(&tls.default).chain(&tls.sni) {
+            let summary = identity
+                .summary()
+                .map_err(|e| AdminError::Check(format!("config key `{}`: {}", e.key, e.problem)))?;
+            out.push(certificate_line(&summary, crate::unix_now() as i64));
+        }
+    }
     Ok(out)
+}
+
+/// Certificates this close to expiry are flagged.
+const EXPIRY_WARNING_SECONDS: i64 = 14 * 24 * 3600;
+
+/// One `check-config` line for a certificate: its names and expiry, flagged `EXPIRED` or
+/// `expires soon` (within 14 days); the key matched it already (config validation).
+fn certificate_line(c: &crate::downstream::CertSummary, now: i64) -> String {
+    let when = humantime::format_rfc3339_seconds(
+        std::time::UNIX_EPOCH + std::time::Duration::from_secs(c.not_after.max(0) as u64),
+    );
+    let flag = match c.not_after - now {
+        left if left <= 0 => " EXPIRED: clients refuse it; renew it, then SIGHUP",
+        left if left <= EXPIRY_WARNING_SECONDS => " expires soon: renew it, then SIGHUP",
+        _ => "",
+    };
+    format!(
+        "{}: key matches; names {}; valid until {when}{flag}",
+        c.key,
+        c.names.join(", ")
+    )
 }

@@ -142,6 +142,13 @@ pub async fn run(
     let _ = std::io::stdout().flush();
     let proxy = crate::Proxy::from_config(&cfg).map_err(|e| e.to_string())?;
     let proxy = Arc::new(proxy.with_client_side(crate::downstream::client_side));
-    crate::downstream::serve(listener, proxy, &cfg.server, shutdown).await;
+    crate::downstream::serve(
+        listener,
+        crate::downstream::Edge::Plain,
+        proxy,
+        &cfg.server,
+        shutdown,
+    )
+    .await;
     Ok(())
 }

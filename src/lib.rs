@@ -3,6 +3,8 @@
 //! over a pooled keep-alive connection. See `proxy` for the request path, phase by phase.
 #![forbid(unsafe_code)]
 #![warn(clippy::too_many_lines)]
+// The serving future (TLS handshake, then the fast path or hyper) nests past the default 128.
+#![recursion_limit = "256"]
 
 mod access_log;
 pub mod admin;
@@ -56,6 +58,8 @@ pub struct Config {
     pub websocket: proxy::WebSocketConfig,
     /// The JMAP mode; `None` unless `[jmap] session_urls = "absolute"`.
     pub jmap: Option<jmap::JmapConfig>,
+    /// The TLS listener; `None` when `[tls]` is absent.
+    pub tls: Option<downstream::TlsConfig>,
 }
 
 /// Seconds since the Unix epoch (wall clock).
@@ -88,7 +92,29 @@ pub fn serving_sessions(cfg: &Config) -> Result<session::Sessions, session::Stor
     Ok(sessions_from_config(cfg)?.serving(cfg.session.cache))
 }
 
-/// Runs the proxy on an already-bound `listener` until `shutdown` resolves (tests bind port 0).
+/// The sockets [`run`] serves, bound by the caller (tests bind port 0).
+#[derive(Debug, Default)]
+pub struct Listeners {
+    /// `server.listen`: plain HTTP/1.1 and h2c.
+    pub plain: Option<TcpListener>,
+    /// `tls.listen`: TLS, then HTTP/1.1 or HTTP/2 by ALPN; served only with `[tls]`.
+    pub tls: Option<TcpListener>,
+    /// `metrics.listen`.
+    pub metrics: Option<TcpListener>,
+}
+
+/// Why [`run`] could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The session store cannot be opened.
+    #[error("config key `session.store`: {0}")]
+    Store(#[from] session::StoreError),
+    /// A certificate or key cannot be served.
+    #[error("config key `{}`: {}", .0.key, .0.problem)]
+    Tls(#[from] downstream::CertError),
+}
+
+/// Runs the proxy on already-bound `listeners` until `shutdown` resolves (tests bind port 0).
 ///
 /// The proxy, its caches and the session store live on the caller's runtime, with the background
 /// tasks (cache invalidation, JWKS refresh, pool reaper). Requests are served by
@@ -96,27 +122,35 @@ pub fn serving_sessions(cfg: &Config) -> Result<session::Sessions, session::Stor
 /// listener: a connection, its requests and the upstream connections they use stay on one
 /// thread, with no cross-thread wake-ups (docs/operations.md, "Tuning").
 ///
-/// With `metrics` (bound to `metrics.listen`), `GET /metrics` and the probes `/healthz` and
+/// With a metrics listener (bound to `metrics.listen`), `GET /metrics` and the probes `/healthz` and
 /// `/readyz` are served there on the caller's runtime ([`telemetry::serve_metrics`]) until the
 /// drain ends; `/readyz` answers 200 only from when the serving threads run until shutdown
 /// begins.
 ///
 /// Each [`ConfigReload`] received on `reloads` (the binary sends one per SIGHUP) has its keys
-/// put in place ([`Proxy::reload_keys`]), without dropping a connection; the outcome is logged
-/// and counted (`tessera_config_reloads_total`).
+/// and TLS certificates put in place ([`Proxy::reload_keys`], [`downstream::TlsServer::reload`]),
+/// without dropping a connection; the outcome is logged and counted
+/// (`tessera_config_reloads_total`).
 ///
-/// Errors: the session store cannot be opened.
+/// Errors: the session store cannot be opened, or the TLS server cannot be made.
 pub async fn run(
     cfg: Config,
-    listener: TcpListener,
-    metrics: Option<TcpListener>,
+    listeners: Listeners,
     reloads: tokio::sync::mpsc::Receiver<ConfigReload>,
     shutdown: impl Future<Output = ()>,
-) -> Result<(), session::StoreError> {
+) -> Result<(), StartError> {
+    let tls = match (&cfg.tls, &listeners.tls) {
+        (Some(t), Some(_)) => Some(Arc::new(downstream::TlsServer::new(t)?)),
+        _ => None,
+    };
     let proxy = Arc::new(Proxy::from_config(&cfg)?.with_client_side(downstream::client_side));
     // Ends with `run`, like the metrics task.
-    let _stop_reloads =
-        tokio_util::task::AbortOnDropHandle::new(tokio::spawn(reload_keys(proxy.clone(), reloads)));
+    let _stop_reloads = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(reload_keys(
+        proxy.clone(),
+        tls.clone(),
+        reloads,
+    )));
+    let metrics = listeners.metrics;
     // `Serving` once the serving threads run; `Draining` when shutdown begins, which tells them
     // to drain. `/readyz` answers 200 only while `Serving`.
     let (phase, phase_rx) = tokio::sync::watch::channel(telemetry::Phase::Starting);
@@ -145,49 +179,39 @@ pub async fn run(
         }
         None => None,
     };
-    tracing::info!(listen = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), upstream = %cfg.upstream.url, threads = cfg.server.threads, busy_poll_us = cfg.server.busy_poll.as_micros() as u64, "tessera serving");
+    let addr = |l: &Option<TcpListener>| {
+        l.as_ref()
+            .and_then(|l| l.local_addr().ok())
+            .map(|a| a.to_string())
+    };
+    tracing::info!(listen = addr(&listeners.plain), tls = addr(&listeners.tls), upstream = %cfg.upstream.url, threads = cfg.server.threads, busy_poll_us = cfg.server.busy_poll.as_micros() as u64, "tessera serving");
     // The rest needs `[server]` only. The keys are in the proxy now, where a reload replaces
     // them; this copy of them is wiped here (their types zeroize on drop) rather than kept for
     // the process's life.
     let server_cfg = cfg.server.clone();
     drop(cfg);
-    let std_listener = listener.into_std().expect("a tokio listener has a socket");
+    let edges = serving_edges(listeners.plain, listeners.tls.zip(tls));
     let mut threads = Vec::with_capacity(server_cfg.threads);
     for index in 0..server_cfg.threads {
-        let spawned = std_listener.try_clone().and_then(|listener| {
-            let (proxy, server, mut phase) = (proxy.clone(), server_cfg.clone(), phase_rx.clone());
+        let spawned = clone_edges(&edges).and_then(|edges| {
+            let (proxy, server, phase) = (proxy.clone(), server_cfg.clone(), phase_rx.clone());
             std::thread::Builder::new()
                 .name(format!("tessera-serve-{index}"))
-                .spawn(move || {
-                    serving_thread(index, listener, proxy, server, async move {
-                        let _ = phase.wait_for(|p| *p == telemetry::Phase::Draining).await;
-                    })
-                })
+                .spawn(move || serving_thread(index, edges, proxy, server, phase))
         });
         match spawned {
             Ok(handle) => threads.push(handle),
             Err(e) => tracing::error!(cause = %e, index, "cannot start a serving thread"),
         }
     }
+    // Each serving thread holds a copy of the sockets and closes it when shutdown begins; this
+    // one would keep them listening (connections completed by the kernel, never served, reset
+    // at exit) for the whole drain, instead of refusing them at once.
+    drop(edges);
     if threads.is_empty() {
-        // No thread could be started: serve on the caller's runtime instead.
-        match TcpListener::from_std(std_listener) {
-            Ok(listener) => {
-                phase.send_replace(telemetry::Phase::Serving);
-                let shutdown = async {
-                    shutdown.await;
-                    phase.send_replace(telemetry::Phase::Draining);
-                };
-                downstream::serve(listener, proxy, &server_cfg, shutdown).await
-            }
-            Err(e) => tracing::error!(cause = %e, "cannot register the listener"),
-        }
+        tracing::error!("no serving thread could be started");
         return Ok(());
     }
-    // Each serving thread holds a copy of the socket and closes it when shutdown begins; this one
-    // would keep it listening (connections completed by the kernel, never served, reset at
-    // exit) for the whole drain, instead of refusing them at once.
-    drop(std_listener);
     phase.send_replace(telemetry::Phase::Serving);
     shutdown.await;
     phase.send_replace(telemetry::Phase::Draining);
@@ -201,23 +225,49 @@ pub async fn run(
     Ok(())
 }
 
+/// The listeners as std sockets, each with what it speaks.
+fn serving_edges(
+    plain: Option<TcpListener>,
+    tls: Option<(TcpListener, Arc<downstream::TlsServer>)>,
+) -> Vec<(std::net::TcpListener, downstream::Edge)> {
+    let std = |l: TcpListener| l.into_std().expect("a tokio listener has a socket");
+    let plain = plain.map(|l| (std(l), downstream::Edge::Plain));
+    let tls = tls.map(|(l, t)| (std(l), downstream::Edge::Tls(t)));
+    plain.into_iter().chain(tls).collect()
+}
+
+/// A serving thread's own copy of every listener.
+fn clone_edges(
+    edges: &[(std::net::TcpListener, downstream::Edge)],
+) -> std::io::Result<Vec<(std::net::TcpListener, downstream::Edge)>> {
+    edges
+        .iter()
+        .map(|(l, e)| Ok((l.try_clone()?, e.clone())))
+        .collect()
+}
+
 /// A configuration reload asked for (SIGHUP): the configuration file as loaded and validated
 /// again, or why it did not load ([`config::LoadError`], naming the key).
 pub type ConfigReload = Result<Config, config::LoadError>;
 
-/// Puts the keys of each configuration from `reloads` in place, in order; logs and counts the
-/// outcome.
-async fn reload_keys(proxy: Arc<Proxy>, mut reloads: tokio::sync::mpsc::Receiver<ConfigReload>) {
+/// Puts the keys and certificates of each configuration from `reloads` in place, in order;
+/// logs and counts the outcome.
+async fn reload_keys(
+    proxy: Arc<Proxy>,
+    tls: Option<Arc<downstream::TlsServer>>,
+    mut reloads: tokio::sync::mpsc::Receiver<ConfigReload>,
+) {
     while let Some(reload) = reloads.recv().await {
         let outcome = match reload {
-            Ok(cfg) => proxy.reload_keys(&cfg).map_err(|e| e.to_string()),
+            Ok(cfg) => reload_tls(tls.as_deref(), &cfg)
+                .and_then(|()| proxy.reload_keys(&cfg).map_err(|e| e.to_string())),
             Err(e) => Err(e.to_string()),
         };
         proxy.reload_counts().record(outcome.is_ok());
         match outcome {
             Ok(summary) => tracing::info!(
                 keys = %summary,
-                "configuration reloaded: keys in place; other settings apply at the next restart"
+                "configuration reloaded: keys and certificates in place; other settings apply at the next restart"
             ),
             Err(cause) => tracing::error!(
                 %cause,
@@ -227,13 +277,25 @@ async fn reload_keys(proxy: Arc<Proxy>, mut reloads: tokio::sync::mpsc::Receiver
     }
 }
 
-/// One serving thread: a current-thread runtime accepting from its clone of the listener.
+/// The certificates of `cfg` in place for new TLS handshakes (before the keys, so a refused
+/// certificate leaves both as they were).
+fn reload_tls(tls: Option<&downstream::TlsServer>, cfg: &Config) -> Result<(), String> {
+    match (tls, &cfg.tls) {
+        (Some(server), Some(t)) => server
+            .reload(t)
+            .map_err(|e| format!("config key `{}`: {}", e.key, e.problem)),
+        _ => Ok(()),
+    }
+}
+
+/// One serving thread: a current-thread runtime accepting from its clones of the listeners,
+/// until `phase` says the drain began.
 fn serving_thread(
     index: usize,
-    listener: std::net::TcpListener,
+    edges: Vec<(std::net::TcpListener, downstream::Edge)>,
     proxy: Arc<Proxy>,
     cfg: downstream::ServerConfig,
-    shutdown: impl Future<Output = ()>,
+    phase: tokio::sync::watch::Receiver<telemetry::Phase>,
 ) {
     upstream::set_serving_thread(index);
     access_log::batch_on_this_thread();
@@ -253,14 +315,37 @@ fn serving_thread(
         }
     };
     rt.block_on(async move {
-        match TcpListener::from_std(listener) {
-            Ok(listener) => {
-                // A new connection ends a busy poll too.
-                busy_poll::watch(&listener);
-                downstream::serve(listener, proxy, &cfg, shutdown).await
+        let accepting = edges.into_iter().map(|(listener, edge)| {
+            let (proxy, cfg, mut phase) = (proxy.clone(), cfg.clone(), phase.clone());
+            async move {
+                let shutdown = async move {
+                    let _ = phase.wait_for(|p| *p == telemetry::Phase::Draining).await;
+                };
+                match TcpListener::from_std(listener) {
+                    Ok(listener) => {
+                        // A new connection ends a busy poll too.
+                        busy_poll::watch(&listener);
+                        downstream::serve(listener, edge, proxy, &cfg, shutdown).await
+                    }
+                    Err(e) => tracing::error!(cause = %e, index, "cannot register a listener"),
+                }
             }
-            Err(e) => tracing::error!(cause = %e, index, "cannot register the listener"),
-        }
+        });
+        // At most two: the plain and the TLS listener.
+        let mut accepting = accepting;
+        let (first, second) = (accepting.next(), accepting.next());
+        tokio::join!(
+            async move {
+                if let Some(f) = first {
+                    f.await
+                }
+            },
+            async move {
+                if let Some(f) = second {
+                    f.await
+                }
+            }
+        );
     });
     access_log::flush();
 }

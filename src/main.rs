@@ -167,36 +167,48 @@ async fn serve(config: PathBuf) -> ExitCode {
     }
     #[cfg(not(unix))]
     drop(reload_tx);
-    let listener = match tokio::net::TcpListener::bind(cfg.server.listen).await {
+    let plain = match bind("server.listen", cfg.server.listen).await {
         Ok(l) => l,
-        Err(e) => {
-            eprintln!(
-                "tessera: config key `server.listen`: cannot bind {}: {e}",
-                cfg.server.listen
-            );
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
-    let metrics = match &cfg.metrics {
-        None => None,
-        Some(m) => match tokio::net::TcpListener::bind(m.listen).await {
-            Ok(l) => Some(l),
-            Err(e) => {
-                eprintln!(
-                    "tessera: config key `metrics.listen`: cannot bind {}: {e}",
-                    m.listen
-                );
-                return ExitCode::from(2);
-            }
-        },
+    let tls = match bind("tls.listen", cfg.tls.as_ref().map(|t| t.listen)).await {
+        Ok(l) => l,
+        Err(code) => return code,
     };
-    match tessera::run(cfg, listener, metrics, reloads, shutdown_signal()).await {
+    let metrics = match bind("metrics.listen", cfg.metrics.as_ref().map(|m| m.listen)).await {
+        Ok(l) => l,
+        Err(code) => return code,
+    };
+    let listeners = tessera::Listeners {
+        plain,
+        tls,
+        metrics,
+    };
+    match tessera::run(cfg, listeners, reloads, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("tessera: config key `session.store`: {e}");
+            eprintln!("tessera: {e}");
             ExitCode::from(2)
         }
     }
+}
+
+/// The listener for config key `key`, when it has an address; exit code 2 when it cannot be
+/// bound.
+async fn bind(
+    key: &str,
+    addr: Option<std::net::SocketAddr>,
+) -> Result<Option<tokio::net::TcpListener>, ExitCode> {
+    let Some(addr) = addr else {
+        return Ok(None);
+    };
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map(Some)
+        .map_err(|e| {
+            eprintln!("tessera: config key `{key}`: cannot bind {addr}: {e}");
+            ExitCode::from(2)
+        })
 }
 
 async fn session(cmd: SessionCommand) -> ExitCode {

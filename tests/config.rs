@@ -26,7 +26,8 @@ fn minimal() -> String {
 #[test]
 fn minimal_config_gets_documented_defaults() {
     let c = Config::from_toml_with(&minimal(), env).unwrap();
-    assert_eq!(c.server.listen.to_string(), "127.0.0.1:8080");
+    assert_eq!(c.server.listen, Some("127.0.0.1:8080".parse().unwrap()));
+    assert!(c.tls.is_none());
     assert_eq!(c.upstream.max_connections, 64);
     assert_eq!(c.token.sid_claim, "sid");
     assert_eq!(c.token.sources.len(), 3);

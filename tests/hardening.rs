@@ -204,7 +204,11 @@ fn a_stalled_request_body_is_answered_408_and_frees_its_upstream_connection() {
         )
         .unwrap();
         let answer = read_head(&mut s);
-        assert!(answer.starts_with("HTTP/1.1 408"), "{framing}: {answer}");
+        assert!(
+            answer.starts_with("HTTP/1.1 408"),
+            "{framing}: {answer} {}",
+            t.log()
+        );
         // The one upstream connection is free again.
         let (code, _) = curl(&["--max-time", "15", "-H", &bearer(&token), &t.url("/base/x")]);
         assert_eq!(code, 200, "{framing}");

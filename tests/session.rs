@@ -1626,15 +1626,13 @@ fn run_stops_refreshing_the_jwks_when_it_returns() {
             }
             tokio::time::sleep(Duration::from_millis(300)).await;
         };
-        tessera::run(
-            cfg,
-            listener,
-            None,
-            tokio::sync::mpsc::channel(1).1,
-            shutdown,
-        )
-        .await
-        .unwrap();
+        let listeners = tessera::Listeners {
+            plain: Some(listener),
+            ..Default::default()
+        };
+        tessera::run(cfg, listeners, tokio::sync::mpsc::channel(1).1, shutdown)
+            .await
+            .unwrap();
     });
     let at_return = count();
     assert!(

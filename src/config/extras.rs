@@ -63,7 +63,7 @@ pub(super) fn validate_websocket(
 
 pub(super) fn validate_metrics(
     m: RawMetrics,
-    server_listen: SocketAddr,
+    taken: [Option<SocketAddr>; 2],
 ) -> Result<MetricsConfig, ConfigError> {
     let Some(text) = m.listen else {
         return Err(ConfigError::new(
@@ -72,11 +72,13 @@ pub(super) fn validate_metrics(
         ));
     };
     let listen = socket_addr("metrics.listen", &text, "127.0.0.1:9464")?;
-    if listen == server_listen && listen.port() != 0 {
-        return Err(ConfigError::new(
-            "metrics.listen",
-            "is the same address as server.listen; give the metrics their own port",
-        ));
+    for (other, key) in taken.iter().zip(["server.listen", "tls.listen"]) {
+        if *other == Some(listen) && listen.port() != 0 {
+            return Err(ConfigError::new(
+                "metrics.listen",
+                format!("is the same address as {key}; give the metrics their own port"),
+            ));
+        }
     }
     Ok(MetricsConfig { listen })
 }

@@ -4,7 +4,7 @@
 /// expected u64", "unknown field `x`, expected one of ..."), in one sentence.
 pub(super) fn type_fix(key: &str, message: &str) -> String {
     // The keys that are arrays of tables (`Vec` of a struct in the `Raw*` types).
-    const ARRAYS_OF_TABLES: [&str; 1] = ["token.keys"];
+    const ARRAYS_OF_TABLES: [&str; 2] = ["token.keys", "tls.sni"];
     let expected = message.rsplit("expected ").next().unwrap_or("");
     let unit = [
         ("_ms", " of milliseconds"),

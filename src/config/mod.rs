@@ -17,6 +17,7 @@ mod login;
 mod raw;
 mod server;
 mod session;
+mod tls;
 mod token;
 mod upstream;
 
@@ -28,6 +29,7 @@ use login::validate_login;
 use raw::RawConfig;
 use server::validate_server;
 use session::{validate_credentials, validate_session};
+use tls::validate_tls;
 use token::validate_token;
 use upstream::validate_upstream;
 
@@ -180,7 +182,8 @@ pub(super) fn socket_addr(key: &str, text: &str, example: &str) -> Result<Socket
 }
 
 fn validate(raw: RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
-    let server = validate_server(raw.server.unwrap_or_default())?;
+    let tls = raw.tls.map(|t| validate_tls(t, env)).transpose()?;
+    let server = validate_server(raw.server.unwrap_or_default(), tls.as_ref())?;
     let upstream = validate_upstream(raw.upstream.unwrap_or_default())?;
     let token = validate_token(raw.token.unwrap_or_default(), env)?;
     let session = validate_session(raw.session.unwrap_or_default())?;
@@ -194,7 +197,7 @@ fn validate(raw: RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Conf
     let websocket = validate_websocket(raw.websocket.unwrap_or_default(), &upstream)?;
     let metrics = raw
         .metrics
-        .map(|m| validate_metrics(m, server.listen))
+        .map(|m| validate_metrics(m, [server.listen, tls.as_ref().map(|t| t.listen)]))
         .transpose()?;
     Ok(Config {
         server,
@@ -210,5 +213,6 @@ fn validate(raw: RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Conf
         metrics,
         websocket,
         jmap: validate_jmap(raw.jmap.unwrap_or_default())?,
+        tls,
     })
 }

@@ -18,6 +18,26 @@ pub(super) struct RawConfig {
     pub(super) metrics: Option<RawMetrics>,
     pub(super) websocket: Option<RawWebSocket>,
     pub(super) jmap: Option<RawJmap>,
+    pub(super) tls: Option<RawTls>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTls {
+    pub(super) listen: Option<String>,
+    pub(super) certificate: Option<String>,
+    pub(super) private_key: Option<String>,
+    pub(super) min_version: Option<String>,
+    pub(super) session_tickets: Option<bool>,
+    pub(super) sni: Option<Vec<RawSni>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSni {
+    pub(super) server_names: Option<Vec<String>>,
+    pub(super) certificate: Option<String>,
+    pub(super) private_key: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -39,6 +59,7 @@ pub(super) struct RawWebSocket {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawServer {
     pub(super) listen: Option<String>,
+    pub(super) redirect_to_https: Option<bool>,
     pub(super) max_header_bytes: Option<usize>,
     pub(super) max_uri_bytes: Option<usize>,
     pub(super) max_body_bytes: Option<u64>,

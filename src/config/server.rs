@@ -2,14 +2,16 @@
 
 use std::time::Duration;
 
-use crate::downstream::ServerConfig;
+use crate::downstream::{ServerConfig, TlsConfig};
 
 use super::raw::RawServer;
 use super::{ms, socket_addr, ConfigError};
 
-pub(super) fn validate_server(s: RawServer) -> Result<ServerConfig, ConfigError> {
-    let listen = s.listen.as_deref().unwrap_or("127.0.0.1:8080");
-    let listen = socket_addr("server.listen", listen, "127.0.0.1:8080")?;
+pub(super) fn validate_server(
+    s: RawServer,
+    tls: Option<&TlsConfig>,
+) -> Result<ServerConfig, ConfigError> {
+    let (listen, redirect_to_https) = plain_listener(&s, tls)?;
     let max_header_bytes = s.max_header_bytes.unwrap_or(16 * 1024);
     if !(1024..=1024 * 1024).contains(&max_header_bytes) {
         return Err(ConfigError::new(
@@ -47,6 +49,7 @@ pub(super) fn validate_server(s: RawServer) -> Result<ServerConfig, ConfigError>
     let trusted_proxies = trusted_proxies(s.trusted_proxies.unwrap_or_default())?;
     Ok(ServerConfig {
         listen,
+        redirect_to_https,
         threads,
         trusted_proxies,
         busy_poll: Duration::from_micros(busy_poll_us),
@@ -88,6 +91,39 @@ pub(super) fn validate_server(s: RawServer) -> Result<ServerConfig, ConfigError>
             }
         },
     })
+}
+
+/// `server.listen` (with `[tls]`, none unless set) and `server.redirect_to_https` (the TLS
+/// port to send clients to).
+fn plain_listener(
+    s: &RawServer,
+    tls: Option<&TlsConfig>,
+) -> Result<(Option<std::net::SocketAddr>, Option<u16>), ConfigError> {
+    // With `[tls]`, the plain listener is there only when asked for.
+    let listen = match (s.listen.as_deref(), tls) {
+        (Some(text), _) => Some(socket_addr("server.listen", text, "127.0.0.1:8080")?),
+        (None, None) => Some(socket_addr("server.listen", "127.0.0.1:8080", "")?),
+        (None, Some(_)) => None,
+    };
+    if let (Some(plain), Some(tls)) = (listen, tls) {
+        if plain == tls.listen && plain.port() != 0 {
+            return Err(ConfigError::new(
+                "server.listen",
+                "is the same address as tls.listen; give the plain listener its own port, or \
+                 leave server.listen out to serve TLS only",
+            ));
+        }
+    }
+    let redirect = s.redirect_to_https.unwrap_or(false);
+    if redirect && (tls.is_none() || listen.is_none()) {
+        return Err(ConfigError::new(
+            "server.redirect_to_https",
+            "needs [tls] (the https listener to send clients to) and server.listen (the plain \
+             listener that redirects)",
+        ));
+    }
+    let port = tls.map_or(443, |t| t.listen.port());
+    Ok((listen, redirect.then_some(port)))
 }
 
 /// `server.trusted_proxies`: addresses or CIDR blocks, IPv4 written as IPv4.

@@ -11,7 +11,6 @@
 //! warm request's user CPU in the profile. Must never: guess at a request's framing (any doubt
 //! goes to hyper), or keep a connection whose response was cut short.
 
-use std::cell::RefCell;
 use std::future::{poll_fn, Future};
 use std::io::{self};
 use std::pin::Pin;
@@ -31,15 +30,13 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::proxy::{Peer, Proxy};
 
-use super::handoff::hand_off;
-use super::io::Linger;
-use super::parse::{Incoming, Taken};
+use super::handoff::{hand_off, Mode};
+use super::io::{Linger, Socket};
+use super::parse::{recycle_read_buf, spare_read_buf, Incoming, Taken, READ_CHUNK};
 
 /// Largest request body, bytes, the fast path reads into memory before forwarding; a larger
 /// `Content-Length` goes to hyper, which streams it.
 pub const MAX_FAST_BODY: u64 = 64 * 1024;
-/// Bytes read per `recv`.
-pub(super) const READ_CHUNK: usize = 8 * 1024;
 
 /// What every connection of one serving thread shares.
 pub struct Serving {
@@ -51,6 +48,8 @@ pub struct Serving {
     /// The same, HTTP/1 only: for a connection that already carried HTTP/1.1 requests (an h2
     /// preface there is a bad request, not a protocol switch).
     pub hyper_h1: hyper::server::conn::http1::Builder,
+    /// The same, HTTP/2 only: for TLS connections that chose `h2` by ALPN.
+    pub hyper_h2: hyper::server::conn::http2::Builder<TokioExecutor>,
     /// Time a client has for a request head (and a fast-path body), counted from the request's
     /// first byte; an idle keep-alive connection closes after it too.
     pub header_read_timeout: Duration,
@@ -68,18 +67,20 @@ pub struct Serving {
     pub shutdown: CancellationToken,
 }
 
-/// Serves one accepted connection until it closes, the client asks to close, or shutdown.
-pub async fn serve(serving: Arc<Serving>, io: TcpStream, peer: Peer) {
+/// Serves a TLS connection whose client chose HTTP/2 (ALPN `h2`): hyper's, from its preface on.
+pub(super) async fn serve_h2<S: Socket>(serving: Arc<Serving>, io: S, peer: Peer) {
+    crate::busy_poll::watch(io.tcp());
+    let conn = Conn::new(io, &serving);
+    hand_off(&serving, conn, peer, Mode::H2).await
+}
+
+/// Serves one accepted connection (TCP, or TLS that chose HTTP/1.1) until it closes, the client
+/// asks to close, or shutdown.
+pub(super) async fn serve<S: Socket>(serving: Arc<Serving>, io: S, peer: Peer) {
     // Never unwatched: a client connection stays on this thread (also after a hand-off to
     // hyper), and a socket leaves the set when it is closed.
-    crate::busy_poll::watch(&io);
-    let mut conn = Conn {
-        io,
-        incoming: Incoming::default(),
-        out: Vec::new(),
-        send_timeout: serving.send_timeout,
-        reset: false,
-    };
+    crate::busy_poll::watch(io.tcp());
+    let mut conn = Conn::new(io, &serving);
     let timer = tokio::time::sleep(serving.header_read_timeout);
     let cancelled = serving.shutdown.cancelled();
     tokio::pin!(timer, cancelled);
@@ -96,7 +97,10 @@ pub async fn serve(serving: Arc<Serving>, io: TcpStream, peer: Peer) {
     loop {
         let (req, close) = match conn.read_request(&serving, &mut wait).await {
             Next::Request(req, close) => (req, close),
-            Next::HandOff => return hand_off(&serving, conn, peer, served).await,
+            Next::HandOff => {
+                let mode = if served { Mode::H1 } else { Mode::Auto };
+                return hand_off(&serving, conn, peer, mode).await;
+            }
             Next::Close => break,
             Next::Timeout => {
                 tracing::debug!(peer = %peer.addr.ip(), "request head not received in time");
@@ -118,7 +122,9 @@ pub async fn serve(serving: Arc<Serving>, io: TcpStream, peer: Peer) {
             tokio::pin!(respond);
             poll_fn(|cx| match respond.as_mut().poll(cx) {
                 Poll::Ready(resp) => Poll::Ready(Some(resp)),
-                Poll::Pending => watch.poll_gone(&conn.io, cx).map(|()| None),
+                Poll::Pending => watch
+                    .poll_gone(&mut conn.io, &mut conn.incoming.buf, cx)
+                    .map(|()| None),
             })
             .await
         };
@@ -141,14 +147,14 @@ pub async fn serve(serving: Arc<Serving>, io: TcpStream, peer: Peer) {
         // retrying the full send buffer for minutes. Or a response was cut by its session's end:
         // what is queued for it must not arrive. Reset instead (nginx's
         // `reset_timedout_connection`).
-        reset_on_close(&conn.io);
+        reset_on_close(conn.io.tcp());
         return;
     }
     // Nothing of the client's is unread, here or in the socket, and it will send nothing more
     // (RFC 9112 section 9.6: a client that sent `close` sends no further request): closing now
     // sends a FIN, and no RST can follow, so there is nothing to drain. nginx closes such
     // connections at once too. This saves a `shutdown`, a wait for the client's FIN and a timer.
-    if asked_close && conn.incoming.buf.is_empty() && nothing_queued(&conn.io) {
+    if asked_close && conn.incoming.buf.is_empty() && conn.io.nothing_queued() {
         return;
     }
     let _ = conn.io.shutdown().await;
@@ -178,30 +184,25 @@ pub(super) struct ClientWatch {
 }
 
 impl ClientWatch {
-    /// Ready when the client is gone; never ready once bytes of a next request arrived.
-    pub(super) fn poll_gone(&mut self, io: &TcpStream, cx: &mut Context<'_>) -> Poll<()> {
-        while !self.done {
-            if std::task::ready!(io.poll_read_ready(cx)).is_err() {
-                return Poll::Ready(());
-            }
-            // Through the runtime, so a `WouldBlock` clears the readiness it acted on.
-            let peeked = io.try_io(tokio::io::Interest::READABLE, || peek(io));
-            match peeked {
-                Ok(0) => return Poll::Ready(()),
-                Ok(_) => self.done = true,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(_) => return Poll::Ready(()),
+    /// Ready when the client is gone; never ready once bytes of a next request arrived (on TLS
+    /// they are read into `buf`, the connection's read buffer).
+    pub(super) fn poll_gone<S: Socket>(
+        &mut self,
+        io: &mut S,
+        buf: &mut BytesMut,
+        cx: &mut Context<'_>,
+    ) -> Poll<()> {
+        if self.done {
+            return Poll::Pending;
+        }
+        match std::task::ready!(io.poll_gone(buf, cx)) {
+            true => Poll::Ready(()),
+            false => {
+                self.done = true;
+                Poll::Pending
             }
         }
-        Poll::Pending
     }
-}
-
-/// Whether the socket's receive queue is empty (or the connection already ended), asked of the
-/// kernel, not of the runtime's readiness cache (which can lag behind bytes that have just
-/// arrived).
-fn nothing_queued(io: &TcpStream) -> bool {
-    !matches!(peek(io), Ok(n) if n > 0)
 }
 
 /// `SO_LINGER` 0: closing the socket then resets the connection at once, dropping what its send
@@ -214,7 +215,7 @@ pub(super) fn reset_on_close(io: &TcpStream) {
 /// One `recv(MSG_PEEK | MSG_DONTWAIT)` of at most 1 byte, left in the queue: `Ok(1)` bytes are
 /// waiting, `Ok(0)` the client closed (FIN), `Err(WouldBlock)` nothing yet, another error a
 /// reset or failed socket.
-fn peek(io: &TcpStream) -> io::Result<usize> {
+pub(super) fn peek(io: &TcpStream) -> io::Result<usize> {
     use rustix::net::{recv, RecvFlags};
     let mut probe = [0u8; 1];
     recv(io, &mut probe, RecvFlags::PEEK | RecvFlags::DONTWAIT)
@@ -222,44 +223,13 @@ fn peek(io: &TcpStream) -> io::Result<usize> {
         .map_err(io::Error::from)
 }
 
-thread_local! {
-    /// Read buffers given back by this thread's idle fast-path connections.
-    static SPARE_READ_BUFS: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Most spare read buffers kept per thread.
-const MAX_SPARE_READ_BUFS: usize = 64;
-
-/// An empty read buffer: one of this thread's spares, else a new one of [`READ_CHUNK`] bytes.
-pub(super) fn spare_read_buf() -> BytesMut {
-    SPARE_READ_BUFS
-        .with(|s| s.borrow_mut().pop())
-        .unwrap_or_else(|| BytesMut::with_capacity(READ_CHUNK))
-}
-
-/// Gives an empty read buffer back for [`spare_read_buf`]; kept only while this thread holds
-/// fewer than [`MAX_SPARE_READ_BUFS`] and when it has at least half a [`READ_CHUNK`] of room and
-/// at most four (one grown by a large head is dropped).
-pub(super) fn recycle_read_buf(buf: BytesMut) {
-    debug_assert!(buf.is_empty());
-    if !(READ_CHUNK / 2..=4 * READ_CHUNK).contains(&buf.capacity()) {
-        return;
-    }
-    SPARE_READ_BUFS.with(|s| {
-        let mut spare = s.borrow_mut();
-        if spare.len() < MAX_SPARE_READ_BUFS {
-            spare.push(buf);
-        }
-    });
-}
-
 /// Sent when a request started but its head (or fast-path body) did not arrive in time.
 const REQUEST_TIMEOUT: &[u8] =
     b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
 
 /// One downstream connection on the fast path.
-pub(super) struct Conn {
-    pub(super) io: TcpStream,
+pub(super) struct Conn<S> {
+    pub(super) io: S,
     /// Bytes read and not yet served, and the request being read.
     pub(super) incoming: Incoming,
     /// The response head being written (reused).
@@ -305,7 +275,17 @@ enum Fill {
     Timeout,
 }
 
-impl Conn {
+impl<S: Socket> Conn<S> {
+    fn new(io: S, serving: &Serving) -> Self {
+        Self {
+            io,
+            incoming: Incoming::default(),
+            out: Vec::new(),
+            send_timeout: serving.send_timeout,
+            reset: false,
+        }
+    }
+
     async fn read_request(&mut self, serving: &Serving, wait: &mut Wait<'_, '_>) -> Next {
         wait.deadline = None;
         let mut started = false;
@@ -390,30 +370,5 @@ impl Wait<'_, '_> {
             self.timer.as_mut().reset(deadline);
         }
         false
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_recycled_read_buffer_comes_back_with_its_room_and_an_odd_one_is_dropped() {
-        let mut buf = BytesMut::with_capacity(READ_CHUNK);
-        buf.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
-        buf.clear();
-        let at = buf.as_ptr();
-        recycle_read_buf(buf);
-        let again = spare_read_buf();
-        assert!(again.is_empty());
-        assert_eq!(again.as_ptr(), at, "not the recycled allocation");
-        recycle_read_buf(BytesMut::with_capacity(16 * READ_CHUNK));
-        recycle_read_buf(BytesMut::new());
-        let fresh = spare_read_buf();
-        assert_eq!(
-            fresh.capacity(),
-            READ_CHUNK,
-            "a too large or too small buffer was kept"
-        );
     }
 }

@@ -22,12 +22,24 @@ use crate::proxy::Peer;
 use crate::upstream::ProxyBody;
 
 use super::conn::{Conn, Serving};
-use super::io::Prefixed;
 use super::io::Stall;
+use super::io::{Prefixed, Socket};
 
-/// Gives the connection, and the bytes read but not yet served, to hyper: h1 or h2c, or h1 only
-/// once the fast path has `served` a request on it.
-pub(super) async fn hand_off(serving: &Serving, conn: Conn, peer: Peer, served: bool) {
+/// Which of hyper's servers takes a connection.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// HTTP/1 only: the fast path already served a request on it (an h2 preface there is a
+    /// bad request, not a protocol switch).
+    H1,
+    /// HTTP/1 or h2c prior knowledge, told by the first bytes.
+    Auto,
+    /// HTTP/2 only: TLS with ALPN `h2` (anything but the preface ends the connection, RFC 9113
+    /// section 3.4).
+    H2,
+}
+
+/// Gives the connection, and the bytes read but not yet served, to hyper (see [`Mode`]).
+pub(super) async fn hand_off<S: Socket>(serving: &Serving, conn: Conn<S>, peer: Peer, mode: Mode) {
     let io = Prefixed {
         pre: conn.incoming.buf.freeze(),
         io: conn.io,
@@ -57,19 +69,28 @@ pub(super) async fn hand_off(serving: &Serving, conn: Conn, peer: Peer, served: 
     };
     // With upgrades: a WebSocket handshake the upstream accepted hands the connection over to
     // its tunnel (see `Proxy::switch`).
-    let done: Option<Result<(), Box<dyn std::error::Error + Send + Sync>>> = if served {
-        let conn = serving
-            .hyper_h1
-            .serve_connection(TokioIo::new(io), service)
-            .with_upgrades();
-        until_done(conn, |c| c.graceful_shutdown(), &serving.shutdown, idle)
-            .await
-            .map(|done| done.map_err(Into::into))
-    } else {
-        let conn = serving
-            .hyper
-            .serve_connection_with_upgrades(TokioIo::new(io), service);
-        until_done(conn, |c| c.graceful_shutdown(), &serving.shutdown, idle).await
+    let done: Option<Result<(), Box<dyn std::error::Error + Send + Sync>>> = match mode {
+        Mode::H1 => {
+            let conn = serving
+                .hyper_h1
+                .serve_connection(TokioIo::new(io), service)
+                .with_upgrades();
+            until_done(conn, |c| c.graceful_shutdown(), &serving.shutdown, idle)
+                .await
+                .map(|done| done.map_err(Into::into))
+        }
+        Mode::Auto => {
+            let conn = serving
+                .hyper
+                .serve_connection_with_upgrades(TokioIo::new(io), service);
+            until_done(conn, |c| c.graceful_shutdown(), &serving.shutdown, idle).await
+        }
+        Mode::H2 => {
+            let conn = serving.hyper_h2.serve_connection(TokioIo::new(io), service);
+            until_done(conn, |c| c.graceful_shutdown(), &serving.shutdown, idle)
+                .await
+                .map(|done| done.map_err(Into::into))
+        }
     };
     let Some(done) = done else {
         tracing::debug!("downstream connection closed: idle, and it did not close when asked");

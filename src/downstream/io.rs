@@ -1,4 +1,5 @@
-//! The socket wrappers: [`Prefixed`] yields the bytes the fast path already read before the
+//! The socket wrappers: [`Socket`] is what the fast path needs of a client connection (TCP, or
+//! TLS over it); [`Prefixed`] yields the bytes the fast path already read before the
 //! socket's own, times out stalled writes and closes with a lingering close (nginx's
 //! `lingering_close`); [`Downstream`] is a WebSocket tunnel's client side; [`Stall`] is the
 //! send timeout both the fast path and [`Prefixed`] keep. Must never: let a
@@ -16,8 +17,70 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
+use tokio_rustls::server::TlsStream;
 
-use super::conn::reset_on_close;
+use super::conn::{peek, reset_on_close};
+
+/// A client connection the fast path and the hand-off serve: a TCP socket, or TLS over one.
+/// Writes must be flushed (TLS holds records back until then; TCP's flush does nothing).
+pub(crate) trait Socket: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// The TCP socket underneath: busy polling, `SO_LINGER`, the client-gone watch.
+    fn tcp(&self) -> &TcpStream;
+
+    /// Ready when the client has gone (FIN, reset, TLS `close_notify`): `Ready(true)`; or when
+    /// bytes of a next request arrived: `Ready(false)`, those bytes then being either still in
+    /// the socket (TCP: seen by a peek) or appended to `buf` (TLS: they had to be decrypted to
+    /// tell them from an alert).
+    fn poll_gone(&mut self, buf: &mut BytesMut, cx: &mut Context<'_>) -> Poll<bool>;
+
+    /// Whether nothing of the client's is unread, in the socket or decrypted: then a close needs
+    /// no lingering. TLS always lingers (its `close_notify` is a write the client may answer).
+    fn nothing_queued(&self) -> bool;
+}
+
+impl Socket for TcpStream {
+    fn tcp(&self) -> &TcpStream {
+        self
+    }
+
+    fn poll_gone(&mut self, _buf: &mut BytesMut, cx: &mut Context<'_>) -> Poll<bool> {
+        loop {
+            if std::task::ready!(self.poll_read_ready(cx)).is_err() {
+                return Poll::Ready(true);
+            }
+            // Through the runtime, so a `WouldBlock` clears the readiness it acted on.
+            match self.try_io(tokio::io::Interest::READABLE, || peek(self)) {
+                Ok(0) => return Poll::Ready(true),
+                Ok(_) => return Poll::Ready(false),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => return Poll::Ready(true),
+            }
+        }
+    }
+
+    fn nothing_queued(&self) -> bool {
+        !matches!(peek(self), Ok(n) if n > 0)
+    }
+}
+
+impl Socket for TlsStream<TcpStream> {
+    fn tcp(&self) -> &TcpStream {
+        self.get_ref().0
+    }
+
+    fn poll_gone(&mut self, buf: &mut BytesMut, cx: &mut Context<'_>) -> Poll<bool> {
+        buf.reserve(super::parse::READ_CHUNK / 2);
+        match tokio_util::io::poll_read_buf(Pin::new(self), cx, buf) {
+            Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => Poll::Ready(true),
+            Poll::Ready(Ok(_)) => Poll::Ready(false),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn nothing_queued(&self) -> bool {
+        false
+    }
+}
 
 /// Longest a closing connection is drained in all, and with no bytes arriving (the lingering
 /// close of nginx's `lingering_time` / `lingering_timeout`, shorter).
@@ -49,7 +112,11 @@ impl Linger {
 
     /// Drains `io` (whose write side is shut down); ready at the client's EOF, a read error, or
     /// a deadline. Reads at most 16 times per poll, then yields.
-    pub(super) fn poll(&mut self, io: &mut TcpStream, cx: &mut Context<'_>) -> Poll<()> {
+    pub(super) fn poll<R: AsyncRead + Unpin>(
+        &mut self,
+        io: &mut R,
+        cx: &mut Context<'_>,
+    ) -> Poll<()> {
         let until = self.until;
         let mut scratch = [MaybeUninit::<u8>::uninit(); 16 * 1024];
         for _ in 0..16 {
@@ -82,9 +149,9 @@ impl Linger {
 
 /// A stream that first yields bytes already read from it: how a connection reaches hyper with
 /// the request the fast path did not take.
-pub(crate) struct Prefixed {
+pub(crate) struct Prefixed<S> {
     pub(super) pre: Bytes,
-    pub(super) io: TcpStream,
+    pub(super) io: S,
     /// Set once the write side is shut down: the lingering close in progress.
     pub(super) linger: Option<Linger>,
     /// Whether a shutdown lingers (reads and drops the client's bytes); not once the connection
@@ -103,7 +170,7 @@ pub(crate) struct Prefixed {
 /// connection is of another kind (tests driving the proxy directly).
 pub(super) enum Downstream {
     /// The socket, unwrapped.
-    Socket(Prefixed),
+    Socket(Prefixed<TcpStream>),
     /// Anything else, through hyper.
     Upgraded(TokioIo<hyper::upgrade::Upgraded>),
 }
@@ -111,7 +178,7 @@ pub(super) enum Downstream {
 /// The downstream side of an upgraded connection (see [`Downstream`]): hyper's upgraded stream
 /// unwrapped to the socket when it is one of tessera's (served by either hyper builder).
 fn downstream(upgraded: hyper::upgrade::Upgraded) -> Downstream {
-    type Io = TokioIo<Prefixed>;
+    type Io = TokioIo<Prefixed<TcpStream>>;
     let (io, read_buf) = match hyper_util::server::conn::auto::upgrade::downcast::<Io>(upgraded) {
         Ok(parts) => (parts.io, parts.read_buf),
         Err(upgraded) => match upgraded.downcast::<Io>() {
@@ -177,7 +244,7 @@ impl AsyncWrite for Downstream {
     }
 }
 
-impl AsyncRead for Prefixed {
+impl<S: Socket> AsyncRead for Prefixed<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -193,7 +260,7 @@ impl AsyncRead for Prefixed {
     }
 }
 
-impl Prefixed {
+impl<S: Socket> Prefixed<S> {
     /// A write's result, through the send timeout ([`Stall`]).
     fn stalled(
         &mut self,
@@ -211,7 +278,7 @@ impl Prefixed {
                 self.stalled = true;
                 // Closed without lingering or a FIN queued behind a full buffer: reset (nginx's
                 // `reset_timedout_connection`).
-                reset_on_close(&self.io);
+                reset_on_close(self.io.tcp());
                 Poll::Ready(Err(io::ErrorKind::TimedOut.into()))
             }
             r => {
@@ -222,7 +289,7 @@ impl Prefixed {
     }
 }
 
-impl AsyncWrite for Prefixed {
+impl<S: Socket> AsyncWrite for Prefixed<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -1,12 +1,15 @@
-//! The accept phase: plain HTTP/1.1 and h2c (prior knowledge) on one TCP listener, with graceful
-//! shutdown. Each connection starts on the HTTP/1.1 fast path ([`h1`]), which hands anything
-//! else to hyper. Must never: do request work here (that is `proxy`).
+//! The accept phase: plain HTTP/1.1 and h2c (prior knowledge) on one TCP listener, TLS
+//! (HTTP/1.1 or HTTP/2 by ALPN) on another, with graceful shutdown. Each HTTP/1.1 connection,
+//! plain or TLS, starts on the fast path ([`conn`]), which hands anything else to hyper; h2 over
+//! TLS goes to hyper at once. Must never: do request work here (that is `proxy`).
 
+mod certs;
 mod conn;
 mod handoff;
 mod io;
 mod parse;
 mod settings;
+mod tls;
 mod write;
 
 use std::future::Future;
@@ -21,10 +24,21 @@ use tokio_util::task::TaskTracker;
 
 use crate::proxy::Proxy;
 
+pub use certs::{name_matches, CertError, CertSummary};
 pub use conn::MAX_FAST_BODY;
 pub use io::client_side;
 pub(crate) use parse::{Incoming, Taken};
-pub use settings::ServerConfig;
+pub use settings::{Identity, ServerConfig, TlsConfig, TlsVersion};
+pub use tls::TlsServer;
+
+/// What a listener speaks.
+#[derive(Debug, Clone)]
+pub enum Edge {
+    /// Plain HTTP/1.1 and h2c (`server.listen`).
+    Plain,
+    /// TLS, then HTTP/1.1 or HTTP/2 by ALPN (`tls.listen`).
+    Tls(Arc<TlsServer>),
+}
 
 /// Open-files limits below this many descriptors get a warning at start: each client connection,
 /// upstream connection and WebSocket tunnel holds one or two.
@@ -74,50 +88,22 @@ pub fn raise_open_files_limit() -> Option<u64> {
 /// How long open connections get to finish after shutdown is signalled.
 const DRAIN: Duration = Duration::from_secs(10);
 
-/// Serves `proxy` on `listener` until `shutdown` resolves, then drains open connections: idle
-/// ones close at once, busy ones finish their request (answered with `Connection: close`),
-/// WebSocket tunnels send both sides a Close frame 1001 and end; all within 10 s.
+/// Serves `proxy` on `listener` (speaking `edge`) until `shutdown` resolves, then drains open
+/// connections: idle ones close at once, busy ones finish their request (answered with
+/// `Connection: close`), WebSocket tunnels send both sides a Close frame 1001 and end; all
+/// within 10 s.
 ///
-/// Errors: none from accept (a failed accept is logged and retried after a short pause).
+/// Errors: none from accept (a failed accept is logged and retried after a short pause; a
+/// failed TLS handshake at debug level).
 pub async fn serve(
     listener: TcpListener,
+    edge: Edge,
     proxy: Arc<Proxy>,
     cfg: &ServerConfig,
     shutdown: impl Future<Output = ()>,
 ) {
-    let max_head = (cfg.max_header_bytes + cfg.max_uri_bytes + 1024).max(8192);
-    let mut hyper = auto::Builder::new(TokioExecutor::new());
-    hyper
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(cfg.header_read_timeout)
-        .max_buf_size(max_head);
-    hyper
-        .http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(cfg.http2_max_concurrent_streams)
-        .max_header_list_size((cfg.max_header_bytes + cfg.max_uri_bytes) as u32);
-    // HTTP/1 only, hyper's own builder with the same limits: the auto builder's connection with
-    // upgrades ignores `http1_only` and would take an h2 preface as a switch to h2.
-    let mut hyper_h1 = hyper::server::conn::http1::Builder::new();
-    hyper_h1
-        .timer(TokioTimer::new())
-        .header_read_timeout(cfg.header_read_timeout)
-        .max_buf_size(max_head);
     let stop = CancellationToken::new();
-    let serving = Arc::new(conn::Serving {
-        proxy,
-        hyper_h1,
-        hyper,
-        header_read_timeout: cfg.header_read_timeout,
-        send_timeout: cfg.send_timeout,
-        max_head,
-        max_body: match cfg.max_body_bytes {
-            0 => MAX_FAST_BODY,
-            cap => cap.min(MAX_FAST_BODY),
-        },
-        shutdown: stop.clone(),
-    });
+    let serving = Arc::new(serving(proxy, cfg, stop.clone()));
     let connections = TaskTracker::new();
     tokio::pin!(shutdown);
     loop {
@@ -142,10 +128,16 @@ pub async fn serve(
             },
         };
         let _ = stream.set_nodelay(true);
-        let peer = serving.proxy.peer(peer);
-        let serving = serving.clone();
+        let peer = match edge {
+            Edge::Plain => serving
+                .proxy
+                .peer(peer)
+                .redirected_to_https(cfg.redirect_to_https),
+            Edge::Tls(_) => serving.proxy.peer(peer).over_tls(),
+        };
+        let (serving, edge) = (serving.clone(), edge.clone());
         connections.spawn(async move {
-            conn::serve(serving, stream, peer).await;
+            serve_connection(serving, edge, stream, peer).await;
             drop(slot);
         });
     }
@@ -161,6 +153,66 @@ pub async fn serve(
     };
     if tokio::time::timeout(DRAIN, drained).await.is_err() {
         tracing::warn!("connections still open after {DRAIN:?}; closing");
+    }
+}
+
+/// One connection from accept to close: the TLS handshake first on a TLS listener.
+async fn serve_connection(
+    serving: Arc<conn::Serving>,
+    edge: Edge,
+    stream: tokio::net::TcpStream,
+    peer: crate::proxy::Peer,
+) {
+    let tls = match edge {
+        Edge::Plain => return conn::serve(serving, stream, peer).await,
+        Edge::Tls(tls) => tls,
+    };
+    match tls::handshake(&tls, stream, serving.header_read_timeout).await {
+        Some((stream, false)) => conn::serve(serving, stream, peer).await,
+        Some((stream, true)) => conn::serve_h2(serving, stream, peer).await,
+        None => {}
+    }
+}
+
+/// What every connection of one accept loop shares: hyper's servers built with `cfg`'s limits.
+fn serving(proxy: Arc<Proxy>, cfg: &ServerConfig, shutdown: CancellationToken) -> conn::Serving {
+    let max_head = (cfg.max_header_bytes + cfg.max_uri_bytes + 1024).max(8192);
+    let mut hyper = auto::Builder::new(TokioExecutor::new());
+    hyper
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(cfg.header_read_timeout)
+        .max_buf_size(max_head);
+    hyper
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(cfg.http2_max_concurrent_streams)
+        .max_header_list_size((cfg.max_header_bytes + cfg.max_uri_bytes) as u32);
+    // HTTP/1 only, hyper's own builder with the same limits: the auto builder's connection with
+    // upgrades ignores `http1_only` and would take an h2 preface as a switch to h2.
+    let mut hyper_h1 = hyper::server::conn::http1::Builder::new();
+    hyper_h1
+        .timer(TokioTimer::new())
+        .header_read_timeout(cfg.header_read_timeout)
+        .max_buf_size(max_head);
+    let mut hyper_h2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    hyper_h2
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(cfg.http2_max_concurrent_streams)
+        .max_header_list_size((cfg.max_header_bytes + cfg.max_uri_bytes) as u32);
+    conn::Serving {
+        proxy,
+        hyper_h1,
+        hyper_h2,
+        hyper,
+        header_read_timeout: cfg.header_read_timeout,
+        send_timeout: cfg.send_timeout,
+        max_head,
+        max_body: match cfg.max_body_bytes {
+            0 => MAX_FAST_BODY,
+            cap => cap.min(MAX_FAST_BODY),
+        },
+        shutdown,
     }
 }
 

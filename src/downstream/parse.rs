@@ -4,6 +4,7 @@
 //! sees it, so no body byte is ever left in the buffer to be mistaken for the next request. Must
 //! never: take a head `httparse` refuses or whose framing is in doubt (those go to hyper).
 
+use std::cell::RefCell;
 use std::mem::MaybeUninit;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -238,6 +239,40 @@ fn request(head: &Bytes, p: &Parsed, spans: &[[u32; 4]]) -> Option<Request<()>> 
     Some(req)
 }
 
+/// Bytes read per `recv`.
+pub(super) const READ_CHUNK: usize = 8 * 1024;
+
+thread_local! {
+    /// Read buffers given back by this thread's idle fast-path connections.
+    static SPARE_READ_BUFS: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Most spare read buffers kept per thread.
+const MAX_SPARE_READ_BUFS: usize = 64;
+
+/// An empty read buffer: one of this thread's spares, else a new one of [`READ_CHUNK`] bytes.
+pub(super) fn spare_read_buf() -> BytesMut {
+    SPARE_READ_BUFS
+        .with(|s| s.borrow_mut().pop())
+        .unwrap_or_else(|| BytesMut::with_capacity(READ_CHUNK))
+}
+
+/// Gives an empty read buffer back for [`spare_read_buf`]; kept only while this thread holds
+/// fewer than [`MAX_SPARE_READ_BUFS`] and when it has at least half a [`READ_CHUNK`] of room and
+/// at most four (one grown by a large head is dropped).
+pub(super) fn recycle_read_buf(buf: BytesMut) {
+    debug_assert!(buf.is_empty());
+    if !(READ_CHUNK / 2..=4 * READ_CHUNK).contains(&buf.capacity()) {
+        return;
+    }
+    SPARE_READ_BUFS.with(|s| {
+        let mut spare = s.borrow_mut();
+        if spare.len() < MAX_SPARE_READ_BUFS {
+            spare.push(buf);
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,5 +307,25 @@ mod tests {
         let mut incoming = Incoming::default();
         incoming.extend(b"\rT / HTTP/1.1\r\nHost: a\r\n\r\n");
         assert!(matches!(incoming.take(8192, 1024), Taken::HandOff));
+    }
+
+    #[test]
+    fn a_recycled_read_buffer_comes_back_with_its_room_and_an_odd_one_is_dropped() {
+        let mut buf = BytesMut::with_capacity(READ_CHUNK);
+        buf.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
+        buf.clear();
+        let at = buf.as_ptr();
+        recycle_read_buf(buf);
+        let again = spare_read_buf();
+        assert!(again.is_empty());
+        assert_eq!(again.as_ptr(), at, "not the recycled allocation");
+        recycle_read_buf(BytesMut::with_capacity(16 * READ_CHUNK));
+        recycle_read_buf(BytesMut::new());
+        let fresh = spare_read_buf();
+        assert_eq!(
+            fresh.capacity(),
+            READ_CHUNK,
+            "a too large or too small buffer was kept"
+        );
     }
 }

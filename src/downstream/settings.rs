@@ -6,8 +6,12 @@ use std::time::Duration;
 /// `[server]`.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Address `tessera serve` binds (plain HTTP/1.1 and h2c). Default `127.0.0.1:8080`.
-    pub listen: SocketAddr,
+    /// Address `tessera serve` binds for plain HTTP/1.1 and h2c. Default `127.0.0.1:8080`;
+    /// with `[tls]`, none unless set.
+    pub listen: Option<SocketAddr>,
+    /// `server.redirect_to_https`: the plain listener answers every request with a 308 to the
+    /// same host and path on https, at this port (`tls.listen`'s). Default off.
+    pub redirect_to_https: Option<u16>,
     /// Cap on the sum of request header names + values, bytes; above -> 431. Default 16384.
     pub max_header_bytes: usize,
     /// Cap on the request-target length, bytes; above -> 414. Default 8192.
@@ -60,4 +64,54 @@ pub struct ServerConfig {
     /// connection is accepted until one closes (they wait in the listen backlog). 0: no limit.
     /// Default 10000 (each holds a descriptor and about 6 KB while idle).
     pub max_connections: usize,
+}
+
+/// `[tls]`: the TLS listener (HTTP/1.1 and HTTP/2 chosen by ALPN), as validated by `config`.
+#[derive(Debug, Clone)]
+pub struct TlsConfig {
+    /// Address the TLS listener binds (`tls.listen`, TCP).
+    pub listen: SocketAddr,
+    /// The certificate served when the client names no host, or one no `[[tls.sni]]` entry
+    /// lists (`tls.certificate` + `tls.private_key`); `names` is empty.
+    pub default: Identity,
+    /// `[[tls.sni]]`: a certificate per group of host names, chosen by the ClientHello's SNI
+    /// (RFC 6066 section 3), exact names before `*.` wildcards.
+    pub sni: Vec<Identity>,
+    /// Oldest protocol version accepted (`tls.min_version`, "1.2" or "1.3"). Default 1.2.
+    pub min_version: TlsVersion,
+    /// Stateless session tickets (RFC 5077 / RFC 8446 section 4.6.1) besides the server's
+    /// session cache (`tls.session_tickets`, nginx's `ssl_session_tickets`). Default true.
+    pub session_tickets: bool,
+}
+
+/// A certificate chain and its private key, as PEM text read from the configured files.
+#[derive(Clone)]
+pub struct Identity {
+    /// Host names this identity serves (`[[tls.sni]] server_names`; `*.example.com` matches one
+    /// label); empty for the default certificate.
+    pub names: Vec<String>,
+    /// The config key of the chain (`tls.certificate`, `tls.sni[0].certificate`), for errors.
+    pub key_name: String,
+    /// PEM: the leaf certificate first, then its intermediates.
+    pub chain_pem: String,
+    /// PEM: PKCS#8, PKCS#1 (RSA) or SEC1 (EC) private key.
+    pub key_pem: zeroize::Zeroizing<String>,
+}
+
+impl std::fmt::Debug for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Identity")
+            .field("names", &self.names)
+            .field("key_name", &self.key_name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `tls.min_version`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsVersion {
+    /// TLS 1.2 (RFC 5246) and 1.3.
+    Tls12,
+    /// TLS 1.3 (RFC 8446) only.
+    Tls13,
 }

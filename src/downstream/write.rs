@@ -7,7 +7,7 @@
 use std::future::poll_fn;
 use std::io::IoSlice;
 use std::pin::Pin;
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -15,14 +15,13 @@ use http::header;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use http_body::Body;
 use tokio::io::AsyncWrite;
-use tokio::net::TcpStream;
 
 use crate::upstream::{ProxyBody, RawHead};
 
 use super::conn::{ClientWatch, Conn};
-use super::io::Stall;
+use super::io::{Socket, Stall};
 
-impl Conn {
+impl<S: Socket> Conn<S> {
     /// Writes `parts` ([`send`]); `false` when that failed or timed out (then `reset`).
     pub(super) async fn send(&mut self, parts: &[&[u8]]) -> bool {
         match send(&mut self.io, parts, self.send_timeout).await {
@@ -41,9 +40,11 @@ impl Conn {
         body: &mut ProxyBody,
         watch: &mut ClientWatch,
     ) -> Result<Option<Bytes>, ()> {
-        next_data(body, &self.io, watch).await.map_err(|cut| {
-            self.reset |= cut == Cut::SessionEnded;
-        })
+        next_data(body, &mut self.io, &mut self.incoming.buf, watch)
+            .await
+            .map_err(|cut| {
+                self.reset |= cut == Cut::SessionEnded;
+            })
     }
 
     /// Writes the response; `false` when the connection cannot carry another request (a write
@@ -186,15 +187,16 @@ enum Cut {
 /// The next data frame of `body` (trailers are dropped: HTTP/1.1 clients did not ask for them);
 /// `Err` when the body failed or was ended, or when the client on `io` went away while waiting
 /// for it (`watch`).
-async fn next_data(
+async fn next_data<S: Socket>(
     body: &mut ProxyBody,
-    io: &TcpStream,
+    io: &mut S,
+    read_buf: &mut bytes::BytesMut,
     watch: &mut ClientWatch,
 ) -> Result<Option<Bytes>, Cut> {
     loop {
         let frame = poll_fn(|cx| match Pin::new(&mut *body).poll_frame(cx) {
             Poll::Ready(frame) => Poll::Ready(Ok(frame)),
-            Poll::Pending => watch.poll_gone(io, cx).map(Err),
+            Poll::Pending => watch.poll_gone(io, read_buf, cx).map(Err),
         })
         .await;
         let Ok(frame) = frame else {
@@ -224,8 +226,13 @@ async fn next_data(
 /// when a write fails; `Err(true)` when the client takes no byte for `stall`
 /// (`server.send_timeout_ms`, counted from a write the socket's full send buffer could not take,
 /// and again after every write it took: nginx's `send_timeout`). The timer is made only when
-/// the send buffer is full, so a response the kernel takes whole costs none.
-async fn send(io: &mut TcpStream, parts: &[&[u8]], stall: Duration) -> Result<(), bool> {
+/// the send buffer is full, so a response the kernel takes whole costs none. Then flushes (TLS
+/// records held back; nothing on TCP), under the same timeout.
+async fn send<W: AsyncWrite + Unpin>(
+    io: &mut W,
+    parts: &[&[u8]],
+    stall: Duration,
+) -> Result<(), bool> {
     let mut bufs = [IoSlice::new(&[]); 4];
     let mut n = 0;
     for p in parts.iter().filter(|p| !p.is_empty()) {
@@ -242,21 +249,27 @@ async fn send(io: &mut TcpStream, parts: &[&[u8]], stall: Duration) -> Result<()
                     IoSlice::advance_slices(&mut bufs, written);
                     timer.progress();
                 }
-                Poll::Pending => {
-                    if timer.poll_expired(stall, cx) {
-                        tracing::debug!(
-                            "client took no response bytes for server.send_timeout_ms; \
-                             connection reset"
-                        );
-                        return Poll::Ready(Err(true));
-                    }
-                    return Poll::Pending;
-                }
+                Poll::Pending => return stalled(&mut timer, stall, cx),
             }
         }
-        Poll::Ready(Ok(()))
+        match Pin::new(&mut *io).poll_flush(cx) {
+            Poll::Ready(Ok(())) => Poll::Ready(Ok(())),
+            Poll::Ready(Err(_)) => Poll::Ready(Err(false)),
+            Poll::Pending => stalled(&mut timer, stall, cx),
+        }
     })
     .await
+}
+
+/// A write the client did not take: `Err(true)` once `stall` has passed since the last progress.
+fn stalled(timer: &mut Stall, stall: Duration, cx: &mut Context<'_>) -> Poll<Result<(), bool>> {
+    if timer.poll_expired(stall, cx) {
+        tracing::debug!(
+            "client took no response bytes for server.send_timeout_ms; connection reset"
+        );
+        return Poll::Ready(Err(true));
+    }
+    Poll::Pending
 }
 
 #[derive(Clone, Copy)]

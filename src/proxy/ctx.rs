@@ -25,6 +25,9 @@ pub struct Peer {
     pub(super) trusted: bool,
     /// `X-Forwarded-Proto` sent upstream: `http`, or what a trusted proxy reported.
     pub(super) proto: &'static str,
+    /// `server.redirect_to_https`: every request is answered with a redirect to https at this
+    /// port.
+    pub(super) to_https: Option<u16>,
     /// The connection's share of the upstream pool, made at its first HTTP/2 request (an
     /// HTTP/1.1 connection carries one request at a time and needs none).
     pub(super) share: std::sync::OnceLock<ConnectionShare>,
@@ -40,15 +43,36 @@ impl Peer {
             forwarded_for: HeaderValue::from_str(&addr.ip().to_string()).ok(),
             trusted: false,
             proto: "http",
+            to_https: None,
             share: std::sync::OnceLock::new(),
         }
     }
 
-    /// The client a trusted proxy relayed this request for (see [`screen::forwarded_client`]).
+    /// The same peer, connected over TLS: `X-Forwarded-Proto: https` upstream, and `https`
+    /// URLs in redirects and JMAP session resources.
+    pub fn over_tls(self) -> Self {
+        Self {
+            proto: "https",
+            ..self
+        }
+    }
+
+    /// The same peer on a plain listener that only redirects to https at `port`
+    /// (`server.redirect_to_https`).
+    pub fn redirected_to_https(self, port: Option<u16>) -> Self {
+        Self {
+            to_https: port,
+            ..self
+        }
+    }
+
+    /// The client a trusted proxy relayed this request for (see [`screen::forwarded_client`]);
+    /// its scheme is the one the proxy reports, else the one the proxy itself used.
     pub(super) fn relayed(&self, headers: &http::HeaderMap, trusted: &[ipnet::IpNet]) -> Self {
         let ip = screen::forwarded_client(headers, trusted, self.addr.ip());
         Self {
-            proto: screen::forwarded_proto(headers).unwrap_or("http"),
+            proto: screen::forwarded_proto(headers).unwrap_or(self.proto),
+            to_https: self.to_https,
             ..Self::new(SocketAddr::new(ip, 0))
         }
     }

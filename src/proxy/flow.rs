@@ -74,6 +74,10 @@ impl Proxy {
         B::Error: Into<BoxError>,
     {
         let screened = screen::screen_request_with(&mut parts, &self.limits, &self.stripped)?;
+        if let Some(port) = ctx.peer().to_https {
+            let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+            return Ok(super::redirect::to_https(&screened.host, target, port));
+        }
         if let Some(endpoint) = self.login.as_ref().and_then(|l| l.route(parts.uri.path())) {
             return Ok(self
                 .session_endpoint(endpoint, &parts, &screened, body, ctx)

@@ -40,6 +40,28 @@ fn repoint_value(name: &HeaderName, value: &str, rules: &[(String, String)]) -> 
         .map(|url| format!("{prefix}{url}"))
 }
 
+/// The answer of a plain listener that only redirects (`server.redirect_to_https`): 308 (the
+/// method and body kept, RFC 9110 section 15.4.9) to the same host and target on https at
+/// `port` (left out when 443).
+pub(super) fn to_https(host: &HeaderValue, target: &str, port: u16) -> Response<ProxyBody> {
+    let host = host.to_str().unwrap_or_default();
+    // The port goes; an IPv6 literal keeps its brackets.
+    let name = match host.rfind(':') {
+        Some(at) if !host[at..].contains(']') => &host[..at],
+        _ => host,
+    };
+    let location = match port {
+        443 => format!("https://{name}{target}"),
+        p => format!("https://{name}:{p}{target}"),
+    };
+    let mut resp = Response::new(ProxyBody::empty());
+    *resp.status_mut() = http::StatusCode::PERMANENT_REDIRECT;
+    if let Ok(v) = HeaderValue::from_str(&location) {
+        resp.headers_mut().insert(header::LOCATION, v);
+    }
+    resp
+}
+
 impl Proxy {
     /// Repoints the redirect fields of an upstream answer ([module docs](self)). Reads nothing
     /// of a response without such a field.
@@ -111,6 +133,22 @@ mod tests {
                 "https://mail.example/".into(),
             ),
         ]
+    }
+
+    #[test]
+    fn the_https_redirect_keeps_host_and_target_and_drops_the_plain_port() {
+        let at = |host: &str, port| {
+            let resp = to_https(&HeaderValue::from_str(host).unwrap(), "/a?b=1", port);
+            assert_eq!(resp.status(), 308);
+            resp.headers()[header::LOCATION]
+                .to_str()
+                .unwrap()
+                .to_owned()
+        };
+        assert_eq!(at("mail.example:8080", 443), "https://mail.example/a?b=1");
+        assert_eq!(at("mail.example", 8443), "https://mail.example:8443/a?b=1");
+        assert_eq!(at("[::1]:8080", 8443), "https://[::1]:8443/a?b=1");
+        assert_eq!(at("[::1]", 443), "https://[::1]/a?b=1");
     }
 
     #[test]

@@ -1,0 +1,117 @@
+//! `[tls]` -> [`TlsConfig`]: the listener, the certificates (read, and checked against their
+//! keys, here, so that `check-config` and a SIGHUP reload refuse a bad file), the version floor.
+
+use crate::downstream::{name_matches, CertError, Identity, TlsConfig, TlsVersion};
+
+use super::raw::{RawSni, RawTls};
+use super::{resolve_secret, socket_addr, ConfigError};
+
+type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+pub(super) fn validate_tls(t: RawTls, env: Env) -> Result<TlsConfig, ConfigError> {
+    let Some(listen) = t.listen.as_deref() else {
+        return Err(ConfigError::new(
+            "tls.listen",
+            "is required in [tls]: the address of the TLS listener, e.g. \"0.0.0.0:8443\"",
+        ));
+    };
+    let listen = socket_addr("tls.listen", listen, "0.0.0.0:8443")?;
+    let default = identity(
+        Vec::new(),
+        "tls",
+        t.certificate.as_deref(),
+        t.private_key.as_deref(),
+        env,
+    )?;
+    let mut sni = Vec::new();
+    for (i, entry) in t.sni.unwrap_or_default().into_iter().enumerate() {
+        sni.push(sni_entry(i, entry, env)?);
+    }
+    let min_version = match t.min_version.as_deref().unwrap_or("1.2") {
+        "1.2" => TlsVersion::Tls12,
+        "1.3" => TlsVersion::Tls13,
+        other => {
+            return Err(ConfigError::new(
+                "tls.min_version",
+                format!("`{other}` is not \"1.2\" or \"1.3\" (leave it out for 1.2)"),
+            ))
+        }
+    };
+    Ok(TlsConfig {
+        listen,
+        default,
+        sni,
+        min_version,
+        session_tickets: t.session_tickets.unwrap_or(true),
+    })
+}
+
+fn sni_entry(i: usize, entry: RawSni, env: Env) -> Result<Identity, ConfigError> {
+    let at = format!("tls.sni[{i}]");
+    let names: Vec<String> = entry
+        .server_names
+        .unwrap_or_default()
+        .iter()
+        .map(|n| n.trim_end_matches('.').to_ascii_lowercase())
+        .collect();
+    if names.is_empty() || names.iter().any(|n| n.is_empty() || n.contains([':', '/'])) {
+        return Err(ConfigError::new(
+            &format!("{at}.server_names"),
+            "must list host names (no port), e.g. [\"mail.example.com\", \"*.example.com\"]",
+        ));
+    }
+    let identity = identity(
+        names,
+        &at,
+        entry.certificate.as_deref(),
+        entry.private_key.as_deref(),
+        env,
+    )?;
+    let covered = identity.summary().map_err(cert_error)?.names;
+    if let Some(n) = identity
+        .names
+        .iter()
+        .find(|n| !covered.iter().any(|c| name_matches(c, n) || c == *n))
+    {
+        return Err(ConfigError::new(
+            &format!("{at}.server_names"),
+            format!(
+                "`{n}` is not among the names of {at}.certificate ({}); clients would refuse it",
+                covered.join(", ")
+            ),
+        ));
+    }
+    Ok(identity)
+}
+
+/// The chain and key at `{at}.certificate` / `{at}.private_key`, loaded and matched.
+fn identity(
+    names: Vec<String>,
+    at: &str,
+    certificate: Option<&str>,
+    private_key: Option<&str>,
+    env: Env,
+) -> Result<Identity, ConfigError> {
+    let cert_key = format!("{at}.certificate");
+    let key_key = format!("{at}.private_key");
+    let missing = |key: &str, what: &str| {
+        ConfigError::new(
+            key,
+            format!("is required: \"file:/etc/tessera/{what}.pem\" (PEM), or env:NAME"),
+        )
+    };
+    let chain = certificate.ok_or_else(|| missing(&cert_key, "fullchain"))?;
+    let key = private_key.ok_or_else(|| missing(&key_key, "key"))?;
+    let identity = Identity {
+        names,
+        chain_pem: resolve_secret(&cert_key, chain, env)?.to_string(),
+        key_pem: resolve_secret(&key_key, key, env)?,
+        key_name: cert_key,
+    };
+    identity.certified_key().map_err(cert_error)?;
+    Ok(identity)
+}
+
+fn cert_error(e: CertError) -> ConfigError {
+    ConfigError::new(&e.key, e.problem)
+}

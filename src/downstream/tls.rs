@@ -1,0 +1,158 @@
+//! The TLS listener's server side: rustls (ring provider) with ALPN `h2` and `http/1.1`, TLS 1.2
+//! and 1.3 from `tls.min_version`, a certificate per SNI name ([`super::certs`]), and resumption
+//! by both the session cache and stateless tickets. One ticketer and one cache live for the
+//! process, so a certificate reload (SIGHUP) forgets no session. Must never: accept early data
+//! (tokio-rustls never reads it: a client would think its request sent), or drop an open
+//! connection on a reload.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use rustls::server::{ProducesTickets, ServerSessionMemoryCache, StoresServerSessions};
+use rustls::ServerConfig;
+use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
+
+use super::certs::{CertError, Certificates};
+use super::settings::{TlsConfig, TlsVersion};
+
+/// Sessions the server-side cache keeps for resumption (nginx's `ssl_session_cache` holds about
+/// 4,000 per MB); each entry is a few hundred bytes.
+const SESSION_CACHE: usize = 20_000;
+
+/// ALPN protocol ids (RFC 7301), preferred first.
+pub(super) const ALPN_H2: &[u8] = b"h2";
+const ALPN_HTTP11: &[u8] = b"http/1.1";
+
+/// The TLS server: the current rustls configuration (replaced whole on reload), and what
+/// outlives a reload.
+pub struct TlsServer {
+    current: RwLock<Arc<ServerConfig>>,
+    ticketer: Option<Arc<dyn ProducesTickets>>,
+    cache: Arc<dyn StoresServerSessions>,
+}
+
+impl std::fmt::Debug for TlsServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsServer")
+            .field("tickets", &self.ticketer.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TlsServer {
+    /// The server for `cfg`: certificates loaded, a new ticketer when `tls.session_tickets`.
+    ///
+    /// Errors: a certificate or key that cannot be served (naming its config key), or no
+    /// randomness for the ticket keys.
+    pub fn new(cfg: &TlsConfig) -> Result<Self, CertError> {
+        let ticketer = match cfg.session_tickets {
+            true => Some(
+                rustls::crypto::ring::Ticketer::new().map_err(|e| CertError {
+                    key: "tls.session_tickets".into(),
+                    problem: format!("cannot make ticket keys: {e}; set it to false"),
+                })?,
+            ),
+            false => None,
+        };
+        let cache: Arc<dyn StoresServerSessions> = ServerSessionMemoryCache::new(SESSION_CACHE);
+        let first = build(cfg, ticketer.as_ref(), &cache)?;
+        Ok(Self {
+            current: RwLock::new(first),
+            ticketer,
+            cache,
+        })
+    }
+
+    /// Puts `cfg`'s certificates and version floor in place for new handshakes; open
+    /// connections keep theirs, and tickets and cached sessions stay valid. `tls.listen` and
+    /// `tls.session_tickets` apply at the next restart.
+    ///
+    /// Errors: as [`TlsServer::new`]; the running certificates are kept then.
+    pub fn reload(&self, cfg: &TlsConfig) -> Result<(), CertError> {
+        let next = build(cfg, self.ticketer.as_ref(), &self.cache)?;
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = next;
+        Ok(())
+    }
+
+    /// The acceptor for one handshake, with the configuration in place now.
+    pub(super) fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        let cfg = self.current.read().unwrap_or_else(|p| p.into_inner());
+        tokio_rustls::TlsAcceptor::from(cfg.clone())
+    }
+}
+
+/// Logs each certificate's names and expiry: a warning when it has expired (clients refuse it),
+/// or expires within 14 days.
+fn log_certificates(cfg: &TlsConfig) {
+    let now = crate::unix_now() as i64;
+    for identity in std::iter::once(&cfg.default).chain(&cfg.sni) {
+        let Ok(c) = identity.summary() else { continue };
+        let names = c.names.join(", ");
+        let days_left = (c.not_after - now) / 86_400;
+        if c.not_after <= now {
+            tracing::warn!(key = %c.key, %names, "certificate has EXPIRED: clients refuse it; renew it, then SIGHUP");
+        } else if days_left < 14 {
+            tracing::warn!(key = %c.key, %names, days_left, "certificate expires soon; renew it, then SIGHUP");
+        } else {
+            tracing::info!(key = %c.key, %names, days_left, "certificate in place");
+        }
+    }
+}
+
+/// One rustls server configuration.
+fn build(
+    cfg: &TlsConfig,
+    ticketer: Option<&Arc<dyn ProducesTickets>>,
+    cache: &Arc<dyn StoresServerSessions>,
+) -> Result<Arc<ServerConfig>, CertError> {
+    let certs = Certificates::load(&cfg.default, &cfg.sni)?;
+    log_certificates(cfg);
+    let versions: &[&rustls::SupportedProtocolVersion] = match cfg.min_version {
+        TlsVersion::Tls12 => &[&rustls::version::TLS13, &rustls::version::TLS12],
+        TlsVersion::Tls13 => &[&rustls::version::TLS13],
+    };
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut server = ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(versions)
+        .map_err(|e| CertError {
+            key: "tls.min_version".into(),
+            problem: e.to_string(),
+        })?
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(certs));
+    server.alpn_protocols = vec![ALPN_H2.to_vec(), ALPN_HTTP11.to_vec()];
+    server.session_storage = cache.clone();
+    if let Some(t) = ticketer {
+        server.ticketer = t.clone();
+    }
+    // 0 already by default; said here because tokio-rustls would drop what a client sends early.
+    server.max_early_data_size = 0;
+    Ok(Arc::new(server))
+}
+
+/// Runs the server side of a handshake on `tcp`, for at most `timeout` (the head-read timeout:
+/// a client that opens a connection and sends nothing holds it no longer than on plain HTTP).
+/// Returns the stream and whether the client chose HTTP/2 by ALPN; `None` when the handshake
+/// was refused, broke (logged at debug) or took too long.
+pub(super) async fn handshake(
+    tls: &TlsServer,
+    tcp: TcpStream,
+    timeout: Duration,
+) -> Option<(TlsStream<TcpStream>, bool)> {
+    let accept = tls.acceptor().accept(tcp);
+    match tokio::time::timeout(timeout, accept).await {
+        Ok(Ok(stream)) => {
+            let h2 = stream.get_ref().1.alpn_protocol() == Some(ALPN_H2);
+            Some((stream, h2))
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(cause = %e, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!("TLS handshake not done within server.header_read_timeout_ms");
+            None
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! TLS for tests: a test CA and leaf certificates made with rcgen (written as PEM files for
+//! tessera, curl, openssl and nginx), the `[tls]` table, and a blocking rustls client that shows
+//! which certificate the server presented.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::pki_types::{CertificateDer, ServerName};
+
+/// A test CA in a directory of its own; `ca.pem` is what clients trust.
+pub struct Pki {
+    pub dir: tempfile::TempDir,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+}
+
+impl Pki {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "tessera test CA");
+        let ca = params.self_signed(&key).unwrap();
+        std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
+        Self {
+            dir,
+            issuer: rcgen::Issuer::new(params, key),
+        }
+    }
+
+    /// The CA certificate's path.
+    pub fn ca(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
+    /// A leaf for `names` (the first is also its CN), written as `{file}.pem` and
+    /// `{file}.key`; returns both paths.
+    pub fn leaf(&self, file: &str, names: &[&str]) -> (PathBuf, PathBuf) {
+        let (cert, key) = self.leaf_pem(names);
+        let (c, k) = (
+            self.path(&format!("{file}.pem")),
+            self.path(&format!("{file}.key")),
+        );
+        std::fs::write(&c, cert).unwrap();
+        std::fs::write(&k, key).unwrap();
+        (c, k)
+    }
+
+    /// A leaf for `names` as PEM text: (certificate, private key).
+    pub fn leaf_pem(&self, names: &[&str]) -> (String, String) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params =
+            rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, names[0]);
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+/// The `[tls]` table for a listener on `port` with the certificate `cert` and key `key`, and
+/// `extra` lines after them.
+pub fn tls_table(port: u16, cert: &Path, key: &Path, extra: &str) -> String {
+    format!(
+        "[tls]\nlisten = \"127.0.0.1:{port}\"\ncertificate = \"file:{}\"\nprivate_key = \"file:{}\"\n{extra}\n",
+        cert.display(),
+        key.display()
+    )
+}
+
+/// The DER of the first certificate in the PEM file at `path`.
+pub fn leaf_der(path: &Path) -> Vec<u8> {
+    use rustls::pki_types::pem::PemObject;
+    CertificateDer::pem_file_iter(path)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .to_vec()
+}
+
+/// A blocking TLS 1.3/1.2 client connection to 127.0.0.1:`port`, trusting `ca`, naming
+/// `server_name` in SNI, offering ALPN `http/1.1`.
+pub struct Client {
+    pub tls: rustls::StreamOwned<rustls::ClientConnection, TcpStream>,
+}
+
+impl Client {
+    pub fn connect(port: u16, server_name: &str, ca: &Path) -> Self {
+        use rustls::pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_file_iter(ca).unwrap() {
+            roots.add(c.unwrap()).unwrap();
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let name = ServerName::try_from(server_name.to_string()).unwrap();
+        let conn = rustls::ClientConnection::new(Arc::new(cfg), name).unwrap();
+        let tcp = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let mut tls = rustls::StreamOwned::new(conn, tcp);
+        while tls.conn.is_handshaking() {
+            tls.conn.complete_io(&mut tls.sock).unwrap();
+        }
+        Self { tls }
+    }
+
+    /// The leaf certificate the server presented, DER.
+    pub fn leaf(&self) -> Vec<u8> {
+        self.tls.conn.peer_certificates().unwrap()[0].to_vec()
+    }
+
+    /// A keep-alive `GET path` with `token` (none when empty); returns (status, body). Reads a
+    /// `Content-Length` body only.
+    pub fn get(&mut self, path: &str, token: &str) -> (u16, String) {
+        let auth = match token {
+            "" => String::new(),
+            t => format!("authorization: Bearer {t}\r\n"),
+        };
+        write!(
+            self.tls,
+            "GET {path} HTTP/1.1\r\nhost: localhost\r\n{auth}\r\n"
+        )
+        .unwrap();
+        self.tls.flush().unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            self.tls.read_exact(&mut byte).unwrap();
+            head.push(byte[0]);
+        }
+        let head = String::from_utf8(head).unwrap();
+        let status = head[9..12].parse().unwrap();
+        let len: usize = head
+            .lines()
+            .find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                name.eq_ignore_ascii_case("content-length")
+                    .then(|| value.trim().parse().unwrap())
+            })
+            .unwrap_or(0);
+        let mut body = vec![0u8; len];
+        self.tls.read_exact(&mut body).unwrap();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+}

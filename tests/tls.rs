@@ -1,0 +1,396 @@
+//! TLS termination with real clients: curl over HTTP/1.1 and HTTP/2 (ALPN), nghttp, openssl
+//! `s_client` resuming sessions, h2spec over TLS, a rustls client watching certificates change
+//! on SIGHUP and by SNI, and the plain listener that only redirects to https.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use support::tls::{leaf_der, tls_table, Client, Pki};
+use support::*;
+
+/// nginx as the upstream: `/proto` answers with the forwarding fields and the credential it got.
+const ECHO: &str =
+    r#"location = /proto { return 200 "proto=$http_x_forwarded_proto auth=$http_authorization"; }"#;
+
+/// tessera with a plain listener, a TLS one on `tls_port` serving `localhost` from `pki`, and
+/// `tls_extra` lines in `[tls]`; returns it with a session token.
+fn tls_tessera(
+    upstream: u16,
+    pki: &Pki,
+    tls_port: u16,
+    tls_extra: &str,
+    server: &'static str,
+) -> (Tessera, String) {
+    let (cert, key) = pki.leaf("localhost", &["localhost"]);
+    let table = tls_table(tls_port, &cert, &key, tls_extra);
+    let t = Tessera::start(move |port, dir| {
+        let store = format!("embedded:{}/sessions", dir.display());
+        let upstream = format!("http://127.0.0.1:{upstream}");
+        config(
+            port,
+            &upstream,
+            &store,
+            &[("server", server), ("tables", &table)],
+        )
+    });
+    wait_for_port(tls_port);
+    let (_, token) = t.create_session("alice", "pw");
+    (t, token)
+}
+
+fn wait_for_port(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nothing listens on {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// curl against `https://localhost:port/path` trusting `ca`, with `args`; (status, body, version).
+fn curl_tls(port: u16, ca: &Path, path: &str, args: &[&str]) -> (u16, String, String) {
+    let resolve = format!("localhost:{port}:127.0.0.1");
+    let url = format!("https://localhost:{port}{path}");
+    let ca = ca.display().to_string();
+    let mut all = vec![
+        "--cacert",
+        &ca,
+        "--resolve",
+        &resolve,
+        "-w",
+        " %{http_version}\n%{http_code}",
+    ];
+    all.extend_from_slice(args);
+    all.push(&url);
+    let (status, out) = curl(&all);
+    let (body, version) = out.rsplit_once(' ').unwrap();
+    (status, body.to_string(), version.to_string())
+}
+
+#[test]
+fn curl_and_nghttp_reach_the_upstream_over_tls_with_h1_and_h2_by_alpn() {
+    require("nghttp");
+    let nginx = Nginx::start_with(ECHO);
+    let pki = Pki::new();
+    let tls_port = free_port();
+    let (t, token) = tls_tessera(nginx.port, &pki, tls_port, "", "");
+    let bearer = format!("authorization: Bearer {token}");
+    for (flag, version) in [("--http1.1", "1.1"), ("--http2", "2")] {
+        let (status, body, v) = curl_tls(tls_port, &pki.ca(), "/proto", &[flag, "-H", &bearer]);
+        assert_eq!((status, v.as_str()), (200, version), "{body}");
+        assert!(body.starts_with("proto=https auth=Basic "), "{body}");
+    }
+    // Keep-alive over TLS on the fast path: two requests, one connection.
+    let mut client = Client::connect(tls_port, "localhost", &pki.ca());
+    for _ in 0..2 {
+        let (status, body) = client.get("/proto", &token);
+        assert_eq!(status, 200, "{body}");
+        assert!(body.starts_with("proto=https"), "{body}");
+    }
+    // The plain listener still says http.
+    let (status, body) = curl(&["-H", &bearer, &t.url("/proto")]);
+    assert_eq!(
+        (status, body.starts_with("proto=http ")),
+        (200, true),
+        "{body}"
+    );
+    let out = Command::new("nghttp")
+        .args(["-v", "-H", &bearer])
+        .arg(format!("https://localhost:{tls_port}/proto"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("The negotiated protocol: h2"), "{text}");
+    assert!(text.contains(":status: 200"), "{text}");
+    assert!(text.contains("proto=https"), "{text}");
+}
+
+/// openssl `s_client` connecting twice, the second time offering the first's session; whether
+/// the server resumed it.
+fn resumed(port: u16, version: &str, dir: &Path) -> bool {
+    let session = dir.join(format!("session-{version}.pem"));
+    let run = |io: &str| {
+        // stdin held open a moment, so TLS 1.3 tickets (sent after the handshake) arrive.
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "sleep 0.3 | openssl s_client -connect 127.0.0.1:{port} -servername localhost \
+                 {version} {io} {}",
+                session.display()
+            ))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let first = run("-sess_out");
+    assert!(first.contains("New, TLSv1."), "{first}");
+    run("-sess_in").contains("Reused, TLSv1.")
+}
+
+#[test]
+fn sessions_resume_by_ticket_and_by_the_session_cache() {
+    require("openssl");
+    let nginx = Nginx::start_with(ECHO);
+    let pki = Pki::new();
+    let (tickets, plain) = (free_port(), free_port());
+    let _with = tls_tessera(nginx.port, &pki, tickets, "", "");
+    let _without = tls_tessera(nginx.port, &pki, plain, "session_tickets = false", "");
+    for port in [tickets, plain] {
+        for version in ["-tls1_3", "-tls1_2"] {
+            assert!(
+                resumed(port, version, pki.dir.path()),
+                "{version} on {port} not resumed"
+            );
+        }
+    }
+}
+
+#[test]
+fn min_version_1_3_refuses_a_tls_1_2_client() {
+    require("openssl");
+    let nginx = Nginx::start_with(ECHO);
+    let pki = Pki::new();
+    let port = free_port();
+    let _t = tls_tessera(nginx.port, &pki, port, "min_version = \"1.3\"", "");
+    let handshake = |version: &str| {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "openssl s_client -connect 127.0.0.1:{port} {version} </dev/null"
+            ))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(handshake("-tls1_3").contains("New, TLSv1.3"));
+    assert!(!handshake("-tls1_2").contains("New, TLSv1.2"));
+}
+
+#[test]
+fn sni_picks_each_names_certificate_and_others_get_the_default() {
+    let nginx = Nginx::start_with(ECHO);
+    let pki = Pki::new();
+    let (mail, mail_key) = pki.leaf("mail", &["mail.test"]);
+    let (wild, wild_key) = pki.leaf("wild", &["*.cal.test"]);
+    let sni = format!(
+        "[[tls.sni]]\nserver_names = [\"mail.test\"]\ncertificate = \"file:{}\"\nprivate_key = \"file:{}\"\n\
+         [[tls.sni]]\nserver_names = [\"*.cal.test\"]\ncertificate = \"file:{}\"\nprivate_key = \"file:{}\"",
+        mail.display(),
+        mail_key.display(),
+        wild.display(),
+        wild_key.display()
+    );
+    let port = free_port();
+    let _t = tls_tessera(nginx.port, &pki, port, &sni, "");
+    let ca = pki.ca();
+    assert_eq!(
+        Client::connect(port, "mail.test", &ca).leaf(),
+        leaf_der(&mail)
+    );
+    assert_eq!(
+        Client::connect(port, "a.cal.test", &ca).leaf(),
+        leaf_der(&wild)
+    );
+    let default = leaf_der(&pki.path("localhost.pem"));
+    assert_eq!(Client::connect(port, "localhost", &ca).leaf(), default);
+}
+
+#[test]
+fn sighup_swaps_the_certificate_for_new_handshakes_and_open_connections_go_on() {
+    let nginx = Nginx::start_with(ECHO);
+    let pki = Pki::new();
+    let port = free_port();
+    let (t, token) = tls_tessera(nginx.port, &pki, port, "", "");
+    let cert = pki.path("localhost.pem");
+    let old = leaf_der(&cert);
+    let mut open = Client::connect(port, "localhost", &pki.ca());
+    assert_eq!(open.get("/proto", &token).0, 200);
+    let hangup = |expect: &str, times: usize| {
+        Command::new("kill")
+            .args(["-HUP", &t.pid().to_string()])
+            .status()
+            .unwrap();
+        t.log_when(|log| log.matches(expect).count() >= times);
+    };
+    pki.leaf("localhost", &["localhost"]);
+    let new = leaf_der(&cert);
+    assert_ne!(old, new);
+    hangup("configuration reloaded", 1);
+    assert_eq!(
+        open.get("/proto", &token).0,
+        200,
+        "the open connection broke"
+    );
+    assert_eq!(open.leaf(), old);
+    assert_eq!(Client::connect(port, "localhost", &pki.ca()).leaf(), new);
+    // A broken file is refused, logged, and the running certificate stays.
+    std::fs::write(&cert, "not a certificate").unwrap();
+    hangup("configuration reload refused", 1);
+    assert!(t.log().contains("tls.certificate"), "{}", t.log());
+    assert_eq!(Client::connect(port, "localhost", &pki.ca()).leaf(), new);
+}
+
+#[test]
+fn h2spec_finds_no_fault_over_tls() {
+    require("h2spec");
+    let nginx = Nginx::start_with(ECHO);
+    let pki = Pki::new();
+    let port = free_port();
+    let _t = tls_tessera(nginx.port, &pki, port, "", "");
+    let out = Command::new("h2spec")
+        .args(["-t", "-k", "-h", "127.0.0.1", "-p", &port.to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let summary = text.lines().last().unwrap_or_default();
+    assert!(
+        summary.contains("145 passed, 0 skipped, 0 failed"),
+        "{summary}\n{text}"
+    );
+}
+
+#[test]
+fn the_plain_listener_can_redirect_everything_to_https() {
+    let nginx = Nginx::start_with(ECHO);
+    let pki = Pki::new();
+    let tls_port = free_port();
+    let (t, token) = tls_tessera(nginx.port, &pki, tls_port, "", "redirect_to_https = true");
+    let bearer = format!("authorization: Bearer {token}");
+    let plain = format!("http://localhost:{}/proto?x=1", t.port);
+    let (status, out) = curl(&["-D", "-", "-o", "/dev/null", &plain]);
+    assert_eq!(status, 308, "{out}");
+    let location = format!("location: https://localhost:{tls_port}/proto?x=1");
+    assert!(out.to_ascii_lowercase().contains(&location), "{out}");
+    // Followed with the bearer (curl sends it across a port change only when trusted).
+    let resolve = format!("localhost:{tls_port}:127.0.0.1");
+    let ca = pki.ca().display().to_string();
+    let follow = ["--location-trusted", "--cacert", &ca, "--resolve", &resolve];
+    let (status, body) = curl(&[&follow[..], &["-H", &bearer, &plain]].concat());
+    assert_eq!(status, 200, "{body}");
+    assert!(body.starts_with("proto=https"), "{body}");
+}
+
+#[test]
+fn check_config_reports_the_certificate_and_refuses_a_foreign_key() {
+    let pki = Pki::new();
+    let (cert, key) = pki.leaf("localhost", &["localhost", "mail.test"]);
+    let dir = tempfile::tempdir().unwrap();
+    let write = |key: &Path| {
+        let text = config(
+            free_port(),
+            "http://127.0.0.1:9",
+            &format!("embedded:{}/sessions", dir.path().display()),
+            &[("tables", &tls_table(free_port(), &cert, key, ""))],
+        );
+        let path = dir.path().join("tessera.toml");
+        std::fs::write(&path, text).unwrap();
+        Command::new(bin())
+            .args(["check-config", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap()
+    };
+    let ok = write(&key);
+    let text = String::from_utf8_lossy(&ok.stdout);
+    assert!(ok.status.success(), "{text}");
+    assert!(
+        text.contains("tls.certificate: key matches; names localhost, mail.test; valid until"),
+        "{text}"
+    );
+    let (_, other_key) = pki.leaf("other", &["other.test"]);
+    let bad = write(&other_key);
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("config key `tls.private_key`: does not match the first certificate"),
+        "{err}"
+    );
+}
+
+#[test]
+fn tls_settings_are_checked_at_load_naming_the_key() {
+    let pki = Pki::new();
+    let (cert, key) = pki.leaf("localhost", &["localhost", "*.example.test"]);
+    let (cert, key) = (cert.display(), key.display());
+    let base = format!(
+        "[upstream]\nurl = \"http://127.0.0.1:9\"\n[token]\nsecret = \"{JWT_SECRET}\"\n\
+         [credentials]\nkeys = {{ k1 = \"{CRED_KEY}\" }}\n"
+    );
+    let load = |server: &str, tls: &str| {
+        let text = format!("{base}[server]\n{server}\n[tls]\n{tls}\n");
+        tessera::Config::from_toml(&text).map_err(|e| e.to_string())
+    };
+    let files = format!("certificate = \"file:{cert}\"\nprivate_key = \"file:{key}\"");
+    let tls = format!("listen = \"127.0.0.1:8443\"\n{files}");
+    // With [tls], the plain listener is there only when asked for.
+    let c = load("", &tls).unwrap();
+    assert_eq!(c.server.listen, None);
+    let t = c.tls.unwrap();
+    assert_eq!(
+        (t.min_version, t.session_tickets),
+        (tessera::downstream::TlsVersion::Tls12, true)
+    );
+    let sni = |names: &str| format!("{tls}\n[[tls.sni]]\nserver_names = {names}\n{files}");
+    assert_eq!(
+        load("", &sni("[\"a.example.test\"]"))
+            .unwrap()
+            .tls
+            .unwrap()
+            .sni
+            .len(),
+        1
+    );
+    let refused = [
+        ("", files.clone(), "tls.listen", "is required"),
+        (
+            "",
+            format!("{tls}\nmin_version = \"1.1\""),
+            "tls.min_version",
+            "\"1.3\"",
+        ),
+        (
+            "",
+            format!("listen = \"127.0.0.1:8443\"\ncertificate = \"file:{cert}\""),
+            "tls.private_key",
+            "is required",
+        ),
+        (
+            "",
+            sni("[\"other.test\"]"),
+            "tls.sni[0].server_names",
+            "`other.test` is not among",
+        ),
+        (
+            "",
+            sni("[]"),
+            "tls.sni[0].server_names",
+            "must list host names",
+        ),
+        (
+            "listen = \"127.0.0.1:8443\"",
+            tls.clone(),
+            "server.listen",
+            "same address as tls.listen",
+        ),
+        (
+            "redirect_to_https = true",
+            tls.clone(),
+            "server.redirect_to_https",
+            "server.listen",
+        ),
+    ];
+    for (server, tls, key, says) in refused {
+        let err = load(server, &tls)
+            .err()
+            .unwrap_or_else(|| panic!("{tls}: accepted"));
+        assert!(
+            err.contains(&format!("`{key}`")) && err.contains(says),
+            "{tls}: {err}"
+        );
+    }
+    let text = format!("{base}[server]\nredirect_to_https = true\n");
+    let err = tessera::Config::from_toml(&text).unwrap_err().to_string();
+    assert!(err.contains("needs [tls]"), "{err}");
+}
