@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command (README "Quick start", docs/testing.md; .ci/run calls it).
 # Installs what the tests need on a fresh Debian machine (redis-server, nginx, curl, openssl, nghttp, the
-# Cyrus JMAP packages, Chromium + Node.js with playwright-core for the login page), then runs format and lint checks and every test: unit, service, and integration tests
+# Cyrus JMAP packages, Chromium + Node.js with playwright-core for the login page, jmap-jam, and
+# jmapc in a Python venv), then runs format and lint checks and every test: unit, service, and integration tests
 # that start real redis-server / nginx / Cyrus / tessera processes on free loopback ports, then
 # every fuzz target for 20 s (scripts/fuzz.sh).
 set -euo pipefail
@@ -23,6 +24,8 @@ command -v nghttp >/dev/null || need+=(nghttp2-client)
 [ -x /usr/bin/chromium ] || need+=(chromium)
 command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)
+# jmapc (tests/cyrus_tls.rs) runs in a Python virtual environment.
+python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3 python3-venv)
 if ((${#need[@]})); then
   echo "test.sh: installing ${need[*]}" >&2
   # Keep Debian's own services (nginx on :80, cyrus) from starting during install.
@@ -37,6 +40,11 @@ command -v h2spec >/dev/null || GOBIN=/usr/local/bin go install github.com/summe
 [ -d tests/browser/node_modules/playwright-core ] || (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error)
 # jmap-jam (pinned in tests/jmap/package-lock.json), a real JMAP client for tests/cyrus.rs.
 [ -d tests/jmap/node_modules/jmap-jam ] || (cd tests/jmap && npm ci --no-audit --no-fund --loglevel=error)
+# jmapc 0.4.0 and its dependencies (pinned in tests/jmap/requirements.txt), from PyPI.
+[ -x tests/jmap/.venv/bin/python ] || {
+  python3 -m venv tests/jmap/.venv
+  tests/jmap/.venv/bin/pip install -q --disable-pip-version-check -r tests/jmap/requirements.txt
+}
 command -v cargo >/dev/null || { echo "test.sh: cargo not found; install Rust (rustup) first" >&2; exit 1; }
 cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
 cargo clippy --version >/dev/null 2>&1 || rustup component add clippy

@@ -6,58 +6,9 @@ mod support;
 
 use std::process::Command;
 
+use support::cyrus::{login_at, token_of, Cyrus};
 use support::upstream::recording_relay;
 use support::*;
-
-struct Cyrus {
-    dir: tempfile::TempDir,
-    http_port: u16,
-}
-
-impl Cyrus {
-    fn start() -> Self {
-        Self::start_with_maxchild(8)
-    }
-
-    /// A Cyrus whose JMAP service forks at most `maxchild` children (one per connection).
-    fn start_with_maxchild(maxchild: u32) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("cy")
-            .tempdir_in("/tmp")
-            .unwrap();
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/cyrus.sh");
-        let out = Command::new("bash")
-            .arg(script)
-            .arg("start")
-            .arg(dir.path())
-            .env("CYRUS_MAXCHILD", maxchild.to_string())
-            .output()
-            .expect("run cyrus.sh");
-        assert!(
-            out.status.success(),
-            "cyrus.sh start failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let http_port = stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("HTTP_PORT="))
-            .and_then(|p| p.trim().parse().ok())
-            .expect("HTTP_PORT line");
-        Self { dir, http_port }
-    }
-}
-
-impl Drop for Cyrus {
-    fn drop(&mut self) {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/cyrus.sh");
-        let _ = Command::new("bash")
-            .arg(script)
-            .arg("stop")
-            .arg(self.dir.path())
-            .status();
-    }
-}
 
 /// tessera in front of Cyrus's JMAP at `port` (directly, or through a relay): 4 upstream
 /// connections, `[login]` checked at `/jmap/`, the JMAP mode on.
@@ -97,25 +48,6 @@ fn query_subjects(t: &Tessera, token: &str, account: &str) -> (u16, serde_json::
         code,
         serde_json::from_str(&out).unwrap_or(serde_json::Value::Null),
     )
-}
-
-/// `POST /auth/login` with JSON credentials: (status, body).
-fn login_at(t: &Tessera, user: &str, password: &str) -> (u16, String) {
-    let body = serde_json::json!({"username": user, "password": password}).to_string();
-    curl(&[
-        "-H",
-        "Content-Type: application/json",
-        "--data-binary",
-        &body,
-        &t.url("/auth/login"),
-    ])
-}
-
-/// The token of a login that must have succeeded.
-fn token_of((code, body): (u16, String)) -> String {
-    assert_eq!(code, 200, "login: {body}");
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    v["token"].as_str().unwrap().to_string()
 }
 
 /// Users log in with their Cyrus passwords (a wrong one: 401, no session) and read their own
