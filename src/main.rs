@@ -179,9 +179,20 @@ async fn serve(config: PathBuf) -> ExitCode {
         Ok(l) => l,
         Err(code) => return code,
     };
+    let quic = match cfg.http3.as_ref().map(|h| h.listen) {
+        None => None,
+        Some(addr) => match tessera::downstream::bind_udp(addr) {
+            Ok(socket) => Some(socket),
+            Err(e) => {
+                eprintln!("tessera: config key `http3.listen`: cannot bind {addr} (UDP): {e}");
+                return ExitCode::from(2);
+            }
+        },
+    };
     let listeners = tessera::Listeners {
         plain,
         tls,
+        quic,
         metrics,
     };
     match tessera::run(cfg, listeners, reloads, shutdown_signal()).await {

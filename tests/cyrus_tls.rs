@@ -61,7 +61,10 @@ fn curl_follows_cyrus_redirect_to_an_https_session() {
     let (body, effective) = out.rsplit_once('\n').unwrap();
     assert_eq!(code, 200, "{out}");
     let origin = format!("https://localhost:{tls_port}");
-    assert!(effective.starts_with(&format!("{origin}/jmap")), "{effective}");
+    assert!(
+        effective.starts_with(&format!("{origin}/jmap")),
+        "{effective}"
+    );
     let session: serde_json::Value = serde_json::from_str(body).unwrap();
     assert_eq!(session["apiUrl"], format!("{origin}/jmap/"), "{session}");
 }
@@ -97,7 +100,10 @@ fn jmapc_works_through_tls_and_the_jmap_mode() {
         t.log()
     );
     let seen: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
-    assert_eq!(seen["apiUrl"], format!("https://localhost:{tls_port}/jmap/"));
+    assert_eq!(
+        seen["apiUrl"],
+        format!("https://localhost:{tls_port}/jmap/")
+    );
     assert_eq!(seen["accountId"], "alice");
     let mailboxes = seen["mailboxes"].to_string().to_lowercase();
     assert!(mailboxes.contains("inbox"), "{mailboxes}");

@@ -82,6 +82,10 @@ fn curl_and_nghttp_reach_the_upstream_over_tls_with_h1_and_h2_by_alpn() {
         assert_eq!((status, v.as_str()), (200, version), "{body}");
         assert!(body.starts_with("proto=https auth=Basic "), "{body}");
     }
+    // HEAD over h2: a locally made answer's head, no DATA (a 401's text would be a protocol
+    // error to the client).
+    let (status, _, v) = curl_tls(tls_port, &pki.ca(), "/proto", &["-I", "--http2"]);
+    assert_eq!((status, v.as_str()), (401, "2"));
     // Keep-alive over TLS on the fast path: two requests, one connection.
     let mut client = Client::connect(tls_port, "localhost", &pki.ca());
     for _ in 0..2 {

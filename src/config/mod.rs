@@ -29,7 +29,7 @@ use login::validate_login;
 use raw::RawConfig;
 use server::validate_server;
 use session::{validate_credentials, validate_session};
-use tls::validate_tls;
+use tls::{validate_http3, validate_tls};
 use token::validate_token;
 use upstream::validate_upstream;
 
@@ -183,6 +183,10 @@ pub(super) fn socket_addr(key: &str, text: &str, example: &str) -> Result<Socket
 
 fn validate(raw: RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
     let tls = raw.tls.map(|t| validate_tls(t, env)).transpose()?;
+    let http3 = raw
+        .http3
+        .map(|h| validate_http3(h, tls.as_ref()))
+        .transpose()?;
     let server = validate_server(raw.server.unwrap_or_default(), tls.as_ref())?;
     let upstream = validate_upstream(raw.upstream.unwrap_or_default())?;
     let token = validate_token(raw.token.unwrap_or_default(), env)?;
@@ -214,5 +218,6 @@ fn validate(raw: RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Conf
         websocket,
         jmap: validate_jmap(raw.jmap.unwrap_or_default())?,
         tls,
+        http3,
     })
 }

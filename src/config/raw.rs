@@ -19,6 +19,17 @@ pub(super) struct RawConfig {
     pub(super) websocket: Option<RawWebSocket>,
     pub(super) jmap: Option<RawJmap>,
     pub(super) tls: Option<RawTls>,
+    pub(super) http3: Option<RawHttp3>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHttp3 {
+    pub(super) listen: Option<String>,
+    pub(super) early_data: Option<bool>,
+    pub(super) alt_svc_max_age: Option<u64>,
+    pub(super) max_concurrent_streams: Option<u32>,
+    pub(super) idle_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -1,10 +1,10 @@
 //! `[tls]` -> [`TlsConfig`]: the listener, the certificates (read, and checked against their
 //! keys, here, so that `check-config` and a SIGHUP reload refuse a bad file), the version floor.
 
-use crate::downstream::{name_matches, CertError, Identity, TlsConfig, TlsVersion};
+use crate::downstream::{name_matches, CertError, Http3Config, Identity, TlsConfig, TlsVersion};
 
-use super::raw::{RawSni, RawTls};
-use super::{resolve_secret, socket_addr, ConfigError};
+use super::raw::{RawHttp3, RawSni, RawTls};
+use super::{ms, resolve_secret, socket_addr, ConfigError};
 
 type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 
@@ -114,4 +114,38 @@ fn identity(
 
 fn cert_error(e: CertError) -> ConfigError {
     ConfigError::new(&e.key, e.problem)
+}
+
+/// `[http3]`: needs `[tls]` (its certificates; its address by default).
+pub(super) fn validate_http3(
+    h: RawHttp3,
+    tls: Option<&TlsConfig>,
+) -> Result<Http3Config, ConfigError> {
+    let Some(tls) = tls else {
+        return Err(ConfigError::new(
+            "http3",
+            "needs [tls]: HTTP/3 serves its certificates; add [tls] or remove [http3]",
+        ));
+    };
+    let listen = match h.listen.as_deref() {
+        Some(text) => socket_addr("http3.listen", text, "0.0.0.0:8443")?,
+        None => tls.listen,
+    };
+    let max_concurrent_streams = match h.max_concurrent_streams {
+        None => 100,
+        Some(n @ 1..=10_000) => n,
+        Some(_) => {
+            return Err(ConfigError::new(
+                "http3.max_concurrent_streams",
+                "must be between 1 and 10000 (leave it out for 100)",
+            ))
+        }
+    };
+    Ok(Http3Config {
+        listen,
+        early_data: h.early_data.unwrap_or(true),
+        alt_svc_max_age: h.alt_svc_max_age.unwrap_or(86_400),
+        max_concurrent_streams,
+        idle_timeout: ms("http3.idle_timeout_ms", h.idle_timeout_ms, 30_000)?,
+    })
 }

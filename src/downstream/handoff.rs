@@ -58,7 +58,8 @@ pub(super) async fn hand_off<S: Socket>(serving: &Serving, conn: Conn<S>, peer: 
         let open = Streams::open(&streams);
         let streams = streams.clone();
         async move {
-            let resp = proxy.handle(req, &peer).await;
+            let head = req.method() == http::Method::HEAD;
+            let resp = bodyless_if(head, proxy.handle(req, &peer).await);
             Ok::<_, std::convert::Infallible>(resp.map(|body| Tracked::new(&streams, body, open)))
         }
     });
@@ -103,6 +104,26 @@ pub(super) async fn hand_off<S: Socket>(serving: &Serving, conn: Conn<S>, peer: 
             counts.count_status(status);
         }
     }
+}
+
+/// The answer to a HEAD request without its body (RFC 9110 section 9.3.2), its length kept in
+/// `Content-Length`: hyper's HTTP/2 server would send a locally made answer's body (a 401's
+/// text) in DATA frames, which the client takes as a protocol error. Others pass as they are.
+pub(super) fn bodyless_if(
+    head: bool,
+    resp: http::Response<ProxyBody>,
+) -> http::Response<ProxyBody> {
+    if !head {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    if let Some(n) = body.size_hint().exact().filter(|&n| n > 0) {
+        parts
+            .headers
+            .entry(http::header::CONTENT_LENGTH)
+            .or_insert_with(|| n.into());
+    }
+    http::Response::from_parts(parts, ProxyBody::empty())
 }
 
 /// Drives a hyper connection to its end. Once `shutdown` is cancelled, asks it to finish

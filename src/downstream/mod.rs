@@ -6,8 +6,10 @@
 mod certs;
 mod conn;
 mod handoff;
+mod http3;
 mod io;
 mod parse;
+mod quic;
 mod settings;
 mod tls;
 mod write;
@@ -28,7 +30,8 @@ pub use certs::{name_matches, CertError, CertSummary};
 pub use conn::MAX_FAST_BODY;
 pub use io::client_side;
 pub(crate) use parse::{Incoming, Taken};
-pub use settings::{Identity, ServerConfig, TlsConfig, TlsVersion};
+pub use quic::{bind_udp, serve_http3};
+pub use settings::{Http3Config, Identity, ServerConfig, TlsConfig, TlsVersion};
 pub use tls::TlsServer;
 
 /// What a listener speaks.
@@ -133,7 +136,11 @@ pub async fn serve(
                 .proxy
                 .peer(peer)
                 .redirected_to_https(cfg.redirect_to_https),
-            Edge::Tls(_) => serving.proxy.peer(peer).over_tls(),
+            Edge::Tls(ref tls) => serving
+                .proxy
+                .peer(peer)
+                .over_tls()
+                .advertising(tls.alt_svc().cloned()),
         };
         let (serving, edge) = (serving.clone(), edge.clone());
         connections.spawn(async move {

@@ -115,3 +115,23 @@ pub enum TlsVersion {
     /// TLS 1.3 (RFC 8446) only.
     Tls13,
 }
+
+/// `[http3]`: HTTP/3 over QUIC on UDP (RFC 9114), with the `[tls]` certificates.
+#[derive(Debug, Clone)]
+pub struct Http3Config {
+    /// UDP address (`http3.listen`). Default: `tls.listen`'s address, on UDP.
+    pub listen: SocketAddr,
+    /// 0-RTT (`http3.early_data`): requests a resuming client sends before the handshake
+    /// completes; GET, HEAD and OPTIONS go on at once with `Early-Data: 1` (RFC 8470), any other
+    /// method waits for the handshake. Default true.
+    pub early_data: bool,
+    /// `ma` of the `Alt-Svc: h3=":PORT"` field added to responses over TLS, seconds
+    /// (`http3.alt_svc_max_age`). Default 86400.
+    pub alt_svc_max_age: u64,
+    /// Request streams one connection may have open at once (`http3.max_concurrent_streams`,
+    /// QUIC's `initial_max_streams_bidi`). Default 100; 1..=10000.
+    pub max_concurrent_streams: u32,
+    /// A connection with no packet for this long is closed (`http3.idle_timeout_ms`, QUIC's
+    /// `max_idle_timeout`). Default 30 s.
+    pub idle_timeout: Duration,
+}

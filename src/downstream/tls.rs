@@ -23,6 +23,7 @@ const SESSION_CACHE: usize = 20_000;
 /// ALPN protocol ids (RFC 7301), preferred first.
 pub(super) const ALPN_H2: &[u8] = b"h2";
 const ALPN_HTTP11: &[u8] = b"http/1.1";
+const ALPN_H3: &[u8] = b"h3";
 
 /// The TLS server: the current rustls configuration (replaced whole on reload), and what
 /// outlives a reload.
@@ -30,6 +31,11 @@ pub struct TlsServer {
     current: RwLock<Arc<ServerConfig>>,
     ticketer: Option<Arc<dyn ProducesTickets>>,
     cache: Arc<dyn StoresServerSessions>,
+    /// QUIC's own session cache: its sessions carry QUIC transport parameters and, with 0-RTT,
+    /// must be resumed statefully (rustls refuses early data on stateless tickets).
+    quic_cache: Arc<dyn StoresServerSessions>,
+    /// `Alt-Svc` for responses over TLS when HTTP/3 is served (RFC 7838).
+    alt_svc: Option<http::HeaderValue>,
 }
 
 impl std::fmt::Debug for TlsServer {
@@ -56,12 +62,30 @@ impl TlsServer {
             false => None,
         };
         let cache: Arc<dyn StoresServerSessions> = ServerSessionMemoryCache::new(SESSION_CACHE);
-        let first = build(cfg, ticketer.as_ref(), &cache)?;
+        let first = build(cfg, &Resumption::tcp(ticketer.as_ref(), &cache))?;
+        log_certificates(cfg);
         Ok(Self {
             current: RwLock::new(first),
             ticketer,
             cache,
+            quic_cache: ServerSessionMemoryCache::new(SESSION_CACHE),
+            alt_svc: None,
         })
+    }
+
+    /// Advertises HTTP/3 on UDP `port` to clients over TLS: `Alt-Svc: h3=":PORT"; ma=MAX_AGE`
+    /// on every response (RFC 7838; the host is the one the client used).
+    pub fn with_alt_svc(self, port: u16, max_age: u64) -> Self {
+        let value = format!("h3=\":{port}\"; ma={max_age}");
+        Self {
+            alt_svc: http::HeaderValue::from_str(&value).ok(),
+            ..self
+        }
+    }
+
+    /// The `Alt-Svc` value responses over TLS carry, if any.
+    pub(super) fn alt_svc(&self) -> Option<&http::HeaderValue> {
+        self.alt_svc.as_ref()
     }
 
     /// Puts `cfg`'s certificates and version floor in place for new handshakes; open
@@ -70,15 +94,75 @@ impl TlsServer {
     ///
     /// Errors: as [`TlsServer::new`]; the running certificates are kept then.
     pub fn reload(&self, cfg: &TlsConfig) -> Result<(), CertError> {
-        let next = build(cfg, self.ticketer.as_ref(), &self.cache)?;
+        let next = build(cfg, &Resumption::tcp(self.ticketer.as_ref(), &self.cache))?;
+        log_certificates(cfg);
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = next;
         Ok(())
+    }
+
+    /// The QUIC server's configuration (RFC 9001): TLS 1.3 only, ALPN `h3`, the same
+    /// certificates; 0-RTT accepted when `h3.early_data` (then resumption is stateful, as rustls
+    /// requires for early data; otherwise tickets as over TCP). Made at start and on each reload
+    /// ([`quinn::Endpoint::set_server_config`]).
+    ///
+    /// Errors: as [`TlsServer::new`].
+    pub fn quic_config(
+        &self,
+        cfg: &TlsConfig,
+        h3: &super::Http3Config,
+    ) -> Result<quinn::ServerConfig, CertError> {
+        let resumption = Resumption {
+            ticketer: (!h3.early_data).then_some(self.ticketer.as_ref()).flatten(),
+            cache: &self.quic_cache,
+            alpn: &[ALPN_H3],
+            versions: &[&rustls::version::TLS13],
+            early_data: h3.early_data,
+        };
+        let tls = build(cfg, &resumption)?;
+        let crypto =
+            quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| CertError {
+                key: "http3".into(),
+                problem: format!("no TLS 1.3 cipher suite QUIC can use: {e}"),
+            })?;
+        let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+        let mut transport = quinn::TransportConfig::default();
+        transport
+            .max_concurrent_bidi_streams(h3.max_concurrent_streams.into())
+            .max_idle_timeout(quinn::IdleTimeout::try_from(h3.idle_timeout).ok());
+        server.transport_config(Arc::new(transport));
+        Ok(server)
     }
 
     /// The acceptor for one handshake, with the configuration in place now.
     pub(super) fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
         let cfg = self.current.read().unwrap_or_else(|p| p.into_inner());
         tokio_rustls::TlsAcceptor::from(cfg.clone())
+    }
+}
+
+/// How one rustls configuration resumes sessions and what it offers.
+struct Resumption<'a> {
+    ticketer: Option<&'a Arc<dyn ProducesTickets>>,
+    cache: &'a Arc<dyn StoresServerSessions>,
+    alpn: &'a [&'a [u8]],
+    /// `None`: from `tls.min_version`.
+    versions: &'a [&'static rustls::SupportedProtocolVersion],
+    early_data: bool,
+}
+
+impl<'a> Resumption<'a> {
+    /// TLS over TCP: ALPN `h2` and `http/1.1`, no early data (tokio-rustls never reads it).
+    fn tcp(
+        ticketer: Option<&'a Arc<dyn ProducesTickets>>,
+        cache: &'a Arc<dyn StoresServerSessions>,
+    ) -> Self {
+        Self {
+            ticketer,
+            cache,
+            alpn: &[ALPN_H2, ALPN_HTTP11],
+            versions: &[],
+            early_data: false,
+        }
     }
 }
 
@@ -101,16 +185,12 @@ fn log_certificates(cfg: &TlsConfig) {
 }
 
 /// One rustls server configuration.
-fn build(
-    cfg: &TlsConfig,
-    ticketer: Option<&Arc<dyn ProducesTickets>>,
-    cache: &Arc<dyn StoresServerSessions>,
-) -> Result<Arc<ServerConfig>, CertError> {
+fn build(cfg: &TlsConfig, r: &Resumption<'_>) -> Result<Arc<ServerConfig>, CertError> {
     let certs = Certificates::load(&cfg.default, &cfg.sni)?;
-    log_certificates(cfg);
-    let versions: &[&rustls::SupportedProtocolVersion] = match cfg.min_version {
-        TlsVersion::Tls12 => &[&rustls::version::TLS13, &rustls::version::TLS12],
-        TlsVersion::Tls13 => &[&rustls::version::TLS13],
+    let versions: &[&rustls::SupportedProtocolVersion] = match (r.versions, cfg.min_version) {
+        ([], TlsVersion::Tls12) => &[&rustls::version::TLS13, &rustls::version::TLS12],
+        ([], TlsVersion::Tls13) => &[&rustls::version::TLS13],
+        (fixed, _) => fixed,
     };
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut server = ServerConfig::builder_with_provider(provider)
@@ -121,13 +201,13 @@ fn build(
         })?
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(certs));
-    server.alpn_protocols = vec![ALPN_H2.to_vec(), ALPN_HTTP11.to_vec()];
-    server.session_storage = cache.clone();
-    if let Some(t) = ticketer {
+    server.alpn_protocols = r.alpn.iter().map(|p| p.to_vec()).collect();
+    server.session_storage = r.cache.clone();
+    if let Some(t) = r.ticketer {
         server.ticketer = t.clone();
     }
-    // 0 already by default; said here because tokio-rustls would drop what a client sends early.
-    server.max_early_data_size = 0;
+    // QUIC allows 0 or u32::MAX (RFC 9001 section 4.6.1).
+    server.max_early_data_size = if r.early_data { u32::MAX } else { 0 };
     Ok(Arc::new(server))
 }
 

@@ -28,6 +28,8 @@ pub struct Peer {
     /// `server.redirect_to_https`: every request is answered with a redirect to https at this
     /// port.
     pub(super) to_https: Option<u16>,
+    /// `Alt-Svc` added to every response (HTTP/3 advertised over TLS).
+    pub(super) alt_svc: Option<HeaderValue>,
     /// The connection's share of the upstream pool, made at its first HTTP/2 request (an
     /// HTTP/1.1 connection carries one request at a time and needs none).
     pub(super) share: std::sync::OnceLock<ConnectionShare>,
@@ -44,6 +46,7 @@ impl Peer {
             trusted: false,
             proto: "http",
             to_https: None,
+            alt_svc: None,
             share: std::sync::OnceLock::new(),
         }
     }
@@ -55,6 +58,11 @@ impl Peer {
             proto: "https",
             ..self
         }
+    }
+
+    /// The same peer, told of another protocol on every response (`Alt-Svc`, RFC 7838).
+    pub fn advertising(self, alt_svc: Option<HeaderValue>) -> Self {
+        Self { alt_svc, ..self }
     }
 
     /// The same peer on a plain listener that only redirects to https at `port`
@@ -73,6 +81,7 @@ impl Peer {
         Self {
             proto: screen::forwarded_proto(headers).unwrap_or(self.proto),
             to_https: self.to_https,
+            alt_svc: self.alt_svc.clone(),
             ..Self::new(SocketAddr::new(ip, 0))
         }
     }

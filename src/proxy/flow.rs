@@ -58,6 +58,10 @@ impl Proxy {
             screen::body::discard(body).await;
         }
         ctx.finish(resp.status().as_u16(), error.as_deref());
+        let mut resp = resp;
+        if let Some(alt_svc) = &peer.alt_svc {
+            resp.headers_mut().insert(header::ALT_SVC, alt_svc.clone());
+        }
         resp
     }
 

@@ -73,4 +73,3 @@ pub fn token_of((code, body): (u16, String)) -> String {
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     v["token"].as_str().unwrap().to_string()
 }
-

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cyrus;
+pub mod h3;
 pub mod tls;
 pub mod upstream;
 

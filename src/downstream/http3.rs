@@ -1,0 +1,133 @@
+//! One HTTP/3 request stream: the 0-RTT policy, the request body as an [`http_body::Body`] the
+//! phases read (streamed; the size limits are the proxy's, as over h1 and h2), and the response
+//! written back with the send timeout. A response cut by its session's end resets the stream, so
+//! what is queued for it never arrives. Must never: forward a request that is not safe to
+//! replay before the handshake completes, or end a cut response as if it were whole.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, Bytes};
+use http::{HeaderValue, Method, Request, Response};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+
+use crate::proxy::Peer;
+use crate::upstream::ProxyBody;
+
+use super::quic::{Handshake, Quic};
+
+type Stream<S> = h3::server::RequestStream<S, Bytes>;
+
+/// Serves one request: held until the handshake completes when it arrived early and is not
+/// safe to replay; marked `Early-Data: 1` when it goes on early.
+pub(super) async fn serve(
+    quic: &Quic,
+    mut req: Request<()>,
+    stream: Stream<h3_quinn::BidiStream<Bytes>>,
+    peer: &Peer,
+    mut handshake: Handshake,
+) {
+    if !handshake.complete() {
+        if is_safe(req.method()) {
+            // RFC 8470 section 5.1: the upstream may answer 425 Too Early, which passes.
+            req.headers_mut()
+                .insert("early-data", HeaderValue::from_static("1"));
+        } else {
+            // Browsers show a 425 to their users instead of retrying (caddy#7481): wait.
+            if tokio::time::timeout(quic.handshake_wait, handshake.wait())
+                .await
+                .is_err()
+            {
+                tracing::debug!("HTTP/3 handshake not done in time; early request dropped");
+                return;
+            }
+        }
+    }
+    let head = req.method() == Method::HEAD;
+    let (mut send, recv) = stream.split();
+    let req = req.map(|()| RequestBody { recv, done: false });
+    let resp = super::handoff::bodyless_if(head, quic.proxy.handle(req, peer).await);
+    respond(quic, &mut send, resp).await;
+}
+
+/// GET, HEAD and OPTIONS: safe to forward from early data (Cloudflare's and Envoy's rule).
+fn is_safe(method: &Method) -> bool {
+    matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+/// Writes `resp` on `send`: the head, each data frame (within `server.send_timeout_ms` each),
+/// then the end of the stream; a body that fails or is cut by its session's end resets the
+/// stream instead (`H3_REQUEST_CANCELLED`, RFC 9114 section 8.1).
+async fn respond(
+    quic: &Quic,
+    send: &mut Stream<h3_quinn::SendStream<Bytes>>,
+    resp: Response<ProxyBody>,
+) {
+    let (parts, mut body) = resp.into_parts();
+    if let Err(e) = send.send_response(Response::from_parts(parts, ())).await {
+        return tracing::debug!(cause = %e, "HTTP/3 response head not sent");
+    }
+    loop {
+        let frame = match body.frame().await {
+            None => break,
+            Some(Ok(frame)) => frame,
+            Some(Err(e)) => {
+                tracing::debug!(cause = %e, "HTTP/3 response body ended early; stream reset");
+                return send.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
+            }
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        match tokio::time::timeout(quic.send_timeout, send.send_data(data)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return tracing::debug!(cause = %e, "HTTP/3 client went away"),
+            Err(_) => {
+                tracing::debug!(
+                    "client took no response bytes for server.send_timeout_ms; stream reset"
+                );
+                return send.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
+            }
+        }
+    }
+    if let Err(e) = send.finish().await {
+        tracing::debug!(cause = %e, "HTTP/3 response end not sent");
+    }
+}
+
+/// An HTTP/3 request body as the phases read it: the client's DATA frames, in order; an error
+/// when the client resets the stream or breaks the framing (so the upstream request is never
+/// completed with a truncated body).
+struct RequestBody {
+    recv: Stream<h3_quinn::RecvStream>,
+    done: bool,
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        match std::task::ready!(self.recv.poll_recv_data(cx)) {
+            Ok(Some(mut buf)) => {
+                Poll::Ready(Some(Ok(Frame::data(buf.copy_to_bytes(buf.remaining())))))
+            }
+            Ok(None) => {
+                self.done = true;
+                Poll::Ready(None)
+            }
+            Err(e) => Poll::Ready(Some(Err(Box::new(e)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+}

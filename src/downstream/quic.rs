@@ -1,0 +1,210 @@
+//! HTTP/3 (RFC 9114) over QUIC (quinn): the UDP endpoint, each connection's HTTP/3 session, and
+//! the handshake state its requests need for the 0-RTT policy ([`super::http3`]). Graceful
+//! shutdown sends GOAWAY and lets open requests finish. Must never: let a request that is not
+//! safe to replay reach the upstream before the handshake completes.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::proxy::Proxy;
+
+use super::settings::Http3Config;
+use super::ServerConfig;
+
+/// UDP socket buffer asked for, bytes: the kernel's default (about 208 KiB here) drops
+/// datagrams of a busy connection; the kernel caps it at `net.core.rmem_max` / `wmem_max`.
+const UDP_BUFFER: usize = 4 * 1024 * 1024;
+
+/// How long open HTTP/3 connections get to finish after shutdown is signalled (as over TCP).
+const DRAIN: Duration = Duration::from_secs(10);
+
+/// Binds the HTTP/3 UDP socket at `addr` with 4 MiB receive and send buffers (quinn does not
+/// raise them; a warning names the sysctl when the kernel gives less).
+///
+/// Errors: the address cannot be bound.
+pub fn bind_udp(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    if addr.is_ipv6() {
+        let _ = socket.set_only_v6(false);
+    }
+    let _ = socket.set_recv_buffer_size(UDP_BUFFER);
+    let _ = socket.set_send_buffer_size(UDP_BUFFER);
+    // Linux reports twice what it grants (its own bookkeeping).
+    if socket.recv_buffer_size().unwrap_or(0) < UDP_BUFFER {
+        tracing::warn!(
+            wanted = UDP_BUFFER,
+            "HTTP/3: the UDP receive buffer is smaller than asked; raise sysctl net.core.rmem_max"
+        );
+    }
+    socket.bind(&addr.into())?;
+    Ok(socket.into())
+}
+
+/// What every HTTP/3 connection shares.
+pub(super) struct Quic {
+    pub(super) proxy: Arc<Proxy>,
+    pub(super) h3: Http3Config,
+    /// `server.header_read_timeout_ms`: how long a request held for the handshake may wait.
+    pub(super) handshake_wait: Duration,
+    /// `server.send_timeout_ms`, per response write.
+    pub(super) send_timeout: Duration,
+    pub(super) max_field_section: u64,
+    pub(super) shutdown: CancellationToken,
+}
+
+/// Serves HTTP/3 on `endpoint` until `shutdown` resolves, then drains: each connection is sent
+/// GOAWAY, its open requests finish (at most 10 s), and the endpoint closes.
+///
+/// Errors: none (a failed handshake or connection is logged at debug level).
+pub async fn serve_http3(
+    endpoint: quinn::Endpoint,
+    proxy: Arc<Proxy>,
+    h3: Http3Config,
+    server: &ServerConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let quic = Arc::new(Quic {
+        proxy,
+        h3,
+        handshake_wait: server.header_read_timeout,
+        send_timeout: server.send_timeout,
+        max_field_section: (server.max_header_bytes + server.max_uri_bytes) as u64,
+        shutdown: CancellationToken::new(),
+    });
+    let connections = TaskTracker::new();
+    tokio::pin!(shutdown);
+    loop {
+        let incoming = tokio::select! {
+            incoming = endpoint.accept() => incoming,
+            () = &mut shutdown => break,
+        };
+        let Some(incoming) = incoming else { break };
+        connections.spawn(connection(quic.clone(), incoming));
+    }
+    // No new connection from here on; open ones are sent GOAWAY.
+    endpoint.set_server_config(None);
+    quic.shutdown.cancel();
+    connections.close();
+    if tokio::time::timeout(DRAIN, connections.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("HTTP/3 connections still open after {DRAIN:?}; closing");
+    }
+    endpoint.close(quinn::VarInt::from_u32(0), b"shutdown");
+    let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
+}
+
+/// Whether a connection's handshake is complete, asked when a request is taken.
+#[derive(Clone)]
+pub(super) struct Handshake {
+    conn: quinn::Connection,
+    /// Turns true when quinn reports the handshake complete (to wake held requests).
+    done: watch::Receiver<bool>,
+}
+
+impl Handshake {
+    /// Complete now: the TLS exporter (RFC 8446 section 7.5) answers only once the server has
+    /// the client's Finished, read from the connection's own state, so a request that arrives
+    /// in the same datagram as the Finished is not taken as early.
+    pub(super) fn complete(&self) -> bool {
+        *self.done.borrow() || {
+            let mut probe = [0u8; 1];
+            self.conn
+                .export_keying_material(&mut probe, b"EXPORTER-tessera-handshake", b"")
+                .is_ok()
+        }
+    }
+
+    /// Resolves once the handshake is complete (or the connection failed).
+    pub(super) async fn wait(&mut self) {
+        let _ = self.done.wait_for(|done| *done).await;
+    }
+}
+
+/// One QUIC connection: the handshake (taken at once as 0-RTT when the client resumes with early
+/// data), then its HTTP/3 session until it ends or shutdown drains it.
+async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming) {
+    let connecting = match incoming.accept() {
+        Ok(c) => c,
+        Err(e) => return tracing::debug!(cause = %e, "QUIC connection refused"),
+    };
+    // `true` once the handshake is complete: the moment a request that is not safe to replay
+    // may go on (RFC 8470 section 5.1).
+    let (done, handshake) = watch::channel(false);
+    // Without 0-RTT the connection is taken only once the handshake is complete. With it, a
+    // request seen before the completion reaches this task is taken as early: the safe side.
+    let early = if quic.h3.early_data {
+        connecting.into_0rtt()
+    } else {
+        Err(connecting)
+    };
+    let conn = match early {
+        Ok((conn, accepted)) => {
+            tokio::spawn(async move {
+                let _ = accepted.await;
+                let _ = done.send(true);
+            });
+            conn
+        }
+        Err(connecting) => match connecting.await {
+            Ok(conn) => {
+                let _ = done.send(true);
+                conn
+            }
+            Err(e) => return tracing::debug!(cause = %e, "QUIC handshake failed"),
+        },
+    };
+    let peer = Arc::new(quic.proxy.peer(conn.remote_address()).over_tls());
+    let handshake = Handshake {
+        conn: conn.clone(),
+        done: handshake,
+    };
+    let mut session = match h3::server::builder()
+        .max_field_section_size(quic.max_field_section)
+        .build::<_, bytes::Bytes>(h3_quinn::Connection::new(conn))
+        .await
+    {
+        Ok(s) => s,
+        Err(e) => return tracing::debug!(cause = %e, "HTTP/3 session not set up"),
+    };
+    let requests = TaskTracker::new();
+    let mut draining = false;
+    loop {
+        let accepted = tokio::select! {
+            accepted = session.accept() => accepted,
+            () = quic.shutdown.cancelled(), if !draining => {
+                draining = true;
+                // GOAWAY: no request beyond those already accepted.
+                let _ = session.shutdown(0).await;
+                continue;
+            }
+        };
+        match accepted {
+            Ok(Some(resolver)) => {
+                let (quic, peer, handshake) = (quic.clone(), peer.clone(), handshake.clone());
+                requests.spawn(async move {
+                    match resolver.resolve_request().await {
+                        Ok((req, stream)) => {
+                            super::http3::serve(&quic, req, stream, &peer, handshake).await
+                        }
+                        Err(e) => tracing::debug!(cause = %e, "HTTP/3 request head refused"),
+                    }
+                });
+            }
+            Ok(None) => break,
+            Err(e) => {
+                tracing::debug!(cause = %e, "HTTP/3 connection ended");
+                break;
+            }
+        }
+    }
+    requests.close();
+    requests.wait().await;
+}

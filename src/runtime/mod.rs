@@ -1,0 +1,246 @@
+//! The serving runtime: the listeners bound by the caller, the serving threads (one
+//! current-thread runtime each, accepting plain and TLS connections), HTTP/3 and the metrics
+//! endpoint on the caller's runtime, reloads on SIGHUP, and the drain at shutdown.
+
+mod reload;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+
+use crate::{access_log, busy_poll, downstream, session, telemetry, upstream, Config, Proxy};
+pub use reload::ConfigReload;
+use reload::{clone_edges, quic_endpoint, reload_keys, serving_edges, tls_server, Edges};
+
+/// The sockets [`run`] serves, bound by the caller (tests bind port 0).
+#[derive(Debug, Default)]
+pub struct Listeners {
+    /// `server.listen`: plain HTTP/1.1 and h2c.
+    pub plain: Option<TcpListener>,
+    /// `tls.listen`: TLS, then HTTP/1.1 or HTTP/2 by ALPN; served only with `[tls]`.
+    pub tls: Option<TcpListener>,
+    /// `http3.listen` (UDP, [`downstream::bind_udp`]): HTTP/3; served only with `[http3]`.
+    pub quic: Option<std::net::UdpSocket>,
+    /// `metrics.listen`.
+    pub metrics: Option<TcpListener>,
+}
+
+/// Why [`run`] could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The session store cannot be opened.
+    #[error("config key `session.store`: {0}")]
+    Store(#[from] session::StoreError),
+    /// A certificate or key cannot be served.
+    #[error("config key `{}`: {}", .0.key, .0.problem)]
+    Tls(#[from] downstream::CertError),
+}
+
+/// Runs the proxy on already-bound `listeners` until `shutdown` resolves (tests bind port 0).
+///
+/// The proxy, its caches and the session store live on the caller's runtime, with the background
+/// tasks (cache invalidation, JWKS refresh, pool reaper). Requests are served by
+/// `server.threads` threads, each a single-threaded tokio runtime accepting from the same
+/// listener: a connection, its requests and the upstream connections they use stay on one
+/// thread, with no cross-thread wake-ups (docs/operations.md, "Tuning").
+///
+/// With a metrics listener (bound to `metrics.listen`), `GET /metrics` and the probes `/healthz` and
+/// `/readyz` are served there on the caller's runtime ([`telemetry::serve_metrics`]) until the
+/// drain ends; `/readyz` answers 200 only from when the serving threads run until shutdown
+/// begins.
+///
+/// Each [`ConfigReload`] received on `reloads` (the binary sends one per SIGHUP) has its keys
+/// and TLS certificates put in place ([`Proxy::reload_keys`], [`downstream::TlsServer::reload`]),
+/// without dropping a connection; the outcome is logged and counted
+/// (`tessera_config_reloads_total`).
+///
+/// Errors: the session store cannot be opened, or the TLS server cannot be made.
+pub async fn run(
+    cfg: Config,
+    listeners: Listeners,
+    reloads: tokio::sync::mpsc::Receiver<ConfigReload>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), StartError> {
+    let tls = tls_server(&cfg, listeners.tls.is_some(), listeners.quic.is_some())?;
+    let proxy = Arc::new(Proxy::from_config(&cfg)?.with_client_side(downstream::client_side));
+    let quic = quic_endpoint(&cfg, tls.as_deref(), listeners.quic)?;
+    // Ends with `run`, like the metrics task.
+    let _stop_reloads = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(reload_keys(
+        proxy.clone(),
+        Edges {
+            tls: tls.clone(),
+            quic: quic.clone(),
+        },
+        reloads,
+    )));
+    let metrics = listeners.metrics;
+    // `Serving` once the serving threads run; `Draining` when shutdown begins, which tells them
+    // to drain. `/readyz` answers 200 only while `Serving`.
+    let (phase, phase_rx) = tokio::sync::watch::channel(telemetry::Phase::Starting);
+    let metrics = metrics.map(|l| {
+        tracing::info!(listen = %l.local_addr().map(|a| a.to_string()).unwrap_or_default(), "metrics at /metrics, probes at /healthz and /readyz");
+        let probe_timeout = cfg.session.timeout;
+        tokio::spawn(telemetry::serve_metrics(l, proxy.clone(), phase_rx.clone(), probe_timeout))
+    });
+    let _stop_metrics = metrics.map(tokio_util::task::AbortOnDropHandle::new);
+    // Ends with `run`, like the metrics task.
+    let _stop_jwks_refresh = refresh_jwks(&proxy).await;
+    let addr = |l: &Option<TcpListener>| {
+        l.as_ref()
+            .and_then(|l| l.local_addr().ok())
+            .map(|a| a.to_string())
+    };
+    let http3 = quic
+        .as_ref()
+        .and_then(|e| e.local_addr().ok())
+        .map(|a| a.to_string());
+    tracing::info!(listen = addr(&listeners.plain), tls = addr(&listeners.tls), http3, upstream = %cfg.upstream.url, threads = cfg.server.threads, busy_poll_us = cfg.server.busy_poll.as_micros() as u64, "tessera serving");
+    // The rest needs `[server]` only. The keys are in the proxy now, where a reload replaces
+    // them; this copy of them is wiped here (their types zeroize on drop) rather than kept for
+    // the process's life.
+    let server_cfg = cfg.server.clone();
+    let _stop_http3 = quic.zip(cfg.http3.clone()).map(|(endpoint, h3)| {
+        spawn_http3(
+            endpoint,
+            proxy.clone(),
+            h3,
+            server_cfg.clone(),
+            phase_rx.clone(),
+        )
+    });
+    drop(cfg);
+    let edges = serving_edges(listeners.plain, listeners.tls.zip(tls));
+    let mut threads = Vec::with_capacity(server_cfg.threads);
+    for index in 0..server_cfg.threads {
+        let spawned = clone_edges(&edges).and_then(|edges| {
+            let (proxy, server, phase) = (proxy.clone(), server_cfg.clone(), phase_rx.clone());
+            std::thread::Builder::new()
+                .name(format!("tessera-serve-{index}"))
+                .spawn(move || serving_thread(index, edges, proxy, server, phase))
+        });
+        match spawned {
+            Ok(handle) => threads.push(handle),
+            Err(e) => tracing::error!(cause = %e, index, "cannot start a serving thread"),
+        }
+    }
+    // Each serving thread holds a copy of the sockets and closes it when shutdown begins; this
+    // one would keep them listening (connections completed by the kernel, never served, reset
+    // at exit) for the whole drain, instead of refusing them at once.
+    drop(edges);
+    if threads.is_empty() {
+        tracing::error!("no serving thread could be started");
+        return Ok(());
+    }
+    phase.send_replace(telemetry::Phase::Serving);
+    shutdown.await;
+    phase.send_replace(telemetry::Phase::Draining);
+    // Each thread drains its connections (bounded by the server's drain time), then ends.
+    let _ = tokio::task::spawn_blocking(move || {
+        for t in threads {
+            let _ = t.join();
+        }
+    })
+    .await;
+    if let Some(http3) = _stop_http3 {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(12), http3).await;
+    }
+    Ok(())
+}
+
+type Task = tokio_util::task::AbortOnDropHandle<()>;
+
+/// Fetches the JWKS now and every `token.jwks_refresh_seconds` in a task, when configured.
+async fn refresh_jwks(proxy: &Arc<Proxy>) -> Option<Task> {
+    let every = proxy.verifier().keys().jwks_refresh_interval()?;
+    proxy.verifier().keys().refresh_jwks().await;
+    let p = proxy.clone();
+    Some(Task::new(tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            if p.verifier().keys().refresh_jwks().await {
+                // a key may have been withdrawn: cached verifications must be redone
+                p.verifier().clear_cache();
+            }
+        }
+    })))
+}
+
+/// HTTP/3 on the caller's runtime (quinn drives one UDP socket for every connection), until
+/// `phase` says the drain began.
+fn spawn_http3(
+    endpoint: quinn::Endpoint,
+    proxy: Arc<Proxy>,
+    h3: downstream::Http3Config,
+    server: downstream::ServerConfig,
+    mut phase: tokio::sync::watch::Receiver<telemetry::Phase>,
+) -> Task {
+    Task::new(tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = phase.wait_for(|p| *p == telemetry::Phase::Draining).await;
+        };
+        downstream::serve_http3(endpoint, proxy, h3, &server, shutdown).await
+    }))
+}
+
+/// One serving thread: a current-thread runtime accepting from its clones of the listeners,
+/// until `phase` says the drain began.
+fn serving_thread(
+    index: usize,
+    edges: Vec<(std::net::TcpListener, downstream::Edge)>,
+    proxy: Arc<Proxy>,
+    cfg: downstream::ServerConfig,
+    phase: tokio::sync::watch::Receiver<telemetry::Phase>,
+) {
+    upstream::set_serving_thread(index);
+    access_log::batch_on_this_thread();
+    busy_poll::enable(cfg.busy_poll);
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .on_thread_park(|| {
+            access_log::flush();
+            busy_poll::before_park();
+        })
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(cause = %e, index, "cannot start a serving thread's runtime");
+            return;
+        }
+    };
+    rt.block_on(async move {
+        let accepting = edges.into_iter().map(|(listener, edge)| {
+            let (proxy, cfg, mut phase) = (proxy.clone(), cfg.clone(), phase.clone());
+            async move {
+                let shutdown = async move {
+                    let _ = phase.wait_for(|p| *p == telemetry::Phase::Draining).await;
+                };
+                match TcpListener::from_std(listener) {
+                    Ok(listener) => {
+                        // A new connection ends a busy poll too.
+                        busy_poll::watch(&listener);
+                        downstream::serve(listener, edge, proxy, &cfg, shutdown).await
+                    }
+                    Err(e) => tracing::error!(cause = %e, index, "cannot register a listener"),
+                }
+            }
+        });
+        // At most two: the plain and the TLS listener.
+        let mut accepting = accepting;
+        let (first, second) = (accepting.next(), accepting.next());
+        tokio::join!(
+            async move {
+                if let Some(f) = first {
+                    f.await
+                }
+            },
+            async move {
+                if let Some(f) = second {
+                    f.await
+                }
+            }
+        );
+    });
+    access_log::flush();
+}

@@ -1,0 +1,133 @@
+//! What the runtime builds from the configuration and puts in place again on SIGHUP: the
+//! keys, the TLS certificates (for TCP and QUIC), and the listeners as each serving thread's
+//! own copies.
+
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+
+use crate::{config, downstream, Config, Proxy};
+
+use super::StartError;
+
+/// The HTTP/3 endpoint on `socket`, with the QUIC server configuration of `cfg`.
+///
+/// Errors: the certificates cannot be served over QUIC, or the socket cannot be registered.
+pub(super) fn quic_endpoint(
+    cfg: &Config,
+    tls: Option<&downstream::TlsServer>,
+    socket: Option<std::net::UdpSocket>,
+) -> Result<Option<quinn::Endpoint>, StartError> {
+    let (Some(tls), Some(tls_cfg), Some(h3), Some(socket)) = (tls, &cfg.tls, &cfg.http3, socket)
+    else {
+        return Ok(None);
+    };
+    let server = tls.quic_config(tls_cfg, h3)?;
+    let runtime = Arc::new(quinn::TokioRuntime);
+    quinn::Endpoint::new(
+        quinn::EndpointConfig::default(),
+        Some(server),
+        socket,
+        runtime,
+    )
+    .map(Some)
+    .map_err(|e| {
+        StartError::Tls(downstream::CertError {
+            key: "http3.listen".into(),
+            problem: format!("cannot serve QUIC on it: {e}"),
+        })
+    })
+}
+
+/// What a reload puts new certificates into.
+pub(super) struct Edges {
+    pub(super) tls: Option<Arc<downstream::TlsServer>>,
+    pub(super) quic: Option<quinn::Endpoint>,
+}
+
+/// The listeners as std sockets, each with what it speaks.
+pub(super) fn serving_edges(
+    plain: Option<TcpListener>,
+    tls: Option<(TcpListener, Arc<downstream::TlsServer>)>,
+) -> Vec<(std::net::TcpListener, downstream::Edge)> {
+    let std = |l: TcpListener| l.into_std().expect("a tokio listener has a socket");
+    let plain = plain.map(|l| (std(l), downstream::Edge::Plain));
+    let tls = tls.map(|(l, t)| (std(l), downstream::Edge::Tls(t)));
+    plain.into_iter().chain(tls).collect()
+}
+
+/// A serving thread's own copy of every listener.
+pub(super) fn clone_edges(
+    edges: &[(std::net::TcpListener, downstream::Edge)],
+) -> std::io::Result<Vec<(std::net::TcpListener, downstream::Edge)>> {
+    edges
+        .iter()
+        .map(|(l, e)| Ok((l.try_clone()?, e.clone())))
+        .collect()
+}
+
+/// A configuration reload asked for (SIGHUP): the configuration file as loaded and validated
+/// again, or why it did not load ([`config::LoadError`], naming the key).
+pub type ConfigReload = Result<Config, config::LoadError>;
+
+/// Puts the keys and certificates of each configuration from `reloads` in place, in order;
+/// logs and counts the outcome.
+pub(super) async fn reload_keys(
+    proxy: Arc<Proxy>,
+    edges: Edges,
+    mut reloads: tokio::sync::mpsc::Receiver<ConfigReload>,
+) {
+    while let Some(reload) = reloads.recv().await {
+        let outcome = match reload {
+            Ok(cfg) => reload_tls(&edges, &cfg)
+                .and_then(|()| proxy.reload_keys(&cfg).map_err(|e| e.to_string())),
+            Err(e) => Err(e.to_string()),
+        };
+        proxy.reload_counts().record(outcome.is_ok());
+        match outcome {
+            Ok(summary) => tracing::info!(
+                keys = %summary,
+                "configuration reloaded: keys and certificates in place; other settings apply at the next restart"
+            ),
+            Err(cause) => tracing::error!(
+                %cause,
+                "configuration reload refused; the running keys are kept"
+            ),
+        }
+    }
+}
+
+/// The certificates of `cfg` in place for new TLS handshakes (before the keys, so a refused
+/// certificate leaves both as they were).
+fn reload_tls(edges: &Edges, cfg: &Config) -> Result<(), String> {
+    let (Some(server), Some(t)) = (&edges.tls, &cfg.tls) else {
+        return Ok(());
+    };
+    let named = |e: downstream::CertError| format!("config key `{}`: {}", e.key, e.problem);
+    let quic = match (&edges.quic, &cfg.http3) {
+        (Some(endpoint), Some(h3)) => Some((endpoint, server.quic_config(t, h3).map_err(named)?)),
+        _ => None,
+    };
+    server.reload(t).map_err(named)?;
+    if let Some((endpoint, quic)) = quic {
+        endpoint.set_server_config(Some(quic));
+    }
+    Ok(())
+}
+
+/// The TLS server when `[tls]` is set and something serves it (the TCP listener, or HTTP/3,
+/// which then is advertised in `Alt-Svc`).
+pub(super) fn tls_server(
+    cfg: &Config,
+    tcp: bool,
+    quic: bool,
+) -> Result<Option<Arc<downstream::TlsServer>>, StartError> {
+    let Some(t) = cfg.tls.as_ref().filter(|_| tcp || quic) else {
+        return Ok(None);
+    };
+    let server = downstream::TlsServer::new(t)?;
+    Ok(Some(Arc::new(match (&cfg.http3, quic) {
+        (Some(h3), true) => server.with_alt_svc(h3.listen.port(), h3.alt_svc_max_age),
+        _ => server,
+    })))
+}

@@ -1,0 +1,184 @@
+//! HTTP/3 with a quinn + h3 client: requests and a streamed 10 MiB upload through the same
+//! phases as h1 and h2, the body limit, Alt-Svc over TLS, and 0-RTT: a GET in the early flight
+//! goes on at once with `Early-Data: 1`, a POST in the same flight only once the handshake is
+//! complete (seen across a delay line, so the two moments are 200 ms apart).
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::SeqCst;
+use std::time::Duration;
+
+use bytes::Bytes;
+use support::h3::{delay_line, request, request_sized, H3Client};
+use support::tls::{tls_table, Pki};
+use support::upstream::{self, Behavior};
+use support::*;
+
+/// nginx answering what it was sent: whether the request came early, and over what.
+const EARLY: &str =
+    r#"location = /early { return 200 "early=$http_early_data proto=$http_x_forwarded_proto"; }"#;
+
+/// tessera in front of `upstream` with TLS on a TCP port and HTTP/3 on the same port over UDP,
+/// `extra` lines in `[http3]` and `server` lines; its UDP address and a session token.
+fn h3_tessera(
+    upstream: &str,
+    pki: &Pki,
+    http3: &str,
+    server: &'static str,
+) -> (Tessera, SocketAddr, String) {
+    let (cert, key) = pki.leaf("localhost", &["localhost"]);
+    let port = free_port();
+    let tables = format!("{}[http3]\n{http3}\n", tls_table(port, &cert, &key, ""));
+    let upstream = upstream.to_string();
+    let t = Tessera::start(move |plain, dir| {
+        let store = format!("embedded:{}/sessions", dir.display());
+        config(
+            plain,
+            &upstream,
+            &store,
+            &[("server", server), ("tables", &tables)],
+        )
+    });
+    let (_, token) = t.create_session("alice", "pw");
+    (t, SocketAddr::from(([127, 0, 0, 1], port)), token)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn requests_and_a_streamed_10_mib_upload_go_through_http3() {
+    let echo = upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    });
+    let pki = Pki::new();
+    let (t, addr, token) = h3_tessera(&echo.url(), &pki, "", "");
+    runtime().block_on(async {
+        let client = H3Client::new(&pki.ca());
+        let mut send = client.connect(addr).await;
+        let got = request(&mut send, "GET", "/x", &token, Bytes::new())
+            .await
+            .unwrap();
+        assert_eq!(got.status, 200);
+        let body = String::from_utf8(got.body).unwrap();
+        assert!(body.contains("\"auth\":\"Basic "), "{body}");
+        let upload = Bytes::from(vec![b'u'; 10 << 20]);
+        let got = request(&mut send, "POST", "/up", &token, upload)
+            .await
+            .unwrap();
+        assert_eq!(got.status, 200);
+        let body = String::from_utf8(got.body).unwrap();
+        assert!(body.contains(&format!("\"bytes\":{}", 10 << 20)), "{body}");
+        // The phases as over h1: no token, no entry.
+        let got = request(&mut send, "GET", "/x", "", Bytes::new())
+            .await
+            .unwrap();
+        assert_eq!(got.status, 401);
+    });
+    // Over TLS (TCP), HTTP/3 is advertised on the same port.
+    let ca = pki.ca().display().to_string();
+    let resolve = format!("localhost:{}:127.0.0.1", addr.port());
+    let url = format!("https://localhost:{}/x", addr.port());
+    let (code, head) = curl(&["-I", "--cacert", &ca, "--resolve", &resolve, &url]);
+    let expected = format!("alt-svc: h3=\":{}\"; ma=86400", addr.port());
+    assert!(
+        head.to_ascii_lowercase().contains(&expected),
+        "{code} {head}"
+    );
+    assert!(t.log().contains("http3="), "{}", t.log());
+}
+
+#[test]
+fn an_oversized_http3_body_is_refused_never_truncated() {
+    let echo = upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    });
+    let pki = Pki::new();
+    let (_t, addr, token) = h3_tessera(&echo.url(), &pki, "", "max_body_bytes = 1048576");
+    runtime().block_on(async {
+        let client = H3Client::new(&pki.ca());
+        let mut send = client.connect(addr).await;
+        // Announced: refused before anything is forwarded.
+        let upload = Bytes::from(vec![b'u'; 2 << 20]);
+        let got = request_sized(&mut send, "/up", &token, upload.clone()).await;
+        assert_eq!(got.unwrap().status, 413);
+        assert_eq!(echo.stats.requests.load(SeqCst), 0);
+        // Unannounced: cut while streaming, the upstream never gets it whole. The answer may
+        // come before the client has sent it all (then its send fails).
+        if let Ok(got) = request(&mut send, "POST", "/up", &token, upload).await {
+            assert_eq!(got.status, 413);
+        }
+    });
+    assert!(echo.stats.body_bytes.load(SeqCst) < 2 << 20);
+}
+
+#[test]
+fn zero_rtt_forwards_a_get_at_once_and_holds_a_post_for_the_handshake() {
+    let nginx = Nginx::start_with(EARLY);
+    let pki = Pki::new();
+    let (_t, addr, token) = h3_tessera(&nginx.url(), &pki, "", "");
+    runtime().block_on(async {
+        // 100 ms each way: the early flight arrives 200 ms before the client's Finished, time
+        // enough to take it as early on a loaded machine.
+        let far = delay_line(addr, Duration::from_millis(100)).await;
+        let client = H3Client::new(&pki.ca());
+        let mut first = client.connect(far).await;
+        let got = request(&mut first, "GET", "/early", &token, Bytes::new())
+            .await
+            .unwrap();
+        assert_eq!(String::from_utf8(got.body).unwrap(), "early= proto=https");
+        drop(first);
+        let (mut send, accepted) = client
+            .connect_0rtt(far)
+            .await
+            .expect("no session to resume with 0-RTT");
+        let mut send2 = send.clone();
+        let get = request(&mut send, "GET", "/early", &token, Bytes::new());
+        let post = request(
+            &mut send2,
+            "POST",
+            "/early",
+            &token,
+            Bytes::from_static(b"x"),
+        );
+        let (get, post) = tokio::join!(get, post);
+        assert!(accepted.await.unwrap(), "the server refused the early data");
+        assert_eq!(
+            String::from_utf8(get.unwrap().body).unwrap(),
+            "early=1 proto=https"
+        );
+        assert_eq!(
+            String::from_utf8(post.unwrap().body).unwrap(),
+            "early= proto=https"
+        );
+    });
+}
+
+#[test]
+fn with_early_data_off_nothing_is_forwarded_early() {
+    let nginx = Nginx::start_with(EARLY);
+    let pki = Pki::new();
+    let (_t, addr, token) = h3_tessera(&nginx.url(), &pki, "early_data = false", "");
+    runtime().block_on(async {
+        let far = delay_line(addr, Duration::from_millis(100)).await;
+        let client = H3Client::new(&pki.ca());
+        let mut first = client.connect(far).await;
+        request(&mut first, "GET", "/early", &token, Bytes::new())
+            .await
+            .unwrap();
+        drop(first);
+        // The server's tickets allow no early data: the client cannot send any.
+        assert!(client.connect_0rtt(far).await.is_none(), "0-RTT offered");
+        let mut send = client.connect(far).await;
+        let got = request(&mut send, "GET", "/early", &token, Bytes::new())
+            .await
+            .unwrap();
+        assert_eq!(String::from_utf8(got.body).unwrap(), "early= proto=https");
+    });
+}

@@ -1,0 +1,197 @@
+//! An HTTP/3 client for tests (quinn + h3, the crates tessera serves with), resuming sessions
+//! and sending 0-RTT when asked, and a UDP delay line that puts a client far from a server.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, Bytes};
+use rustls::pki_types::CertificateDer;
+
+pub type SendRequest = h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>;
+
+/// A QUIC client endpoint trusting `ca`; its session cache lets a second connection resume
+/// (and send 0-RTT) after a first one.
+pub struct H3Client {
+    endpoint: quinn::Endpoint,
+}
+
+/// An answer: status, the `early-data`-free headers as `name: value` lines, and the body.
+pub struct Answer {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl H3Client {
+    pub fn new(ca: &Path) -> Self {
+        use rustls::pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_file_iter(ca).unwrap() {
+            roots.add(c.unwrap()).unwrap();
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        tls.alpn_protocols = vec![b"h3".to_vec()];
+        tls.enable_early_data = true;
+        let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
+        let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
+        let mut transport = quinn::TransportConfig::default();
+        transport.max_concurrent_bidi_streams(1000u32.into());
+        cfg.transport_config(Arc::new(transport));
+        let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        endpoint.set_default_client_config(cfg);
+        Self { endpoint }
+    }
+
+    /// A connection with a full handshake (or a resumed one without early data).
+    pub async fn connect(&self, server: SocketAddr) -> SendRequest {
+        let conn = self
+            .endpoint
+            .connect(server, "localhost")
+            .unwrap()
+            .await
+            .unwrap();
+        session(conn).await
+    }
+
+    /// A connection that sends at once, as 0-RTT; `None` when the client has no session to
+    /// resume. The receiver turns true when the handshake completes, with whether the server
+    /// accepted the early data.
+    pub async fn connect_0rtt(
+        &self,
+        server: SocketAddr,
+    ) -> Option<(SendRequest, tokio::sync::oneshot::Receiver<bool>)> {
+        let connecting = self.endpoint.connect(server, "localhost").unwrap();
+        let (conn, accepted) = connecting.into_0rtt().ok()?;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let _ = tx.send(accepted.await);
+        });
+        Some((session(conn).await, rx))
+    }
+}
+
+/// The HTTP/3 session on `conn`, its driver running in a task.
+async fn session(conn: quinn::Connection) -> SendRequest {
+    let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(conn))
+        .await
+        .unwrap();
+    tokio::spawn(async move { std::future::poll_fn(|cx| driver.poll_close(cx)).await });
+    send
+}
+
+/// One request on `send`: `method path` with `token` (none when empty) and `body` (sent in
+/// 64 KiB DATA frames); waits for the whole answer.
+pub async fn request(
+    send: &mut SendRequest,
+    method: &str,
+    path: &str,
+    token: &str,
+    body: Bytes,
+) -> Result<Answer, String> {
+    let req = http::Request::builder()
+        .method(method)
+        .uri(format!("https://localhost{path}"));
+    exchange(send, req, token, body).await
+}
+
+/// A POST with its `content-length` announced.
+pub async fn request_sized(
+    send: &mut SendRequest,
+    path: &str,
+    token: &str,
+    body: Bytes,
+) -> Result<Answer, String> {
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(format!("https://localhost{path}"))
+        .header("content-length", body.len());
+    exchange(send, req, token, body).await
+}
+
+async fn exchange(
+    send: &mut SendRequest,
+    mut req: http::request::Builder,
+    token: &str,
+    body: Bytes,
+) -> Result<Answer, String> {
+    if !token.is_empty() {
+        req = req.header("authorization", format!("Bearer {token}"));
+    }
+    let mut stream = send
+        .send_request(req.body(()).unwrap())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut rest = body;
+    let mut sent = true;
+    while !rest.is_empty() {
+        let chunk = rest.split_to(rest.len().min(64 * 1024));
+        // A server may answer before the body is all sent, and stop reading it
+        // (RFC 9114 section 4.1.2): the answer is still read.
+        if stream.send_data(chunk).await.is_err() {
+            sent = false;
+            break;
+        }
+    }
+    if sent {
+        stream.finish().await.map_err(|e| e.to_string())?;
+    }
+    let resp = stream.recv_response().await.map_err(|e| e.to_string())?;
+    let mut got = Vec::new();
+    while let Some(mut chunk) = stream.recv_data().await.map_err(|e| e.to_string())? {
+        while chunk.has_remaining() {
+            let part = chunk.chunk();
+            got.extend_from_slice(part);
+            let n = part.len();
+            chunk.advance(n);
+        }
+    }
+    Ok(Answer {
+        status: resp.status().as_u16(),
+        headers: resp.headers().clone(),
+        body: got,
+    })
+}
+
+/// A UDP delay line for one client: datagrams to the returned address go to `server` after
+/// `delay`, and the server's answers back to the client after `delay` too (a round trip of
+/// twice `delay`). Runs until the runtime ends.
+pub async fn delay_line(server: SocketAddr, delay: Duration) -> SocketAddr {
+    let front = Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap());
+    let back = Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap());
+    back.connect(server).await.unwrap();
+    let addr = front.local_addr().unwrap();
+    let client: Arc<std::sync::Mutex<Option<SocketAddr>>> = Arc::default();
+    let (f, b, c) = (front.clone(), back.clone(), client.clone());
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 65536];
+        while let Ok((n, from)) = f.recv_from(&mut buf).await {
+            *c.lock().unwrap() = Some(from);
+            let (b, datagram) = (b.clone(), buf[..n].to_vec());
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let _ = b.send(&datagram).await;
+            });
+        }
+    });
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 65536];
+        while let Ok(n) = back.recv(&mut buf).await {
+            let Some(to) = *client.lock().unwrap() else {
+                continue;
+            };
+            let (f, datagram) = (front.clone(), buf[..n].to_vec());
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let _ = f.send_to(&datagram, to).await;
+            });
+        }
+    });
+    addr
+}
