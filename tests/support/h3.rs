@@ -26,6 +26,12 @@ pub struct Answer {
 
 impl H3Client {
     pub fn new(ca: &Path) -> Self {
+        Self::with_window(ca, 1_250_000)
+    }
+
+    /// Like [`H3Client::new`], with a stream receive window of `window` bytes (quinn's default
+    /// is 1.25 MB), which bounds what the client holds unread.
+    pub fn with_window(ca: &Path, window: u32) -> Self {
         use rustls::pki_types::pem::PemObject;
         let mut roots = rustls::RootCertStore::empty();
         for c in CertificateDer::pem_file_iter(ca).unwrap() {
@@ -42,7 +48,9 @@ impl H3Client {
         let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
         let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
         let mut transport = quinn::TransportConfig::default();
-        transport.max_concurrent_bidi_streams(1000u32.into());
+        transport
+            .max_concurrent_bidi_streams(1000u32.into())
+            .stream_receive_window(window.into());
         cfg.transport_config(Arc::new(transport));
         let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
         endpoint.set_default_client_config(cfg);
@@ -194,4 +202,22 @@ pub async fn delay_line(server: SocketAddr, delay: Duration) -> SocketAddr {
         }
     });
     addr
+}
+
+/// One read of a response body at about 1 MB/s (after a chunk of N bytes, a pause of N µs):
+/// `Ok(true)` with `got` counting its bytes, `Ok(false)` at the end, `Err` on a reset.
+pub async fn paced_read(
+    stream: &mut h3::client::RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>,
+    got: &mut u64,
+) -> Result<bool, String> {
+    match stream.recv_data().await {
+        Ok(Some(chunk)) => {
+            let n = chunk.remaining() as u64;
+            *got += n;
+            tokio::time::sleep(Duration::from_micros(n)).await;
+            Ok(true)
+        }
+        Ok(None) => Ok(false),
+        Err(e) => Err(e.to_string()),
+    }
 }
