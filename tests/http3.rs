@@ -1,7 +1,7 @@
 //! HTTP/3 with a quinn + h3 client: requests and a streamed 10 MiB upload through the same
 //! phases as h1 and h2, the body limit, Alt-Svc over TLS, and 0-RTT: a GET in the early flight
 //! goes on at once with `Early-Data: 1`, a POST in the same flight only once the handshake is
-//! complete (seen across a delay line, so the two moments are 200 ms apart).
+//! complete (seen across a delay line, so the two moments are 500 ms apart).
 
 mod support;
 
@@ -124,9 +124,9 @@ fn zero_rtt_forwards_a_get_at_once_and_holds_a_post_for_the_handshake() {
     let pki = Pki::new();
     let (_t, addr, token) = h3_tessera(&nginx.url(), &pki, "", "");
     runtime().block_on(async {
-        // 100 ms each way: the early flight arrives 200 ms before the client's Finished, time
+        // 250 ms each way: the early flight arrives 500 ms before the client's Finished, time
         // enough to take it as early on a loaded machine.
-        let far = delay_line(addr, Duration::from_millis(100)).await;
+        let far = delay_line(addr, Duration::from_millis(250)).await;
         let client = H3Client::new(&pki.ca());
         let mut first = client.connect(far).await;
         let got = request(&mut first, "GET", "/early", &token, Bytes::new())
@@ -147,7 +147,11 @@ fn zero_rtt_forwards_a_get_at_once_and_holds_a_post_for_the_handshake() {
             &token,
             Bytes::from_static(b"x"),
         );
-        let (get, post) = tokio::join!(get, post);
+        let sent = tokio::time::Instant::now();
+        let get = async { (get.await, sent.elapsed()) };
+        let post = async { (post.await, sent.elapsed()) };
+        let ((get, get_at), (post, post_at)) = tokio::join!(get, post);
+        println!("0-RTT GET answered after {get_at:?}, POST after {post_at:?}");
         assert!(accepted.await.unwrap(), "the server refused the early data");
         assert_eq!(
             String::from_utf8(get.unwrap().body).unwrap(),
@@ -166,7 +170,7 @@ fn with_early_data_off_nothing_is_forwarded_early() {
     let pki = Pki::new();
     let (_t, addr, token) = h3_tessera(&nginx.url(), &pki, "early_data = false", "");
     runtime().block_on(async {
-        let far = delay_line(addr, Duration::from_millis(100)).await;
+        let far = delay_line(addr, Duration::from_millis(250)).await;
         let client = H3Client::new(&pki.ca());
         let mut first = client.connect(far).await;
         request(&mut first, "GET", "/early", &token, Bytes::new())
