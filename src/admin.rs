@@ -142,12 +142,7 @@ pub async fn check(cfg: &Config) -> Result<Vec<String>, AdminError> {
         .map_err(|_| AdminError::Check("config key `session.store`: no answer in time".into()))?
         .map_err(|e| AdminError::Check(format!("config key `session.store`: {e}")))?;
     out.push("session.store: reachable".into());
-    let auth = cfg.upstream.url.authority().expect("validated");
-    let addr = format!(
-        "{}:{}",
-        auth.host().trim_start_matches('[').trim_end_matches(']'),
-        auth.port_u16().unwrap_or(80)
-    );
+    let addr = cfg.upstream.addr();
     let resolved = tokio::net::lookup_host(&addr)
         .await
         .map_err(|e| {

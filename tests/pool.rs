@@ -1376,6 +1376,7 @@ fn settings(
 ) -> tessera::upstream::UpstreamConfig {
     tessera::upstream::UpstreamConfig {
         url: "http://127.0.0.1".parse().unwrap(),
+        tls: None,
         max_connections: cap,
         max_connections_per_user: cap,
         max_idle_connections: cap,

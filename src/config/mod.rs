@@ -20,6 +20,7 @@ mod session;
 mod tls;
 mod token;
 mod upstream;
+mod upstream_tls;
 
 use crate::telemetry::LogConfig;
 use crate::Config;
@@ -188,7 +189,7 @@ fn validate(raw: RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Conf
         .map(|h| validate_http3(h, tls.as_ref()))
         .transpose()?;
     let server = validate_server(raw.server.unwrap_or_default(), tls.as_ref())?;
-    let upstream = validate_upstream(raw.upstream.unwrap_or_default())?;
+    let upstream = validate_upstream(raw.upstream.unwrap_or_default(), env)?;
     let token = validate_token(raw.token.unwrap_or_default(), env)?;
     let session = validate_session(raw.session.unwrap_or_default())?;
     let credentials = validate_credentials(raw.credentials.unwrap_or_default(), env)?;

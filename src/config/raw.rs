@@ -89,6 +89,10 @@ pub(super) struct RawServer {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawUpstream {
     pub(super) url: Option<String>,
+    pub(super) ca: Option<String>,
+    pub(super) server_name: Option<String>,
+    pub(super) client_certificate: Option<String>,
+    pub(super) client_private_key: Option<String>,
     pub(super) max_connections: Option<usize>,
     pub(super) max_connections_per_user: Option<usize>,
     pub(super) max_idle_connections: Option<usize>,

@@ -5,6 +5,7 @@ use std::time::Duration;
 use crate::upstream::UpstreamConfig;
 
 use super::raw::RawUpstream;
+use super::upstream_tls::upstream_tls;
 use super::{ms, ConfigError};
 
 /// Longest `upstream.drain_wait_ms`: a drain holds a connection slot, so seconds at most.
@@ -13,8 +14,12 @@ const MAX_DRAIN_WAIT_MS: u64 = 10_000;
 /// Largest `upstream.drain_max_bytes`: 16 MiB.
 const MAX_DRAIN_BYTES: u64 = 16 * 1024 * 1024;
 
-pub(super) fn validate_upstream(u: RawUpstream) -> Result<UpstreamConfig, ConfigError> {
+pub(super) fn validate_upstream(
+    mut u: RawUpstream,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<UpstreamConfig, ConfigError> {
     let url = upstream_url(u.url.as_deref())?;
+    let tls = upstream_tls(&url, &mut u, env)?;
     let max_connections = u.max_connections.unwrap_or(64);
     if max_connections == 0 || max_connections > 100_000 {
         return Err(ConfigError::new(
@@ -22,20 +27,7 @@ pub(super) fn validate_upstream(u: RawUpstream) -> Result<UpstreamConfig, Config
             "must be between 1 and 100000",
         ));
     }
-    let max_connections_per_user = match u.max_connections_per_user {
-        None => crate::upstream::default_per_user(max_connections),
-        Some(n) if (1..=max_connections).contains(&n) => n,
-        Some(n) => {
-            return Err(ConfigError::new(
-                "upstream.max_connections_per_user",
-                format!(
-                    "must be between 1 and upstream.max_connections ({max_connections}), not {n} \
-                     (leave it out for {})",
-                    crate::upstream::default_per_user(max_connections)
-                ),
-            ))
-        }
-    };
+    let max_connections_per_user = per_user(u.max_connections_per_user, max_connections)?;
     let max_idle_connections = match u.max_idle_connections {
         None => max_connections.div_ceil(4),
         Some(n) if n <= max_connections => n,
@@ -67,6 +59,7 @@ pub(super) fn validate_upstream(u: RawUpstream) -> Result<UpstreamConfig, Config
     let drain = drain(u.drain_wait_ms, u.drain_max_bytes)?;
     Ok(UpstreamConfig {
         url,
+        tls,
         max_connections,
         max_connections_per_user,
         max_idle_connections,
@@ -116,7 +109,7 @@ fn request_strip_list(listed: Option<Vec<String>>) -> Result<Vec<String>, Config
     Ok(listed)
 }
 
-/// `upstream.url`: `http://host[:port][/base]`, required, no query.
+/// `upstream.url`: `http(s)://host[:port][/base]`, required, no query.
 fn upstream_url(text: Option<&str>) -> Result<http::Uri, ConfigError> {
     let key = "upstream.url";
     let text = text.ok_or_else(|| {
@@ -126,11 +119,11 @@ fn upstream_url(text: Option<&str>) -> Result<http::Uri, ConfigError> {
         .parse()
         .map_err(|e| ConfigError::new(key, format!("`{text}` is not a URL: {e}")))?;
     match url.scheme_str() {
-        Some("http") => {}
+        Some("http" | "https") => {}
         Some(other) => {
             return Err(ConfigError::new(
                 key,
-                format!("scheme `{other}` is not supported yet; use http://"),
+                format!("scheme `{other}` is not supported; use http:// or https://"),
             ))
         }
         None => {
@@ -228,4 +221,20 @@ fn drain(
         ));
     }
     Ok(drain)
+}
+
+/// `upstream.max_connections_per_user`: 1..=`max_connections`.
+fn per_user(n: Option<usize>, max_connections: usize) -> Result<usize, ConfigError> {
+    let default = crate::upstream::default_per_user(max_connections);
+    match n {
+        None => Ok(default),
+        Some(n) if (1..=max_connections).contains(&n) => Ok(n),
+        Some(n) => Err(ConfigError::new(
+            "upstream.max_connections_per_user",
+            format!(
+                "must be between 1 and upstream.max_connections ({max_connections}), not {n} \
+                 (leave it out for {default})"
+            ),
+        )),
+    }
 }

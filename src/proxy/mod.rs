@@ -93,15 +93,7 @@ impl Proxy {
     pub fn new(cfg: &Config, sessions: Sessions) -> Self {
         let url = &cfg.upstream.url;
         let authority = url.authority().expect("validated: upstream.url has a host");
-        let port = authority.port_u16().unwrap_or(80);
-        let addr = format!(
-            "{}:{port}",
-            authority
-                .host()
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-        );
-        let upstream = Upstream::new(addr, &cfg.upstream, cfg.server.threads);
+        let upstream = Upstream::new(cfg.upstream.addr(), &cfg.upstream, cfg.server.threads);
         let verifier = Verifier::new(&cfg.token);
         let login = Login::from_config(cfg, &verifier);
         Self {

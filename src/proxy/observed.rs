@@ -26,6 +26,7 @@ impl Observed for Proxy {
             upstream_drain_failed: pool.drain_failed.load(Ordering::Relaxed),
             upstream_closed: Closed::ALL.map(|reason| pool.closed(reason)),
             upstream_open: proxy.upstream().connections(),
+            upstream_tls: proxy.upstream().tls_handshakes(),
             store_reads: sessions.store_reads(),
             session_cache: sessions.cache_entries().map(|n| (n, sessions.cache_live())),
             token_cache: proxy.verifier().cache_entries(),

@@ -27,6 +27,8 @@ pub struct Scrape {
     pub(crate) upstream_drain_failed: u64,
     /// Upstream connections closed, by reason (`Closed::ALL`'s order).
     pub(crate) upstream_closed: [u64; Closed::ALL.len()],
+    /// TLS handshakes with an `https://` upstream, `(full, resumed)`.
+    pub(crate) upstream_tls: Option<(u64, u64)>,
     /// Upstream connections open at the scrape, `(busy, idle)`.
     pub(crate) upstream_open: (usize, usize),
     pub(crate) store_reads: u64,
@@ -135,6 +137,17 @@ impl Scrape {
         )?;
         for (reason, n) in Closed::ALL.iter().zip(self.upstream_closed) {
             ConstCounter::new(n).encode(family.encode_family(&[("reason", reason.label())])?)?;
+        }
+        if let Some((full, resumed)) = self.upstream_tls {
+            let mut family = e.encode_descriptor(
+                "upstream_tls_handshakes",
+                "TLS handshakes with an https:// upstream: full, or resumed (a session ticket or id the upstream accepted).",
+                None,
+                MetricType::Counter,
+            )?;
+            for (kind, n) in [("full", full), ("resumed", resumed)] {
+                ConstCounter::new(n).encode(family.encode_family(&[("kind", kind)])?)?;
+            }
         }
         let (busy, idle) = self.upstream_open;
         let mut family = e.encode_descriptor(
@@ -280,6 +293,7 @@ mod tests {
             upstream_drain_failed: 0,
             upstream_closed: [0, 0, 2, 0, 0, 3, 0, 1],
             upstream_open: (0, 0),
+            upstream_tls: Some((1, 2)),
             store_reads: 0,
             session_cache: None,
             token_cache: None,

@@ -17,7 +17,7 @@ use std::io::{self, IoSlice};
 use std::os::fd::OwnedFd;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll, Waker};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -25,6 +25,8 @@ use http::{Request, Response, StatusCode};
 use http_body::{Frame, SizeHint};
 use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
+
+use super::io::UpIo;
 
 use super::raw::RawHead;
 use super::{BoxError, ForwardError, UpBody};
@@ -47,7 +49,7 @@ pub const DRAIN_BYTES: u64 = 64 * 1024;
 
 /// One upstream connection: the socket and the bytes read from it but not yet consumed.
 pub struct H1 {
-    pub(super) io: TcpStream,
+    pub(super) io: UpIo,
     pub(super) buf: BytesMut,
     /// The write queue, kept between requests so that sending one allocates no queue.
     pub(super) out: Out,
@@ -167,10 +169,10 @@ pub fn size_hint(framing: Framing) -> SizeHint {
 }
 
 impl H1 {
-    /// Wraps a connected socket (registered with the calling thread's runtime), and adds it to
-    /// that thread's busy-poll watch set.
-    pub fn new(io: TcpStream) -> Self {
-        let watched = busy_poll::watch(&io);
+    /// Wraps a connected socket, or TLS over one (registered with the calling thread's
+    /// runtime), and adds it to that thread's busy-poll watch set.
+    pub fn new(io: UpIo) -> Self {
+        let watched = busy_poll::watch(io.tcp());
         Self {
             io,
             buf: BytesMut::with_capacity(READ_CHUNK),
@@ -184,18 +186,7 @@ impl H1 {
     /// (or stray bytes) signalled by the socket. Costs a `recv` only when the socket has
     /// signalled readiness since it went idle.
     pub fn is_alive(&mut self) -> bool {
-        if !self.buf.is_empty() {
-            return false;
-        }
-        let mut cx = Context::from_waker(Waker::noop());
-        match self.io.poll_read_ready(&mut cx) {
-            Poll::Pending => true,
-            Poll::Ready(Err(_)) => false,
-            Poll::Ready(Ok(())) => {
-                let mut probe = [0u8; 1];
-                matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
-            }
-        }
+        self.buf.is_empty() && self.io.is_idle_open()
     }
 
     /// Moves the socket to the calling thread's runtime: deregisters it from the I/O driver it
@@ -203,15 +194,20 @@ impl H1 {
     /// calling thread directly; likewise with the busy-poll watch sets. Must be called within a
     /// tokio runtime.
     ///
+    /// A TLS connection stays where it is (its session cannot be taken apart and put back).
+    ///
     /// Errors: deregistration or registration failed (the socket is then closed).
     pub fn rehome(self) -> io::Result<Self> {
+        let UpIo::Tcp(tcp) = self.io else {
+            return Ok(self);
+        };
         if let Some(set) = &self.watched {
-            busy_poll::unwatch(set, &self.io);
+            busy_poll::unwatch(set, &tcp);
         }
-        let io = TcpStream::from_std(self.io.into_std()?)?;
+        let io = TcpStream::from_std(tcp.into_std()?)?;
         Ok(Self {
             watched: busy_poll::watch(&io),
-            io,
+            io: UpIo::Tcp(io),
             buf: self.buf,
             out: self.out,
             announced_idle: self.announced_idle,
@@ -311,9 +307,14 @@ impl H1 {
         Poll::Ready(Ok(written))
     }
 
+    /// Sends what TLS holds back (nothing to do on TCP).
+    pub(super) fn poll_flush_io(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
     /// The socket of a connection whose response switched protocols (101), and the bytes the
     /// upstream sent after that response's head (the new protocol's first bytes, possibly none).
-    pub fn switched_io(&mut self) -> (&mut TcpStream, BytesMut) {
+    pub fn switched_io(&mut self) -> (&mut UpIo, BytesMut) {
         (&mut self.io, self.buf.split())
     }
 
@@ -370,7 +371,8 @@ mod tests {
         // after the upstream has written to it.
         let a = std::thread::spawn(move || {
             let rt = polling_runtime(Duration::from_millis(40));
-            let h1 = rt.block_on(async { H1::new(TcpStream::connect(addr).await.unwrap()) });
+            let h1 =
+                rt.block_on(async { H1::new(UpIo::Tcp(TcpStream::connect(addr).await.unwrap())) });
             assert!(h1.watched.is_some());
             h1_tx.send(h1).unwrap();
             sent_rx.recv().unwrap();
@@ -384,7 +386,7 @@ mod tests {
             let h1 = h1_rx.recv().unwrap();
             let h1 = rt.block_on(async { h1.rehome().unwrap() });
             moved_tx.send(()).unwrap();
-            rt.block_on(h1.io.readable()).unwrap();
+            rt.block_on(h1.io.tcp().readable()).unwrap();
             (busy_poll::timed_poll(Duration::from_secs(10)), h1)
         });
         moved_rx.recv().unwrap();

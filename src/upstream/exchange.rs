@@ -147,6 +147,8 @@ impl H1 {
                         Poll::Pending => return Poll::Pending,
                     }
                 }
+                // TLS records held back go out before the body's next frame is awaited.
+                ready!(self.poll_flush_io(cx)).map_err(Fail::Io)?;
                 polled_body = true;
                 let frame = ready!(Pin::new(&mut body).poll_frame(cx));
                 match queue_frame(frame, framing, &mut out) {
@@ -154,7 +156,7 @@ impl H1 {
                     Err(e) => return Poll::Ready(Err(Fail::Body(e))),
                 }
             }
-            Poll::Ready(Ok(()))
+            self.poll_flush_io(cx).map_err(Fail::Io)
         })
         .await;
         *sending = Sending::Idle;
@@ -248,14 +250,9 @@ impl H1 {
             }
             let start = self.buf.len();
             self.buf.resize(start + READ_CHUNK, 0);
-            let got = rustix::net::recv(
-                &self.io,
-                &mut self.buf[start..],
-                rustix::net::RecvFlags::DONTWAIT,
-            )
-            .map(|(n, _)| n);
-            self.buf.truncate(start + got.unwrap_or(0));
-            if !matches!(got, Ok(n) if n > 0) {
+            let got = self.io.read_now(&mut self.buf[start..]).unwrap_or(0);
+            self.buf.truncate(start + got);
+            if got == 0 {
                 return None;
             }
         }

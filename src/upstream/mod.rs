@@ -23,12 +23,14 @@ mod conn;
 mod encode;
 mod exchange;
 mod frames;
+mod io;
 mod outgoing;
 mod pool;
 pub(crate) mod raw;
 mod request;
 mod settings;
 mod share;
+mod tls;
 mod tunnel;
 
 use std::sync::atomic::Ordering;
@@ -44,6 +46,7 @@ use http_body_util::BodyExt;
 pub use body::{ProxyBody, UpstreamBody};
 use conn::SendError;
 pub(crate) use frames::frame_edges;
+pub use io::UpIo;
 pub(crate) use pool::serving_thread;
 pub use pool::{
     set_serving_thread, Affinity, AffinityKey, Closed, Drain, Pool, PoolStats, AFFINITY_STALE,
@@ -54,6 +57,7 @@ pub use request::{empty_body, recycle_header_map, spare_header_map};
 use request::{Progress, Tracked};
 pub use settings::UpstreamConfig;
 pub use share::default_per_user;
+pub use tls::{TlsClient, TlsSettingError, UpstreamTlsSettings};
 pub use tunnel::{
     upgraded_as_is, ClientIo, ClientSide, ClientSideFn, Tunnel, TunnelEnd, TunnelReport,
     CLOSING_WAIT,
@@ -164,6 +168,11 @@ impl Upstream {
     /// Pool counters.
     pub fn stats(&self) -> &PoolStats {
         &self.pool.stats
+    }
+
+    /// TLS handshakes with an `https://` upstream, `(full, resumed)`; `None` for `http://`.
+    pub fn tls_handshakes(&self) -> Option<(u64, u64)> {
+        self.pool.tls_handshakes()
     }
 
     /// Upstream connections open now, `(busy, idle)` (see [`Pool::connections`]).

@@ -5,8 +5,12 @@ use std::time::Duration;
 /// `[upstream]`.
 #[derive(Debug, Clone)]
 pub struct UpstreamConfig {
-    /// Base URL, `http://host:port` (an optional path prefix is prepended to every request path).
+    /// Base URL, `http://host:port` or `https://host:port` (an optional path prefix is
+    /// prepended to every request path).
     pub url: http::Uri,
+    /// The TLS client of an `https://` upstream (`upstream.ca`, `server_name`,
+    /// `client_certificate`, `client_private_key`); `None` for `http://`.
+    pub tls: Option<std::sync::Arc<super::TlsClient>>,
     /// Hard cap on open upstream connections (idle + busy); requests beyond it queue FIFO.
     /// Keep it at or below the upstream's own limit (Cyrus `maxchild`). Default 64.
     pub max_connections: usize,
@@ -54,4 +58,22 @@ pub struct UpstreamConfig {
     /// 65536; an error with `drain_wait_ms = 0`) how much of a body rest is read (see
     /// `upstream::pool`).
     pub drain: crate::upstream::Drain,
+}
+
+impl UpstreamConfig {
+    /// Where to connect: `host:port` of `url` (port 443 for `https://`, 80 for `http://` when
+    /// the URL names none; an IPv6 host without its brackets).
+    pub fn addr(&self) -> String {
+        let authority = self
+            .url
+            .authority()
+            .expect("validated: upstream.url has a host");
+        let default = if self.tls.is_some() { 443 } else { 80 };
+        let port = authority.port_u16().unwrap_or(default);
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        format!("{host}:{port}")
+    }
 }

@@ -180,6 +180,12 @@ impl Nginx {
     /// path of every request (`$uri`: decoded, dot segments resolved) logged, read by
     /// [`Nginx::uris`].
     pub fn start_with(locations: &str) -> Self {
+        Self::start_server("", "", locations)
+    }
+
+    /// Like [`Nginx::start_with`], with `listen` parameters (`ssl`) and `server` directives
+    /// (certificates, session cache, client checks) added to its server block.
+    pub fn start_server(listen: &str, server: &str, locations: &str) -> Self {
         require("nginx");
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
@@ -199,8 +205,9 @@ http {{
   keepalive_requests 100000;
   log_format uris '$uri';
   server {{
-    listen 127.0.0.1:{port};
+    listen 127.0.0.1:{port} {listen};
     access_log {d}/uris.log uris;
+    {server}
     {locations}
     location /echo {{
       default_type application/json;

@@ -32,6 +32,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
+
+use super::UpIo;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 pub use crate::upstream::conn::DRAIN_BYTES;
@@ -81,6 +83,8 @@ pub const CAP_RESTORE: Duration = Duration::from_secs(60);
 /// The pool for one upstream address.
 pub struct Pool {
     addr: String,
+    /// The TLS client of an `https://` upstream.
+    tls: Option<Arc<crate::upstream::TlsClient>>,
     max_connections: usize,
     permits: Arc<Semaphore>,
     /// Idle connections, one list per serving thread (the thread whose runtime the socket is
@@ -135,6 +139,7 @@ impl Pool {
                 .map(|_| Mutex::new(Vec::new()))
                 .collect(),
             connect_timeout: settings.connect_timeout,
+            tls: settings.tls.clone(),
             idle_timeout: settings.idle_timeout,
             max_idle: settings.max_idle_connections,
             probe: settings.probe_timeout,
@@ -297,13 +302,8 @@ impl Pool {
     /// A new connection the upstream did not serve within the probe's `limit`: closed with a
     /// reset (so the upstream's backlog drops it), its slot removed from the cap for
     /// [`CAP_RESTORE`], counted, and warned of once.
-    fn unserved(
-        self: &Arc<Self>,
-        stream: TcpStream,
-        permit: OwnedSemaphorePermit,
-        limit: Duration,
-    ) {
-        let _ = rustix::net::sockopt::set_socket_linger(&stream, Some(Duration::ZERO));
+    fn unserved(self: &Arc<Self>, stream: UpIo, permit: OwnedSemaphorePermit, limit: Duration) {
+        let _ = rustix::net::sockopt::set_socket_linger(stream.tcp(), Some(Duration::ZERO));
         drop(stream);
         self.stats.count_closed(Closed::Unserved, 1);
         permit.forget();
@@ -327,16 +327,36 @@ impl Pool {
         }
     }
 
+    /// A new connection: TCP, then TLS for an `https://` upstream, both within
+    /// `upstream.connect_timeout_ms`.
+    async fn open(&self) -> Result<UpIo, ForwardError> {
+        let deadline = tokio::time::Instant::now() + self.connect_timeout;
+        let stream = tokio::time::timeout_at(deadline, TcpStream::connect(&self.addr))
+            .await
+            .map_err(|_| ForwardError::ConnectTimeout)?
+            .map_err(|e| ForwardError::Connect(e.to_string()))?;
+        let _ = stream.set_nodelay(true);
+        let Some(tls) = &self.tls else {
+            return Ok(UpIo::Tcp(stream));
+        };
+        let stream = tokio::time::timeout_at(deadline, tls.handshake(stream))
+            .await
+            .map_err(|_| ForwardError::ConnectTimeout)?
+            .map_err(|e| ForwardError::Connect(format!("TLS handshake: {e}")))?;
+        Ok(UpIo::Tls(Box::new(stream)))
+    }
+
+    /// TLS handshakes with the upstream, `(full, resumed)`; `None` for `http://`.
+    pub fn tls_handshakes(&self) -> Option<(u64, u64)> {
+        self.tls.as_ref().map(|t| t.handshakes())
+    }
+
     async fn connect(
         self: &Arc<Self>,
         permit: OwnedSemaphorePermit,
         key: Option<AffinityKey>,
     ) -> Result<Conn, ForwardError> {
-        let mut stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.addr))
-            .await
-            .map_err(|_| ForwardError::ConnectTimeout)?
-            .map_err(|e| ForwardError::Connect(e.to_string()))?;
-        let _ = stream.set_nodelay(true);
+        let mut stream = self.open().await?;
         self.stats.opened.fetch_add(1, Ordering::Relaxed);
         if let Some(limit) = self.probe.filter(|_| self.probing.load(Ordering::Relaxed)) {
             match probe::probe(&mut stream, &self.addr, limit).await {

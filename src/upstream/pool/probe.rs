@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+
+use crate::upstream::UpIo;
 
 /// Largest probe answer read, bytes (Cyrus's is about 500).
 const MAX_ANSWER: usize = 16 * 1024;
@@ -29,9 +30,9 @@ pub(super) enum Probed {
 }
 
 /// Sends `OPTIONS *` for `host` on `stream` and waits at most `timeout` for the whole answer.
-pub(super) async fn probe(stream: &mut TcpStream, host: &str, timeout: Duration) -> Probed {
+pub(super) async fn probe(stream: &mut UpIo, host: &str, timeout: Duration) -> Probed {
     let ask = format!("OPTIONS * HTTP/1.1\r\nHost: {host}\r\n\r\n");
-    if stream.write_all(ask.as_bytes()).await.is_err() {
+    if stream.write_all(ask.as_bytes()).await.is_err() || stream.flush().await.is_err() {
         return Probed::Unsupported;
     }
     match tokio::time::timeout(timeout, read_answer(stream)).await {
@@ -41,7 +42,7 @@ pub(super) async fn probe(stream: &mut TcpStream, host: &str, timeout: Duration)
 }
 
 /// Reads one answer to the probe: its head and a body of declared length, nothing after it.
-async fn read_answer(stream: &mut TcpStream) -> Probed {
+async fn read_answer(stream: &mut UpIo) -> Probed {
     let mut buf = BytesMut::with_capacity(1024);
     loop {
         match stream.read_buf(&mut buf).await {

@@ -1,0 +1,166 @@
+//! `https://` upstreams: nginx with a test CA's certificate behind tessera, the certificate
+//! checked against `upstream.ca`, handshakes resumed on new connections (`$ssl_session_reused`
+//! and tessera's metric agree), a client certificate for an upstream that asks for one (mTLS),
+//! and a refused certificate answered 502.
+
+mod support;
+
+use std::path::Path;
+
+use support::tls::Pki;
+use support::*;
+
+/// What the upstream saw: whether the handshake resumed, the client certificate check, the
+/// scheme tessera said the client used, the credential.
+const SEEN: &str = r#"location = /tls { return 200 "reused=$ssl_session_reused client=$ssl_client_verify auth=$http_authorization"; }"#;
+
+/// nginx over TLS with `pki`'s certificate for `localhost`, one request per connection (so each
+/// request needs a new handshake), client certificates checked when `verify` is `on` or
+/// `optional`.
+fn nginx_tls(pki: &Pki, verify: &str) -> Nginx {
+    let (cert, key) = pki.leaf("upstream", &["localhost"]);
+    let server = format!(
+        "ssl_certificate {}; ssl_certificate_key {}; ssl_session_cache shared:tls:1m; \
+         ssl_session_tickets on; keepalive_requests 1; ssl_client_certificate {}; \
+         ssl_verify_client {verify};",
+        cert.display(),
+        key.display(),
+        pki.ca().display()
+    );
+    Nginx::start_server("ssl", &server, SEEN)
+}
+
+/// tessera in front of `https://localhost:port` with `upstream` lines, and a session token.
+fn behind(port: u16, upstream: &str, metrics_port: u16) -> (Tessera, String) {
+    let url = format!("https://localhost:{port}");
+    let upstream = upstream.to_string();
+    let metrics = format!("[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n");
+    let t = Tessera::start(move |plain, dir| {
+        let store = format!("embedded:{}/s", dir.display());
+        let lines: Vec<(&str, &str)> = upstream.lines().map(|l| ("upstream", l)).collect();
+        let mut extra = lines.clone();
+        extra.push(("tables", &metrics));
+        config(plain, &url, &store, &extra)
+    });
+    let (_, token) = t.create_session("alice", "pw");
+    (t, token)
+}
+
+fn ca_line(ca: &Path) -> String {
+    format!("ca = \"file:{}\"", ca.display())
+}
+
+#[test]
+fn an_https_upstream_is_checked_and_its_sessions_resumed() {
+    let pki = Pki::new();
+    let nginx = nginx_tls(&pki, "off");
+    let metrics_port = free_port();
+    let (t, token) = behind(nginx.port, &ca_line(&pki.ca()), metrics_port);
+    let mut reused = Vec::new();
+    for _ in 0..3 {
+        let (code, body) = curl(&["-H", &bearer(&token), &t.url("/tls")]);
+        assert_eq!(code, 200, "{body}\n{}", t.log());
+        assert!(body.contains("auth=Basic "), "{body}");
+        reused.push(body.split_whitespace().next().unwrap().to_string());
+    }
+    // nginx closes after each request: the first handshake is full, the next ones resume.
+    assert_eq!(reused, ["reused=.", "reused=r", "reused=r"]);
+    let (_, metrics) = curl(&[&format!("http://127.0.0.1:{metrics_port}/metrics")]);
+    assert_eq!(
+        sample(
+            &metrics,
+            "tessera_upstream_tls_handshakes_total{kind=\"full\"}"
+        ),
+        1
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "tessera_upstream_tls_handshakes_total{kind=\"resumed\"}"
+        ),
+        2
+    );
+}
+
+#[test]
+fn a_client_certificate_is_presented_to_an_upstream_that_asks() {
+    let pki = Pki::new();
+    let nginx = nginx_tls(&pki, "on");
+    // Without one, nginx refuses the request: the upstream's own 400, passed on.
+    let (t, token) = behind(nginx.port, &ca_line(&pki.ca()), free_port());
+    let (code, _) = curl(&["-H", &bearer(&token), &t.url("/tls")]);
+    assert_eq!(code, 400);
+    drop(t);
+    let (cert, key) = pki.leaf("client", &["tessera-client"]);
+    let lines = format!(
+        "{}\nclient_certificate = \"file:{}\"\nclient_private_key = \"file:{}\"",
+        ca_line(&pki.ca()),
+        cert.display(),
+        key.display()
+    );
+    let (t, token) = behind(nginx.port, &lines, free_port());
+    let (code, body) = curl(&["-H", &bearer(&token), &t.url("/tls")]);
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("client=SUCCESS"), "{body}");
+}
+
+#[test]
+fn an_upstream_certificate_from_another_ca_is_refused_with_502() {
+    let pki = Pki::new();
+    let nginx = nginx_tls(&pki, "off");
+    let other = Pki::new();
+    let (t, token) = behind(nginx.port, &ca_line(&other.ca()), free_port());
+    let (code, _) = curl(&["-H", &bearer(&token), &t.url("/tls")]);
+    assert_eq!(code, 502);
+    let log = t.log_when(|l| l.contains("TLS handshake"));
+    assert!(log.contains("TLS handshake"), "{log}");
+}
+
+#[test]
+fn https_settings_are_checked_at_load() {
+    let base = format!(
+        "[token]\nsecret = \"{JWT_SECRET}\"\n[credentials]\nkeys = {{ k1 = \"{CRED_KEY}\" }}\n"
+    );
+    let load = |upstream: &str| {
+        tessera::Config::from_toml(&format!("{base}[upstream]\n{upstream}\n"))
+            .map_err(|e| e.to_string())
+    };
+    let c = load("url = \"https://mail.internal\"").unwrap();
+    assert_eq!(c.upstream.addr(), "mail.internal:443");
+    let refused = [
+        (
+            "url = \"http://a\"\nca = \"x\"",
+            "upstream.ca",
+            "https:// upstreams only",
+        ),
+        (
+            "url = \"https://a\"\nca = \"not pem\"",
+            "upstream.ca",
+            "no usable CA",
+        ),
+        (
+            "url = \"https://a\"\nserver_name = \"a b\"",
+            "upstream.server_name",
+            "no DNS name",
+        ),
+        (
+            "url = \"https://a\"\nclient_certificate = \"x\"",
+            "upstream.client_certificate",
+            "go together",
+        ),
+        (
+            "url = \"ftp://a\"",
+            "upstream.url",
+            "use http:// or https://",
+        ),
+    ];
+    for (upstream, key, says) in refused {
+        let err = load(upstream)
+            .err()
+            .unwrap_or_else(|| panic!("{upstream}: accepted"));
+        assert!(
+            err.contains(&format!("`{key}`")) && err.contains(says),
+            "{upstream}: {err}"
+        );
+    }
+}
