@@ -5,7 +5,6 @@
 //! and prints a `curl` line whose answer shows the upstream receiving the injected credential.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -89,12 +88,14 @@ pub async fn serve_demo_upstream(listener: TcpListener) {
     }
 }
 
-/// Runs the demo: proxy on `listen`, upstream on a free port, store in `store_dir`.
+/// Runs the demo: proxy on `listen` (and with `tls`, TLS and HTTP/3 there too, on a certificate
+/// made for `localhost` now), upstream on a free port, store and certificate in `store_dir`.
 /// Prints the curl line to stdout, then serves until `shutdown` resolves.
 ///
 /// Errors: binding or store failures, as text.
 pub async fn run(
     listen: SocketAddr,
+    tls: Option<SocketAddr>,
     store_dir: &std::path::Path,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), String> {
@@ -103,24 +104,25 @@ pub async fn run(
         .map_err(|e| format!("bind demo upstream: {e}"))?;
     let up_addr = up.local_addr().map_err(|e| e.to_string())?;
     tokio::spawn(serve_demo_upstream(up));
-
-    let mut jwt = [0u8; 64];
-    let mut key = [0u8; 32];
-    getrandom::getrandom(&mut jwt).map_err(|e| e.to_string())?;
-    getrandom::getrandom(&mut key).map_err(|e| e.to_string())?;
-    let b64 = |b: &[u8]| base64::Engine::encode(&base64::engine::general_purpose::STANDARD, b);
     let listener = TcpListener::bind(listen)
         .await
         .map_err(|e| format!("bind {listen}: {e} (try --listen 127.0.0.1:0)"))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let toml = format!(
-        "[server]\nlisten = \"{addr}\"\n[upstream]\nurl = \"http://{up_addr}\"\n[token]\nsecret = \"{}\"\n\
-         [session]\nstore = \"embedded:{}\"\n[credentials]\nkeys = {{ demo = \"{}\" }}\n\
-         [login]\nverify_path = \"/\"\ncookie_secure = false\n[log]\nlevel = \"warn\"\n",
-        b64(&jwt),
-        store_dir.display(),
-        b64(&key)
-    );
+    let mut listeners = crate::Listeners {
+        plain: Some(listener),
+        ..Default::default()
+    };
+    let tls_lines = match tls {
+        None => String::new(),
+        Some(at) => {
+            let (tcp, udp) = bind_tls(at).await?;
+            let at = tcp.local_addr().map_err(|e| e.to_string())?;
+            listeners.tls = Some(tcp);
+            listeners.quic = Some(udp);
+            tls_table(at, store_dir)?
+        }
+    };
+    let toml = demo_toml(addr, up_addr, store_dir, &tls_lines)?;
     let cfg = Config::from_toml(&toml).map_err(|e| e.to_string())?;
     let created = crate::admin::create_session(&cfg, DEMO_USER.into(), DEMO_PASSWORD.into(), 3600)
         .await
@@ -136,19 +138,70 @@ pub async fn run(
         "curl -s -H 'Authorization: Bearer {}' http://{addr}/hello",
         created.token
     );
+    if let Some(t) = &cfg.tls {
+        println!(
+            "curl -s --cacert {} -H 'Authorization: Bearer {}' https://localhost:{}/hello",
+            store_dir.join("demo-cert.pem").display(),
+            created.token,
+            t.listen.port()
+        );
+        println!("(HTTP/3 on the same port over UDP, advertised in Alt-Svc)");
+    }
     println!("(without the header tessera answers 401; Ctrl-C stops the demo)");
     println!("or open http://{addr}/ in a browser and sign in as {DEMO_USER} / {DEMO_PASSWORD}");
     use std::io::Write;
     let _ = std::io::stdout().flush();
-    let proxy = crate::Proxy::from_config(&cfg).map_err(|e| e.to_string())?;
-    let proxy = Arc::new(proxy.with_client_side(crate::downstream::client_side));
-    crate::downstream::serve(
-        listener,
-        crate::downstream::Edge::Plain,
-        proxy,
-        &cfg.server,
-        shutdown,
-    )
-    .await;
-    Ok(())
+    let (_never, reloads) = tokio::sync::mpsc::channel(1);
+    crate::run(cfg, listeners, reloads, shutdown)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// The demo's configuration: fresh keys, the embedded store in `store_dir`, `[login]` checked
+/// at the upstream's `/`, and `tls` (the `[tls]` and `[http3]` tables, or nothing).
+fn demo_toml(
+    addr: SocketAddr,
+    up_addr: SocketAddr,
+    store_dir: &std::path::Path,
+    tls: &str,
+) -> Result<String, String> {
+    let mut jwt = [0u8; 64];
+    let mut key = [0u8; 32];
+    getrandom::getrandom(&mut jwt).map_err(|e| e.to_string())?;
+    getrandom::getrandom(&mut key).map_err(|e| e.to_string())?;
+    let b64 = |b: &[u8]| base64::Engine::encode(&base64::engine::general_purpose::STANDARD, b);
+    Ok(format!(
+        "[server]\nlisten = \"{addr}\"\n[upstream]\nurl = \"http://{up_addr}\"\n[token]\nsecret = \"{}\"\n\
+         [session]\nstore = \"embedded:{}\"\n[credentials]\nkeys = {{ demo = \"{}\" }}\n\
+         [login]\nverify_path = \"/\"\ncookie_secure = false\n[log]\nlevel = \"warn\"\n{tls}",
+        b64(&jwt),
+        store_dir.display(),
+        b64(&key)
+    ))
+}
+
+/// TCP and UDP sockets on `at` (the same port: a free one when `at`'s is 0).
+async fn bind_tls(at: SocketAddr) -> Result<(TcpListener, std::net::UdpSocket), String> {
+    let tcp = TcpListener::bind(at)
+        .await
+        .map_err(|e| format!("bind {at}: {e} (try --tls-listen 127.0.0.1:0)"))?;
+    let at = tcp.local_addr().map_err(|e| e.to_string())?;
+    let udp = crate::downstream::bind_udp(at).map_err(|e| format!("bind {at} (UDP): {e}"))?;
+    Ok((tcp, udp))
+}
+
+/// A self-signed certificate for `localhost` and 127.0.0.1 written to `dir`, and the `[tls]`
+/// and `[http3]` tables serving it at `at`.
+fn tls_table(at: SocketAddr, dir: &std::path::Path) -> Result<String, String> {
+    let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+    let made = rcgen::generate_simple_self_signed(names).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    let (cert, key) = (dir.join("demo-cert.pem"), dir.join("demo-key.pem"));
+    std::fs::write(&cert, made.cert.pem()).map_err(|e| e.to_string())?;
+    std::fs::write(&key, made.signing_key.serialize_pem()).map_err(|e| e.to_string())?;
+    Ok(format!(
+        "[tls]\nlisten = \"{at}\"\ncertificate = \"file:{}\"\nprivate_key = \"file:{}\"\n[http3]\n",
+        cert.display(),
+        key.display()
+    ))
 }

@@ -45,6 +45,12 @@ enum Command {
         /// Proxy listen address.
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: std::net::SocketAddr,
+        /// Also serve TLS and HTTP/3 (at --tls-listen) with a self-signed certificate made now.
+        #[arg(long)]
+        tls: bool,
+        /// TLS (TCP) and HTTP/3 (UDP) address with --tls.
+        #[arg(long, default_value = "127.0.0.1:8443")]
+        tls_listen: std::net::SocketAddr,
     },
 }
 
@@ -131,11 +137,16 @@ fn main() -> ExitCode {
                 print!("{}", admin::keygen());
                 ExitCode::SUCCESS
             }
-            Command::Demo { listen } => {
+            Command::Demo {
+                listen,
+                tls,
+                tls_listen,
+            } => {
                 telemetry::init("warn");
                 tessera::downstream::raise_open_files_limit();
                 let dir = std::env::temp_dir().join(format!("tessera-demo-{}", std::process::id()));
-                let result = tessera::demo::run(listen, &dir, shutdown_signal()).await;
+                let tls = tls.then_some(tls_listen);
+                let result = tessera::demo::run(listen, tls, &dir, shutdown_signal()).await;
                 let _ = std::fs::remove_dir_all(&dir);
                 match result {
                     Ok(()) => ExitCode::SUCCESS,

@@ -398,3 +398,32 @@ fn tls_settings_are_checked_at_load_naming_the_key() {
     let err = tessera::Config::from_toml(&text).unwrap_err().to_string();
     assert!(err.contains("needs [tls]"), "{err}");
 }
+
+#[test]
+fn demo_with_tls_prints_a_working_https_curl_line() {
+    let (port, tls_port) = (free_port(), free_port());
+    let mut child = Command::new(bin())
+        .args(["demo", "--tls", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--tls-listen", &format!("127.0.0.1:{tls_port}")])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    use std::io::BufRead;
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let https = lines
+        .by_ref()
+        .map(|l| l.unwrap())
+        .find(|l| l.starts_with("curl -s --cacert"))
+        .expect("an https curl line");
+    let out = Command::new("sh").arg("-c").arg(&https).output().unwrap();
+    let body = String::from_utf8_lossy(&out.stdout);
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+    assert!(
+        body.contains("\"authorization_seen\":\"Basic "),
+        "{https}\n{body}"
+    );
+}
