@@ -45,7 +45,7 @@ impl Proxy {
         let (parts, body) = req.into_parts();
         let multiplexed = parts.version >= Version::HTTP_2;
         let mut body = Some(body);
-        let (resp, error) = match self.process(parts, &mut body, &mut ctx).await {
+        let (mut resp, error) = match self.process(parts, &mut body, &mut ctx).await {
             Ok(resp) => (resp, None),
             Err(e) => {
                 let reason = e.to_string();
@@ -58,7 +58,6 @@ impl Proxy {
             screen::body::discard(body).await;
         }
         ctx.finish(resp.status().as_u16(), error.as_deref());
-        let mut resp = resp;
         if let Some(alt_svc) = &peer.alt_svc {
             resp.headers_mut().insert(header::ALT_SVC, alt_svc.clone());
         }
