@@ -251,3 +251,35 @@ fn a_revocation_resets_an_http3_download_in_progress() {
         );
     });
 }
+
+/// Shutdown (SIGTERM) during an HTTP/3 request: the request in flight is answered, then the
+/// process ends (the connection is sent GOAWAY, and not waited on once its request is done).
+#[test]
+fn shutdown_answers_the_http3_request_in_flight_then_ends() {
+    let echo = upstream::start(Behavior::Echo {
+        delay: Duration::from_millis(1500),
+    });
+    let pki = Pki::new();
+    let (mut t, addr, token) = h3_tessera(&echo.url(), &pki, "", "");
+    let pid = t.pid();
+    let t = &mut t;
+    runtime().block_on(async {
+        let client = H3Client::new(&pki.ca());
+        let mut send = client.connect(addr).await;
+        let slow =
+            tokio::spawn(
+                async move { request(&mut send, "GET", "/slow", &token, Bytes::new()).await },
+            );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap();
+        let got = slow.await.unwrap();
+        assert_eq!(got.map(|a| a.status), Ok(200), "{}", t.log());
+        // The client keeps its connection open: the server must not wait for it to go.
+        let ended = tokio::task::block_in_place(|| t.wait_exit(Duration::from_secs(15)));
+        assert!(ended, "still running: {}", t.log());
+        drop(client);
+    });
+}

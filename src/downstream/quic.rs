@@ -162,6 +162,7 @@ async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming) {
         },
     };
     let peer = Arc::new(quic.proxy.peer(conn.remote_address()).over_tls());
+    let quic_conn = conn.clone();
     let handshake = Handshake {
         conn: conn.clone(),
         done: handshake,
@@ -175,15 +176,14 @@ async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming) {
         Err(e) => return tracing::debug!(cause = %e, "HTTP/3 session not set up"),
     };
     let requests = TaskTracker::new();
-    let mut draining = false;
     loop {
         let accepted = tokio::select! {
             accepted = session.accept() => accepted,
-            () = quic.shutdown.cancelled(), if !draining => {
-                draining = true;
-                // GOAWAY: no request beyond those already accepted.
+            () = quic.shutdown.cancelled() => {
+                // GOAWAY: no request beyond those already taken, which finish below; an idle
+                // connection (or one whose client is gone) closes at once.
                 let _ = session.shutdown(0).await;
-                continue;
+                break;
             }
         };
         match accepted {
@@ -207,4 +207,11 @@ async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming) {
     }
     requests.close();
     requests.wait().await;
+    // Closing now would drop answers not yet acknowledged (quinn closes at once when the last
+    // handle goes): the client gets up to 1 s to take them, or closes first.
+    let _ = tokio::time::timeout(ANSWER_LINGER, quic_conn.closed()).await;
 }
+
+/// How long a connection ending (shutdown, or the client's GOAWAY) is kept for the client to
+/// acknowledge the last answers.
+const ANSWER_LINGER: Duration = Duration::from_secs(1);

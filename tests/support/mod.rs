@@ -413,6 +413,18 @@ impl Tessera {
         self.child.id()
     }
 
+    /// Whether the process ended within `limit` (reaped if so).
+    pub fn wait_exit(&mut self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
     /// `tessera session create` against this instance's config; returns (sid, token).
     pub fn create_session(&self, user: &str, password: &str) -> (String, String) {
         create_session(&self.config_path(), user, password, None)

@@ -1,0 +1,219 @@
+//! HTTP/3 upload tool for `bench/http3.sh` (field report 4: 1,000 uploads of 10 KiB over one
+//! QUIC connection), quinn + h3 as tessera itself uses them, on one thread.
+//!
+//! ```text
+//! h3_bench raw-server PORT CERT KEY
+//!     A bare quinn server on 127.0.0.1:PORT (UDP) reading every unidirectional stream to its end:
+//!     the floor, QUIC alone.
+//! h3_bench raw PORT CA STREAMS BYTES
+//!     One connection to raw-server, STREAMS unidirectional streams of BYTES each, sent one after
+//!     another, then all in flight. Prints {"sequential_ms", "in_flight_ms"}.
+//! h3_bench h3 PORT CA STREAMS BYTES PATH TOKEN
+//!     One HTTP/3 connection to tessera, STREAMS POSTs of BYTES to PATH with the bearer TOKEN,
+//!     one after another, then all in flight (each answer read). Prints the same JSON.
+//! ```
+//! Exit status 1 on a failed connection or a non-2xx answer.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Buf, Bytes};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let result = rt.block_on(async {
+        match args.first().map(String::as_str) {
+            Some("raw-server") => raw_server(&args[1..]).await,
+            Some("raw") => run(&args[1..], false).await,
+            Some("h3") => run(&args[1..], true).await,
+            _ => Err("usage: see the module documentation of examples/h3_bench.rs".into()),
+        }
+    });
+    if let Err(e) = result {
+        eprintln!("h3_bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+type Res<T> = Result<T, String>;
+
+fn port_addr(port: &str) -> Res<SocketAddr> {
+    format!("127.0.0.1:{port}")
+        .parse()
+        .map_err(|e| format!("{e}"))
+}
+
+/// Large enough windows and stream limits for 1,000 streams at once.
+fn transport() -> Arc<quinn::TransportConfig> {
+    let mut t = quinn::TransportConfig::default();
+    t.max_concurrent_bidi_streams(2000u32.into())
+        .max_concurrent_uni_streams(2000u32.into());
+    Arc::new(t)
+}
+
+async fn raw_server(args: &[String]) -> Res<()> {
+    let [port, cert, key] = args else {
+        return Err("raw-server PORT CERT KEY".into());
+    };
+    let chain = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| e.to_string())?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| e.to_string())?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| e.to_string())?;
+    // QUIC needs an application protocol (RFC 9001 section 8.1).
+    tls.alpn_protocols = vec![b"hq-bench".to_vec()];
+    let crypto =
+        quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| e.to_string())?;
+    let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    cfg.transport_config(transport());
+    let endpoint = quinn::Endpoint::server(cfg, port_addr(port)?).map_err(|e| e.to_string())?;
+    while let Some(incoming) = endpoint.accept().await {
+        tokio::spawn(async move {
+            let Ok(conn) = incoming.await else { return };
+            while let Ok(mut stream) = conn.accept_uni().await {
+                tokio::spawn(async move {
+                    let _ = stream.read_to_end(usize::MAX).await;
+                });
+            }
+        });
+    }
+    Ok(())
+}
+
+fn client(ca: &Path, alpn: &[u8]) -> Res<quinn::Endpoint> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca).map_err(|e| e.to_string())? {
+        roots
+            .add(c.map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![alpn.to_vec()];
+    let crypto =
+        quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
+    let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
+    cfg.transport_config(transport());
+    let mut endpoint =
+        quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).map_err(|e| e.to_string())?;
+    endpoint.set_default_client_config(cfg);
+    Ok(endpoint)
+}
+
+async fn run(args: &[String], h3: bool) -> Res<()> {
+    let (port, ca, streams, bytes) = match args {
+        [p, ca, n, b, ..] => (p, ca, n, b),
+        _ => return Err("PORT CA STREAMS BYTES [PATH TOKEN]".into()),
+    };
+    let streams: usize = streams.parse().map_err(|_| "STREAMS: a number")?;
+    let body = Bytes::from(vec![b'u'; bytes.parse().map_err(|_| "BYTES: a number")?]);
+    let alpn: &[u8] = if h3 { b"h3" } else { b"hq-bench" };
+    let endpoint = client(Path::new(ca), alpn)?;
+    let conn = endpoint
+        .connect(port_addr(port)?, "localhost")
+        .map_err(|e| e.to_string())?
+        .await
+        .map_err(|e| e.to_string())?;
+    let (sequential, in_flight) = if h3 {
+        let (path, token) = match args {
+            [_, _, _, _, path, token] => (path.clone(), token.clone()),
+            _ => return Err("h3 needs PATH TOKEN".into()),
+        };
+        let upload = Upload { path, token, body };
+        h3_uploads(conn, streams, upload).await?
+    } else {
+        raw_uploads(conn, streams, body).await?
+    };
+    println!("{{\"sequential_ms\": {sequential:.1}, \"in_flight_ms\": {in_flight:.1}}}");
+    Ok(())
+}
+
+async fn raw_uploads(conn: quinn::Connection, n: usize, body: Bytes) -> Res<(f64, f64)> {
+    let one = |conn: quinn::Connection, body: Bytes| async move {
+        let mut s = conn.open_uni().await.map_err(|e| e.to_string())?;
+        s.write_all(&body).await.map_err(|e| e.to_string())?;
+        s.finish().map_err(|e| e.to_string())?;
+        s.stopped().await.map_err(|e| e.to_string())?;
+        Ok::<_, String>(())
+    };
+    let start = Instant::now();
+    for _ in 0..n {
+        one(conn.clone(), body.clone()).await?;
+    }
+    let sequential = start.elapsed().as_secs_f64() * 1e3;
+    let start = Instant::now();
+    let all: Vec<_> = (0..n)
+        .map(|_| tokio::spawn(one(conn.clone(), body.clone())))
+        .collect();
+    for t in all {
+        t.await.map_err(|e| e.to_string())??;
+    }
+    Ok((sequential, start.elapsed().as_secs_f64() * 1e3))
+}
+
+#[derive(Clone)]
+struct Upload {
+    path: String,
+    token: String,
+    body: Bytes,
+}
+
+type Send = h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>;
+
+async fn post(mut send: Send, u: Upload) -> Res<()> {
+    let req = http::Request::post(format!("https://localhost{}", u.path))
+        .header("authorization", format!("Bearer {}", u.token))
+        .header("content-length", u.body.len())
+        .body(())
+        .map_err(|e| e.to_string())?;
+    let mut stream = send.send_request(req).await.map_err(|e| e.to_string())?;
+    stream.send_data(u.body).await.map_err(|e| e.to_string())?;
+    stream.finish().await.map_err(|e| e.to_string())?;
+    let resp = stream.recv_response().await.map_err(|e| e.to_string())?;
+    if !resp.status().is_success() {
+        return Err(format!("answer {}", resp.status()));
+    }
+    while let Some(mut chunk) = stream.recv_data().await.map_err(|e| e.to_string())? {
+        chunk.advance(chunk.remaining());
+    }
+    Ok(())
+}
+
+async fn h3_uploads(conn: quinn::Connection, n: usize, u: Upload) -> Res<(f64, f64)> {
+    let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(conn))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(async move { std::future::poll_fn(|cx| driver.poll_close(cx)).await });
+    let start = Instant::now();
+    for _ in 0..n {
+        post(send.clone(), u.clone()).await?;
+    }
+    let sequential = start.elapsed().as_secs_f64() * 1e3;
+    let start = Instant::now();
+    let all: Vec<_> = (0..n)
+        .map(|_| tokio::spawn(post(send.clone(), u.clone())))
+        .collect();
+    for t in all {
+        t.await.map_err(|e| e.to_string())??;
+    }
+    Ok((sequential, start.elapsed().as_secs_f64() * 1e3))
+}
