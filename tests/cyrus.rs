@@ -6,7 +6,7 @@ mod support;
 
 use std::process::Command;
 
-use support::cyrus::{login_at, token_of, Cyrus};
+use support::cyrus::{client_saw_everything, login_at, token_of, Cyrus};
 use support::upstream::recording_relay;
 use support::*;
 
@@ -184,100 +184,11 @@ fn jmap_jam_works_through_the_jmap_mode() {
     let t = in_front_of(cyrus.http_port);
     let token = token_of(login_at(&t, "alice", "alice-secret-1"));
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/jmap/jam.mjs");
-    let out = Command::new("node")
-        .arg(script)
+    let mut cmd = Command::new("node");
+    cmd.arg(script)
         .env("SESSION_URL", t.url("/.well-known/jmap"))
         .env("TOKEN", &token)
-        .env("BLOB_MIB", "30")
-        .output()
-        .expect("node");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "jam.mjs failed: {stdout}\n{}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        t.log()
-    );
-    let seen: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
-    assert_eq!(seen["apiUrl"], format!("http://127.0.0.1:{}/jmap/", t.port));
-    assert_eq!(seen["accountId"], "alice");
-    let mailboxes = seen["mailboxes"].to_string().to_lowercase();
-    assert!(mailboxes.contains("inbox"), "{mailboxes}");
-    assert!(
-        seen["subjects"].to_string().contains("tessera e2e alice"),
-        "{seen}"
-    );
-    assert_eq!(seen["draftCreated"], true, "{seen}");
-    assert_eq!(seen["blobBytes"], serde_json::json!([30 << 20, 30 << 20]));
-    assert_eq!(seen["blobSame"], true);
-}
-
-/// A Cyrus serving 4 connections, 2 of them held by idle clients, behind a tessera allowed 8:
-/// with `upstream.probe_timeout_ms`, the connections Cyrus accepts and never serves are found
-/// by the probe, closed, and taken off the cap, so 12 concurrent JMAP requests all get 200
-/// (without the probe, those sent on such connections waited for the response-head timeout),
-/// and the log names the setting to change.
-#[test]
-fn connections_cyrus_accepts_and_does_not_serve_are_left() {
-    let cyrus = Cyrus::start_with_maxchild(4);
-    // Two idle clients hold two of Cyrus's four children.
-    let held: Vec<std::net::TcpStream> = (0..2)
-        .map(|_| std::net::TcpStream::connect(("127.0.0.1", cyrus.http_port)).unwrap())
-        .collect();
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    let upstream = format!("http://127.0.0.1:{}", cyrus.http_port);
-    let metrics_port = free_port();
-    let metrics = format!("[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n");
-    let t = Tessera::start(move |port, dir| {
-        config(
-            port,
-            &upstream,
-            &format!("embedded:{}/s", dir.display()),
-            &[
-                ("tables", &metrics),
-                ("upstream", "max_connections = 8"),
-                ("upstream", "probe_timeout_ms = 500"),
-                ("upstream", "response_header_timeout_ms = 30000"),
-                ("login", "verify_path = \"/jmap/\""),
-                ("login", "cookie_secure = false"),
-            ],
-        )
-    });
-    let token = token_of(login_at(&t, "alice", "alice-secret-1"));
-    let body = format!(
-        r#"{{"using":{USING},"methodCalls":[["Mailbox/get",{{"accountId":"alice"}},"m"]]}}"#
-    );
-    let codes: Vec<u16> = std::thread::scope(|s| {
-        let calls: Vec<_> = (0..12)
-            .map(|_| {
-                s.spawn(|| {
-                    let auth = bearer(&token);
-                    let url = t.url("/jmap/");
-                    let args = [
-                        "--max-time",
-                        "20",
-                        "-H",
-                        &auth,
-                        "-H",
-                        "Content-Type: application/json",
-                    ];
-                    let mut args = args.to_vec();
-                    args.extend(["--data-binary", &body, &url]);
-                    curl(&args).0
-                })
-            })
-            .collect();
-        calls.into_iter().map(|c| c.join().unwrap()).collect()
-    });
-    assert_eq!(codes, [200; 12], "{}", t.log());
-    let log = t.log_when(|l| l.contains("did not serve it"));
-    assert!(log.contains("upstream.max_connections"), "{log}");
-    // The metric counts them; once the requests are answered no connection is busy (the slots
-    // taken off the cap are not busy connections).
-    let (_, metrics) = curl(&[&format!("http://127.0.0.1:{metrics_port}/metrics")]);
-    let unserved = "tessera_upstream_connections_closed_total{reason=\"unserved\"}";
-    assert!(sample(&metrics, unserved) >= 1, "{metrics}");
-    let busy = "tessera_upstream_connections{state=\"busy\"}";
-    assert_eq!(sample(&metrics, busy), 0, "{metrics}");
-    drop(held);
+        .env("BLOB_MIB", "30");
+    let api_url = format!("http://127.0.0.1:{}/jmap/", t.port);
+    client_saw_everything(cmd, "jam.mjs", &t, &api_url);
 }

@@ -23,8 +23,9 @@ struct Seen {
     metrics: String,
 }
 
-fn under_load(max_connections: usize) -> Seen {
-    let cyrus = Cyrus::start_with_maxchild(4);
+/// tessera in front of `cyrus` with `max_connections` and the probe (500 ms), `[login]` checked
+/// at `/jmap/`, and metrics; with its metrics port.
+fn probing(cyrus: &Cyrus, max_connections: usize) -> (Tessera, u16) {
     let metrics_port = free_port();
     let metrics = format!("[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n");
     let upstream = format!("http://127.0.0.1:{}", cyrus.http_port);
@@ -43,6 +44,12 @@ fn under_load(max_connections: usize) -> Seen {
             ],
         )
     });
+    (t, metrics_port)
+}
+
+fn under_load(max_connections: usize) -> Seen {
+    let cyrus = Cyrus::start_with_maxchild(4);
+    let (t, metrics_port) = probing(&cyrus, max_connections);
     let token = token_of(login_at(&t, "alice", "alice-secret-1"));
     let blob = upload_30_mib(&t, &token);
     let download = t.url(&format!(
@@ -148,4 +155,55 @@ fn as_many_connections_as_cyrus_serves_change_nothing() {
     assert_eq!(seen.downloads, [whole.as_str(); 4], "{}", seen.log);
     assert!(!seen.log.contains("did not serve it"), "{}", seen.log);
     assert_eq!(sample(&seen.metrics, UNSERVED), 0, "{}", seen.metrics);
+}
+
+/// A Cyrus serving 4 connections, 2 of them held by idle clients, behind a tessera allowed 8:
+/// with `upstream.probe_timeout_ms`, the connections Cyrus accepts and never serves are found
+/// by the probe, closed, and taken off the cap, so 12 concurrent JMAP requests all get 200
+/// (without the probe, those sent on such connections waited for the response-head timeout),
+/// and the log names the setting to change.
+#[test]
+fn connections_cyrus_accepts_and_does_not_serve_are_left() {
+    let cyrus = Cyrus::start_with_maxchild(4);
+    // Two idle clients hold two of Cyrus's four children.
+    let held: Vec<std::net::TcpStream> = (0..2)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", cyrus.http_port)).unwrap())
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (t, metrics_port) = probing(&cyrus, 8);
+    let token = token_of(login_at(&t, "alice", "alice-secret-1"));
+    let body = MAILBOX_GET;
+    let codes: Vec<u16> = std::thread::scope(|s| {
+        let calls: Vec<_> = (0..12)
+            .map(|_| {
+                s.spawn(|| {
+                    let auth = bearer(&token);
+                    let url = t.url("/jmap/");
+                    let args = [
+                        "--max-time",
+                        "20",
+                        "-H",
+                        &auth,
+                        "-H",
+                        "Content-Type: application/json",
+                    ];
+                    let mut args = args.to_vec();
+                    args.extend(["--data-binary", body, &url]);
+                    curl(&args).0
+                })
+            })
+            .collect();
+        calls.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    assert_eq!(codes, [200; 12], "{}", t.log());
+    let log = t.log_when(|l| l.contains("did not serve it"));
+    assert!(log.contains("upstream.max_connections"), "{log}");
+    // The metric counts them; once the requests are answered no connection is busy (the slots
+    // taken off the cap are not busy connections).
+    let (_, metrics) = curl(&[&format!("http://127.0.0.1:{metrics_port}/metrics")]);
+    let unserved = "tessera_upstream_connections_closed_total{reason=\"unserved\"}";
+    assert!(sample(&metrics, unserved) >= 1, "{metrics}");
+    let busy = "tessera_upstream_connections{state=\"busy\"}";
+    assert_eq!(sample(&metrics, busy), 0, "{metrics}");
+    drop(held);
 }

@@ -26,7 +26,8 @@ use http_body::{Frame, SizeHint};
 use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
 
-use super::io::UpIo;
+use super::io::{Transport, UpIo};
+use tokio_util::either::Either;
 
 use super::raw::RawHead;
 use super::{BoxError, ForwardError, UpBody};
@@ -198,7 +199,7 @@ impl H1 {
     ///
     /// Errors: deregistration or registration failed (the socket is then closed).
     pub fn rehome(self) -> io::Result<Self> {
-        let UpIo::Tcp(tcp) = self.io else {
+        let Either::Left(tcp) = self.io else {
             return Ok(self);
         };
         if let Some(set) = &self.watched {
@@ -207,7 +208,7 @@ impl H1 {
         let io = TcpStream::from_std(tcp.into_std()?)?;
         Ok(Self {
             watched: busy_poll::watch(&io),
-            io: UpIo::Tcp(io),
+            io: Either::Left(io),
             buf: self.buf,
             out: self.out,
             announced_idle: self.announced_idle,
@@ -371,8 +372,8 @@ mod tests {
         // after the upstream has written to it.
         let a = std::thread::spawn(move || {
             let rt = polling_runtime(Duration::from_millis(40));
-            let h1 =
-                rt.block_on(async { H1::new(UpIo::Tcp(TcpStream::connect(addr).await.unwrap())) });
+            let h1 = rt
+                .block_on(async { H1::new(Either::Left(TcpStream::connect(addr).await.unwrap())) });
             assert!(h1.watched.is_some());
             h1_tx.send(h1).unwrap();
             sent_rx.recv().unwrap();

@@ -12,7 +12,7 @@ use http::header::{self};
 use http::{HeaderMap, Method, Request, StatusCode};
 use http_body::Body;
 
-use super::{ForwardError, UpBody};
+use super::{ForwardError, Transport, UpBody};
 
 use super::codec::{final_head, head_complete};
 use super::conn::{broken, Framing, Head, SendError, Sending, H1, MAX_HEAD, READ_CHUNK};

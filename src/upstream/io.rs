@@ -2,40 +2,49 @@
 //! must be flushed at the end of a request (TLS holds records back; TCP's flush does nothing).
 //! Must never: read TLS records as plain bytes (a raw `recv` is asked of TCP only).
 
-use std::io::{self, IoSlice};
+use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
+use tokio_util::either::Either;
 
-/// An upstream connection's transport.
-pub enum UpIo {
-    /// `http://`.
-    Tcp(TcpStream),
-    /// `https://`: boxed, being about 1 KiB.
-    Tls(Box<TlsStream<TcpStream>>),
-}
+/// An upstream connection's transport: `Left`, TCP (`http://`); `Right`, TLS over it
+/// (`https://`, boxed: about 1 KiB). Reads and writes go through tokio-util's `Either`.
+pub type UpIo = Either<TcpStream, Box<TlsStream<TcpStream>>>;
 
-impl UpIo {
+/// What the pool and the HTTP/1.1 driver ask of a transport beyond reading and writing.
+pub trait Transport {
     /// The TCP socket underneath: readiness, `SO_LINGER`, busy polling.
-    pub fn tcp(&self) -> &TcpStream {
-        match self {
-            Self::Tcp(s) => s,
-            Self::Tls(s) => s.get_ref().0,
-        }
-    }
+    fn tcp(&self) -> &TcpStream;
 
     /// Reads what has already arrived, without waiting: `Err(WouldBlock)` when nothing has.
     /// TCP asks the kernel directly (`recv` with `MSG_DONTWAIT`: the runtime's readiness may
     /// lag); TLS reads through the session (a record still in flight is nothing yet).
-    pub fn read_now(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+    fn read_now(&mut self, buf: &mut [u8]) -> io::Result<usize>;
+
+    /// Whether an idle connection is still usable: nothing arrived, or (TLS) only what the
+    /// session consumes itself (a TLS 1.3 session ticket). Costs a read only when the socket
+    /// has signalled readiness since it went idle.
+    fn is_idle_open(&mut self) -> bool;
+}
+
+impl Transport for UpIo {
+    fn tcp(&self) -> &TcpStream {
         match self {
-            Self::Tcp(s) => rustix::net::recv(&*s, buf, rustix::net::RecvFlags::DONTWAIT)
+            Either::Left(s) => s,
+            Either::Right(s) => s.get_ref().0,
+        }
+    }
+
+    fn read_now(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Either::Left(s) => rustix::net::recv(&*s, buf, rustix::net::RecvFlags::DONTWAIT)
                 .map(|(n, _)| n)
                 .map_err(io::Error::from),
-            Self::Tls(s) => {
+            Either::Right(s) => {
                 let mut cx = Context::from_waker(Waker::noop());
                 let mut read = ReadBuf::new(buf);
                 match Pin::new(&mut **s).poll_read(&mut cx, &mut read) {
@@ -47,83 +56,19 @@ impl UpIo {
         }
     }
 
-    /// Whether an idle connection is still usable: nothing arrived, or (TLS) only what the
-    /// session consumes itself (a TLS 1.3 session ticket). Costs a read only when the socket
-    /// has signalled readiness since it went idle.
-    pub fn is_idle_open(&mut self) -> bool {
+    fn is_idle_open(&mut self) -> bool {
         let mut cx = Context::from_waker(Waker::noop());
         match self.tcp().poll_read_ready(&mut cx) {
             Poll::Pending => true,
             Poll::Ready(Err(_)) => false,
             Poll::Ready(Ok(())) => {
                 let mut probe = [0u8; 1];
+                let would_block = |r: io::Result<usize>| matches!(r, Err(e) if e.kind() == io::ErrorKind::WouldBlock);
                 match self {
-                    Self::Tcp(s) => {
-                        matches!(s.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
-                    }
-                    Self::Tls(_) => {
-                        matches!(self.read_now(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
-                    }
+                    Either::Left(s) => would_block(s.try_read(&mut probe)),
+                    Either::Right(_) => would_block(self.read_now(&mut probe)),
                 }
             }
-        }
-    }
-}
-
-impl AsyncRead for UpIo {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Self::Tcp(s) => Pin::new(s).poll_read(cx, buf),
-            Self::Tls(s) => Pin::new(&mut **s).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for UpIo {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Self::Tcp(s) => Pin::new(s).poll_write(cx, buf),
-            Self::Tls(s) => Pin::new(&mut **s).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Self::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Self::Tls(s) => Pin::new(&mut **s).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            Self::Tcp(s) => s.is_write_vectored(),
-            Self::Tls(s) => s.is_write_vectored(),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Self::Tcp(s) => Pin::new(s).poll_flush(cx),
-            Self::Tls(s) => Pin::new(&mut **s).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Self::Tcp(s) => Pin::new(s).poll_shutdown(cx),
-            Self::Tls(s) => Pin::new(&mut **s).poll_shutdown(cx),
         }
     }
 }

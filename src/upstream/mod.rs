@@ -46,7 +46,7 @@ use http_body_util::BodyExt;
 pub use body::{ProxyBody, UpstreamBody};
 use conn::SendError;
 pub(crate) use frames::frame_edges;
-pub use io::UpIo;
+pub use io::{Transport, UpIo};
 pub(crate) use pool::serving_thread;
 pub use pool::{
     set_serving_thread, Affinity, AffinityKey, Closed, Drain, Pool, PoolStats, AFFINITY_STALE,

@@ -73,3 +73,29 @@ pub fn token_of((code, body): (u16, String)) -> String {
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     v["token"].as_str().unwrap().to_string()
 }
+
+/// Runs a JMAP client script (`cmd`, its environment set) that prints one JSON object of what it
+/// saw, and checks it: the session's `apiUrl` is `api_url`, alice's mailboxes and seeded message
+/// were read, a draft was created, and a 30 MiB blob came back whole.
+pub fn client_saw_everything(mut cmd: Command, what: &str, t: &Tessera, api_url: &str) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{what} failed: {stdout}\n{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        t.log()
+    );
+    let seen: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(seen["apiUrl"], api_url);
+    assert_eq!(seen["accountId"], "alice");
+    let mailboxes = seen["mailboxes"].to_string().to_lowercase();
+    assert!(mailboxes.contains("inbox"), "{mailboxes}");
+    assert!(
+        seen["subjects"].to_string().contains("tessera e2e alice"),
+        "{seen}"
+    );
+    assert_eq!(seen["draftCreated"], true, "{seen}");
+    assert_eq!(seen["blobBytes"], serde_json::json!([30 << 20, 30 << 20]));
+    assert_eq!(seen["blobSame"], true);
+}

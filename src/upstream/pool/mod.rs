@@ -33,8 +33,9 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
 
-use super::UpIo;
+use super::{Transport, UpIo};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::either::Either;
 
 pub use crate::upstream::conn::DRAIN_BYTES;
 use crate::upstream::conn::{Sending, H1};
@@ -337,13 +338,13 @@ impl Pool {
             .map_err(|e| ForwardError::Connect(e.to_string()))?;
         let _ = stream.set_nodelay(true);
         let Some(tls) = &self.tls else {
-            return Ok(UpIo::Tcp(stream));
+            return Ok(Either::Left(stream));
         };
         let stream = tokio::time::timeout_at(deadline, tls.handshake(stream))
             .await
             .map_err(|_| ForwardError::ConnectTimeout)?
             .map_err(|e| ForwardError::Connect(format!("TLS handshake: {e}")))?;
-        Ok(UpIo::Tls(Box::new(stream)))
+        Ok(Either::Right(Box::new(stream)))
     }
 
     /// TLS handshakes with the upstream, `(full, resumed)`; `None` for `http://`.
