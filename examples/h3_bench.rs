@@ -11,6 +11,10 @@
 //! h3_bench h3 PORT CA STREAMS BYTES PATH TOKEN
 //!     One HTTP/3 connection to tessera, STREAMS POSTs of BYTES to PATH with the bearer TOKEN,
 //!     one after another, then all in flight (each answer read). Prints the same JSON.
+//! h3_bench rtt ADDR CA N PATH TOKEN
+//!     N GETs one after another on a new HTTP/3 connection to ADDR (IP:PORT, SNI localhost), timed
+//!     from the connect; then again on a connection resuming the first one's session with 0-RTT.
+//!     Prints {"fresh_ms", "zero_rtt_ms", "zero_rtt_accepted"}.
 //! ```
 //! Exit status 1 on a failed connection or a non-2xx answer.
 
@@ -34,6 +38,7 @@ fn main() {
             Some("raw-server") => raw_server(&args[1..]).await,
             Some("raw") => run(&args[1..], false).await,
             Some("h3") => run(&args[1..], true).await,
+            Some("rtt") => rtt(&args[1..]).await,
             _ => Err("usage: see the module documentation of examples/h3_bench.rs".into()),
         }
     });
@@ -96,6 +101,17 @@ async fn raw_server(args: &[String]) -> Res<()> {
 }
 
 fn client(ca: &Path, alpn: &[u8]) -> Res<quinn::Endpoint> {
+    let mut cfg = client_config(ca, alpn)?;
+    cfg.transport_config(transport());
+    // Any address: the rtt mode reaches the server across network namespaces.
+    let mut endpoint =
+        quinn::Endpoint::client("0.0.0.0:0".parse().unwrap()).map_err(|e| e.to_string())?;
+    endpoint.set_default_client_config(cfg);
+    Ok(endpoint)
+}
+
+/// TLS 1.3 trusting `ca`, ALPN `alpn`, early data on (0-RTT when a session is resumed).
+fn client_config(ca: &Path, alpn: &[u8]) -> Res<quinn::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
     for c in CertificateDer::pem_file_iter(ca).map_err(|e| e.to_string())? {
         roots
@@ -109,14 +125,10 @@ fn client(ca: &Path, alpn: &[u8]) -> Res<quinn::Endpoint> {
         .with_root_certificates(roots)
         .with_no_client_auth();
     tls.alpn_protocols = vec![alpn.to_vec()];
+    tls.enable_early_data = true;
     let crypto =
         quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
-    let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
-    cfg.transport_config(transport());
-    let mut endpoint =
-        quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).map_err(|e| e.to_string())?;
-    endpoint.set_default_client_config(cfg);
-    Ok(endpoint)
+    Ok(quinn::ClientConfig::new(Arc::new(crypto)))
 }
 
 async fn run(args: &[String], h3: bool) -> Res<()> {
@@ -216,4 +228,68 @@ async fn h3_uploads(conn: quinn::Connection, n: usize, u: Upload) -> Res<(f64, f
         t.await.map_err(|e| e.to_string())??;
     }
     Ok((sequential, start.elapsed().as_secs_f64() * 1e3))
+}
+
+async fn get(send: &mut Send, path: &str, token: &str) -> Res<()> {
+    let req = http::Request::get(format!("https://localhost{path}"))
+        .header("authorization", format!("Bearer {token}"))
+        .body(())
+        .map_err(|e| e.to_string())?;
+    let mut stream = send.send_request(req).await.map_err(|e| e.to_string())?;
+    stream.finish().await.map_err(|e| e.to_string())?;
+    let resp = stream.recv_response().await.map_err(|e| e.to_string())?;
+    if !resp.status().is_success() {
+        return Err(format!("answer {}", resp.status()));
+    }
+    while let Some(mut chunk) = stream.recv_data().await.map_err(|e| e.to_string())? {
+        chunk.advance(chunk.remaining());
+    }
+    Ok(())
+}
+
+/// The HTTP/3 session on `conn`, its driver in a task.
+async fn session(conn: quinn::Connection) -> Res<Send> {
+    let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(conn))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(async move { std::future::poll_fn(|cx| driver.poll_close(cx)).await });
+    Ok(send)
+}
+
+async fn rtt(args: &[String]) -> Res<()> {
+    let [addr, ca, n, path, token] = args else {
+        return Err("rtt ADDR CA N PATH TOKEN".into());
+    };
+    let addr: SocketAddr = addr.parse().map_err(|e| format!("{e}"))?;
+    let n: usize = n.parse().map_err(|_| "N: a number")?;
+    let endpoint = client(Path::new(ca), b"h3")?;
+    let start = Instant::now();
+    let conn = endpoint
+        .connect(addr, "localhost")
+        .map_err(|e| e.to_string())?
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut send = session(conn.clone()).await?;
+    for _ in 0..n {
+        get(&mut send, path, token).await?;
+    }
+    let fresh = start.elapsed().as_secs_f64() * 1e3;
+    conn.close(0u32.into(), b"done");
+    let start = Instant::now();
+    let connecting = endpoint
+        .connect(addr, "localhost")
+        .map_err(|e| e.to_string())?;
+    let (conn, accepted) = connecting
+        .into_0rtt()
+        .map_err(|_| "no session to resume with 0-RTT".to_string())?;
+    let mut send = session(conn).await?;
+    for _ in 0..n {
+        get(&mut send, path, token).await?;
+    }
+    let zero_rtt = start.elapsed().as_secs_f64() * 1e3;
+    let accepted = accepted.await;
+    println!(
+        "{{\"fresh_ms\": {fresh:.1}, \"zero_rtt_ms\": {zero_rtt:.1}, \"zero_rtt_accepted\": {accepted}}}"
+    );
+    Ok(())
 }
