@@ -1,7 +1,7 @@
 //! HTTP/3 with a quinn + h3 client: requests and a streamed 10 MiB upload through the same
 //! phases as h1 and h2, the body limit, Alt-Svc over TLS, and 0-RTT: a GET in the early flight
-//! goes on at once with `Early-Data: 1`, a POST in the same flight only once the handshake is
-//! complete (seen across a delay line, so the two moments are 500 ms apart).
+//! goes on at once with `Early-Data: 1` (an upstream's 425 reaches the client), a POST in the
+//! same flight only once the handshake is complete (seen across a delay line, so the two moments are 500 ms apart).
 
 mod support;
 
@@ -16,8 +16,8 @@ use support::upstream::{self, Behavior};
 use support::*;
 
 /// nginx answering what it was sent: whether the request came early, and over what.
-const EARLY: &str =
-    r#"location = /early { return 200 "early=$http_early_data proto=$http_x_forwarded_proto"; }"#;
+const EARLY: &str = r#"location = /early { return 200 "early=$http_early_data proto=$http_x_forwarded_proto"; }
+    location = /too-early { if ($http_early_data) { return 425; } return 200 "late"; }"#;
 
 /// tessera in front of `upstream` with TLS on a TCP port and HTTP/3 on the same port over UDP,
 /// `extra` lines in `[http3]` and `server` lines; its UDP address and a session token.
@@ -138,7 +138,9 @@ fn zero_rtt_forwards_a_get_at_once_and_holds_a_post_for_the_handshake() {
             .connect_0rtt(far)
             .await
             .expect("no session to resume with 0-RTT");
-        let mut send2 = send.clone();
+        let (mut send2, mut send3) = (send.clone(), send.clone());
+        // An upstream that refuses early data answers 425 Too Early: it reaches the client.
+        let refused = request(&mut send3, "GET", "/too-early", &token, Bytes::new());
         let get = request(&mut send, "GET", "/early", &token, Bytes::new());
         let post = request(
             &mut send2,
@@ -150,7 +152,8 @@ fn zero_rtt_forwards_a_get_at_once_and_holds_a_post_for_the_handshake() {
         let sent = tokio::time::Instant::now();
         let get = async { (get.await, sent.elapsed()) };
         let post = async { (post.await, sent.elapsed()) };
-        let ((get, get_at), (post, post_at)) = tokio::join!(get, post);
+        let ((get, get_at), (post, post_at), refused) = tokio::join!(get, post, refused);
+        assert_eq!(refused.unwrap().status, 425);
         println!("0-RTT GET answered after {get_at:?}, POST after {post_at:?}");
         assert!(accepted.await.unwrap(), "the server refused the early data");
         assert_eq!(
