@@ -427,3 +427,57 @@ fn demo_with_tls_prints_a_working_https_curl_line() {
         "{https}\n{body}"
     );
 }
+
+/// A WebSocket over TLS (`wss://`, as browsers open them): the handshake through the TLS
+/// listener, frames both ways, the upstream told the client came over https.
+#[test]
+fn a_websocket_over_tls_carries_frames_both_ways() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::Message;
+    let up = support::upstream::start(support::upstream::Behavior::WebSocket);
+    up.stats.set_password("alice", "alice-pw");
+    let pki = Pki::new();
+    let tls_port = free_port();
+    let (cert, key) = pki.leaf("localhost", &["localhost"]);
+    let table = tls_table(tls_port, &cert, &key, "");
+    let up_url = up.url();
+    let t = Tessera::start(move |port, dir| {
+        let store = format!("embedded:{}/sessions", dir.display());
+        config(port, &up_url, &store, &[("tables", &table)])
+    });
+    wait_for_port(tls_port);
+    let (_, token) = t.create_session("alice", "alice-pw");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let tls = support::tls::tokio_client(tls_port, &pki.ca()).await;
+        let mut req = format!("wss://localhost:{tls_port}/ws")
+            .into_client_request()
+            .unwrap();
+        let origin = format!("https://localhost:{tls_port}");
+        req.headers_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        req.headers_mut().insert("origin", origin.parse().unwrap());
+        let (mut ws, _) = tokio_tungstenite::client_async(req, tls).await.unwrap();
+        let mut next = async || match ws.next().await {
+            Some(Ok(Message::Text(t))) => t.as_str().to_owned(),
+            other => panic!("no text message: {other:?}"),
+        };
+        assert_eq!(next().await, "hello alice");
+        drop(next);
+        ws.send(Message::text("hi")).await.unwrap();
+        match ws.next().await {
+            Some(Ok(Message::Text(t))) => assert_eq!(t.as_str(), "alice: hi"),
+            other => panic!("no echo: {other:?}"),
+        }
+    });
+    let head = up.stats.last_upgrade.lock().unwrap().clone();
+    assert!(
+        head.iter()
+            .any(|l| l.eq_ignore_ascii_case("x-forwarded-proto: https")),
+        "{head:?}"
+    );
+}

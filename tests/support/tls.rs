@@ -158,3 +158,31 @@ impl Client {
         (status, String::from_utf8_lossy(&body).into_owned())
     }
 }
+
+/// A tokio TLS client connection to 127.0.0.1:`port` for `localhost`, trusting `ca`, offering
+/// ALPN `http/1.1` (for clients that take any stream, such as a WebSocket's).
+pub async fn tokio_client(
+    port: u16,
+    ca: &Path,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let name = ServerName::try_from("localhost").unwrap();
+    tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(name, tcp)
+        .await
+        .unwrap()
+}
