@@ -462,12 +462,10 @@ fn a_websocket_over_tls_carries_frames_both_ways() {
             .insert("authorization", format!("Bearer {token}").parse().unwrap());
         req.headers_mut().insert("origin", origin.parse().unwrap());
         let (mut ws, _) = tokio_tungstenite::client_async(req, tls).await.unwrap();
-        let mut next = async || match ws.next().await {
-            Some(Ok(Message::Text(t))) => t.as_str().to_owned(),
-            other => panic!("no text message: {other:?}"),
-        };
-        assert_eq!(next().await, "hello alice");
-        drop(next);
+        match ws.next().await {
+            Some(Ok(Message::Text(t))) => assert_eq!(t.as_str(), "hello alice"),
+            other => panic!("no greeting: {other:?}"),
+        }
         ws.send(Message::text("hi")).await.unwrap();
         match ws.next().await {
             Some(Ok(Message::Text(t))) => assert_eq!(t.as_str(), "alice: hi"),
