@@ -2138,7 +2138,10 @@ fn an_expiring_session_ends_its_open_stream_at_its_expiry() {
 /// A logout during a paced download resets the connection, so what sat in tessera's send buffer
 /// is dropped (a graceful close let 2.9 MB arrive over 2.9 s here): the client reading 1 MiB/s
 /// gets less than 256 KiB more (its receive buffer, and the write in progress when the session
-/// ended; 138 KiB here), then the reset.
+/// ended; 13 KiB here), then the reset. The writer blocked on the slow client watches the session
+/// too, so this holds however large the kernel makes the socket's send buffer (with
+/// `net.ipv4.tcp_wmem` defaulting to 4 MiB, or cached TCP metrics for 127.0.0.1, it waited
+/// for a third of it to drain: 380 KiB here).
 #[test]
 fn a_logout_resets_a_download_in_progress() {
     let up = users();

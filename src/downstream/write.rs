@@ -4,7 +4,7 @@
 //! that takes no byte. Must never: frame a body two ways, or keep a connection whose response was
 //! cut short.
 
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::io::IoSlice;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -31,6 +31,34 @@ impl<S: Socket> Conn<S> {
                 false
             }
         }
+    }
+
+    /// Writes a body's `parts` ([`Conn::send`]), cut short when the body's session ends while
+    /// the client is slow to take them: then `false`, and the connection is reset.
+    async fn send_body(&mut self, parts: &[&[u8]], body: &mut ProxyBody) -> bool {
+        let mut ended = false;
+        let sent = {
+            let send = self.send(parts);
+            tokio::pin!(send);
+            poll_fn(|cx| {
+                if let Poll::Ready(ok) = send.as_mut().poll(cx) {
+                    return Poll::Ready(ok);
+                }
+                if body.poll_session_end(cx).is_ready() {
+                    ended = true;
+                    return Poll::Ready(false);
+                }
+                Poll::Pending
+            })
+            .await
+        };
+        if ended {
+            tracing::debug!(
+                "response body ended with its session while being written; connection reset"
+            );
+            self.reset = true;
+        }
+        sent
     }
 
     /// The body's next data frame ([`next_data`]); `Err` when it cannot go on, and then `reset`
@@ -114,11 +142,11 @@ impl<S: Socket> Conn<S> {
             left -= data.len() as u64;
             let sent = match head.take() {
                 Some(h) => {
-                    let ok = self.send(&[&h[..], &data[..]]).await;
+                    let ok = self.send_body(&[&h[..], &data[..]], &mut body).await;
                     self.out = h;
                     ok
                 }
-                None => self.send(&[&data[..]]).await,
+                None => self.send_body(&[&data[..]], &mut body).await,
             };
             if !sent {
                 return false;
@@ -156,7 +184,7 @@ impl<S: Socket> Conn<S> {
             let size = chunk_size_line(data.len(), &mut size);
             let h = head.take().unwrap_or_default();
             let parts = [&h[..], size, &data[..], b"\r\n"];
-            let ok = self.send(&parts).await;
+            let ok = self.send_body(&parts, body).await;
             if !h.is_empty() {
                 self.out = h;
             }

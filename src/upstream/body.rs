@@ -68,6 +68,20 @@ impl ProxyBody {
         }
     }
 
+    /// Ready when the session this body ends with has ended, asked without reading a frame: a
+    /// writer blocked on a slow client asks it, so a revocation does not wait for the client to
+    /// drain the socket's send buffer (the kernel may size it in megabytes). Registers a watch
+    /// that was only armed; never ready for a body with no watch.
+    pub fn poll_session_end(&mut self, cx: &mut Context<'_>) -> Poll<crate::session::Ended> {
+        match self {
+            Self::Upstream(u) => match u.watch.as_mut() {
+                Some(w) => w.poll_ended(cx, true, false, true),
+                None => Poll::Pending,
+            },
+            Self::Full(_) => Poll::Pending,
+        }
+    }
+
     /// The upstream connection of a response that switched protocols (101, see
     /// [`super::Tunnel`]), taken out of the body; `None` for any other response, or once taken.
     pub fn take_tunnel(&mut self) -> Option<super::Tunnel> {
