@@ -28,14 +28,7 @@ log "building the example h3_bench"
 (cd "$ROOT" && cargo build --release --quiet --example h3_bench)
 TOOL="$ROOT/target/release/examples/h3_bench"
 read -r ORIGIN PORT PLAIN RAW <<<"$(free_ports 4)"
-# A test CA and a leaf for localhost: quinn's client (rustls) wants a real chain.
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 7 -subj /CN=bench-ca \
-  -addext basicConstraints=critical,CA:TRUE -keyout "$WORK/ca.key" -out "$WORK/ca.pem" 2>/dev/null
-openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=localhost \
-  -keyout "$WORK/key.pem" -out "$WORK/leaf.csr" 2>/dev/null
-printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' >"$WORK/leaf.ext"
-openssl x509 -req -in "$WORK/leaf.csr" -CA "$WORK/ca.pem" -CAkey "$WORK/ca.key" -CAcreateserial \
-  -days 7 -extfile "$WORK/leaf.ext" -out "$WORK/cert.pem" 2>/dev/null
+test_ca "$WORK" DNS:localhost,IP:127.0.0.1
 nginx_start origin "$ORIGIN" "  server { listen 127.0.0.1:$ORIGIN; keepalive_requests 1000000;
     location = /up { client_max_body_size 1m; return 200 ok; } }"
 mkdir -p "$WORK/keys"

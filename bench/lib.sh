@@ -216,3 +216,17 @@ pin_to() {
   shift
   for p in "$@"; do taskset -a -p -c "$cpus" "$p" >/dev/null || die "taskset -c $cpus pid $p failed"; done
 }
+
+# test_ca DIR SAN: a test CA (DIR/ca.pem) and a leaf for localhost signed by it (DIR/cert.pem,
+# DIR/key.pem; subjectAltName SAN, e.g. "DNS:localhost,IP:127.0.0.1"), ECDSA P-256, 7 days:
+# rustls clients (quinn's) want a real chain, not a self-signed leaf.
+test_ca() {
+  local dir=$1 san=$2
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 7 -subj /CN=bench-ca \
+    -addext basicConstraints=critical,CA:TRUE -keyout "$dir/ca.key" -out "$dir/ca.pem" 2>/dev/null
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=localhost \
+    -keyout "$dir/key.pem" -out "$dir/leaf.csr" 2>/dev/null
+  printf 'subjectAltName=%s\n' "$san" >"$dir/leaf.ext"
+  openssl x509 -req -in "$dir/leaf.csr" -CA "$dir/ca.pem" -CAkey "$dir/ca.key" -CAcreateserial \
+    -days 7 -extfile "$dir/leaf.ext" -out "$dir/cert.pem" 2>/dev/null
+}

@@ -38,13 +38,7 @@ S=(ip netns exec "$NAME-s") C=(ip netns exec "$NAME-c")
 "${S[@]}" sysctl -q -w net.ipv4.tcp_fastopen=1027
 SERVER=10.77.0.2 PORT=8443 ORIGIN=18080 PLAIN=18081
 
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 7 -subj /CN=bench-ca \
-  -addext basicConstraints=critical,CA:TRUE -keyout "$WORK/ca.key" -out "$WORK/ca.pem" 2>/dev/null
-openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=localhost \
-  -keyout "$WORK/key.pem" -out "$WORK/leaf.csr" 2>/dev/null
-printf 'subjectAltName=DNS:localhost\n' >"$WORK/leaf.ext"
-openssl x509 -req -in "$WORK/leaf.csr" -CA "$WORK/ca.pem" -CAkey "$WORK/ca.key" -CAcreateserial \
-  -days 7 -extfile "$WORK/leaf.ext" -out "$WORK/cert.pem" 2>/dev/null
+test_ca "$WORK" DNS:localhost
 write_1k "$WORK/1k.json"
 mkdir -p "$WORK/origin-tmp"
 cat >"$WORK/origin.conf" <<EOF

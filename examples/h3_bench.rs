@@ -159,27 +159,37 @@ async fn run(args: &[String], h3: bool) -> Res<()> {
     Ok(())
 }
 
-async fn raw_uploads(conn: quinn::Connection, n: usize, body: Bytes) -> Res<(f64, f64)> {
-    let one = |conn: quinn::Connection, body: Bytes| async move {
-        let mut s = conn.open_uni().await.map_err(|e| e.to_string())?;
-        s.write_all(&body).await.map_err(|e| e.to_string())?;
-        s.finish().map_err(|e| e.to_string())?;
-        s.stopped().await.map_err(|e| e.to_string())?;
-        Ok::<_, String>(())
-    };
+/// Runs `one` `n` times one after another, then `n` times all at once; the two times in ms.
+async fn timed<F, Fut>(n: usize, one: F) -> Res<(f64, f64)>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Res<()>> + std::marker::Send + 'static,
+{
     let start = Instant::now();
     for _ in 0..n {
-        one(conn.clone(), body.clone()).await?;
+        one().await?;
     }
     let sequential = start.elapsed().as_secs_f64() * 1e3;
     let start = Instant::now();
-    let all: Vec<_> = (0..n)
-        .map(|_| tokio::spawn(one(conn.clone(), body.clone())))
-        .collect();
+    let all: Vec<_> = (0..n).map(|_| tokio::spawn(one())).collect();
     for t in all {
         t.await.map_err(|e| e.to_string())??;
     }
     Ok((sequential, start.elapsed().as_secs_f64() * 1e3))
+}
+
+async fn raw_uploads(conn: quinn::Connection, n: usize, body: Bytes) -> Res<(f64, f64)> {
+    timed(n, || {
+        let (conn, body) = (conn.clone(), body.clone());
+        async move {
+            let mut s = conn.open_uni().await.map_err(|e| e.to_string())?;
+            s.write_all(&body).await.map_err(|e| e.to_string())?;
+            s.finish().map_err(|e| e.to_string())?;
+            s.stopped().await.map_err(|e| e.to_string())?;
+            Ok(())
+        }
+    })
+    .await
 }
 
 #[derive(Clone)]
@@ -191,14 +201,22 @@ struct Upload {
 
 type Send = h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>;
 
-async fn post(mut send: Send, u: Upload) -> Res<()> {
-    let req = http::Request::post(format!("https://localhost{}", u.path))
-        .header("authorization", format!("Bearer {}", u.token))
-        .header("content-length", u.body.len())
+/// One request with the bearer `token` (a POST of `body` when there is one, else a GET); its
+/// answer read to the end. Errors: a failed stream, or an answer other than 2xx.
+async fn exchange(send: &mut Send, path: &str, token: &str, body: Option<Bytes>) -> Res<()> {
+    let req = match &body {
+        Some(b) => http::Request::post(format!("https://localhost{path}"))
+            .header("content-length", b.len()),
+        None => http::Request::get(format!("https://localhost{path}")),
+    };
+    let req = req
+        .header("authorization", format!("Bearer {token}"))
         .body(())
         .map_err(|e| e.to_string())?;
     let mut stream = send.send_request(req).await.map_err(|e| e.to_string())?;
-    stream.send_data(u.body).await.map_err(|e| e.to_string())?;
+    if let Some(b) = body {
+        stream.send_data(b).await.map_err(|e| e.to_string())?;
+    }
     stream.finish().await.map_err(|e| e.to_string())?;
     let resp = stream.recv_response().await.map_err(|e| e.to_string())?;
     if !resp.status().is_success() {
@@ -211,40 +229,12 @@ async fn post(mut send: Send, u: Upload) -> Res<()> {
 }
 
 async fn h3_uploads(conn: quinn::Connection, n: usize, u: Upload) -> Res<(f64, f64)> {
-    let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(conn))
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(async move { std::future::poll_fn(|cx| driver.poll_close(cx)).await });
-    let start = Instant::now();
-    for _ in 0..n {
-        post(send.clone(), u.clone()).await?;
-    }
-    let sequential = start.elapsed().as_secs_f64() * 1e3;
-    let start = Instant::now();
-    let all: Vec<_> = (0..n)
-        .map(|_| tokio::spawn(post(send.clone(), u.clone())))
-        .collect();
-    for t in all {
-        t.await.map_err(|e| e.to_string())??;
-    }
-    Ok((sequential, start.elapsed().as_secs_f64() * 1e3))
-}
-
-async fn get(send: &mut Send, path: &str, token: &str) -> Res<()> {
-    let req = http::Request::get(format!("https://localhost{path}"))
-        .header("authorization", format!("Bearer {token}"))
-        .body(())
-        .map_err(|e| e.to_string())?;
-    let mut stream = send.send_request(req).await.map_err(|e| e.to_string())?;
-    stream.finish().await.map_err(|e| e.to_string())?;
-    let resp = stream.recv_response().await.map_err(|e| e.to_string())?;
-    if !resp.status().is_success() {
-        return Err(format!("answer {}", resp.status()));
-    }
-    while let Some(mut chunk) = stream.recv_data().await.map_err(|e| e.to_string())? {
-        chunk.advance(chunk.remaining());
-    }
-    Ok(())
+    let send = session(conn).await?;
+    timed(n, || {
+        let (mut send, u) = (send.clone(), u.clone());
+        async move { exchange(&mut send, &u.path, &u.token, Some(u.body)).await }
+    })
+    .await
 }
 
 /// The HTTP/3 session on `conn`, its driver in a task.
@@ -271,7 +261,7 @@ async fn rtt(args: &[String]) -> Res<()> {
         .map_err(|e| e.to_string())?;
     let mut send = session(conn.clone()).await?;
     for _ in 0..n {
-        get(&mut send, path, token).await?;
+        exchange(&mut send, path, token, None).await?;
     }
     let fresh = start.elapsed().as_secs_f64() * 1e3;
     conn.close(0u32.into(), b"done");
@@ -284,7 +274,7 @@ async fn rtt(args: &[String]) -> Res<()> {
         .map_err(|_| "no session to resume with 0-RTT".to_string())?;
     let mut send = session(conn).await?;
     for _ in 0..n {
-        get(&mut send, path, token).await?;
+        exchange(&mut send, path, token, None).await?;
     }
     let zero_rtt = start.elapsed().as_secs_f64() * 1e3;
     let accepted = accepted.await;

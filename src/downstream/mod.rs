@@ -5,6 +5,7 @@
 
 mod certs;
 mod conn;
+mod format;
 mod handoff;
 mod http3;
 mod io;

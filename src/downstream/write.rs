@@ -19,6 +19,7 @@ use tokio::io::AsyncWrite;
 use crate::upstream::{ProxyBody, RawHead};
 
 use super::conn::{ClientWatch, Conn};
+use super::format::{chunk_size_line, http_date, itoa};
 use super::io::{Socket, Stall};
 
 impl<S: Socket> Conn<S> {
@@ -363,55 +364,6 @@ fn encode_head(
     out.extend_from_slice(b"\r\n");
 }
 
-/// `{n:x}\r\n`, the size line of a chunk (RFC 9112 section 7.1), written into `buf`.
-fn chunk_size_line(mut n: usize, buf: &mut [u8; 18]) -> &[u8] {
-    let mut i = buf.len() - 2;
-    buf[i..].copy_from_slice(b"\r\n");
-    loop {
-        i -= 1;
-        buf[i] = b"0123456789abcdef"[n % 16];
-        n /= 16;
-        if n == 0 {
-            return &buf[i..];
-        }
-    }
-}
-
-/// `n` in decimal, written into the end of `buf`.
-fn itoa(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &buf[i..];
-        }
-    }
-}
-
-/// The current time as an IMF-fixdate (RFC 9110 section 5.6.7), formatted once a second per
-/// thread.
-fn http_date() -> [u8; 29] {
-    use std::cell::Cell;
-    use std::time::{SystemTime, UNIX_EPOCH};
-    thread_local! {
-        static CACHED: Cell<(u64, [u8; 29])> = const { Cell::new((u64::MAX, [0; 29])) };
-    }
-    let now = SystemTime::now();
-    let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    CACHED.with(|c| {
-        let (at, text) = c.get();
-        if at == secs {
-            return text;
-        }
-        let mut text = [0u8; 29];
-        text.copy_from_slice(&httpdate::fmt_http_date(now).as_bytes()[..29]);
-        c.set((secs, text));
-        text
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -487,18 +439,5 @@ mod tests {
             String::from_utf8(out).unwrap(),
             "HTTP/1.1 200 OK\r\nServer: up\r\nDate: Sat, 21 Nov 2026 00:00:00 GMT\r\nx-local: 1\r\ncontent-length: 3\r\n\r\n"
         );
-    }
-
-    #[test]
-    fn decimal_and_chunk_size_lines() {
-        for n in [0u64, 7, 10, 1024, u64::MAX] {
-            assert_eq!(itoa(n, &mut [0; 20]), n.to_string().as_bytes());
-        }
-        for n in [0usize, 9, 10, 255, 65536, usize::MAX] {
-            assert_eq!(
-                chunk_size_line(n, &mut [0; 18]),
-                format!("{n:x}\r\n").as_bytes()
-            );
-        }
     }
 }

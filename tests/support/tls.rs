@@ -97,20 +97,8 @@ pub struct Client {
 
 impl Client {
     pub fn connect(port: u16, server_name: &str, ca: &Path) -> Self {
-        use rustls::pki_types::pem::PemObject;
-        let mut roots = rustls::RootCertStore::empty();
-        for c in CertificateDer::pem_file_iter(ca).unwrap() {
-            roots.add(c.unwrap()).unwrap();
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
         let name = ServerName::try_from(server_name.to_string()).unwrap();
-        let conn = rustls::ClientConnection::new(Arc::new(cfg), name).unwrap();
+        let conn = rustls::ClientConnection::new(client_config(ca), name).unwrap();
         let tcp = TcpStream::connect(("127.0.0.1", port)).unwrap();
         let mut tls = rustls::StreamOwned::new(conn, tcp);
         while tls.conn.is_handshaking() {
@@ -165,6 +153,18 @@ pub async fn tokio_client(
     port: u16,
     ca: &Path,
 ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let name = ServerName::try_from("localhost").unwrap();
+    tokio_rustls::TlsConnector::from(client_config(ca))
+        .connect(name, tcp)
+        .await
+        .unwrap()
+}
+
+/// TLS 1.2 and 1.3 trusting the CA certificates in `ca` alone, ALPN `http/1.1`.
+fn client_config(ca: &Path) -> Arc<rustls::ClientConfig> {
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     for c in CertificateDer::pem_file_iter(ca).unwrap() {
@@ -177,12 +177,5 @@ pub async fn tokio_client(
         .with_root_certificates(roots)
         .with_no_client_auth();
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let name = ServerName::try_from("localhost").unwrap();
-    tokio_rustls::TlsConnector::from(Arc::new(cfg))
-        .connect(name, tcp)
-        .await
-        .unwrap()
+    Arc::new(cfg)
 }
