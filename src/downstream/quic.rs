@@ -49,7 +49,8 @@ pub fn bind_udp(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
 /// What every HTTP/3 connection shares.
 pub(super) struct Quic {
     pub(super) proxy: Arc<Proxy>,
-    pub(super) h3: Http3Config,
+    /// `http3.early_data`: connections are taken before their handshake completes.
+    pub(super) early_data: bool,
     /// `server.header_read_timeout_ms`: how long a request held for the handshake may wait.
     pub(super) handshake_wait: Duration,
     /// `server.send_timeout_ms`, per response write.
@@ -71,7 +72,7 @@ pub async fn serve_http3(
 ) {
     let quic = Arc::new(Quic {
         proxy,
-        h3,
+        early_data: h3.early_data,
         handshake_wait: server.header_read_timeout,
         send_timeout: server.send_timeout,
         max_field_section: (server.max_header_bytes + server.max_uri_bytes) as u64,
@@ -140,7 +141,7 @@ async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming) {
     let (done, handshake) = watch::channel(false);
     // Without 0-RTT the connection is taken only once the handshake is complete. With it, a
     // request seen before the completion reaches this task is taken as early: the safe side.
-    let early = if quic.h3.early_data {
+    let early = if quic.early_data {
         connecting.into_0rtt()
     } else {
         Err(connecting)
