@@ -169,39 +169,67 @@ async fn exchange(
 
 /// A UDP delay line for one client: datagrams to the returned address go to `server` after
 /// `delay`, and the server's answers back to the client after `delay` too (a round trip of
-/// twice `delay`). Runs until the runtime ends.
+/// twice `delay`), in the order they came: quinn drops a 0-RTT packet that overtakes its
+/// Initial, so a line that reorders would turn early data into a retransmission. Runs until
+/// the runtime ends.
 pub async fn delay_line(server: SocketAddr, delay: Duration) -> SocketAddr {
     let front = Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap());
     let back = Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap());
     back.connect(server).await.unwrap();
     let addr = front.local_addr().unwrap();
     let client: Arc<std::sync::Mutex<Option<SocketAddr>>> = Arc::default();
-    let (f, b, c) = (front.clone(), back.clone(), client.clone());
+    let up = fifo({
+        let back = back.clone();
+        move |datagram| {
+            let back = back.clone();
+            async move {
+                let _ = back.send(&datagram).await;
+            }
+        }
+    });
+    let down = fifo({
+        let (front, client) = (front.clone(), client.clone());
+        move |datagram| {
+            let (front, to) = (front.clone(), *client.lock().unwrap());
+            async move {
+                if let Some(to) = to {
+                    let _ = front.send_to(&datagram, to).await;
+                }
+            }
+        }
+    });
+    let c = client.clone();
     tokio::spawn(async move {
         let mut buf = vec![0u8; 65536];
-        while let Ok((n, from)) = f.recv_from(&mut buf).await {
+        while let Ok((n, from)) = front.recv_from(&mut buf).await {
             *c.lock().unwrap() = Some(from);
-            let (b, datagram) = (b.clone(), buf[..n].to_vec());
-            tokio::spawn(async move {
-                tokio::time::sleep(delay).await;
-                let _ = b.send(&datagram).await;
-            });
+            let _ = up.send((tokio::time::Instant::now() + delay, buf[..n].to_vec()));
         }
     });
     tokio::spawn(async move {
         let mut buf = vec![0u8; 65536];
         while let Ok(n) = back.recv(&mut buf).await {
-            let Some(to) = *client.lock().unwrap() else {
-                continue;
-            };
-            let (f, datagram) = (front.clone(), buf[..n].to_vec());
-            tokio::spawn(async move {
-                tokio::time::sleep(delay).await;
-                let _ = f.send_to(&datagram, to).await;
-            });
+            let _ = down.send((tokio::time::Instant::now() + delay, buf[..n].to_vec()));
         }
     });
     addr
+}
+
+/// One direction of a delay line: datagrams queued with their due time, sent one after
+/// another by a single task, so none overtakes another.
+fn fifo<F, Fut>(send: F) -> tokio::sync::mpsc::UnboundedSender<(tokio::time::Instant, Vec<u8>)>
+where
+    F: Fn(Vec<u8>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    tokio::spawn(async move {
+        while let Some((due, datagram)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            send(datagram).await;
+        }
+    });
+    tx
 }
 
 /// One read of a response body at about 1 MB/s (after a chunk of N bytes, a pause of N µs):
