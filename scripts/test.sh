@@ -24,6 +24,9 @@ command -v nghttp >/dev/null || need+=(nghttp2-client)
 [ -x /usr/bin/chromium ] || need+=(chromium)
 command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)
+# PostgreSQL's server binaries (tests/postgres.rs starts its own clusters; pg_stat_statements ships
+# with it).
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need+=(postgresql)
 # jmapc (tests/cyrus_tls.rs) runs in a Python virtual environment.
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3 python3-venv)
 if ((${#need[@]})); then

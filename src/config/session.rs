@@ -26,10 +26,15 @@ pub(super) fn validate_session(s: RawSession) -> Result<SessionConfig, ConfigErr
         StoreSpec::Embedded(PathBuf::from(path))
     } else if store_text.starts_with("redis://") || store_text.starts_with("rediss://") {
         StoreSpec::Redis(store_text)
+    } else if store_text.starts_with("postgres://") || store_text.starts_with("postgresql://") {
+        StoreSpec::Postgres(store_text)
     } else {
         return Err(ConfigError::new(
             "session.store",
-            format!("`{store_text}` is neither \"embedded:PATH\" nor \"redis://HOST:PORT/DB\""),
+            format!(
+                "`{store_text}` is none of \"embedded:PATH\", \"redis://HOST:PORT/DB\", \
+                 \"postgres://USER@HOST:PORT/DB\""
+            ),
         ));
     };
     let format = match s.format.as_deref().unwrap_or("tessera") {

@@ -10,6 +10,8 @@ pub enum StoreSpec {
     Embedded(PathBuf),
     /// `redis://...` or `rediss://...` URL.
     Redis(String),
+    /// `postgres://...` or `postgresql://...` URL (libpq's form).
+    Postgres(String),
 }
 
 /// How session records are laid out in the store.

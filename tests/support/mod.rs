@@ -4,6 +4,7 @@
 
 pub mod cyrus;
 pub mod h3;
+pub mod postgres;
 pub mod tls;
 pub mod upstream;
 

@@ -1,4 +1,4 @@
-//! The session store: a key-value map with per-key TTL, behind one type with two backends.
+//! The session store: a key-value map with per-key TTL, behind one type with three backends.
 //!
 //! Owns: connections to the backend. Must never: open a connection per request, or interpret
 //! values (that is `session::Sessions`).
@@ -9,9 +9,11 @@ use std::time::Duration;
 use super::StoreSpec;
 
 mod embedded;
+mod postgres;
 mod redis;
 
 pub use self::embedded::EmbeddedStore;
+pub use self::postgres::PostgresStore;
 pub use self::redis::RedisStore;
 
 /// A change notice from the store's invalidation stream ([`Store::watch`]).
@@ -37,17 +39,20 @@ pub enum Store {
     Embedded(Arc<EmbeddedStore>),
     /// Redis over one multiplexed, self-reconnecting connection (`redis://`).
     Redis(Arc<RedisStore>),
+    /// PostgreSQL over a small pool, `LISTEN`/`NOTIFY` for invalidation (`postgres://`).
+    Postgres(Arc<PostgresStore>),
 }
 
 impl Store {
-    /// Opens the backend named by `spec`. Redis connects lazily (a down Redis gives 503s, not a
-    /// failed start); the embedded file is created if missing.
+    /// Opens the backend named by `spec`. Redis and PostgreSQL connect lazily (a down server
+    /// gives 503s, not a failed start); the embedded file is created if missing.
     ///
-    /// Errors: the embedded path cannot be created/opened, or the Redis URL is invalid.
+    /// Errors: the embedded path cannot be created/opened, or a URL is invalid.
     pub fn open(spec: &StoreSpec, timeout: Duration) -> Result<Self, StoreError> {
         Ok(match spec {
             StoreSpec::Embedded(path) => Self::Embedded(Arc::new(EmbeddedStore::open(path)?)),
             StoreSpec::Redis(url) => Self::Redis(Arc::new(RedisStore::new(url, timeout)?)),
+            StoreSpec::Postgres(url) => Self::Postgres(Arc::new(PostgresStore::new(url, timeout)?)),
         })
     }
 
@@ -56,6 +61,7 @@ impl Store {
         match self {
             Self::Embedded(s) => s.get(key).await,
             Self::Redis(s) => s.get(key).await,
+            Self::Postgres(s) => s.get(key).await,
         }
     }
 
@@ -64,6 +70,7 @@ impl Store {
         match self {
             Self::Embedded(s) => s.put(key, value, ttl_seconds).await,
             Self::Redis(s) => s.put(key, value, ttl_seconds).await,
+            Self::Postgres(s) => s.put(key, value, ttl_seconds).await,
         }
     }
 
@@ -72,6 +79,7 @@ impl Store {
         match self {
             Self::Embedded(s) => s.delete(key).await,
             Self::Redis(s) => s.delete(key).await,
+            Self::Postgres(s) => s.delete(key).await,
         }
     }
 
@@ -82,6 +90,7 @@ impl Store {
         match self {
             Self::Embedded(s) => s.scan(prefix).await,
             Self::Redis(s) => s.scan(prefix).await,
+            Self::Postgres(s) => s.scan(prefix).await,
         }
     }
 
@@ -92,6 +101,7 @@ impl Store {
         match self {
             Self::Embedded(s) => s.replace(key, old, value).await,
             Self::Redis(s) => s.replace(key, old, value).await,
+            Self::Postgres(s) => s.replace(key, old, value).await,
         }
     }
 
@@ -108,6 +118,7 @@ impl Store {
         match self {
             Self::Embedded(s) => s.increment(key, window_seconds).await,
             Self::Redis(s) => s.increment(key, window_seconds).await,
+            Self::Postgres(s) => s.increment(key, window_seconds).await,
         }
     }
 
@@ -117,12 +128,14 @@ impl Store {
         match self {
             Self::Embedded(s) => s.decrement(key).await,
             Self::Redis(s) => s.decrement(key).await,
+            Self::Postgres(s) => s.decrement(key).await,
         }
     }
 
     /// Starts watching keys under `prefix` for changes by any process: Redis server-assisted
     /// client-side caching (RESP3 `CLIENT TRACKING ON BCAST PREFIX`, its own connection, pinged
-    /// every second), or the embedded store's change log (polled every 25 ms). The receiver
+    /// every second), PostgreSQL `LISTEN` (its own connection, pinged every second), or the
+    /// embedded store's change log (polled every 25 ms). The receiver
     /// gets `Live` once watching works, `Keys` per change, and `Lost` whenever the stream broke
     /// (it reconnects by itself). Dropping the receiver stops the watcher.
     pub fn watch(&self, prefix: &str) -> tokio::sync::mpsc::Receiver<Invalidation> {
@@ -133,6 +146,9 @@ impl Store {
                 tokio::spawn(EmbeddedStore::clone(s).watch(prefix, tx));
             }
             Self::Redis(s) => {
+                tokio::spawn(s.clone().watch(prefix, tx));
+            }
+            Self::Postgres(s) => {
                 tokio::spawn(s.clone().watch(prefix, tx));
             }
         }

@@ -1,0 +1,157 @@
+//! The invalidation stream of the PostgreSQL store: `LISTEN tessera_kv` on a connection of its
+//! own, outside the pool. Notifications arrive in commit order and only for committed changes;
+//! a lost listener (server restart, `pg_terminate_backend`, a stopped server that misses the
+//! heartbeat) reports `Lost`, and the next `Live` makes the session layer flush its cache and
+//! read again every session with open responses: stronger than replaying the change log, whose
+//! ids are not in commit order.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_postgres::{AsyncMessage, NoTls};
+
+use super::super::Invalidation;
+use super::{bounded, err, PostgresStore, StoreError, CHANNEL};
+
+/// How often the listener's connection is asked `SELECT 1`; with the store timeout, a stopped
+/// server is noticed within this plus the timeout.
+const HEARTBEAT: Duration = Duration::from_secs(1);
+/// How often expired rows and old change-log rows are deleted.
+const PURGE_EVERY: Duration = Duration::from_secs(60);
+/// `application_name` of the listener's connection.
+pub const LISTENER_NAME: &str = "tessera listener";
+/// Keys handed on in one `Invalidation::Keys` at most, when notifications queue up.
+const BATCH: usize = 1024;
+
+/// Stops the connection's driver task when the listener returns.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl PostgresStore {
+    /// The listening loop: (re)connect, `LISTEN`, forward changed keys under `prefix`; on any
+    /// failure report `Lost` and retry with backoff (100 ms doubling to 2 s).
+    pub(in crate::session::store) async fn watch(
+        self: Arc<Self>,
+        prefix: String,
+        tx: mpsc::Sender<Invalidation>,
+    ) {
+        let mut backoff = Duration::from_millis(100);
+        let purger = AbortOnDrop(tokio::spawn(purge_loop(Arc::downgrade(&self))));
+        loop {
+            let result = self.listen(&prefix, &tx, &mut backoff).await;
+            if tx.is_closed() {
+                break;
+            }
+            if let Err(e) = result {
+                tracing::warn!(error = %e, "postgres invalidation stream lost; session cache off until it is back");
+            }
+            if tx.send(Invalidation::Lost).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+        drop(purger);
+    }
+
+    async fn listen(
+        &self,
+        prefix: &str,
+        tx: &mpsc::Sender<Invalidation>,
+        backoff: &mut Duration,
+    ) -> Result<(), StoreError> {
+        // The schema first: LISTEN works without it, but the trigger that rings is part of it.
+        drop(self.conn().await?);
+        // Named so that an operator can find it in pg_stat_activity.
+        let mut config = self.config.clone();
+        config.application_name(LISTENER_NAME);
+        let connect = config.connect(NoTls);
+        let (client, mut connection) = tokio::time::timeout(self.timeout, connect)
+            .await
+            .map_err(|_| err("connect timed out"))?
+            .map_err(err)?;
+        let (notes, mut notified) = mpsc::unbounded_channel();
+        let _driver = AbortOnDrop(tokio::spawn(async move {
+            // Polling the connection runs the client's queries and yields notifications.
+            loop {
+                let message = std::future::poll_fn(|cx| connection.poll_message(cx)).await;
+                let next = match message {
+                    Some(Ok(AsyncMessage::Notification(n))) => Ok(n.payload().to_owned()),
+                    Some(Ok(_)) => continue,
+                    Some(Err(e)) => Err(e.to_string()),
+                    None => Err("connection closed".to_owned()),
+                };
+                let end = next.is_err();
+                if notes.send(next).is_err() || end {
+                    return;
+                }
+            }
+        }));
+        bounded(
+            self.timeout,
+            client.batch_execute(&format!("LISTEN {CHANNEL}")),
+        )
+        .await?;
+        if tx.send(Invalidation::Live).await.is_err() {
+            return Ok(());
+        }
+        *backoff = Duration::from_millis(100);
+        let mut heartbeat = tokio::time::interval(HEARTBEAT);
+        loop {
+            tokio::select! {
+                note = notified.recv() => {
+                    let first = note.ok_or_else(|| err("listener ended"))?.map_err(err)?;
+                    let keys = drain(first, &mut notified, prefix)?;
+                    if !keys.is_empty() && tx.send(Invalidation::Keys(keys)).await.is_err() {
+                        return Ok(());
+                    }
+                }
+                _ = heartbeat.tick() => {
+                    if tx.is_closed() {
+                        return Ok(());
+                    }
+                    bounded(self.timeout, client.simple_query("SELECT 1")).await?;
+                }
+            }
+        }
+    }
+}
+
+/// `first` and whatever else is already queued (at most [`BATCH`] keys), those under `prefix`.
+/// Errors: the listener's connection failed while they queued.
+fn drain(
+    first: String,
+    notified: &mut mpsc::UnboundedReceiver<Result<String, String>>,
+    prefix: &str,
+) -> Result<Vec<String>, StoreError> {
+    let mut keys = vec![first];
+    while keys.len() < BATCH {
+        match notified.try_recv() {
+            Ok(next) => keys.push(next.map_err(err)?),
+            Err(_) => break,
+        }
+    }
+    keys.retain(|k| k.starts_with(prefix));
+    Ok(keys)
+}
+
+/// Purges expired rows every [`PURGE_EVERY`] while the store lives; failures wait for the next
+/// round (an unpurged row is invisible, only kept).
+async fn purge_loop(store: std::sync::Weak<PostgresStore>) {
+    let mut every = tokio::time::interval(PURGE_EVERY);
+    loop {
+        every.tick().await;
+        let Some(store) = store.upgrade() else {
+            return;
+        };
+        if let Err(e) = store.purge().await {
+            tracing::debug!(error = %e, "postgres purge of expired rows failed; next round retries");
+        }
+    }
+}

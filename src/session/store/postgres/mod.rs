@@ -1,0 +1,319 @@
+//! PostgreSQL backend (`postgres://` or `postgresql://`, libpq's URL form): a small pool of
+//! connections (deadpool), opened on first use so that tessera starts, and answers 503, while
+//! the database is down.
+//!
+//! Layout (created on first use, under a transaction-scoped advisory lock so that instances
+//! starting together do not race; PostgreSQL 14 or later):
+//! - `tessera_kv(key text PRIMARY KEY, value bytea, expires_at timestamptz)`: sessions; expired
+//!   rows are invisible and purged every minute.
+//! - `tessera_kv_log(id bigserial, key text, at timestamptz)`: one row per change, written by a
+//!   trigger on `tessera_kv` in the changing transaction, which also sends `pg_notify` on the
+//!   channel `tessera_kv` with the key. Any writer (tessera, the CLI, an operator's `DELETE` in
+//!   psql) therefore invalidates every instance's cache. Rows older than 5 minutes are pruned.
+//! - `tessera_counters(key text PRIMARY KEY, n bigint, expires_at timestamptz)`: failed-login
+//!   counts, outside the trigger (counters invalidate nothing).
+//!
+//! Times come from the database's `now()`, one clock for every instance.
+
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio::sync::OnceCell;
+use tokio_postgres::NoTls;
+
+use super::StoreError;
+
+mod listen;
+
+/// The channel `pg_notify` rings on each change; its payload is the changed key.
+const CHANNEL: &str = "tessera_kv";
+/// Connections in the pool: store calls are the cold path (a cache miss, a login, a logout).
+const POOL_SIZE: usize = 16;
+
+/// Tables, trigger and function, created once per database (module docs). One implicit
+/// transaction: the advisory lock is held until every statement ran.
+const SCHEMA: &str = "
+SELECT pg_advisory_xact_lock(7400361021);
+CREATE TABLE IF NOT EXISTS tessera_kv (
+  key text PRIMARY KEY, value bytea NOT NULL, expires_at timestamptz NOT NULL);
+CREATE INDEX IF NOT EXISTS tessera_kv_expires ON tessera_kv (expires_at);
+CREATE TABLE IF NOT EXISTS tessera_kv_log (
+  id bigserial PRIMARY KEY, key text NOT NULL, at timestamptz NOT NULL DEFAULT now());
+CREATE INDEX IF NOT EXISTS tessera_kv_log_at ON tessera_kv_log (at);
+CREATE TABLE IF NOT EXISTS tessera_counters (
+  key text PRIMARY KEY, n bigint NOT NULL, expires_at timestamptz NOT NULL);
+CREATE OR REPLACE FUNCTION tessera_kv_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP <> 'INSERT' THEN
+    INSERT INTO tessera_kv_log (key) VALUES (OLD.key);
+    PERFORM pg_notify('tessera_kv', OLD.key);
+  END IF;
+  IF TG_OP <> 'DELETE' AND (TG_OP = 'INSERT' OR NEW.key <> OLD.key) THEN
+    INSERT INTO tessera_kv_log (key) VALUES (NEW.key);
+    PERFORM pg_notify('tessera_kv', NEW.key);
+  END IF;
+  RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER tessera_kv_changed AFTER INSERT OR UPDATE OR DELETE ON tessera_kv
+  FOR EACH ROW EXECUTE FUNCTION tessera_kv_changed();
+";
+
+/// The PostgreSQL store.
+pub struct PostgresStore {
+    pool: Pool,
+    config: tokio_postgres::Config,
+    timeout: Duration,
+    schema: OnceCell<()>,
+}
+
+fn err(e: impl std::fmt::Display) -> StoreError {
+    StoreError(format!("postgres: {e}"))
+}
+
+/// A pooled connection, dropped back into the pool.
+type Conn = deadpool_postgres::Object;
+
+impl PostgresStore {
+    /// Prepares a pool for `url` (libpq URL or key-value string); nothing connects yet. Each
+    /// connect, and each store call, is bounded by `timeout`.
+    ///
+    /// Errors: the URL does not parse, or asks for TLS (`sslmode=require`), which this store
+    /// does not speak.
+    pub fn new(url: &str, timeout: Duration) -> Result<Self, StoreError> {
+        let mut config: tokio_postgres::Config = url.parse().map_err(err)?;
+        if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+            return Err(err(
+                "sslmode=require: TLS to PostgreSQL is not supported; use a Unix socket, \
+                 loopback or a TLS tunnel, and sslmode=disable",
+            ));
+        }
+        config.connect_timeout(timeout);
+        if config.get_application_name().is_none() {
+            config.application_name("tessera");
+        }
+        let manager = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .wait_timeout(Some(timeout))
+            .create_timeout(Some(timeout))
+            .recycle_timeout(Some(timeout))
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(err)?;
+        Ok(Self {
+            pool,
+            config,
+            timeout,
+            schema: OnceCell::new(),
+        })
+    }
+
+    /// A pooled connection, the schema created first if this process has not yet.
+    async fn conn(&self) -> Result<Conn, StoreError> {
+        let conn = self.pool.get().await.map_err(err)?;
+        self.schema
+            .get_or_try_init(|| async { bounded(self.timeout, conn.batch_execute(SCHEMA)).await })
+            .await?;
+        Ok(conn)
+    }
+
+    /// Runs `f` on a pooled connection within the store timeout. A connection found closed
+    /// (the server restarted, or ended it) is left out of the pool and `f` runs once more on
+    /// another: every store call is idempotent or, for the counters, harmless when repeated
+    /// (see `RedisStore::increment`).
+    async fn run<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
+    where
+        F: Fn(Conn) -> Fut,
+        Fut: std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    {
+        let once = || async { bounded(self.timeout, f(self.conn().await?)).await };
+        match once().await {
+            Err(Closed) => once().await,
+            other => other,
+        }
+        .map_err(StoreError::from)
+    }
+
+    pub(super) async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.run(|c| async move {
+            let stmt = c
+                .prepare_cached(
+                    "SELECT value FROM tessera_kv WHERE key = $1 AND expires_at > now()",
+                )
+                .await?;
+            Ok(c.query_opt(&stmt, &[&key]).await?.map(|r| r.get(0)))
+        })
+        .await
+    }
+
+    pub(super) async fn put(
+        &self,
+        key: &str,
+        value: &[u8],
+        ttl_seconds: u64,
+    ) -> Result<(), StoreError> {
+        let ttl = ttl_seconds as f64;
+        self.run(|c| async move {
+            let stmt = c
+                .prepare_cached(
+                    "INSERT INTO tessera_kv (key, value, expires_at)
+                     VALUES ($1, $2, now() + $3::float8 * interval '1 second')
+                     ON CONFLICT (key) DO UPDATE
+                     SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at",
+                )
+                .await?;
+            c.execute(&stmt, &[&key, &value, &ttl]).await.map(drop)
+        })
+        .await
+    }
+
+    pub(super) async fn delete(&self, key: &str) -> Result<bool, StoreError> {
+        self.run(|c| async move {
+            let stmt = c
+                .prepare_cached("DELETE FROM tessera_kv WHERE key = $1")
+                .await?;
+            Ok(c.execute(&stmt, &[&key]).await? > 0)
+        })
+        .await
+    }
+
+    pub(super) async fn scan(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        self.run(|c| async move {
+            // starts_with, not LIKE: a prefix with `%` or `_` must match literally.
+            let stmt = c
+                .prepare_cached(
+                    "SELECT key, value FROM tessera_kv
+                     WHERE starts_with(key, $1) AND expires_at > now() ORDER BY key",
+                )
+                .await?;
+            let rows = c.query(&stmt, &[&prefix]).await?;
+            Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
+        })
+        .await
+    }
+
+    pub(super) async fn replace(
+        &self,
+        key: &str,
+        old: &[u8],
+        value: &[u8],
+    ) -> Result<bool, StoreError> {
+        self.run(|c| async move {
+            let stmt = c
+                .prepare_cached(
+                    "UPDATE tessera_kv SET value = $3
+                     WHERE key = $1 AND value = $2 AND expires_at > now()",
+                )
+                .await?;
+            Ok(c.execute(&stmt, &[&key, &old, &value]).await? > 0)
+        })
+        .await
+    }
+
+    pub(super) async fn increment(
+        &self,
+        key: &str,
+        window_seconds: u64,
+    ) -> Result<(u64, u64), StoreError> {
+        let window = window_seconds.max(1) as f64;
+        // One statement: a counter past its window starts again at 1 (the SET expressions see
+        // the row as it was).
+        let (n, left): (i64, i64) = self
+            .run(|c| async move {
+                let stmt = c
+                    .prepare_cached(
+                        "INSERT INTO tessera_counters AS c (key, n, expires_at)
+                         VALUES ($1, 1, now() + $2::float8 * interval '1 second')
+                         ON CONFLICT (key) DO UPDATE SET
+                           n = CASE WHEN c.expires_at <= now() THEN 1 ELSE c.n + 1 END,
+                           expires_at = CASE WHEN c.expires_at <= now()
+                                        THEN EXCLUDED.expires_at ELSE c.expires_at END
+                         RETURNING n, ceil(extract(epoch FROM expires_at - now()))::bigint",
+                    )
+                    .await?;
+                let row = c.query_one(&stmt, &[&key, &window]).await?;
+                Ok((row.get(0), row.get(1)))
+            })
+            .await?;
+        Ok((n.max(0) as u64, left.max(1) as u64))
+    }
+
+    pub(super) async fn decrement(&self, key: &str) -> Result<(), StoreError> {
+        self.run(|c| async move {
+            let stmt = c
+                .prepare_cached(
+                    "UPDATE tessera_counters SET n = n - 1
+                     WHERE key = $1 AND expires_at > now() AND n > 0",
+                )
+                .await?;
+            c.execute(&stmt, &[&key]).await.map(drop)
+        })
+        .await
+    }
+
+    /// Deletes expired sessions and counters, and change-log rows older than 5 minutes.
+    async fn purge(&self) -> Result<(), StoreError> {
+        self.run(|c| async move {
+            c.batch_execute(
+                "DELETE FROM tessera_kv WHERE expires_at <= now() - interval '1 minute';
+                 DELETE FROM tessera_counters WHERE expires_at <= now();
+                 DELETE FROM tessera_kv_log WHERE at < now() - interval '5 minutes';",
+            )
+            .await
+        })
+        .await
+    }
+}
+
+/// Why one attempt failed: the connection was closed under it (worth one more try on
+/// another), or anything else.
+enum Failure {
+    Closed,
+    Other(String),
+}
+use Failure::Closed;
+
+impl From<Failure> for StoreError {
+    fn from(f: Failure) -> Self {
+        match f {
+            Closed => err("connection closed"),
+            Failure::Other(e) => StoreError(e),
+        }
+    }
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        Failure::Other(e.0)
+    }
+}
+
+/// `fut` within `timeout`, its error classified ([`Failure`]).
+async fn bounded<T>(
+    timeout: Duration,
+    fut: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, Failure> {
+    match tokio::time::timeout(timeout, fut).await {
+        Err(_) => Err(Failure::Other(
+            err(format!("no answer within {} ms", timeout.as_millis())).0,
+        )),
+        Ok(Err(e)) if e.is_closed() => Err(Closed),
+        Ok(Err(e)) => Err(Failure::Other(err(describe(&e)).0)),
+        Ok(Ok(v)) => Ok(v),
+    }
+}
+
+/// The server's message for a database error (`relation ... does not exist`, `permission
+/// denied ...`), else the driver's: `tokio_postgres::Error`'s own text is only "db error".
+fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => e.to_string(),
+    }
+}

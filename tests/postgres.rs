@@ -1,0 +1,276 @@
+//! The PostgreSQL store against a real server started by each test: several tessera instances
+//! sharing it, revocations seen by every instance through `LISTEN`/`NOTIFY`, the listener cut
+//! and the server crashed, the CLI and `check-config` on it.
+
+mod support;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use support::postgres::Postgres;
+use support::upstream::{self, Behavior, TestUpstream};
+use support::{bearer, bin, config, curl, Tessera};
+
+fn users() -> TestUpstream {
+    let up = upstream::start(Behavior::Users);
+    up.stats.set_password("alice", "alice-pw");
+    up.stats.set_password("bob", "bob-pw");
+    up
+}
+
+/// A tessera on `pg` in front of `up`, logging in at the upstream's `/check` over plain http.
+fn on_postgres(up: &TestUpstream, pg: &Postgres) -> Tessera {
+    let (store, up_url) = (pg.url(), up.url());
+    Tessera::start(move |port, _| {
+        config(
+            port,
+            &up_url,
+            &store,
+            &[
+                ("login", "cookie_secure = false"),
+                ("login", "verify_path = \"/check\""),
+            ],
+        )
+    })
+}
+
+/// Logs `user` in on `t`; the token.
+fn login(t: &Tessera, user: &str, password: &str) -> String {
+    let body = serde_json::json!({"username": user, "password": password}).to_string();
+    let (code, text) = curl(&[
+        "-H",
+        "Content-Type: application/json",
+        "--data-binary",
+        &body,
+        &t.url("/auth/login"),
+    ]);
+    assert_eq!(code, 200, "login failed: {text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["token"].as_str().unwrap().to_string()
+}
+
+fn status(t: &Tessera, token: &str) -> u16 {
+    curl(&["-H", &bearer(token), &t.url("/mail")]).0
+}
+
+/// How long until `t` answers `want` for `token` (asked again and again), or `None` after `limit`.
+fn until_status(t: &Tessera, token: &str, want: u16, limit: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if status(t, token) == want {
+            return Some(start.elapsed());
+        }
+    }
+    None
+}
+
+fn run_cli(args: &[&str]) -> std::process::Output {
+    Command::new(bin()).args(args).output().unwrap()
+}
+
+#[test]
+fn login_on_one_use_on_another_logout_on_a_third_refused_everywhere() {
+    let up = users();
+    let pg = Postgres::start();
+    let (a, b, c) = (
+        on_postgres(&up, &pg),
+        on_postgres(&up, &pg),
+        on_postgres(&up, &pg),
+    );
+    let token = login(&a, "alice", "alice-pw");
+    assert_eq!(pg.sql("SELECT count(*) FROM tessera_kv"), "1");
+    for t in [&a, &b, &c] {
+        assert_eq!(status(t, &token), 200);
+    }
+    const READ: &str = "SELECT value FROM tessera_kv";
+    let reads = pg.calls(READ);
+    assert!(reads >= 2, "B and C read the session: {reads}");
+    for t in [&a, &b, &c, &a, &b, &c] {
+        assert_eq!(status(t, &token), 200);
+    }
+    assert_eq!(pg.calls(READ), reads, "warm requests read no session");
+    assert_eq!(
+        up.stats.last_authorization.lock().unwrap().as_str(),
+        support::basic("alice", "alice-pw")
+    );
+    let (code, _) = curl(&["-X", "POST", "-H", &bearer(&token), &c.url("/auth/logout")]);
+    assert_eq!(code, 204);
+    assert_eq!(pg.sql("SELECT count(*) FROM tessera_kv"), "0");
+    for (name, t) in [("A", &a), ("B", &b)] {
+        let after = until_status(t, &token, 401, Duration::from_secs(10));
+        println!("{name} refused the token {after:?} after the logout on C");
+        assert!(after.is_some(), "{name} still serves a revoked session");
+    }
+    // The change went through the change log, written in the same transaction.
+    let logged = pg.sql("SELECT count(*) FROM tessera_kv_log WHERE key LIKE 'tessera:session:%'");
+    assert!(logged.parse::<u64>().unwrap() >= 2, "{logged}");
+    for t in [&a, &b, &c] {
+        assert!(!t.log().contains("alice-pw") && !t.log().contains(&token));
+    }
+}
+
+/// Any writer revokes: an operator's `DELETE` in psql reaches every instance's cache, since the
+/// trigger that rings `NOTIFY` is on the table, not in tessera.
+#[test]
+fn an_operators_delete_in_psql_revokes_on_every_instance() {
+    let up = users();
+    let pg = Postgres::start();
+    let (a, b) = (on_postgres(&up, &pg), on_postgres(&up, &pg));
+    let alice = login(&a, "alice", "alice-pw");
+    let bob = login(&a, "bob", "bob-pw");
+    for t in [&a, &b] {
+        assert_eq!(status(t, &alice), 200);
+        assert_eq!(status(t, &bob), 200);
+    }
+    let deleted = pg.sql(&format!(
+        "DELETE FROM tessera_kv WHERE key = (SELECT key FROM tessera_kv WHERE value::text LIKE '%{}%' LIMIT 1) RETURNING 1",
+        hex("\"sub\":\"alice\"")
+    ));
+    assert_eq!(deleted, "1");
+    for t in [&a, &b] {
+        assert!(until_status(t, &alice, 401, Duration::from_secs(10)).is_some());
+        assert_eq!(status(t, &bob), 200, "another session is untouched");
+    }
+}
+
+/// `bytea`'s text form of `s` (hex digits), to find a record by its JSON in SQL.
+fn hex(s: &str) -> String {
+    s.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The listener's connection ended by `pg_terminate_backend`, then a session deleted before it
+/// is back (it reconnects after 100 ms): no notification names that change, and still no
+/// instance serves the session afterwards (the cache is off while the listener is lost and
+/// flushed when it is back).
+#[test]
+fn a_revocation_while_the_listener_is_cut_is_not_missed() {
+    let up = users();
+    let pg = Postgres::start();
+    let a = on_postgres(&up, &pg);
+    let alice = login(&a, "alice", "alice-pw");
+    let bob = login(&a, "bob", "bob-pw");
+    assert_eq!(status(&a, &alice), 200);
+    assert_eq!(status(&a, &bob), 200);
+    let cut = pg.sql(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+         WHERE application_name = 'tessera listener'",
+    );
+    assert_eq!(cut, "1");
+    pg.sql(&format!(
+        "DELETE FROM tessera_kv WHERE value::text LIKE '%{}%'",
+        hex("\"sub\":\"alice\"")
+    ));
+    let after = until_status(&a, &alice, 401, Duration::from_secs(10));
+    println!("refused {after:?} after the unannounced delete");
+    assert!(after.is_some(), "a revoked session served: {}", a.log());
+    let log = a.log_when(|l| l.contains("postgres invalidation stream lost"));
+    assert!(log.contains("postgres invalidation stream lost"), "{log}");
+    assert_eq!(status(&a, &bob), 200);
+    let back = (0..250).any(|_| {
+        std::thread::sleep(Duration::from_millis(20));
+        pg.sql("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'tessera listener'")
+            == "1"
+    });
+    assert!(back, "the listener did not come back");
+}
+
+/// A crashed server (`pg_ctl -m immediate`): requests get 503 with Retry-After (never 401, never
+/// forwarded) until it is back, then the same token is served again.
+#[test]
+fn a_crashed_server_gives_503_then_service_again() {
+    let up = users();
+    let pg = Postgres::start();
+    let a = on_postgres(&up, &pg);
+    let alice = login(&a, "alice", "alice-pw");
+    assert_eq!(status(&a, &alice), 200);
+    let forwarded = up.stats.requests.load(std::sync::atomic::Ordering::SeqCst);
+    pg.crash();
+    let unavailable = until_status(&a, &alice, 503, Duration::from_secs(10));
+    println!("503 {unavailable:?} after the crash");
+    assert!(unavailable.is_some(), "{}", a.log());
+    let (code, headers) = curl(&[
+        "-s",
+        "-D",
+        "-",
+        "-o",
+        "/dev/null",
+        "-H",
+        &bearer(&alice),
+        &a.url("/mail"),
+    ]);
+    assert_eq!(code, 503);
+    assert!(
+        headers.to_ascii_lowercase().contains("retry-after:"),
+        "{headers}"
+    );
+    assert_eq!(
+        up.stats.requests.load(std::sync::atomic::Ordering::SeqCst),
+        forwarded,
+        "forwarded while the store was down"
+    );
+    pg.start_again();
+    let served = until_status(&a, &alice, 200, Duration::from_secs(15));
+    println!("served {served:?} after the restart");
+    assert!(served.is_some(), "{}", a.log());
+}
+
+/// The CLI and `check-config` on the PostgreSQL store: a session created by the CLI serves on a
+/// running instance, is listed, and its revocation by the CLI (another process) reaches the
+/// instance; `check-config` reaches the server, and says so when it cannot.
+#[test]
+fn the_cli_and_check_config_work_on_postgres() {
+    let up = users();
+    let pg = Postgres::start();
+    let a = on_postgres(&up, &pg);
+    let path = a.config_path();
+    let cfg = path.to_str().unwrap();
+    let (sid, token) = a.create_session("alice", "alice-pw");
+    assert_eq!(status(&a, &token), 200);
+    let listed = run_cli(&["session", "list", "--json", "--config", cfg]);
+    assert!(listed.status.success());
+    let listed = String::from_utf8(listed.stdout).unwrap();
+    assert_eq!(listed.lines().count(), 1, "{listed}");
+    assert!(listed.contains("\"sub\":\"alice\""), "{listed}");
+    let reseal = run_cli(&["session", "reseal", "--config", cfg]);
+    assert!(reseal.status.success());
+    let report: serde_json::Value = serde_json::from_slice(&reseal.stdout).unwrap();
+    assert_eq!(report["total"], 1, "{report}");
+    a.revoke(&sid);
+    assert!(until_status(&a, &token, 401, Duration::from_secs(10)).is_some());
+
+    let checked = run_cli(&["check-config", "--config", cfg]);
+    assert!(
+        checked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    pg.crash();
+    let checked = run_cli(&["check-config", "--config", cfg]);
+    let said = String::from_utf8_lossy(&checked.stderr);
+    assert!(!checked.status.success());
+    assert!(said.contains("postgres"), "{said}");
+}
+
+/// A URL that asks for TLS, which this store does not speak, is refused at start with the key
+/// and the way out; so is a scheme that is no store.
+#[test]
+fn a_postgres_url_asking_for_tls_is_refused_with_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.toml");
+    for (store, says) in [
+        (
+            "postgres://u@127.0.0.1:1/db?sslmode=require",
+            "sslmode=disable",
+        ),
+        ("postgre://u@127.0.0.1:1/db", "postgres://"),
+    ] {
+        std::fs::write(&path, config(1, "http://127.0.0.1:9", store, &[])).unwrap();
+        let out = run_cli(&["check-config", "--config", path.to_str().unwrap()]);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{store}");
+        assert!(
+            said.contains("session.store") && said.contains(says),
+            "{store}: {said}"
+        );
+    }
+}
