@@ -214,6 +214,31 @@ fn a_crashed_server_gives_503_then_service_again() {
     assert!(served.is_some(), "{}", a.log());
 }
 
+/// A frozen server (every process stopped, as a hung host): the listener's heartbeat trips,
+/// the cache is bypassed, and requests get 503 (the store read times out) instead of being
+/// served from a cache nobody can invalidate; thawed, the same token is served again.
+#[test]
+fn a_frozen_server_trips_the_heartbeat_and_gives_503() {
+    let up = users();
+    let pg = Postgres::start();
+    let a = on_postgres(&up, &pg);
+    let alice = login(&a, "alice", "alice-pw");
+    assert_eq!(status(&a, &alice), 200);
+    pg.signal_all(rustix::process::Signal::STOP);
+    let unavailable = until_status(&a, &alice, 503, Duration::from_secs(15));
+    pg.signal_all(rustix::process::Signal::CONT);
+    println!("503 {unavailable:?} after the freeze");
+    assert!(unavailable.is_some(), "{}", a.log());
+    assert!(
+        a.log().contains("postgres invalidation stream lost"),
+        "{}",
+        a.log()
+    );
+    let served = until_status(&a, &alice, 200, Duration::from_secs(15));
+    println!("served {served:?} after the thaw");
+    assert!(served.is_some(), "{}", a.log());
+}
+
 /// The CLI and `check-config` on the PostgreSQL store: a session created by the CLI serves on a
 /// running instance, is listed, and its revocation by the CLI (another process) reaches the
 /// instance; `check-config` reaches the server, and says so when it cannot.

@@ -149,6 +149,24 @@ impl Postgres {
         n.parse().unwrap_or_else(|_| panic!("calls: {n}"))
     }
 
+    /// Sends `signal` to the postmaster and every process it started (this cluster only):
+    /// `STOP` freezes the server as a hung host would, `CONT` thaws it.
+    pub fn signal_all(&self, signal: rustix::process::Signal) {
+        let postmaster = self.postmaster_pid().expect("postmaster.pid");
+        let children = Command::new("pgrep")
+            .args(["-P", &postmaster.to_string()])
+            .output()
+            .expect("pgrep");
+        let pids = String::from_utf8_lossy(&children.stdout)
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .chain([postmaster])
+            .collect::<Vec<i32>>();
+        for pid in pids.into_iter().filter_map(rustix::process::Pid::from_raw) {
+            let _ = rustix::process::kill_process(pid, signal);
+        }
+    }
+
     fn postmaster_pid(&self) -> Option<i32> {
         let text = std::fs::read_to_string(self.dir.path().join("data/postmaster.pid")).ok()?;
         text.lines().next()?.trim().parse().ok()
@@ -158,6 +176,9 @@ impl Postgres {
 impl Drop for Postgres {
     fn drop(&mut self) {
         let pid = self.postmaster_pid();
+        if pid.is_some() {
+            self.signal_all(rustix::process::Signal::CONT);
+        }
         self.crash();
         if let Some(pid) = pid.and_then(rustix::process::Pid::from_raw) {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
