@@ -24,7 +24,10 @@ pub(super) fn validate_session(s: RawSession) -> Result<SessionConfig, ConfigErr
             ));
         }
         StoreSpec::Embedded(PathBuf::from(path))
-    } else if store_text.starts_with("redis://") || store_text.starts_with("rediss://") {
+    } else if ["redis://", "rediss://", "redis+sentinel://"]
+        .iter()
+        .any(|scheme| store_text.starts_with(scheme))
+    {
         StoreSpec::Redis(store_text)
     } else if store_text.starts_with("postgres://") || store_text.starts_with("postgresql://") {
         StoreSpec::Postgres(store_text)

@@ -5,6 +5,7 @@
 pub mod cyrus;
 pub mod h3;
 pub mod postgres;
+pub mod sentinel;
 pub mod tls;
 pub mod upstream;
 

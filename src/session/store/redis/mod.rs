@@ -1,0 +1,304 @@
+//! Redis backend: one multiplexed connection (`ConnectionManager`, reconnects by itself), opened
+//! on first use so that tessera starts, and answers 503, while Redis is down. With Sentinel
+//! (`redis+sentinel://`, [`sentinel`]) the master is found through the Sentinels, and the
+//! connection is dropped and the master found again when it switches, answers `READONLY` (a
+//! demoted master) or is lost; revocations there wait for a replica (`WAIT 1`).
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::AsyncCommands;
+use redis::AsyncConnectionConfig;
+
+use super::{Invalidation, StoreError};
+
+mod conn;
+mod sentinel;
+mod track;
+
+use conn::{Conn, Slot};
+
+/// The Redis store.
+pub struct RedisStore {
+    target: Target,
+    timeout: Duration,
+    /// Commands.
+    main: Slot,
+    /// Revocations with Sentinel: `DEL` then `WAIT`, which blocks the connection it runs on.
+    revocations: Slot,
+}
+
+/// Which server to talk to.
+enum Target {
+    /// `redis://`: one server.
+    Direct(redis::Client),
+    /// `redis+sentinel://`: the master the Sentinels name.
+    Sentinel(sentinel::Sentinel),
+}
+
+fn err(e: impl std::fmt::Display) -> StoreError {
+    StoreError(format!("redis: {e}"))
+}
+
+/// The connection may be to a server that is gone or no longer the master.
+fn is_stale(e: &redis::RedisError) -> bool {
+    e.is_connection_dropped()
+        || e.is_io_error()
+        || e.is_timeout()
+        || e.kind() == redis::ErrorKind::ReadOnly
+}
+
+impl RedisStore {
+    /// Prepares a client for `url` (`redis://`, `rediss://` or `redis+sentinel://`); nothing
+    /// connects yet.
+    ///
+    /// Errors: the URL does not parse.
+    pub fn new(url: &str, timeout: Duration) -> Result<Self, StoreError> {
+        let target = if url.starts_with("redis+sentinel://") {
+            Target::Sentinel(sentinel::Sentinel::parse(url)?)
+        } else {
+            Target::Direct(redis::Client::open(url).map_err(err)?)
+        };
+        Ok(Self {
+            target,
+            timeout,
+            main: Slot::default(),
+            revocations: Slot::default(),
+        })
+    }
+
+    /// A client for the server to use now, speaking `protocol`.
+    async fn client(&self, protocol: redis::ProtocolVersion) -> Result<redis::Client, StoreError> {
+        match &self.target {
+            Target::Direct(client) => {
+                let mut info = client.get_connection_info().clone();
+                info.redis.protocol = protocol;
+                redis::Client::open(info).map_err(err)
+            }
+            Target::Sentinel(s) => s.master(self.timeout, protocol).await,
+        }
+    }
+
+    async fn conn_in(&self, slot: &Slot) -> Result<Conn, StoreError> {
+        if let Some(c) = slot.current() {
+            return Ok(c);
+        }
+        let _one = slot.connecting.lock().await;
+        if let Some(c) = slot.current() {
+            return Ok(c);
+        }
+        let client = self.client(redis::ProtocolVersion::RESP2).await?;
+        let c = match self.target {
+            Target::Direct(_) => {
+                let cfg = ConnectionManagerConfig::new()
+                    .set_connection_timeout(self.timeout)
+                    .set_response_timeout(self.timeout)
+                    .set_number_of_retries(1);
+                let c = ConnectionManager::new_with_config(client, cfg).await;
+                Conn::Managed(c.map_err(err)?)
+            }
+            Target::Sentinel(_) => {
+                let cfg = AsyncConnectionConfig::new()
+                    .set_connection_timeout(self.timeout)
+                    .set_response_timeout(self.timeout);
+                let c = client
+                    .get_multiplexed_async_connection_with_config(&cfg)
+                    .await;
+                Conn::Plain(c.map_err(err)?)
+            }
+        };
+        slot.set(c.clone());
+        Ok(c)
+    }
+
+    async fn conn(&self) -> Result<Conn, StoreError> {
+        self.conn_in(&self.main).await
+    }
+
+    /// `e` as a store error; with Sentinel, a connection that may be to a former master is
+    /// dropped first, so that the next call asks the Sentinels again.
+    fn failed(&self, e: redis::RedisError) -> StoreError {
+        if matches!(self.target, Target::Sentinel(_)) && is_stale(&e) {
+            self.main.forget();
+            self.revocations.forget();
+        }
+        err(e)
+    }
+
+    /// Runs an idempotent command (or a counter's, where running twice errs by one); if the
+    /// multiplexed connection was found dead (server restart, CLIENT KILL, idle cut) or, with
+    /// Sentinel, on a demoted master, it is made again and the command sent once more before
+    /// the caller sees a store failure (503).
+    async fn idempotent<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
+    where
+        F: Fn(Conn) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        match f(self.conn().await?).await {
+            Err(e) if is_stale(&e) => {
+                drop(self.failed(e));
+                f(self.conn().await?).await.map_err(|e| self.failed(e))
+            }
+            other => other.map_err(|e| self.failed(e)),
+        }
+    }
+
+    pub(super) async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.idempotent(|mut c| async move { c.get(key).await })
+            .await
+    }
+
+    pub(super) async fn put(
+        &self,
+        key: &str,
+        value: &[u8],
+        ttl_seconds: u64,
+    ) -> Result<(), StoreError> {
+        self.idempotent(|mut c| async move { c.set_ex(key, value, ttl_seconds).await })
+            .await
+    }
+
+    /// With Sentinel, the deletion is confirmed only once a replica has it (`WAIT 1`, within
+    /// the store timeout): a master that dies right after cannot bring the session back through
+    /// a replica promoted without it. Unconfirmed, the call fails (the caller answers 503 and
+    /// the client may retry: a second `DEL` is harmless).
+    pub(super) async fn delete(&self, key: &str) -> Result<bool, StoreError> {
+        if !matches!(self.target, Target::Sentinel(_)) {
+            let n: u64 = self
+                .idempotent(|mut c| async move { c.del(key).await })
+                .await?;
+            return Ok(n > 0);
+        }
+        let mut c = self.conn_in(&self.revocations).await?;
+        let wait_ms = self.timeout.as_millis().max(1) as u64;
+        let (n, replicas): (u64, u64) = redis::pipe()
+            .del(key)
+            .cmd("WAIT")
+            .arg(1)
+            .arg(wait_ms)
+            .query_async(&mut c)
+            .await
+            .map_err(|e| self.failed(e))?;
+        if replicas == 0 {
+            return Err(err(format!(
+                "no replica confirmed the revocation within {wait_ms} ms"
+            )));
+        }
+        Ok(n > 0)
+    }
+
+    pub(super) async fn scan(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let mut conn = self.conn().await?;
+        let pattern = format!("{}*", glob_escape(prefix));
+        let mut cursor: u64 = 0;
+        let mut out = Vec::new();
+        // SCAN may return a key more than once.
+        let mut seen = std::collections::HashSet::new();
+        loop {
+            let (next, mut keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.failed(e))?;
+            keys.retain(|k| seen.insert(k.clone()));
+            if !keys.is_empty() {
+                let values: Vec<Option<Vec<u8>>> =
+                    conn.mget(&keys).await.map_err(|e| self.failed(e))?;
+                out.extend(
+                    keys.into_iter()
+                        .zip(values)
+                        .filter_map(|(k, v)| v.map(|v| (k, v))),
+                );
+            }
+            if next == 0 {
+                return Ok(out);
+            }
+            cursor = next;
+        }
+    }
+
+    pub(super) async fn replace(
+        &self,
+        key: &str,
+        old: &[u8],
+        value: &[u8],
+    ) -> Result<bool, StoreError> {
+        // Compare-and-set in one atomic script; KEEPTTL keeps the session's expiry.
+        const CAS: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+               return redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL') \
+             else return false end";
+        let reply: Option<String> = redis::cmd("EVAL")
+            .arg(CAS)
+            .arg(1)
+            .arg(key)
+            .arg(old)
+            .arg(value)
+            .query_async(&mut self.conn().await?)
+            .await
+            .map_err(|e| self.failed(e))?;
+        Ok(reply.is_some())
+    }
+
+    pub(super) async fn increment(
+        &self,
+        key: &str,
+        window_seconds: u64,
+    ) -> Result<(u64, u64), StoreError> {
+        // INCR and the expiry in one atomic script (EVAL, as `replace`): a counter found without
+        // one (new, or written by someone else) gets the window, so none lasts for ever.
+        const INCREMENT: &str = "local n = redis.call('INCR', KEYS[1]) \
+             local ttl = redis.call('TTL', KEYS[1]) \
+             if ttl < 0 then \
+               redis.call('EXPIRE', KEYS[1], ARGV[1]) \
+               ttl = tonumber(ARGV[1]) \
+             end \
+             return {n, ttl}";
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(INCREMENT)
+            .arg(1)
+            .arg(key)
+            .arg(window_seconds.max(1));
+        // Sent again on a connection found dead, as the idempotent commands are: had the first
+        // one run, a failed-login count is one too high for its window, which is harmless; a 503
+        // for every login after each reconnect would not be.
+        let (n, ttl): (i64, i64) = self
+            .idempotent(|mut c| {
+                let cmd = cmd.clone();
+                async move { cmd.query_async(&mut c).await }
+            })
+            .await?;
+        Ok((n.max(0) as u64, ttl.max(1) as u64))
+    }
+
+    pub(super) async fn decrement(&self, key: &str) -> Result<(), StoreError> {
+        // DECR keeps the key's expiry; a missing or spent counter is not created at -1.
+        const DECREMENT: &str = "if (tonumber(redis.call('GET', KEYS[1])) or 0) > 0 then \
+               redis.call('DECR', KEYS[1]) \
+             end \
+             return 0";
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(DECREMENT).arg(1).arg(key);
+        // Sent again on a connection found dead (see `increment`): at worst one too low.
+        self.idempotent(|mut c| {
+            let cmd = cmd.clone();
+            async move { cmd.query_async::<()>(&mut c).await }
+        })
+        .await
+    }
+}
+
+/// Escapes Redis glob metacharacters so a key prefix matches literally.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}

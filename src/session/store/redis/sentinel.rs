@@ -1,0 +1,297 @@
+//! Redis Sentinel: which server is the master now, and when that changes.
+//!
+//! URL: `redis+sentinel://[USER:PASS@]HOST:PORT[,HOST:PORT...]/MASTER[/DB]` with optional
+//! `?sentinel_username=..&sentinel_password=..`: `USER:PASS` log in to the master (as in a
+//! `redis://` URL), the `sentinel_*` parameters to the Sentinels (Redis deploys them with a
+//! password of their own); port 26379 when left out. The master's address comes from
+//! `SENTINEL get-master-addr-by-name`, asked of each Sentinel in turn, and is then checked with
+//! `ROLE` (a Sentinel may not have seen a failover yet). Switches come from the Sentinels'
+//! `+switch-master` channel.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use percent_encoding::percent_decode_str;
+use redis::{ConnectionAddr, ConnectionInfo, ProtocolVersion, RedisConnectionInfo};
+
+use super::{err, StoreError};
+
+/// Where the Sentinels are, which master they watch, how to log in to each.
+#[derive(Debug, Clone)]
+pub(super) struct Sentinel {
+    /// Every Sentinel, each with the Sentinels' credentials.
+    sentinels: Vec<ConnectionInfo>,
+    /// The name the Sentinels monitor (`sentinel monitor NAME ...`).
+    pub(super) master: String,
+    /// Database and the master's credentials.
+    data: RedisConnectionInfo,
+}
+
+/// A Sentinel's `+switch-master` stream; ends when the connection to that Sentinel is lost.
+pub(super) type Switches = redis::aio::PubSubStream;
+
+const DEFAULT_PORT: u16 = 26379;
+
+impl Sentinel {
+    /// Parses a `redis+sentinel://` URL (module docs).
+    ///
+    /// Errors: no host, a port that is no number, no master name, a database that is no
+    /// number, an unknown query parameter.
+    pub(super) fn parse(url: &str) -> Result<Self, StoreError> {
+        let bad = |why: &str| {
+            err(format!(
+                "{why}: expected redis+sentinel://[USER:PASS@]HOST:PORT[,HOST:PORT...]/MASTER[/DB]"
+            ))
+        };
+        let rest = url
+            .strip_prefix("redis+sentinel://")
+            .ok_or_else(|| bad("not a redis+sentinel:// URL"))?;
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, authority),
+        };
+        let (username, password) = credentials(userinfo);
+        let mut data = RedisConnectionInfo {
+            username,
+            password,
+            ..Default::default()
+        };
+        let (master, db) = path.split_once('/').unwrap_or((path, ""));
+        if master.is_empty() {
+            return Err(bad("no master name"));
+        }
+        if !db.is_empty() {
+            data.db = db
+                .parse()
+                .map_err(|_| bad("the database is not a number"))?;
+        }
+        let mut guard = RedisConnectionInfo::default();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let v = decode(v);
+            match k {
+                "sentinel_username" => guard.username = Some(v),
+                "sentinel_password" => guard.password = Some(v),
+                other => return Err(bad(&format!("unknown parameter `{other}`"))),
+            }
+        }
+        let sentinels = hosts
+            .split(',')
+            .filter(|h| !h.is_empty())
+            .map(|h| {
+                let (host, port) = host_port(h).ok_or_else(|| bad("a port is not a number"))?;
+                Ok(ConnectionInfo {
+                    addr: ConnectionAddr::Tcp(host, port),
+                    redis: guard.clone(),
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        if sentinels.is_empty() {
+            return Err(bad("no Sentinel host"));
+        }
+        Ok(Self {
+            sentinels,
+            master: decode(master),
+            data,
+        })
+    }
+
+    /// The master's address from the first Sentinel that knows it.
+    ///
+    /// Errors: no Sentinel answered, or none knows the master name (each cause listed).
+    async fn master_addr(&self, timeout: Duration) -> Result<(String, u16), StoreError> {
+        let mut causes = Vec::new();
+        for sentinel in &self.sentinels {
+            let asked = async {
+                let mut c = connect(sentinel.clone(), timeout).await?;
+                let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(&self.master)
+                    .query_async(&mut c)
+                    .await
+                    .map_err(err)?;
+                addr.ok_or_else(|| err(format!("no master named `{}`", self.master)))
+            };
+            match tokio::time::timeout(timeout, asked).await {
+                Ok(Ok(addr)) => return Ok(addr),
+                Ok(Err(e)) => causes.push(format!("{}: {e}", sentinel.addr)),
+                Err(_) => causes.push(format!("{}: timed out", sentinel.addr)),
+            }
+        }
+        Err(err(format!(
+            "no Sentinel gave the master: {}",
+            causes.join("; ")
+        )))
+    }
+
+    /// A client for the current master, speaking `protocol`, its `ROLE` checked.
+    ///
+    /// Errors: [`Sentinel::master_addr`]'s, or the server named is not (yet) a master.
+    pub(super) async fn master(
+        &self,
+        timeout: Duration,
+        protocol: ProtocolVersion,
+    ) -> Result<redis::Client, StoreError> {
+        let (host, port) = self.master_addr(timeout).await?;
+        let mut info = ConnectionInfo {
+            addr: ConnectionAddr::Tcp(host, port),
+            redis: self.data.clone(),
+        };
+        let role = async {
+            let mut c = connect(info.clone(), timeout).await?;
+            let role: redis::Value = redis::cmd("ROLE").query_async(&mut c).await.map_err(err)?;
+            Ok::<_, StoreError>(role)
+        };
+        let role = tokio::time::timeout(timeout, role)
+            .await
+            .map_err(|_| err(format!("{}: ROLE timed out", info.addr)))??;
+        if !is_master(&role) {
+            return Err(err(format!(
+                "{} is not a master yet (Sentinel `{}` named it)",
+                info.addr, self.master
+            )));
+        }
+        info.redis.protocol = protocol;
+        redis::Client::open(info).map_err(err)
+    }
+
+    /// Subscribes to `+switch-master` on the first Sentinel that answers.
+    ///
+    /// Errors: no Sentinel answered.
+    pub(super) async fn switches(&self, timeout: Duration) -> Result<Switches, StoreError> {
+        let mut causes = Vec::new();
+        for sentinel in &self.sentinels {
+            let subscribed = async {
+                let client = redis::Client::open(sentinel.clone()).map_err(err)?;
+                let mut pubsub = client.get_async_pubsub().await.map_err(err)?;
+                pubsub.subscribe("+switch-master").await.map_err(err)?;
+                Ok::<_, StoreError>(pubsub.into_on_message())
+            };
+            match tokio::time::timeout(timeout, subscribed).await {
+                Ok(Ok(stream)) => return Ok(stream),
+                Ok(Err(e)) => causes.push(format!("{}: {e}", sentinel.addr)),
+                Err(_) => causes.push(format!("{}: timed out", sentinel.addr)),
+            }
+        }
+        Err(err(format!(
+            "no Sentinel to follow failovers on: {}",
+            causes.join("; ")
+        )))
+    }
+
+    /// The next switch of this master: its new address. Errors: the Sentinel's connection
+    /// ended (switches could be missed from now on).
+    pub(super) async fn next_switch(&self, switches: &mut Switches) -> Result<String, StoreError> {
+        loop {
+            let msg = switches
+                .next()
+                .await
+                .ok_or_else(|| err("the Sentinel's +switch-master connection ended"))?;
+            // "NAME OLD-IP OLD-PORT NEW-IP NEW-PORT"
+            let payload: String = msg.get_payload().unwrap_or_default();
+            let words: Vec<&str> = payload.split(' ').collect();
+            if let [name, _, _, ip, port] = words[..] {
+                if name == self.master {
+                    return Ok(format!("{ip}:{port}"));
+                }
+            }
+        }
+    }
+}
+
+/// A one-off multiplexed connection (Sentinel queries and the `ROLE` check).
+async fn connect(
+    info: ConnectionInfo,
+    timeout: Duration,
+) -> Result<redis::aio::MultiplexedConnection, StoreError> {
+    let cfg = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(timeout)
+        .set_response_timeout(timeout);
+    redis::Client::open(info)
+        .map_err(err)?
+        .get_multiplexed_async_connection_with_config(&cfg)
+        .await
+        .map_err(err)
+}
+
+/// `ROLE`'s first element says `master`.
+fn is_master(role: &redis::Value) -> bool {
+    let redis::Value::Array(items) = role else {
+        return false;
+    };
+    match items.first() {
+        Some(redis::Value::BulkString(b)) => b == b"master",
+        Some(redis::Value::SimpleString(s)) => s == "master",
+        _ => false,
+    }
+}
+
+/// `USER:PASS` (either may be empty) percent-decoded.
+fn credentials(userinfo: Option<&str>) -> (Option<String>, Option<String>) {
+    let Some(userinfo) = userinfo else {
+        return (None, None);
+    };
+    let (user, pass) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+    let some = |s: &str| (!s.is_empty()).then(|| decode(s));
+    (some(user), some(pass))
+}
+
+fn decode(s: &str) -> String {
+    percent_decode_str(s).decode_utf8_lossy().into_owned()
+}
+
+/// `HOST[:PORT]` or `[IPV6][:PORT]`; `None` when the port is no number.
+fn host_port(s: &str) -> Option<(String, u16)> {
+    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+        let (host, after) = rest.split_once(']')?;
+        (host, after.strip_prefix(':'))
+    } else {
+        match s.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (s, None),
+        }
+    };
+    let port = match port {
+        Some(p) => p.parse().ok()?,
+        None => DEFAULT_PORT,
+    };
+    Some((host.to_owned(), port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sentinel_url_gives_hosts_master_database_and_both_credentials() {
+        let s = Sentinel::parse(
+            "redis+sentinel://app:p%40ss@10.0.0.1:26380,sentinel-b,[::1]:5000/cache/3\
+             ?sentinel_password=s3cret",
+        )
+        .unwrap();
+        let addrs: Vec<String> = s.sentinels.iter().map(|i| i.addr.to_string()).collect();
+        assert_eq!(addrs, ["10.0.0.1:26380", "sentinel-b:26379", "::1:5000"]);
+        assert_eq!(s.master, "cache");
+        assert_eq!(s.data.db, 3);
+        assert_eq!(s.data.username.as_deref(), Some("app"));
+        assert_eq!(s.data.password.as_deref(), Some("p@ss"));
+        assert_eq!(s.sentinels[0].redis.password.as_deref(), Some("s3cret"));
+        assert_eq!(s.sentinels[0].redis.username, None);
+    }
+
+    #[test]
+    fn a_sentinel_url_without_master_or_with_a_bad_port_is_refused() {
+        for url in [
+            "redis+sentinel://h:1",
+            "redis+sentinel://h:1/",
+            "redis+sentinel://h:x/m",
+            "redis+sentinel:///m",
+            "redis+sentinel://h/m/zero",
+            "redis+sentinel://h/m?password=x",
+        ] {
+            assert!(Sentinel::parse(url).is_err(), "{url}");
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! The invalidation stream of the Redis store: RESP3 `CLIENT TRACKING ON BCAST PREFIX` on a
+//! connection of its own to the master, pinged every second; with Sentinel, also the
+//! Sentinels' `+switch-master`, after which everything is found and made again.
+
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+
+use super::{err, sentinel, Invalidation, RedisStore, StoreError, Target};
+
+impl RedisStore {
+    /// The tracking loop: (re)connect, enable tracking, forward invalidations; on any failure
+    /// report `Lost` and retry with backoff (100 ms doubling to 2 s).
+    pub(in crate::session::store) async fn watch(
+        self: std::sync::Arc<Self>,
+        prefix: String,
+        tx: tokio::sync::mpsc::Sender<Invalidation>,
+    ) {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let result = self.track(&prefix, &tx).await;
+            if tx.is_closed() {
+                return;
+            }
+            if let Err(e) = result {
+                tracing::warn!(error = %e, "redis invalidation stream lost; session cache off until it is back");
+            }
+            if tx.send(Invalidation::Lost).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    async fn track(
+        &self,
+        prefix: &str,
+        tx: &tokio::sync::mpsc::Sender<Invalidation>,
+    ) -> Result<(), StoreError> {
+        // Following switches starts first, so that none is missed while the master is found.
+        let mut switches = match &self.target {
+            Target::Direct(_) => None,
+            Target::Sentinel(s) => Some((s, s.switches(self.timeout).await?)),
+        };
+        let (mut conn, mut push_rx) = self.tracking_connection(prefix).await?;
+        if tx.send(Invalidation::Live).await.is_err() {
+            return Ok(());
+        }
+        let mut ping = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                push = push_rx.recv() => {
+                    let push = push.ok_or_else(|| err("push channel closed"))?;
+                    if !forward(push, tx).await? {
+                        return Ok(());
+                    }
+                }
+                switched = next_switch(&mut switches) => {
+                    let to = switched?;
+                    self.main.forget();
+                    self.revocations.forget();
+                    return Err(err(format!("the master moved to {to}")));
+                }
+                _ = ping.tick() => {
+                    if tx.is_closed() {
+                        return Ok(());
+                    }
+                    let pong = tokio::time::timeout(
+                        self.timeout,
+                        redis::cmd("PING").query_async::<String>(&mut conn),
+                    )
+                    .await;
+                    match pong {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => return Err(err(e)),
+                        Err(_) => return Err(err("ping timed out")),
+                    }
+                }
+            }
+        }
+    }
+
+    /// A RESP3 connection to the (master) server with `CLIENT TRACKING ON BCAST` for `prefix`,
+    /// and the receiver of its pushes.
+    async fn tracking_connection(
+        &self,
+        prefix: &str,
+    ) -> Result<(MultiplexedConnection, Pushes), StoreError> {
+        let client = self.client(redis::ProtocolVersion::RESP3).await?;
+        let (push_tx, push_rx) = tokio::sync::mpsc::unbounded_channel();
+        let cfg = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(self.timeout)
+            .set_response_timeout(self.timeout)
+            .set_push_sender(push_tx);
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&cfg)
+            .await
+            .map_err(err)?;
+        let mut cmd = redis::cmd("CLIENT");
+        cmd.arg("TRACKING").arg("ON").arg("BCAST");
+        if !prefix.is_empty() {
+            cmd.arg("PREFIX").arg(prefix);
+        }
+        cmd.query_async::<()>(&mut conn).await.map_err(err)?;
+        Ok((conn, push_rx))
+    }
+}
+
+type Pushes = tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>;
+
+/// Hands one push on as invalidations: `Ok(false)` when nobody listens any more. Errors: the
+/// connection ended.
+async fn forward(
+    push: redis::PushInfo,
+    tx: &tokio::sync::mpsc::Sender<Invalidation>,
+) -> Result<bool, StoreError> {
+    match push.kind {
+        redis::PushKind::Invalidate => {
+            let keys = match push.data.into_iter().next() {
+                Some(redis::Value::Array(keys)) => keys
+                    .into_iter()
+                    .filter_map(|k| match k {
+                        redis::Value::BulkString(b) => String::from_utf8(b).ok(),
+                        redis::Value::SimpleString(s) => Some(s),
+                        _ => None,
+                    })
+                    .collect(),
+                // Nil: FLUSHDB/FLUSHALL — everything is gone.
+                _ => {
+                    return Ok(tx.send(Invalidation::Lost).await.is_ok()
+                        && tx.send(Invalidation::Live).await.is_ok())
+                }
+            };
+            Ok(tx.send(Invalidation::Keys(keys)).await.is_ok())
+        }
+        redis::PushKind::Disconnection => Err(err("disconnected")),
+        _ => Ok(true),
+    }
+}
+
+/// The next switch of the master, never with one server.
+async fn next_switch(
+    switches: &mut Option<(&sentinel::Sentinel, sentinel::Switches)>,
+) -> Result<String, StoreError> {
+    match switches {
+        None => std::future::pending().await,
+        Some((s, stream)) => s.next_switch(stream).await,
+    }
+}
