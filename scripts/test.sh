@@ -27,6 +27,8 @@ command -v npm >/dev/null || need+=(npm)
 # PostgreSQL's server binaries (tests/postgres.rs starts its own clusters; pg_stat_statements ships
 # with it).
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need+=(postgresql)
+# MariaDB's server and client (tests/mysql.rs starts its own servers).
+command -v mariadbd >/dev/null || need+=(mariadb-server mariadb-client)
 # jmapc (tests/cyrus_tls.rs) runs in a Python virtual environment.
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3 python3-venv)
 if ((${#need[@]})); then

@@ -5,63 +5,15 @@
 mod support;
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::postgres::Postgres;
-use support::upstream::{self, Behavior, TestUpstream};
+use support::stores::{hex, login, logout, on_store, status, until_status, users};
+use support::upstream::TestUpstream;
 use support::{bearer, bin, config, curl, Tessera};
 
-fn users() -> TestUpstream {
-    let up = upstream::start(Behavior::Users);
-    up.stats.set_password("alice", "alice-pw");
-    up.stats.set_password("bob", "bob-pw");
-    up
-}
-
-/// A tessera on `pg` in front of `up`, logging in at the upstream's `/check` over plain http.
 fn on_postgres(up: &TestUpstream, pg: &Postgres) -> Tessera {
-    let (store, up_url) = (pg.url(), up.url());
-    Tessera::start(move |port, _| {
-        config(
-            port,
-            &up_url,
-            &store,
-            &[
-                ("login", "cookie_secure = false"),
-                ("login", "verify_path = \"/check\""),
-            ],
-        )
-    })
-}
-
-/// Logs `user` in on `t`; the token.
-fn login(t: &Tessera, user: &str, password: &str) -> String {
-    let body = serde_json::json!({"username": user, "password": password}).to_string();
-    let (code, text) = curl(&[
-        "-H",
-        "Content-Type: application/json",
-        "--data-binary",
-        &body,
-        &t.url("/auth/login"),
-    ]);
-    assert_eq!(code, 200, "login failed: {text}");
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    v["token"].as_str().unwrap().to_string()
-}
-
-fn status(t: &Tessera, token: &str) -> u16 {
-    curl(&["-H", &bearer(token), &t.url("/mail")]).0
-}
-
-/// How long until `t` answers `want` for `token` (asked again and again), or `None` after `limit`.
-fn until_status(t: &Tessera, token: &str, want: u16, limit: Duration) -> Option<Duration> {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if status(t, token) == want {
-            return Some(start.elapsed());
-        }
-    }
-    None
+    on_store(up, &pg.url())
 }
 
 fn run_cli(args: &[&str]) -> std::process::Output {
@@ -93,8 +45,7 @@ fn login_on_one_use_on_another_logout_on_a_third_refused_everywhere() {
         up.stats.last_authorization.lock().unwrap().as_str(),
         support::basic("alice", "alice-pw")
     );
-    let (code, _) = curl(&["-X", "POST", "-H", &bearer(&token), &c.url("/auth/logout")]);
-    assert_eq!(code, 204);
+    assert_eq!(logout(&c, &token), 204);
     assert_eq!(pg.sql("SELECT count(*) FROM tessera_kv"), "0");
     for (name, t) in [("A", &a), ("B", &b)] {
         let after = until_status(t, &token, 401, Duration::from_secs(10));
@@ -131,11 +82,6 @@ fn an_operators_delete_in_psql_revokes_on_every_instance() {
         assert!(until_status(t, &alice, 401, Duration::from_secs(10)).is_some());
         assert_eq!(status(t, &bob), 200, "another session is untouched");
     }
-}
-
-/// `bytea`'s text form of `s` (hex digits), to find a record by its JSON in SQL.
-fn hex(s: &str) -> String {
-    s.bytes().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The listener's connection ended by `pg_terminate_backend`, then a session deleted before it

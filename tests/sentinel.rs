@@ -8,62 +8,12 @@ mod support;
 use std::time::{Duration, Instant};
 
 use support::sentinel::Sentinels;
-use support::upstream::{self, Behavior, TestUpstream};
-use support::{bearer, config, curl, Tessera};
-
-fn users() -> TestUpstream {
-    let up = upstream::start(Behavior::Users);
-    up.stats.set_password("alice", "alice-pw");
-    up.stats.set_password("bob", "bob-pw");
-    up
-}
+use support::stores::{login, logout, on_store, status, until_status, users};
+use support::upstream::TestUpstream;
+use support::Tessera;
 
 fn on_sentinel(up: &TestUpstream, s: &Sentinels) -> Tessera {
-    let (store, up_url) = (s.url(), up.url());
-    Tessera::start(move |port, _| {
-        config(
-            port,
-            &up_url,
-            &store,
-            &[
-                ("login", "cookie_secure = false"),
-                ("login", "verify_path = \"/check\""),
-            ],
-        )
-    })
-}
-
-fn login(t: &Tessera, user: &str, password: &str) -> String {
-    let body = serde_json::json!({"username": user, "password": password}).to_string();
-    let (code, text) = curl(&[
-        "-H",
-        "Content-Type: application/json",
-        "--data-binary",
-        &body,
-        &t.url("/auth/login"),
-    ]);
-    assert_eq!(code, 200, "login failed: {text}");
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    v["token"].as_str().unwrap().to_string()
-}
-
-fn status(t: &Tessera, token: &str) -> u16 {
-    curl(&["-H", &bearer(token), &t.url("/mail")]).0
-}
-
-fn logout(t: &Tessera, token: &str) -> u16 {
-    curl(&["-X", "POST", "-H", &bearer(token), &t.url("/auth/logout")]).0
-}
-
-/// How long until `t` answers `want` for `token`, or `None` after `limit`.
-fn until_status(t: &Tessera, token: &str, want: u16, limit: Duration) -> Option<Duration> {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if status(t, token) == want {
-            return Some(start.elapsed());
-        }
-    }
-    None
+    on_store(up, &s.url())
 }
 
 /// Session keys on the server at `port`.

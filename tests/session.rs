@@ -331,9 +331,10 @@ fn failed_logins_are_counted_by_every_instance_on_the_store() {
     let up = users();
     let redis = Redis::start();
     let pg = support::postgres::Postgres::start();
+    let my = support::mysql::Mariadb::start();
     let shared_dir = tempfile::tempdir().unwrap();
     let embedded = format!("embedded:{}/sessions", shared_dir.path().display());
-    for store in [redis.url(), embedded, pg.url()] {
+    for store in [redis.url(), embedded, pg.url(), my.url()] {
         let start = || {
             let (store, up_url) = (store.clone(), up.url());
             Tessera::start(move |port, _| {
@@ -395,7 +396,8 @@ fn failed_logins_are_counted_by_every_instance_on_the_store() {
     // One counter for the address and one per user, keyed by a hash: no user name in clear.
     let keys = redis.cli(&["--scan", "--pattern", "tessera:login-failures:*"]);
     let rows = pg.sql("SELECT key FROM tessera_counters");
-    for keys in [keys, rows] {
+    let my_rows = my.sql("SELECT `key` FROM tessera_counters");
+    for keys in [keys, rows, my_rows] {
         assert_eq!(keys.lines().count(), 6, "{keys}");
         for user in ["alice", "bob", "carol", "dave", "erin"] {
             assert!(!keys.contains(user), "{keys}");

@@ -31,12 +31,15 @@ pub(super) fn validate_session(s: RawSession) -> Result<SessionConfig, ConfigErr
         StoreSpec::Redis(store_text)
     } else if store_text.starts_with("postgres://") || store_text.starts_with("postgresql://") {
         StoreSpec::Postgres(store_text)
+    } else if store_text.starts_with("mysql://") || store_text.starts_with("mariadb://") {
+        StoreSpec::Mysql(store_text)
     } else {
         return Err(ConfigError::new(
             "session.store",
             format!(
                 "`{store_text}` is none of \"embedded:PATH\", \"redis://HOST:PORT/DB\", \
-                 \"postgres://USER@HOST:PORT/DB\""
+                 \"redis+sentinel://HOST:PORT/MASTER\", \"postgres://USER@HOST:PORT/DB\", \
+                 \"mysql://USER@HOST:PORT/DB\""
             ),
         ));
     };

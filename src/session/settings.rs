@@ -12,6 +12,8 @@ pub enum StoreSpec {
     Redis(String),
     /// `postgres://...` or `postgresql://...` URL (libpq's form).
     Postgres(String),
+    /// `mysql://...` or `mariadb://...` URL.
+    Mysql(String),
 }
 
 /// How session records are laid out in the store.

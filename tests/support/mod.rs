@@ -4,8 +4,10 @@
 
 pub mod cyrus;
 pub mod h3;
+pub mod mysql;
 pub mod postgres;
 pub mod sentinel;
+pub mod stores;
 pub mod tls;
 pub mod upstream;
 

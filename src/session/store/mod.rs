@@ -1,4 +1,4 @@
-//! The session store: a key-value map with per-key TTL, behind one type with three backends.
+//! The session store: a key-value map with per-key TTL, behind one type with four backends.
 //!
 //! Owns: connections to the backend. Must never: open a connection per request, or interpret
 //! values (that is `session::Sessions`).
@@ -9,10 +9,12 @@ use std::time::Duration;
 use super::StoreSpec;
 
 mod embedded;
+mod mysql;
 mod postgres;
 mod redis;
 
 pub use self::embedded::EmbeddedStore;
+pub use self::mysql::MysqlStore;
 pub use self::postgres::PostgresStore;
 pub use self::redis::RedisStore;
 
@@ -41,10 +43,12 @@ pub enum Store {
     Redis(Arc<RedisStore>),
     /// PostgreSQL over a small pool, `LISTEN`/`NOTIFY` for invalidation (`postgres://`).
     Postgres(Arc<PostgresStore>),
+    /// MySQL or MariaDB over a small pool, its change log polled (`mysql://`).
+    Mysql(Arc<MysqlStore>),
 }
 
 impl Store {
-    /// Opens the backend named by `spec`. Redis and PostgreSQL connect lazily (a down server
+    /// Opens the backend named by `spec`. Redis and the SQL servers connect lazily (a down server
     /// gives 503s, not a failed start); the embedded file is created if missing.
     ///
     /// Errors: the embedded path cannot be created/opened, or a URL is invalid.
@@ -53,6 +57,7 @@ impl Store {
             StoreSpec::Embedded(path) => Self::Embedded(Arc::new(EmbeddedStore::open(path)?)),
             StoreSpec::Redis(url) => Self::Redis(Arc::new(RedisStore::new(url, timeout)?)),
             StoreSpec::Postgres(url) => Self::Postgres(Arc::new(PostgresStore::new(url, timeout)?)),
+            StoreSpec::Mysql(url) => Self::Mysql(Arc::new(MysqlStore::new(url, timeout)?)),
         })
     }
 
@@ -62,6 +67,7 @@ impl Store {
             Self::Embedded(s) => s.get(key).await,
             Self::Redis(s) => s.get(key).await,
             Self::Postgres(s) => s.get(key).await,
+            Self::Mysql(s) => s.get(key).await,
         }
     }
 
@@ -71,6 +77,7 @@ impl Store {
             Self::Embedded(s) => s.put(key, value, ttl_seconds).await,
             Self::Redis(s) => s.put(key, value, ttl_seconds).await,
             Self::Postgres(s) => s.put(key, value, ttl_seconds).await,
+            Self::Mysql(s) => s.put(key, value, ttl_seconds).await,
         }
     }
 
@@ -80,6 +87,7 @@ impl Store {
             Self::Embedded(s) => s.delete(key).await,
             Self::Redis(s) => s.delete(key).await,
             Self::Postgres(s) => s.delete(key).await,
+            Self::Mysql(s) => s.delete(key).await,
         }
     }
 
@@ -91,6 +99,7 @@ impl Store {
             Self::Embedded(s) => s.scan(prefix).await,
             Self::Redis(s) => s.scan(prefix).await,
             Self::Postgres(s) => s.scan(prefix).await,
+            Self::Mysql(s) => s.scan(prefix).await,
         }
     }
 
@@ -102,6 +111,7 @@ impl Store {
             Self::Embedded(s) => s.replace(key, old, value).await,
             Self::Redis(s) => s.replace(key, old, value).await,
             Self::Postgres(s) => s.replace(key, old, value).await,
+            Self::Mysql(s) => s.replace(key, old, value).await,
         }
     }
 
@@ -119,6 +129,7 @@ impl Store {
             Self::Embedded(s) => s.increment(key, window_seconds).await,
             Self::Redis(s) => s.increment(key, window_seconds).await,
             Self::Postgres(s) => s.increment(key, window_seconds).await,
+            Self::Mysql(s) => s.increment(key, window_seconds).await,
         }
     }
 
@@ -129,13 +140,14 @@ impl Store {
             Self::Embedded(s) => s.decrement(key).await,
             Self::Redis(s) => s.decrement(key).await,
             Self::Postgres(s) => s.decrement(key).await,
+            Self::Mysql(s) => s.decrement(key).await,
         }
     }
 
     /// Starts watching keys under `prefix` for changes by any process: Redis server-assisted
     /// client-side caching (RESP3 `CLIENT TRACKING ON BCAST PREFIX`, its own connection, pinged
     /// every second), PostgreSQL `LISTEN` (its own connection, pinged every second), or the
-    /// embedded store's change log (polled every 25 ms). The receiver
+    /// embedded or MySQL store's change log (polled every 25 ms). The receiver
     /// gets `Live` once watching works, `Keys` per change, and `Lost` whenever the stream broke
     /// (it reconnects by itself). Dropping the receiver stops the watcher.
     pub fn watch(&self, prefix: &str) -> tokio::sync::mpsc::Receiver<Invalidation> {
@@ -149,6 +161,9 @@ impl Store {
                 tokio::spawn(s.clone().watch(prefix, tx));
             }
             Self::Postgres(s) => {
+                tokio::spawn(s.clone().watch(prefix, tx));
+            }
+            Self::Mysql(s) => {
                 tokio::spawn(s.clone().watch(prefix, tx));
             }
         }
