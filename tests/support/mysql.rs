@@ -16,10 +16,14 @@ impl Mariadb {
     pub fn start() -> Self {
         require("mariadbd");
         let dir = tempfile::tempdir().unwrap();
+        // A temporary directory each: servers bootstrapping at once in a shared /tmp removed
+        // each other's temporary tables ("Unknown table 'mysql.tmp_user_sys'").
+        std::fs::create_dir(dir.path().join("tmp")).unwrap();
         let out = Command::new("mariadb-install-db")
             .args(["--no-defaults", "--auth-root-authentication-method=normal"])
             .args(["--skip-test-db", "--user=root"])
             .arg(format!("--datadir={}", dir.path().join("data").display()))
+            .arg(format!("--tmpdir={}", dir.path().join("tmp").display()))
             .output()
             .expect("mariadb-install-db");
         assert!(
@@ -94,6 +98,7 @@ fn spawn(dir: &std::path::Path, port: u16) -> Child {
         .arg(format!("--datadir={}", dir.join("data").display()))
         .arg(format!("--socket={}", dir.join("sock").display()))
         .arg(format!("--pid-file={}", dir.join("pid").display()))
+        .arg(format!("--tmpdir={}", dir.join("tmp").display()))
         .args([
             &format!("--port={port}"),
             "--bind-address=127.0.0.1",
