@@ -57,9 +57,9 @@ fn login_on_one_use_on_another_logout_on_a_third_refused_everywhere() {
 
 /// `SENTINEL FAILOVER` while two instances serve: both follow the new master (a logout after
 /// it is written there and refused on the other instance), a live session goes on. The other
-/// instance may serve the revoked session until `+switch-master` reaches it (the documented
-/// bound; Sentinel publishes it when its failover ends, about 0.7 s after the new master takes
-/// writes here): reported, and bounded by the failover timeout (5 s).
+/// instance moves on the leading Sentinel's `+promoted-slave`, published when that Sentinel
+/// starts naming the new master, so the revoked session is refused at once (reported; bounded
+/// here by the failover timeout, 5 s, the bound were that message lost).
 #[test]
 fn a_sentinel_failover_moves_every_instance_to_the_new_master() {
     let up = users();

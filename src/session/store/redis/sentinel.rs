@@ -5,19 +5,24 @@
 //! `redis://` URL), the `sentinel_*` parameters to the Sentinels (Redis deploys them with a
 //! password of their own); port 26379 when left out. The master's address comes from
 //! `SENTINEL get-master-addr-by-name`, asked of each Sentinel in turn, and is then checked with
-//! `ROLE` (a Sentinel may not have seen a failover yet). Switches come from the Sentinels'
-//! `+switch-master` channel.
+//! `ROLE` (a Sentinel may not have seen a failover yet). Switches come from every Sentinel's
+//! `+promoted-slave` (published by the Sentinel leading a failover the moment it starts naming
+//! the promoted replica, so that instances move together with the writers that ask it) and
+//! `+switch-master` (published by every Sentinel when the failover ends); the address they name
+//! is tried first from then on.
 
+use std::pin::Pin;
+use std::sync::Mutex;
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use futures_util::stream::{self, SelectAll, Stream, StreamExt};
 use percent_encoding::percent_decode_str;
 use redis::{ConnectionAddr, ConnectionInfo, ProtocolVersion, RedisConnectionInfo};
 
 use super::{err, StoreError};
 
 /// Where the Sentinels are, which master they watch, how to log in to each.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(super) struct Sentinel {
     /// Every Sentinel, each with the Sentinels' credentials.
     sentinels: Vec<ConnectionInfo>,
@@ -25,10 +30,12 @@ pub(super) struct Sentinel {
     pub(super) master: String,
     /// Database and the master's credentials.
     data: RedisConnectionInfo,
+    /// The master's address from the last switch heard, tried before asking the Sentinels.
+    hint: Mutex<Option<(String, u16)>>,
 }
 
-/// A Sentinel's `+switch-master` stream; ends when the connection to that Sentinel is lost.
-pub(super) type Switches = redis::aio::PubSubStream;
+/// Every answering Sentinel's switch messages; `None` when one of their connections ended.
+pub(super) type Switches = SelectAll<Pin<Box<dyn Stream<Item = Option<redis::Msg>> + Send>>>;
 
 const DEFAULT_PORT: u16 = 26379;
 
@@ -95,6 +102,7 @@ impl Sentinel {
             sentinels,
             master: decode(master),
             data,
+            hint: Mutex::new(None),
         })
     }
 
@@ -126,7 +134,8 @@ impl Sentinel {
         )))
     }
 
-    /// A client for the current master, speaking `protocol`, its `ROLE` checked.
+    /// A client for the current master, speaking `protocol`, its `ROLE` checked: the address
+    /// of the last switch heard first, else the Sentinels'.
     ///
     /// Errors: [`Sentinel::master_addr`]'s, or the server named is not (yet) a master.
     pub(super) async fn master(
@@ -134,7 +143,29 @@ impl Sentinel {
         timeout: Duration,
         protocol: ProtocolVersion,
     ) -> Result<redis::Client, StoreError> {
-        let (host, port) = self.master_addr(timeout).await?;
+        let hint = self.hint.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(addr) = hint {
+            match self.checked(addr.clone(), timeout, protocol).await {
+                Ok(client) => return Ok(client),
+                Err(_) => {
+                    let mut hint = self.hint.lock().unwrap_or_else(|p| p.into_inner());
+                    if hint.as_ref() == Some(&addr) {
+                        *hint = None;
+                    }
+                }
+            }
+        }
+        let addr = self.master_addr(timeout).await?;
+        self.checked(addr, timeout, protocol).await
+    }
+
+    /// A client for the server at `addr` if `ROLE` says it is a master.
+    async fn checked(
+        &self,
+        (host, port): (String, u16),
+        timeout: Duration,
+        protocol: ProtocolVersion,
+    ) -> Result<redis::Client, StoreError> {
         let mut info = ConnectionInfo {
             addr: ConnectionAddr::Tcp(host, port),
             redis: self.data.clone(),
@@ -149,7 +180,7 @@ impl Sentinel {
             .map_err(|_| err(format!("{}: ROLE timed out", info.addr)))??;
         if !is_master(&role) {
             return Err(err(format!(
-                "{} is not a master yet (Sentinel `{}` named it)",
+                "{} is not a master (Sentinel `{}` named it)",
                 info.addr, self.master
             )));
         }
@@ -157,45 +188,69 @@ impl Sentinel {
         redis::Client::open(info).map_err(err)
     }
 
-    /// Subscribes to `+switch-master` on the first Sentinel that answers.
+    /// Subscribes to `+promoted-slave` and `+switch-master` on every Sentinel that answers.
     ///
-    /// Errors: no Sentinel answered.
+    /// Errors: none answered.
     pub(super) async fn switches(&self, timeout: Duration) -> Result<Switches, StoreError> {
         let mut causes = Vec::new();
+        let mut all = Switches::new();
         for sentinel in &self.sentinels {
             let subscribed = async {
                 let client = redis::Client::open(sentinel.clone()).map_err(err)?;
                 let mut pubsub = client.get_async_pubsub().await.map_err(err)?;
-                pubsub.subscribe("+switch-master").await.map_err(err)?;
+                pubsub
+                    .subscribe(&["+promoted-slave", "+switch-master"])
+                    .await
+                    .map_err(err)?;
                 Ok::<_, StoreError>(pubsub.into_on_message())
             };
             match tokio::time::timeout(timeout, subscribed).await {
-                Ok(Ok(stream)) => return Ok(stream),
+                Ok(Ok(messages)) => {
+                    let ended = stream::once(async { None });
+                    all.push(Box::pin(messages.map(Some).chain(ended)));
+                }
                 Ok(Err(e)) => causes.push(format!("{}: {e}", sentinel.addr)),
                 Err(_) => causes.push(format!("{}: timed out", sentinel.addr)),
             }
         }
-        Err(err(format!(
-            "no Sentinel to follow failovers on: {}",
-            causes.join("; ")
-        )))
+        if all.is_empty() {
+            return Err(err(format!(
+                "no Sentinel to follow failovers on: {}",
+                causes.join("; ")
+            )));
+        }
+        Ok(all)
     }
 
-    /// The next switch of this master: its new address. Errors: the Sentinel's connection
-    /// ended (switches could be missed from now on).
+    /// The next switch of this master: its new address, also kept as the first to try.
+    /// Errors: a Sentinel's connection ended (switches could be missed from now on).
     pub(super) async fn next_switch(&self, switches: &mut Switches) -> Result<String, StoreError> {
         loop {
             let msg = switches
                 .next()
                 .await
-                .ok_or_else(|| err("the Sentinel's +switch-master connection ended"))?;
-            // "NAME OLD-IP OLD-PORT NEW-IP NEW-PORT"
+                .flatten()
+                .ok_or_else(|| err("a Sentinel's connection ended"))?;
             let payload: String = msg.get_payload().unwrap_or_default();
             let words: Vec<&str> = payload.split(' ').collect();
-            if let [name, _, _, ip, port] = words[..] {
-                if name == self.master {
-                    return Ok(format!("{ip}:{port}"));
+            let named = match (msg.get_channel_name(), &words[..]) {
+                // "NAME OLD-IP OLD-PORT NEW-IP NEW-PORT"
+                ("+switch-master", [name, _, _, ip, port]) => Some((*name, *ip, *port)),
+                // "slave IP:PORT IP PORT @ NAME MASTER-IP MASTER-PORT"
+                ("+promoted-slave", ["slave", _, ip, port, "@", name, _, _]) => {
+                    Some((*name, *ip, *port))
                 }
+                _ => None,
+            };
+            let Some((name, ip, port)) = named else {
+                continue;
+            };
+            let Ok(port) = port.parse::<u16>() else {
+                continue;
+            };
+            if name == self.master {
+                *self.hint.lock().unwrap_or_else(|p| p.into_inner()) = Some((ip.to_owned(), port));
+                return Ok(format!("{ip}:{port}"));
             }
         }
     }

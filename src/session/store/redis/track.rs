@@ -43,7 +43,7 @@ impl RedisStore {
             Target::Direct(_) => None,
             Target::Sentinel(s) => Some((s, s.switches(self.timeout).await?)),
         };
-        let (mut conn, mut push_rx) = self.tracking_connection(prefix).await?;
+        let (mut conn, mut push_rx, tracked) = self.tracking_connection(prefix).await?;
         if tx.send(Invalidation::Live).await.is_err() {
             return Ok(());
         }
@@ -58,6 +58,10 @@ impl RedisStore {
                 }
                 switched = next_switch(&mut switches) => {
                     let to = switched?;
+                    if to == tracked {
+                        // Sentinels announcing the switch this connection already made.
+                        continue;
+                    }
                     self.main.forget();
                     self.revocations.forget();
                     return Err(err(format!("the master moved to {to}")));
@@ -82,12 +86,13 @@ impl RedisStore {
     }
 
     /// A RESP3 connection to the (master) server with `CLIENT TRACKING ON BCAST` for `prefix`,
-    /// and the receiver of its pushes.
+    /// the receiver of its pushes, and the server's address (`HOST:PORT`).
     async fn tracking_connection(
         &self,
         prefix: &str,
-    ) -> Result<(MultiplexedConnection, Pushes), StoreError> {
+    ) -> Result<(MultiplexedConnection, Pushes, String), StoreError> {
         let client = self.client(redis::ProtocolVersion::RESP3).await?;
+        let addr = client.get_connection_info().addr.to_string();
         let (push_tx, push_rx) = tokio::sync::mpsc::unbounded_channel();
         let cfg = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(self.timeout)
@@ -103,7 +108,7 @@ impl RedisStore {
             cmd.arg("PREFIX").arg(prefix);
         }
         cmd.query_async::<()>(&mut conn).await.map_err(err)?;
-        Ok((conn, push_rx))
+        Ok((conn, push_rx, addr))
     }
 }
 
