@@ -45,7 +45,7 @@ fn is_stale(e: &redis::RedisError) -> bool {
     e.is_connection_dropped()
         || e.is_io_error()
         || e.is_timeout()
-        || e.kind() == redis::ErrorKind::ReadOnly
+        || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
 }
 
 impl RedisStore {
@@ -71,9 +71,9 @@ impl RedisStore {
     async fn client(&self, protocol: redis::ProtocolVersion) -> Result<redis::Client, StoreError> {
         match &self.target {
             Target::Direct(client) => {
-                let mut info = client.get_connection_info().clone();
-                info.redis.protocol = protocol;
-                redis::Client::open(info).map_err(err)
+                let info = client.get_connection_info().clone();
+                let settings = info.redis_settings().clone().set_protocol(protocol);
+                redis::Client::open(info.set_redis_settings(settings)).map_err(err)
             }
             Target::Sentinel(s) => s.master(self.timeout, protocol).await,
         }
@@ -91,16 +91,16 @@ impl RedisStore {
         let c = match self.target {
             Target::Direct(_) => {
                 let cfg = ConnectionManagerConfig::new()
-                    .set_connection_timeout(self.timeout)
-                    .set_response_timeout(self.timeout)
+                    .set_connection_timeout(Some(self.timeout))
+                    .set_response_timeout(Some(self.timeout))
                     .set_number_of_retries(1);
                 let c = ConnectionManager::new_with_config(client, cfg).await;
                 Conn::Managed(c.map_err(err)?)
             }
             Target::Sentinel(_) => {
                 let cfg = AsyncConnectionConfig::new()
-                    .set_connection_timeout(self.timeout)
-                    .set_response_timeout(self.timeout);
+                    .set_connection_timeout(Some(self.timeout))
+                    .set_response_timeout(Some(self.timeout));
                 let c = client
                     .get_multiplexed_async_connection_with_config(&cfg)
                     .await;

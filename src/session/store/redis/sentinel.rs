@@ -60,27 +60,28 @@ impl Sentinel {
             None => (None, authority),
         };
         let (username, password) = credentials(userinfo);
-        let mut data = RedisConnectionInfo {
-            username,
-            password,
-            ..Default::default()
-        };
+        let mut data = RedisConnectionInfo::default();
+        if let Some(u) = username {
+            data = data.set_username(u);
+        }
+        if let Some(p) = password {
+            data = data.set_password(p);
+        }
         let (master, db) = path.split_once('/').unwrap_or((path, ""));
         if master.is_empty() {
             return Err(bad("no master name"));
         }
         if !db.is_empty() {
-            data.db = db
-                .parse()
-                .map_err(|_| bad("the database is not a number"))?;
+            let db = db.parse().map_err(|_| bad("the database is not a number"))?;
+            data = data.set_db(db);
         }
         let mut guard = RedisConnectionInfo::default();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             let v = decode(v);
             match k {
-                "sentinel_username" => guard.username = Some(v),
-                "sentinel_password" => guard.password = Some(v),
+                "sentinel_username" => guard = guard.set_username(v),
+                "sentinel_password" => guard = guard.set_password(v),
                 other => return Err(bad(&format!("unknown parameter `{other}`"))),
             }
         }
@@ -89,10 +90,7 @@ impl Sentinel {
             .filter(|h| !h.is_empty())
             .map(|h| {
                 let (host, port) = host_port(h).ok_or_else(|| bad("a port is not a number"))?;
-                Ok(ConnectionInfo {
-                    addr: ConnectionAddr::Tcp(host, port),
-                    redis: guard.clone(),
-                })
+                Ok(tcp(host, port)?.set_redis_settings(guard.clone()))
             })
             .collect::<Result<Vec<_>, StoreError>>()?;
         if sentinels.is_empty() {
@@ -124,8 +122,8 @@ impl Sentinel {
             };
             match tokio::time::timeout(timeout, asked).await {
                 Ok(Ok(addr)) => return Ok(addr),
-                Ok(Err(e)) => causes.push(format!("{}: {e}", sentinel.addr)),
-                Err(_) => causes.push(format!("{}: timed out", sentinel.addr)),
+                Ok(Err(e)) => causes.push(format!("{}: {e}", sentinel.addr())),
+                Err(_) => causes.push(format!("{}: timed out", sentinel.addr())),
             }
         }
         Err(err(format!(
@@ -166,10 +164,7 @@ impl Sentinel {
         timeout: Duration,
         protocol: ProtocolVersion,
     ) -> Result<redis::Client, StoreError> {
-        let mut info = ConnectionInfo {
-            addr: ConnectionAddr::Tcp(host, port),
-            redis: self.data.clone(),
-        };
+        let info = tcp(host, port)?.set_redis_settings(self.data.clone());
         let role = async {
             let mut c = connect(info.clone(), timeout).await?;
             let role: redis::Value = redis::cmd("ROLE").query_async(&mut c).await.map_err(err)?;
@@ -177,15 +172,15 @@ impl Sentinel {
         };
         let role = tokio::time::timeout(timeout, role)
             .await
-            .map_err(|_| err(format!("{}: ROLE timed out", info.addr)))??;
+            .map_err(|_| err(format!("{}: ROLE timed out", info.addr())))??;
         if !is_master(&role) {
             return Err(err(format!(
                 "{} is not a master (Sentinel `{}` named it)",
-                info.addr, self.master
+                info.addr(), self.master
             )));
         }
-        info.redis.protocol = protocol;
-        redis::Client::open(info).map_err(err)
+        let settings = info.redis_settings().clone().set_protocol(protocol);
+        redis::Client::open(info.set_redis_settings(settings)).map_err(err)
     }
 
     /// Subscribes to `+promoted-slave` and `+switch-master` on every Sentinel that answers.
@@ -209,8 +204,8 @@ impl Sentinel {
                     let ended = stream::once(async { None });
                     all.push(Box::pin(messages.map(Some).chain(ended)));
                 }
-                Ok(Err(e)) => causes.push(format!("{}: {e}", sentinel.addr)),
-                Err(_) => causes.push(format!("{}: timed out", sentinel.addr)),
+                Ok(Err(e)) => causes.push(format!("{}: {e}", sentinel.addr())),
+                Err(_) => causes.push(format!("{}: timed out", sentinel.addr())),
             }
         }
         if all.is_empty() {
@@ -256,14 +251,22 @@ impl Sentinel {
     }
 }
 
+/// Connection info for `host:port` over TCP.
+fn tcp(host: String, port: u16) -> Result<ConnectionInfo, StoreError> {
+    use redis::IntoConnectionInfo;
+    ConnectionAddr::Tcp(host, port)
+        .into_connection_info()
+        .map_err(err)
+}
+
 /// A one-off multiplexed connection (Sentinel queries and the `ROLE` check).
 async fn connect(
     info: ConnectionInfo,
     timeout: Duration,
 ) -> Result<redis::aio::MultiplexedConnection, StoreError> {
     let cfg = redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(timeout)
-        .set_response_timeout(timeout);
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout));
     redis::Client::open(info)
         .map_err(err)?
         .get_multiplexed_async_connection_with_config(&cfg)
@@ -326,14 +329,14 @@ mod tests {
              ?sentinel_password=s3cret",
         )
         .unwrap();
-        let addrs: Vec<String> = s.sentinels.iter().map(|i| i.addr.to_string()).collect();
+        let addrs: Vec<String> = s.sentinels.iter().map(|i| i.addr().to_string()).collect();
         assert_eq!(addrs, ["10.0.0.1:26380", "sentinel-b:26379", "::1:5000"]);
         assert_eq!(s.master, "cache");
-        assert_eq!(s.data.db, 3);
-        assert_eq!(s.data.username.as_deref(), Some("app"));
-        assert_eq!(s.data.password.as_deref(), Some("p@ss"));
-        assert_eq!(s.sentinels[0].redis.password.as_deref(), Some("s3cret"));
-        assert_eq!(s.sentinels[0].redis.username, None);
+        assert_eq!(s.data.db(), 3);
+        assert_eq!(s.data.username(), Some("app"));
+        assert_eq!(s.data.password(), Some("p@ss"));
+        assert_eq!(s.sentinels[0].redis_settings().password(), Some("s3cret"));
+        assert_eq!(s.sentinels[0].redis_settings().username(), None);
     }
 
     #[test]

@@ -92,11 +92,11 @@ impl RedisStore {
         prefix: &str,
     ) -> Result<(MultiplexedConnection, Pushes, String), StoreError> {
         let client = self.client(redis::ProtocolVersion::RESP3).await?;
-        let addr = client.get_connection_info().addr.to_string();
+        let addr = client.get_connection_info().addr().to_string();
         let (push_tx, push_rx) = tokio::sync::mpsc::unbounded_channel();
         let cfg = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(self.timeout)
-            .set_response_timeout(self.timeout)
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout))
             .set_push_sender(push_tx);
         let mut conn = client
             .get_multiplexed_async_connection_with_config(&cfg)
