@@ -12,11 +12,10 @@ use super::{ms, resolve_secret, ConfigError};
 use crate::seal::CredentialsConfig;
 use crate::session::{SessionConfig, SessionFormat, StoreSpec};
 
-pub(super) fn validate_session(s: RawSession) -> Result<SessionConfig, ConfigError> {
-    let store_text = s
-        .store
-        .unwrap_or_else(|| "embedded:./tessera-sessions".into());
-    let store = if let Some(path) = store_text.strip_prefix("embedded:") {
+/// `session.store` by its scheme.
+fn store_spec(store_text: String) -> Result<StoreSpec, ConfigError> {
+    let has = |schemes: &[&str]| schemes.iter().any(|s| store_text.starts_with(s));
+    Ok(if let Some(path) = store_text.strip_prefix("embedded:") {
         if path.is_empty() {
             return Err(ConfigError::new(
                 "session.store",
@@ -24,25 +23,34 @@ pub(super) fn validate_session(s: RawSession) -> Result<SessionConfig, ConfigErr
             ));
         }
         StoreSpec::Embedded(PathBuf::from(path))
-    } else if ["redis://", "rediss://", "redis+sentinel://"]
-        .iter()
-        .any(|scheme| store_text.starts_with(scheme))
-    {
+    } else if has(&[
+        "redis://",
+        "rediss://",
+        "redis+sentinel://",
+        "redis+cluster://",
+    ]) {
         StoreSpec::Redis(store_text)
-    } else if store_text.starts_with("postgres://") || store_text.starts_with("postgresql://") {
+    } else if has(&["postgres://", "postgresql://"]) {
         StoreSpec::Postgres(store_text)
-    } else if store_text.starts_with("mysql://") || store_text.starts_with("mariadb://") {
+    } else if has(&["mysql://", "mariadb://"]) {
         StoreSpec::Mysql(store_text)
     } else {
         return Err(ConfigError::new(
             "session.store",
             format!(
                 "`{store_text}` is none of \"embedded:PATH\", \"redis://HOST:PORT/DB\", \
-                 \"redis+sentinel://HOST:PORT/MASTER\", \"postgres://USER@HOST:PORT/DB\", \
-                 \"mysql://USER@HOST:PORT/DB\""
+                 \"redis+sentinel://HOST:PORT/MASTER\", \"redis+cluster://HOST:PORT,...\", \
+                 \"postgres://USER@HOST:PORT/DB\", \"mysql://USER@HOST:PORT/DB\""
             ),
         ));
-    };
+    })
+}
+
+pub(super) fn validate_session(s: RawSession) -> Result<SessionConfig, ConfigError> {
+    let store_text = s
+        .store
+        .unwrap_or_else(|| "embedded:./tessera-sessions".into());
+    let store = store_spec(store_text)?;
     let format = match s.format.as_deref().unwrap_or("tessera") {
         "tessera" => SessionFormat::Tessera,
         "hyper-auth-proxy" => SessionFormat::HyperAuthProxy,

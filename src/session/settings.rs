@@ -8,7 +8,7 @@ use std::time::Duration;
 pub enum StoreSpec {
     /// `embedded:PATH` — SQLite file in WAL mode (shared safely by `serve` and the CLI).
     Embedded(PathBuf),
-    /// `redis://...`, `rediss://...` or `redis+sentinel://...` URL.
+    /// `redis://...`, `rediss://...`, `redis+sentinel://...` or `redis+cluster://...` URL.
     Redis(String),
     /// `postgres://...` or `postgresql://...` URL (libpq's form).
     Postgres(String),

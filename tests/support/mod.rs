@@ -2,6 +2,7 @@
 //! ports ([`free_port`]), stopped by PID on drop, and small in-process upstreams for fault injection.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod cyrus;
 pub mod h3;
 pub mod mysql;

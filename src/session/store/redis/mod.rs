@@ -12,9 +12,13 @@ use redis::AsyncConnectionConfig;
 
 use super::{Invalidation, StoreError};
 
+mod cluster;
+mod cluster_track;
 mod conn;
+mod keys;
 mod sentinel;
 mod track;
+mod url;
 
 use conn::{Conn, Slot};
 
@@ -34,6 +38,8 @@ enum Target {
     Direct(redis::Client),
     /// `redis+sentinel://`: the master the Sentinels name.
     Sentinel(sentinel::Sentinel),
+    /// `redis+cluster://`: every primary of a cluster.
+    Cluster(cluster::Cluster),
 }
 
 fn err(e: impl std::fmt::Display) -> StoreError {
@@ -56,6 +62,8 @@ impl RedisStore {
     pub fn new(url: &str, timeout: Duration) -> Result<Self, StoreError> {
         let target = if url.starts_with("redis+sentinel://") {
             Target::Sentinel(sentinel::Sentinel::parse(url)?)
+        } else if url.starts_with("redis+cluster://") {
+            Target::Cluster(cluster::Cluster::parse(url)?)
         } else {
             Target::Direct(redis::Client::open(url).map_err(err)?)
         };
@@ -76,6 +84,7 @@ impl RedisStore {
                 redis::Client::open(info.set_redis_settings(settings)).map_err(err)
             }
             Target::Sentinel(s) => s.master(self.timeout, protocol).await,
+            Target::Cluster(_) => Err(err("a cluster has no single server")),
         }
     }
 
@@ -83,20 +92,34 @@ impl RedisStore {
         if let Some(c) = slot.current() {
             return Ok(c);
         }
-        let _one = slot.connecting.lock().await;
+        let mut pending = slot.connecting.lock().await;
         if let Some(c) = slot.current() {
             return Ok(c);
         }
-        let client = self.client(redis::ProtocolVersion::RESP2).await?;
-        let c = match self.target {
-            Target::Direct(_) => {
-                let cfg = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.timeout))
-                    .set_response_timeout(Some(self.timeout))
-                    .set_number_of_retries(1);
-                let c = ConnectionManager::new_with_config(client, cfg).await;
-                Conn::Managed(c.map_err(err)?)
+        let c = match &self.target {
+            Target::Cluster(cluster) => {
+                if pending.is_none() {
+                    let client = cluster.client(self.timeout)?;
+                    *pending = Some(tokio::spawn(async move {
+                        let c = client.get_async_connection().await;
+                        Ok(Conn::Cluster(c.map_err(err)?))
+                    }));
+                }
+                // Awaited by reference: a caller that gives up leaves the task running.
+                let joined = pending.as_mut().expect("a connect in progress").await;
+                *pending = None;
+                joined.map_err(err)??
             }
+            _ => self.connect().await?,
+        };
+        slot.set(c.clone());
+        Ok(c)
+    }
+
+    /// A new command connection to one server ([`Conn`]).
+    async fn connect(&self) -> Result<Conn, StoreError> {
+        let client = self.client(redis::ProtocolVersion::RESP2).await?;
+        Ok(match self.target {
             Target::Sentinel(_) => {
                 let cfg = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(self.timeout))
@@ -106,23 +129,35 @@ impl RedisStore {
                     .await;
                 Conn::Plain(c.map_err(err)?)
             }
-        };
-        slot.set(c.clone());
-        Ok(c)
+            _ => {
+                let cfg = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(self.timeout))
+                    .set_response_timeout(Some(self.timeout))
+                    .set_number_of_retries(1);
+                let c = ConnectionManager::new_with_config(client, cfg).await;
+                Conn::Managed(c.map_err(err)?)
+            }
+        })
     }
 
     async fn conn(&self) -> Result<Conn, StoreError> {
         self.conn_in(&self.main).await
     }
 
-    /// `e` as a store error; with Sentinel, a connection that may be to a former master is
-    /// dropped first, so that the next call asks the Sentinels again.
+    /// `e` as a store error; with Sentinel or a cluster, a connection that may be to a former
+    /// master, or hold a stale slot map, is dropped first, so that the next call finds the
+    /// master or the map again.
     fn failed(&self, e: redis::RedisError) -> StoreError {
-        if matches!(self.target, Target::Sentinel(_)) && is_stale(&e) {
-            self.main.forget();
-            self.revocations.forget();
+        if !matches!(self.target, Target::Direct(_)) && is_stale(&e) {
+            self.forget();
         }
         err(e)
+    }
+
+    /// Drops the command connections (Sentinel or cluster: the server or the map changed).
+    fn forget(&self) {
+        self.main.forget();
+        self.revocations.forget();
     }
 
     /// Runs an idempotent command (or a counter's, where running twice errs by one); if the
@@ -156,69 +191,6 @@ impl RedisStore {
     ) -> Result<(), StoreError> {
         self.idempotent(|mut c| async move { c.set_ex(key, value, ttl_seconds).await })
             .await
-    }
-
-    /// With Sentinel, the deletion is confirmed only once a replica has it (`WAIT 1`, within
-    /// the store timeout): a master that dies right after cannot bring the session back through
-    /// a replica promoted without it. Unconfirmed, the call fails (the caller answers 503 and
-    /// the client may retry: a second `DEL` is harmless).
-    pub(super) async fn delete(&self, key: &str) -> Result<bool, StoreError> {
-        if !matches!(self.target, Target::Sentinel(_)) {
-            let n: u64 = self
-                .idempotent(|mut c| async move { c.del(key).await })
-                .await?;
-            return Ok(n > 0);
-        }
-        let mut c = self.conn_in(&self.revocations).await?;
-        let wait_ms = self.timeout.as_millis().max(1) as u64;
-        let (n, replicas): (u64, u64) = redis::pipe()
-            .del(key)
-            .cmd("WAIT")
-            .arg(1)
-            .arg(wait_ms)
-            .query_async(&mut c)
-            .await
-            .map_err(|e| self.failed(e))?;
-        if replicas == 0 {
-            return Err(err(format!(
-                "no replica confirmed the revocation within {wait_ms} ms"
-            )));
-        }
-        Ok(n > 0)
-    }
-
-    pub(super) async fn scan(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        let mut conn = self.conn().await?;
-        let pattern = format!("{}*", glob_escape(prefix));
-        let mut cursor: u64 = 0;
-        let mut out = Vec::new();
-        // SCAN may return a key more than once.
-        let mut seen = std::collections::HashSet::new();
-        loop {
-            let (next, mut keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| self.failed(e))?;
-            keys.retain(|k| seen.insert(k.clone()));
-            if !keys.is_empty() {
-                let values: Vec<Option<Vec<u8>>> =
-                    conn.mget(&keys).await.map_err(|e| self.failed(e))?;
-                out.extend(
-                    keys.into_iter()
-                        .zip(values)
-                        .filter_map(|(k, v)| v.map(|v| (k, v))),
-                );
-            }
-            if next == 0 {
-                return Ok(out);
-            }
-            cursor = next;
-        }
     }
 
     pub(super) async fn replace(
@@ -289,16 +261,4 @@ impl RedisStore {
         })
         .await
     }
-}
-
-/// Escapes Redis glob metacharacters so a key prefix matches literally.
-fn glob_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
 }

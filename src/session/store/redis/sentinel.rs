@@ -16,9 +16,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use futures_util::stream::{self, SelectAll, Stream, StreamExt};
-use percent_encoding::percent_decode_str;
-use redis::{ConnectionAddr, ConnectionInfo, ProtocolVersion, RedisConnectionInfo};
+use redis::{ConnectionInfo, ProtocolVersion, RedisConnectionInfo};
 
+use super::url::{credentials, decode, host_port, tcp};
 use super::{err, StoreError};
 
 /// Where the Sentinels are, which master they watch, how to log in to each.
@@ -72,7 +72,9 @@ impl Sentinel {
             return Err(bad("no master name"));
         }
         if !db.is_empty() {
-            let db = db.parse().map_err(|_| bad("the database is not a number"))?;
+            let db = db
+                .parse()
+                .map_err(|_| bad("the database is not a number"))?;
             data = data.set_db(db);
         }
         let mut guard = RedisConnectionInfo::default();
@@ -89,7 +91,8 @@ impl Sentinel {
             .split(',')
             .filter(|h| !h.is_empty())
             .map(|h| {
-                let (host, port) = host_port(h).ok_or_else(|| bad("a port is not a number"))?;
+                let (host, port) =
+                    host_port(h, DEFAULT_PORT).ok_or_else(|| bad("a port is not a number"))?;
                 Ok(tcp(host, port)?.set_redis_settings(guard.clone()))
             })
             .collect::<Result<Vec<_>, StoreError>>()?;
@@ -176,7 +179,8 @@ impl Sentinel {
         if !is_master(&role) {
             return Err(err(format!(
                 "{} is not a master (Sentinel `{}` named it)",
-                info.addr(), self.master
+                info.addr(),
+                self.master
             )));
         }
         let settings = info.redis_settings().clone().set_protocol(protocol);
@@ -251,14 +255,6 @@ impl Sentinel {
     }
 }
 
-/// Connection info for `host:port` over TCP.
-fn tcp(host: String, port: u16) -> Result<ConnectionInfo, StoreError> {
-    use redis::IntoConnectionInfo;
-    ConnectionAddr::Tcp(host, port)
-        .into_connection_info()
-        .map_err(err)
-}
-
 /// A one-off multiplexed connection (Sentinel queries and the `ROLE` check).
 async fn connect(
     info: ConnectionInfo,
@@ -284,38 +280,6 @@ fn is_master(role: &redis::Value) -> bool {
         Some(redis::Value::SimpleString(s)) => s == "master",
         _ => false,
     }
-}
-
-/// `USER:PASS` (either may be empty) percent-decoded.
-fn credentials(userinfo: Option<&str>) -> (Option<String>, Option<String>) {
-    let Some(userinfo) = userinfo else {
-        return (None, None);
-    };
-    let (user, pass) = userinfo.split_once(':').unwrap_or((userinfo, ""));
-    let some = |s: &str| (!s.is_empty()).then(|| decode(s));
-    (some(user), some(pass))
-}
-
-fn decode(s: &str) -> String {
-    percent_decode_str(s).decode_utf8_lossy().into_owned()
-}
-
-/// `HOST[:PORT]` or `[IPV6][:PORT]`; `None` when the port is no number.
-fn host_port(s: &str) -> Option<(String, u16)> {
-    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
-        let (host, after) = rest.split_once(']')?;
-        (host, after.strip_prefix(':'))
-    } else {
-        match s.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (s, None),
-        }
-    };
-    let port = match port {
-        Some(p) => p.parse().ok()?,
-        None => DEFAULT_PORT,
-    };
-    Some((host.to_owned(), port))
 }
 
 #[cfg(test)]

@@ -42,6 +42,7 @@ impl RedisStore {
         let mut switches = match &self.target {
             Target::Direct(_) => None,
             Target::Sentinel(s) => Some((s, s.switches(self.timeout).await?)),
+            Target::Cluster(c) => return self.track_cluster(c, prefix, tx).await,
         };
         let (mut conn, mut push_rx, tracked) = self.tracking_connection(prefix).await?;
         if tx.send(Invalidation::Live).await.is_err() {
@@ -62,8 +63,7 @@ impl RedisStore {
                         // Sentinels announcing the switch this connection already made.
                         continue;
                     }
-                    self.main.forget();
-                    self.revocations.forget();
+                    self.forget();
                     return Err(err(format!("the master moved to {to}")));
                 }
                 _ = ping.tick() => {
@@ -94,10 +94,22 @@ impl RedisStore {
         let client = self.client(redis::ProtocolVersion::RESP3).await?;
         let addr = client.get_connection_info().addr().to_string();
         let (push_tx, push_rx) = tokio::sync::mpsc::unbounded_channel();
+        let conn = self.tracking_on(&client, prefix, push_tx).await?;
+        Ok((conn, push_rx, addr))
+    }
+
+    /// A connection by `client` (RESP3) with `CLIENT TRACKING ON BCAST` for `prefix`, its
+    /// pushes sent to `pushes`.
+    pub(super) async fn tracking_on(
+        &self,
+        client: &redis::Client,
+        prefix: &str,
+        pushes: tokio::sync::mpsc::UnboundedSender<redis::PushInfo>,
+    ) -> Result<MultiplexedConnection, StoreError> {
         let cfg = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.timeout))
             .set_response_timeout(Some(self.timeout))
-            .set_push_sender(push_tx);
+            .set_push_sender(pushes);
         let mut conn = client
             .get_multiplexed_async_connection_with_config(&cfg)
             .await
@@ -108,15 +120,15 @@ impl RedisStore {
             cmd.arg("PREFIX").arg(prefix);
         }
         cmd.query_async::<()>(&mut conn).await.map_err(err)?;
-        Ok((conn, push_rx, addr))
+        Ok(conn)
     }
 }
 
-type Pushes = tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>;
+pub(super) type Pushes = tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>;
 
 /// Hands one push on as invalidations: `Ok(false)` when nobody listens any more. Errors: the
 /// connection ended.
-async fn forward(
+pub(super) async fn forward(
     push: redis::PushInfo,
     tx: &tokio::sync::mpsc::Sender<Invalidation>,
 ) -> Result<bool, StoreError> {

@@ -1,0 +1,132 @@
+//! The Redis store's deletions (confirmed by a replica where the deployment has replicas) and
+//! its scans (every primary of a cluster).
+
+use std::collections::HashSet;
+
+use redis::aio::ConnectionLike;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
+use redis::AsyncCommands;
+
+use super::{err, Conn, RedisStore, StoreError, Target};
+
+impl RedisStore {
+    /// With Sentinel or a cluster, the deletion is confirmed only once a replica has it (`WAIT
+    /// 1`, within the store timeout, on the primary that took it): a primary that dies right
+    /// after cannot bring the session back through a replica promoted without it. Unconfirmed,
+    /// the call fails (the caller answers 503 and the client may retry: a second `DEL` is
+    /// harmless). `WAIT` blocks the connection it runs on, hence a connection of its own.
+    pub(in crate::session::store) async fn delete(&self, key: &str) -> Result<bool, StoreError> {
+        if matches!(self.target, Target::Direct(_)) {
+            let n: u64 = self
+                .idempotent(|mut c| async move { c.del(key).await })
+                .await?;
+            return Ok(n > 0);
+        }
+        let c = self.conn_in(&self.revocations).await?;
+        let wait_ms = self.timeout.as_millis().max(1) as u64;
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(1).arg(wait_ms);
+        let (n, replicas): (u64, u64) = match c {
+            Conn::Cluster(mut c) => {
+                let n: u64 = c.del(key).await.map_err(|e| self.failed(e))?;
+                let owner = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(owner));
+                let replicas = c
+                    .route_command(wait, routing)
+                    .await
+                    .map_err(|e| self.failed(e))?;
+                (n, redis::from_redis_value(replicas).map_err(err)?)
+            }
+            mut c => redis::pipe()
+                .del(key)
+                .add_command(wait)
+                .query_async(&mut c)
+                .await
+                .map_err(|e| self.failed(e))?,
+        };
+        if replicas == 0 {
+            return Err(err(format!(
+                "no replica confirmed the revocation within {wait_ms} ms"
+            )));
+        }
+        Ok(n > 0)
+    }
+
+    /// Every live key under `prefix` with its value: `SCAN` on the server, or on each primary
+    /// of a cluster (values read through the cluster connection).
+    pub(in crate::session::store) async fn scan(
+        &self,
+        prefix: &str,
+    ) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let mut conn = self.conn().await?;
+        let pattern = format!("{}*", glob_escape(prefix));
+        let mut out = Vec::new();
+        // SCAN may return a key more than once.
+        let mut seen = HashSet::new();
+        let Target::Cluster(cluster) = &self.target else {
+            let mut on = conn.clone();
+            self.scan_on(&mut on, &mut conn, &pattern, &mut seen, &mut out)
+                .await?;
+            return Ok(out);
+        };
+        for primary in cluster.primaries(self.timeout).await? {
+            let client = cluster.node(&primary, redis::ProtocolVersion::RESP2)?;
+            let mut node = client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(err)?;
+            self.scan_on(&mut node, &mut conn, &pattern, &mut seen, &mut out)
+                .await?;
+        }
+        Ok(out)
+    }
+
+    /// `SCAN` over `on`, values by `MGET` on `values`, new keys added to `out`.
+    async fn scan_on(
+        &self,
+        on: &mut impl ConnectionLike,
+        values: &mut Conn,
+        pattern: &str,
+        seen: &mut HashSet<String>,
+        out: &mut Vec<(String, Vec<u8>)>,
+    ) -> Result<(), StoreError> {
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, mut keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(on)
+                .await
+                .map_err(|e| self.failed(e))?;
+            keys.retain(|k| seen.insert(k.clone()));
+            if !keys.is_empty() {
+                let got: Vec<Option<Vec<u8>>> =
+                    values.mget(&keys).await.map_err(|e| self.failed(e))?;
+                out.extend(
+                    keys.into_iter()
+                        .zip(got)
+                        .filter_map(|(k, v)| v.map(|v| (k, v))),
+                );
+            }
+            if next == 0 {
+                return Ok(());
+            }
+            cursor = next;
+        }
+    }
+}
+
+/// Escapes Redis glob metacharacters so a key prefix matches literally.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}

@@ -1,0 +1,240 @@
+//! A real Redis Cluster for one test: three primaries and three replicas (`redis-cli --cluster
+//! create`, password [`PASS`] on every node, node timeout 2 s), each a `redis-server` on a free
+//! loopback port with a directory of its own, stopped by PID on drop.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{free_port, require, terminate, wait_for_port};
+
+pub const PASS: &str = "cluster-pass";
+
+pub struct Cluster {
+    pub ports: Vec<u16>,
+    children: Vec<(u16, Child)>,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Starts six nodes, makes the cluster and waits until every node says `cluster_state:ok`
+    /// and every primary has its replica.
+    pub fn start() -> Self {
+        require("redis-server");
+        let dir = tempfile::tempdir().unwrap();
+        let ports: Vec<u16> = (0..6).map(|_| free_port()).collect();
+        let mut children = Vec::new();
+        for &port in &ports {
+            let own = dir.path().join(port.to_string());
+            std::fs::create_dir(&own).unwrap();
+            let child = Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
+                .arg("--cluster-config-file")
+                .arg(own.join("nodes.conf"))
+                .arg("--dir")
+                .arg(&own)
+                .args(["--requirepass", PASS, "--masterauth", PASS])
+                .args([
+                    "--repl-diskless-sync-delay",
+                    "0",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn redis-server");
+            children.push((port, child));
+            wait_for_port(port, "redis-server");
+        }
+        let c = Self {
+            ports,
+            children,
+            _dir: dir,
+        };
+        let nodes: Vec<String> = c.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let out = Command::new("redis-cli")
+            .args(["--no-auth-warning", "-a", PASS, "--cluster", "create"])
+            .args(&nodes)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .expect("redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "cluster create: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        c.wait_ready();
+        c
+    }
+
+    /// Every node says `cluster_state:ok`, and every primary has a replica online.
+    pub fn wait_ready(&self) {
+        self.wait_until("cluster ready", || {
+            self.all_ok()
+                && self.primaries().iter().all(|&p| {
+                    self.cli(p, &["INFO", "replication"])
+                        .contains("connected_slaves:1")
+                })
+        });
+    }
+
+    /// Every live node says `cluster_state:ok` (after a node was killed: its replica took over).
+    pub fn wait_ok(&self) {
+        self.wait_until("cluster_state:ok", || self.all_ok());
+    }
+
+    fn all_ok(&self) -> bool {
+        self.live_ports().iter().all(|&p| {
+            self.cli(p, &["CLUSTER", "INFO"])
+                .contains("cluster_state:ok")
+        })
+    }
+
+    fn wait_until(&self, what: &str, done: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}: not within 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn live_ports(&self) -> Vec<u16> {
+        self.children.iter().map(|(p, _)| *p).collect()
+    }
+
+    /// `redis+cluster://` with the password, two seeds.
+    pub fn url(&self) -> String {
+        format!(
+            "redis+cluster://:{PASS}@127.0.0.1:{},127.0.0.1:{}",
+            self.ports[0], self.ports[1]
+        )
+    }
+
+    /// Ports of the nodes that are primaries now (asked of every live node's `ROLE`).
+    pub fn primaries(&self) -> Vec<u16> {
+        self.live_ports()
+            .into_iter()
+            .filter(|&p| self.cli(p, &["ROLE"]).starts_with("master"))
+            .collect()
+    }
+
+    /// The port of the primary owning `key`'s slot (`CLUSTER NODES` of a live node).
+    pub fn owner_of(&self, key: &str) -> u16 {
+        let any = self.live_ports()[0];
+        let slot: u16 = self.cli(any, &["CLUSTER", "KEYSLOT", key]).parse().unwrap();
+        self.nodes(any)
+            .into_iter()
+            .find(|f| f[2].contains("master") && f[8..].iter().any(|r| in_range(r, slot)))
+            .map(|f| port_of(&f[1]))
+            .expect("an owner")
+    }
+
+    /// The port of the replica of the primary on `primary` (its `INFO replication`).
+    pub fn replica_of(&self, primary: u16) -> u16 {
+        let info = self.cli(primary, &["INFO", "replication"]);
+        info.lines()
+            .find_map(|l| {
+                let fields = l.strip_prefix("slave0:")?;
+                fields
+                    .split(',')
+                    .find_map(|f| f.strip_prefix("port=")?.parse().ok())
+            })
+            .unwrap_or_else(|| panic!("no replica: {info}"))
+    }
+
+    /// `CLUSTER NODES` of the node on `port`, split into fields.
+    fn nodes(&self, port: u16) -> Vec<Vec<String>> {
+        self.cli(port, &["CLUSTER", "NODES"])
+            .lines()
+            .map(|l| l.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+            .filter(|f| f.len() >= 8)
+            .collect()
+    }
+
+    /// SIGKILL of the node on `port`.
+    pub fn kill(&mut self, port: u16) {
+        if let Some(i) = self.children.iter().position(|(p, _)| *p == port) {
+            let (_, mut child) = self.children.remove(i);
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGSTOP or SIGCONT of the node on `port`.
+    pub fn signal(&self, port: u16, signal: rustix::process::Signal) {
+        let (_, child) = self.children.iter().find(|(p, _)| *p == port).unwrap();
+        let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+        rustix::process::kill_process(pid, signal).unwrap();
+    }
+
+    pub fn cli(&self, port: u16, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &port.to_string(), "--no-auth-warning", "-a", PASS])
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Session keys on every primary.
+    pub fn session_keys(&self) -> Vec<String> {
+        self.primaries()
+            .into_iter()
+            .flat_map(|p| {
+                self.cli(p, &["--scan", "--pattern", "tessera:session:*"])
+                    .lines()
+                    .filter(|l| !l.is_empty())
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// `GET` calls served by every live node so far (`INFO commandstats`).
+    pub fn gets(&self) -> u64 {
+        self.live_ports()
+            .into_iter()
+            .map(|p| {
+                let stats = self.cli(p, &["INFO", "commandstats"]);
+                stats
+                    .lines()
+                    .find_map(|l| l.strip_prefix("cmdstat_get:calls="))
+                    .and_then(|v| v.split(',').next()?.parse().ok())
+                    .unwrap_or(0)
+            })
+            .sum()
+    }
+}
+
+/// The port of a `CLUSTER NODES` address (`IP:PORT@BUSPORT`).
+fn port_of(addr: &str) -> u16 {
+    let hostport = addr.split('@').next().unwrap();
+    hostport.rsplit(':').next().unwrap().parse().unwrap()
+}
+
+/// Whether `range` (a `CLUSTER NODES` slot field: `N` or `A-B`) holds `slot`.
+fn in_range(range: &str, slot: u16) -> bool {
+    match range.split_once('-') {
+        Some((a, b)) => match (a.parse::<u16>(), b.parse::<u16>()) {
+            (Ok(a), Ok(b)) => (a..=b).contains(&slot),
+            _ => false,
+        },
+        None => range.parse::<u16>() == Ok(slot),
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.children {
+            if let Ok(pid) = i32::try_from(child.id()) {
+                if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::CONT);
+                }
+            }
+            terminate(child);
+        }
+    }
+}
