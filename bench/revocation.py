@@ -21,12 +21,13 @@ store on every request shows about one poll). No token or sid is printed.
 
 Usage:
   python3 bench/revocation.py --a http://127.0.0.1:8081 --b http://127.0.0.1:8082 \
-      --redis redis://127.0.0.1:6379/0 --sessions /tmp/bench.tokens.jsonl [--trials 1000] \
+      [--redis redis://127.0.0.1:6379/0] --sessions /tmp/bench.tokens.jsonl [--trials 1000] \
       [--path /1k] [--key-prefix tessera:session:] [--max-wait 10] [--out result.json]
 --sessions: one pair per line, either JSON with "sid" and "token" (bench/tokens.py --out, or the
-lines `tessera session create` prints) or `sid token` separated by whitespace. Pairs whose session
-is no longer in Redis (revoked by an earlier run) are skipped; at least --trials must be live, and
-each trial revokes one. Works against any proxy answering 200 for a live session's
+lines `tessera session create` prints) or `sid token` separated by whitespace. With --redis, pairs
+whose session is no longer in Redis (revoked by an earlier run) are skipped; without it (any
+store, revoked by --logout-path or --revoke-cmd) every pair must be live. At least --trials
+must be live, and each trial revokes one. Works against any proxy answering 200 for a live session's
 bearer token and 401 once the session is gone.
 """
 
@@ -97,7 +98,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--a", help="instance A base URL (warmed; --logout-path goes here)")
     p.add_argument("--b", required=True, help="instance B base URL (polled)")
-    p.add_argument("--redis", required=True, help="redis://host:port/db the instances share")
+    p.add_argument("--redis", help="redis://host:port/db the instances share (needed for the "
+                   "default revocation, a DEL; with --logout-path or --revoke-cmd it only skips "
+                   "sessions no longer there)")
     p.add_argument("--sessions", required=True, help="file of (sid, token) pairs")
     p.add_argument("--trials", type=int, default=1000)
     p.add_argument("--path", default="/1k", help="path requested through the proxies")
@@ -110,16 +113,19 @@ def main():
     args = p.parse_args()
     if args.logout_path and not args.a:
         p.error("--logout-path needs --a")
+    if not (args.redis or args.logout_path or args.revoke_cmd):
+        p.error("give --redis, or revoke with --logout-path or --revoke-cmd")
     pairs = load_sessions(args.sessions)
-    r = redis.Redis.from_url(args.redis)
-    # Sessions revoked by an earlier run (or expired) are skipped, so a file can be reused.
-    pipe = r.pipeline(transaction=False)
-    for sid, _ in pairs:
-        pipe.exists(args.key_prefix + sid)
-    pairs = [pair for pair, live in zip(pairs, pipe.execute()) if live]
+    r = redis.Redis.from_url(args.redis) if args.redis else None
+    if r is not None:
+        # Sessions revoked by an earlier run (or expired) are skipped, so a file can be reused.
+        pipe = r.pipeline(transaction=False)
+        for sid, _ in pairs:
+            pipe.exists(args.key_prefix + sid)
+        pairs = [pair for pair, live in zip(pairs, pipe.execute()) if live]
     if len(pairs) < args.trials:
-        p.error(f"--sessions has {len(pairs)} sessions live in Redis under "
-                f"{args.key_prefix!r}, fewer than --trials {args.trials}")
+        p.error(f"--sessions has {len(pairs)} sessions (live in Redis under "
+                f"{args.key_prefix!r} when --redis is given), fewer than --trials {args.trials}")
 
     a = Client(args.a) if args.a else None
     b = Client(args.b)

@@ -26,8 +26,11 @@ impl Cluster {
         for &port in &ports {
             let own = dir.path().join(port.to_string());
             std::fs::create_dir(&own).unwrap();
+            // The cluster bus on a free port too (the default, port + 10000, may be taken).
+            let bus = free_port().to_string();
             let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--port", &port.to_string(), "--cluster-port", &bus])
+                .args(["--bind", "127.0.0.1"])
                 .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
                 .arg("--cluster-config-file")
                 .arg(own.join("nodes.conf"))
