@@ -187,3 +187,59 @@ fn a_stopped_primary_trips_the_heartbeat() {
     assert!(served.is_some(), "{}", a.log());
     assert!(a.log().contains("invalidation stream lost"), "{}", a.log());
 }
+
+/// alice's slot migrating to another primary while she logs out (`SETSLOT IMPORTING/MIGRATING`,
+/// the logout in the middle, then `SETSLOT NODE` to finish): B refuses her at once, during the
+/// move and after it (a changed shard map), and bob's session goes on.
+#[test]
+fn a_slot_migrated_while_revoking_keeps_the_revocation() {
+    let up = users();
+    let c = Cluster::start();
+    let (a, b) = (on_store(&up, &c.url()), on_store(&up, &c.url()));
+    let alice = login(&a, "alice", "alice-pw");
+    let key = only_key(&c);
+    let bob = login(&a, "bob", "bob-pw");
+    for t in [&a, &b] {
+        assert_eq!(status(t, &alice), 200);
+        assert_eq!(status(t, &bob), 200);
+    }
+    let src = c.owner_of(&key);
+    let dst = c.primaries().into_iter().find(|&p| p != src).unwrap();
+    let slot = c.cli(src, &["CLUSTER", "KEYSLOT", &key]);
+    let (src_id, dst_id) = (
+        c.cli(src, &["CLUSTER", "MYID"]),
+        c.cli(dst, &["CLUSTER", "MYID"]),
+    );
+    assert_eq!(
+        c.cli(dst, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &src_id]),
+        "OK"
+    );
+    assert_eq!(
+        c.cli(src, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &dst_id]),
+        "OK"
+    );
+    // Mid-migration: the key is still on the source, which answers for it.
+    assert_eq!(logout(&a, &alice), 204, "{}", a.log());
+    for port in [src, dst] {
+        let keys = c.cli(port, &["CLUSTER", "GETKEYSINSLOT", &slot, "10"]);
+        assert!(
+            !keys.contains(&key),
+            "{port} still has alice's session: {keys}"
+        );
+    }
+    let during = until_status(&b, &alice, 401, Duration::from_secs(10));
+    println!("B refused alice {during:?} after the logout, mid-migration");
+    assert!(during.is_some(), "B serves a session revoked mid-migration");
+    for p in c.primaries() {
+        c.cli(p, &["CLUSTER", "SETSLOT", &slot, "NODE", &dst_id]);
+    }
+    assert_eq!(c.owner_of(&key), dst);
+    for t in [&a, &b] {
+        let after = until_status(t, &alice, 401, Duration::from_secs(10));
+        assert!(
+            after.is_some(),
+            "a revoked session served after the migration"
+        );
+        assert!(until_status(t, &bob, 200, Duration::from_secs(10)).is_some());
+    }
+}
