@@ -230,3 +230,48 @@ test_ca() {
   openssl x509 -req -in "$dir/leaf.csr" -CA "$dir/ca.pem" -CAkey "$dir/ca.key" -CAcreateserial \
     -days 7 -extfile "$dir/leaf.ext" -out "$dir/cert.pem" 2>/dev/null
 }
+
+# pg_start PORT: a fresh PostgreSQL cluster in $WORK/pg (initdb, trust, superuser tessera, fsync
+# off) on 127.0.0.1:PORT; sets PID_PG, PG_URL and PSQL (psql command line, rows unaligned). As
+# root the server runs as postgres (setpriv execs, so the PID is the server's).
+pg_start() {
+  local bin as_pg=() i
+  bin="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)"
+  [[ -x $bin/initdb ]] || die "no /usr/lib/postgresql/*/bin/initdb: apt-get install postgresql"
+  mkdir -p "$WORK/pg"
+  if [[ $(id -u) == 0 ]]; then
+    as_pg=(setpriv --reuid=postgres --regid=postgres --init-groups)
+    chown postgres "$WORK/pg"
+  fi
+  "${as_pg[@]}" "$bin/initdb" -A trust -U tessera --no-sync -D "$WORK/pg/data" >"$WORK/initdb.log" 2>&1 ||
+    die "initdb failed: $(tail -3 "$WORK/initdb.log")"
+  "${as_pg[@]}" "$bin/postgres" -D "$WORK/pg/data" -p "$1" -k "$WORK/pg" -c listen_addresses=127.0.0.1 \
+    -c fsync=off >"$WORK/pg.log" 2>&1 &
+  PID_PG=$! PIDS+=("$!")
+  wait_port "$1" postgres "$PID_PG"
+  PSQL=("$bin/psql" -X -q -A -t -h 127.0.0.1 -p "$1" -U tessera -d postgres)
+  for ((i = 0; i < 100; i++)); do "${PSQL[@]}" -c 'SELECT 1' >/dev/null 2>&1 && break; sleep 0.05; done
+  PG_URL="postgres://tessera@127.0.0.1:$1/postgres"
+}
+
+# mariadb_start PORT: a fresh MariaDB in $WORK/mariadb (root without a password, database tessera)
+# on 127.0.0.1:PORT; sets PID_MARIADB and MYSQL_URL.
+mariadb_start() {
+  local d="$WORK/mariadb" i
+  command -v mariadbd >/dev/null || die "mariadbd is not installed: apt-get install mariadb-server"
+  mkdir -p "$d/tmp"
+  mariadb-install-db --no-defaults --auth-root-authentication-method=normal --skip-test-db --user=root \
+    --datadir="$d/data" --tmpdir="$d/tmp" >"$WORK/mariadb-install.log" 2>&1 ||
+    die "mariadb-install-db failed: $(tail -3 "$WORK/mariadb-install.log")"
+  mariadbd --no-defaults --datadir="$d/data" --socket="$d/sock" --pid-file="$d/pid" --tmpdir="$d/tmp" \
+    --port="$1" --bind-address=127.0.0.1 --user=root --skip-log-bin --innodb-flush-log-at-trx-commit=2 \
+    >"$WORK/mariadb.log" 2>&1 &
+  PID_MARIADB=$! PIDS+=("$!")
+  for ((i = 0; i < 600; i++)); do
+    mariadb --no-defaults -h 127.0.0.1 -P "$1" -u root -e 'CREATE DATABASE IF NOT EXISTS tessera' \
+      >/dev/null 2>&1 && break
+    kill -0 "$PID_MARIADB" 2>/dev/null || die "mariadbd exited (logs in $WORK)"
+    sleep 0.05
+  done
+  MYSQL_URL="mysql://root@127.0.0.1:$1/tessera"
+}

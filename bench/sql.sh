@@ -22,8 +22,6 @@ die() { log "ERROR: $*"; exit 1; }
 # shellcheck source=bench/lib.sh
 source "$ROOT/bench/lib.sh"
 for t in nginx wrk curl python3 cargo; do command -v "$t" >/dev/null || die "$t is not installed"; done
-PGBIN="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)"
-[[ -x $PGBIN/initdb ]] || die "no /usr/lib/postgresql/*/bin/initdb: apt-get install postgresql"
 
 log "building tessera and the reference (release)"
 (cd "$ROOT" && cargo build --release -q) || die "cargo build failed"
@@ -33,22 +31,8 @@ BIN="$ROOT/target/release/tessera" REF="$ROOT/target/bench-reference/release/sql
 
 work_dir sql
 read -r P_PG P_ORIGIN P_REF P_COLD P_WARM < <(free_ports 5)
-# The server refuses to run as root: as root, run it as postgres (setpriv execs, so $! is its PID).
-as_pg=()
-mkdir -p "$WORK/pg"
-if [[ $(id -u) == 0 ]]; then
-  as_pg=(setpriv --reuid=postgres --regid=postgres --init-groups)
-  chown postgres "$WORK/pg"
-fi
-"${as_pg[@]}" "$PGBIN/initdb" -A trust -U tessera --no-sync -D "$WORK/pg/data" >"$WORK/initdb.log" 2>&1 ||
-  die "initdb failed: $(tail -3 "$WORK/initdb.log")"
-"${as_pg[@]}" "$PGBIN/postgres" -D "$WORK/pg/data" -p "$P_PG" -k "$WORK/pg" -c listen_addresses=127.0.0.1 \
-  -c fsync=off >"$WORK/pg.log" 2>&1 &
-PID_PG=$! PIDS+=("$!")
-wait_port "$P_PG" postgres "$PID_PG"
-PSQL=("$PGBIN/psql" -X -q -A -t -h 127.0.0.1 -p "$P_PG" -U tessera -d postgres)
-for _ in $(seq 100); do "${PSQL[@]}" -c 'SELECT 1' >/dev/null 2>&1 && break; sleep 0.05; done
-DB="postgres://tessera@127.0.0.1:$P_PG/postgres"
+pg_start "$P_PG"
+DB="$PG_URL"
 
 write_1k "$WORK/1k.json"
 nginx_start origin "$P_ORIGIN" "server { listen 127.0.0.1:$P_ORIGIN; keepalive_requests 1000000;
