@@ -222,16 +222,56 @@ fn the_cli_and_check_config_work_on_postgres() {
     assert!(said.contains("postgres"), "{said}");
 }
 
-/// A URL that asks for TLS, which this store does not speak, is refused at start with the key
-/// and the way out; so is a scheme that is no store.
+/// TLS to the server (`sslmode=verify-full`, the CA from `sslrootcert`): sessions work, every
+/// tessera connection is encrypted (`pg_stat_ssl`), and a CA that did not sign the server's
+/// certificate gives 503s, never a plain connection.
 #[test]
-fn a_postgres_url_asking_for_tls_is_refused_with_the_fix() {
+fn tls_to_the_server_is_verified() {
+    let pki = support::tls::Pki::new();
+    let (cert, key) = pki.leaf("db", &["localhost"]);
+    let pg = Postgres::start_tls(&cert, &key);
+    let up = users();
+    let url = |ca: &std::path::Path| {
+        format!(
+            "postgres://tessera@localhost:{}/postgres?sslmode=verify-full&sslrootcert={}",
+            pg.port,
+            ca.display()
+        )
+    };
+    let a = on_store(&up, &url(&pki.ca()));
+    let alice = login(&a, "alice", "alice-pw");
+    assert_eq!(status(&a, &alice), 200);
+    let plain = pg.sql(
+        "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid)
+         WHERE application_name LIKE 'tessera%' AND NOT ssl",
+    );
+    let encrypted = pg.sql(
+        "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid)
+         WHERE application_name LIKE 'tessera%' AND ssl",
+    );
+    assert_eq!(plain, "0");
+    assert!(
+        encrypted.parse::<u64>().unwrap() >= 2,
+        "pool and listener: {encrypted}"
+    );
+    let other = support::tls::Pki::new();
+    let b = on_store(&up, &url(&other.ca()));
+    let (code, _) = curl(&["-H", &bearer(&alice), &b.url("/mail")]);
+    assert_eq!(code, 503);
+    let log = b.log_when(|l| l.contains("certificate"));
+    assert!(log.contains("certificate"), "{log}");
+}
+
+/// A `sslrootcert` file that cannot be read, or a scheme that is no store, is refused at start
+/// naming the key.
+#[test]
+fn a_bad_postgres_url_is_refused_with_the_key() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.toml");
     for (store, says) in [
         (
-            "postgres://u@127.0.0.1:1/db?sslmode=require",
-            "sslmode=disable",
+            "postgres://u@127.0.0.1:1/db?sslmode=require&sslrootcert=/nonexistent/ca.pem",
+            "sslrootcert",
         ),
         ("postgre://u@127.0.0.1:1/db", "postgres://"),
     ] {

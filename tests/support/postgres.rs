@@ -12,6 +12,8 @@ pub struct Postgres {
     pub port: u16,
     dir: tempfile::TempDir,
     bin: PathBuf,
+    /// Server options added to every start (`-c ssl=on ...` for TLS).
+    extra: String,
 }
 
 /// Debian's versioned binaries directory (`/usr/lib/postgresql/N/bin`), newest first.
@@ -39,6 +41,36 @@ fn as_owner(bin: &Path, program: &str) -> Command {
 
 impl Postgres {
     pub fn start() -> Self {
+        Self::start_with(|_| String::new())
+    }
+
+    /// A server that also takes TLS, with `cert` and `key` (PEM files, copied into its
+    /// directory with the mode PostgreSQL demands).
+    pub fn start_tls(cert: &Path, key: &Path) -> Self {
+        Self::start_with(|dir| {
+            let (c, k) = (dir.join("server.crt"), dir.join("server.key"));
+            std::fs::copy(cert, &c).unwrap();
+            std::fs::copy(key, &k).unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&k, std::fs::Permissions::from_mode(0o600)).unwrap();
+            if rustix::process::getuid().is_root() {
+                let ok = Command::new("chown")
+                    .arg("postgres:postgres")
+                    .args([&c, &k])
+                    .status()
+                    .unwrap();
+                assert!(ok.success(), "chown postgres");
+            }
+            format!(
+                " -c ssl=on -c ssl_cert_file={} -c ssl_key_file={}",
+                c.display(),
+                k.display()
+            )
+        })
+    }
+
+    /// A server with the options `extra` gives for its directory.
+    fn start_with(extra: impl FnOnce(&Path) -> String) -> Self {
         require("runuser");
         let bin = pg_bin();
         let dir = tempfile::tempdir().unwrap();
@@ -60,10 +92,12 @@ impl Postgres {
             "initdb: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        let extra = extra(dir.path());
         let pg = Self {
             port: free_port(),
             dir,
             bin,
+            extra,
         };
         pg.start_again();
         pg
@@ -73,9 +107,10 @@ impl Postgres {
     pub fn start_again(&self) {
         let options = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off \
-             -c shared_preload_libraries=pg_stat_statements",
+             -c shared_preload_libraries=pg_stat_statements{}",
             self.port,
-            self.dir.path().display()
+            self.dir.path().display(),
+            self.extra
         );
         let out = as_owner(&self.bin, "pg_ctl")
             .args(["-w", "-t", "30", "-o", &options, "-l"])

@@ -12,7 +12,8 @@ use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, NoTls};
 
 use super::super::Invalidation;
-use super::{bounded, err, PostgresStore, StoreError, CHANNEL};
+use super::tls::Tls;
+use super::{bounded, causes, err, PostgresStore, StoreError, CHANNEL};
 
 /// How often the listener's connection is asked `SELECT 1`; with the store timeout, a stopped
 /// server is noticed within this plus the timeout.
@@ -71,28 +72,23 @@ impl PostgresStore {
         // Named so that an operator can find it in pg_stat_activity.
         let mut config = self.config.clone();
         config.application_name(LISTENER_NAME);
-        let connect = config.connect(NoTls);
-        let (client, mut connection) = tokio::time::timeout(self.timeout, connect)
+        let (notes, mut notified) = mpsc::unbounded_channel();
+        let connect = async {
+            Ok::<_, tokio_postgres::Error>(match &self.tls {
+                Tls::Off => {
+                    let (client, connection) = config.connect(NoTls).await?;
+                    (client, drive(connection, notes))
+                }
+                Tls::On(connector) => {
+                    let (client, connection) = config.connect(connector.clone()).await?;
+                    (client, drive(connection, notes))
+                }
+            })
+        };
+        let (client, _driver) = tokio::time::timeout(self.timeout, connect)
             .await
             .map_err(|_| err("connect timed out"))?
-            .map_err(err)?;
-        let (notes, mut notified) = mpsc::unbounded_channel();
-        let _driver = AbortOnDrop(tokio::spawn(async move {
-            // Polling the connection runs the client's queries and yields notifications.
-            loop {
-                let message = std::future::poll_fn(|cx| connection.poll_message(cx)).await;
-                let next = match message {
-                    Some(Ok(AsyncMessage::Notification(n))) => Ok(n.payload().to_owned()),
-                    Some(Ok(_)) => continue,
-                    Some(Err(e)) => Err(e.to_string()),
-                    None => Err("connection closed".to_owned()),
-                };
-                let end = next.is_err();
-                if notes.send(next).is_err() || end {
-                    return;
-                }
-            }
-        }));
+            .map_err(|e| err(causes(&e)))?;
         bounded(
             self.timeout,
             client.batch_execute(&format!("LISTEN {CHANNEL}")),
@@ -121,6 +117,33 @@ impl PostgresStore {
             }
         }
     }
+}
+
+/// Polls `connection` in a task of its own (which runs the client's queries) and hands each
+/// notification's payload to `notes`, then the error that ended it; stopped when dropped.
+fn drive<S, T>(
+    mut connection: tokio_postgres::Connection<S, T>,
+    notes: mpsc::UnboundedSender<Result<String, String>>,
+) -> AbortOnDrop
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    AbortOnDrop(tokio::spawn(async move {
+        loop {
+            let message = std::future::poll_fn(|cx| connection.poll_message(cx)).await;
+            let next = match message {
+                Some(Ok(AsyncMessage::Notification(n))) => Ok(n.payload().to_owned()),
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => Err(e.to_string()),
+                None => Err("connection closed".to_owned()),
+            };
+            let end = next.is_err();
+            if notes.send(next).is_err() || end {
+                return;
+            }
+        }
+    }))
 }
 
 /// `first` and whatever else is already queued (at most [`BATCH`] keys), those under `prefix`.

@@ -24,6 +24,7 @@ use tokio_postgres::NoTls;
 use super::StoreError;
 
 mod listen;
+mod tls;
 
 /// The channel `pg_notify` rings on each change; its payload is the changed key.
 const CHANNEL: &str = "tessera_kv";
@@ -62,6 +63,7 @@ CREATE OR REPLACE TRIGGER tessera_kv_changed AFTER INSERT OR UPDATE OR DELETE ON
 pub struct PostgresStore {
     pool: Pool,
     config: tokio_postgres::Config,
+    tls: tls::Tls,
     timeout: Duration,
     schema: OnceCell<()>,
 }
@@ -74,30 +76,32 @@ fn err(e: impl std::fmt::Display) -> StoreError {
 type Conn = deadpool_postgres::Object;
 
 impl PostgresStore {
-    /// Prepares a pool for `url` (libpq URL or key-value string); nothing connects yet. Each
-    /// connect, and each store call, is bounded by `timeout`.
+    /// Prepares a pool for `url` (libpq's URL form); nothing connects yet. Each connect, and
+    /// each store call, is bounded by `timeout`. `sslmode=require` (or `verify-ca`,
+    /// `verify-full`) connects over TLS, the server verified ([`tls`]).
     ///
-    /// Errors: the URL does not parse, or asks for TLS (`sslmode=require`), which this store
-    /// does not speak.
+    /// Errors: the URL does not parse; its `sslrootcert` file holds no certificate.
     pub fn new(url: &str, timeout: Duration) -> Result<Self, StoreError> {
+        let (url, root_cert) = tls::split_url(url);
         let mut config: tokio_postgres::Config = url.parse().map_err(err)?;
-        if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
-            return Err(err(
-                "sslmode=require: TLS to PostgreSQL is not supported; use a Unix socket, \
-                 loopback or a TLS tunnel, and sslmode=disable",
-            ));
-        }
         config.connect_timeout(timeout);
         if config.get_application_name().is_none() {
             config.application_name("tessera");
         }
-        let manager = Manager::from_config(
-            config.clone(),
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let recycling = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let (manager, tls) = match config.get_ssl_mode() {
+            tokio_postgres::config::SslMode::Require => {
+                let connector = tls::connector(root_cert.as_deref())?;
+                let manager = Manager::from_config(config.clone(), connector.clone(), recycling);
+                (manager, tls::Tls::On(connector))
+            }
+            _ => (
+                Manager::from_config(config.clone(), NoTls, recycling),
+                tls::Tls::Off,
+            ),
+        };
         let pool = Pool::builder(manager)
             .max_size(POOL_SIZE)
             .wait_timeout(Some(timeout))
@@ -109,6 +113,7 @@ impl PostgresStore {
         Ok(Self {
             pool,
             config,
+            tls,
             timeout,
             schema: OnceCell::new(),
         })
@@ -116,7 +121,7 @@ impl PostgresStore {
 
     /// A pooled connection, the schema created first if this process has not yet.
     async fn conn(&self) -> Result<Conn, StoreError> {
-        let conn = self.pool.get().await.map_err(err)?;
+        let conn = self.pool.get().await.map_err(|e| err(causes(&e)))?;
         self.schema
             .get_or_try_init(|| async { bounded(self.timeout, conn.batch_execute(SCHEMA)).await })
             .await?;
@@ -310,10 +315,26 @@ async fn bounded<T>(
 }
 
 /// The server's message for a database error (`relation ... does not exist`, `permission
-/// denied ...`), else the driver's: `tokio_postgres::Error`'s own text is only "db error".
+/// denied ...`), else the driver's with its causes: `tokio_postgres::Error`'s own text is only
+/// "db error" or "error performing TLS handshake".
 fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => e.to_string(),
+        None => causes(e),
     }
+}
+
+/// `e` and each error it was caused by, joined with ": " (a refused certificate says why).
+pub(super) fn causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let said = cause.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        next = cause.source();
+    }
+    text
 }
