@@ -7,14 +7,9 @@ mod support;
 use std::time::{Duration, Instant};
 
 use support::cluster::Cluster;
-use support::stores::{login, logout, on_store, status, until_status, users};
-
-/// alice's session key, found on the primaries.
-fn only_key(c: &Cluster) -> String {
-    let keys = c.session_keys();
-    assert_eq!(keys.len(), 1, "{keys:?}");
-    keys[0].clone()
-}
+use support::stores::{
+    login, logout, on_store, session_key, status, through_failover, two_warm, until_status, users,
+};
 
 #[test]
 fn login_on_one_use_on_another_logout_on_a_third_refused_everywhere() {
@@ -84,14 +79,8 @@ fn flushall_refuses_every_session_everywhere() {
 fn a_cluster_failover_keeps_revocations_and_sessions() {
     let up = users();
     let c = Cluster::start();
-    let (a, b) = (on_store(&up, &c.url()), on_store(&up, &c.url()));
-    let alice = login(&a, "alice", "alice-pw");
-    let key = only_key(&c);
-    let bob = login(&a, "bob", "bob-pw");
-    for t in [&a, &b] {
-        assert_eq!(status(t, &alice), 200);
-        assert_eq!(status(t, &bob), 200);
-    }
+    let (a, b, alice, bob) = two_warm(&up, &c.url());
+    let key = session_key(&alice);
     let owner = c.owner_of(&key);
     let replica = c.replica_of(owner);
     // A manual failover that Redis lets time out (seen here about one time in four: the
@@ -128,31 +117,13 @@ fn a_cluster_failover_keeps_revocations_and_sessions() {
 fn a_revocation_survives_kill_9_of_the_owning_primary() {
     let up = users();
     let mut c = Cluster::start();
-    let (a, b) = (on_store(&up, &c.url()), on_store(&up, &c.url()));
-    let alice = login(&a, "alice", "alice-pw");
-    let owner = c.owner_of(&only_key(&c));
-    let bob = login(&a, "bob", "bob-pw");
-    for t in [&a, &b] {
-        assert_eq!(status(t, &alice), 200);
-        assert_eq!(status(t, &bob), 200);
-    }
+    let (a, b, alice, bob) = two_warm(&up, &c.url());
+    let owner = c.owner_of(&session_key(&alice));
     assert_eq!(logout(&a, &alice), 204);
     c.kill(owner);
     let killed = Instant::now();
-    let mut unavailable = Duration::ZERO;
-    let mut served = false;
-    while killed.elapsed() < Duration::from_secs(20) && !served {
-        let asked = Instant::now();
-        match status(&b, &bob) {
-            200 => {
-                served =
-                    !c.primaries().contains(&owner) && killed.elapsed() > Duration::from_secs(1)
-            }
-            503 => unavailable += asked.elapsed(),
-            other => panic!("bob got {other} during the failover: {}", b.log()),
-        }
-        assert_ne!(status(&b, &alice), 200, "a revoked session came back");
-    }
+    // Until bob is served with the replica promoted (three primaries again).
+    let (served, unavailable) = through_failover(&b, &bob, &alice, || c.primaries().len() == 3);
     println!(
         "bob served {:?} after the kill; 503s for about {unavailable:?}",
         killed.elapsed()
@@ -175,7 +146,7 @@ fn a_stopped_primary_trips_the_heartbeat() {
     let c = Cluster::start();
     let a = on_store(&up, &c.url());
     let alice = login(&a, "alice", "alice-pw");
-    let owner = c.owner_of(&only_key(&c));
+    let owner = c.owner_of(&session_key(&alice));
     assert_eq!(status(&a, &alice), 200);
     c.signal(owner, rustix::process::Signal::STOP);
     let unavailable = until_status(&a, &alice, 503, Duration::from_secs(15));
@@ -195,14 +166,8 @@ fn a_stopped_primary_trips_the_heartbeat() {
 fn a_slot_migrated_while_revoking_keeps_the_revocation() {
     let up = users();
     let c = Cluster::start();
-    let (a, b) = (on_store(&up, &c.url()), on_store(&up, &c.url()));
-    let alice = login(&a, "alice", "alice-pw");
-    let key = only_key(&c);
-    let bob = login(&a, "bob", "bob-pw");
-    for t in [&a, &b] {
-        assert_eq!(status(t, &alice), 200);
-        assert_eq!(status(t, &bob), 200);
-    }
+    let (a, b, alice, bob) = two_warm(&up, &c.url());
+    let key = session_key(&alice);
     let src = c.owner_of(&key);
     let dst = c.primaries().into_iter().find(|&p| p != src).unwrap();
     let slot = c.cli(src, &["CLUSTER", "KEYSLOT", &key]);

@@ -8,7 +8,9 @@ mod support;
 use std::time::{Duration, Instant};
 
 use support::sentinel::Sentinels;
-use support::stores::{login, logout, on_store, status, until_status, users};
+use support::stores::{
+    login, logout, on_store, status, through_failover, two_warm, until_status, users,
+};
 use support::upstream::TestUpstream;
 use support::Tessera;
 
@@ -64,13 +66,7 @@ fn login_on_one_use_on_another_logout_on_a_third_refused_everywhere() {
 fn a_sentinel_failover_moves_every_instance_to_the_new_master() {
     let up = users();
     let s = Sentinels::start();
-    let (a, b) = (on_sentinel(&up, &s), on_sentinel(&up, &s));
-    let alice = login(&a, "alice", "alice-pw");
-    let bob = login(&a, "bob", "bob-pw");
-    for t in [&a, &b] {
-        assert_eq!(status(t, &alice), 200);
-        assert_eq!(status(t, &bob), 200);
-    }
+    let (a, b, alice, bob) = two_warm(&up, &s.url());
     let old = s.master_port();
     let new = s.failover();
     assert_ne!(old, new);
@@ -100,29 +96,13 @@ fn a_sentinel_failover_moves_every_instance_to_the_new_master() {
 fn a_revocation_survives_kill_9_of_the_master() {
     let up = users();
     let mut s = Sentinels::start();
-    let (a, b) = (on_sentinel(&up, &s), on_sentinel(&up, &s));
-    let alice = login(&a, "alice", "alice-pw");
-    let bob = login(&a, "bob", "bob-pw");
-    for t in [&a, &b] {
-        assert_eq!(status(t, &alice), 200);
-        assert_eq!(status(t, &bob), 200);
-    }
+    let (a, b, alice, bob) = two_warm(&up, &s.url());
     assert_eq!(logout(&a, &alice), 204);
     let old = s.master_port();
     s.kill(old);
     let killed = Instant::now();
     // Until bob is served through the new master: bob is 200 (cached) or 503, alice never 200.
-    let mut unavailable = Duration::ZERO;
-    let mut served_bob = false;
-    while killed.elapsed() < Duration::from_secs(20) && !served_bob {
-        let asked = Instant::now();
-        match status(&b, &bob) {
-            200 => served_bob = s.master_port() != old,
-            503 => unavailable += asked.elapsed(),
-            other => panic!("bob got {other} during the failover: {}", b.log()),
-        }
-        assert_ne!(status(&b, &alice), 200, "a revoked session came back");
-    }
+    let (served_bob, unavailable) = through_failover(&b, &bob, &alice, || s.master_port() != old);
     println!(
         "bob served again {:?} after the kill; 503s for about {unavailable:?}",
         killed.elapsed()

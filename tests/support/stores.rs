@@ -72,3 +72,57 @@ pub fn until_status(t: &Tessera, token: &str, want: u16, limit: Duration) -> Opt
 pub fn hex(s: &str) -> String {
     s.bytes().map(|b| format!("{b:02x}")).collect()
 }
+
+/// Two instances A and B on `store`, alice and bob logged in on A and each session served
+/// (so cached) on both: (A, B, alice's token, bob's token).
+pub fn two_warm(up: &TestUpstream, store: &str) -> (Tessera, Tessera, String, String) {
+    let (a, b) = (on_store(up, store), on_store(up, store));
+    let alice = login(&a, "alice", "alice-pw");
+    let bob = login(&a, "bob", "bob-pw");
+    for t in [&a, &b] {
+        assert_eq!(status(t, &alice), 200);
+        assert_eq!(status(t, &bob), 200);
+    }
+    (a, b, alice, bob)
+}
+
+/// The store key of `token`'s session (`tessera:session:` and its `sid` claim).
+pub fn session_key(token: &str) -> String {
+    use base64::Engine;
+    let payload = token.split('.').nth(1).expect("a JWT");
+    let claims: serde_json::Value = serde_json::from_slice(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(payload)
+            .expect("base64url"),
+    )
+    .expect("JSON claims");
+    format!("tessera:session:{}", claims["sid"].as_str().expect("sid"))
+}
+
+/// Through a failover: polls `t` with `live` until it answers 200 and `moved` says the new
+/// primary serves (at most 20 s), asserting on the way that `live` gets only 200 or 503 and
+/// `revoked` never 200. Returns whether `live` was served after the move, and the time spent in
+/// 503 answers.
+pub fn through_failover(
+    t: &Tessera,
+    live: &str,
+    revoked: &str,
+    moved: impl Fn() -> bool,
+) -> (bool, Duration) {
+    let start = Instant::now();
+    let mut unavailable = Duration::ZERO;
+    while start.elapsed() < Duration::from_secs(20) {
+        let asked = Instant::now();
+        match status(t, live) {
+            200 if moved() => return (true, unavailable),
+            200 => {}
+            503 => unavailable += asked.elapsed(),
+            other => panic!(
+                "a live session got {other} during the failover: {}",
+                t.log()
+            ),
+        }
+        assert_ne!(status(t, revoked), 200, "a revoked session came back");
+    }
+    (false, unavailable)
+}
