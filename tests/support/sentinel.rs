@@ -17,7 +17,7 @@ pub struct Sentinels {
     /// Ports of the three Sentinels.
     pub sentinels: Vec<u16>,
     children: Vec<(u16, Child)>,
-    dir: tempfile::TempDir,
+    _dir: tempfile::TempDir,
 }
 
 impl Sentinels {
@@ -88,7 +88,7 @@ impl Sentinels {
             data,
             sentinels,
             children,
-            dir,
+            _dir: dir,
         };
         s.wait_ready();
         s
@@ -172,10 +172,6 @@ impl Sentinels {
 
     pub fn sentinel_cli(&self, port: u16, args: &[&str]) -> String {
         cli(port, SENTINEL_PASS, args)
-    }
-
-    pub fn dir(&self) -> &std::path::Path {
-        self.dir.path()
     }
 }
 

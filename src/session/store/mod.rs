@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::StoreSpec;
 
+mod attempt;
 mod embedded;
 mod mysql;
 mod postgres;

@@ -20,6 +20,7 @@ use mysql_async::prelude::{Query, Queryable, WithParams};
 use mysql_async::{Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts, TxOpts};
 use tokio::sync::OnceCell;
 
+use super::attempt::{twice, Attempt};
 use super::StoreError;
 
 mod poll;
@@ -91,31 +92,22 @@ impl MysqlStore {
         Ok(conn)
     }
 
-    /// Runs `f` on a pooled connection within the store timeout; a connection found broken is
-    /// dropped and `f` runs once more on another (every call is idempotent, or harmless when
-    /// repeated, as the counters).
+    /// Runs `f` on a pooled connection within the store timeout, once more on another when
+    /// the connection was found broken ([`twice`]).
     async fn run<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
     where
         F: Fn(Conn) -> Fut,
         Fut: std::future::Future<Output = Result<T, mysql_async::Error>>,
     {
-        let once = || async { Ok::<_, StoreError>(f(self.conn().await?).await) };
-        let attempt = || async {
-            match tokio::time::timeout(self.timeout, once()).await {
-                Err(_) => Err(Failure::Other(err(format!(
-                    "no answer within {} ms",
-                    self.timeout.as_millis()
-                )))),
-                Ok(Err(e)) => Err(Failure::Other(e)),
-                Ok(Ok(Err(e))) if is_broken(&e) => Err(Failure::Broken(err(e))),
-                Ok(Ok(Err(e))) => Err(Failure::Other(err(e))),
-                Ok(Ok(Ok(v))) => Ok(v),
-            }
-        };
-        match attempt().await {
-            Err(Failure::Broken(_)) => attempt().await.map_err(Failure::into_error),
-            other => other.map_err(Failure::into_error),
-        }
+        twice("mysql", self.timeout, || async {
+            f(self.conn().await?)
+                .await
+                .map_err(|e| match is_broken(&e) {
+                    true => Attempt::Broken(err(e)),
+                    false => Attempt::Failed(err(e)),
+                })
+        })
+        .await
     }
 
     pub(super) async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
@@ -270,20 +262,6 @@ async fn log_change(
         (),
     )
     .await
-}
-
-/// Why one attempt failed: its connection broke (worth one more try on another), or else.
-enum Failure {
-    Broken(StoreError),
-    Other(StoreError),
-}
-
-impl Failure {
-    fn into_error(self) -> StoreError {
-        match self {
-            Self::Broken(e) | Self::Other(e) => e,
-        }
-    }
 }
 
 /// The connection failed under the call (server restarted, connection killed), rather than the

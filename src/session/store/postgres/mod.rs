@@ -21,6 +21,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio::sync::OnceCell;
 use tokio_postgres::NoTls;
 
+use super::attempt::{twice, Attempt};
 use super::StoreError;
 
 mod listen;
@@ -128,21 +129,17 @@ impl PostgresStore {
         Ok(conn)
     }
 
-    /// Runs `f` on a pooled connection within the store timeout. A connection found closed
-    /// (the server restarted, or ended it) is left out of the pool and `f` runs once more on
-    /// another: every store call is idempotent or, for the counters, harmless when repeated
-    /// (see `RedisStore::increment`).
+    /// Runs `f` on a pooled connection within the store timeout, once more on another when
+    /// the connection was found closed ([`twice`]).
     async fn run<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
     where
         F: Fn(Conn) -> Fut,
         Fut: std::future::Future<Output = Result<T, tokio_postgres::Error>>,
     {
-        let once = || async { bounded(self.timeout, f(self.conn().await?)).await };
-        match once().await {
-            Err(Closed) => once().await,
-            other => other,
-        }
-        .map_err(StoreError::from)
+        twice("postgres", self.timeout, || async {
+            f(self.conn().await?).await.map_err(classify)
+        })
+        .await
     }
 
     pub(super) async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
@@ -276,41 +273,25 @@ impl PostgresStore {
     }
 }
 
-/// Why one attempt failed: the connection was closed under it (worth one more try on
-/// another), or anything else.
-enum Failure {
-    Closed,
-    Other(String),
-}
-use Failure::Closed;
-
-impl From<Failure> for StoreError {
-    fn from(f: Failure) -> Self {
-        match f {
-            Closed => err("connection closed"),
-            Failure::Other(e) => StoreError(e),
-        }
+/// A driver error as an [`Attempt`]'s failure: broken when the connection was closed.
+fn classify(e: tokio_postgres::Error) -> Attempt {
+    match e.is_closed() {
+        true => Attempt::Broken(err("connection closed")),
+        false => Attempt::Failed(err(describe(&e))),
     }
 }
 
-impl From<StoreError> for Failure {
-    fn from(e: StoreError) -> Self {
-        Failure::Other(e.0)
-    }
-}
-
-/// `fut` within `timeout`, its error classified ([`Failure`]).
+/// `fut` within `timeout`, its error classified ([`classify`]).
 async fn bounded<T>(
     timeout: Duration,
     fut: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
-) -> Result<T, Failure> {
+) -> Result<T, Attempt> {
     match tokio::time::timeout(timeout, fut).await {
-        Err(_) => Err(Failure::Other(
-            err(format!("no answer within {} ms", timeout.as_millis())).0,
-        )),
-        Ok(Err(e)) if e.is_closed() => Err(Closed),
-        Ok(Err(e)) => Err(Failure::Other(err(describe(&e)).0)),
-        Ok(Ok(v)) => Ok(v),
+        Err(_) => Err(Attempt::Failed(err(format!(
+            "no answer within {} ms",
+            timeout.as_millis()
+        )))),
+        Ok(result) => result.map_err(classify),
     }
 }
 
