@@ -119,6 +119,7 @@ fn a_revocation_survives_kill_9_of_the_owning_primary() {
     let mut c = Cluster::start();
     let (a, b, alice, bob) = two_warm(&up, &c.url());
     let owner = c.owner_of(&session_key(&alice));
+    c.wait_replicated(&session_key(&bob));
     assert_eq!(logout(&a, &alice), 204);
     c.kill(owner);
     let killed = Instant::now();
@@ -147,6 +148,7 @@ fn a_stopped_primary_trips_the_heartbeat() {
     let a = on_store(&up, &c.url());
     let alice = login(&a, "alice", "alice-pw");
     let owner = c.owner_of(&session_key(&alice));
+    c.wait_replicated(&session_key(&alice));
     assert_eq!(status(&a, &alice), 200);
     c.signal(owner, rustix::process::Signal::STOP);
     let unavailable = until_status(&a, &alice, 503, Duration::from_secs(15));

@@ -157,6 +157,30 @@ impl Cluster {
             .collect()
     }
 
+    /// Waits until the replica of `key`'s owner has caught up with it: replication is asynchronous, and a
+    /// login is not held for it, so a session written just before its primary stops could be
+    /// missing on the replica that takes over.
+    pub fn wait_replicated(&self, key: &str) {
+        // A replica answers MOVED for a key outside READONLY mode: compare offsets instead.
+        let owner = self.owner_of(key);
+        self.wait_until("the replica caught up", || {
+            let info = self.cli(owner, &["INFO", "replication"]);
+            let master = info.lines().find_map(|l| {
+                l.trim()
+                    .strip_prefix("master_repl_offset:")?
+                    .parse::<u64>()
+                    .ok()
+            });
+            let replica = info.lines().find_map(|l| {
+                let fields = l.trim().strip_prefix("slave0:")?;
+                fields
+                    .split(',')
+                    .find_map(|f| f.strip_prefix("offset=")?.parse::<u64>().ok())
+            });
+            matches!((master, replica), (Some(m), Some(r)) if r >= m)
+        });
+    }
+
     /// SIGKILL of the node on `port`.
     pub fn kill(&mut self, port: u16) {
         if let Some(i) = self.children.iter().position(|(p, _)| *p == port) {
