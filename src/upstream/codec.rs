@@ -192,14 +192,13 @@ fn framing(
             .map(<[u8]>::trim_ascii);
         // Any coding but chunked (`gzip, chunked`) would reach the client still coded, with
         // nothing saying so: the downstream side frames bodies itself, and names no coding.
-        let chunked = |c: &[u8]| {
-            let name = c.split(|&b| b == b';').next().unwrap_or_default();
-            name.trim_ascii().eq_ignore_ascii_case(b"chunked")
-        };
+        // chunked takes no parameters (RFC 9112 section 7); `chunked;` or `chunked; a=b` is read
+        // as chunked by some parsers and to EOF by others (hyper), so it is refused.
+        let chunked = |c: &[u8]| c.eq_ignore_ascii_case(b"chunked");
         let mut last = None;
         for coding in codings {
             if !coding.is_empty() {
-                if !transfer_coding(coding) {
+                if !transfer_coding(coding) || coding.contains(&b';') && chunked_named(coding) {
                     return Err(broken("invalid transfer-encoding"));
                 }
                 if !chunked(coding) {
@@ -222,6 +221,12 @@ fn framing(
         Some(n) => Framing::Length(n),
         None => Framing::Close,
     })
+}
+
+/// Whether a transfer-coding element (parameters included) names chunked.
+fn chunked_named(element: &[u8]) -> bool {
+    let name = element.split(|&b| b == b';').next().unwrap_or_default();
+    name.trim_ascii().eq_ignore_ascii_case(b"chunked")
 }
 
 /// Whether a non-empty `element` of a `Transfer-Encoding` list is a transfer-coding (RFC 9112
@@ -407,6 +412,8 @@ mod tests {
             " , ",
             "chun ked",
             "a\u{1}",
+            "chunked;",
+            "chunked; x=1",
         ] {
             assert!(
                 f(false, ok, &[("transfer-encoding", bad)]).is_err(),
