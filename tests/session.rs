@@ -2154,10 +2154,31 @@ fn a_logout_resets_a_download_in_progress() {
     let redis = Redis::start();
     let t = on_redis(&up, &redis, &[]);
     let token = token_of(&login(&t, "alice", "alice-pw"));
-    // The fast path's HTTP/1.1 (hyper's HTTP/1, after a hand-off, still closes gracefully).
-    let (after, end) = logout_during_download(&t, &token, "1.1");
+    let (after, end) = logout_during_download(&t, &token, "1.1", "\r\n");
     println!("download reset ({end}) {after} bytes after the logout");
     assert!(end.contains("reset"), "ended with {end}, not a reset");
+}
+
+/// The same on connections the fast path hands to hyper (see `downstream/handoff.rs`): an
+/// HTTP/1.0 request, and an HTTP/1.1 request with a (zero-length) chunked body. hyper polls a
+/// body only when its write buffer has room, so the connection is reset by its owner.
+#[test]
+fn a_logout_resets_a_download_served_by_hyper() {
+    let up = users();
+    let redis = Redis::start();
+    let t = on_redis(&up, &redis, &[]);
+    for (version, tail) in [
+        ("1.0", "\r\n"),
+        ("1.1", "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"),
+    ] {
+        let token = token_of(&login(&t, "alice", "alice-pw"));
+        let (after, end) = logout_during_download(&t, &token, version, tail);
+        println!("HTTP/{version}: download reset ({end}) {after} bytes after the logout");
+        assert!(
+            end.contains("reset"),
+            "HTTP/{version}: ended with {end}, not a reset"
+        );
+    }
 }
 
 /// The same over HTTP/2 (h2c, one stream): the logout ends the stream with `RST_STREAM`, and the
@@ -2231,14 +2252,15 @@ async fn paced_h2_read(body: &mut h2::RecvStream, got: &mut u64) -> Option<Resul
     Some(Ok(()))
 }
 
-/// Reads `/download` at 1 MiB/s over HTTP/`version`, logs out after 1 MiB, and reads on; the
-/// bytes read after the logout (fewer than 256 KiB, else it fails) and how the read ended.
-fn logout_during_download(t: &Tessera, token: &str, version: &str) -> (u64, String) {
+/// Reads `/download` at 1 MiB/s over HTTP/`version` (`tail`: the rest of the request after
+/// its `Authorization` line), logs out after 1 MiB, and reads on; the bytes read after the
+/// logout (fewer than 256 KiB, else it fails) and how the read ended.
+fn logout_during_download(t: &Tessera, token: &str, version: &str, tail: &str) -> (u64, String) {
     use std::io::{Read, Write};
     let mut download = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
     write!(
         download,
-        "GET /download HTTP/{version}\r\nHost: t\r\nAuthorization: Bearer {token}\r\n\r\n"
+        "GET /download HTTP/{version}\r\nHost: t\r\nAuthorization: Bearer {token}\r\n{tail}"
     )
     .unwrap();
     download

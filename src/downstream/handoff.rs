@@ -4,14 +4,12 @@
 //! `server.send_timeout_ms` per h2 stream, idle h2c connections closed, graceful shutdown. Must
 //! never: lose a byte the fast path read.
 
-use std::future::Future;
+use std::future::{poll_fn, Future};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use http_body::Body;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
@@ -24,6 +22,7 @@ use crate::upstream::ProxyBody;
 use super::conn::{Conn, Serving};
 use super::io::Stall;
 use super::io::{Prefixed, Socket};
+use super::tracked::{Streams, Tracked};
 
 /// Which of hyper's servers takes a connection.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -48,7 +47,9 @@ pub(super) async fn hand_off<S: Socket>(serving: &Serving, conn: Conn<S>, peer: 
         send_timeout: conn.send_timeout,
         stall: Stall::default(),
         stalled: false,
+        reset: Arc::new(AtomicBool::new(false)),
     };
+    let reset = io.reset.clone();
     let peer = Arc::new(peer);
     let proxy = serving.proxy.clone();
     let streams = Arc::new(Streams::default());
@@ -59,18 +60,23 @@ pub(super) async fn hand_off<S: Socket>(serving: &Serving, conn: Conn<S>, peer: 
         let streams = streams.clone();
         async move {
             let head = req.method() == http::Method::HEAD;
+            let h1 = req.version() < http::Version::HTTP_2;
             let resp = bodyless_if(head, proxy.handle(req, &peer).await);
-            Ok::<_, std::convert::Infallible>(resp.map(|body| Tracked::new(&streams, body, open)))
+            Ok::<_, std::convert::Infallible>(
+                resp.map(|body| Tracked::new(&streams, body, open, h1)),
+            )
         }
     });
     let idle = Checks {
         streams: &watched,
         after: serving.header_read_timeout,
         send: serving.send_timeout,
+        h1: mode != Mode::H2,
+        reset: &reset,
     };
     // With upgrades: a WebSocket handshake the upstream accepted hands the connection over to
     // its tunnel (see `Proxy::switch`).
-    let done: Option<Result<(), Box<dyn std::error::Error + Send + Sync>>> = match mode {
+    let done: End<Result<(), Box<dyn std::error::Error + Send + Sync>>> = match mode {
         Mode::H1 => {
             let conn = serving
                 .hyper_h1
@@ -93,9 +99,16 @@ pub(super) async fn hand_off<S: Socket>(serving: &Serving, conn: Conn<S>, peer: 
                 .map(|done| done.map_err(Into::into))
         }
     };
-    let Some(done) = done else {
-        tracing::debug!("downstream connection closed: idle, and it did not close when asked");
-        return;
+    let done = match done {
+        End::Done(done) => done,
+        End::Idle => {
+            tracing::debug!("downstream connection closed: idle, and it did not close when asked");
+            return;
+        }
+        End::SessionEnded => {
+            tracing::debug!("response body ended with its session; connection reset");
+            return;
+        }
     };
     if let Err(e) = done {
         tracing::debug!(cause = %e, "downstream connection ended with an error");
@@ -138,12 +151,16 @@ pub(super) fn bodyless_if(
 /// sent half a preface, or finished its requests and kept the connection, held it (a socket
 /// and about 17 KiB) for ever; and a client that ignores GOAWAY's PING keeps a gracefully
 /// closing one. HTTP/1 connections have hyper's own `header_read_timeout` as well.
+///
+/// An HTTP/1 response whose session ends mid-body ends the connection at once
+/// ([`End::SessionEnded`]): hyper polls a body only when its write buffer has room, which a
+/// slow client may not give it for seconds, and HTTP/1 can only end a response by closing.
 async fn until_done<C: Future>(
     conn: C,
     graceful: impl Fn(Pin<&mut C>),
     shutdown: &CancellationToken,
     idle: Checks<'_>,
-) -> Option<C::Output> {
+) -> End<C::Output> {
     tokio::pin!(conn);
     // Checked four times per `after`: a connection is asked to close between 1 and 1.5 times
     // `after` after its last request ended (1.5: one that started and ended between two checks);
@@ -157,7 +174,12 @@ async fn until_done<C: Future>(
     let mut stopping = false;
     loop {
         tokio::select! {
-            done = conn.as_mut() => return Some(done),
+            done = conn.as_mut() => return End::Done(done),
+            () = poll_fn(|cx| idle.streams.poll_h1_session_end(cx)), if idle.h1 => {
+                // Before `conn` (and the socket in it) is dropped.
+                idle.reset.store(true, Ordering::Relaxed);
+                return End::SessionEnded;
+            }
             () = shutdown.cancelled(), if !stopping => {
                 stopping = true;
                 graceful(conn.as_mut());
@@ -175,12 +197,32 @@ async fn until_done<C: Future>(
                     continue;
                 }
                 if asked {
-                    return None;
+                    return End::Idle;
                 }
                 asked = true;
                 idle_since = Some(now);
                 graceful(conn.as_mut());
             }
+        }
+    }
+}
+
+/// How [`until_done`] ended.
+enum End<T> {
+    /// The connection's own end.
+    Done(T),
+    /// Idle, asked to close and still open: dropped.
+    Idle,
+    /// An HTTP/1 response's session ended mid-body: dropped, to be reset.
+    SessionEnded,
+}
+
+impl<T> End<T> {
+    fn map<U>(self, f: impl FnOnce(T) -> U) -> End<U> {
+        match self {
+            Self::Done(t) => End::Done(f(t)),
+            Self::Idle => End::Idle,
+            Self::SessionEnded => End::SessionEnded,
         }
     }
 }
@@ -192,154 +234,11 @@ struct Checks<'a> {
     streams: &'a Streams,
     after: Duration,
     send: Duration,
-}
-
-/// The requests (HTTP/1 requests or HTTP/2 streams) of one connection served by hyper: how many
-/// reached the proxy, how many of them are still open (from their head until their response
-/// body has been sent, dropped or cut), and the response bodies being sent. Read by the checks.
-#[derive(Default)]
-struct Streams {
-    started: AtomicU64,
-    open: AtomicUsize,
-    /// The response bodies given to hyper; an entry whose [`Tracked`] is gone is pruned at the
-    /// next check, or when the list would grow.
-    sending: Mutex<Vec<Arc<Mutex<Sending>>>>,
-}
-
-impl Streams {
-    /// Counts a request in; it stays open until the returned guard is dropped.
-    fn open(this: &Arc<Self>) -> Open {
-        this.started.fetch_add(1, Ordering::Relaxed);
-        this.open.fetch_add(1, Ordering::Relaxed);
-        Open(this.clone())
-    }
-
-    /// Cuts every response body that hyper took a frame of at least `send` before `now` and has
-    /// not asked for the next one since: hyper's own buffers for it are full because the client
-    /// does not take them (HTTP/2: it grants no flow-control window; a full socket buffer is
-    /// caught sooner by [`Prefixed`]'s send timeout). The body is dropped, which closes its
-    /// upstream connection if it was mid-body, and ends its request's open count; hyper's next
-    /// poll of it, if any, gets an error (HTTP/2: `RST_STREAM`; HTTP/1: the connection ends).
-    /// Checked once per tick, so a cut comes up to a quarter of `send` late.
-    fn cut_stalled(&self, now: Instant, send: Duration) {
-        let mut cut = Vec::new();
-        let mut sending = lock(&self.sending);
-        sending.retain(|s| {
-            if Arc::strong_count(s) == 1 {
-                return false; // hyper dropped its body
-            }
-            let mut s = lock(s);
-            if s.handed
-                .is_some_and(|t| now.saturating_duration_since(t) >= send)
-            {
-                s.handed = None;
-                cut.push((s.body.take(), s.open.take()));
-            }
-            true
-        });
-        drop(sending);
-        if !cut.is_empty() {
-            tracing::debug!(
-                responses = cut.len(),
-                "client took no response bytes for server.send_timeout_ms; response cut"
-            );
-        }
-    }
-}
-
-/// Locks `m`; a panic while it was held leaves plain data behind, still usable.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// One open request of [`Streams`]; dropping it closes the request.
-struct Open(Arc<Streams>);
-
-impl Drop for Open {
-    fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// A response body being sent by hyper, shared with the connection's checks.
-struct Sending {
-    /// `None` once cut for a stall.
-    body: Option<ProxyBody>,
-    /// Keeps the request open (see [`Streams`]) until hyper drops the body, or it is cut.
-    open: Option<Open>,
-    /// When hyper took a frame, while it has not asked for the next one since.
-    handed: Option<Instant>,
-}
-
-/// A response body that keeps its request open (see [`Streams`]) until hyper has taken its last
-/// frame or dropped it (the last bytes may still wait to be written), and that the connection's
-/// checks can cut when the client stops taking it (see [`Streams::cut_stalled`]); everything
-/// else is the body's own.
-struct Tracked(Arc<Mutex<Sending>>);
-
-impl Tracked {
-    fn new(streams: &Streams, body: ProxyBody, open: Open) -> Self {
-        let sending = Arc::new(Mutex::new(Sending {
-            body: Some(body),
-            open: Some(open),
-            handed: None,
-        }));
-        let mut all = lock(&streams.sending);
-        if all.len() == all.capacity() {
-            // Bodies hyper has dropped since the last check, pruned before the list grows: it
-            // stays within about twice the open responses on a busy connection.
-            all.retain(|s| Arc::strong_count(s) > 1);
-        }
-        all.push(sending.clone());
-        drop(all);
-        Self(sending)
-    }
-}
-
-impl Drop for Tracked {
-    fn drop(&mut self) {
-        let mut s = lock(&self.0);
-        let gone = (s.body.take(), s.open.take());
-        drop(s);
-        drop(gone);
-    }
-}
-
-impl Body for Tracked {
-    type Data = Bytes;
-    type Error = crate::upstream::BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        let mut s = lock(&self.0);
-        s.handed = None;
-        let Some(body) = s.body.as_mut() else {
-            return Poll::Ready(Some(Err(
-                "response cut: the client took no bytes for server.send_timeout_ms".into(),
-            )));
-        };
-        let frame = Pin::new(body).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(_))) = &frame {
-            s.handed = Some(Instant::now());
-        }
-        frame
-    }
-
-    fn is_end_stream(&self) -> bool {
-        lock(&self.0)
-            .body
-            .as_ref()
-            .is_some_and(|b| b.is_end_stream())
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        lock(&self.0)
-            .body
-            .as_ref()
-            .map_or_else(http_body::SizeHint::default, |b| b.size_hint())
-    }
+    /// Whether HTTP/1 responses may be served (not on a TLS `h2` connection): their session's
+    /// end is watched (see [`Streams::poll_h1_session_end`]).
+    h1: bool,
+    /// The socket's reset flag ([`Prefixed`]), set when such a session ended.
+    reset: &'a AtomicBool,
 }
 
 /// The status hyper sent by itself before ending a connection with `e`: a request head it could

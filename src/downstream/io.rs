@@ -9,6 +9,8 @@ use std::future::Future;
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -149,7 +151,7 @@ impl Linger {
 
 /// A stream that first yields bytes already read from it: how a connection reaches hyper with
 /// the request the fast path did not take.
-pub(crate) struct Prefixed<S> {
+pub(crate) struct Prefixed<S: Socket> {
     pub(super) pre: Bytes,
     pub(super) io: S,
     /// Set once the write side is shut down: the lingering close in progress.
@@ -163,6 +165,18 @@ pub(crate) struct Prefixed<S> {
     pub(super) stall: Stall,
     /// A write timed out: the shutdown resets the connection instead of closing it.
     pub(super) stalled: bool,
+    /// Set by the connection's owner when a response's session ended mid-body (HTTP/1 has no
+    /// per-response reset): no FIN is sent, and the drop resets the connection (`SO_LINGER` 0)
+    /// so what the send buffer holds is dropped, not delivered.
+    pub(super) reset: Arc<AtomicBool>,
+}
+
+impl<S: Socket> Drop for Prefixed<S> {
+    fn drop(&mut self) {
+        if self.reset.load(Ordering::Relaxed) {
+            reset_on_close(self.io.tcp());
+        }
+    }
 }
 
 /// The client side of a WebSocket tunnel: the connection's own socket (with the bytes hyper had
@@ -321,7 +335,7 @@ impl<S: Socket> AsyncWrite for Prefixed<S> {
     /// Without `lingers` (a WebSocket's), only the write side is shut down.
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if this.stalled {
+        if this.stalled || this.reset.load(Ordering::Relaxed) {
             // Nothing more can be sent: the drop that follows resets the connection.
             return Poll::Ready(Ok(()));
         }

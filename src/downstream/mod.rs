@@ -13,6 +13,7 @@ mod parse;
 mod quic;
 mod settings;
 mod tls;
+mod tracked;
 mod write;
 
 use std::future::Future;
