@@ -17,7 +17,12 @@
 # WRK_HEADER (one more request header for every target's runs, e.g. "Connection: close": a new
 # client connection per request), PIN (CPU affinity, `taskset` CPU lists: "wrk=0,origin=1,proxy=1";
 # wrk: the load generator, origin: the nginx origin, proxy: every thread of nginx-proxy and of each
-# tessera; a role left out runs where the scheduler puts it).
+# tessera; a role left out runs where the scheduler puts it), SHAPE (tessera: the default below;
+# compat: the shape a hyper-auth-proxy deployment switches over in: every tessera on one Redis
+# holding 1,000 plaintext-legacy records (`session.format = "hyper-auth-proxy"`,
+# `credentials.allow_plaintext_legacy = true`), `token.sources = ["cookie-b64:Authorization",
+# "bearer"]`, and every target's requests rotating over the 1,000 sessions' base64 cookies
+# (bench/compat.lua, bench/compat_sessions.py); wrk -t 1 at every c).
 # Processes (127.0.0.1, free ports, stopped by PID on exit, the work dir with logs kept on failure):
 # nginx origin (worker_processes 1, access_log off, keepalive_requests 1000000) with a 1 KiB JSON at
 # /1k; nginx-proxy, a second nginx proxying to it (upstream keepalive 64, no auth); per binary, one
@@ -33,7 +38,7 @@
 # binaries' sha256, env and TOMLS config. Progress on stderr. Needs nginx, wrk, curl, python3.
 set -euo pipefail
 
-CONC="${CONC:-8 64}" DURATION="${DURATION:-5s}" REPS="${REPS:-3}" WARMUP="${WARMUP:-2s}" HOGS="${HOGS:-0}"
+SHAPE="${SHAPE:-tessera}" CONC="${CONC:-8 64}" DURATION="${DURATION:-5s}" REPS="${REPS:-3}" WARMUP="${WARMUP:-2s}" HOGS="${HOGS:-0}"
 BINS="${BINS:-target/release/tessera}" ENVS="${ENVS:-}" EXTRA_TOML="${EXTRA_TOML:-}" TOMLS="${TOMLS:-}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -44,6 +49,8 @@ source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
 
 [[ "$REPS" =~ ^[1-9][0-9]*$ ]] || die "REPS must be a positive integer, got '$REPS'"
 [[ "$HOGS" =~ ^(0|[1-9][0-9]*)$ ]] || die "HOGS must be a whole number, got '$HOGS'"
+[[ $SHAPE == tessera || $SHAPE == compat ]] || die "SHAPE must be tessera or compat, got '$SHAPE'"
+[[ $SHAPE == tessera ]] || command -v redis-server >/dev/null || die "SHAPE=compat needs redis-server"
 for d in "$DURATION" "$WARMUP"; do [[ "$d" =~ ^[0-9]+[smh]?$ ]] || die "bad duration '$d'"; done
 read -r -a CONCS <<<"$CONC"
 ((${#CONCS[@]})) || die "CONC is empty"
@@ -88,10 +95,10 @@ IDLE="$(idle_state)" # for the report, as the run starts
 mkdir -p "$WORK/raw" "$WORK/keys" && chmod 700 "$WORK/keys"
 RAW="$WORK/raw"
 : >"$WORK/runs.tsv"
-read -r -a PORTS < <(free_ports "$((2 + ${#LABELS[@]}))")
-P_ORIGIN=${PORTS[0]} P_PROXY=${PORTS[1]}
+read -r -a PORTS < <(free_ports "$((3 + ${#LABELS[@]}))")
+P_ORIGIN=${PORTS[0]} P_PROXY=${PORTS[1]} P_REDIS=${PORTS[-1]}
 
-declare -A PID_OF URL_OF CPU_PID_OF TOKEN_OF
+declare -A PID_OF URL_OF CPU_PID_OF AUTH_OF # AUTH_OF: the header a tessera target needs
 
 # ---------------------------------------------------------------- nginx: origin and plain proxy
 write_1k "$WORK/1k.json"
@@ -113,12 +120,30 @@ for t in direct:origin nginx-proxy:proxy; do # the worker, not the master, serve
 done
 pin origin "${PID_OF[origin]}" "${CPU_PID_OF[direct]}"
 pin proxy "${PID_OF[proxy]}" "${CPU_PID_OF[nginx-proxy]}"
-PID_OF[direct]="${PID_OF[origin]}" URL_OF[direct]="http://127.0.0.1:$P_ORIGIN/1k" TOKEN_OF[direct]=""
+PID_OF[direct]="${PID_OF[origin]}" URL_OF[direct]="http://127.0.0.1:$P_ORIGIN/1k" AUTH_OF[direct]=""
 PID_OF[nginx-proxy]="${PID_OF[proxy]}" URL_OF[nginx-proxy]="http://127.0.0.1:$P_PROXY/1k"
-TOKEN_OF[nginx-proxy]=""
+AUTH_OF[nginx-proxy]=""
 
 # ---------------------------------------------------------------- tessera instances
 tessera_keys "${BIN_PATHS[0]}"
+if [[ $SHAPE == compat ]]; then # one Redis with the sessions every tessera reads (see the header)
+  redis-server --port "$P_REDIS" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" \
+    >"$WORK/redis.log" 2>&1 &
+  PIDS+=("$!")
+  wait_port "$P_REDIS" redis-server "$!"
+  export COMPAT_TOKENS="$WORK/compat-tokens"
+  python3 "$ROOT/bench/compat_sessions.py" "$P_REDIS" "$WORK/keys/jwt.secret" 1000 "$COMPAT_TOKENS" ||
+    die "could not write the compat sessions"
+  USER_EXTRA_TOML="$EXTRA_TOML" EXTRA_TOML="[token]
+sources = [\"cookie-b64:Authorization\", \"bearer\"]
+[session]
+store = \"redis://127.0.0.1:$P_REDIS/\"
+format = \"hyper-auth-proxy\"
+[credentials]
+allow_plaintext_legacy = true
+$EXTRA_TOML"
+  log "redis-server (:$P_REDIS) holds 1000 hyper-auth-proxy sessions"
+fi
 merge_toml() { # file: EXTRA_TOML into it (see the header)
   python3 - "$1" <<'PY'
 import os, re, sys
@@ -161,20 +186,25 @@ for i in "${!LABELS[@]}"; do
   PID_OF[$t]=$! CPU_PID_OF[$t]=$! URL_OF[$t]="http://127.0.0.1:$port/1k" && PIDS+=("$!")
   wait_port "$port" "$t" "$!"
   pin proxy "${PID_OF[$t]}"
-  (umask 077 && printf '%s\n' bench-password | "${BIN_PATHS[$i]}" session create --config "$WORK/$t.toml" \
-    --user alice --password-stdin >"$WORK/$t.session" 2>"$WORK/$t.session.err") ||
-    die "$t session create failed: $(cat "$WORK/$t.session.err")"
-  TOKEN_OF[$t]="$(sed -n 's/.*"token" *: *"\([^"]*\)".*/\1/p' "$WORK/$t.session" | head -1)"
-  [[ -n ${TOKEN_OF[$t]} ]] || die "no token in $t's session create output: $(cat "$WORK/$t.session")"
+  if [[ $SHAPE == compat ]]; then
+    AUTH_OF[$t]="Cookie: Authorization=$(head -1 "$COMPAT_TOKENS")"
+  else
+    (umask 077 && printf '%s\n' bench-password | "${BIN_PATHS[$i]}" session create --config "$WORK/$t.toml" \
+      --user alice --password-stdin >"$WORK/$t.session" 2>"$WORK/$t.session.err") ||
+      die "$t session create failed: $(cat "$WORK/$t.session.err")"
+    token="$(sed -n 's/.*"token" *: *"\([^"]*\)".*/\1/p' "$WORK/$t.session" | head -1)"
+    [[ -n $token ]] || die "no token in $t's session create output: $(cat "$WORK/$t.session")"
+    AUTH_OF[$t]="Authorization: Bearer $token"
+  fi
   log "started $t (:$port, pid ${PID_OF[$t]}) and made its session"
 done
 
 check_target() { # target: 200 with 1024 bytes (with the token), 401 without it (tessera)
   local t=$1 got url="${URL_OF[$1]}" auth=()
-  if [[ -n ${TOKEN_OF[$t]} ]]; then
+  if [[ -n ${AUTH_OF[$t]} ]]; then
     got="$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$url" || true)"
     [[ $got == 401 ]] || die "$t answered $got without a token, expected 401"
-    auth=(-H "Authorization: Bearer ${TOKEN_OF[$t]}")
+    auth=(-H "${AUTH_OF[$t]}")
   fi
   got="$(curl -s -o /dev/null -w '%{http_code} %{size_download}' --max-time 5 ${auth[@]+"${auth[@]}"} "$url" ||
     true)"
@@ -182,10 +212,14 @@ check_target() { # target: 200 with 1024 bytes (with the token), 401 without it 
 }
 cpu_ticks() { awk '{print $14, $15}' "/proc/$1/stat"; } # user, system: clock ticks
 wrk_run() { # target c duration out
-  local t=$1 c=$2 auth=() name
-  [[ -z ${TOKEN_OF[$t]} ]] || auth=(-H "Authorization: Bearer ${TOKEN_OF[$t]}")
+  local t=$1 c=$2 auth=() name threads=$(($2 < 2 ? 1 : 2))
+  if [[ $SHAPE == compat ]]; then # the cookies of bench/compat.lua, for every target
+    auth=(-s "$ROOT/bench/compat.lua") threads=1
+  elif [[ -n ${AUTH_OF[$t]} ]]; then
+    auth=(-H "${AUTH_OF[$t]}")
+  fi
   [[ -z ${WRK_HEADER:-} ]] || auth+=(-H "$WRK_HEADER")
-  ${PIN_OF[wrk]:+taskset -c "${PIN_OF[wrk]}"} wrk -t $((c < 2 ? 1 : 2)) -c "$c" -d "$3" --latency \
+  ${PIN_OF[wrk]:+taskset -c "${PIN_OF[wrk]}"} wrk -t "$threads" -c "$c" -d "$3" --latency \
     ${auth[@]+"${auth[@]}"} "${URL_OF[$t]}" >"$4" 2>&1 &
   PIDS+=("$!")
   wait "$!" || die "wrk failed for $t c=$c: $(cat "$4")"
@@ -237,16 +271,17 @@ for i in "${!LABELS[@]}"; do
   printf '%s\t%s\t%s\t%s\t%s\n' "${LABELS[$i]}" "${BIN_PATHS[$i]}" "${BIN_HASHES[$i]}" "${BIN_ENVS[$i]}" \
     "${BIN_TOMLS[$i]}"
 done >"$WORK/bins.tsv"
-CMD="BINS=\"$BINS\" CONC=\"$CONC\" DURATION=$DURATION REPS=$REPS WARMUP=$WARMUP"
+CMD="BINS=\"$BINS\" SHAPE=$SHAPE CONC=\"$CONC\" DURATION=$DURATION REPS=$REPS WARMUP=$WARMUP"
 [[ -n ${IDLE_POLL_NS:-} ]] && CMD+=" IDLE_POLL_NS=$IDLE_POLL_NS"
 [[ -z ${WRK_HEADER:-} ]] || CMD+=" WRK_HEADER=$(printf '%q' "$WRK_HEADER")"
 [[ -z ${PIN:-} ]] || CMD+=" PIN=$PIN"
 ((HOGS == 0)) || CMD+=" HOGS=$HOGS"
 [[ -z $ENVS ]] || CMD+=" ENVS=\"$ENVS\""
 [[ -z $TOMLS ]] || CMD+=" TOMLS=$(printf '%q' "$TOMLS")"
+EXTRA_TOML="${USER_EXTRA_TOML-$EXTRA_TOML}" # as given, without the compat shape's lines
 [[ -z $EXTRA_TOML ]] || CMD+=" EXTRA_TOML=$(printf '%q' "$EXTRA_TOML")"
 mkdir -p "$ROOT/bench/results"
-export CMD="$CMD bench/ab.sh" OUT="$ROOT/bench/results/ab-$(date +%Y-%m-%d-%H%M%S).md" CONC HOGS
+export CMD="$CMD bench/ab.sh" OUT="$ROOT/bench/results/ab-$(date +%Y-%m-%d-%H%M%S).md" CONC HOGS SHAPE
 export CLK_TCK="$(getconf CLK_TCK)" COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 MACHINE="nproc $(nproc), $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $IDLE, load"
 export MACHINE="$MACHINE $(cut -d' ' -f1-3 /proc/loadavg), $(nginx -v 2>&1 | sed 's/^nginx version: //'), \
@@ -282,7 +317,9 @@ hog_h, hog_a = (" hogs' CPU % |", "---:|") if hogs else ("", "")
 hog_v = lambda x: f" {x:.0f} |" if hogs else ""
 med = lambda rs, k: statistics.median(v) if (v := [r[k] for r in rs if r[k] is not None]) else None
 md = [f"# tessera A/B vs nginx-proxy, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}", "", f"- command: `{env['CMD']}`",
-      f"- commit: {env['COMMIT']}", f"- machine: {env['MACHINE']}", "", "| label | binary | sha256 | env | config |",
+      f"- commit: {env['COMMIT']}", f"- machine: {env['MACHINE']}",
+      f"- shape: {env['SHAPE']}" + (" (1,000 hyper-auth-proxy sessions in Redis, base64 JWT cookies rotated by "
+                                    "bench/compat.lua for every target)" if env["SHAPE"] == "compat" else ""), "", "| label | binary | sha256 | env | config |",
       "|---|---|---|---|---|", "| direct | the nginx origin itself, no proxy | | | |",
       "| nginx-proxy | nginx, upstream keepalive 64, no auth | | | |"]
 code = lambda v: "" if v == "-" else f"`{v}`"

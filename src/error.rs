@@ -101,6 +101,7 @@ impl From<TokenError> for ProxyError {
         Self::BadToken(match e {
             TokenError::TooLarge => "token too large",
             TokenError::Malformed => "malformed token",
+            TokenError::Source => "malformed token source",
             TokenError::Algorithm => "algorithm not allowed",
             TokenError::ForbiddenHeader => "forbidden header parameter",
             TokenError::UnknownKey => "unknown key id",

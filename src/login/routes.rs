@@ -97,7 +97,7 @@ impl Login {
         sessions: &Sessions,
         sid_out: &mut Option<Arc<str>>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        let tok = token::extract(&parts.headers, &self.token.sources)?;
+        let tok = token::extract_carried(&parts.headers, &self.token.sources)?;
         let v = verifier.verify_refreshing(&tok, unix_now()).await?;
         let session = sessions.resolve(&v.sid).await;
         *sid_out = Some(v.sid.clone());

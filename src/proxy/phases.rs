@@ -26,9 +26,8 @@ impl Proxy {
         parts: &Parts,
         ctx: &mut RequestCtx<'_>,
     ) -> Result<std::sync::Arc<Session>, ProxyError> {
-        let token = token::extract(&parts.headers, &self.sources)?;
+        let token = token::extract_carried(&parts.headers, &self.sources)?;
         let verified = self.verifier.verify_refreshing(&token, unix_now()).await?;
-        drop(token);
         let session = self.sessions.resolve(&verified.sid).await;
         ctx.sid = Some(verified.sid);
         Ok(session?)

@@ -2,6 +2,7 @@
 //! (SipHash-2-4-128 under a random key), so a warm request costs a lookup, not a signature
 //! check. Must never: keep a token's text, or answer for a token past its `exp`.
 
+use super::extract::Carried;
 use super::verify::VerifiedToken;
 
 /// The verified-token cache: `exp` is checked on every hit, so an entry is never served after
@@ -37,12 +38,19 @@ impl TokenCache {
         }
     }
 
-    /// The cache key of `token`.
-    pub(super) fn key(&self, token: &str) -> u128 {
+    /// The cache key of a token as carried: its text, or a base64 cookie's bytes after a 0xFF
+    /// byte (which UTF-8 text never holds, so the two forms never share a key).
+    pub(super) fn key(&self, token: &Carried<'_>) -> u128 {
         use siphasher::sip128::Hasher128;
         use std::hash::Hasher;
         let mut h = siphasher::sip128::SipHasher24::new_with_keys(self.k0, self.k1);
-        h.write(token.as_bytes());
+        match token {
+            Carried::Text(t) => h.write(t.as_bytes()),
+            Carried::Base64(b) => {
+                h.write(&[0xFF]);
+                h.write(b);
+            }
+        }
         h.finish128().into()
     }
 }

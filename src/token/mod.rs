@@ -11,7 +11,7 @@ pub mod keys;
 mod settings;
 pub mod verify;
 
-pub use extract::{extract, strip_token_cookies, TokenSource};
+pub use extract::{extract, extract_carried, strip_token_cookies, Carried, TokenSource};
 pub use keys::{ConfiguredKeys, KeyMaterial, KeySpec, Keys, SignError, Signer};
 pub use settings::TokenConfig;
 pub use verify::{Claims, KeyReloadError, TokenError, VerifiedToken, Verifier};

@@ -16,6 +16,7 @@ use super::Algorithm;
 use super::TokenConfig;
 
 use super::cache::TokenCache;
+use super::extract::Carried;
 use super::jws::{numeric_date, split3, RawHeader};
 
 /// Why a token was refused. Every variant maps to 401; the variant name goes to the log.
@@ -27,6 +28,9 @@ pub enum TokenError {
     /// Not three non-empty segments of strict base64url, or header/claims not JSON objects.
     #[error("malformed token")]
     Malformed,
+    /// A `cookie-b64:` source whose value is not base64 of a token.
+    #[error("malformed token source")]
+    Source,
     /// `alg` is `none` or not one of `token.algorithms`.
     #[error("algorithm not allowed")]
     Algorithm,
@@ -171,17 +175,17 @@ impl Verifier {
     /// (at most one per `token.jwks_min_refresh_seconds`) and a second attempt.
     pub async fn verify_refreshing(
         &self,
-        token: &str,
+        token: &Carried<'_>,
         now: u64,
     ) -> Result<VerifiedToken, TokenError> {
-        match self.verify(token, now) {
+        match self.verify_carried(token, now) {
             Err(TokenError::UnknownKey) if self.keys.has_jwks() => {
                 // Whether this call refreshed or another one did meanwhile, try again: the key
                 // may be there now.
                 if self.keys.refresh_for_unknown_kid().await {
                     self.clear_cache();
                 }
-                self.verify(token, now)
+                self.verify_carried(token, now)
             }
             other => other,
         }
@@ -196,10 +200,21 @@ impl Verifier {
     /// time-dependent check but `exp` only gets easier with time. With `token.cache_hmac =
     /// false`, HS* tokens are checked every time.
     pub fn verify(&self, token: &str, now: u64) -> Result<VerifiedToken, TokenError> {
+        self.verify_carried(&Carried::Text(token), now)
+    }
+
+    /// [`Verifier::verify`] of a token as its source carried it: a base64 cookie is decoded
+    /// only on a cache miss (undecodable: [`TokenError::Source`]).
+    pub fn verify_carried(
+        &self,
+        carried: &Carried<'_>,
+        now: u64,
+    ) -> Result<VerifiedToken, TokenError> {
+        let text = || carried.text().map_err(|_| TokenError::Source);
         let Some(cache) = &self.cache else {
-            return self.verify_inner(token, now, true).map(|(v, _)| v);
+            return self.verify_inner(&text()?, now, true).map(|(v, _)| v);
         };
-        let key = cache.key(token);
+        let key = cache.key(carried);
         if let Some(hit) = cache.entries.get(&key) {
             if hit.exp.saturating_add(self.leeway) > now {
                 return Ok(hit);
@@ -207,7 +222,7 @@ impl Verifier {
             cache.entries.remove(&key); // expired: answered below (401) and not kept
         }
         let generation = cache.generation.load(std::sync::atomic::Ordering::Acquire);
-        let (verified, alg) = self.verify_inner(token, now, true)?;
+        let (verified, alg) = self.verify_inner(&text()?, now, true)?;
         // Refused tokens are never remembered: a flood of bad tokens cannot evict good ones.
         let unchanged =
             || cache.generation.load(std::sync::atomic::Ordering::Acquire) == generation;
@@ -494,20 +509,52 @@ mod tests {
             sub: None,
             exp: NOW + 60,
         };
-        cache.entries.insert(cache.key(&t), planted);
+        cache.entries.insert(cache.key(&Carried::Text(&t)), planted);
         assert_eq!(v.verify(&t, NOW).unwrap().sid.as_ref(), "from-cache");
         // One character more or less is another key, verified in full (and refused).
         let longer = format!("{t}A");
         assert_eq!(v.verify(&longer, NOW), Err(TokenError::Signature));
         assert_eq!(v.verify(&t[..t.len() - 1], NOW), Err(TokenError::Signature));
-        assert_ne!(cache.key(&t), cache.key(&longer));
+        assert_ne!(cache.key(&Carried::Text(&t)), cache.key(&Carried::Text(&longer)));
         // Two caches key the same text differently (random per-process key).
-        assert_ne!(cache.key(&t), Verifier::new(&c).cache.unwrap().key(&t));
+        assert_ne!(cache.key(&Carried::Text(&t)), Verifier::new(&c).cache.unwrap().key(&Carried::Text(&t)));
         // After exp + leeway the hit is refused and dropped.
         assert_eq!(v.verify(&t, NOW + 60 + 5), Err(TokenError::Expired));
-        assert!(cache.entries.get(&cache.key(&t)).is_none());
+        assert!(cache.entries.get(&cache.key(&Carried::Text(&t))).is_none());
         // Without cache_hmac, an HS*-only key set has no cache at all.
         assert!(self::v().cache.is_none());
+    }
+
+    #[test]
+    fn a_base64_cookie_is_cached_by_its_carried_bytes_and_decoded_only_on_a_miss() {
+        use base64::engine::general_purpose::STANDARD;
+        let t = good_token();
+        let mut c = cfg();
+        c.cache_hmac = true;
+        let v = Verifier::new(&c);
+        let cache = v.cache.as_ref().expect("cached");
+        let b64 = STANDARD.encode(&t);
+        let carried = Carried::Base64(b64.as_bytes());
+        assert_eq!(v.verify_carried(&carried, NOW).unwrap().sid.as_ref(), "s1");
+        // Its own key, apart from the same token carried as text.
+        assert_ne!(cache.key(&carried), cache.key(&Carried::Text(&t)));
+        let planted = VerifiedToken {
+            sid: "from-cache".into(),
+            sub: None,
+            exp: NOW + 60,
+        };
+        cache.entries.insert(cache.key(&carried), planted);
+        assert_eq!(
+            v.verify_carried(&carried, NOW).unwrap().sid.as_ref(),
+            "from-cache"
+        );
+        // Not base64 of a token: refused as a malformed source, and not remembered.
+        let before = cache.entries.len();
+        assert_eq!(
+            v.verify_carried(&Carried::Base64(b"!!!notb64"), NOW),
+            Err(TokenError::Source)
+        );
+        assert_eq!(cache.entries.len(), before);
     }
 
     #[test]
