@@ -112,8 +112,8 @@ impl Proxy {
                 .as_ref(),
             connection: ctx.share.as_ref(),
         };
-        let resp = self.upstream.forward_on(req, shares).await?;
-        let mut resp = self.answer(resp, upgrading, &session, ctx).await;
+        let mut resp = self.upstream.forward_on(req, shares).await?;
+        self.answer(&mut resp, upgrading, &session, ctx).await;
         self.point_redirects(&mut resp, &screened, ctx);
         Ok(match jmap_origin {
             // Boxed: rare, and its body read would grow every request's future.
@@ -189,18 +189,21 @@ impl Proxy {
         }
     }
 
-    /// The upstream's answer on its way back: a switch to a WebSocket tunnel, a body that may
+    /// The upstream's answer on its way back, changed in place (a response moved in and out
+    /// costs two copies of it per request): a switch to a WebSocket tunnel, a body that may
     /// wait tied to its session (logout, expiry), its fields screened, a 401 checked.
     async fn answer(
         &self,
-        mut resp: Response<ProxyBody>,
+        resp: &mut Response<ProxyBody>,
         upgrading: Option<Upgrading>,
         session: &Arc<Session>,
         ctx: &mut RequestCtx<'_>,
-    ) -> Response<ProxyBody> {
+    ) {
         if let Some(upgrading) = upgrading {
             if let Some(tunnel) = resp.body_mut().take_tunnel() {
-                return self.switch(resp, tunnel, upgrading, ctx, session);
+                let switching = std::mem::replace(resp, Response::new(ProxyBody::empty()));
+                *resp = self.switch(switching, tunnel, upgrading, ctx, session);
+                return;
             }
         }
         if resp.body_mut().may_wait() {
@@ -218,9 +221,9 @@ impl Proxy {
             screen::screen_response(fields, &self.strip_response);
         }
         if resp.status() == http::StatusCode::UNAUTHORIZED {
+            let rejected = std::mem::replace(resp, Response::new(ProxyBody::empty()));
             // Boxed, as the session store's futures are (see `Sessions::resolve`).
-            return Box::pin(self.upstream_rejected(ctx, session, resp)).await;
+            *resp = Box::pin(self.upstream_rejected(ctx, session, rejected)).await;
         }
-        resp
     }
 }

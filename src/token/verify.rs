@@ -515,9 +515,15 @@ mod tests {
         let longer = format!("{t}A");
         assert_eq!(v.verify(&longer, NOW), Err(TokenError::Signature));
         assert_eq!(v.verify(&t[..t.len() - 1], NOW), Err(TokenError::Signature));
-        assert_ne!(cache.key(&Carried::Text(&t)), cache.key(&Carried::Text(&longer)));
+        assert_ne!(
+            cache.key(&Carried::Text(&t)),
+            cache.key(&Carried::Text(&longer))
+        );
         // Two caches key the same text differently (random per-process key).
-        assert_ne!(cache.key(&Carried::Text(&t)), Verifier::new(&c).cache.unwrap().key(&Carried::Text(&t)));
+        assert_ne!(
+            cache.key(&Carried::Text(&t)),
+            Verifier::new(&c).cache.unwrap().key(&Carried::Text(&t))
+        );
         // After exp + leeway the hit is refused and dropped.
         assert_eq!(v.verify(&t, NOW + 60 + 5), Err(TokenError::Expired));
         assert!(cache.entries.get(&cache.key(&Carried::Text(&t))).is_none());

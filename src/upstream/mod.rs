@@ -202,19 +202,20 @@ impl Upstream {
     /// Errors: as [`Upstream::forward`].
     pub async fn forward_on(
         &self,
-        req: Request<UpBody>,
+        mut req: Request<UpBody>,
         shares: RequestShares<'_>,
     ) -> Result<Response<ProxyBody>, ForwardError> {
-        let (req, progress) = if req.body().is_end_stream() {
-            (req, None)
-        } else {
+        // The body is swapped in place: the request itself is not moved (a copy per request).
+        let progress = (!req.body().is_end_stream()).then(|| {
             let progress = Arc::new(Progress::default());
-            let p = progress.clone();
-            (
-                req.map(move |inner| Tracked { inner, progress: p }.boxed()),
-                Some(progress),
-            )
-        };
+            let inner = std::mem::replace(req.body_mut(), empty_body());
+            *req.body_mut() = Tracked {
+                inner,
+                progress: progress.clone(),
+            }
+            .boxed();
+            progress
+        });
         // In an `Option` so that a timeout can drop it in place, marked as abandoned.
         let mut send = std::pin::pin!(Some(self.send(req, shares)));
         let mut last = 0;
@@ -318,9 +319,14 @@ fn wrap(head: conn::Head, conn: pool::Conn) -> Response<ProxyBody> {
         announced_idle: _,
     } = head;
     if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
-        return response.map(|()| ProxyBody::Upstream(UpstreamBody::switched(fields, conn)));
+        return response
+            .map(|()| ProxyBody::Upstream(Box::new(UpstreamBody::switched(fields, conn))));
     }
-    response.map(|()| ProxyBody::Upstream(UpstreamBody::new(fields, conn, framing, keep_alive)))
+    response.map(|()| {
+        ProxyBody::Upstream(Box::new(UpstreamBody::new(
+            fields, conn, framing, keep_alive,
+        )))
+    })
 }
 
 /// Moves the upstream's fields, if still kept raw in the body, into the response's `HeaderMap`
