@@ -7,7 +7,11 @@
 #
 # Env: BINS (default target/release/tessera), N requests measured (5000), C connections (8),
 # HELD connections for the memory measure (2000; 0 skips it), EXTRA_TOML (appended to every
-# tessera config as is, e.g. EXTRA_TOML=$'[metrics]\nlisten = "127.0.0.1:0"').
+# tessera config as is, e.g. EXTRA_TOML=$'[metrics]\nlisten = "127.0.0.1:0"'), SHAPE (tessera:
+# as below; compat: the session in a Redis holding 1,000 hyper-auth-proxy records, read with
+# `session.format = "hyper-auth-proxy"` and `credentials.allow_plaintext_legacy = true`, the token
+# sent as the base64 `Authorization` cookie: `token.sources = ["cookie-b64:Authorization",
+# "bearer"]`, see bench/ab.sh SHAPE=compat; needs redis-server).
 # For each binary: an nginx origin (worker_processes 1, the 1 KiB JSON at /1k) and one
 # `tessera serve` under `valgrind --tool=callgrind` (`[server] threads = 1`, embedded store,
 # warn log, no access log, one session made with `tessera session create`), driven by
@@ -24,7 +28,7 @@
 # per connection.
 # Needs valgrind, nginx, h2load, curl, python3.
 set -euo pipefail
-BINS="${BINS:-target/release/tessera}" N="${N:-5000}" C="${C:-8}" HELD="${HELD:-2000}"
+SHAPE="${SHAPE:-tessera}" BINS="${BINS:-target/release/tessera}" N="${N:-5000}" C="${C:-8}" HELD="${HELD:-2000}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 log() { printf '[instructions %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -33,6 +37,8 @@ source "$ROOT/bench/lib.sh"
 for t in valgrind nginx h2load curl python3; do command -v "$t" >/dev/null || die "$t is not installed"; done
 [[ "$N" =~ ^[1-9][0-9]*$ && "$C" =~ ^[1-9][0-9]*$ ]] || die "N and C must be positive integers"
 [[ "$HELD" =~ ^(0|[1-9][0-9]*)$ ]] || die "HELD must be a non-negative integer"
+[[ $SHAPE == tessera || $SHAPE == compat ]] || die "SHAPE must be tessera or compat, got '$SHAPE'"
+[[ $SHAPE == tessera ]] || command -v redis-server >/dev/null || die "SHAPE=compat needs redis-server"
 # The client and the target each hold HELD sockets (nginx-proxy also one per upstream connection).
 if ((HELD > 0 && $(ulimit -n) < 4 * HELD + 256)); then
   ulimit -n $((4 * HELD + 256)) 2>/dev/null ||
@@ -58,7 +64,7 @@ one() {
     local count=500
     [[ $k == run ]] && count=$n
     ((count > 0)) || continue
-    h2load --h1 -n "$count" -c "$C" -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$P_T/1k" \
+    h2load --h1 -n "$count" -c "$C" -H "$AUTH" "http://127.0.0.1:$P_T/1k" \
       >"$WORK/h2load.out" 2>&1 || die "h2load failed: $(cat "$WORK/h2load.out")"
     grep -q "^status codes: $count 2xx" "$WORK/h2load.out" || die "not all 2xx: $(grep '^status' "$WORK/h2load.out")"
   done
@@ -82,13 +88,13 @@ held() {
   PIDS+=("$p")
   wait_port "$P_T" "$label" "$p"
   printf '%s: ' "$label"
-  python3 - "$p" "$P_T" "$HELD" "$TOKEN" <<'PY' || die "$label: held-connection run failed (log: $WORK/held.log)"
+  python3 - "$p" "$P_T" "$HELD" "$AUTH" <<'PY' || die "$label: held-connection run failed (log: $WORK/held.log)"
 import socket, sys, time
-pid, port, n, token = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+pid, port, n, auth = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 def rss_kib():
     with open(f"/proc/{pid}/status") as f:
         return next(int(l.split()[1]) for l in f if l.startswith("VmRSS:"))
-request = f"GET /1k HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {token}\r\n\r\n".encode()
+request = f"GET /1k HTTP/1.1\r\nHost: bench\r\n{auth}\r\n\r\n".encode()
 warm = socket.create_connection(("127.0.0.1", port))  # first request: caches and pool warm
 warm.sendall(request)
 warm.recv(65536)
@@ -127,12 +133,31 @@ PY
 }
 
 read -r -a BIN_ARGS <<<"$BINS"
+mkdir -p "$WORK/keys" && chmod 700 "$WORK/keys"
+b0="${BIN_ARGS[0]}"
+[[ $b0 != /* && ! -e $b0 && -e "$ROOT/$b0" ]] && b0="$ROOT/$b0"
+tessera_keys "$b0" # one key pair for every binary: bench/lib.sh
+STORE_LINES="" TOKEN_LINES="" CRED_LINES=""
+if [[ $SHAPE == compat ]]; then
+  read -r P_REDIS < <(free_ports 1)
+  redis-server --port "$P_REDIS" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" \
+    >"$WORK/redis.log" 2>&1 &
+  PIDS+=("$!")
+  wait_port "$P_REDIS" redis-server "$!"
+  python3 "$ROOT/bench/compat_sessions.py" "$P_REDIS" "$WORK/keys/jwt.secret" 1000 "$WORK/compat-tokens" ||
+    die "could not write the compat sessions"
+  AUTH="Cookie: Authorization=$(head -1 "$WORK/compat-tokens")"
+  STORE_LINES=$'format = "hyper-auth-proxy"'
+  TOKEN_LINES=$'sources = ["cookie-b64:Authorization", "bearer"]'
+  CRED_LINES=$'allow_plaintext_legacy = true'
+fi
 for i in "${!BIN_ARGS[@]}"; do
   b="${BIN_ARGS[$i]}"
   [[ $b != /* && ! -e $b && -e "$ROOT/$b" ]] && b="$ROOT/$b"
   [[ -x $b ]] || die "$b is not an executable file (build it first)"
   mkdir -p "$WORK/t$i" && chmod 700 "$WORK/t$i"
-  keys="$("$b" keygen)"
+  store="embedded:$WORK/t$i/sessions"
+  [[ $SHAPE == tessera ]] || store="redis://127.0.0.1:$P_REDIS/"
   cat >"$WORK/t$i/t.toml" <<EOF
 [server]
 listen = "127.0.0.1:$P_T"
@@ -140,19 +165,25 @@ threads = 1
 [upstream]
 url = "http://127.0.0.1:$P_ORIGIN"
 [token]
-secret = "$(sed -n 's/^TESSERA_JWT_SECRET=//p' <<<"$keys")"
+secret = "file:$WORK/keys/jwt.secret"
+$TOKEN_LINES
 [session]
-store = "embedded:$WORK/t$i/sessions"
+store = "$store"
+$STORE_LINES
 [credentials]
-keys = { k1 = "$(sed -n 's/^TESSERA_CRED_KEY=//p' <<<"$keys")" }
+keys = { k1 = "file:$WORK/keys/cred.key" }
+$CRED_LINES
 [log]
 level = "warn"
 access_log = false
 EOF
   [[ -z ${EXTRA_TOML:-} ]] || printf '%s\n' "$EXTRA_TOML" >>"$WORK/t$i/t.toml"
-  TOKEN="$(printf '%s\n' bench-password | "$b" session create --config "$WORK/t$i/t.toml" --user alice \
-    --password-stdin | sed -n 's/.*"token" *: *"\([^"]*\)".*/\1/p' | head -1)"
-  [[ -n $TOKEN ]] || die "no token from $b session create"
+  if [[ $SHAPE == tessera ]]; then
+    token="$(printf '%s\n' bench-password | "$b" session create --config "$WORK/t$i/t.toml" --user alice \
+      --password-stdin | sed -n 's/.*"token" *: *"\([^"]*\)".*/\1/p' | head -1)"
+    [[ -n $token ]] || die "no token from $b session create"
+    AUTH="Authorization: Bearer $token"
+  fi
   log "t$i = $b: two callgrind runs (500, then 500 + $N requests, c=$C)"
   a="$(one 0 "$b" serve --config "$WORK/t$i/t.toml")"
   z="$(one "$N" "$b" serve --config "$WORK/t$i/t.toml")"
