@@ -57,6 +57,45 @@ fn login_on_one_use_on_another_logout_on_a_third_refused_everywhere() {
     }
 }
 
+/// A login is answered only once a replica has the session (`WAIT 1`), so a master that fails
+/// right after cannot take it along: with both replicas stopped the login waits, and it is
+/// answered after they resume, with the session on a replica.
+#[test]
+fn a_login_is_answered_once_a_replica_has_the_session() {
+    use rustix::process::Signal;
+    let up = users();
+    let s = Sentinels::start();
+    let a = on_sentinel(&up, &s);
+    let master = s.master_port();
+    let replicas: Vec<u16> = s.data.iter().copied().filter(|&p| p != master).collect();
+    for &p in &replicas {
+        s.signal(p, Signal::STOP);
+    }
+    let resumed = std::thread::scope(|scope| {
+        let login = scope.spawn(|| {
+            login(&a, "alice", "alice-pw");
+            Instant::now()
+        });
+        // Well within the store timeout (1 s), after which the login would stand unconfirmed.
+        std::thread::sleep(Duration::from_millis(300));
+        let resumed = Instant::now();
+        for &p in &replicas {
+            s.signal(p, Signal::CONT);
+        }
+        let answered = login.join().unwrap();
+        assert!(
+            answered >= resumed,
+            "the login was answered while no replica could have the session"
+        );
+        resumed
+    });
+    println!("login answered after the replicas resumed; {:?} since", resumed.elapsed());
+    assert!(
+        replicas.iter().any(|&p| sessions_on(&s, p) == 1),
+        "no replica has the session"
+    );
+}
+
 /// `SENTINEL FAILOVER` while two instances serve: both follow the new master (a logout after
 /// it is written there and refused on the other instance), a live session goes on. The other
 /// instance moves on the leading Sentinel's `+promoted-slave`, published when that Sentinel

@@ -166,6 +166,13 @@ impl Sentinels {
         let _ = child.wait();
     }
 
+    /// SIGSTOP or SIGCONT of the server on `port`.
+    pub fn signal(&self, port: u16, signal: rustix::process::Signal) {
+        let (_, child) = self.children.iter().find(|(p, _)| *p == port).unwrap();
+        let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+        rustix::process::kill_process(pid, signal).unwrap();
+    }
+
     pub fn data_cli(&self, port: u16, args: &[&str]) -> String {
         cli(port, DATA_PASS, args)
     }

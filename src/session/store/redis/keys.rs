@@ -1,5 +1,5 @@
-//! The Redis store's deletions (confirmed by a replica where the deployment has replicas) and
-//! its scans (every primary of a cluster).
+//! The Redis store's writes and deletions (confirmed by a replica where the deployment has
+//! replicas) and its scans (every primary of a cluster).
 
 use std::collections::HashSet;
 
@@ -14,7 +14,7 @@ impl RedisStore {
     /// 1`, within the store timeout, on the primary that took it): a primary that dies right
     /// after cannot bring the session back through a replica promoted without it. Unconfirmed,
     /// the call fails (the caller answers 503 and the client may retry: a second `DEL` is
-    /// harmless). `WAIT` blocks the connection it runs on, hence a connection of its own.
+    /// harmless).
     pub(in crate::session::store) async fn delete(&self, key: &str) -> Result<bool, StoreError> {
         if matches!(self.target, Target::Direct(_)) {
             let n: u64 = self
@@ -22,34 +22,83 @@ impl RedisStore {
                 .await?;
             return Ok(n > 0);
         }
+        let mut del = redis::cmd("DEL");
+        del.arg(key);
+        let (n, replicas): (u64, u64) = self.confirmed(key, del).await?;
+        if replicas == 0 {
+            return Err(err(format!(
+                "no replica confirmed the revocation within {} ms",
+                self.wait_ms()
+            )));
+        }
+        Ok(n > 0)
+    }
+
+    /// With Sentinel or a cluster, a new or rewritten session is acknowledged once a replica
+    /// has it too (`WAIT 1`, as [`RedisStore::delete`]): a primary that fails right after a
+    /// login cannot take the session with it, leaving its user a 401. Unconfirmed within the
+    /// store timeout (no replica up), the write stands on the primary alone, with a warning:
+    /// refusing logins while a replica is down would cost more than the rare lost session.
+    pub(in crate::session::store) async fn put(
+        &self,
+        key: &str,
+        value: &[u8],
+        ttl_seconds: u64,
+    ) -> Result<(), StoreError> {
+        if matches!(self.target, Target::Direct(_)) {
+            return self
+                .idempotent(|mut c| async move { c.set_ex(key, value, ttl_seconds).await })
+                .await;
+        }
+        let mut set = redis::cmd("SET");
+        set.arg(key).arg(value).arg("EX").arg(ttl_seconds);
+        let ((), replicas): ((), u64) = self.confirmed(key, set).await?;
+        if replicas == 0 {
+            tracing::warn!(
+                wait_ms = self.wait_ms(),
+                "no replica confirmed a session write; a failover now would lose it"
+            );
+        }
+        Ok(())
+    }
+
+    /// `write` (one command on `key`), then `WAIT 1` on the primary that took it: its reply,
+    /// and how many replicas confirmed it. `WAIT` blocks the connection it runs on, hence a
+    /// connection of its own.
+    async fn confirmed<T: redis::FromRedisValue>(
+        &self,
+        key: &str,
+        write: redis::Cmd,
+    ) -> Result<(T, u64), StoreError> {
         let c = self.conn_in(&self.revocations).await?;
-        let wait_ms = self.timeout.as_millis().max(1) as u64;
         let mut wait = redis::cmd("WAIT");
-        wait.arg(1).arg(wait_ms);
-        let (n, replicas): (u64, u64) = match c {
+        wait.arg(1).arg(self.wait_ms());
+        match c {
             Conn::Cluster(mut c) => {
-                let n: u64 = c.del(key).await.map_err(|e| self.failed(e))?;
+                let reply: T = write
+                    .query_async(&mut c)
+                    .await
+                    .map_err(|e| self.failed(e))?;
                 let owner = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(owner));
                 let replicas = c
                     .route_command(wait, routing)
                     .await
                     .map_err(|e| self.failed(e))?;
-                (n, redis::from_redis_value(replicas).map_err(err)?)
+                Ok((reply, redis::from_redis_value(replicas).map_err(err)?))
             }
             mut c => redis::pipe()
-                .del(key)
+                .add_command(write)
                 .add_command(wait)
                 .query_async(&mut c)
                 .await
-                .map_err(|e| self.failed(e))?,
-        };
-        if replicas == 0 {
-            return Err(err(format!(
-                "no replica confirmed the revocation within {wait_ms} ms"
-            )));
+                .map_err(|e| self.failed(e)),
         }
-        Ok(n > 0)
+    }
+
+    /// `WAIT`'s timeout: the store timeout, in ms.
+    fn wait_ms(&self) -> u64 {
+        self.timeout.as_millis().max(1) as u64
     }
 
     /// Every live key under `prefix` with its value: `SCAN` on the server, or on each primary

@@ -183,16 +183,6 @@ impl RedisStore {
             .await
     }
 
-    pub(super) async fn put(
-        &self,
-        key: &str,
-        value: &[u8],
-        ttl_seconds: u64,
-    ) -> Result<(), StoreError> {
-        self.idempotent(|mut c| async move { c.set_ex(key, value, ttl_seconds).await })
-            .await
-    }
-
     pub(super) async fn replace(
         &self,
         key: &str,
