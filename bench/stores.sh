@@ -4,12 +4,15 @@
 # bench/revocation.py: warm both, log out on A, poll B on a keep-alive connection until 401.
 # Stores: redis (one server, tracking), postgres (LISTEN/NOTIFY), mysql (MariaDB, the change log
 # polled every 25 ms). Redis Cluster: bench/cluster.sh.
-# Usage: bench/stores.sh     Env: STORES ("redis postgres mysql"), TRIALS (200).
+# Usage: bench/stores.sh     Env: STORES ("redis postgres mysql"), TRIALS (200), POLL_MS
+# (`session.poll_interval_ms` for every instance: how often the MySQL change log is read;
+# default the store's 25).
 # Output: Markdown on stdout and bench/results/stores-<date>-<time>.md. Needs redis-server,
 # postgresql, mariadb-server, nginx, curl, python3, cargo.
 set -euo pipefail
 
-STORES="${STORES:-redis postgres mysql}" TRIALS="${TRIALS:-200}"
+STORES="${STORES:-redis postgres mysql}" TRIALS="${TRIALS:-200}" POLL_MS="${POLL_MS:-}"
+[[ -z $POLL_MS || $POLL_MS =~ ^[1-9][0-9]*$ ]] || die "POLL_MS must be a positive integer"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 log() { printf '[stores %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -44,6 +47,8 @@ for store in $STORES; do
     port=P_$t
     tessera_toml_on "$WORK/$store-$t.toml" "${!port}" "http://127.0.0.1:$P_ORIGIN" "$URL"
     printf '[login]\ncookie_secure = false\nverify_path = "/1k"\n' >>"$WORK/$store-$t.toml"
+    [[ -z $POLL_MS ]] ||
+      sed -i "s/^\[session\]\$/[session]\npoll_interval_ms = $POLL_MS/" "$WORK/$store-$t.toml"
     "$BIN" serve --config "$WORK/$store-$t.toml" >"$WORK/$store-$t.log" 2>&1 &
     PIDS+=("$!")
     wait_port "${!port}" "tessera $store $t" "$!"
@@ -56,7 +61,8 @@ for store in $STORES; do
   python3 "$ROOT/bench/revocation.py" --a "http://127.0.0.1:$P_A" --b "http://127.0.0.1:$P_B" \
     --sessions "$WORK/$store-sessions.jsonl" --trials "$TRIALS" --logout-path /auth/logout --path /1k \
     --out "$WORK/$store-revocation.json" >/dev/null || die "revocation.py on $store failed"
-  printf '%s\t%s\n' "$store" "$WORK/$store-revocation.json" >>"$WORK/results.tsv"
+  printf '%s\t%s\n' "$store${POLL_MS:+ (poll_interval_ms = $POLL_MS)}" "$WORK/$store-revocation.json" \
+    >>"$WORK/results.tsv"
 done
 
 mkdir -p "$ROOT/bench/results"

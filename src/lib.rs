@@ -74,7 +74,8 @@ pub fn unix_now() -> u64 {
 ///
 /// Errors: the store cannot be opened (embedded path unusable, Redis URL invalid).
 pub fn sessions_from_config(cfg: &Config) -> Result<session::Sessions, session::StoreError> {
-    let store = session::Store::open(&cfg.session.store, cfg.session.timeout)?;
+    let s = &cfg.session;
+    let store = session::Store::open_polling(&s.store, s.timeout, s.poll_interval)?;
     let sealer = Arc::new(seal::Sealer::new(&cfg.credentials));
     Ok(session::Sessions::new(
         store,

@@ -252,6 +252,22 @@ fn busy_polling_is_off_by_default_and_bounded() {
 }
 
 #[test]
+fn change_log_poll_defaults_to_25_ms_and_is_bounded() {
+    let c = Config::from_toml_with(&minimal(), env).unwrap();
+    assert_eq!(c.session.poll_interval, Duration::from_millis(25));
+    let text = format!("{}[session]\npoll_interval_ms = 5\n", minimal());
+    assert_eq!(
+        Config::from_toml_with(&text, env).unwrap().session.poll_interval,
+        Duration::from_millis(5)
+    );
+    for bad in [0, 1001] {
+        let text = format!("{}[session]\npoll_interval_ms = {bad}\n", minimal());
+        let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
+        assert!(err.contains("session.poll_interval_ms"), "{err}");
+    }
+}
+
+#[test]
 fn send_timeout_defaults_to_a_minute_and_is_never_zero() {
     let c = Config::from_toml_with(&minimal(), env).unwrap();
     assert_eq!(c.server.send_timeout, Duration::from_secs(60));

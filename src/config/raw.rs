@@ -164,6 +164,7 @@ pub(super) struct RawSession {
     pub(super) key_prefix: Option<String>,
     pub(super) ttl_seconds: Option<u64>,
     pub(super) timeout_ms: Option<u64>,
+    pub(super) poll_interval_ms: Option<u64>,
     pub(super) cache_max_entries: Option<u64>,
     pub(super) cache_max_bytes: Option<u64>,
     pub(super) cache_ttl_seconds: Option<u64>,

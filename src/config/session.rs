@@ -74,6 +74,15 @@ pub(super) fn validate_session(s: RawSession) -> Result<SessionConfig, ConfigErr
         key_prefix: s.key_prefix.unwrap_or_else(|| "tessera:session:".into()),
         ttl_seconds,
         timeout: ms("session.timeout_ms", s.timeout_ms, 1_000)?,
+        poll_interval: match ms("session.poll_interval_ms", s.poll_interval_ms, 25)? {
+            d if d > Duration::from_secs(1) => {
+                return Err(ConfigError::new(
+                    "session.poll_interval_ms",
+                    "must be at most 1000 (ms, default 25): a revocation waits up to this long on other instances",
+                ))
+            }
+            d => d,
+        },
         cache: crate::session::CacheConfig {
             max_entries: s.cache_max_entries.unwrap_or(100_000),
             max_bytes: match s.cache_max_bytes.unwrap_or(64 << 20) {

@@ -373,6 +373,7 @@ mod tests {
             key_prefix: "tessera:session:".into(),
             ttl_seconds: 60,
             timeout: Duration::from_secs(2),
+            poll_interval: Duration::from_millis(25),
             cache: CacheConfig {
                 max_entries: 1000,
                 max_bytes: 1 << 20,

@@ -38,6 +38,10 @@ pub struct SessionConfig {
     pub ttl_seconds: u64,
     /// Deadline for one store operation; past it the request gets 503. Default 1000 ms.
     pub timeout: Duration,
+    /// How often the embedded and MySQL stores read their change log (`poll_interval_ms`,
+    /// 1-1000 ms, default 25): a write by another process reaches this one's cache within about
+    /// this long. Redis and PostgreSQL push their invalidations instead.
+    pub poll_interval: Duration,
     /// Local session cache: entries (0 = no cache; default 100000), bytes (`cache_max_bytes`,
     /// default 64 MiB, at least 64 KiB; a session counts as the larger of its size, about
     /// 0.35 KiB, and `cache_max_bytes / cache_max_entries`), longest life of an entry

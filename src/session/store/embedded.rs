@@ -20,9 +20,11 @@ use crate::unix_now;
 #[derive(Clone)]
 pub struct EmbeddedStore {
     inner: Arc<Inner>,
+    /// How often [`EmbeddedStore::watch`] reads the change log (`session.poll_interval_ms`).
+    poll: std::time::Duration,
 }
 
-/// How often the change log is polled for writes by other processes (the CLI).
+/// The change log's poll interval unless set ([`EmbeddedStore::polling_every`]).
 const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(25);
 /// Change-log rows older than this are pruned, seconds.
 const LOG_KEEP_SECONDS: i64 = 300;
@@ -65,7 +67,16 @@ impl EmbeddedStore {
         )
         .map_err(|e| inner.error(e))?;
         inner.release(conn);
-        Ok(Self { inner })
+        Ok(Self {
+            inner,
+            poll: WATCH_EVERY,
+        })
+    }
+
+    /// Reads the change log every `poll` (`session.poll_interval_ms`) instead of 25 ms.
+    pub fn polling_every(mut self, poll: std::time::Duration) -> Self {
+        self.poll = poll;
+        self
     }
 
     async fn run<R: Send + 'static>(
@@ -228,11 +239,11 @@ impl EmbeddedStore {
 }
 
 impl EmbeddedStore {
-    /// Polls the change log every [`WATCH_EVERY`]; every process writing this store (serve and
-    /// the CLI) appends the keys it changed there.
+    /// Polls the change log every `poll` (25 ms unless set); every process writing this store
+    /// (serve and the CLI) appends the keys it changed there.
     pub(super) async fn watch(self, prefix: String, tx: tokio::sync::mpsc::Sender<Invalidation>) {
         let mut last: Option<i64> = None;
-        let mut tick = tokio::time::interval(WATCH_EVERY);
+        let mut tick = tokio::time::interval(self.poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;

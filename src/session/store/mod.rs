@@ -54,11 +54,25 @@ impl Store {
     ///
     /// Errors: the embedded path cannot be created/opened, or a URL is invalid.
     pub fn open(spec: &StoreSpec, timeout: Duration) -> Result<Self, StoreError> {
+        Self::open_polling(spec, timeout, Duration::from_millis(25))
+    }
+
+    /// [`Store::open`], the embedded and MySQL stores reading their change log every `poll`
+    /// (`session.poll_interval_ms`).
+    pub fn open_polling(
+        spec: &StoreSpec,
+        timeout: Duration,
+        poll: Duration,
+    ) -> Result<Self, StoreError> {
         Ok(match spec {
-            StoreSpec::Embedded(path) => Self::Embedded(Arc::new(EmbeddedStore::open(path)?)),
+            StoreSpec::Embedded(path) => {
+                Self::Embedded(Arc::new(EmbeddedStore::open(path)?.polling_every(poll)))
+            }
             StoreSpec::Redis(url) => Self::Redis(Arc::new(RedisStore::new(url, timeout)?)),
             StoreSpec::Postgres(url) => Self::Postgres(Arc::new(PostgresStore::new(url, timeout)?)),
-            StoreSpec::Mysql(url) => Self::Mysql(Arc::new(MysqlStore::new(url, timeout)?)),
+            StoreSpec::Mysql(url) => {
+                Self::Mysql(Arc::new(MysqlStore::new(url, timeout)?.polling_every(poll)))
+            }
         })
     }
 

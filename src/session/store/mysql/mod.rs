@@ -46,6 +46,8 @@ const SCHEMA: [&str; 3] = [
 pub struct MysqlStore {
     pool: Pool,
     timeout: Duration,
+    /// How often the change log is read (`session.poll_interval_ms`; see `poll.rs`).
+    poll: Duration,
     schema: OnceCell<()>,
 }
 
@@ -74,8 +76,15 @@ impl MysqlStore {
         Ok(Self {
             pool: Pool::new(opts),
             timeout,
+            poll: poll::EVERY,
             schema: OnceCell::new(),
         })
+    }
+
+    /// Reads the change log every `poll` (`session.poll_interval_ms`) instead of 25 ms.
+    pub fn polling_every(mut self, poll: Duration) -> Self {
+        self.poll = poll;
+        self
     }
 
     /// A pooled connection, the schema created first if this process has not yet.

@@ -1,4 +1,5 @@
-//! The invalidation stream of the MySQL store: the change log polled every [`EVERY`].
+//! The invalidation stream of the MySQL store: the change log polled every
+//! `session.poll_interval_ms` ([`EVERY`] by default).
 //!
 //! Auto-increment ids are handed out when a row is inserted, not when its transaction commits:
 //! a change that took id 7 can become visible after id 8 was read. So every id skipped so far
@@ -19,8 +20,8 @@ use tokio::time::Instant;
 use super::super::Invalidation;
 use super::{MysqlStore, StoreError};
 
-/// How often the change log is read.
-const EVERY: Duration = Duration::from_millis(25);
+/// How often the change log is read unless `session.poll_interval_ms` says otherwise.
+pub(super) const EVERY: Duration = Duration::from_millis(25);
 /// How long a skipped id is asked for again.
 const TRAIL: Duration = Duration::from_secs(10);
 /// Open gaps tracked at most.
@@ -44,7 +45,7 @@ impl MysqlStore {
         tx: mpsc::Sender<Invalidation>,
     ) {
         let mut cursor: Option<Cursor> = None;
-        let mut tick = tokio::time::interval(EVERY);
+        let mut tick = tokio::time::interval(self.poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
