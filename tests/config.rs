@@ -257,7 +257,10 @@ fn change_log_poll_defaults_to_25_ms_and_is_bounded() {
     assert_eq!(c.session.poll_interval, Duration::from_millis(25));
     let text = format!("{}[session]\npoll_interval_ms = 5\n", minimal());
     assert_eq!(
-        Config::from_toml_with(&text, env).unwrap().session.poll_interval,
+        Config::from_toml_with(&text, env)
+            .unwrap()
+            .session
+            .poll_interval,
         Duration::from_millis(5)
     );
     for bad in [0, 1001] {

@@ -89,7 +89,10 @@ fn a_login_is_answered_once_a_replica_has_the_session() {
         );
         resumed
     });
-    println!("login answered after the replicas resumed; {:?} since", resumed.elapsed());
+    println!(
+        "login answered after the replicas resumed; {:?} since",
+        resumed.elapsed()
+    );
     assert!(
         replicas.iter().any(|&p| sessions_on(&s, p) == 1),
         "no replica has the session"

@@ -39,7 +39,9 @@ pub fn screen_response(fields: &mut RawHead, strip: &[HeaderName]) {
     let mut lengths = HOP_BY_HOP.iter().fold(0, |m, n| m | bit(n.len()));
     lengths = strip.iter().fold(lengths, |m, n| m | bit(n.as_str().len()));
     lengths = if count <= listed.len() {
-        listed[..count].iter().fold(lengths, |m, t| m | bit(t.len()))
+        listed[..count]
+            .iter()
+            .fold(lengths, |m, t| m | bit(t.len()))
     } else {
         u64::MAX
     };
