@@ -30,6 +30,24 @@ pub enum Invalidation {
     Lost,
 }
 
+/// The polls of a change log (the embedded and MySQL stores): one every `every`, a late one
+/// delayed rather than bunched.
+pub(super) struct PollTicks(tokio::time::Interval);
+
+impl PollTicks {
+    pub(super) fn new(every: Duration) -> Self {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Self(tick)
+    }
+
+    /// Waits for the next poll; false once nobody reads `tx` (the watch then ends).
+    pub(super) async fn next(&mut self, tx: &tokio::sync::mpsc::Sender<Invalidation>) -> bool {
+        self.0.tick().await;
+        !tx.is_closed()
+    }
+}
+
 /// The store could not answer (down, timed out, I/O error). Maps to 503.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("session store unavailable: {0}")]

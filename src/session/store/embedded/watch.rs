@@ -2,7 +2,7 @@
 
 use rusqlite::params;
 
-use super::super::Invalidation;
+use super::super::{Invalidation, PollTicks};
 use super::EmbeddedStore;
 
 impl EmbeddedStore {
@@ -14,13 +14,8 @@ impl EmbeddedStore {
         tx: tokio::sync::mpsc::Sender<Invalidation>,
     ) {
         let mut last: Option<i64> = None;
-        let mut tick = tokio::time::interval(self.poll);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            if tx.is_closed() {
-                return;
-            }
+        let mut ticks = PollTicks::new(self.poll);
+        while ticks.next(&tx).await {
             let after = last;
             let rows = self
                 .run(move |c| match after {

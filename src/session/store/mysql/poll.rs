@@ -17,7 +17,7 @@ use mysql_async::prelude::Queryable;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::super::Invalidation;
+use super::super::{Invalidation, PollTicks};
 use super::{MysqlStore, StoreError};
 
 /// How often the change log is read unless `session.poll_interval_ms` says otherwise.
@@ -45,13 +45,8 @@ impl MysqlStore {
         tx: mpsc::Sender<Invalidation>,
     ) {
         let mut cursor: Option<Cursor> = None;
-        let mut tick = tokio::time::interval(self.poll);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            if tx.is_closed() {
-                return;
-            }
+        let mut ticks = PollTicks::new(self.poll);
+        while ticks.next(&tx).await {
             let step = match cursor.as_mut() {
                 None => self.start().await.map(|c| {
                     cursor = Some(c);
