@@ -9,6 +9,9 @@ function init(args)
     requests[#requests + 1] = wrk.format(nil, nil, { ["Cookie"] = "Authorization=" .. token })
   end
   assert(#requests > 0, "no tokens in COMPAT_TOKENS")
+  -- Each thread has a Lua state of its own: seeded from this table's address, so that threads
+  -- start at different sessions.
+  math.randomseed(tonumber(tostring({}):match("0x(%x+)") or "0", 16) + os.time())
   i = math.random(#requests)
 end
 

@@ -47,7 +47,7 @@ fi
 
 work_dir tessera-ir # WORK, PIDS and the cleanup: bench/lib.sh
 write_1k "$WORK/1k.json"
-read -r P_ORIGIN P_T < <(free_ports 2)
+read -r P_ORIGIN P_T P_REDIS < <(free_ports 3)
 nginx_start origin "$P_ORIGIN" "  server { listen 127.0.0.1:$P_ORIGIN; keepalive_requests 1000000;
     location = /1k { default_type application/json; alias $WORK/1k.json; } }" $((2 * HELD + 1024))
 
@@ -139,7 +139,6 @@ b0="${BIN_ARGS[0]}"
 tessera_keys "$b0" # one key pair for every binary: bench/lib.sh
 STORE_LINES="" TOKEN_LINES="" CRED_LINES=""
 if [[ $SHAPE == compat ]]; then
-  read -r P_REDIS < <(free_ports 1)
   redis-server --port "$P_REDIS" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" \
     >"$WORK/redis.log" 2>&1 &
   PIDS+=("$!")

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use support::sentinel::Sentinels;
 use support::stores::{
-    login, logout, on_store, status, through_failover, two_warm, until_status, users,
+    login, logout, on_store, on_store_with, status, through_failover, two_warm, until_status, users,
 };
 use support::upstream::TestUpstream;
 use support::Tessera;
@@ -58,14 +58,15 @@ fn login_on_one_use_on_another_logout_on_a_third_refused_everywhere() {
 }
 
 /// A login is answered only once a replica has the session (`WAIT 1`), so a master that fails
-/// right after cannot take it along: with both replicas stopped the login waits, and it is
-/// answered after they resume, with the session on a replica.
+/// right after cannot take it along: with both replicas stopped the login waits (up to a
+/// quarter of `session.timeout_ms`, 1 s here), and it is answered after they resume, with the
+/// session on a replica.
 #[test]
 fn a_login_is_answered_once_a_replica_has_the_session() {
     use rustix::process::Signal;
     let up = users();
     let s = Sentinels::start();
-    let a = on_sentinel(&up, &s);
+    let a = on_store_with(&up, &s.url(), &[("session", "timeout_ms = 4000")]);
     let master = s.master_port();
     let replicas: Vec<u16> = s.data.iter().copied().filter(|&p| p != master).collect();
     for &p in &replicas {
@@ -76,7 +77,7 @@ fn a_login_is_answered_once_a_replica_has_the_session() {
             login(&a, "alice", "alice-pw");
             Instant::now()
         });
-        // Well within the store timeout (1 s), after which the login would stand unconfirmed.
+        // Well within the 1 s bound, after which the login would stand unconfirmed.
         std::thread::sleep(Duration::from_millis(300));
         let resumed = Instant::now();
         for &p in &replicas {
@@ -96,6 +97,22 @@ fn a_login_is_answered_once_a_replica_has_the_session() {
     assert!(
         replicas.iter().any(|&p| sessions_on(&s, p) == 1),
         "no replica has the session"
+    );
+    // No replica for longer than the bound (250 ms at the default 1 s timeout): the login is
+    // still answered, the session on the master alone, and the log says so.
+    let b = on_sentinel(&up, &s);
+    for &p in &replicas {
+        s.signal(p, Signal::STOP);
+    }
+    let token = login(&b, "bob", "bob-pw");
+    for &p in &replicas {
+        s.signal(p, Signal::CONT);
+    }
+    assert_eq!(status(&b, &token), 200);
+    assert!(
+        b.log().contains("no replica confirmed a new session"),
+        "no warning: {}",
+        b.log()
     );
 }
 

@@ -17,18 +17,18 @@ pub fn users() -> TestUpstream {
 /// A tessera on the store at `store` in front of `up`, logging in at the upstream's `/check`
 /// over plain http.
 pub fn on_store(up: &TestUpstream, store: &str) -> Tessera {
+    on_store_with(up, store, &[])
+}
+
+/// [`on_store`] with more `(section, line)` config lines.
+pub fn on_store_with(up: &TestUpstream, store: &str, extra: &[(&str, &str)]) -> Tessera {
     let (store, up_url) = (store.to_string(), up.url());
-    Tessera::start(move |port, _| {
-        config(
-            port,
-            &up_url,
-            &store,
-            &[
-                ("login", "cookie_secure = false"),
-                ("login", "verify_path = \"/check\""),
-            ],
-        )
-    })
+    let mut lines = vec![
+        ("login", "cookie_secure = false"),
+        ("login", "verify_path = \"/check\""),
+    ];
+    lines.extend_from_slice(extra);
+    Tessera::start(move |port, _| config(port, &up_url, &store, &lines))
 }
 
 /// Logs `user` in on `t`; the token.

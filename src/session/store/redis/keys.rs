@@ -7,7 +7,7 @@ use redis::aio::ConnectionLike;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::AsyncCommands;
 
-use super::{err, Conn, RedisStore, StoreError, Target};
+use super::{err, is_stale, Conn, RedisStore, StoreError, Target};
 
 impl RedisStore {
     /// With Sentinel or a cluster, the deletion is confirmed only once a replica has it (`WAIT
@@ -24,21 +24,27 @@ impl RedisStore {
         }
         let mut del = redis::cmd("DEL");
         del.arg(key);
-        let (n, replicas): (u64, u64) = self.confirmed(key, del).await?;
+        let wait_ms = self.timeout.as_millis().max(1) as u64;
+        let c = self.conn_in(&self.revocations).await?;
+        let (n, replicas): (u64, u64) = self
+            .confirmed(c, key, &del, wait_ms)
+            .await
+            .map_err(|e| self.failed(e))?;
         if replicas == 0 {
             return Err(err(format!(
-                "no replica confirmed the revocation within {} ms",
-                self.wait_ms()
+                "no replica confirmed the revocation within {wait_ms} ms"
             )));
         }
         Ok(n > 0)
     }
 
-    /// With Sentinel or a cluster, a new or rewritten session is acknowledged once a replica
-    /// has it too (`WAIT 1`, as [`RedisStore::delete`]): a primary that fails right after a
-    /// login cannot take the session with it, leaving its user a 401. Unconfirmed within the
-    /// store timeout (no replica up), the write stands on the primary alone, with a warning:
-    /// refusing logins while a replica is down would cost more than the rare lost session.
+    /// With Sentinel or a cluster, a new session is acknowledged once a replica has it too
+    /// (`SET`, then `WAIT 1`, as [`RedisStore::delete`]): a primary that fails right after a
+    /// login cannot take the session with it, leaving its user a 401. The wait is bounded by a
+    /// quarter of the store timeout, so that an unconfirmed write (no replica up) stands on the
+    /// primary alone, with a warning, well before the request's deadline: refusing logins
+    /// while a replica is down would cost more than the rare lost session. A connection found
+    /// dead is made again and the write sent once more (it is idempotent).
     pub(in crate::session::store) async fn put(
         &self,
         key: &str,
@@ -52,53 +58,54 @@ impl RedisStore {
         }
         let mut set = redis::cmd("SET");
         set.arg(key).arg(value).arg("EX").arg(ttl_seconds);
-        let ((), replicas): ((), u64) = self.confirmed(key, set).await?;
+        let wait_ms = (self.timeout.as_millis() / 4).max(1) as u64;
+        let c = self.conn_in(&self.revocations).await?;
+        let ((), replicas): ((), u64) = match self.confirmed(c, key, &set, wait_ms).await {
+            Err(e) if is_stale(&e) => {
+                drop(self.failed(e));
+                let c = self.conn_in(&self.revocations).await?;
+                self.confirmed(c, key, &set, wait_ms).await
+            }
+            other => other,
+        }
+        .map_err(|e| self.failed(e))?;
         if replicas == 0 {
             tracing::warn!(
-                wait_ms = self.wait_ms(),
-                "no replica confirmed a session write; a failover now would lose it"
+                wait_ms,
+                "no replica confirmed a new session; a failover now would lose it"
             );
         }
         Ok(())
     }
 
-    /// `write` (one command on `key`), then `WAIT 1` on the primary that took it: its reply,
-    /// and how many replicas confirmed it. `WAIT` blocks the connection it runs on, hence a
-    /// connection of its own.
+    /// `write` (one command on `key`) on `c`, then `WAIT 1 wait_ms` on the primary that took
+    /// it: the write's reply, and how many replicas confirmed it. `WAIT` blocks the connection
+    /// it runs on, hence the store's connection of its own for these.
     async fn confirmed<T: redis::FromRedisValue>(
         &self,
+        c: Conn,
         key: &str,
-        write: redis::Cmd,
-    ) -> Result<(T, u64), StoreError> {
-        let c = self.conn_in(&self.revocations).await?;
+        write: &redis::Cmd,
+        wait_ms: u64,
+    ) -> redis::RedisResult<(T, u64)> {
         let mut wait = redis::cmd("WAIT");
-        wait.arg(1).arg(self.wait_ms());
+        wait.arg(1).arg(wait_ms);
         match c {
             Conn::Cluster(mut c) => {
-                let reply: T = write
-                    .query_async(&mut c)
-                    .await
-                    .map_err(|e| self.failed(e))?;
+                let reply: T = write.query_async(&mut c).await?;
                 let owner = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(owner));
-                let replicas = c
-                    .route_command(wait, routing)
-                    .await
-                    .map_err(|e| self.failed(e))?;
-                Ok((reply, redis::from_redis_value(replicas).map_err(err)?))
+                let replicas = c.route_command(wait, routing).await?;
+                Ok((reply, redis::from_redis_value(replicas)?))
             }
-            mut c => redis::pipe()
-                .add_command(write)
-                .add_command(wait)
-                .query_async(&mut c)
-                .await
-                .map_err(|e| self.failed(e)),
+            mut c => {
+                redis::pipe()
+                    .add_command(write.clone())
+                    .add_command(wait)
+                    .query_async(&mut c)
+                    .await
+            }
         }
-    }
-
-    /// `WAIT`'s timeout: the store timeout, in ms.
-    fn wait_ms(&self) -> u64 {
-        self.timeout.as_millis().max(1) as u64
     }
 
     /// Every live key under `prefix` with its value: `SCAN` on the server, or on each primary
