@@ -57,13 +57,14 @@ pub(super) async fn hand_off<S: Socket>(serving: &Serving, conn: Conn<S>, peer: 
     let service = service_fn(move |req| {
         let (proxy, peer) = (proxy.clone(), peer.clone());
         let open = Streams::open(&streams);
-        let streams = streams.clone();
+        let (streams, reset) = (streams.clone(), reset.clone());
         async move {
             let head = req.method() == http::Method::HEAD;
-            let h1 = req.version() < http::Version::HTTP_2;
+            // HTTP/1 only: an HTTP/2 stream ends alone (`RST_STREAM`).
+            let reset = (req.version() < http::Version::HTTP_2).then_some(reset);
             let resp = bodyless_if(head, proxy.handle(req, &peer).await);
             Ok::<_, std::convert::Infallible>(
-                resp.map(|body| Tracked::new(&streams, body, open, h1)),
+                resp.map(|body| Tracked::new(&streams, body, open, reset)),
             )
         }
     });
@@ -72,7 +73,6 @@ pub(super) async fn hand_off<S: Socket>(serving: &Serving, conn: Conn<S>, peer: 
         after: serving.header_read_timeout,
         send: serving.send_timeout,
         h1: mode != Mode::H2,
-        reset: &reset,
     };
     // With upgrades: a WebSocket handshake the upstream accepted hands the connection over to
     // its tunnel (see `Proxy::switch`).
@@ -176,8 +176,6 @@ async fn until_done<C: Future>(
         tokio::select! {
             done = conn.as_mut() => return End::Done(done),
             () = poll_fn(|cx| idle.streams.poll_h1_session_end(cx)), if idle.h1 => {
-                // Before `conn` (and the socket in it) is dropped.
-                idle.reset.store(true, Ordering::Relaxed);
                 return End::SessionEnded;
             }
             () = shutdown.cancelled(), if !stopping => {
@@ -237,8 +235,6 @@ struct Checks<'a> {
     /// Whether HTTP/1 responses may be served (not on a TLS `h2` connection): their session's
     /// end is watched (see [`Streams::poll_h1_session_end`]).
     h1: bool,
-    /// The socket's reset flag ([`Prefixed`]), set when such a session ended.
-    reset: &'a AtomicBool,
 }
 
 /// The status hyper sent by itself before ending a connection with `e`: a request head it could

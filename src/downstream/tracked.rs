@@ -37,22 +37,29 @@ impl Streams {
         Open(this.clone())
     }
 
-    /// Ready when the session of an HTTP/1 response body being sent has ended (revoked,
-    /// expired); registers `cx` with every such body's session watch otherwise. HTTP/2 bodies
-    /// end themselves with `RST_STREAM` when hyper next polls them.
+    /// Ready, with the connection's reset flag set, when the session of an HTTP/1 response
+    /// body that hyper is not polling has ended (revoked, expired): one it took a frame of and
+    /// has not come back to, its write buffer full behind a slow client. Registers `cx` with
+    /// those bodies' session watches otherwise. A body hyper polls finds its session's end
+    /// itself ([`Tracked`]); HTTP/2 bodies end with `RST_STREAM` when hyper next polls them.
     pub(super) fn poll_h1_session_end(&self, cx: &mut Context<'_>) -> Poll<()> {
         if !self.any_h1.load(Ordering::Relaxed) {
             return Poll::Pending;
         }
         for s in lock(&self.sending).iter() {
             let mut s = lock(s);
-            if !s.h1 {
+            let Sending {
+                body: Some(body),
+                handed: Some(_),
+                reset: Some(reset),
+                ..
+            } = &mut *s
+            else {
                 continue;
-            }
-            if let Some(body) = s.body.as_mut() {
-                if body.poll_session_end(cx).is_ready() {
-                    return Poll::Ready(());
-                }
+            };
+            if body.poll_session_end(cx).is_ready() {
+                reset.store(true, Ordering::Relaxed);
+                return Poll::Ready(());
             }
         }
         Poll::Pending
@@ -113,8 +120,9 @@ struct Sending {
     open: Option<Open>,
     /// When hyper took a frame, while it has not asked for the next one since.
     handed: Option<Instant>,
-    /// An HTTP/1 response's (see [`Streams::poll_h1_session_end`]).
-    h1: bool,
+    /// An HTTP/1 response's: its connection's reset flag ([`super::io::Prefixed`]), set when
+    /// the body ends with its session, since HTTP/1 can end a response only by closing.
+    reset: Option<Arc<AtomicBool>>,
 }
 
 /// A response body that keeps its request open (see [`Streams`]) until hyper has taken its last
@@ -124,16 +132,22 @@ struct Sending {
 pub(super) struct Tracked(Arc<Mutex<Sending>>);
 
 impl Tracked {
-    pub(super) fn new(streams: &Streams, body: ProxyBody, open: Open, h1: bool) -> Self {
+    /// `reset`: the connection's reset flag for an HTTP/1 response, `None` for HTTP/2.
+    pub(super) fn new(
+        streams: &Streams,
+        body: ProxyBody,
+        open: Open,
+        reset: Option<Arc<AtomicBool>>,
+    ) -> Self {
+        if reset.is_some() {
+            streams.any_h1.store(true, Ordering::Relaxed);
+        }
         let sending = Arc::new(Mutex::new(Sending {
             body: Some(body),
             open: Some(open),
             handed: None,
-            h1,
+            reset,
         }));
-        if h1 {
-            streams.any_h1.store(true, Ordering::Relaxed);
-        }
         let mut all = lock(&streams.sending);
         if all.len() == all.capacity() {
             // Bodies hyper has dropped since the last check, pruned before the list grows: it
@@ -171,8 +185,14 @@ impl Body for Tracked {
             )));
         };
         let frame = Pin::new(body).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(_))) = &frame {
-            s.handed = Some(Instant::now());
+        match &frame {
+            Poll::Ready(Some(Ok(_))) => s.handed = Some(Instant::now()),
+            Poll::Ready(Some(Err(e))) if e.is::<crate::session::Ended>() => {
+                if let Some(reset) = &s.reset {
+                    reset.store(true, Ordering::Relaxed);
+                }
+            }
+            _ => {}
         }
         frame
     }
