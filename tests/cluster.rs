@@ -13,8 +13,20 @@ use support::stores::{
 
 #[test]
 fn login_on_one_use_on_another_logout_on_a_third_refused_everywhere() {
+    shared_and_revoked_everywhere(&Cluster::start());
+}
+
+/// The same with every node on TLS only (`rediss+cluster://`, client certificates required):
+/// commands, the shard map and one tracking connection per primary, all over TLS.
+#[test]
+fn over_tls_a_logout_on_one_instance_is_refused_everywhere() {
+    let c = Cluster::start_tls();
+    assert!(c.url().starts_with("rediss+cluster://"));
+    shared_and_revoked_everywhere(&c);
+}
+
+fn shared_and_revoked_everywhere(c: &Cluster) {
     let up = users();
-    let c = Cluster::start();
     let (a, b, t3) = (
         on_store(&up, &c.url()),
         on_store(&up, &c.url()),

@@ -123,8 +123,21 @@ fn a_login_is_answered_once_a_replica_has_the_session() {
 /// here by the failover timeout, 5 s, the bound were that message lost).
 #[test]
 fn a_sentinel_failover_moves_every_instance_to_the_new_master() {
+    failover_moves_every_instance(&Sentinels::start());
+}
+
+/// The same failover with every server and Sentinel on TLS only (`rediss+sentinel://`, client
+/// certificates required): discovery, the `ROLE` check, the switch messages and the master's
+/// connections all over TLS.
+#[test]
+fn over_tls_a_sentinel_failover_moves_every_instance_to_the_new_master() {
+    let s = Sentinels::start_tls();
+    assert!(s.url().starts_with("rediss+sentinel://"));
+    failover_moves_every_instance(&s);
+}
+
+fn failover_moves_every_instance(s: &Sentinels) {
     let up = users();
-    let s = Sentinels::start();
     let (a, b, alice, bob) = two_warm(&up, &s.url());
     let old = s.master_port();
     let new = s.failover();
@@ -139,7 +152,7 @@ fn a_sentinel_failover_moves_every_instance_to_the_new_master() {
         code = logout(&a, &alice);
     }
     assert_eq!(code, 204, "{}", a.log());
-    assert_eq!(sessions_on(&s, new), 1, "the logout went to the new master");
+    assert_eq!(sessions_on(s, new), 1, "the logout went to the new master");
     let after = until_status(&b, &alice, 401, Duration::from_secs(5));
     println!("B refused alice {after:?} after the logout on A");
     assert!(after.is_some(), "B serves a revoked session: {}", b.log());

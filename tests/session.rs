@@ -151,6 +151,65 @@ fn login_on_a_use_on_b_logout_on_b_refused_on_a() {
     assert!(!a.log().contains(&token) && !b.log().contains(&token));
 }
 
+/// `rediss://` with client certificates required (Redis's default): two instances share
+/// sessions over TLS, warm requests read nothing, and a logout on one reaches the other through
+/// tracking over TLS. Without the client certificate, or trusting another CA, the store is
+/// unavailable: a valid token gets 503 (never 401, never forwarded).
+#[test]
+fn a_store_over_tls_needs_its_ca_and_client_certificate() {
+    let up = users();
+    let redis = Redis::start_tls();
+    let a = on_redis(&up, &redis, &[]);
+    let b = on_redis(&up, &redis, &[]);
+    let token = token_of(&login(&a, "alice", "alice-pw"));
+    assert_eq!(curl(&["-H", &bearer(&token), &b.url("/x")]).0, 200);
+    let gets = redis_calls(&redis, "get");
+    for _ in 0..10 {
+        assert_eq!(curl(&["-H", &bearer(&token), &b.url("/x")]).0, 200);
+    }
+    assert_eq!(
+        redis_calls(&redis, "get"),
+        gets,
+        "warm requests read nothing"
+    );
+    let out = call(&["-X", "POST", "-H", &bearer(&token), &a.url("/auth/logout")]);
+    assert_eq!(out.code, 204, "{}", out.body);
+    let refused = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(5));
+        curl(&["-H", &bearer(&token), &b.url("/x")]).0 == 401
+    });
+    assert!(refused, "B serves a session revoked on A: {}", b.log());
+
+    let live = token_of(&login(&a, "bob", "bob-pw"));
+    let tls = redis.tls.as_ref().unwrap();
+    let ca = tls.pki.ca();
+    let other = support::tls::RedisTls::new();
+    let no_client_certificate = format!(
+        "rediss://127.0.0.1:{}/0?ssl_ca_certs={}",
+        redis.port,
+        ca.display()
+    );
+    let other_ca = format!(
+        "rediss://127.0.0.1:{}/0?ssl_ca_certs={}&ssl_certfile={}&ssl_keyfile={}",
+        redis.port,
+        other.pki.ca().display(),
+        tls.cert.display(),
+        tls.key.display()
+    );
+    let forwarded = up.stats.requests.load(Ordering::SeqCst);
+    for (url, why) in [
+        (no_client_certificate, "CertificateRequired"),
+        (other_ca, "invalid peer certificate"),
+    ] {
+        let up_url = up.url();
+        let t = Tessera::start(move |port, _| config(port, &up_url, &url, &LOCAL_LOGIN));
+        let (code, _) = curl(&["-H", &bearer(&live), &t.url("/x")]);
+        assert_eq!(code, 503, "{}", t.log());
+        assert!(t.log().contains(why), "{}", t.log());
+    }
+    assert_eq!(up.stats.requests.load(Ordering::SeqCst), forwarded);
+}
+
 fn support_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

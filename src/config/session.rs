@@ -27,7 +27,9 @@ fn store_spec(store_text: String) -> Result<StoreSpec, ConfigError> {
         "redis://",
         "rediss://",
         "redis+sentinel://",
+        "rediss+sentinel://",
         "redis+cluster://",
+        "rediss+cluster://",
     ]) {
         StoreSpec::Redis(store_text)
     } else if has(&["postgres://", "postgresql://"]) {

@@ -1,10 +1,13 @@
 //! A real Redis Cluster for one test: three primaries and three replicas (`redis-cli --cluster
 //! create`, password [`PASS`] on every node, node timeout 2 s), each a `redis-server` on a free
-//! loopback port with a directory of its own, stopped by PID on drop.
+//! loopback port with a directory of its own, stopped by PID on drop; with
+//! [`Cluster::start_tls`], every node on TLS only, the cluster bus too ([`RedisTls`]).
 
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::tls::RedisTls;
 use super::{free_port, require, terminate, wait_for_port};
 
 pub const PASS: &str = "cluster-pass";
@@ -12,6 +15,7 @@ pub const PASS: &str = "cluster-pass";
 pub struct Cluster {
     pub ports: Vec<u16>,
     children: Vec<(u16, Child)>,
+    tls: Option<Arc<RedisTls>>,
     _dir: tempfile::TempDir,
 }
 
@@ -21,10 +25,20 @@ impl Cluster {
     /// run, its stdout empty; a port picked free can be taken meanwhile by a parallel test) is
     /// tried again from scratch on new ports, at most three times, and its stderr reported.
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// [`Cluster::start`] with every node on TLS only (clients, replication and the cluster
+    /// bus), client certificates required.
+    pub fn start_tls() -> Self {
+        Self::start_with(Some(Arc::new(RedisTls::new())))
+    }
+
+    fn start_with(tls: Option<Arc<RedisTls>>) -> Self {
         require("redis-server");
         let mut why = String::new();
         for _ in 0..3 {
-            match Self::try_start() {
+            match Self::try_start(tls.clone()) {
                 Ok(c) => {
                     c.wait_ready();
                     return c;
@@ -36,7 +50,7 @@ impl Cluster {
     }
 
     /// Six nodes and `--cluster create` over them; its output when that fails.
-    fn try_start() -> Result<Self, String> {
+    fn try_start(tls: Option<Arc<RedisTls>>) -> Result<Self, String> {
         let dir = tempfile::tempdir().unwrap();
         let ports: Vec<u16> = (0..6).map(|_| free_port()).collect();
         let mut children = Vec::new();
@@ -45,8 +59,17 @@ impl Cluster {
             std::fs::create_dir(&own).unwrap();
             // The cluster bus on a free port too (the default, port + 10000, may be taken).
             let bus = free_port().to_string();
+            let listen = match &tls {
+                Some(tls) => [
+                    tls.server(port, true),
+                    vec!["--tls-cluster".into(), "yes".into()],
+                ]
+                .concat(),
+                None => vec!["--port".into(), port.to_string()],
+            };
             let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--cluster-port", &bus])
+                .args(listen)
+                .args(["--cluster-port", &bus])
                 .args(["--bind", "127.0.0.1"])
                 .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
                 .arg("--cluster-config-file")
@@ -72,10 +95,12 @@ impl Cluster {
         let c = Self {
             ports,
             children,
+            tls,
             _dir: dir,
         };
         let nodes: Vec<String> = c.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let out = Command::new("redis-cli")
+            .args(c.tls_args())
             .args(["--no-auth-warning", "-a", PASS, "--cluster", "create"])
             .args(&nodes)
             .args(["--cluster-replicas", "1", "--cluster-yes"])
@@ -126,12 +151,22 @@ impl Cluster {
         self.children.iter().map(|(p, _)| *p).collect()
     }
 
-    /// `redis+cluster://` with the password, two seeds.
+    /// `redis+cluster://` with the password, two seeds (`rediss+cluster://` with the CA and
+    /// client certificate over TLS).
     pub fn url(&self) -> String {
+        let (scheme, tls) = match &self.tls {
+            Some(tls) => ("rediss", format!("?{}", tls.query())),
+            None => ("redis", String::new()),
+        };
         format!(
-            "redis+cluster://:{PASS}@127.0.0.1:{},127.0.0.1:{}",
+            "{scheme}+cluster://:{PASS}@127.0.0.1:{},127.0.0.1:{}{tls}",
             self.ports[0], self.ports[1]
         )
+    }
+
+    /// redis-cli's TLS arguments, none without TLS.
+    fn tls_args(&self) -> Vec<String> {
+        self.tls.as_deref().map(RedisTls::cli).unwrap_or_default()
     }
 
     /// Ports of the nodes that are primaries now (asked of every live node's `ROLE`).
@@ -218,6 +253,7 @@ impl Cluster {
     pub fn cli(&self, port: u16, args: &[&str]) -> String {
         let out = Command::new("redis-cli")
             .args(["-p", &port.to_string(), "--no-auth-warning", "-a", PASS])
+            .args(self.tls_args())
             .args(args)
             .output()
             .expect("redis-cli");

@@ -99,33 +99,47 @@ pub fn terminate(child: &mut Child) {
     let _ = child.wait();
 }
 
-/// A redis-server on a free port, no persistence.
+/// A redis-server on a free port, no persistence; with [`Redis::start_tls`] on TLS only,
+/// client certificates required.
 pub struct Redis {
     pub port: u16,
     child: Child,
+    pub tls: Option<tls::RedisTls>,
 }
 
 impl Redis {
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    pub fn start_tls() -> Self {
+        Self::start_with(Some(tls::RedisTls::new()))
+    }
+
+    fn start_with(tls: Option<tls::RedisTls>) -> Self {
         require("redis-server");
         let port = free_port();
         Self {
             port,
-            child: Self::spawn(port),
+            child: Self::spawn(port, tls.as_ref()),
+            tls,
         }
     }
 
     /// Starts a new, empty redis-server on the same port after [`Redis::stop`].
     pub fn restart(&mut self) {
         terminate(&mut self.child);
-        self.child = Self::spawn(self.port);
+        self.child = Self::spawn(self.port, self.tls.as_ref());
     }
 
-    fn spawn(port: u16) -> Child {
+    fn spawn(port: u16, tls: Option<&tls::RedisTls>) -> Child {
+        let listen = match tls {
+            Some(tls) => tls.server(port, true),
+            None => vec!["--port".into(), port.to_string()],
+        };
         let child = Command::new("redis-server")
+            .args(listen)
             .args([
-                "--port",
-                &port.to_string(),
                 "--bind",
                 "127.0.0.1",
                 "--save",
@@ -143,13 +157,23 @@ impl Redis {
         child
     }
 
+    /// `redis://` for database 0; `rediss://` with the CA and client certificate over TLS.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
+        match &self.tls {
+            Some(tls) => format!("rediss://127.0.0.1:{}/0?{}", self.port, tls.query()),
+            None => format!("redis://127.0.0.1:{}/0", self.port),
+        }
     }
 
     pub fn cli(&self, args: &[&str]) -> String {
+        let tls = self
+            .tls
+            .as_ref()
+            .map(tls::RedisTls::cli)
+            .unwrap_or_default();
         let out = Command::new("redis-cli")
             .args(["-p", &self.port.to_string()])
+            .args(tls)
             .args(args)
             .output()
             .expect("redis-cli");

@@ -1,10 +1,12 @@
 //! A real Redis Sentinel deployment for one test: a master and two replicas (password
 //! [`DATA_PASS`]) and three Sentinels (password [`SENTINEL_PASS`], quorum 2, a master down
-//! after 1 s), each a `redis-server` on a free loopback port, stopped by PID on drop.
+//! after 1 s), each a `redis-server` on a free loopback port, stopped by PID on drop; with
+//! [`Sentinels::start_tls`], every one of them over TLS only ([`RedisTls`]).
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::tls::RedisTls;
 use super::{free_port, require, terminate, wait_for_port};
 
 pub const MASTER: &str = "tessera-master";
@@ -17,6 +19,7 @@ pub struct Sentinels {
     /// Ports of the three Sentinels.
     pub sentinels: Vec<u16>,
     children: Vec<(u16, Child)>,
+    tls: Option<RedisTls>,
     _dir: tempfile::TempDir,
 }
 
@@ -24,6 +27,16 @@ impl Sentinels {
     /// Starts everything and waits until every Sentinel can authorize a failover and both
     /// replicas are in sync.
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// [`Sentinels::start`] with every server and Sentinel on TLS only, client certificates
+    /// required.
+    pub fn start_tls() -> Self {
+        Self::start_with(Some(RedisTls::new()))
+    }
+
+    fn start_with(tls: Option<RedisTls>) -> Self {
         require("redis-server");
         let dir = tempfile::tempdir().unwrap();
         let data: Vec<u16> = (0..3).map(|_| free_port()).collect();
@@ -37,8 +50,6 @@ impl Sentinels {
             let mut args = vec![
                 "--dir".to_string(),
                 own.to_str().unwrap().to_string(),
-                "--port".into(),
-                port.to_string(),
                 "--bind".into(),
                 "127.0.0.1".into(),
                 "--save".into(),
@@ -59,14 +70,22 @@ impl Sentinels {
                     data[0].to_string(),
                 ]);
             }
-            children.push((port, spawn(&args)));
+            match &tls {
+                Some(tls) => args.extend(tls.server(port, true)),
+                None => args.extend(["--port".into(), port.to_string()]),
+            }
+            children.push((port, spawn(port, &args)));
         }
         for &port in &sentinels {
             let file = dir.path().join(format!("sentinel-{port}.conf"));
+            let listen = match &tls {
+                Some(tls) => tls.server(port, false).join("\n"),
+                None => format!("port {port}"),
+            };
             std::fs::write(
                 &file,
                 format!(
-                    "port {port}\nbind 127.0.0.1\nrequirepass {SENTINEL_PASS}\n\
+                    "{listen}\nbind 127.0.0.1\nrequirepass {SENTINEL_PASS}\n\
                      sentinel sentinel-pass {SENTINEL_PASS}\n\
                      sentinel monitor {MASTER} 127.0.0.1 {} 2\n\
                      sentinel auth-pass {MASTER} {DATA_PASS}\n\
@@ -82,12 +101,13 @@ impl Sentinels {
                 "--dir".into(),
                 dir.path().to_str().unwrap().to_string(),
             ];
-            children.push((port, spawn(&args)));
+            children.push((port, spawn(port, &args)));
         }
         let s = Self {
             data,
             sentinels,
             children,
+            tls,
             _dir: dir,
         };
         s.wait_ready();
@@ -112,15 +132,20 @@ impl Sentinels {
         }
     }
 
-    /// `redis+sentinel://` with both passwords, for `db`.
+    /// `redis+sentinel://` with both passwords, for database 0 (`rediss+sentinel://` with the
+    /// CA and client certificate over TLS).
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self
             .sentinels
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
+        let (scheme, tls) = match &self.tls {
+            Some(tls) => ("rediss", format!("&{}", tls.query())),
+            None => ("redis", String::new()),
+        };
         format!(
-            "redis+sentinel://:{DATA_PASS}@{}/{MASTER}/0?sentinel_password={SENTINEL_PASS}",
+            "{scheme}+sentinel://:{DATA_PASS}@{}/{MASTER}/0?sentinel_password={SENTINEL_PASS}{tls}",
             hosts.join(",")
         )
     }
@@ -174,22 +199,27 @@ impl Sentinels {
     }
 
     pub fn data_cli(&self, port: u16, args: &[&str]) -> String {
-        cli(port, DATA_PASS, args)
+        self.cli(port, DATA_PASS, args)
     }
 
     pub fn sentinel_cli(&self, port: u16, args: &[&str]) -> String {
-        cli(port, SENTINEL_PASS, args)
+        self.cli(port, SENTINEL_PASS, args)
+    }
+
+    fn cli(&self, port: u16, pass: &str, args: &[&str]) -> String {
+        let tls = self.tls.as_ref().map(RedisTls::cli).unwrap_or_default();
+        let out = Command::new("redis-cli")
+            .args(["-p", &port.to_string(), "--no-auth-warning", "-a", pass])
+            .args(tls)
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 }
 
-fn spawn(args: &[String]) -> Child {
-    let port: u16 = match args.iter().position(|a| a == "--port") {
-        Some(i) => args[i + 1].parse().unwrap(),
-        None => {
-            let conf = std::fs::read_to_string(&args[0]).unwrap();
-            conf.lines().next().unwrap()[5..].parse().unwrap()
-        }
-    };
+/// A redis-server with `args` (a configuration file first for a Sentinel), listening on `port`.
+fn spawn(port: u16, args: &[String]) -> Child {
     let child = Command::new("redis-server")
         .args(args)
         .stdout(Stdio::null())
@@ -198,15 +228,6 @@ fn spawn(args: &[String]) -> Child {
         .expect("spawn redis-server");
     wait_for_port(port, "redis-server");
     child
-}
-
-fn cli(port: u16, pass: &str, args: &[&str]) -> String {
-    let out = Command::new("redis-cli")
-        .args(["-p", &port.to_string(), "--no-auth-warning", "-a", pass])
-        .args(args)
-        .output()
-        .expect("redis-cli");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 impl Drop for Sentinels {

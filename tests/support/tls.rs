@@ -179,3 +179,69 @@ fn client_config(ca: &Path) -> Arc<rustls::ClientConfig> {
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     Arc::new(cfg)
 }
+
+/// TLS for test Redis servers: one certificate for 127.0.0.1 from a test CA, which every server
+/// presents and also offers as its client certificate (replication, the cluster bus, Sentinel
+/// to master), and which tessera and redis-cli present as theirs: client certificates are
+/// required (`tls-auth-clients yes`, Redis's default).
+pub struct RedisTls {
+    pub pki: Pki,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl RedisTls {
+    pub fn new() -> Self {
+        let pki = Pki::new();
+        let (cert, key) = pki.leaf("redis", &["127.0.0.1", "localhost"]);
+        Self { pki, cert, key }
+    }
+
+    /// Directives for a server listening with TLS only on `port` (`--NAME VALUE` arguments with
+    /// `dashes`, `NAME VALUE` lines of a configuration file without).
+    pub fn server(&self, port: u16, dashes: bool) -> Vec<String> {
+        let files = [
+            ("tls-cert-file", self.cert.display().to_string()),
+            ("tls-key-file", self.key.display().to_string()),
+            ("tls-ca-cert-file", self.pki.ca().display().to_string()),
+        ];
+        let set = [
+            ("port", "0".to_string()),
+            ("tls-port", port.to_string()),
+            ("tls-auth-clients", "yes".into()),
+            ("tls-replication", "yes".into()),
+        ];
+        let prefix = if dashes { "--" } else { "" };
+        files
+            .into_iter()
+            .chain(set)
+            .flat_map(|(k, v)| match dashes {
+                true => vec![format!("{prefix}{k}"), v],
+                false => vec![format!("{k} {v}")],
+            })
+            .collect()
+    }
+
+    /// redis-cli's arguments for these certificates.
+    pub fn cli(&self) -> Vec<String> {
+        vec![
+            "--tls".into(),
+            "--cacert".into(),
+            self.pki.ca().display().to_string(),
+            "--cert".into(),
+            self.cert.display().to_string(),
+            "--key".into(),
+            self.key.display().to_string(),
+        ]
+    }
+
+    /// tessera's store URL parameters: the CA and the client certificate.
+    pub fn query(&self) -> String {
+        format!(
+            "ssl_ca_certs={}&ssl_certfile={}&ssl_keyfile={}",
+            self.pki.ca().display(),
+            self.cert.display(),
+            self.key.display()
+        )
+    }
+}

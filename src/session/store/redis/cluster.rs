@@ -10,7 +10,8 @@ use std::time::Duration;
 use redis::cluster::ClusterClient;
 use redis::{ConnectionInfo, ProtocolVersion, RedisConnectionInfo};
 
-use super::url::{credentials, host_port, tcp};
+use super::tls::{info, Tls};
+use super::url::{credentials, host_port};
 use super::{err, StoreError};
 
 const DEFAULT_PORT: u16 = 6379;
@@ -20,16 +21,19 @@ const DEFAULT_PORT: u16 = 6379;
 pub(super) struct Cluster {
     seeds: Vec<ConnectionInfo>,
     login: RedisConnectionInfo,
+    /// TLS for every node (`rediss+cluster://`).
+    tls: Tls,
 }
 
 /// A primary's address, as `CLUSTER SLOTS` gives it.
 pub(super) type Primary = (String, u16);
 
 impl Cluster {
-    /// Parses a `redis+cluster://` URL (module docs).
+    /// Parses a `redis+cluster://` or `rediss+cluster://` URL (module docs), its TLS
+    /// parameters already taken out into `tls`.
     ///
-    /// Errors: no host, a port that is no number, a database other than 0.
-    pub(super) fn parse(url: &str) -> Result<Self, StoreError> {
+    /// Errors: no host, a port that is no number, a database other than 0, a query.
+    pub(super) fn parse(url: &str, tls: Tls) -> Result<Self, StoreError> {
         let bad = |why: &str| {
             err(format!(
                 "{why}: expected redis+cluster://[USER:PASS@]HOST:PORT[,HOST:PORT...]"
@@ -37,7 +41,11 @@ impl Cluster {
         };
         let rest = url
             .strip_prefix("redis+cluster://")
+            .or_else(|| url.strip_prefix("rediss+cluster://"))
             .ok_or_else(|| bad("not a redis+cluster:// URL"))?;
+        if let Some((_, query)) = rest.split_once('?') {
+            return Err(bad(&format!("unknown parameters `{query}`")));
+        }
         let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
         if !matches!(path, "" | "0") {
             return Err(bad("a cluster has only database 0"));
@@ -60,13 +68,13 @@ impl Cluster {
             .map(|h| {
                 let (host, port) =
                     host_port(h, DEFAULT_PORT).ok_or_else(|| bad("a port is not a number"))?;
-                Ok(tcp(host, port)?.set_redis_settings(login.clone()))
+                Ok(info(host, port, &tls)?.set_redis_settings(login.clone()))
             })
             .collect::<Result<Vec<_>, StoreError>>()?;
         if seeds.is_empty() {
             return Err(bad("no host"));
         }
-        Ok(Self { seeds, login })
+        Ok(Self { seeds, login, tls })
     }
 
     /// A cluster client for commands.
@@ -81,6 +89,9 @@ impl Cluster {
         if let Some(p) = self.login.password() {
             b = b.password(p);
         }
+        if let Some(certs) = &self.tls {
+            b = b.tls(redis::TlsMode::Secure).certs(certs.clone());
+        }
         b.build().map_err(err)
     }
 
@@ -91,7 +102,8 @@ impl Cluster {
         protocol: ProtocolVersion,
     ) -> Result<redis::Client, StoreError> {
         let login = self.login.clone().set_protocol(protocol);
-        redis::Client::open(tcp(host.clone(), *port)?.set_redis_settings(login)).map_err(err)
+        redis::Client::open(info(host.clone(), *port, &self.tls)?.set_redis_settings(login))
+            .map_err(err)
     }
 
     /// The shard map from the first seed that answers `CLUSTER SLOTS`.
@@ -180,7 +192,7 @@ mod tests {
 
     #[test]
     fn a_cluster_url_gives_seeds_and_the_login_for_every_node() {
-        let c = Cluster::parse("redis+cluster://app:p%40ss@10.0.0.1:7000,node-b").unwrap();
+        let c = Cluster::parse("redis+cluster://app:p%40ss@10.0.0.1:7000,node-b", None).unwrap();
         let seeds: Vec<String> = c.seeds.iter().map(|i| i.addr().to_string()).collect();
         assert_eq!(seeds, ["10.0.0.1:7000", "node-b:6379"]);
         assert_eq!(c.seeds[1].redis_settings().password(), Some("p@ss"));
@@ -189,8 +201,9 @@ mod tests {
             "redis+cluster://",
             "redis+cluster://h:x",
             "redis+cluster://h/1",
+            "redis+cluster://h?x=1",
         ] {
-            assert!(Cluster::parse(url).is_err(), "{url}");
+            assert!(Cluster::parse(url, None).is_err(), "{url}");
         }
     }
 }

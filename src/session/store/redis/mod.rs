@@ -17,6 +17,7 @@ mod cluster_track;
 mod conn;
 mod keys;
 mod sentinel;
+mod tls;
 mod track;
 mod url;
 
@@ -55,15 +56,19 @@ fn is_stale(e: &redis::RedisError) -> bool {
 }
 
 impl RedisStore {
-    /// Prepares a client for `url` (`redis://`, `rediss://` or `redis+sentinel://`); nothing
-    /// connects yet.
+    /// Prepares a client for `url` (`redis://`, `redis+sentinel://`, `redis+cluster://`, each
+    /// also as `rediss` for TLS, [`tls`]); nothing connects yet.
     ///
-    /// Errors: the URL does not parse.
+    /// Errors: the URL does not parse, or its TLS files cannot be read.
     pub fn new(url: &str, timeout: Duration) -> Result<Self, StoreError> {
-        let target = if url.starts_with("redis+sentinel://") {
-            Target::Sentinel(sentinel::Sentinel::parse(url)?)
-        } else if url.starts_with("redis+cluster://") {
-            Target::Cluster(cluster::Cluster::parse(url)?)
+        let (url, tls) = tls::split(url)?;
+        let url = url.as_str();
+        let target = if url.contains("+sentinel://") {
+            Target::Sentinel(sentinel::Sentinel::parse(url, tls)?)
+        } else if url.contains("+cluster://") {
+            Target::Cluster(cluster::Cluster::parse(url, tls)?)
+        } else if let Some(certs) = tls {
+            Target::Direct(redis::Client::build_with_tls(url, certs).map_err(err)?)
         } else {
             Target::Direct(redis::Client::open(url).map_err(err)?)
         };

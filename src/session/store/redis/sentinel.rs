@@ -18,7 +18,8 @@ use std::time::Duration;
 use futures_util::stream::{self, SelectAll, Stream, StreamExt};
 use redis::{ConnectionInfo, ProtocolVersion, RedisConnectionInfo};
 
-use super::url::{credentials, decode, host_port, tcp};
+use super::tls::{info, Tls};
+use super::url::{credentials, decode, host_port};
 use super::{err, StoreError};
 
 /// Where the Sentinels are, which master they watch, how to log in to each.
@@ -32,6 +33,8 @@ pub(super) struct Sentinel {
     data: RedisConnectionInfo,
     /// The master's address from the last switch heard, tried before asking the Sentinels.
     hint: Mutex<Option<(String, u16)>>,
+    /// TLS for the Sentinels and the master alike (`rediss+sentinel://`).
+    tls: Tls,
 }
 
 /// Every answering Sentinel's switch messages; `None` when one of their connections ended.
@@ -40,11 +43,12 @@ pub(super) type Switches = SelectAll<Pin<Box<dyn Stream<Item = Option<redis::Msg
 const DEFAULT_PORT: u16 = 26379;
 
 impl Sentinel {
-    /// Parses a `redis+sentinel://` URL (module docs).
+    /// Parses a `redis+sentinel://` or `rediss+sentinel://` URL (module docs), its TLS
+    /// parameters already taken out into `tls`.
     ///
     /// Errors: no host, a port that is no number, no master name, a database that is no
     /// number, an unknown query parameter.
-    pub(super) fn parse(url: &str) -> Result<Self, StoreError> {
+    pub(super) fn parse(url: &str, tls: Tls) -> Result<Self, StoreError> {
         let bad = |why: &str| {
             err(format!(
                 "{why}: expected redis+sentinel://[USER:PASS@]HOST:PORT[,HOST:PORT...]/MASTER[/DB]"
@@ -52,6 +56,7 @@ impl Sentinel {
         };
         let rest = url
             .strip_prefix("redis+sentinel://")
+            .or_else(|| url.strip_prefix("rediss+sentinel://"))
             .ok_or_else(|| bad("not a redis+sentinel:// URL"))?;
         let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
         let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
@@ -93,7 +98,7 @@ impl Sentinel {
             .map(|h| {
                 let (host, port) =
                     host_port(h, DEFAULT_PORT).ok_or_else(|| bad("a port is not a number"))?;
-                Ok(tcp(host, port)?.set_redis_settings(guard.clone()))
+                Ok(info(host, port, &tls)?.set_redis_settings(guard.clone()))
             })
             .collect::<Result<Vec<_>, StoreError>>()?;
         if sentinels.is_empty() {
@@ -104,6 +109,7 @@ impl Sentinel {
             master: decode(master),
             data,
             hint: Mutex::new(None),
+            tls,
         })
     }
 
@@ -167,7 +173,7 @@ impl Sentinel {
         timeout: Duration,
         protocol: ProtocolVersion,
     ) -> Result<redis::Client, StoreError> {
-        let info = tcp(host, port)?.set_redis_settings(self.data.clone());
+        let info = info(host, port, &self.tls)?.set_redis_settings(self.data.clone());
         let role = async {
             let mut c = connect(info.clone(), timeout).await?;
             let role: redis::Value = redis::cmd("ROLE").query_async(&mut c).await.map_err(err)?;
@@ -291,6 +297,7 @@ mod tests {
         let s = Sentinel::parse(
             "redis+sentinel://app:p%40ss@10.0.0.1:26380,sentinel-b,[::1]:5000/cache/3\
              ?sentinel_password=s3cret",
+            None,
         )
         .unwrap();
         let addrs: Vec<String> = s.sentinels.iter().map(|i| i.addr().to_string()).collect();
@@ -313,7 +320,7 @@ mod tests {
             "redis+sentinel://h/m/zero",
             "redis+sentinel://h/m?password=x",
         ] {
-            assert!(Sentinel::parse(url).is_err(), "{url}");
+            assert!(Sentinel::parse(url, None).is_err(), "{url}");
         }
     }
 }

@@ -2,9 +2,6 @@
 //! `url` crate parses one).
 
 use percent_encoding::percent_decode_str;
-use redis::{ConnectionAddr, ConnectionInfo};
-
-use super::{err, StoreError};
 
 /// `USER:PASS` (either may be empty) percent-decoded.
 pub(super) fn credentials(userinfo: Option<&str>) -> (Option<String>, Option<String>) {
@@ -38,12 +35,4 @@ pub(super) fn host_port(s: &str, default_port: u16) -> Option<(String, u16)> {
         None => default_port,
     };
     Some((host.to_owned(), port))
-}
-
-/// Connection info for `host:port` over TCP.
-pub(super) fn tcp(host: String, port: u16) -> Result<ConnectionInfo, StoreError> {
-    use redis::IntoConnectionInfo;
-    ConnectionAddr::Tcp(host, port)
-        .into_connection_info()
-        .map_err(err)
 }
