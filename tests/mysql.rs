@@ -13,8 +13,37 @@ use support::stores::{hex, login, logout, on_store, status, until_status, users}
 
 #[test]
 fn login_on_one_use_on_another_logout_on_a_third_refused_everywhere() {
+    shared_and_revoked_everywhere(&Mariadb::start());
+}
+
+/// The same over TLS (`ssl-mode=VERIFY_IDENTITY`, the server's CA, a client certificate) as an
+/// account the server admits only over TLS with a client certificate (`REQUIRE X509`). Without
+/// the client certificate, or without TLS, that account is refused: a valid token gets 503, and
+/// the log says why.
+#[test]
+fn over_tls_with_a_client_certificate_a_logout_is_refused_everywhere() {
+    let db = Mariadb::start_tls();
+    shared_and_revoked_everywhere(&db);
     let up = users();
-    let db = Mariadb::start();
+    let good = on_store(&up, &db.url());
+    let token = login(&good, "bob", "bob-pw");
+    let tls = db.tls.as_ref().unwrap();
+    let no_client_certificate = format!(
+        "mysql://x509@127.0.0.1:{}/tessera?ssl-mode=VERIFY_IDENTITY&ssl-ca={}",
+        db.port,
+        tls.pki.ca().display()
+    );
+    let plain = format!("mysql://x509@127.0.0.1:{}/tessera", db.port);
+    for url in [no_client_certificate, plain] {
+        let t = on_store(&up, &url);
+        assert_eq!(status(&t, &token), 503, "{url}: {}", t.log());
+        let log = t.log();
+        assert!(log.contains("Access denied for user 'x509'"), "{log}");
+    }
+}
+
+fn shared_and_revoked_everywhere(db: &Mariadb) {
+    let up = users();
     let (a, b, c) = (
         on_store(&up, &db.url()),
         on_store(&up, &db.url()),

@@ -183,7 +183,7 @@ fn a_store_over_tls_needs_its_ca_and_client_certificate() {
     let live = token_of(&login(&a, "bob", "bob-pw"));
     let tls = redis.tls.as_ref().unwrap();
     let ca = tls.pki.ca();
-    let other = support::tls::RedisTls::new();
+    let other = support::tls::ServerTls::new();
     let no_client_certificate = format!(
         "rediss://127.0.0.1:{}/0?ssl_ca_certs={}",
         redis.port,

@@ -252,6 +252,7 @@ impl Sessions {
                     self.timeout.as_millis()
                 )))
             })
+            .inspect_err(warn_store_failure)
     }
 
     /// Looks up `sid` and unseals its credentials into a ready `Authorization` value.
@@ -336,6 +337,17 @@ impl Sessions {
     /// `None` unless this is a serving layer.
     pub fn streams(&self) -> Option<(u64, u64)> {
         self.streams.as_ref().map(|s| (s.open(), s.cut_total()))
+    }
+}
+
+/// Logs a store failure's cause (a refused certificate, a lost server), at most once a second:
+/// each failure is a 503 whose access-log line says only "session store unavailable", and an
+/// outage would otherwise log one warning per request.
+fn warn_store_failure(e: &StoreError) {
+    static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let now = unix_now();
+    if LAST.swap(now, std::sync::atomic::Ordering::Relaxed) != now {
+        tracing::warn!(error = %e, "session store call failed");
     }
 }
 

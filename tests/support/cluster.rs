@@ -1,13 +1,13 @@
 //! A real Redis Cluster for one test: three primaries and three replicas (`redis-cli --cluster
 //! create`, password [`PASS`] on every node, node timeout 2 s), each a `redis-server` on a free
 //! loopback port with a directory of its own, stopped by PID on drop; with
-//! [`Cluster::start_tls`], every node on TLS only, the cluster bus too ([`RedisTls`]).
+//! [`Cluster::start_tls`], every node on TLS only, the cluster bus too ([`ServerTls`]).
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::tls::RedisTls;
+use super::tls::ServerTls;
 use super::{free_port, require, terminate, wait_for_port};
 
 pub const PASS: &str = "cluster-pass";
@@ -15,7 +15,7 @@ pub const PASS: &str = "cluster-pass";
 pub struct Cluster {
     pub ports: Vec<u16>,
     children: Vec<(u16, Child)>,
-    tls: Option<Arc<RedisTls>>,
+    tls: Option<Arc<ServerTls>>,
     _dir: tempfile::TempDir,
 }
 
@@ -31,10 +31,10 @@ impl Cluster {
     /// [`Cluster::start`] with every node on TLS only (clients, replication and the cluster
     /// bus), client certificates required.
     pub fn start_tls() -> Self {
-        Self::start_with(Some(Arc::new(RedisTls::new())))
+        Self::start_with(Some(Arc::new(ServerTls::new())))
     }
 
-    fn start_with(tls: Option<Arc<RedisTls>>) -> Self {
+    fn start_with(tls: Option<Arc<ServerTls>>) -> Self {
         require("redis-server");
         let mut why = String::new();
         for _ in 0..3 {
@@ -50,7 +50,7 @@ impl Cluster {
     }
 
     /// Six nodes and `--cluster create` over them; its output when that fails.
-    fn try_start(tls: Option<Arc<RedisTls>>) -> Result<Self, String> {
+    fn try_start(tls: Option<Arc<ServerTls>>) -> Result<Self, String> {
         let dir = tempfile::tempdir().unwrap();
         let ports: Vec<u16> = (0..6).map(|_| free_port()).collect();
         let mut children = Vec::new();
@@ -61,7 +61,7 @@ impl Cluster {
             let bus = free_port().to_string();
             let listen = match &tls {
                 Some(tls) => [
-                    tls.server(port, true),
+                    tls.redis_server(port, true),
                     vec!["--tls-cluster".into(), "yes".into()],
                 ]
                 .concat(),
@@ -155,7 +155,7 @@ impl Cluster {
     /// client certificate over TLS).
     pub fn url(&self) -> String {
         let (scheme, tls) = match &self.tls {
-            Some(tls) => ("rediss", format!("?{}", tls.query())),
+            Some(tls) => ("rediss", format!("?{}", tls.redis_query())),
             None => ("redis", String::new()),
         };
         format!(
@@ -166,7 +166,10 @@ impl Cluster {
 
     /// redis-cli's TLS arguments, none without TLS.
     fn tls_args(&self) -> Vec<String> {
-        self.tls.as_deref().map(RedisTls::cli).unwrap_or_default()
+        self.tls
+            .as_deref()
+            .map(ServerTls::redis_cli)
+            .unwrap_or_default()
     }
 
     /// Ports of the nodes that are primaries now (asked of every live node's `ROLE`).

@@ -104,7 +104,7 @@ pub fn terminate(child: &mut Child) {
 pub struct Redis {
     pub port: u16,
     child: Child,
-    pub tls: Option<tls::RedisTls>,
+    pub tls: Option<tls::ServerTls>,
 }
 
 impl Redis {
@@ -113,10 +113,10 @@ impl Redis {
     }
 
     pub fn start_tls() -> Self {
-        Self::start_with(Some(tls::RedisTls::new()))
+        Self::start_with(Some(tls::ServerTls::new()))
     }
 
-    fn start_with(tls: Option<tls::RedisTls>) -> Self {
+    fn start_with(tls: Option<tls::ServerTls>) -> Self {
         require("redis-server");
         let port = free_port();
         Self {
@@ -132,9 +132,9 @@ impl Redis {
         self.child = Self::spawn(self.port, self.tls.as_ref());
     }
 
-    fn spawn(port: u16, tls: Option<&tls::RedisTls>) -> Child {
+    fn spawn(port: u16, tls: Option<&tls::ServerTls>) -> Child {
         let listen = match tls {
-            Some(tls) => tls.server(port, true),
+            Some(tls) => tls.redis_server(port, true),
             None => vec!["--port".into(), port.to_string()],
         };
         let child = Command::new("redis-server")
@@ -160,7 +160,7 @@ impl Redis {
     /// `redis://` for database 0; `rediss://` with the CA and client certificate over TLS.
     pub fn url(&self) -> String {
         match &self.tls {
-            Some(tls) => format!("rediss://127.0.0.1:{}/0?{}", self.port, tls.query()),
+            Some(tls) => format!("rediss://127.0.0.1:{}/0?{}", self.port, tls.redis_query()),
             None => format!("redis://127.0.0.1:{}/0", self.port),
         }
     }
@@ -169,7 +169,7 @@ impl Redis {
         let tls = self
             .tls
             .as_ref()
-            .map(tls::RedisTls::cli)
+            .map(tls::ServerTls::redis_cli)
             .unwrap_or_default();
         let out = Command::new("redis-cli")
             .args(["-p", &self.port.to_string()])

@@ -1,19 +1,36 @@
 //! A real MariaDB server for one test: a fresh data directory (`mariadb-install-db`, `root`
 //! without a password), a database `tessera`, on a free loopback port; stopped by PID on drop.
+//! With [`Mariadb::start_tls`] it also speaks TLS, and has an account `x509` that it admits only
+//! over TLS with a client certificate (`REQUIRE X509`).
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::tls::ServerTls;
 use super::{free_port, require, terminate};
 
 pub struct Mariadb {
     pub port: u16,
     child: Child,
     dir: tempfile::TempDir,
+    pub tls: Option<ServerTls>,
 }
 
 impl Mariadb {
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    pub fn start_tls() -> Self {
+        let m = Self::start_with(Some(ServerTls::new()));
+        m.sql(
+            "CREATE USER x509@'%' REQUIRE X509; \
+             GRANT ALL ON tessera.* TO x509@'%'",
+        );
+        m
+    }
+
+    fn start_with(tls: Option<ServerTls>) -> Self {
         require("mariadbd");
         let dir = tempfile::tempdir().unwrap();
         // A temporary directory each: servers bootstrapping at once in a shared /tmp removed
@@ -32,8 +49,13 @@ impl Mariadb {
             String::from_utf8_lossy(&out.stderr)
         );
         let port = free_port();
-        let child = spawn(dir.path(), port);
-        let m = Self { port, child, dir };
+        let child = spawn(dir.path(), port, tls.as_ref());
+        let m = Self {
+            port,
+            child,
+            dir,
+            tls,
+        };
         m.sql("CREATE DATABASE tessera");
         m
     }
@@ -46,11 +68,23 @@ impl Mariadb {
 
     /// Starts the server again on the same port and data, after [`Mariadb::kill`].
     pub fn start_again(&mut self) {
-        self.child = spawn(self.dir.path(), self.port);
+        self.child = spawn(self.dir.path(), self.port, self.tls.as_ref());
     }
 
+    /// `root` without TLS; with [`Mariadb::start_tls`], `x509` with the CA and the client
+    /// certificate.
     pub fn url(&self) -> String {
-        format!("mysql://root@127.0.0.1:{}/tessera", self.port)
+        match &self.tls {
+            Some(tls) => format!(
+                "mysql://x509@127.0.0.1:{}/tessera?ssl-mode=VERIFY_IDENTITY&ssl-ca={}\
+                 &ssl-cert={}&ssl-key={}",
+                self.port,
+                tls.pki.ca().display(),
+                tls.cert.display(),
+                tls.key.display()
+            ),
+            None => format!("mysql://root@127.0.0.1:{}/tessera", self.port),
+        }
     }
 
     /// Statements through the `mariadb` client, in database `tessera` once it exists; rows as
@@ -91,10 +125,19 @@ impl Mariadb {
     }
 }
 
-fn spawn(dir: &std::path::Path, port: u16) -> Child {
+fn spawn(dir: &std::path::Path, port: u16, tls: Option<&ServerTls>) -> Child {
     let log = std::fs::File::create(dir.join("server.log")).unwrap();
+    let tls: Vec<String> = match tls {
+        Some(tls) => vec![
+            format!("--ssl-ca={}", tls.pki.ca().display()),
+            format!("--ssl-cert={}", tls.cert.display()),
+            format!("--ssl-key={}", tls.key.display()),
+        ],
+        None => Vec::new(),
+    };
     let child = Command::new("mariadbd")
         .arg("--no-defaults")
+        .args(tls)
         .arg(format!("--datadir={}", dir.join("data").display()))
         .arg(format!("--socket={}", dir.join("sock").display()))
         .arg(format!("--pid-file={}", dir.join("pid").display()))

@@ -1,12 +1,12 @@
 //! A real Redis Sentinel deployment for one test: a master and two replicas (password
 //! [`DATA_PASS`]) and three Sentinels (password [`SENTINEL_PASS`], quorum 2, a master down
 //! after 1 s), each a `redis-server` on a free loopback port, stopped by PID on drop; with
-//! [`Sentinels::start_tls`], every one of them over TLS only ([`RedisTls`]).
+//! [`Sentinels::start_tls`], every one of them over TLS only ([`ServerTls`]).
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::tls::RedisTls;
+use super::tls::ServerTls;
 use super::{free_port, require, terminate, wait_for_port};
 
 pub const MASTER: &str = "tessera-master";
@@ -19,7 +19,7 @@ pub struct Sentinels {
     /// Ports of the three Sentinels.
     pub sentinels: Vec<u16>,
     children: Vec<(u16, Child)>,
-    tls: Option<RedisTls>,
+    tls: Option<ServerTls>,
     _dir: tempfile::TempDir,
 }
 
@@ -33,10 +33,10 @@ impl Sentinels {
     /// [`Sentinels::start`] with every server and Sentinel on TLS only, client certificates
     /// required.
     pub fn start_tls() -> Self {
-        Self::start_with(Some(RedisTls::new()))
+        Self::start_with(Some(ServerTls::new()))
     }
 
-    fn start_with(tls: Option<RedisTls>) -> Self {
+    fn start_with(tls: Option<ServerTls>) -> Self {
         require("redis-server");
         let dir = tempfile::tempdir().unwrap();
         let data: Vec<u16> = (0..3).map(|_| free_port()).collect();
@@ -71,7 +71,7 @@ impl Sentinels {
                 ]);
             }
             match &tls {
-                Some(tls) => args.extend(tls.server(port, true)),
+                Some(tls) => args.extend(tls.redis_server(port, true)),
                 None => args.extend(["--port".into(), port.to_string()]),
             }
             children.push((port, spawn(port, &args)));
@@ -79,7 +79,7 @@ impl Sentinels {
         for &port in &sentinels {
             let file = dir.path().join(format!("sentinel-{port}.conf"));
             let listen = match &tls {
-                Some(tls) => tls.server(port, false).join("\n"),
+                Some(tls) => tls.redis_server(port, false).join("\n"),
                 None => format!("port {port}"),
             };
             std::fs::write(
@@ -141,7 +141,7 @@ impl Sentinels {
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
         let (scheme, tls) = match &self.tls {
-            Some(tls) => ("rediss", format!("&{}", tls.query())),
+            Some(tls) => ("rediss", format!("&{}", tls.redis_query())),
             None => ("redis", String::new()),
         };
         format!(
@@ -207,7 +207,11 @@ impl Sentinels {
     }
 
     fn cli(&self, port: u16, pass: &str, args: &[&str]) -> String {
-        let tls = self.tls.as_ref().map(RedisTls::cli).unwrap_or_default();
+        let tls = self
+            .tls
+            .as_ref()
+            .map(ServerTls::redis_cli)
+            .unwrap_or_default();
         let out = Command::new("redis-cli")
             .args(["-p", &port.to_string(), "--no-auth-warning", "-a", pass])
             .args(tls)

@@ -180,17 +180,17 @@ fn client_config(ca: &Path) -> Arc<rustls::ClientConfig> {
     Arc::new(cfg)
 }
 
-/// TLS for test Redis servers: one certificate for 127.0.0.1 from a test CA, which every server
-/// presents and also offers as its client certificate (replication, the cluster bus, Sentinel
-/// to master), and which tessera and redis-cli present as theirs: client certificates are
-/// required (`tls-auth-clients yes`, Redis's default).
-pub struct RedisTls {
+/// TLS for test store servers (Redis, MariaDB): one certificate for 127.0.0.1 from a test CA,
+/// which every server presents and Redis also offers as its client certificate (replication,
+/// the cluster bus, Sentinel to master), and which tessera and the command-line clients present
+/// as theirs: Redis requires client certificates (`tls-auth-clients yes`, its default).
+pub struct ServerTls {
     pub pki: Pki,
     pub cert: PathBuf,
     pub key: PathBuf,
 }
 
-impl RedisTls {
+impl ServerTls {
     pub fn new() -> Self {
         let pki = Pki::new();
         let (cert, key) = pki.leaf("redis", &["127.0.0.1", "localhost"]);
@@ -199,7 +199,7 @@ impl RedisTls {
 
     /// Directives for a server listening with TLS only on `port` (`--NAME VALUE` arguments with
     /// `dashes`, `NAME VALUE` lines of a configuration file without).
-    pub fn server(&self, port: u16, dashes: bool) -> Vec<String> {
+    pub fn redis_server(&self, port: u16, dashes: bool) -> Vec<String> {
         let files = [
             ("tls-cert-file", self.cert.display().to_string()),
             ("tls-key-file", self.key.display().to_string()),
@@ -223,7 +223,7 @@ impl RedisTls {
     }
 
     /// redis-cli's arguments for these certificates.
-    pub fn cli(&self) -> Vec<String> {
+    pub fn redis_cli(&self) -> Vec<String> {
         vec![
             "--tls".into(),
             "--cacert".into(),
@@ -236,7 +236,7 @@ impl RedisTls {
     }
 
     /// tessera's store URL parameters: the CA and the client certificate.
-    pub fn query(&self) -> String {
+    pub fn redis_query(&self) -> String {
         format!(
             "ssl_ca_certs={}&ssl_certfile={}&ssl_keyfile={}",
             self.pki.ca().display(),

@@ -24,6 +24,7 @@ use super::attempt::{twice, Attempt};
 use super::StoreError;
 
 mod poll;
+mod tls;
 
 /// Connections in the pool: store calls are the cold path.
 const POOL_SIZE: usize = 16;
@@ -58,20 +59,22 @@ fn err(e: impl std::fmt::Display) -> StoreError {
 type Conn = mysql_async::Conn;
 
 impl MysqlStore {
-    /// Prepares a pool for `url` (`mysql://` or `mariadb://`); nothing connects yet. Each store
-    /// call is bounded by `timeout`.
+    /// Prepares a pool for `url` (`mysql://` or `mariadb://`, over TLS with `ssl-mode`:
+    /// [`tls`]); nothing connects yet. Each store call is bounded by `timeout`.
     ///
-    /// Errors: the URL does not parse.
+    /// Errors: the URL does not parse, or its TLS files cannot be read.
     pub fn new(url: &str, timeout: Duration) -> Result<Self, StoreError> {
         let url = match url.strip_prefix("mariadb://") {
             Some(rest) => format!("mysql://{rest}"),
             None => url.to_owned(),
         };
+        let (url, ssl) = tls::split(&url)?;
         let opts = Opts::from_url(&url).map_err(err)?;
         let constraints = PoolConstraints::new(0, POOL_SIZE).expect("0 <= POOL_SIZE");
         let opts = OptsBuilder::from_opts(opts)
             // `replace` asks whether its row matched, also when the value did not change.
             .client_found_rows(true)
+            .ssl_opts(ssl)
             .pool_opts(PoolOpts::default().with_constraints(constraints));
         Ok(Self {
             pool: Pool::new(opts),
