@@ -615,3 +615,54 @@ fn upstream_probe_timeout_is_off_by_default_and_bounded() {
         "over 10000",
     )]);
 }
+
+#[test]
+fn a_session_query_is_read_only_on_postgres_and_names_its_mistakes() {
+    let pg = "[session]\nstore = \"postgres://app@db/app\"\n";
+    let query = "query = \"SELECT record FROM app.sessions WHERE sid = $1\"\n";
+    let text = format!(
+        "{}{pg}{query}notify_channel = \"app_sessions\"\n",
+        minimal()
+    );
+    let c = Config::from_toml_with(&text, env).unwrap();
+    let StoreSpec::Postgres(_, Some(q)) = c.session.store else {
+        panic!("{:?}", c.session.store)
+    };
+    assert_eq!(q.channel.as_deref(), Some("app_sessions"));
+    for (text, key, why) in [
+        (
+            format!("{}[session]\nstore = \"redis://r/0\"\n{query}", minimal()),
+            "session.query",
+            "PostgreSQL only",
+        ),
+        (
+            format!("{}{pg}notify_channel = \"c\"\n", minimal()),
+            "session.notify_channel",
+            "goes with session.query",
+        ),
+        (
+            format!(
+                "{}{pg}{query}notify_channel = \"x; DROP TABLE t\"\n",
+                minimal()
+            ),
+            "session.notify_channel",
+            "not a plain identifier",
+        ),
+        (
+            format!("{}{pg}query = \"SELECT record FROM s\"\n", minimal()),
+            "session.query",
+            "$1",
+        ),
+        (
+            format!(
+                "{}{pg}{query}[login]\nverify_path = \"/check\"\n",
+                minimal()
+            ),
+            "login",
+            "read-only",
+        ),
+    ] {
+        let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
+        assert!(err.contains(key) && err.contains(why), "{err}");
+    }
+}

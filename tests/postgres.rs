@@ -222,6 +222,113 @@ fn the_cli_and_check_config_work_on_postgres() {
     assert!(said.contains("postgres"), "{said}");
 }
 
+/// Sessions in the application's own table (`session.query`), read by a role that may only
+/// `SELECT` it: two instances serve a session and keep it cached (no read on warm requests);
+/// the application's `DELETE` with `NOTIFY` on its channel is refused on both; an instance
+/// without a channel keeps no cache and refuses a row deleted without a notice at once.
+/// tessera creates nothing and refuses writes.
+#[test]
+fn sessions_in_the_applications_own_table_are_read_only() {
+    let up = users();
+    let pg = Postgres::start();
+    // Records as tessera makes them, moved into the application's table; tessera's tables go.
+    let writer = on_postgres(&up, &pg);
+    let made: Vec<(String, String)> = ["alice", "bob"]
+        .iter()
+        .map(|u| writer.create_session(u, &format!("{u}-pw")))
+        .collect();
+    drop(writer);
+    pg.sql(
+        "CREATE SCHEMA app; \
+         CREATE TABLE app.sessions AS \
+           SELECT key AS sid, convert_from(value, 'UTF8')::jsonb AS record FROM tessera_kv; \
+         DROP TABLE tessera_kv, tessera_kv_log, tessera_counters; \
+         CREATE ROLE reader LOGIN; GRANT USAGE ON SCHEMA app TO reader; \
+         GRANT SELECT ON app.sessions TO reader",
+    );
+    let url = pg.url().replace("tessera@", "reader@");
+    let query = (
+        "session",
+        "query = \"SELECT record FROM app.sessions WHERE sid = $1\"",
+    );
+    let channel = ("session", "notify_channel = \"app_sessions\"");
+    let reader = |lines: &[(&'static str, &'static str)]| {
+        let (url, up_url, lines) = (url.clone(), up.url(), lines.to_vec());
+        Tessera::start(move |port, _| config(port, &up_url, &url, &lines))
+    };
+    let (a, b, uncached) = (
+        reader(&[query, channel]),
+        reader(&[query, channel]),
+        reader(&[query]),
+    );
+    let [(alice_sid, alice), (bob_sid, bob)] = made.try_into().unwrap();
+    for t in [&a, &b, &uncached] {
+        assert_eq!(status(t, &alice), 200, "{}", t.log());
+        assert_eq!(status(t, &bob), 200);
+    }
+    let reads = pg.calls("SELECT record FROM app.sessions");
+    for t in [&a, &b, &a, &b] {
+        assert_eq!(status(t, &alice), 200);
+    }
+    assert_eq!(
+        pg.calls("SELECT record FROM app.sessions"),
+        reads,
+        "warm: no reads"
+    );
+    assert_eq!(status(&uncached, &alice), 200);
+    assert!(
+        pg.calls("SELECT record FROM app.sessions") > reads,
+        "no cache: a read"
+    );
+
+    pg.sql(&format!(
+        "BEGIN; DELETE FROM app.sessions WHERE sid = 'tessera:session:{alice_sid}'; \
+         SELECT pg_notify('app_sessions', 'tessera:session:{alice_sid}'); COMMIT"
+    ));
+    for (name, t) in [("A", &a), ("B", &b), ("uncached", &uncached)] {
+        let after = until_status(t, &alice, 401, Duration::from_secs(10));
+        println!("{name} refused the session {after:?} after the application's DELETE");
+        assert!(after.is_some(), "{name} serves a deleted session");
+    }
+    pg.sql(&format!(
+        "DELETE FROM app.sessions WHERE sid = 'tessera:session:{bob_sid}'"
+    ));
+    assert_eq!(status(&uncached, &bob), 401, "without a channel, no cache");
+
+    let tables = pg.sql("SELECT count(*) FROM pg_tables WHERE tablename LIKE 'tessera%'");
+    assert_eq!(tables, "0", "tessera created nothing");
+    let cfg = a.config_path();
+    let revoke = run_cli(&[
+        "session",
+        "revoke",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--sid",
+        &bob_sid,
+    ]);
+    let said = String::from_utf8_lossy(&revoke.stderr);
+    assert!(
+        !revoke.status.success() && said.contains("read-only"),
+        "{said}"
+    );
+    let checked = run_cli(&["check-config", "--config", cfg.to_str().unwrap()]);
+    assert!(
+        checked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    // check-config runs the query: a record column of the wrong type is named.
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let wrong = a.dir.path().join("wrong-column.toml");
+    std::fs::write(&wrong, text.replace("SELECT record FROM", "SELECT 1 FROM")).unwrap();
+    let checked = run_cli(&["check-config", "--config", wrong.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&checked.stderr);
+    assert!(
+        !checked.status.success() && said.contains("answers int4"),
+        "{said}"
+    );
+}
+
 /// TLS to the server (`sslmode=verify-full`, the CA from `sslrootcert`): sessions work, every
 /// tessera connection is encrypted (`pg_stat_ssl`), and a CA that did not sign the server's
 /// certificate gives 503s, never a plain connection.

@@ -22,6 +22,13 @@ pub(super) fn validate_login(
 ) -> Result<LoginConfig, ConfigError> {
     let (prefix, verify_path) = login_paths(l.path_prefix.take(), l.verify_path.take())?;
     let (cookie_secure, cookie_name, cookie_same_site) = login_cookie(&l)?;
+    if let crate::session::StoreSpec::Postgres(_, Some(_)) = session.store {
+        return Err(ConfigError::new(
+            "login",
+            "needs a store tessera writes, and session.query makes it read-only: remove [login] \
+             (the application signs its users in) or session.query",
+        ));
+    }
     let token_ttl_seconds = l.token_ttl_seconds.unwrap_or(session.ttl_seconds);
     if token_ttl_seconds == 0 || token_ttl_seconds > session.ttl_seconds {
         return Err(ConfigError::new(

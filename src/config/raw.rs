@@ -169,6 +169,8 @@ pub(super) struct RawSession {
     pub(super) cache_max_bytes: Option<u64>,
     pub(super) cache_ttl_seconds: Option<u64>,
     pub(super) negative_cache_ms: Option<u64>,
+    pub(super) query: Option<String>,
+    pub(super) notify_channel: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

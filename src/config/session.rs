@@ -10,10 +10,16 @@ use zeroize::Zeroizing;
 use super::raw::{RawCredentials, RawSession};
 use super::{ms, resolve_secret, ConfigError};
 use crate::seal::CredentialsConfig;
-use crate::session::{SessionConfig, SessionFormat, StoreSpec};
+use crate::session::{SessionConfig, SessionFormat, SessionQuery, StoreSpec};
 
-/// `session.store` by its scheme.
-fn store_spec(store_text: String) -> Result<StoreSpec, ConfigError> {
+/// `session.store` by its scheme; `query`, read only from PostgreSQL.
+fn store_spec(store_text: String, query: Option<SessionQuery>) -> Result<StoreSpec, ConfigError> {
+    if query.is_some() && !store_text.starts_with("postgres") {
+        return Err(ConfigError::new(
+            "session.query",
+            "is read from PostgreSQL only: set session.store = \"postgres://...\" or remove it",
+        ));
+    }
     let has = |schemes: &[&str]| schemes.iter().any(|s| store_text.starts_with(s));
     Ok(if let Some(path) = store_text.strip_prefix("embedded:") {
         if path.is_empty() {
@@ -33,7 +39,7 @@ fn store_spec(store_text: String) -> Result<StoreSpec, ConfigError> {
     ]) {
         StoreSpec::Redis(store_text)
     } else if has(&["postgres://", "postgresql://"]) {
-        StoreSpec::Postgres(store_text)
+        StoreSpec::Postgres(store_text, query)
     } else if has(&["mysql://", "mariadb://"]) {
         StoreSpec::Mysql(store_text)
     } else {
@@ -48,11 +54,41 @@ fn store_spec(store_text: String) -> Result<StoreSpec, ConfigError> {
     })
 }
 
+/// `session.query` and `session.notify_channel`, the channel a plain identifier (it is named in
+/// `LISTEN`, which takes no parameter).
+fn session_query(
+    query: Option<String>,
+    channel: Option<String>,
+) -> Result<Option<SessionQuery>, ConfigError> {
+    let identifier = |c: &str| {
+        c.len() <= 63
+            && c.starts_with(|ch: char| ch.is_ascii_lowercase() || ch == '_')
+            && c.chars()
+                .all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || ch == '_')
+    };
+    match (query, channel) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => Err(ConfigError::new(
+            "session.notify_channel",
+            "goes with session.query (tessera's own tables notify on their own); remove it",
+        )),
+        (Some(q), _) if !q.contains("$1") => Err(ConfigError::new(
+            "session.query",
+            "must take the session key as $1, e.g. \"SELECT record FROM app.sessions WHERE key = $1\"",
+        )),
+        (Some(_), Some(c)) if !identifier(&c) => Err(ConfigError::new(
+            "session.notify_channel",
+            format!("`{c}` is not a plain identifier: lower-case letters, digits and _, at most 63"),
+        )),
+        (Some(query), channel) => Ok(Some(SessionQuery { query, channel })),
+    }
+}
+
 pub(super) fn validate_session(s: RawSession) -> Result<SessionConfig, ConfigError> {
     let store_text = s
         .store
         .unwrap_or_else(|| "embedded:./tessera-sessions".into());
-    let store = store_spec(store_text)?;
+    let store = store_spec(store_text, session_query(s.query, s.notify_channel)?)?;
     let format = match s.format.as_deref().unwrap_or("tessera") {
         "tessera" => SessionFormat::Tessera,
         "hyper-auth-proxy" => SessionFormat::HyperAuthProxy,

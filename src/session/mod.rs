@@ -28,7 +28,7 @@ use cache::{Cached, SessionCache};
 use invalidate::{recheck, recheck_all};
 pub use lifecycle::{Created, Listed, ResealReport};
 use record::Record;
-pub use settings::{SessionConfig, SessionFormat, StoreSpec};
+pub use settings::{SessionConfig, SessionFormat, SessionQuery, StoreSpec};
 pub use store::{Invalidation, Store, StoreError};
 use streams::OpenStreams;
 use streams::Revocable;

@@ -10,10 +10,24 @@ pub enum StoreSpec {
     Embedded(PathBuf),
     /// `redis://...`, `rediss://...`, `redis+sentinel://...` or `redis+cluster://...` URL.
     Redis(String),
-    /// `postgres://...` or `postgresql://...` URL (libpq's form).
-    Postgres(String),
+    /// `postgres://...` or `postgresql://...` URL (libpq's form); with a [`SessionQuery`], the
+    /// sessions are read from the application's own table instead of tessera's.
+    Postgres(String, Option<SessionQuery>),
     /// `mysql://...` or `mariadb://...` URL.
     Mysql(String),
+}
+
+/// Sessions kept in the application's own schema (`session.query`, PostgreSQL): tessera only
+/// reads them, and writes nothing, not even its own tables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionQuery {
+    /// A `SELECT` given the session's key as `$1` (`{key_prefix}{sid}`), answering at most one
+    /// row whose first column is the record (`bytea`, `text`, `json` or `jsonb`).
+    pub query: String,
+    /// The channel the application notifies with the changed key (`NOTIFY channel, 'key'`,
+    /// `session.notify_channel`), which each instance listens on to keep its cache; `None`:
+    /// no cache, every request reads the table.
+    pub channel: Option<String>,
 }
 
 /// How session records are laid out in the store.

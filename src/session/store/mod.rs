@@ -87,7 +87,9 @@ impl Store {
                 Self::Embedded(Arc::new(EmbeddedStore::open(path)?.polling_every(poll)))
             }
             StoreSpec::Redis(url) => Self::Redis(Arc::new(RedisStore::new(url, timeout)?)),
-            StoreSpec::Postgres(url) => Self::Postgres(Arc::new(PostgresStore::new(url, timeout)?)),
+            StoreSpec::Postgres(url, query) => {
+                Self::Postgres(Arc::new(PostgresStore::new(url, timeout, query.clone())?))
+            }
             StoreSpec::Mysql(url) => {
                 Self::Mysql(Arc::new(MysqlStore::new(url, timeout)?.polling_every(poll)))
             }

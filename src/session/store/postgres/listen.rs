@@ -1,6 +1,6 @@
-//! The invalidation stream of the PostgreSQL store: `LISTEN tessera_kv` on a connection of its
-//! own, outside the pool. Notifications arrive in commit order and only for committed changes;
-//! a lost listener (server restart, `pg_terminate_backend`, a stopped server that misses the
+//! The invalidation stream of the PostgreSQL store: `LISTEN tessera_kv` (or the application's
+//! `session.notify_channel`) on a connection of its own, outside the pool. Notifications arrive
+//! in commit order and only for committed changes; a lost listener (server restart, `pg_terminate_backend`, a stopped server that misses the
 //! heartbeat) reports `Lost`, and the next `Live` makes the session layer flush its cache and
 //! read again every session with open responses: stronger than replaying the change log, whose
 //! ids are not in commit order.
@@ -43,7 +43,17 @@ impl PostgresStore {
         tx: mpsc::Sender<Invalidation>,
     ) {
         let mut backoff = Duration::from_millis(100);
-        let purger = AbortOnDrop(tokio::spawn(purge_loop(Arc::downgrade(&self))));
+        if self.own.as_ref().is_some_and(|own| own.channel.is_none()) {
+            // Nothing to listen on: the stream never goes live, so the cache stays off and
+            // every request reads the application's table.
+            tx.closed().await;
+            return;
+        }
+        // The application's own table is not tessera's to purge.
+        let purger = match self.own {
+            Some(_) => None,
+            None => Some(AbortOnDrop(tokio::spawn(purge_loop(Arc::downgrade(&self))))),
+        };
         loop {
             let result = self.listen(&prefix, &tx, &mut backoff).await;
             if tx.is_closed() {
@@ -67,7 +77,8 @@ impl PostgresStore {
         tx: &mpsc::Sender<Invalidation>,
         backoff: &mut Duration,
     ) -> Result<(), StoreError> {
-        // The schema first: LISTEN works without it, but the trigger that rings is part of it.
+        // The schema first: LISTEN works without it, but the trigger that rings is part of it
+        // (with the application's own table there is none to make).
         drop(self.conn().await?);
         // Named so that an operator can find it in pg_stat_activity.
         let mut config = self.config.clone();
@@ -89,9 +100,13 @@ impl PostgresStore {
             .await
             .map_err(|_| err("connect timed out"))?
             .map_err(|e| err(causes(&e)))?;
+        let channel = match &self.own {
+            Some(own) => own.channel.as_deref().unwrap_or(CHANNEL),
+            None => CHANNEL,
+        };
         bounded(
             self.timeout,
-            client.batch_execute(&format!("LISTEN {CHANNEL}")),
+            client.batch_execute(&format!("LISTEN {channel}")),
         )
         .await?;
         if tx.send(Invalidation::Live).await.is_err() {

@@ -23,8 +23,10 @@ use tokio_postgres::NoTls;
 
 use super::attempt::{twice, Attempt};
 use super::StoreError;
+use crate::session::SessionQuery;
 
 mod listen;
+mod own;
 mod tls;
 
 /// The channel `pg_notify` rings on each change; its payload is the changed key.
@@ -67,6 +69,8 @@ pub struct PostgresStore {
     tls: tls::Tls,
     timeout: Duration,
     schema: OnceCell<()>,
+    /// The application's own sessions, read-only ([`own`]); `None`: tessera's tables.
+    own: Option<SessionQuery>,
 }
 
 fn err(e: impl std::fmt::Display) -> StoreError {
@@ -79,10 +83,15 @@ type Conn = deadpool_postgres::Object;
 impl PostgresStore {
     /// Prepares a pool for `url` (libpq's URL form); nothing connects yet. Each connect, and
     /// each store call, is bounded by `timeout`. `sslmode=require` (or `verify-ca`,
-    /// `verify-full`) connects over TLS, the server verified ([`tls`]).
+    /// `verify-full`) connects over TLS, the server verified ([`tls`]). With `own`, sessions are
+    /// read from the application's table and nothing is written ([`own`]).
     ///
     /// Errors: the URL does not parse; its `sslrootcert` file holds no certificate.
-    pub fn new(url: &str, timeout: Duration) -> Result<Self, StoreError> {
+    pub fn new(
+        url: &str,
+        timeout: Duration,
+        own: Option<SessionQuery>,
+    ) -> Result<Self, StoreError> {
         let (url, root_cert) = tls::split_url(url);
         let mut config: tokio_postgres::Config = url.parse().map_err(err)?;
         config.connect_timeout(timeout);
@@ -117,12 +126,17 @@ impl PostgresStore {
             tls,
             timeout,
             schema: OnceCell::new(),
+            own,
         })
     }
 
-    /// A pooled connection, the schema created first if this process has not yet.
+    /// A pooled connection, the schema created first if this process has not yet (never for
+    /// the application's own sessions).
     async fn conn(&self) -> Result<Conn, StoreError> {
         let conn = self.pool.get().await.map_err(|e| err(causes(&e)))?;
+        if self.own.is_some() {
+            return Ok(conn);
+        }
         self.schema
             .get_or_try_init(|| async { bounded(self.timeout, conn.batch_execute(SCHEMA)).await })
             .await?;
@@ -143,6 +157,9 @@ impl PostgresStore {
     }
 
     pub(super) async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        if let Some(own) = &self.own {
+            return self.get_own(own, key).await;
+        }
         self.run(|c| async move {
             let stmt = c
                 .prepare_cached(
@@ -160,6 +177,7 @@ impl PostgresStore {
         value: &[u8],
         ttl_seconds: u64,
     ) -> Result<(), StoreError> {
+        self.writable()?;
         let ttl = ttl_seconds as f64;
         self.run(|c| async move {
             let stmt = c
@@ -176,6 +194,7 @@ impl PostgresStore {
     }
 
     pub(super) async fn delete(&self, key: &str) -> Result<bool, StoreError> {
+        self.writable()?;
         self.run(|c| async move {
             let stmt = c
                 .prepare_cached("DELETE FROM tessera_kv WHERE key = $1")
@@ -186,6 +205,7 @@ impl PostgresStore {
     }
 
     pub(super) async fn scan(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        self.writable()?;
         self.run(|c| async move {
             // starts_with, not LIKE: a prefix with `%` or `_` must match literally.
             let stmt = c
@@ -206,6 +226,7 @@ impl PostgresStore {
         old: &[u8],
         value: &[u8],
     ) -> Result<bool, StoreError> {
+        self.writable()?;
         self.run(|c| async move {
             let stmt = c
                 .prepare_cached(
@@ -223,6 +244,7 @@ impl PostgresStore {
         key: &str,
         window_seconds: u64,
     ) -> Result<(u64, u64), StoreError> {
+        self.writable()?;
         let window = window_seconds.max(1) as f64;
         // One statement: a counter past its window starts again at 1 (the SET expressions see
         // the row as it was).
@@ -247,6 +269,7 @@ impl PostgresStore {
     }
 
     pub(super) async fn decrement(&self, key: &str) -> Result<(), StoreError> {
+        self.writable()?;
         self.run(|c| async move {
             let stmt = c
                 .prepare_cached(
