@@ -4,7 +4,8 @@
 #   bench/suite.sh                          # DURATION=5s REPS=3 (about 10 minutes)
 #   DURATION=2s REPS=1 bench/suite.sh       # quick check of every piece
 #   SECTIONS="matrix memory" bench/suite.sh # only some sections
-#                                           # (matrix scaled algs close revocation affinity memory)
+#                                           # (matrix compat scaled algs close revocation affinity
+#                                           # memory)
 #   TESSERA_BIN=/path/to/tessera bench/suite.sh  # another binary (default target/release/tessera)
 #   IDLE_POLL_NS=200000 bench/suite.sh      # the guest's idle polling for the run (bench/lib.sh)
 #   PINNED_C1= bench/suite.sh               # without the pinned c=1 pass of the matrix (below)
@@ -37,6 +38,15 @@
 #              a c=1 run lands in one of two latency modes (where the scheduler puts the three
 #              processes), for nginx-proxy as for tessera, and the median of five follows that
 #              lottery (docs/benchmarks.md, "Method"); pinned, every run has the same layout.
+#   compat     the shape a hyper-auth-proxy deployment switches over in (issue 39): tessera-compat
+#              on the same Redis holding SESSIONS (1,000) plaintext-legacy records
+#              (bench/compat_sessions.py: key the sid, value {"credentials": "<base64 user:pass>"}),
+#              `session.format = "hyper-auth-proxy"`, `token.sources = ["cookie-b64:Authorization",
+#              "bearer"]`, `credentials.allow_plaintext_legacy = true`, against direct and
+#              nginx-proxy; every target's requests rotate over the sessions' base64 cookies
+#              (bench/compat.lua); wrk -t 1 at every c in 1 8 64, REPS repetitions round-robin,
+#              medians, after 2 s at c=8 per target (every session touched). Headline: CPU per
+#              request beside req/s, both against nginx-proxy.
 #   scaled     the peers with one process per CPU, beside their one-process runs: nginx-proxy-mw
 #              (the same proxy as nginx-proxy, `worker_processes` = the CPUs) and python-ref-mw
 #              (bench/reference/proxy.py --workers = the CPUs, forked processes sharing the port),
@@ -86,7 +96,7 @@ set -euo pipefail
 
 DURATION="${DURATION:-5s}"
 REPS="${REPS:-3}"
-ALL_SECTIONS="matrix scaled algs close revocation affinity memory"
+ALL_SECTIONS="matrix compat scaled algs close revocation affinity memory"
 SECTIONS="${SECTIONS:-$ALL_SECTIONS}"
 SESSIONS="${SESSIONS:-1000}"
 AFFINITY_FEW_SESSIONS="${AFFINITY_FEW_SESSIONS:-16}"
@@ -159,7 +169,7 @@ RUNS="$WORK/runs.tsv"
 : >"$RUNS"
 
 read -r P_REDIS P_ORIGIN P_STATUS P_PROXY P_PYREF P_TR P_TE P_TCOLD P_TPOOL P_TB P_TMEM P_TAFF P_TBUSY \
-  P_PROXY_MW P_PYREF_MW P_TAFF_METRICS P_TPOOL_METRICS < <(free_ports 17)
+  P_PROXY_MW P_PYREF_MW P_TAFF_METRICS P_TPOOL_METRICS P_TCOMPAT < <(free_ports 18)
 
 
 declare -A PID_OF URL_OF CPU_PID_OF
@@ -282,8 +292,8 @@ umask 022
 export BENCH_PASSWORD="bench-password"
 
 # ---------------------------------------------------------------- tessera instances
-write_conf() { # name port store [session extra] [token extra] [upstream extra] [server extra]
-  local name=$1 port=$2 store=$3 sess=${4:-} tok=${5:-} up=${6:-} srv=${7:-}
+write_conf() { # name port store [session extra] [token extra] [upstream extra] [server extra] [credentials extra]
+  local name=$1 port=$2 store=$3 sess=${4:-} tok=${5:-} up=${6:-} srv=${7:-} cred=${8:-}
   cat >"$WORK/$name.toml" <<EOF
 [server]
 listen = "127.0.0.1:$port"
@@ -303,6 +313,7 @@ $sess
 
 [credentials]
 keys = { k1 = "file:$WORK/keys/cred.key" }
+$cred
 
 [log]
 level = "warn"
@@ -354,6 +365,10 @@ write_conf tessera-b "$P_TB" "$REDIS"
 write_conf tessera-mem "$P_TMEM" "$REDIS" "cache_max_entries = 120000
 cache_ttl_seconds = 3600" "cache_max_entries = $MEMORY_TOKEN_CACHE"
 INSTANCES=(tessera-redis tessera-embedded tessera-cold tessera-pool16 tessera-b tessera-mem)
+if has_section compat; then
+  write_conf tessera-compat "$P_TCOMPAT" "$REDIS" "format = \"hyper-auth-proxy\"
+$WARM_TTL" "sources = [\"cookie-b64:Authorization\", \"bearer\"]" "" "" "allow_plaintext_legacy = true"
+fi
 # Only when the section runs: a binary older than server.busy_poll_us or upstream.affinity
 # refuses the key.
 if has_section matrix; then
@@ -440,7 +455,7 @@ sample_upstream() { # pid out: most sockets of pid established to the origin, ev
 measure() { # section target c rep lua [wrk args...]
   local section=$1 target=$2 c=$3 rep=$4 lua=$5
   shift 5
-  local id="$section-$target-c$c-r$rep" threads=$((c < 2 ? 1 : 2)) url
+  local id="$section-$target-c$c-r$rep" threads=${WRK_THREADS:-$((c < 2 ? 1 : 2))} url
   url="${URL_OF[$target]}"
   local sample_pid="${SAMPLE_PID:-}" cpu_pids
   read -ra cpu_pids <<<"${CPU_PID_OF[$target]}" # one pid, or every worker's
@@ -627,6 +642,27 @@ if has_section matrix; then
   stop_named tessera-busy
   PID_OF[python-ref]="" PID_OF[tessera-embedded]="" PID_OF[tessera-busy]=""
   section_done matrix "$t0"
+fi
+
+# ---------------------------------------------------------------- section: compat
+if has_section compat; then
+  t0=$(date +%s)
+  export COMPAT_TOKENS="$WORK/tok/compat-tokens" # read by bench/compat.lua
+  python3 "$BENCH/compat_sessions.py" "$P_REDIS" "$WORK/keys/jwt.secret" "$SESSIONS" "$COMPAT_TOKENS" ||
+    die "could not write the compat sessions"
+  # Started for this section only: with the hyper-auth-proxy format its key prefix is empty, so
+  # it would be told of every other section's Redis writes.
+  start_tessera tessera-compat "$P_TCOMPAT"
+  TOK_COMPAT="$(head -1 "$COMPAT_TOKENS" | base64 -d)" # the cookie's JWT, as a bearer token
+  compat_token() { [[ $1 == tessera-compat ]] && echo "$TOK_COMPAT" || echo ""; }
+  compat_lua() { echo "$BENCH/compat.lua"; }
+  log "warm-up: 2 s at c=8 per target (every session of tessera-compat touched)"
+  warm_up compat compat_token compat_lua direct nginx-proxy tessera-compat
+  WRK_THREADS=1 measure_all compat compat_token compat_lua "${CONCURRENCIES[*]}" \
+    direct nginx-proxy tessera-compat
+  stop_named tessera-compat
+  PID_OF[tessera-compat]=""
+  section_done compat "$t0"
 fi
 
 # ---------------------------------------------------------------- section: scaled

@@ -271,13 +271,17 @@ def main():
     for r in runs:
         by.setdefault((r["section"], r["target"], r["c"]), []).append(r)
 
-    out = {"meta": {}, "matrix": [], "pinned": [], "scaled": [], "algs": [], "close": [],
-           "revocation": None, "affinity": [], "memory": None}
+    out = {"meta": {}, "matrix": [], "compat": [], "pinned": [], "scaled": [], "algs": [],
+           "close": [], "revocation": None, "affinity": [], "memory": None}
     concs = sorted({r["c"] for r in runs if r["section"] == "matrix"})
     for c in concs:
         for t in MATRIX_TARGETS:
             if ("matrix", t, c) in by:
                 out["matrix"].append(cell(by[("matrix", t, c)], t, c, client_side=t == "direct"))
+    for c in sorted({r["c"] for r in runs if r["section"] == "compat"}):
+        for t in ("direct", "nginx-proxy", "tessera-compat"):
+            if ("compat", t, c) in by:
+                out["compat"].append(cell(by[("compat", t, c)], t, c, client_side=t == "direct"))
     for t in MATRIX_TARGETS:
         if ("pinned", t, 1) in by:
             out["pinned"].append(cell(by[("pinned", t, 1)], t, 1, client_side=t == "direct"))
@@ -398,6 +402,26 @@ def main():
             bd.append(f"| {r['target']} | {r['concurrency']} | {r['requests']:,} | {breakdown(r)} | "
                       f"{r['non2xx']} | {r['socket_errors']} |")
         md += ["### Redis commands by name, errors", ""] + bd + [""]
+
+    C = {(r["target"], r["concurrency"]): r for r in out["compat"]}
+    if out["compat"]:
+        t = ["| target | c | req/s | vs nginx-proxy | p50 | p99 | CPU of the target process per "
+             "request | vs nginx-proxy | Redis cmds/req (without PING) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in out["compat"]:
+            peer = C.get(("nginx-proxy", r["concurrency"]))
+            vs = f"{r['rps'] / peer['rps']:.2f}x" if peer else "n/a"
+            cpu_vs = f"{r['cpu_us_per_req'] / peer['cpu_us_per_req']:.2f}x" \
+                if peer and r["cpu_us_per_req"] and peer["cpu_us_per_req"] else "n/a"
+            t.append(f"| {r['target']} | {r['concurrency']} | {r['rps']:,.0f} | {vs} | "
+                     f"{us(r['p50_ms'])} | {us(r['p99_ms'])} | {cpu(r)} | {cpu_vs} | {cmds_np(r)} |")
+        md += ["## The hyper-auth-proxy shape (medians)", "",
+               "tessera-compat: `session.format = \"hyper-auth-proxy\"`, "
+               "`token.sources = [\"cookie-b64:Authorization\", \"bearer\"]`, "
+               "`credentials.allow_plaintext_legacy = true`, on Redis holding "
+               f"{env.get('SESSIONS', '1000')} plaintext-legacy records; every target's requests "
+               "rotate over the sessions' base64 cookies (bench/compat.lua), wrk -t 1.", ""] + t + [""]
+        summary += ["", "hyper-auth-proxy shape:"] + t
 
     P = {r["target"]: r for r in out["pinned"]}
     if out["pinned"]:
@@ -620,6 +644,38 @@ def main():
         if parts:
             goal(f"tessera-redis >= {x_goal:g}x {peer} req/s ({what} with one worker per CPU"
                  f"{'' if what == 'nginx-proxy' else ', c=8'}; same run)", ok, "; ".join(parts))
+    cpu_goals = [(M, t_) for t_ in TESSERAS] + [(C, "tessera-compat")]
+    for rows, t_ in cpu_goals:
+        parts, ok = [], True
+        for c in (8, 64):
+            if (t_, c) in rows and ("nginx-proxy", c) in rows:
+                a, b = rows[(t_, c)]["cpu_us_per_req"], rows[("nginx-proxy", c)]["cpu_us_per_req"]
+                if a and b:
+                    ok &= a / b <= 1.0
+                    parts.append(f"c={c} {a / b:.2f}x ({a:.0f} vs {b:.0f} µs)")
+        if parts:
+            goal(f"{t_} CPU per request <= 1.0x nginx-proxy's (c=8, 64; issue 39)", ok,
+                 "; ".join(parts))
+    if out["compat"]:
+        parts, ok = [], True
+        for c in sorted({c for (_, c) in C}):
+            if ("tessera-compat", c) in C and ("nginx-proxy", c) in C:
+                x = C[("tessera-compat", c)]["rps"] / C[("nginx-proxy", c)]["rps"]
+                ok &= x >= 1.0
+                parts.append(f"c={c} {x:.2f}x")
+        goal("tessera-compat >= 1.0x nginx-proxy req/s (issue 39)", ok, "; ".join(parts))
+        if all(k in C for k in (("tessera-compat", 1), ("nginx-proxy", 1), ("direct", 1))):
+            d = (C[("tessera-compat", 1)]["p50_ms"] - C[("direct", 1)]["p50_ms"]) * 1e3
+            n = (C[("nginx-proxy", 1)]["p50_ms"] - C[("direct", 1)]["p50_ms"]) * 1e3
+            goal("tessera-compat added p50 at c=1 <= nginx-proxy's (issue 39)", d <= n,
+                 f"{d:+.0f} µs vs {n:+.0f} µs")
+        parts, ok = [], True
+        for c in sorted({c for (_, c) in C}):
+            if ("tessera-compat", c) in C:
+                r = C[("tessera-compat", c)]
+                ok &= r["redis_cmds_per_req_excl_ping"] == 0
+                parts.append(f"c={c}: {cmds_np(r)}")
+        goal("0 Redis commands per warm request (tessera-compat)", ok, "; ".join(parts))
     if out["matrix"]:
         parts, ok = [], True
         for c in concs:
