@@ -18,8 +18,8 @@ fn login_on_one_use_on_another_logout_on_a_third_refused_everywhere() {
 
 /// The same over TLS (`ssl-mode=VERIFY_IDENTITY`, the server's CA, a client certificate) as an
 /// account the server admits only over TLS with a client certificate (`REQUIRE X509`). Without
-/// the client certificate, or without TLS, that account is refused: a valid token gets 503, and
-/// the log says why.
+/// the client certificate, or without TLS, that account is refused, and a server certificate
+/// from another CA is refused by tessera: a valid token gets 503, and the log says why.
 #[test]
 fn over_tls_with_a_client_certificate_a_logout_is_refused_everywhere() {
     let db = Mariadb::start_tls();
@@ -34,11 +34,21 @@ fn over_tls_with_a_client_certificate_a_logout_is_refused_everywhere() {
         tls.pki.ca().display()
     );
     let plain = format!("mysql://x509@127.0.0.1:{}/tessera", db.port);
-    for url in [no_client_certificate, plain] {
+    let other = support::tls::ServerTls::new();
+    let other_ca = db.url().replace(
+        &tls.pki.ca().display().to_string(),
+        &other.pki.ca().display().to_string(),
+    );
+    let denied = "Access denied for user 'x509'";
+    for (url, why) in [
+        (no_client_certificate, denied),
+        (plain, denied),
+        (other_ca, "invalid peer certificate"),
+    ] {
         let t = on_store(&up, &url);
         assert_eq!(status(&t, &token), 503, "{url}: {}", t.log());
         let log = t.log();
-        assert!(log.contains("Access denied for user 'x509'"), "{log}");
+        assert!(log.contains(why), "{log}");
     }
 }
 

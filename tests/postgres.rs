@@ -327,16 +327,30 @@ fn sessions_in_the_applications_own_table_are_read_only() {
         !checked.status.success() && said.contains("answers int4"),
         "{said}"
     );
+    // A query that writes fails even for a role that may write: the connections are read-only.
+    let writes = a.dir.path().join("writes.toml");
+    let text = text.replace("reader@", "tessera@").replace(
+        "SELECT record FROM app.sessions WHERE sid = $1",
+        "UPDATE app.sessions SET record = record WHERE sid = $1 RETURNING record",
+    );
+    std::fs::write(&writes, text).unwrap();
+    let checked = run_cli(&["check-config", "--config", writes.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&checked.stderr);
+    assert!(
+        !checked.status.success() && said.contains("read-only transaction"),
+        "{said}"
+    );
 }
 
 /// TLS to the server (`sslmode=verify-full`, the CA from `sslrootcert`): sessions work, every
 /// tessera connection is encrypted (`pg_stat_ssl`), and a CA that did not sign the server's
-/// certificate gives 503s, never a plain connection.
+/// certificate gives 503s, never a plain connection. A role that logs in by client certificate
+/// (`cert` in pg_hba.conf) is served with `sslcert` + `sslkey`, and refused without them.
 #[test]
 fn tls_to_the_server_is_verified() {
     let pki = support::tls::Pki::new();
     let (cert, key) = pki.leaf("db", &["localhost"]);
-    let pg = Postgres::start_tls(&cert, &key);
+    let pg = Postgres::start_tls(&cert, &key, &pki.ca());
     let up = users();
     let url = |ca: &std::path::Path| {
         format!(
@@ -367,6 +381,27 @@ fn tls_to_the_server_is_verified() {
     assert_eq!(code, 503);
     let log = b.log_when(|l| l.contains("certificate"));
     assert!(log.contains("certificate"), "{log}");
+
+    let (client_cert, client_key) = pki.leaf("certuser", &["certuser"]);
+    let by_cert = format!(
+        "postgres://certuser@localhost:{}/postgres?sslmode=verify-full&sslrootcert={}",
+        pg.port,
+        pki.ca().display()
+    );
+    let with_cert = on_store(
+        &up,
+        &format!(
+            "{by_cert}&sslcert={}&sslkey={}",
+            client_cert.display(),
+            client_key.display()
+        ),
+    );
+    assert_eq!(status(&with_cert, &alice), 200, "{}", with_cert.log());
+    let without = on_store(&up, &by_cert);
+    assert_eq!(status(&without, &alice), 503);
+    let why = "requires a valid client certificate";
+    let log = without.log_when(|l| l.contains(why));
+    assert!(log.contains(why), "{log}");
 }
 
 /// A `sslrootcert` file that cannot be read, or a scheme that is no store, is refused at start
@@ -379,6 +414,14 @@ fn a_bad_postgres_url_is_refused_with_the_key() {
         (
             "postgres://u@127.0.0.1:1/db?sslmode=require&sslrootcert=/nonexistent/ca.pem",
             "sslrootcert",
+        ),
+        (
+            "postgres://u@127.0.0.1:1/db?sslmode=require&sslcert=/c.pem",
+            "go together",
+        ),
+        (
+            "postgres://u@127.0.0.1:1/db?sslrootcert=/ca.pem",
+            "need TLS",
         ),
         ("postgre://u@127.0.0.1:1/db", "postgres://"),
     ] {

@@ -8,7 +8,8 @@ use std::time::Duration;
 pub enum StoreSpec {
     /// `embedded:PATH` — SQLite file in WAL mode (shared safely by `serve` and the CLI).
     Embedded(PathBuf),
-    /// `redis://...`, `rediss://...`, `redis+sentinel://...` or `redis+cluster://...` URL.
+    /// `redis://...`, `redis+sentinel://...` or `redis+cluster://...` URL, each also as
+    /// `rediss` (TLS).
     Redis(String),
     /// `postgres://...` or `postgresql://...` URL (libpq's form); with a [`SessionQuery`], the
     /// sessions are read from the application's own table instead of tessera's.

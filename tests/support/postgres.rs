@@ -45,28 +45,48 @@ impl Postgres {
     }
 
     /// A server that also takes TLS, with `cert` and `key` (PEM files, copied into its
-    /// directory with the mode PostgreSQL demands).
-    pub fn start_tls(cert: &Path, key: &Path) -> Self {
-        Self::start_with(|dir| {
-            let (c, k) = (dir.join("server.crt"), dir.join("server.key"));
+    /// directory with the mode PostgreSQL demands); the role `certuser` (a superuser) logs in
+    /// only over TLS with a client certificate for its name that `client_ca` signed.
+    pub fn start_tls(cert: &Path, key: &Path, client_ca: &Path) -> Self {
+        let pg = Self::start_with(|dir| {
+            let (c, k, ca) = (
+                dir.join("server.crt"),
+                dir.join("server.key"),
+                dir.join("client-ca.crt"),
+            );
             std::fs::copy(cert, &c).unwrap();
             std::fs::copy(key, &k).unwrap();
+            std::fs::copy(client_ca, &ca).unwrap();
+            // First match wins: certuser's lines before initdb's `trust` for everyone.
+            let hba = dir.join("data/pg_hba.conf");
+            let rest = std::fs::read_to_string(&hba).unwrap();
+            std::fs::write(
+                &hba,
+                format!(
+                    "hostssl all certuser 127.0.0.1/32 cert\nhostssl all certuser ::1/128 cert\n\
+                     host all certuser all reject\n{rest}"
+                ),
+            )
+            .unwrap();
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(&k, std::fs::Permissions::from_mode(0o600)).unwrap();
             if rustix::process::getuid().is_root() {
                 let ok = Command::new("chown")
                     .arg("postgres:postgres")
-                    .args([&c, &k])
+                    .args([&c, &k, &ca])
                     .status()
                     .unwrap();
                 assert!(ok.success(), "chown postgres");
             }
             format!(
-                " -c ssl=on -c ssl_cert_file={} -c ssl_key_file={}",
+                " -c ssl=on -c ssl_cert_file={} -c ssl_key_file={} -c ssl_ca_file={}",
                 c.display(),
-                k.display()
+                k.display(),
+                ca.display()
             )
-        })
+        });
+        pg.sql("CREATE ROLE certuser LOGIN SUPERUSER");
+        pg
     }
 
     /// A server with the options `extra` gives for its directory.

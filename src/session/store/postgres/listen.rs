@@ -1,6 +1,6 @@
 //! The invalidation stream of the PostgreSQL store: `LISTEN tessera_kv` (or the application's
-//! `session.notify_channel`) on a connection of its own, outside the pool. Notifications arrive
-//! in commit order and only for committed changes; a lost listener (server restart, `pg_terminate_backend`, a stopped server that misses the
+//! `session.notify_channel`) on a connection of its own, outside the pool. Notifications
+//! arrive in commit order and only for committed changes; a lost listener (server restart, `pg_terminate_backend`, a stopped server that misses the
 //! heartbeat) reports `Lost`, and the next `Live` makes the session layer flush its cache and
 //! read again every session with open responses: stronger than replaying the change log, whose
 //! ids are not in commit order.
@@ -106,7 +106,9 @@ impl PostgresStore {
         };
         bounded(
             self.timeout,
-            client.batch_execute(&format!("LISTEN {channel}")),
+            // Quoted: a valid identifier can still be a keyword (`user`); config checked that
+            // it is lower-case, so the quoted name is the one `pg_notify` rings.
+            client.batch_execute(&format!("LISTEN \"{channel}\"")),
         )
         .await?;
         if tx.send(Invalidation::Live).await.is_err() {

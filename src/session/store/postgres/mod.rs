@@ -86,13 +86,14 @@ impl PostgresStore {
     /// `verify-full`) connects over TLS, the server verified ([`tls`]). With `own`, sessions are
     /// read from the application's table and nothing is written ([`own`]).
     ///
-    /// Errors: the URL does not parse; its `sslrootcert` file holds no certificate.
+    /// Errors: the URL does not parse; its `sslrootcert`, `sslcert` or `sslkey` file cannot be
+    /// read or holds no certificate (or key).
     pub fn new(
         url: &str,
         timeout: Duration,
         own: Option<SessionQuery>,
     ) -> Result<Self, StoreError> {
-        let (url, root_cert) = tls::split_url(url);
+        let (url, files) = tls::split_url(url);
         let mut config: tokio_postgres::Config = url.parse().map_err(err)?;
         config.connect_timeout(timeout);
         if config.get_application_name().is_none() {
@@ -101,14 +102,30 @@ impl PostgresStore {
         let recycling = ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         };
+        // The application's sessions: every pooled connection read-only, whatever the query
+        // says (the listener only LISTENs).
+        let mut pooled = config.clone();
+        if own.is_some() {
+            let read_only = "-c default_transaction_read_only=on";
+            let options = match config.get_options() {
+                Some(given) => format!("{given} {read_only}"),
+                None => read_only.to_owned(),
+            };
+            pooled.options(&options);
+        }
         let (manager, tls) = match config.get_ssl_mode() {
             tokio_postgres::config::SslMode::Require => {
-                let connector = tls::connector(root_cert.as_deref())?;
-                let manager = Manager::from_config(config.clone(), connector.clone(), recycling);
+                let connector = tls::connector(&files)?;
+                let manager = Manager::from_config(pooled, connector.clone(), recycling);
                 (manager, tls::Tls::On(connector))
             }
+            _ if files != tls::Files::default() => {
+                return Err(err(
+                    "sslrootcert, sslcert and sslkey need TLS: add sslmode=verify-full",
+                ))
+            }
             _ => (
-                Manager::from_config(config.clone(), NoTls, recycling),
+                Manager::from_config(pooled, NoTls, recycling),
                 tls::Tls::Off,
             ),
         };
@@ -205,7 +222,11 @@ impl PostgresStore {
     }
 
     pub(super) async fn scan(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        self.writable()?;
+        if self.own.is_some() {
+            return Err(err(
+                "no list: the sessions are the application's (session.query), in its own table",
+            ));
+        }
         self.run(|c| async move {
             // starts_with, not LIKE: a prefix with `%` or `_` must match literally.
             let stmt = c

@@ -1,7 +1,8 @@
 //! Sessions in the application's own table (`session.query`): tessera runs the configured
 //! `SELECT` with the session's key as `$1` and takes the first column of the row as the record;
-//! it writes nothing, creates nothing, and learns of changes only from the application's
-//! `NOTIFY` on `session.notify_channel` (none: every request reads the table).
+//! it writes nothing (its pooled connections are `default_transaction_read_only`), creates
+//! nothing, and learns of changes only from the application's `NOTIFY` on
+//! `session.notify_channel` (none: every request reads the table).
 
 use tokio_postgres::types::{FromSql, Type};
 
@@ -69,9 +70,21 @@ impl PostgresStore {
     }
 }
 
-/// Why `stmt` cannot be the session query: not one parameter, or no record column first.
+/// Why `stmt` cannot be the session query: not one text parameter, or no record column first.
 fn misshapen(stmt: &tokio_postgres::Statement) -> Option<String> {
     let column = stmt.columns().first().map(|c| c.type_());
+    if let [param] = stmt.params() {
+        if !matches!(
+            *param,
+            Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME
+        ) {
+            return Some(format!(
+                "session.query takes $1 as {}, but the key is text: compare as text, e.g. \
+                 `WHERE id::text = $1`",
+                param.name()
+            ));
+        }
+    }
     match (stmt.params().len(), column) {
         (1, Some(ty)) if <Record as FromSql>::accepts(ty) => None,
         (params, column) => Some(format!(

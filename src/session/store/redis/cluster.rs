@@ -1,5 +1,5 @@
-//! Redis Cluster: `redis+cluster://[USER:PASS@]HOST:PORT[,HOST:PORT...]` (port 6379 when left
-//! out; database 0, the only one a cluster has). Commands go through redis-rs's cluster client
+//! Redis Cluster: `redis+cluster://[USER:PASS@]HOST:PORT[,HOST:PORT...]` (`rediss+cluster`
+//! over TLS; port 6379 when left out; database 0, the only one a cluster has). Commands go through redis-rs's cluster client
 //! (one multiplexed connection per node, MOVED and ASK followed); the shard map and its
 //! primaries, for tracking and for `scan`, come from `CLUSTER SLOTS` asked of the seed nodes in
 //! turn. `USER:PASS` apply

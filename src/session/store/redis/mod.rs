@@ -63,9 +63,10 @@ impl RedisStore {
     pub fn new(url: &str, timeout: Duration) -> Result<Self, StoreError> {
         let (url, tls) = tls::split(url)?;
         let url = url.as_str();
-        let target = if url.contains("+sentinel://") {
+        let scheme = |names: [&str; 2]| names.iter().any(|n| url.starts_with(n));
+        let target = if scheme(["redis+sentinel://", "rediss+sentinel://"]) {
             Target::Sentinel(sentinel::Sentinel::parse(url, tls)?)
-        } else if url.contains("+cluster://") {
+        } else if scheme(["redis+cluster://", "rediss+cluster://"]) {
             Target::Cluster(cluster::Cluster::parse(url, tls)?)
         } else if let Some(certs) = tls {
             Target::Direct(redis::Client::build_with_tls(url, certs).map_err(err)?)

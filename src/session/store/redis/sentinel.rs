@@ -1,6 +1,7 @@
 //! Redis Sentinel: which server is the master now, and when that changes.
 //!
-//! URL: `redis+sentinel://[USER:PASS@]HOST:PORT[,HOST:PORT...]/MASTER[/DB]` with optional
+//! URL: `redis+sentinel://[USER:PASS@]HOST:PORT[,HOST:PORT...]/MASTER[/DB]` (`rediss+sentinel`
+//! over TLS, the Sentinels and the master alike) with optional
 //! `?sentinel_username=..&sentinel_password=..`: `USER:PASS` log in to the master (as in a
 //! `redis://` URL), the `sentinel_*` parameters to the Sentinels (Redis deploys them with a
 //! password of their own); port 26379 when left out. The master's address comes from
