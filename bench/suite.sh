@@ -39,7 +39,8 @@
 #              processes), for nginx-proxy as for tessera, and the median of five follows that
 #              lottery (docs/benchmarks.md, "Method"); pinned, every run has the same layout.
 #   compat     the shape a hyper-auth-proxy deployment switches over in (issue 39): tessera-compat
-#              on the same Redis holding SESSIONS (1,000) plaintext-legacy records
+#              on the same Redis, database 1 (emptied afterwards), holding SESSIONS (1,000)
+#              plaintext-legacy records
 #              (bench/compat_sessions.py: key the sid, value {"credentials": "<base64 user:pass>"}),
 #              `session.format = "hyper-auth-proxy"`, `token.sources = ["cookie-b64:Authorization",
 #              "bearer"]`, `credentials.allow_plaintext_legacy = true`, against direct and
@@ -366,7 +367,7 @@ write_conf tessera-mem "$P_TMEM" "$REDIS" "cache_max_entries = 120000
 cache_ttl_seconds = 3600" "cache_max_entries = $MEMORY_TOKEN_CACHE"
 INSTANCES=(tessera-redis tessera-embedded tessera-cold tessera-pool16 tessera-b tessera-mem)
 if has_section compat; then
-  write_conf tessera-compat "$P_TCOMPAT" "$REDIS" "format = \"hyper-auth-proxy\"
+  write_conf tessera-compat "$P_TCOMPAT" "redis://127.0.0.1:$P_REDIS/1" "format = \"hyper-auth-proxy\"
 $WARM_TTL" "sources = [\"cookie-b64:Authorization\", \"bearer\"]" "" "" "allow_plaintext_legacy = true"
 fi
 # Only when the section runs: a binary older than server.busy_poll_us or upstream.affinity
@@ -648,7 +649,7 @@ fi
 if has_section compat; then
   t0=$(date +%s)
   export COMPAT_TOKENS="$WORK/tok/compat-tokens" # read by bench/compat.lua
-  python3 "$BENCH/compat_sessions.py" "$P_REDIS" "$WORK/keys/jwt.secret" "$SESSIONS" "$COMPAT_TOKENS" ||
+  python3 "$BENCH/compat_sessions.py" "$P_REDIS" "$WORK/keys/jwt.secret" "$SESSIONS" "$COMPAT_TOKENS" 1 ||
     die "could not write the compat sessions"
   # Started for this section only: with the hyper-auth-proxy format its key prefix is empty, so
   # it would be told of every other section's Redis writes.
@@ -662,6 +663,7 @@ if has_section compat; then
     direct nginx-proxy tessera-compat
   stop_named tessera-compat
   PID_OF[tessera-compat]=""
+  rcli -n 1 flushdb >/dev/null # the memory section reports Redis's memory: only its sessions
   section_done compat "$t0"
 fi
 
