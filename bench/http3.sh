@@ -8,7 +8,9 @@
 # POST /up), one `tessera serve` ([tls] + [http3], max_concurrent_streams 1000, embedded store),
 # `h3_bench raw-server` (examples/h3_bench.rs: quinn reading every stream to its end). The client is
 # `h3_bench` too (quinn + h3, one thread). Reported: medians of the time for all uploads, each
-# mode, and tessera over raw. Writes results/http3-<date>.md. Needs openssl, nginx, cargo.
+# mode, and tessera over raw; and the CPU time (user + system, /proc/PID/stat) each server
+# process spent per upload over a repetition's two modes, which does not depend on how the
+# client, the servers and nginx share the cores. Writes results/http3-<date>.md. Needs openssl, nginx, cargo.
 set -euo pipefail
 REPS="${REPS:-5}" STREAMS="${STREAMS:-1000}" BYTES="${BYTES:-10240}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -38,17 +40,25 @@ printf '[tls]\nlisten = "127.0.0.1:%s"\ncertificate = "file:%s"\nprivate_key = "
   "$PORT" "$WORK/cert.pem" "$WORK/key.pem" >>"$WORK/tessera.toml"
 "$BIN" serve --config "$WORK/tessera.toml" >"$WORK/tessera.log" 2>&1 &
 PIDS+=($!)
+PID_TESSERA=$!
 wait_port "$PORT" tessera "$!"
 "$TOOL" raw-server "$RAW" "$WORK/cert.pem" "$WORK/key.pem" >"$WORK/raw.log" 2>&1 &
 PIDS+=($!)
+PID_RAW=$!
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; } # user + system, clock ticks
+CLK_TCK="$(getconf CLK_TCK)"
 sleep 0.3
 TOKEN="$(printf 'pw' | "$BIN" session create --config "$WORK/tessera.toml" --user alice --password-stdin |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')"
 
 : >"$WORK/runs.tsv"
 for ((rep = 1; rep <= REPS; rep++)); do
+  t0="$(ticks "$PID_RAW")"
   raw="$("$TOOL" raw "$RAW" "$WORK/ca.pem" "$STREAMS" "$BYTES")" || die "raw run failed"
+  raw="${raw%\}}, \"cpu_us_per_upload\": $(( ($(ticks "$PID_RAW") - t0) * 1000000 / CLK_TCK / (2 * STREAMS) ))}"
+  t0="$(ticks "$PID_TESSERA")"
   h3="$("$TOOL" h3 "$PORT" "$WORK/ca.pem" "$STREAMS" "$BYTES" /up "$TOKEN")" || die "h3 run failed: $(tail -5 "$WORK/tessera.log")"
+  h3="${h3%\}}, \"cpu_us_per_upload\": $(( ($(ticks "$PID_TESSERA") - t0) * 1000000 / CLK_TCK / (2 * STREAMS) ))}"
   printf 'raw\t%s\ntessera\t%s\n' "$raw" "$h3" >>"$WORK/runs.tsv"
   log "rep $rep: raw $raw, tessera $h3"
 done
@@ -59,14 +69,16 @@ import json, statistics, sys
 rows = [l.split("\t", 1) for l in open(sys.argv[1]).read().splitlines()]
 commit, reps, streams, size = sys.argv[2:6]
 med = {(t, k): statistics.median(json.loads(j)[k] for n, j in rows if n == t)
-       for t in ("raw", "tessera") for k in ("sequential_ms", "in_flight_ms")}
+       for t in ("raw", "tessera") for k in ("sequential_ms", "in_flight_ms", "cpu_us_per_upload")}
 print(f"# HTTP/3: {streams} uploads of {int(size) // 1024} KiB over one QUIC connection\n")
 print(f"commit {commit}; {reps} repetitions round-robin, medians. `bench/http3.sh`\n")
-print("| | one after another | all in flight |\n|---|---:|---:|")
+print("| | one after another | all in flight | server CPU per upload |\n|---|---:|---:|---:|")
 for t, name in (("raw", "quinn alone (no HTTP, no proxy)"), ("tessera", "through tessera (HTTP/3, full auth, to nginx)")):
-    print(f"| {name} | {med[(t, 'sequential_ms')]:,.0f} ms | {med[(t, 'in_flight_ms')]:,.0f} ms |")
+    print(f"| {name} | {med[(t, 'sequential_ms')]:,.0f} ms | {med[(t, 'in_flight_ms')]:,.0f} ms | "
+          f"{med[(t, 'cpu_us_per_upload')]:,.0f} µs |")
 print(f"| tessera / raw | {med[('tessera', 'sequential_ms')] / med[('raw', 'sequential_ms')]:.2f}x | "
-      f"{med[('tessera', 'in_flight_ms')] / med[('raw', 'in_flight_ms')]:.2f}x |")
+      f"{med[('tessera', 'in_flight_ms')] / med[('raw', 'in_flight_ms')]:.2f}x | "
+      f"{med[('tessera', 'cpu_us_per_upload')] / med[('raw', 'cpu_us_per_upload')]:.2f}x |")
 print("\nEvery run:\n\n| target | result |\n|---|---|")
 for n, j in rows:
     print(f"| {n} | {j} |")

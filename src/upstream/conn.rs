@@ -298,7 +298,7 @@ impl H1 {
         cx: &mut Context<'_>,
         out: &mut Out,
     ) -> Poll<io::Result<usize>> {
-        let mut slices = [IoSlice::new(&[]); 3];
+        let mut slices = [IoSlice::new(&[]); super::outgoing::MAX_SLICES];
         let n = out.slices(&mut slices);
         let written = ready!(Pin::new(&mut self.io).poll_write_vectored(cx, &slices[..n]))?;
         if written == 0 {

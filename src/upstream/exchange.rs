@@ -10,7 +10,6 @@ use std::task::{ready, Context, Poll};
 
 use http::header::{self};
 use http::{HeaderMap, Method, Request, StatusCode};
-use http_body::Body;
 
 use super::{ForwardError, Transport, UpBody};
 
@@ -18,7 +17,7 @@ use super::codec::{final_head, head_complete};
 use super::conn::{broken, Framing, Head, SendError, Sending, H1, MAX_HEAD, READ_CHUNK};
 use super::encode::encode_head;
 
-use super::outgoing::{body_framing, failed, queue_frame, BodyFraming, Fail};
+use super::outgoing::{body_framing, failed, poll_queue, BodyFraming, Fail};
 
 /// A 101 answer to a request whose `Upgrade` field is `upgrade`: accepted only when both name
 /// `websocket` (RFC 9110 section 15.2.2: a server switches only to a protocol the client listed;
@@ -150,8 +149,7 @@ impl H1 {
                 // TLS records held back go out before the body's next frame is awaited.
                 ready!(self.poll_flush_io(cx)).map_err(Fail::Io)?;
                 polled_body = true;
-                let frame = ready!(Pin::new(&mut body).poll_frame(cx));
-                match queue_frame(frame, framing, &mut out) {
+                match ready!(poll_queue(Pin::new(&mut body), cx, framing, &mut out)) {
                     Ok(done) => body_done = done,
                     Err(e) => return Poll::Ready(Err(Fail::Body(e))),
                 }

@@ -25,6 +25,12 @@ pub(super) enum BodyFraming {
     Chunked,
 }
 
+/// Pieces one `writev` takes at most: a head and several body frames (three pieces each when
+/// chunked).
+pub(super) const MAX_SLICES: usize = 16;
+/// Body bytes gathered for one `writev` at most, from the frames a body has ready at once.
+pub(super) const GATHER_BYTES: usize = 64 << 10;
+
 /// Bytes queued for the socket (the head, then body pieces), written with one `writev` where
 /// several are queued.
 #[derive(Default)]
@@ -43,7 +49,13 @@ impl Out {
         self.queue.is_empty()
     }
 
-    pub(super) fn slices<'a>(&'a self, into: &mut [IoSlice<'a>; 3]) -> usize {
+    /// Whether another body frame may join the next `writev` ([`MAX_SLICES`], [`GATHER_BYTES`]).
+    pub(super) fn has_room(&self) -> bool {
+        self.queue.len() + 3 <= MAX_SLICES
+            && self.queue.iter().map(Bytes::len).sum::<usize>() < GATHER_BYTES
+    }
+
+    pub(super) fn slices<'a>(&'a self, into: &mut [IoSlice<'a>; MAX_SLICES]) -> usize {
         let mut n = 0;
         for (slot, b) in into.iter_mut().zip(self.queue.iter()) {
             *slot = IoSlice::new(b);
@@ -115,6 +127,27 @@ pub(super) fn body_framing(method: &Method, body: &UpBody) -> BodyFraming {
             None => BodyFraming::Chunked,
         }
     }
+}
+
+/// Queues the body's next frame for the socket, then every frame it has ready after it, so
+/// that they go out in one `writev` ([`Out::has_room`]): an HTTP/3 body arrives a QUIC packet
+/// (about 1 KiB) at a time, one write each otherwise. `Ok(true)` once the body ended; pending
+/// while the body has no frame.
+pub(super) fn poll_queue(
+    mut body: std::pin::Pin<&mut UpBody>,
+    cx: &mut std::task::Context<'_>,
+    framing: BodyFraming,
+    out: &mut Out,
+) -> std::task::Poll<Result<bool, BoxError>> {
+    let frame = std::task::ready!(body.as_mut().poll_frame(cx));
+    let mut done = queue_frame(frame, framing, out)?;
+    while !done && out.has_room() {
+        let std::task::Poll::Ready(frame) = body.as_mut().poll_frame(cx) else {
+            break;
+        };
+        done = queue_frame(frame, framing, out)?;
+    }
+    std::task::Poll::Ready(Ok(done))
 }
 
 /// Queues a body frame for the socket in `framing` (request trailers are dropped: the hop-by-hop
