@@ -62,7 +62,9 @@ pub(super) async fn hand_off<S: Socket>(serving: &Serving, conn: Conn<S>, peer: 
             let head = req.method() == http::Method::HEAD;
             // HTTP/1 only: an HTTP/2 stream ends alone (`RST_STREAM`).
             let reset = (req.version() < http::Version::HTTP_2).then_some(reset);
-            let resp = bodyless_if(head, proxy.handle(req, &peer).await);
+            // Boxed: hyper moves this future, copying it whole, several times per request (an
+            // HTTP/2 stream's is spawned as a task); the handling is the bulk of its size.
+            let resp = bodyless_if(head, Box::pin(proxy.handle(req, &peer)).await);
             Ok::<_, std::convert::Infallible>(
                 resp.map(|body| Tracked::new(&streams, body, open, reset)),
             )
