@@ -279,6 +279,7 @@ pub(super) fn parse_jwks(
                     VerifyKey {
                         algs: vec![alg],
                         key,
+                        hmac: None,
                     },
                 );
             }

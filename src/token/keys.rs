@@ -14,6 +14,7 @@ use std::time::Duration;
 use jsonwebtoken::{DecodingKey, EncodingKey};
 use zeroize::Zeroizing;
 
+use super::hmac::HmacKey;
 use super::Algorithm;
 
 use super::jwks::Jwks;
@@ -61,6 +62,8 @@ impl std::fmt::Debug for KeySpec {
 pub(super) struct VerifyKey {
     pub(super) algs: Vec<Algorithm>,
     pub(super) key: DecodingKey,
+    /// A secret keyed once for its HMAC algorithms (`None`: jsonwebtoken verifies).
+    pub(super) hmac: Option<HmacKey>,
 }
 
 /// The key that signs tokens tessera issues.
@@ -207,9 +210,14 @@ impl ConfiguredKeys {
             let primary = spec.algs[0];
             let key = decoding_key(primary, &spec.material)
                 .map_err(|e| KeyError(format!("key `{name}`: {e}")))?;
+            let hmac = match &spec.material {
+                KeyMaterial::Secret(s) => Some(HmacKey::new(s, &spec.algs)),
+                _ => None,
+            };
             let vk = VerifyKey {
                 algs: spec.algs.clone(),
                 key,
+                hmac,
             };
             if spec.kid.as_deref() == active_kid {
                 let key = encoding_key(primary, &spec.material)
@@ -317,23 +325,23 @@ impl Keys {
 
     /// Calls `f` with the key for `kid` if it verifies `alg`. `Err(true)`: no key with this kid
     /// (a JWKS refresh may help); `Err(false)`: the key exists but is bound to another algorithm.
-    pub(crate) fn with_key<R>(
+    pub(super) fn with_key<R>(
         &self,
         kid: Option<&str>,
         alg: Algorithm,
-        f: impl FnOnce(&DecodingKey) -> R,
+        f: impl FnOnce(&VerifyKey) -> R,
     ) -> Result<R, bool> {
         let pick = |k: &VerifyKey| k.algs.contains(&alg);
         let configured = self.configured();
         match kid {
             Some(kid) => {
                 if let Some(k) = configured.by_kid.get(kid) {
-                    return if pick(k) { Ok(f(&k.key)) } else { Err(false) };
+                    return if pick(k) { Ok(f(k)) } else { Err(false) };
                 }
                 let jwks = self.jwks.as_ref().ok_or(true)?;
                 let snapshot = jwks.keys.read().unwrap_or_else(|p| p.into_inner()).clone();
                 match snapshot.get(kid) {
-                    Some(k) if pick(k) => Ok(f(&k.key)),
+                    Some(k) if pick(k) => Ok(f(k)),
                     Some(_) => Err(false),
                     None => Err(true),
                 }
@@ -346,7 +354,7 @@ impl Keys {
                         .flatten()
                 });
                 match only {
-                    Some(k) if pick(k) => Ok(f(&k.key)),
+                    Some(k) if pick(k) => Ok(f(k)),
                     Some(_) => Err(false),
                     None => Err(true),
                 }

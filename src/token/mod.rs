@@ -5,6 +5,7 @@
 
 mod cache;
 pub mod extract;
+mod hmac;
 mod jwks;
 mod jws;
 pub mod keys;

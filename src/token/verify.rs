@@ -319,9 +319,14 @@ impl Verifier {
         let signed = &token[..header_b64.len() + 1 + payload_b64.len()];
         let ok = self
             .keys
-            .with_key(header.kid.as_deref(), alg, |key| {
-                jsonwebtoken::crypto::verify(sig_b64, signed.as_bytes(), key, alg.jwt())
-                    .unwrap_or(false)
+            .with_key(header.kid.as_deref(), alg, |vk| {
+                let keyed = vk.hmac.as_ref();
+                keyed
+                    .and_then(|k| k.verify(alg, signed.as_bytes(), sig_b64))
+                    .unwrap_or_else(|| {
+                        jsonwebtoken::crypto::verify(sig_b64, signed.as_bytes(), &vk.key, alg.jwt())
+                            .unwrap_or(false)
+                    })
             })
             .map_err(|unknown| {
                 if unknown {
