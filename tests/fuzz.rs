@@ -68,5 +68,5 @@ fn token_corpus_is_accepted_only_as_the_rfcs_and_config_allow() {
 
 #[test]
 fn path_corpus_never_resolves_outside_the_base_path() {
-    replay("path", 410, 0, harness::path);
+    replay("path", 410, 1, harness::path);
 }

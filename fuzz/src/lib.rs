@@ -519,8 +519,11 @@ fn iis_decode(s: &[u8]) -> Vec<u8> {
     let mut i = 0;
     while i < s.len() {
         if s[i] == b'%' && matches!(s.get(i + 1), Some(b'u' | b'U')) && i + 5 < s.len() {
+            // Four hex digits exactly: `from_str_radix` alone also takes a sign (`%u+02e`),
+            // which IIS does not.
             let code = std::str::from_utf8(&s[i + 2..i + 6])
                 .ok()
+                .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
                 .and_then(|h| u32::from_str_radix(h, 16).ok());
             if let Some(c) = code.filter(|c| *c < 0x80) {
                 out.push(c as u8);
