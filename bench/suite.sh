@@ -369,6 +369,7 @@ INSTANCES=(tessera-redis tessera-embedded tessera-cold tessera-pool16 tessera-b 
 if has_section compat; then
   write_conf tessera-compat "$P_TCOMPAT" "redis://127.0.0.1:$P_REDIS/1" "format = \"hyper-auth-proxy\"
 $WARM_TTL" "sources = [\"cookie-b64:Authorization\", \"bearer\"]" "" "" "allow_plaintext_legacy = true"
+  INSTANCES+=(tessera-compat)
 fi
 # Only when the section runs: a binary older than server.busy_poll_us or upstream.affinity
 # refuses the key.
