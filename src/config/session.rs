@@ -12,14 +12,22 @@ use super::{ms, resolve_secret, ConfigError};
 use crate::seal::CredentialsConfig;
 use crate::session::{SessionConfig, SessionFormat, SessionQuery, StoreSpec};
 
-/// `session.store` by its scheme; `query`, read only from PostgreSQL.
+/// `session.store` by its scheme, with `query` if it is PostgreSQL's (the only store that reads
+/// one).
 fn store_spec(store_text: String, query: Option<SessionQuery>) -> Result<StoreSpec, ConfigError> {
-    if query.is_some() && !store_text.starts_with("postgres") {
-        return Err(ConfigError::new(
+    let spec = scheme_spec(store_text)?;
+    match (spec, query) {
+        (StoreSpec::Postgres(url, None), query) => Ok(StoreSpec::Postgres(url, query)),
+        (_, Some(_)) => Err(ConfigError::new(
             "session.query",
             "is read from PostgreSQL only: set session.store = \"postgres://...\" or remove it",
-        ));
+        )),
+        (spec, None) => Ok(spec),
     }
+}
+
+/// `session.store` by its scheme.
+fn scheme_spec(store_text: String) -> Result<StoreSpec, ConfigError> {
     let has = |schemes: &[&str]| schemes.iter().any(|s| store_text.starts_with(s));
     Ok(if let Some(path) = store_text.strip_prefix("embedded:") {
         if path.is_empty() {
@@ -39,7 +47,7 @@ fn store_spec(store_text: String, query: Option<SessionQuery>) -> Result<StoreSp
     ]) {
         StoreSpec::Redis(store_text)
     } else if has(&["postgres://", "postgresql://"]) {
-        StoreSpec::Postgres(store_text, query)
+        StoreSpec::Postgres(store_text, None)
     } else if has(&["mysql://", "mariadb://"]) {
         StoreSpec::Mysql(store_text)
     } else {

@@ -320,6 +320,8 @@ impl Verifier {
         let ok = self
             .keys
             .with_key(header.kid.as_deref(), alg, |vk| {
+                // A configured secret was keyed at load ([`super::hmac`]); others go through
+                // jsonwebtoken.
                 let keyed = vk.hmac.as_ref();
                 keyed
                     .and_then(|k| k.verify(alg, signed.as_bytes(), sig_b64))
