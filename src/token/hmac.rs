@@ -8,6 +8,7 @@ use base64::Engine;
 use hmac::{Hmac, Mac};
 use sha2::{Sha256, Sha384, Sha512};
 
+use super::keys::VerifyKey;
 use super::Algorithm;
 
 /// One secret keyed for each HMAC algorithm it verifies.
@@ -45,6 +46,19 @@ impl HmacKey {
             Algorithm::HS512 => tag(self.hs512.as_ref()?, signed, sig),
             _ => return None,
         })
+    }
+}
+
+impl VerifyKey {
+    /// Whether `sig_b64` is `signed`'s signature under `alg`: with the secret keyed at load when
+    /// this is a configured HMAC key, else through jsonwebtoken.
+    pub(super) fn verify(&self, alg: Algorithm, signed: &[u8], sig_b64: &str) -> bool {
+        self.hmac
+            .as_ref()
+            .and_then(|k| k.verify(alg, signed, sig_b64))
+            .unwrap_or_else(|| {
+                jsonwebtoken::crypto::verify(sig_b64, signed, &self.key, alg.jwt()).unwrap_or(false)
+            })
     }
 }
 

@@ -320,15 +320,7 @@ impl Verifier {
         let ok = self
             .keys
             .with_key(header.kid.as_deref(), alg, |vk| {
-                // A configured secret was keyed at load ([`super::hmac`]); others go through
-                // jsonwebtoken.
-                let keyed = vk.hmac.as_ref();
-                keyed
-                    .and_then(|k| k.verify(alg, signed.as_bytes(), sig_b64))
-                    .unwrap_or_else(|| {
-                        jsonwebtoken::crypto::verify(sig_b64, signed.as_bytes(), &vk.key, alg.jwt())
-                            .unwrap_or(false)
-                    })
+                vk.verify(alg, signed.as_bytes(), sig_b64)
             })
             .map_err(|unknown| {
                 if unknown {
