@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::tls::ServerTls;
-use super::{free_port, require, terminate, wait_for_port};
+use super::{free_port, require, terminate};
 
 pub const PASS: &str = "cluster-pass";
 
@@ -21,9 +21,10 @@ pub struct Cluster {
 
 impl Cluster {
     /// Starts six nodes, makes the cluster and waits until every node says `cluster_state:ok`
-    /// and every primary has its replica. A `--cluster create` that fails (seen once in a full
-    /// run, its stdout empty; a port picked free can be taken meanwhile by a parallel test) is
-    /// tried again from scratch on new ports, at most three times, and its stderr reported.
+    /// and every primary has its replica. A node that does not listen or a `--cluster create`
+    /// that fails (each seen once in a full run; a port picked free can be taken meanwhile by a
+    /// parallel test) is tried again from scratch on new ports, at most three times, and the
+    /// cause reported.
     pub fn start() -> Self {
         Self::start_with(None)
     }
@@ -53,13 +54,19 @@ impl Cluster {
     fn try_start(tls: Option<Arc<ServerTls>>) -> Result<Self, String> {
         let dir = tempfile::tempdir().unwrap();
         let ports: Vec<u16> = (0..6).map(|_| free_port()).collect();
-        let mut children = Vec::new();
+        // Made first, so that a failure below stops the nodes already started (on drop).
+        let mut c = Self {
+            ports: ports.clone(),
+            children: Vec::new(),
+            tls,
+            _dir: dir,
+        };
         for &port in &ports {
-            let own = dir.path().join(port.to_string());
+            let own = c._dir.path().join(port.to_string());
             std::fs::create_dir(&own).unwrap();
             // The cluster bus on a free port too (the default, port + 10000, may be taken).
             let bus = free_port().to_string();
-            let listen = match &tls {
+            let listen = match &c.tls {
                 Some(tls) => [
                     tls.redis_server(port, true),
                     vec!["--tls-cluster".into(), "yes".into()],
@@ -76,6 +83,8 @@ impl Cluster {
                 .arg(own.join("nodes.conf"))
                 .arg("--dir")
                 .arg(&own)
+                .arg("--logfile")
+                .arg(own.join("redis.log"))
                 .args(["--requirepass", PASS, "--masterauth", PASS])
                 .args([
                     "--repl-diskless-sync-delay",
@@ -89,15 +98,14 @@ impl Cluster {
                 .stderr(Stdio::null())
                 .spawn()
                 .expect("spawn redis-server");
-            children.push((port, child));
-            wait_for_port(port, "redis-server");
+            c.children.push((port, child));
+            // A port picked free can be taken before the node binds it (seen in a full run):
+            // the node exits, and the cluster is made again on new ports.
+            if !c.listening(port) {
+                let log = std::fs::read_to_string(own.join("redis.log")).unwrap_or_default();
+                return Err(format!("redis-server on {port} did not listen: {log}"));
+            }
         }
-        let c = Self {
-            ports,
-            children,
-            tls,
-            _dir: dir,
-        };
         let nodes: Vec<String> = c.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let out = Command::new("redis-cli")
             .args(c.tls_args())
@@ -114,6 +122,19 @@ impl Cluster {
             ));
         }
         Ok(c)
+    }
+
+    /// Whether the node on `port` listens within 15 s (false as soon as it exited).
+    fn listening(&mut self, port: u16) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let (_, child) = self.children.iter_mut().find(|(p, _)| *p == port).unwrap();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if Instant::now() >= deadline || !matches!(child.try_wait(), Ok(None)) {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        true
     }
 
     /// Every node says `cluster_state:ok`, and every primary has a replica online.
