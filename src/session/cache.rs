@@ -52,8 +52,8 @@ const SHARD_MIN_BYTES: u64 = 64 << 10;
 const SHARD_MIN_ENTRIES: u64 = 64;
 
 /// Fixed bytes counted per entry on top of its variable parts: the cache slot (with the slab's
-/// growth slack), the hash index, the `Arc<str>` and `Arc<Session>` allocations and allocator
-/// rounding. Chosen so the count matches RSS: 100,000 cached sessions measured 34.4 MiB over the
+/// growth slack), the hash index, the sid's `Arc<str>` (shared with the verified-token cache when
+/// that is on) and the `Arc<Session>` allocations and allocator rounding. Chosen so the count matches RSS: 100,000 cached sessions measured 34.4 MiB over the
 /// empty process (about 0.35 KiB each; `SECTIONS=memory bench/suite.sh`, docs/benchmarks.md).
 const ENTRY_OVERHEAD: u64 = 288;
 
@@ -182,15 +182,16 @@ impl SessionCache {
     ///
     /// Errors: the store failure `load` returned (never cached), also returned to the callers
     /// that were waiting for that same load.
-    pub(super) async fn get_or_load<F>(&self, sid: &str, load: F) -> Result<Cached, StoreError>
+    /// The entry is keyed by `sid` itself (shared with the verified-token cache's entry, not a
+    /// copy: about 48 bytes less per cached session).
+    pub(super) async fn get_or_load<F>(&self, sid: &Arc<str>, load: F) -> Result<Cached, StoreError>
     where
         F: std::future::Future<Output = Result<Session, ResolveError>>,
     {
         if let Some(hit) = self.get_fresh(sid) {
             return Ok(hit);
         }
-        let key: Arc<str> = Arc::from(sid);
-        let guard = match self.entries.get_value_or_guard_async(&key).await {
+        let guard = match self.entries.get_value_or_guard_async(sid).await {
             // Filled by the request that did the read: its answer (true when read) or its
             // store failure, shared rather than read again by each waiter in turn.
             Ok(filled) => return filled.cached,
@@ -217,7 +218,7 @@ impl SessionCache {
             // A failure is not kept. And an invalidation (of any sid: the counter is global)
             // arrived while the store was read: the answer is good for this request (it was
             // true when read) but must not be served to the next one.
-            self.entries.remove(sid);
+            self.entries.remove(&**sid);
         }
         cached
     }
@@ -278,7 +279,7 @@ mod tests {
             .map(|_| {
                 let c = c.clone();
                 tokio::spawn(async move {
-                    c.get_or_load("sid", async {
+                    c.get_or_load(&"sid".into(), async {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                         Err(ResolveError::Store(StoreError("down".into())))
                     })
@@ -294,7 +295,9 @@ mod tests {
         assert!(c.loads() <= 3, "{} store reads for one failure", c.loads());
         // Nothing was cached: the next request reads again and gets the session.
         let before = c.loads();
-        let got = c.get_or_load("sid", async { Ok(session("alice")) }).await;
+        let got = c
+            .get_or_load(&"sid".into(), async { Ok(session("alice")) })
+            .await;
         assert!(matches!(got, Ok(Cached::Found(_))));
         assert_eq!(c.loads(), before + 1);
     }
@@ -306,7 +309,7 @@ mod tests {
         let c1 = c.clone();
         let stuck = tokio::spawn(async move {
             let _ = c1
-                .get_or_load("good", std::future::pending::<Result<Session, _>>())
+                .get_or_load(&"good".into(), std::future::pending::<Result<Session, _>>())
                 .await;
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -315,7 +318,7 @@ mod tests {
             .map(|_| {
                 let c = c.clone();
                 tokio::spawn(async move {
-                    c.get_or_load("good", async { Ok(session("alice")) })
+                    c.get_or_load(&"good".into(), async { Ok(session("alice")) })
                         .await
                         .is_ok()
                 })
@@ -324,7 +327,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
         // while a read of "bad" fails.
         let bad = c
-            .get_or_load("bad", async {
+            .get_or_load(&"bad".into(), async {
                 Err(ResolveError::Store(StoreError("down".into())))
             })
             .await;
@@ -342,7 +345,7 @@ mod tests {
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let c2 = c.clone();
         let read = tokio::spawn(async move {
-            c2.get_or_load("sid", async move {
+            c2.get_or_load(&"sid".into(), async move {
                 let _ = rx.await; // the store answers after the invalidation below
                 Ok(session("old"))
             })
@@ -355,7 +358,7 @@ mod tests {
         read.await.unwrap().unwrap();
         // The read's answer was not kept: the next request reads the store again.
         let again = c
-            .get_or_load("sid", async { Err(ResolveError::Unknown) })
+            .get_or_load(&"sid".into(), async { Err(ResolveError::Unknown) })
             .await;
         assert!(matches!(again, Ok(Cached::Unknown)));
         assert_eq!(c.loads(), 2);
@@ -371,11 +374,11 @@ mod tests {
         });
         c.set_live(true);
         assert!(c
-            .get_or_load("a", async { Ok(session("alice")) })
+            .get_or_load(&"a".into(), async { Ok(session("alice")) })
             .await
             .is_ok());
         assert!(c
-            .get_or_load("b", async { Err(ResolveError::Unknown) })
+            .get_or_load(&"b".into(), async { Err(ResolveError::Unknown) })
             .await
             .is_ok());
         assert_eq!(c.loads(), 2);
@@ -386,16 +389,18 @@ mod tests {
         let c = cache(1000, 1 << 20);
         let unknown = || async { Err(ResolveError::Unknown) };
         assert!(matches!(
-            c.get_or_load("x", unknown()).await,
+            c.get_or_load(&"x".into(), unknown()).await,
             Ok(Cached::Unknown)
         ));
         assert!(matches!(
-            c.get_or_load("x", unknown()).await,
+            c.get_or_load(&"x".into(), unknown()).await,
             Ok(Cached::Unknown)
         ));
         assert_eq!(c.loads(), 1, "remembered");
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let found = c.get_or_load("x", async { Ok(session("bob")) }).await;
+        let found = c
+            .get_or_load(&"x".into(), async { Ok(session("bob")) })
+            .await;
         assert!(
             matches!(found, Ok(Cached::Found(_))),
             "negative entry outlived its 200 ms"
@@ -409,7 +414,7 @@ mod tests {
         let c = cache(100, 1 << 20);
         for i in 0..1000 {
             let sid = format!("sid-{i:04}");
-            c.get_or_load(&sid, async { Ok(session("alice")) })
+            c.get_or_load(&sid.as_str().into(), async { Ok(session("alice")) })
                 .await
                 .unwrap();
         }
@@ -424,7 +429,7 @@ mod tests {
         let per = entry_bytes("sid-0000", &Ok(Cached::Found(Arc::new(session("alice")))));
         for i in 0..1000 {
             let sid = format!("sid-{i:04}");
-            c.get_or_load(&sid, async { Ok(session("alice")) })
+            c.get_or_load(&sid.as_str().into(), async { Ok(session("alice")) })
                 .await
                 .unwrap();
         }

@@ -257,8 +257,10 @@ impl Sessions {
 
     /// Looks up `sid` and unseals its credentials into a ready `Authorization` value.
     ///
+    /// `sid` is shared (an `Arc`) so a cached session keys on the verified token's own copy.
+    ///
     /// Errors: [`ResolveError`]; `Store` only when the store itself failed or timed out.
-    pub async fn resolve(&self, sid: &str) -> Result<Arc<Session>, ResolveError> {
+    pub async fn resolve(&self, sid: &Arc<str>) -> Result<Arc<Session>, ResolveError> {
         match &self.cache {
             Some(cache) if cache.is_live() => {
                 // The store's futures are boxed: they are about 16 KiB, and a warm request's
@@ -410,7 +412,7 @@ mod tests {
             .await
             .unwrap();
         assert!(c.sid.len() >= 24);
-        let got = s.resolve(&c.sid).await.unwrap();
+        let got = s.resolve(&c.sid.as_str().into()).await.unwrap();
         assert_eq!(got.authorization.to_str().unwrap(), "Basic YWxpY2U6cHc=");
         assert_eq!(got.sub.as_deref(), Some("alice"));
         let raw = s
@@ -425,7 +427,7 @@ mod tests {
         );
         assert!(s.revoke(&c.sid).await.unwrap());
         assert!(matches!(
-            s.resolve(&c.sid).await,
+            s.resolve(&c.sid.as_str().into()).await,
             Err(ResolveError::Unknown)
         ));
     }
@@ -453,7 +455,7 @@ mod tests {
             "k2",
         );
         // before reseal: old seals still open under the rotated config
-        assert!(rotated.resolve(&sids[0]).await.is_ok());
+        assert!(rotated.resolve(&sids[0].as_str().into()).await.is_ok());
         let report = rotated.reseal().await.unwrap();
         assert_eq!(
             report,
@@ -482,7 +484,7 @@ mod tests {
             "k2",
         );
         for sid in &sids {
-            assert!(only_new.resolve(sid).await.is_ok());
+            assert!(only_new.resolve(&sid.as_str().into()).await.is_ok());
         }
     }
 
@@ -522,8 +524,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (cached, uncached, c) = cached_and_uncached(dir.path()).await;
         for _ in 0..3 {
-            cached.resolve(&c.sid).await.unwrap();
-            uncached.resolve(&c.sid).await.unwrap();
+            cached.resolve(&c.sid.as_str().into()).await.unwrap();
+            uncached.resolve(&c.sid.as_str().into()).await.unwrap();
         }
         assert_eq!(cached.store_reads(), 1, "one fill, then warm");
         assert_eq!(cached.cache_loads(), Some(1));
@@ -532,7 +534,11 @@ mod tests {
         assert_eq!(cached.cache_entries(), Some(1));
         assert!(cached.cache_live() && !uncached.cache_live());
         // A clone shares the counter.
-        uncached.clone().resolve(&c.sid).await.unwrap();
+        uncached
+            .clone()
+            .resolve(&c.sid.as_str().into())
+            .await
+            .unwrap();
         assert_eq!(uncached.store_reads(), 4);
     }
 
@@ -548,14 +554,16 @@ mod tests {
             .map(|_| {
                 let s = cached.clone();
                 let sid = c.sid.clone();
-                tokio::spawn(async move { s.resolve(&sid).await.map(|s| s.sub.clone()) })
+                tokio::spawn(
+                    async move { s.resolve(&sid.as_str().into()).await.map(|s| s.sub.clone()) },
+                )
             })
             .collect();
         for t in tasks {
             assert_eq!(t.await.unwrap().unwrap().as_deref(), Some("alice"));
         }
         assert_eq!(cached.cache_loads().unwrap() - before, 1);
-        cached.resolve(&c.sid).await.unwrap();
+        cached.resolve(&c.sid.as_str().into()).await.unwrap();
         assert_eq!(
             cached.cache_loads().unwrap() - before,
             1,
@@ -565,7 +573,7 @@ mod tests {
         // unknown sids are remembered
         for _ in 0..50 {
             assert!(matches!(
-                cached.resolve("nope").await,
+                cached.resolve(&"nope".into()).await,
                 Err(ResolveError::Unknown)
             ));
         }
@@ -575,7 +583,10 @@ mod tests {
         other.revoke(&c.sid).await.unwrap();
         let mut gone = false;
         for _ in 0..100 {
-            if matches!(cached.resolve(&c.sid).await, Err(ResolveError::Unknown)) {
+            if matches!(
+                cached.resolve(&c.sid.as_str().into()).await,
+                Err(ResolveError::Unknown)
+            ) {
                 gone = true;
                 break;
             }
@@ -588,10 +599,10 @@ mod tests {
             .create(&Credentials::new("bob".into(), "pw".into()).unwrap(), 60)
             .await
             .unwrap();
-        cached.resolve(&d.sid).await.unwrap();
+        cached.resolve(&d.sid.as_str().into()).await.unwrap();
         cached.revoke(&d.sid).await.unwrap();
         assert!(matches!(
-            cached.resolve(&d.sid).await,
+            cached.resolve(&d.sid.as_str().into()).await,
             Err(ResolveError::Unknown)
         ));
     }
@@ -603,12 +614,12 @@ mod tests {
         let strict = sessions(dir.path(), SessionFormat::HyperAuthProxy, false);
         strict.put_raw("legacy-sid", rec, 60).await.unwrap();
         assert!(matches!(
-            strict.resolve("legacy-sid").await,
+            strict.resolve(&"legacy-sid".into()).await,
             Err(ResolveError::Corrupt(_))
         ));
         let lax = sessions(dir.path(), SessionFormat::HyperAuthProxy, true);
         assert_eq!(
-            lax.resolve("legacy-sid")
+            lax.resolve(&"legacy-sid".into())
                 .await
                 .unwrap()
                 .authorization
@@ -622,7 +633,12 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(
-            strict.resolve(&c.sid).await.unwrap().sub.as_deref(),
+            strict
+                .resolve(&c.sid.as_str().into())
+                .await
+                .unwrap()
+                .sub
+                .as_deref(),
             Some("bob")
         );
     }
@@ -643,7 +659,7 @@ mod tests {
             .unwrap();
         s.put_raw("other", &raw, 60).await.unwrap();
         assert!(matches!(
-            s.resolve("other").await,
+            s.resolve(&"other".into()).await,
             Err(ResolveError::Corrupt(_))
         ));
     }
@@ -656,7 +672,7 @@ mod tests {
             .await
             .unwrap();
         assert!(matches!(
-            s.resolve("gone").await,
+            s.resolve(&"gone".into()).await,
             Err(ResolveError::Unknown)
         ));
     }
