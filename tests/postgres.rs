@@ -233,7 +233,7 @@ fn sessions_in_the_applications_own_table_are_read_only() {
     let pg = Postgres::start();
     // Records as tessera makes them, moved into the application's table; tessera's tables go.
     let writer = on_postgres(&up, &pg);
-    let made: Vec<(String, String)> = ["alice", "bob"]
+    let made: Vec<(String, String)> = ["alice", "bob", "carol"]
         .iter()
         .map(|u| writer.create_session(u, &format!("{u}-pw")))
         .collect();
@@ -261,7 +261,7 @@ fn sessions_in_the_applications_own_table_are_read_only() {
         reader(&[query, channel]),
         reader(&[query]),
     );
-    let [(alice_sid, alice), (bob_sid, bob)] = made.try_into().unwrap();
+    let [(alice_sid, alice), (bob_sid, bob), (_, carol)] = made.try_into().unwrap();
     for t in [&a, &b, &uncached] {
         assert_eq!(status(t, &alice), 200, "{}", t.log());
         assert_eq!(status(t, &bob), 200);
@@ -294,6 +294,18 @@ fn sessions_in_the_applications_own_table_are_read_only() {
         "DELETE FROM app.sessions WHERE sid = 'tessera:session:{bob_sid}'"
     ));
     assert_eq!(status(&uncached, &bob), 401, "without a channel, no cache");
+
+    // The upstream refuses carol's stored password (no such user there): a 401, the row left to
+    // the application, and no write tried (it would fail as read-only and warn).
+    assert_eq!(status(&a, &carol), 401);
+    let rows = pg.sql("SELECT count(*) FROM app.sessions");
+    assert_eq!(rows, "1", "carol's row is the application's to delete");
+    let log = a.log();
+    assert!(
+        log.contains("upstream rejected credentials; session kept: the store is read-only")
+            && !log.contains("session store call failed"),
+        "{log}"
+    );
 
     let tables = pg.sql("SELECT count(*) FROM pg_tables WHERE tablename LIKE 'tessera%'");
     assert_eq!(tables, "0", "tessera created nothing");

@@ -38,7 +38,8 @@ impl Proxy {
     /// still good (the 401 was that path's own), or the check failed, and the session is kept
     /// and the upstream's answer passed on without its challenges. Refused there (the password
     /// was changed, the account closed), or without `[login]`, the session is useless: it is
-    /// deleted, and the client gets a Bearer challenge saying why. Never the upstream's `Basic`
+    /// deleted (evicted only, on a read-only store), and the client gets a Bearer challenge
+    /// saying why. Never the upstream's `Basic`
     /// challenge, which would make a browser prompt for the upstream password.
     pub(super) async fn upstream_rejected(
         &self,
@@ -64,12 +65,10 @@ impl Proxy {
             }
         }
         if let Some(sid) = &ctx.sid {
-            match self.sessions.revoke(sid).await {
-                Ok(_) => ctx.reason = Some("upstream rejected credentials; session deleted".into()),
-                Err(e) => {
-                    ctx.reason = Some(format!("upstream rejected credentials; delete failed: {e}"))
-                }
-            }
+            ctx.reason = Some(match self.sessions.drop_rejected(sid).await {
+                Ok(done) => format!("upstream rejected credentials; {done}"),
+                Err(e) => format!("upstream rejected credentials; delete failed: {e}"),
+            });
         }
         self.rejected_answer()
     }

@@ -158,6 +158,20 @@ impl Sessions {
         existed
     }
 
+    /// The upstream refused `sid`'s credentials: the session is deleted; with a read-only store
+    /// (`session.query`: the application owns its sessions and deletes them itself) it is only
+    /// dropped from the cache, so the next request reads the row again. Returns what was done,
+    /// for the access log.
+    ///
+    /// Errors: the delete failed or timed out.
+    pub async fn drop_rejected(&self, sid: &str) -> Result<&'static str, StoreError> {
+        if self.store.read_only() {
+            self.evict(sid).await;
+            return Ok("session kept: the store is read-only (session.query)");
+        }
+        self.revoke(sid).await.map(|_| "session deleted")
+    }
+
     /// Stores a raw record value at the key for `sid` (tests and migration tooling).
     pub async fn put_raw(
         &self,

@@ -116,6 +116,12 @@ impl Store {
         }
     }
 
+    /// Whether writes are refused: PostgreSQL with `session.query`, where the sessions are the
+    /// application's and tessera only reads them.
+    pub fn read_only(&self) -> bool {
+        matches!(self, Self::Postgres(s) if s.read_only())
+    }
+
     /// Deletes `key`; `true` if it existed.
     pub async fn delete(&self, key: &str) -> Result<bool, StoreError> {
         match self {

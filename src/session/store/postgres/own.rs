@@ -59,6 +59,11 @@ impl PostgresStore {
         answer.map_err(err)
     }
 
+    /// Whether the sessions are the application's (`session.query`): every write is refused.
+    pub(crate) fn read_only(&self) -> bool {
+        self.own.is_some()
+    }
+
     /// Refuses a write when the sessions are the application's (`session.query`).
     pub(super) fn writable(&self) -> Result<(), StoreError> {
         match self.own {
