@@ -94,6 +94,47 @@ fn requests_and_a_streamed_10_mib_upload_go_through_http3() {
     assert!(t.log().contains("http3="), "{}", t.log());
 }
 
+/// Threads of the process named `name` (Linux: /proc/PID/task/*/comm).
+fn threads_named(pid: u32, name: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim() == name)
+        .count()
+}
+
+#[test]
+fn http3_runs_on_its_own_threads_one_by_default() {
+    let echo = upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    });
+    let pki = Pki::new();
+    let (one, one_addr, one_token) = h3_tessera(&echo.url(), &pki, "", "");
+    let (two, two_addr, two_token) = h3_tessera(&echo.url(), &pki, "threads = 2", "");
+    assert_eq!(threads_named(one.pid(), "tessera-http3"), 1);
+    assert_eq!(threads_named(two.pid(), "tessera-http3"), 2);
+    runtime().block_on(async {
+        let client = std::sync::Arc::new(H3Client::new(&pki.ca()));
+        // Several connections at once on each: every one is served.
+        let mut asked = Vec::new();
+        for (addr, token) in [(one_addr, &one_token), (two_addr, &two_token)] {
+            for _ in 0..4 {
+                let (client, token) = (client.clone(), token.clone());
+                asked.push(tokio::spawn(async move {
+                    let mut send = client.connect(addr).await;
+                    request(&mut send, "GET", "/x", &token, Bytes::new())
+                        .await
+                        .unwrap()
+                        .status
+                }));
+            }
+        }
+        for a in asked {
+            assert_eq!(a.await.unwrap(), 200);
+        }
+    });
+}
+
 #[test]
 fn an_oversized_http3_body_is_refused_never_truncated() {
     let echo = upstream::start(Behavior::Echo {

@@ -346,7 +346,23 @@ fn tls_settings_are_checked_at_load_naming_the_key() {
             .len(),
         1
     );
+    let http3 = |lines: &str| format!("{tls}\n[http3]\n{lines}");
+    assert_eq!(load("", &http3("")).unwrap().http3.unwrap().threads, 1);
+    assert_eq!(
+        load("", &http3("threads = 4"))
+            .unwrap()
+            .http3
+            .unwrap()
+            .threads,
+        4
+    );
     let refused = [
+        (
+            "",
+            http3("threads = 0"),
+            "http3.threads",
+            "between 1 and 1024",
+        ),
         ("", files.clone(), "tls.listen", "is required"),
         (
             "",

@@ -30,6 +30,7 @@ pub(super) struct RawHttp3 {
     pub(super) alt_svc_max_age: Option<u64>,
     pub(super) max_concurrent_streams: Option<u32>,
     pub(super) idle_timeout_ms: Option<u64>,
+    pub(super) threads: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -141,8 +141,19 @@ pub(super) fn validate_http3(
             ))
         }
     };
+    let threads = match h.threads {
+        None => 1,
+        Some(n @ 1..=1024) => n,
+        Some(_) => {
+            return Err(ConfigError::new(
+                "http3.threads",
+                "must be between 1 and 1024 (leave it out for 1)",
+            ))
+        }
+    };
     Ok(Http3Config {
         listen,
+        threads,
         early_data: h.early_data.unwrap_or(true),
         alt_svc_max_age: h.alt_svc_max_age.unwrap_or(86_400),
         max_concurrent_streams,

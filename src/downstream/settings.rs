@@ -121,6 +121,11 @@ pub enum TlsVersion {
 pub struct Http3Config {
     /// UDP address (`http3.listen`). Default: `tls.listen`'s address, on UDP.
     pub listen: SocketAddr,
+    /// Threads of HTTP/3's own runtime (`http3.threads`). Default 1: no cross-thread wake-ups
+    /// between quinn's drivers and the requests (a third less CPU per upload measured on 2
+    /// cores, docs/benchmarks-edge.md); more spread many connections over more cores (one
+    /// connection's packets are always handled by one task). 1..=1024.
+    pub threads: usize,
     /// 0-RTT (`http3.early_data`): requests a resuming client sends before the handshake
     /// completes; GET, HEAD and OPTIONS go on at once with `Early-Data: 1` (RFC 8470), any other
     /// method waits for the handshake. Default true.

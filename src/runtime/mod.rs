@@ -2,6 +2,7 @@
 //! current-thread runtime each, accepting plain and TLS connections), HTTP/3 and the metrics
 //! endpoint on the caller's runtime, reloads on SIGHUP, and the drain at shutdown.
 
+mod quic_thread;
 mod reload;
 
 use std::future::Future;
@@ -64,7 +65,7 @@ pub async fn run(
 ) -> Result<(), StartError> {
     let tls = tls_server(&cfg, listeners.tls.is_some(), listeners.quic.is_some())?;
     let proxy = Arc::new(Proxy::from_config(&cfg)?.with_client_side(downstream::client_side));
-    let quic = quic_endpoint(&cfg, tls.as_deref(), listeners.quic)?;
+    let (quic_threads, quic) = quic_thread::start(&cfg, tls.as_deref(), listeners.quic)?;
     // Ends with `run`, like the metrics task.
     let _stop_reloads = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(reload_keys(
         proxy.clone(),
@@ -100,15 +101,19 @@ pub async fn run(
     // them; this copy of them is wiped here (their types zeroize on drop) rather than kept for
     // the process's life.
     let server_cfg = cfg.server.clone();
-    let _stop_http3 = quic.zip(cfg.http3.clone()).map(|(endpoint, h3)| {
-        spawn_http3(
-            endpoint,
-            proxy.clone(),
-            h3,
-            server_cfg.clone(),
-            phase_rx.clone(),
-        )
-    });
+    let _stop_http3 =
+        quic.zip(cfg.http3.clone())
+            .zip(quic_threads.as_ref())
+            .map(|((endpoint, h3), on)| {
+                spawn_http3(
+                    on.handle(),
+                    endpoint,
+                    proxy.clone(),
+                    h3,
+                    server_cfg.clone(),
+                    phase_rx.clone(),
+                )
+            });
     drop(cfg);
     let edges = serving_edges(listeners.plain, listeners.tls.zip(tls));
     let mut threads = Vec::with_capacity(server_cfg.threads);
@@ -166,16 +171,17 @@ async fn refresh_jwks(proxy: &Arc<Proxy>) -> Option<Task> {
     })))
 }
 
-/// HTTP/3 on the caller's runtime (quinn drives one UDP socket for every connection), until
-/// `phase` says the drain began.
+/// HTTP/3 on `on`, the HTTP/3 thread's runtime (quinn drives one UDP socket for every
+/// connection), until `phase` says the drain began.
 fn spawn_http3(
+    on: &tokio::runtime::Handle,
     endpoint: quinn::Endpoint,
     proxy: Arc<Proxy>,
     h3: downstream::Http3Config,
     server: downstream::ServerConfig,
     mut phase: tokio::sync::watch::Receiver<telemetry::Phase>,
 ) -> Task {
-    Task::new(tokio::spawn(async move {
+    Task::new(on.spawn(async move {
         let shutdown = async move {
             let _ = phase.wait_for(|p| *p == telemetry::Phase::Draining).await;
         };
