@@ -4,6 +4,7 @@
 # a bare quinn server (QUIC alone, no HTTP, no proxy), round-robin in one run. About 1 min.
 #   bench/http3.sh                         # builds target/release/tessera and the example h3_bench
 #   BIN=/tmp/tessera REPS=5 STREAMS=1000 BYTES=10240 bench/http3.sh
+#   HTTP3_TOML="threads = 2" bench/http3.sh  # more lines for tessera's [http3]
 # Processes (127.0.0.1, free ports, stopped on exit): the origin (nginx, one worker, answering
 # POST /up), one `tessera serve` ([tls] + [http3], max_concurrent_streams 1000, embedded store),
 # `h3_bench raw-server` (examples/h3_bench.rs: quinn reading every stream to its end). The client is
@@ -36,8 +37,8 @@ nginx_start origin "$ORIGIN" "  server { listen 127.0.0.1:$ORIGIN; keepalive_req
 mkdir -p "$WORK/keys"
 tessera_keys "$BIN"
 tessera_toml "$WORK/tessera.toml" "$PLAIN" "$ORIGIN" "$WORK/sessions"
-printf '[tls]\nlisten = "127.0.0.1:%s"\ncertificate = "file:%s"\nprivate_key = "file:%s"\n[http3]\nmax_concurrent_streams = 1000\n' \
-  "$PORT" "$WORK/cert.pem" "$WORK/key.pem" >>"$WORK/tessera.toml"
+printf '[tls]\nlisten = "127.0.0.1:%s"\ncertificate = "file:%s"\nprivate_key = "file:%s"\n[http3]\nmax_concurrent_streams = 1000\n%s\n' \
+  "$PORT" "$WORK/cert.pem" "$WORK/key.pem" "${HTTP3_TOML:-}" >>"$WORK/tessera.toml"
 "$BIN" serve --config "$WORK/tessera.toml" >"$WORK/tessera.log" 2>&1 &
 PIDS+=($!)
 PID_TESSERA=$!
