@@ -176,6 +176,31 @@ pub(super) fn ms(key: &str, v: Option<u64>, default_ms: u64) -> Result<Duration,
     }
 }
 
+/// `v` (or `default` when left out) if within `range`, else an error naming `key`, the range and
+/// the default.
+pub(super) fn in_range<T>(
+    key: &str,
+    v: Option<T>,
+    default: T,
+    range: std::ops::RangeInclusive<T>,
+) -> Result<T, ConfigError>
+where
+    T: PartialOrd + std::fmt::Display,
+{
+    match v {
+        None => Ok(default),
+        Some(n) if range.contains(&n) => Ok(n),
+        Some(_) => Err(ConfigError::new(
+            key,
+            format!(
+                "must be between {} and {} (leave it out for {default})",
+                range.start(),
+                range.end()
+            ),
+        )),
+    }
+}
+
 /// `text` as IP:PORT, or an error naming `key` with `example`.
 pub(super) fn socket_addr(key: &str, text: &str, example: &str) -> Result<SocketAddr, ConfigError> {
     text.parse()

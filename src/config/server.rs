@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::downstream::{ServerConfig, TlsConfig};
 
 use super::raw::RawServer;
-use super::{ms, socket_addr, ConfigError};
+use super::{in_range, ms, socket_addr, ConfigError};
 
 pub(super) fn validate_server(
     s: RawServer,
@@ -80,16 +80,12 @@ pub(super) fn validate_server(
                 ))
             }
         },
-        http2_max_concurrent_streams: match s.http2_max_concurrent_streams {
-            None => 200,
-            Some(n @ 1..=1000) => n,
-            Some(_) => {
-                return Err(ConfigError::new(
-                    "server.http2_max_concurrent_streams",
-                    "must be between 1 and 1000 (leave it out for 200)",
-                ))
-            }
-        },
+        http2_max_concurrent_streams: in_range(
+            "server.http2_max_concurrent_streams",
+            s.http2_max_concurrent_streams,
+            200,
+            1..=1000,
+        )?,
     })
 }
 

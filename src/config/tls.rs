@@ -4,7 +4,7 @@
 use crate::downstream::{name_matches, CertError, Http3Config, Identity, TlsConfig, TlsVersion};
 
 use super::raw::{RawHttp3, RawSni, RawTls};
-use super::{ms, resolve_secret, socket_addr, ConfigError};
+use super::{in_range, ms, resolve_secret, socket_addr, ConfigError};
 
 type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 
@@ -131,26 +131,13 @@ pub(super) fn validate_http3(
         Some(text) => socket_addr("http3.listen", text, "0.0.0.0:8443")?,
         None => tls.listen,
     };
-    let max_concurrent_streams = match h.max_concurrent_streams {
-        None => 100,
-        Some(n @ 1..=10_000) => n,
-        Some(_) => {
-            return Err(ConfigError::new(
-                "http3.max_concurrent_streams",
-                "must be between 1 and 10000 (leave it out for 100)",
-            ))
-        }
-    };
-    let threads = match h.threads {
-        None => 1,
-        Some(n @ 1..=1024) => n,
-        Some(_) => {
-            return Err(ConfigError::new(
-                "http3.threads",
-                "must be between 1 and 1024 (leave it out for 1)",
-            ))
-        }
-    };
+    let max_concurrent_streams = in_range(
+        "http3.max_concurrent_streams",
+        h.max_concurrent_streams,
+        100,
+        1..=10_000,
+    )?;
+    let threads = in_range("http3.threads", h.threads, 1, 1..=1024)?;
     Ok(Http3Config {
         listen,
         threads,
