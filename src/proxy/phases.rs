@@ -39,8 +39,8 @@ impl Proxy {
     /// and the upstream's answer passed on without its challenges. Refused there (the password
     /// was changed, the account closed), or without `[login]`, the session is useless: it is
     /// deleted (evicted only, on a read-only store), and the client gets a Bearer challenge
-    /// saying why. Never the upstream's `Basic`
-    /// challenge, which would make a browser prompt for the upstream password.
+    /// saying why. Never the upstream's `Basic` challenge, which would make a browser prompt
+    /// for the upstream password.
     pub(super) async fn upstream_rejected(
         &self,
         ctx: &mut RequestCtx<'_>,

@@ -1,6 +1,7 @@
 //! The serving runtime: the listeners bound by the caller, the serving threads (one
-//! current-thread runtime each, accepting plain and TLS connections), HTTP/3 and the metrics
-//! endpoint on the caller's runtime, reloads on SIGHUP, and the drain at shutdown.
+//! current-thread runtime each, accepting plain and TLS connections), HTTP/3 on a runtime of its
+//! own (`http3.threads`), the metrics endpoint on the caller's runtime, reloads on SIGHUP, and
+//! the drain at shutdown.
 
 mod quic_thread;
 mod reload;
@@ -44,7 +45,8 @@ pub enum StartError {
 /// tasks (cache invalidation, JWKS refresh, pool reaper). Requests are served by
 /// `server.threads` threads, each a single-threaded tokio runtime accepting from the same
 /// listener: a connection, its requests and the upstream connections they use stay on one
-/// thread, with no cross-thread wake-ups (docs/operations.md, "Tuning").
+/// thread, with no cross-thread wake-ups (docs/operations.md, "Tuning"). HTTP/3 has a runtime
+/// of its own, one thread by default (`http3.threads`), for the same reason.
 ///
 /// With a metrics listener (bound to `metrics.listen`), `GET /metrics` and the probes `/healthz` and
 /// `/readyz` are served there on the caller's runtime ([`telemetry::serve_metrics`]) until the
