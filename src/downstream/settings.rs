@@ -122,7 +122,7 @@ pub struct Http3Config {
     /// UDP address (`http3.listen`). Default: `tls.listen`'s address, on UDP.
     pub listen: SocketAddr,
     /// Threads of HTTP/3's own runtime (`http3.threads`). Default 1: no cross-thread wake-ups
-    /// between quinn's drivers and the requests (a third less CPU per upload measured on 2
+    /// between quinn's drivers and the requests (about 30 % less CPU per upload measured on 2
     /// cores, docs/benchmarks-edge.md); more spread many connections over more cores (one
     /// connection's packets are always handled by one task). 1..=1024.
     pub threads: usize,
