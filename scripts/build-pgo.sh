@@ -9,13 +9,17 @@
 # Steps: 1. an instrumented build (RUSTFLAGS=-Cprofile-generate, target/pgo-instr); 2. the training
 # workload below against it, on loopback; 3. llvm-profdata merge; 4. the final build
 # (RUSTFLAGS=-Cprofile-use, target/pgo). About 10 minutes on 2 cores.
-# Training workload (127.0.0.1, free ports, processes stopped by PID): an nginx origin with a 1 KiB
-# JSON, one `tessera serve` (embedded store, one session), then wrk GET with the token at c=1, 8 and
-# 64, wrk POST of 16 KiB bodies, h2load over h2c, and requests without a token (401); tessera is
-# stopped with SIGTERM so that it exits normally and writes its profile.
-# Needs: cargo, nginx, wrk, h2load (nghttp2-client), curl, python3, and llvm-profdata of the LLVM
-# major version rustc reports (`rustc -vV`); on Debian as root, missing ones are installed with
-# apt-get (llvm-<major> from the configured sources).
+# Training workload (127.0.0.1, free ports, processes stopped by PID), every shape the benchmarks
+# measure: an nginx origin with a 1 KiB JSON; a. one `tessera serve` (embedded store, one session,
+# TLS and HTTP/3 on a test CA's certificate): wrk GET with the bearer token at c=1, 8 and 64, wrk
+# POST of 16 KiB bodies, h2load over h2c and over TLS, wrk over TLS, 1,000 HTTP/3 uploads of
+# 10 KiB (the example h3_bench, a plain release build), requests without a token (401); b. one
+# `tessera serve` in the hyper-auth-proxy shape of `SHAPE=compat bench/ab.sh` (Redis, 1,000
+# sessions, base64 cookies from bench/compat.lua) at c=1, 8 and 64. Each tessera is stopped with
+# SIGTERM so that it exits normally and writes its profile.
+# Needs: cargo, nginx, wrk, h2load (nghttp2-client), curl, openssl, redis-server, python3, and
+# llvm-profdata of the LLVM major version rustc reports (`rustc -vV`); on Debian as root, missing
+# ones are installed with apt-get (llvm-<major> from the configured sources).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -42,6 +46,8 @@ command -v nginx >/dev/null || need+=(nginx)
 command -v wrk >/dev/null || need+=(wrk)
 command -v h2load >/dev/null || need+=(nghttp2-client)
 command -v curl >/dev/null || need+=(curl)
+command -v openssl >/dev/null || need+=(openssl)
+command -v redis-server >/dev/null || need+=(redis-server)
 PROFDATA="$(find_profdata || true)"
 [[ -n $PROFDATA ]] || need+=("llvm-$LLVM_MAJOR")
 if ((${#need[@]})); then
@@ -69,8 +75,12 @@ RUSTFLAGS="${RUSTFLAGS:-} -Cprofile-generate=$PROFILES" CARGO_TARGET_DIR="$ROOT/
   cargo build --release --locked --quiet
 BIN="$ROOT/target/pgo-instr/release/tessera"
 
+log "the HTTP/3 client: example h3_bench (plain release build)"
+cargo build --release --locked --quiet --example h3_bench
+H3_CLIENT="$ROOT/target/release/examples/h3_bench"
+
 # ---------------------------------------------------------------- 2. training workload
-read -r P_ORIGIN P_TESSERA < <(free_ports 2)
+read -r P_ORIGIN P_TESSERA P_TLS P_COMPAT P_REDIS < <(free_ports 5)
 write_1k "$WORK/1k.json"
 nginx_start origin "$P_ORIGIN" "  server { listen 127.0.0.1:$P_ORIGIN; keepalive_requests 1000000; client_max_body_size 1m;
     location = /1k { default_type application/json; alias $WORK/1k.json; }
@@ -78,6 +88,9 @@ nginx_start origin "$P_ORIGIN" "  server { listen 127.0.0.1:$P_ORIGIN; keepalive
 
 tessera_keys "$BIN"
 tessera_toml "$WORK/tessera.toml" "$P_TESSERA" "$P_ORIGIN" "$WORK/emb"
+test_ca "$WORK" DNS:localhost,IP:127.0.0.1
+printf '[tls]\nlisten = "127.0.0.1:%s"\ncertificate = "file:%s"\nprivate_key = "file:%s"\n[http3]\nmax_concurrent_streams = 1000\n' \
+  "$P_TLS" "$WORK/cert.pem" "$WORK/key.pem" >>"$WORK/tessera.toml"
 "$BIN" serve --config "$WORK/tessera.toml" >"$WORK/tessera.log" 2>&1 &
 TESSERA_PID=$!
 PIDS+=("$TESSERA_PID")
@@ -105,6 +118,12 @@ run post-16k wrk -t 2 -c 8 -d 2s -s "$WORK/post.lua" -H "Authorization: Bearer $
 ok post-16k
 run h2c h2load -n 40000 -c 8 -m 8 -H "authorization: Bearer $TOKEN" "$URL/1k"
 grep -q "40000 succeeded" "$WORK/h2c.out" || die "h2load: not every request succeeded: $(cat "$WORK/h2c.out")"
+TLS_URL="https://127.0.0.1:$P_TLS"
+run h2-tls h2load -n 40000 -c 8 -m 1 -H "authorization: Bearer $TOKEN" "$TLS_URL/1k"
+grep -q "40000 succeeded" "$WORK/h2-tls.out" || die "h2load over TLS: not every request succeeded"
+run h1-tls wrk -t 1 -c 8 -d 2s -H "Authorization: Bearer $TOKEN" "$TLS_URL/1k"
+ok h1-tls
+run h3 "$H3_CLIENT" h3 "$P_TLS" "$WORK/ca.pem" 1000 10240 /upload "$TOKEN"
 run no-token wrk -t 1 -c 8 -d 1s "$URL/1k"
 grep -q "Non-2xx" "$WORK/no-token.out" || die "requests without a token were not refused: is the token check off?"
 
@@ -113,6 +132,37 @@ kill -TERM "$TESSERA_PID"
 rc=0 && wait "$TESSERA_PID" || rc=$?
 ((rc == 0)) || die "tessera exited with $rc on SIGTERM (no profile written)"
 compgen -G "$PROFILES/*.profraw" >/dev/null || die "no .profraw written in $PROFILES"
+
+# b. the hyper-auth-proxy shape (bench/ab.sh SHAPE=compat)
+redis-server --port "$P_REDIS" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" \
+  >"$WORK/redis.log" 2>&1 &
+PIDS+=("$!")
+wait_port "$P_REDIS" redis-server "$!"
+export COMPAT_TOKENS="$WORK/compat-tokens"
+python3 "$ROOT/bench/compat_sessions.py" "$P_REDIS" "$WORK/keys/jwt.secret" 1000 "$COMPAT_TOKENS" ||
+  die "could not write the compat sessions"
+tessera_toml_on "$WORK/compat.toml" "$P_COMPAT" "http://127.0.0.1:$P_ORIGIN" "redis://127.0.0.1:$P_REDIS/"
+python3 - "$WORK/compat.toml" <<'PY2'
+import sys
+p = sys.argv[1]
+s = open(p).read()
+s = s.replace("[token]\n", '[token]\nsources = ["cookie-b64:Authorization", "bearer"]\n')
+s = s.replace("[session]\n", '[session]\nformat = "hyper-auth-proxy"\n')
+s = s.replace("[credentials]\n", "[credentials]\nallow_plaintext_legacy = true\n")
+open(p, "w").write(s)
+PY2
+"$BIN" serve --config "$WORK/compat.toml" >"$WORK/compat.log" 2>&1 &
+TESSERA_PID=$!
+PIDS+=("$TESSERA_PID")
+wait_port "$P_COMPAT" "tessera (compat)" "$TESSERA_PID"
+for c in 1 8 64; do
+  run "compat-c$c" wrk -t 1 -c "$c" -d 3s -s "$ROOT/bench/compat.lua" "http://127.0.0.1:$P_COMPAT/1k"
+  ok "compat-c$c"
+done
+log "stopping the compat tessera (SIGTERM)"
+kill -TERM "$TESSERA_PID"
+rc=0 && wait "$TESSERA_PID" || rc=$?
+((rc == 0)) || die "the compat tessera exited with $rc on SIGTERM (no profile written)"
 
 # ---------------------------------------------------------------- 3. merge, 4. final build
 "$PROFDATA" merge -o "$WORK/tessera.profdata" "$PROFILES"
