@@ -33,9 +33,9 @@ fi
 TOOL="$ROOT/target/release/examples/h3_bench"
 "$NETNS" up "$RTT_MS" "$NAME" >/dev/null
 S=(ip netns exec "$NAME-s") C=(ip netns exec "$NAME-c")
-# TCP Fast Open on the server side without the listener option (tessera does not set
-# TCP_FASTOPEN on its sockets): the kernel flag 0x400 (TFO_SERVER_WO_SOCKOPT) over rtt-netns.sh's 3.
-"${S[@]}" sysctl -q -w net.ipv4.tcp_fastopen=1027
+# TCP Fast Open: the kernel's client and server sides (3), tessera's `server.fastopen` on its
+# listeners, as an operator sets them.
+"${S[@]}" sysctl -q -w net.ipv4.tcp_fastopen=3
 SERVER=10.77.0.2 PORT=8443 ORIGIN=18080 PLAIN=18081
 
 test_ca "$WORK" DNS:localhost
@@ -53,6 +53,7 @@ PIDS+=($!)
 mkdir -p "$WORK/keys"
 tessera_keys "$BIN"
 tessera_toml "$WORK/tessera.toml" "$PLAIN" "$ORIGIN" "$WORK/sessions"
+sed -i 's/^\[server\]$/[server]\nfastopen = true/' "$WORK/tessera.toml"
 printf '[tls]\nlisten = "%s:%s"\ncertificate = "file:%s"\nprivate_key = "file:%s"\n[http3]\n' \
   "$SERVER" "$PORT" "$WORK/cert.pem" "$WORK/key.pem" >>"$WORK/tessera.toml"
 "${S[@]}" "$BIN" serve --config "$WORK/tessera.toml" >"$WORK/tessera.log" 2>&1 &

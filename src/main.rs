@@ -178,15 +178,22 @@ async fn serve(config: PathBuf) -> ExitCode {
     }
     #[cfg(not(unix))]
     drop(reload_tx);
-    let plain = match bind("server.listen", cfg.server.listen).await {
+    let fastopen = cfg.server.fastopen;
+    let plain = match bind("server.listen", cfg.server.listen, fastopen).await {
         Ok(l) => l,
         Err(code) => return code,
     };
-    let tls = match bind("tls.listen", cfg.tls.as_ref().map(|t| t.listen)).await {
+    let tls = match bind("tls.listen", cfg.tls.as_ref().map(|t| t.listen), fastopen).await {
         Ok(l) => l,
         Err(code) => return code,
     };
-    let metrics = match bind("metrics.listen", cfg.metrics.as_ref().map(|m| m.listen)).await {
+    let metrics = match bind(
+        "metrics.listen",
+        cfg.metrics.as_ref().map(|m| m.listen),
+        false,
+    )
+    .await
+    {
         Ok(l) => l,
         Err(code) => return code,
     };
@@ -215,20 +222,26 @@ async fn serve(config: PathBuf) -> ExitCode {
     }
 }
 
-/// The listener for config key `key`, when it has an address; exit code 2 when it cannot be
-/// bound.
+/// The listener for config key `key`, when it has an address (with TCP Fast Open when
+/// `fastopen`); exit code 2 when it cannot be bound.
 async fn bind(
     key: &str,
     addr: Option<std::net::SocketAddr>,
+    fastopen: bool,
 ) -> Result<Option<tokio::net::TcpListener>, ExitCode> {
     let Some(addr) = addr else {
         return Ok(None);
     };
-    tokio::net::TcpListener::bind(addr)
+    tessera::downstream::bind_tcp(addr, fastopen)
         .await
         .map(Some)
         .map_err(|e| {
-            eprintln!("tessera: config key `{key}`: cannot bind {addr}: {e}");
+            let with = if fastopen {
+                " with server.fastopen"
+            } else {
+                ""
+            };
+            eprintln!("tessera: config key `{key}`: cannot listen on {addr}{with}: {e}");
             ExitCode::from(2)
         })
 }

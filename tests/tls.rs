@@ -495,3 +495,163 @@ fn a_websocket_over_tls_carries_frames_both_ways() {
         "{head:?}"
     );
 }
+
+/// A network namespace of the test's own (`ip netns`), deleted on drop: its own loopback, its
+/// own `net.ipv4.tcp_fastopen` and its own TCP counters, so the host's stay as they are.
+struct NetNs(String);
+
+impl NetNs {
+    fn new(tcp_fastopen: u32) -> Self {
+        require("ip");
+        let ns = NetNs(format!(
+            "tessera-tfo-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
+        let made = Command::new("ip").args(["netns", "add", &ns.0]).status();
+        assert!(
+            made.unwrap().success(),
+            "ip netns add {} (needs root)",
+            ns.0
+        );
+        ns.run(&["ip", "link", "set", "lo", "up"]);
+        ns.run(&[
+            "sysctl",
+            "-q",
+            "-w",
+            &format!("net.ipv4.tcp_fastopen={tcp_fastopen}"),
+        ]);
+        ns
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.0]).args(args);
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> String {
+        let out = self.command(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `TcpExt: TCPFastOpenPassive`: connections whose SYN carried data a listener took.
+    fn fast_open_passive(&self) -> u64 {
+        let netstat = self.run(&["cat", "/proc/net/netstat"]);
+        let mut tcp_ext = netstat.lines().filter(|l| l.starts_with("TcpExt:"));
+        let (names, values) = (tcp_ext.next().unwrap(), tcp_ext.next().unwrap());
+        let at = names.split(' ').position(|n| n == "TCPFastOpenPassive");
+        values.split(' ').nth(at.unwrap()).unwrap().parse().unwrap()
+    }
+
+    /// Two curl runs with `--tcp-fastopen` (the first gets the cookie, the second sends its
+    /// first bytes in the SYN) to `url`, each answered 401 (no token).
+    fn curl_twice(&self, url: &str, ca: &Path) {
+        for _ in 0..2 {
+            let ca = ca.display().to_string();
+            let args = [
+                "curl",
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "--cacert",
+                &ca,
+            ];
+            let code = self.run(&[&args[..], &["--tcp-fastopen", url]].concat());
+            assert_eq!(code, "401", "{url}");
+        }
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// A child process stopped (SIGTERM, then SIGKILL) when dropped, also when a test fails.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        support::terminate(&mut self.0);
+    }
+}
+
+/// tessera in `ns` with a plain listener and a TLS one, `server.fastopen = fastopen`; returns
+/// the process, its directory (config, log) and the two URLs once both answer.
+fn tessera_in(ns: &NetNs, pki: &Pki, fastopen: bool) -> (Running, tempfile::TempDir, [String; 2]) {
+    let dir = tempfile::tempdir().unwrap();
+    let (plain, tls) = (free_port(), free_port());
+    let (cert, key) = pki.leaf("localhost", &["localhost", "127.0.0.1"]);
+    let store = format!("embedded:{}/sessions", dir.path().display());
+    let server = format!("fastopen = {fastopen}");
+    let table = tls_table(tls, &cert, &key, "");
+    let extra = [("server", server.as_str()), ("tables", &table)];
+    let cfg = config(plain, "http://127.0.0.1:9", &store, &extra);
+    std::fs::write(dir.path().join("tessera.toml"), cfg).unwrap();
+    let log = std::fs::File::create(dir.path().join("tessera.log")).unwrap();
+    let mut cmd = ns.command(&[bin(), "serve", "--config"]);
+    let mut child = cmd
+        .arg(dir.path().join("tessera.toml"))
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let urls = [
+        format!("http://127.0.0.1:{plain}/"),
+        format!("https://127.0.0.1:{tls}/"),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(15);
+    for url in &urls {
+        let answers = || {
+            let curl = ns
+                .command(&["curl", "-sk", "-o", "/dev/null", url])
+                .status();
+            curl.is_ok_and(|s| s.success())
+        };
+        while !answers() {
+            if let Ok(Some(status)) = child.try_wait() {
+                let log = std::fs::read_to_string(dir.path().join("tessera.log"));
+                panic!("tessera exited ({status}): {log:?}");
+            }
+            assert!(Instant::now() < deadline, "tessera did not answer on {url}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    (Running(child), dir, urls)
+}
+
+/// `server.fastopen = true`: a returning curl's request (plain) and ClientHello (TLS) ride in
+/// its SYN, and the kernel counts the listener taking them; off, the same clients take the
+/// round trip; on, with the kernel's server side off, the log names the sysctl to set.
+#[test]
+fn fastopen_takes_a_returning_clients_first_bytes_in_the_syn() {
+    let pki = Pki::new();
+    for fastopen in [true, false] {
+        let ns = NetNs::new(3);
+        let (child, _dir, urls) = tessera_in(&ns, &pki, fastopen);
+        // Per URL: the kernel keeps one cookie per server address, so the TLS listener's first
+        // connection may already carry data.
+        let taken = urls.map(|url| {
+            let before = ns.fast_open_passive();
+            ns.curl_twice(&url, &pki.ca());
+            ns.fast_open_passive() - before
+        });
+        drop(child);
+        if fastopen {
+            assert!(taken.iter().all(|&n| n >= 1), "taken in the SYN: {taken:?}");
+        } else {
+            assert_eq!(taken, [0, 0], "server.fastopen = false");
+        }
+    }
+    let ns = NetNs::new(1);
+    let (child, dir, _) = tessera_in(&ns, &pki, true);
+    drop(child);
+    let log = std::fs::read_to_string(dir.path().join("tessera.log")).unwrap();
+    assert!(log.contains("sysctl -w net.ipv4.tcp_fastopen=3"), "{log}");
+}

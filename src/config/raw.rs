@@ -72,6 +72,7 @@ pub(super) struct RawWebSocket {
 pub(super) struct RawServer {
     pub(super) listen: Option<String>,
     pub(super) redirect_to_https: Option<bool>,
+    pub(super) fastopen: Option<bool>,
     pub(super) max_header_bytes: Option<usize>,
     pub(super) max_uri_bytes: Option<usize>,
     pub(super) max_body_bytes: Option<u64>,

@@ -50,6 +50,7 @@ pub(super) fn validate_server(
     Ok(ServerConfig {
         listen,
         redirect_to_https,
+        fastopen: s.fastopen.unwrap_or(false),
         threads,
         trusted_proxies,
         busy_poll: Duration::from_micros(busy_poll_us),

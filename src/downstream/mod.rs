@@ -5,6 +5,7 @@
 
 mod certs;
 mod conn;
+mod fastopen;
 mod format;
 mod handoff;
 mod http3;
@@ -30,6 +31,7 @@ use crate::proxy::Proxy;
 
 pub use certs::{name_matches, CertError, CertSummary};
 pub use conn::MAX_FAST_BODY;
+pub use fastopen::bind_tcp;
 pub use io::client_side;
 pub(crate) use parse::{Incoming, Taken};
 pub use quic::{bind_udp, serve_http3};

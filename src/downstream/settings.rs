@@ -12,6 +12,10 @@ pub struct ServerConfig {
     /// `server.redirect_to_https`: the plain listener answers every request with a 308 to the
     /// same host and path on https, at this port (`tls.listen`'s). Default off.
     pub redirect_to_https: Option<u16>,
+    /// `server.fastopen`: TCP Fast Open (RFC 7413) on the plain and the TLS listener, as
+    /// nginx's `listen ... fastopen`: a returning client's first bytes ride in its SYN. Needs the
+    /// kernel's server side on (`net.ipv4.tcp_fastopen` with bit 2, e.g. 3). Default off.
+    pub fastopen: bool,
     /// Cap on the sum of request header names + values, bytes; above -> 431. Default 16384.
     pub max_header_bytes: usize,
     /// Cap on the request-target length, bytes; above -> 414. Default 8192.
