@@ -8,7 +8,8 @@
 #              = 0, token cache off): every request verifies the JWT, reads the session row, unseals
 #              it and forwards to the nginx origin (1 KiB);
 #   warm       the same tessera config with both caches on (defaults): no SQL per request.
-# Usage: bench/sql.sh            Env: CONC ("8 64"), DURATION (5s), REPS (3), WARMUP (2s).
+# Usage: bench/sql.sh            Env: CONC ("8 64"), DURATION (5s), REPS (3), WARMUP (2s), BIN
+# (a tessera binary, e.g. target/pgo/release/tessera; default: target/release/tessera, built).
 # Processes (127.0.0.1, free ports, stopped by PID on exit): a PostgreSQL 15 cluster (initdb, trust,
 # fsync off), the nginx origin, the reference, two tessera (cold, warm). wrk -t2 with one token.
 # Output: Markdown on stdout and in bench/results/sql-<date>-<time>.md (medians of req/s, p50 and
@@ -23,11 +24,16 @@ die() { log "ERROR: $*"; exit 1; }
 source "$ROOT/bench/lib.sh"
 for t in nginx wrk curl python3 cargo; do command -v "$t" >/dev/null || die "$t is not installed"; done
 
-log "building tessera and the reference (release)"
-(cd "$ROOT" && cargo build --release -q) || die "cargo build failed"
+if [[ -z ${BIN:-} ]]; then
+  log "building tessera (release)"
+  (cd "$ROOT" && cargo build --release -q) || die "cargo build failed"
+  BIN="$ROOT/target/release/tessera"
+fi
+[[ -x $BIN ]] || die "BIN=$BIN is not an executable"
+log "building the reference (release)"
 (cd "$ROOT/bench/reference/sql-lookup" && CARGO_TARGET_DIR="$ROOT/target/bench-reference" cargo build --release -q) ||
   die "reference build failed"
-BIN="$ROOT/target/release/tessera" REF="$ROOT/target/bench-reference/release/sql-lookup"
+REF="$ROOT/target/bench-reference/release/sql-lookup"
 
 work_dir sql
 read -r P_PG P_ORIGIN P_REF P_COLD P_WARM < <(free_ports 5)
@@ -104,10 +110,10 @@ done
 mkdir -p "$ROOT/bench/results"
 OUT="$ROOT/bench/results/sql-$(date +%Y-%m-%d-%H%M%S).md"
 COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-python3 - "$WORK/runs.tsv" "$OUT" "$COMMIT" "$CONC" "$DURATION" "$REPS" <<'PY'
+python3 - "$WORK/runs.tsv" "$OUT" "$COMMIT" "$CONC" "$DURATION" "$REPS" "${BIN#"$ROOT"/}" <<'PY'
 import os, statistics, sys
 from collections import defaultdict
-runs, out, commit, conc, duration, reps = sys.argv[1:]
+runs, out, commit, conc, duration, reps, binary = sys.argv[1:]
 rps, p50, own, pg = defaultdict(list), defaultdict(list), defaultdict(list), defaultdict(list)
 tck = int(os.sysconf("SC_CLK_TCK"))
 def us(s):
@@ -119,7 +125,7 @@ for line in open(runs):
     t, c, rep, r, p, own_t, pg_t, n = line.rstrip("\n").split("\t")
     rps[(t, c)].append(float(r)); p50[(t, c)].append(us(p))
     own[(t, c)].append(int(own_t) * 1e6 / tck / int(n)); pg[(t, c)].append(int(pg_t) * 1e6 / tck / int(n))
-lines = [f"# JWT + SQL lookup per request (bench/sql.sh), commit {commit}", "",
+lines = [f"# JWT + SQL lookup per request (bench/sql.sh), commit {commit}", "", f"tessera binary: {binary}", "",
          f"wrk -t2, {duration} per run, {reps} reps, medians; one token; PostgreSQL on loopback; "
          "the same 2 cores for everything.", "",
          "CPU µs/req: the target's process, and PostgreSQL's (postmaster and backends), "
