@@ -515,12 +515,8 @@ impl NetNs {
             ns.0
         );
         ns.run(&["ip", "link", "set", "lo", "up"]);
-        ns.run(&[
-            "sysctl",
-            "-q",
-            "-w",
-            &format!("net.ipv4.tcp_fastopen={tcp_fastopen}"),
-        ]);
+        let set = format!("echo {tcp_fastopen} > /proc/sys/net/ipv4/tcp_fastopen");
+        ns.run(&["sh", "-c", &set]);
         ns
     }
 
