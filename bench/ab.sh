@@ -127,13 +127,7 @@ AUTH_OF[nginx-proxy]=""
 # ---------------------------------------------------------------- tessera instances
 tessera_keys "${BIN_PATHS[0]}"
 if [[ $SHAPE == compat ]]; then # one Redis with the sessions every tessera reads (see the header)
-  redis-server --port "$P_REDIS" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" \
-    >"$WORK/redis.log" 2>&1 &
-  PIDS+=("$!")
-  wait_port "$P_REDIS" redis-server "$!"
-  export COMPAT_TOKENS="$WORK/compat-tokens"
-  python3 "$ROOT/bench/compat_sessions.py" "$P_REDIS" "$WORK/keys/jwt.secret" 1000 "$COMPAT_TOKENS" ||
-    die "could not write the compat sessions"
+  compat_redis "$P_REDIS"
   USER_EXTRA_TOML="$EXTRA_TOML" EXTRA_TOML="[token]
 sources = [\"cookie-b64:Authorization\", \"bearer\"]
 [session]

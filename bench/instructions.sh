@@ -139,13 +139,8 @@ b0="${BIN_ARGS[0]}"
 tessera_keys "$b0" # one key pair for every binary: bench/lib.sh
 STORE_LINES="" TOKEN_LINES="" CRED_LINES=""
 if [[ $SHAPE == compat ]]; then
-  redis-server --port "$P_REDIS" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" \
-    >"$WORK/redis.log" 2>&1 &
-  PIDS+=("$!")
-  wait_port "$P_REDIS" redis-server "$!"
-  python3 "$ROOT/bench/compat_sessions.py" "$P_REDIS" "$WORK/keys/jwt.secret" 1000 "$WORK/compat-tokens" ||
-    die "could not write the compat sessions"
-  AUTH="Cookie: Authorization=$(head -1 "$WORK/compat-tokens")"
+  compat_redis "$P_REDIS"
+  AUTH="Cookie: Authorization=$(head -1 "$COMPAT_TOKENS")"
   STORE_LINES=$'format = "hyper-auth-proxy"'
   TOKEN_LINES=$'sources = ["cookie-b64:Authorization", "bearer"]'
   CRED_LINES=$'allow_plaintext_legacy = true'

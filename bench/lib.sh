@@ -164,6 +164,20 @@ tessera_keys() {
   [[ $(wc -c <"$WORK/keys/jwt.secret") -ge 65 && -s "$WORK/keys/cred.key" ]] || die "keygen gave no usable keys"
 }
 
+# compat_redis PORT: the hyper-auth-proxy shape's store (bench/ab.sh SHAPE=compat): a
+# redis-server on 127.0.0.1:PORT (no persistence, PID in PIDS) holding 1,000 sessions written by
+# bench/compat_sessions.py with $WORK/keys/jwt.secret (tessera_keys first); exports
+# COMPAT_TOKENS, their base64 cookies one per line (read by bench/compat.lua).
+compat_redis() {
+  redis-server --port "$1" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" \
+    >"$WORK/redis.log" 2>&1 &
+  PIDS+=("$!")
+  wait_port "$1" redis-server "$!"
+  export COMPAT_TOKENS="$WORK/compat-tokens"
+  python3 "$ROOT/bench/compat_sessions.py" "$1" "$WORK/keys/jwt.secret" 1000 "$COMPAT_TOKENS" ||
+    die "could not write the compat sessions"
+}
+
 # tessera_toml FILE PORT ORIGIN_PORT STORE_DIR: a bench config: listen on 127.0.0.1:PORT, the
 # origin on 127.0.0.1:ORIGIN_PORT, the embedded store in STORE_DIR, the keys of tessera_keys,
 # log level warn, no access log.

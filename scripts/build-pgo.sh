@@ -134,13 +134,7 @@ rc=0 && wait "$TESSERA_PID" || rc=$?
 compgen -G "$PROFILES/*.profraw" >/dev/null || die "no .profraw written in $PROFILES"
 
 # b. the hyper-auth-proxy shape (bench/ab.sh SHAPE=compat)
-redis-server --port "$P_REDIS" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" \
-  >"$WORK/redis.log" 2>&1 &
-PIDS+=("$!")
-wait_port "$P_REDIS" redis-server "$!"
-export COMPAT_TOKENS="$WORK/compat-tokens"
-python3 "$ROOT/bench/compat_sessions.py" "$P_REDIS" "$WORK/keys/jwt.secret" 1000 "$COMPAT_TOKENS" ||
-  die "could not write the compat sessions"
+compat_redis "$P_REDIS"
 tessera_toml_on "$WORK/compat.toml" "$P_COMPAT" "http://127.0.0.1:$P_ORIGIN" "redis://127.0.0.1:$P_REDIS/"
 python3 - "$WORK/compat.toml" <<'PY2'
 import sys
