@@ -187,13 +187,8 @@ async fn serve(config: PathBuf) -> ExitCode {
         Ok(l) => l,
         Err(code) => return code,
     };
-    let metrics = match bind(
-        "metrics.listen",
-        cfg.metrics.as_ref().map(|m| m.listen),
-        false,
-    )
-    .await
-    {
+    let metrics_addr = cfg.metrics.as_ref().map(|m| m.listen);
+    let metrics = match bind("metrics.listen", metrics_addr, false).await {
         Ok(l) => l,
         Err(code) => return code,
     };
@@ -236,12 +231,7 @@ async fn bind(
         .await
         .map(Some)
         .map_err(|e| {
-            let with = if fastopen {
-                " with server.fastopen"
-            } else {
-                ""
-            };
-            eprintln!("tessera: config key `{key}`: cannot listen on {addr}{with}: {e}");
+            eprintln!("tessera: config key `{key}`: cannot listen on {addr}: {e}");
             ExitCode::from(2)
         })
 }

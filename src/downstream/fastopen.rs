@@ -15,11 +15,13 @@ const SERVER_BIT: u32 = 0x2;
 /// Binds a TCP listener on `addr`; with `fastopen`, sets `TCP_FASTOPEN` on it (a queue of 1024
 /// pending Fast Open handshakes, tokio-tfo's; the kernel caps it at `net.core.somaxconn`) and
 /// warns, naming the fix, when the kernel's switch leaves server-side Fast Open off.
-/// Errors: the address cannot be bound, or the kernel refuses the option.
+/// Errors: the address cannot be bound, or the kernel refuses the option (the error says
+/// `server.fastopen`).
 pub async fn bind_tcp(addr: SocketAddr, fastopen: bool) -> io::Result<TcpListener> {
     let listener = TcpListener::bind(addr).await?;
     if fastopen {
-        set_fast_open(&listener)?;
+        set_fast_open(&listener)
+            .map_err(|e| io::Error::new(e.kind(), format!("server.fastopen: {e}")))?;
         if server_fast_open_allowed() == Some(false) {
             tracing::warn!(
                 listen = %addr,
