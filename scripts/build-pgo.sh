@@ -8,7 +8,7 @@
 # otherwise: same source, same Cargo profile, same behaviour.
 # Steps: 1. an instrumented build (RUSTFLAGS=-Cprofile-generate, target/pgo-instr); 2. the training
 # workload below against it, on loopback; 3. llvm-profdata merge; 4. the final build
-# (RUSTFLAGS=-Cprofile-use, target/pgo). About 10 minutes on 2 cores.
+# (RUSTFLAGS=-Cprofile-use, target/pgo). 13-18 minutes on 2 cores.
 # Training workload (127.0.0.1, free ports, processes stopped by PID), every shape the benchmarks
 # measure: an nginx origin with a 1 KiB JSON; a. one `tessera serve` (embedded store, one session,
 # TLS and HTTP/3 on a test CA's certificate): wrk GET with the bearer token at c=1, 8 and 64, wrk
