@@ -37,6 +37,14 @@ pub enum StartError {
     /// A certificate or key cannot be served.
     #[error("config key `{}`: {}", .0.key, .0.problem)]
     Tls(#[from] downstream::CertError),
+    /// The threads a config key asks for cannot be started (out of memory or threads).
+    #[error("config key `{key}`: cannot start its threads: {source}")]
+    Threads {
+        /// The key, e.g. `http3.threads`.
+        key: &'static str,
+        /// What the OS or tokio answered.
+        source: std::io::Error,
+    },
 }
 
 /// Runs the proxy on already-bound `listeners` until `shutdown` resolves (tests bind port 0).

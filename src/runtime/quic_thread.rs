@@ -17,11 +17,9 @@ pub(super) fn start(
     let (Some(h3), Some(_)) = (&cfg.http3, &socket) else {
         return Ok((None, None));
     };
-    let threads = QuicThreads::start(h3.threads).map_err(|e| {
-        StartError::Tls(downstream::CertError {
-            key: "http3.threads".into(),
-            problem: format!("cannot start the HTTP/3 threads: {e}"),
-        })
+    let threads = QuicThreads::start(h3.threads).map_err(|source| StartError::Threads {
+        key: "http3.threads",
+        source,
     })?;
     let endpoint = {
         let _on = threads.handle().enter();
