@@ -117,17 +117,18 @@ impl Sentinels {
     fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let quorum = self.sentinels.iter().all(|&p| {
-                self.sentinel_cli(p, &["SENTINEL", "CKQUORUM", MASTER])
-                    .starts_with("OK")
-            });
-            let replicas = self
-                .data_cli(self.data[0], &["INFO", "replication"])
-                .contains("connected_slaves:2");
-            if quorum && replicas {
+            let answers: Vec<String> = (self.sentinels.iter())
+                .map(|&p| self.sentinel_cli(p, &["SENTINEL", "CKQUORUM", MASTER]))
+                .collect();
+            let quorum = answers.iter().all(|a| a.starts_with("OK"));
+            let replication = self.data_cli(self.data[0], &["INFO", "replication"]);
+            if quorum && replication.contains("connected_slaves:2") {
                 return;
             }
-            assert!(Instant::now() < deadline, "Sentinels not ready");
+            assert!(
+                Instant::now() < deadline,
+                "Sentinels not ready after 30 s: CKQUORUM {answers:?}; primary: {replication}"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
