@@ -45,6 +45,16 @@ pub enum StartError {
         /// What the OS or tokio answered.
         source: std::io::Error,
     },
+    /// A bound socket cannot serve what its key asks for (QUIC on `http3.listen`).
+    #[error("config key `{key}`: cannot serve {what} on it: {source}")]
+    Listen {
+        /// The key, e.g. `http3.listen`.
+        key: &'static str,
+        /// The protocol, e.g. `QUIC`.
+        what: &'static str,
+        /// What the OS or the protocol stack answered.
+        source: std::io::Error,
+    },
 }
 
 /// Runs the proxy on already-bound `listeners` until `shutdown` resolves (tests bind port 0).
@@ -259,4 +269,29 @@ fn serving_thread(
         );
     });
     access_log::flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StartError;
+
+    #[test]
+    fn start_errors_name_the_config_key() {
+        let refused = || std::io::Error::from(std::io::ErrorKind::AddrInUse);
+        let listen = StartError::Listen {
+            key: "http3.listen",
+            what: "QUIC",
+            source: refused(),
+        };
+        assert!(listen
+            .to_string()
+            .starts_with("config key `http3.listen`: cannot serve QUIC on it: "));
+        let threads = StartError::Threads {
+            key: "http3.threads",
+            source: refused(),
+        };
+        assert!(threads
+            .to_string()
+            .starts_with("config key `http3.threads`: cannot start its threads: "));
+    }
 }

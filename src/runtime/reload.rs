@@ -12,7 +12,8 @@ use super::StartError;
 
 /// The HTTP/3 endpoint on `socket`, with the QUIC server configuration of `cfg`.
 ///
-/// Errors: the certificates cannot be served over QUIC, or the socket cannot be registered.
+/// Errors: the certificates cannot be served over QUIC ([`StartError::Tls`]), or the socket
+/// cannot be registered ([`StartError::Listen`]).
 pub(super) fn quic_endpoint(
     cfg: &Config,
     tls: Option<&downstream::TlsServer>,
@@ -31,11 +32,10 @@ pub(super) fn quic_endpoint(
         runtime,
     )
     .map(Some)
-    .map_err(|e| {
-        StartError::Tls(downstream::CertError {
-            key: "http3.listen".into(),
-            problem: format!("cannot serve QUIC on it: {e}"),
-        })
+    .map_err(|source| StartError::Listen {
+        key: "http3.listen",
+        what: "QUIC",
+        source,
     })
 }
 

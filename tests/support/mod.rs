@@ -475,8 +475,16 @@ impl Tessera {
 }
 
 impl Drop for Tessera {
+    /// Stops the process; when a test is failing, prints the end of its log beside the panic, so
+    /// that a failure seen once in CI says what tessera saw.
     fn drop(&mut self) {
         terminate(&mut self.child);
+        if std::thread::panicking() {
+            let log = self.log();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            eprintln!("tessera on port {} logged:\n{}", self.port, tail.join("\n"));
+        }
     }
 }
 
@@ -532,10 +540,17 @@ pub fn sample(text: &str, name: &str) -> u64 {
 pub fn curl(args: &[&str]) -> (u16, String) {
     require("curl");
     let out = Command::new("curl")
-        .args(["-s", "-o", "-", "-w", "\n%{http_code}"])
+        .args(["-sS", "-o", "-", "-w", "\n%{http_code}"])
         .args(args)
         .output()
         .expect("curl");
+    if !out.status.success() {
+        // No HTTP answer (code 0): curl's own reason goes beside the test's failure.
+        eprintln!(
+            "curl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
     (code.trim().parse().unwrap_or(0), body.to_string())
