@@ -277,18 +277,18 @@ mod tests {
 
     #[test]
     fn start_errors_name_the_config_key() {
-        let refused = || std::io::Error::from(std::io::ErrorKind::AddrInUse);
+        let in_use = || std::io::Error::from(std::io::ErrorKind::AddrInUse);
         let listen = StartError::Listen {
             key: "http3.listen",
             what: "QUIC",
-            source: refused(),
+            source: in_use(),
         };
         assert!(listen
             .to_string()
             .starts_with("config key `http3.listen`: cannot serve QUIC on it: "));
         let threads = StartError::Threads {
             key: "http3.threads",
-            source: refused(),
+            source: in_use(),
         };
         assert!(threads
             .to_string()
