@@ -61,8 +61,12 @@ cargo fmt --all -- --check
 cargo clippy --all-targets -- -D warnings
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo test --all-targets 2>&1 | tee "$log"
-# Every fuzz target for a bounded time (installs cargo-fuzz when missing; docs/testing.md).
-FUZZ_SECONDS="${FUZZ_SECONDS:-20}" ./scripts/fuzz.sh
+# --no-fail-fast: a failing test binary does not hide what the others would have found.
+tests=0
+cargo test --all-targets --no-fail-fast 2>&1 | tee "$log" || tests=$?
+# Every fuzz target for a bounded time (installs cargo-fuzz when missing; docs/testing.md), once
+# every test has passed.
+((tests != 0)) || FUZZ_SECONDS="${FUZZ_SECONDS:-20}" ./scripts/fuzz.sh
 # One closing line over every test binary (cargo prints one "test result" line per target).
 grep -E '^test result:' "$log" | awk '{p += $4; f += $6} END {printf "tests: %d passed, %d failed\n", p, f; exit (f > 0 || p == 0)}'
+exit "$tests"
