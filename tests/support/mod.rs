@@ -481,9 +481,9 @@ impl Drop for Tessera {
         terminate(&mut self.child);
         if std::thread::panicking() {
             let log = self.log();
-            let tail: Vec<&str> = log.lines().rev().take(40).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
-            eprintln!("tessera on port {} logged:\n{}", self.port, tail.join("\n"));
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+            eprintln!("tessera on port {} logged:\n{tail}", self.port);
         }
     }
 }
