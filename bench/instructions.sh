@@ -11,7 +11,10 @@
 # as below; compat: the session in a Redis holding 1,000 hyper-auth-proxy records, read with
 # `session.format = "hyper-auth-proxy"` and `credentials.allow_plaintext_legacy = true`, the token
 # sent as the base64 `Authorization` cookie: `token.sources = ["cookie-b64:Authorization",
-# "bearer"]`, see bench/ab.sh SHAPE=compat; needs redis-server).
+# "bearer"]`, see bench/ab.sh SHAPE=compat; needs redis-server), PROTO (h1: `h2load --h1` on the
+# plain listener; h2c: `h2load -m1`, HTTP/2 with prior knowledge on the plain listener; h2: `h2load
+# -m1` over TLS 1.3 to a `[tls]` listener and to nginx-proxy with `ssl http2`, one ECDSA P-256
+# certificate for both).
 # For each binary: an nginx origin (worker_processes 1, the 1 KiB JSON at /1k) and one
 # `tessera serve` under `valgrind --tool=callgrind` (`[server] threads = 1`, embedded store,
 # warn log, no access log, one session made with `tessera session create`), driven by
@@ -28,7 +31,7 @@
 # per connection.
 # Needs valgrind, nginx, h2load, curl, python3.
 set -euo pipefail
-SHAPE="${SHAPE:-tessera}" BINS="${BINS:-target/release/tessera}" N="${N:-5000}" C="${C:-8}" HELD="${HELD:-2000}"
+PROTO="${PROTO:-h1}" SHAPE="${SHAPE:-tessera}" BINS="${BINS:-target/release/tessera}" N="${N:-5000}" C="${C:-8}" HELD="${HELD:-2000}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 log() { printf '[instructions %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -38,6 +41,8 @@ for t in valgrind nginx h2load curl python3; do command -v "$t" >/dev/null || di
 [[ "$N" =~ ^[1-9][0-9]*$ && "$C" =~ ^[1-9][0-9]*$ ]] || die "N and C must be positive integers"
 [[ "$HELD" =~ ^(0|[1-9][0-9]*)$ ]] || die "HELD must be a non-negative integer"
 [[ $SHAPE == tessera || $SHAPE == compat ]] || die "SHAPE must be tessera or compat, got '$SHAPE'"
+[[ $PROTO == h1 || $PROTO == h2c || $PROTO == h2 ]] || die "PROTO must be h1, h2c or h2, got '$PROTO'"
+((HELD == 0)) || [[ $PROTO == h1 ]] || die "HELD > 0 needs PROTO=h1 (the held connections speak HTTP/1.1 in clear): set HELD=0"
 [[ $SHAPE == tessera ]] || command -v redis-server >/dev/null || die "SHAPE=compat needs redis-server"
 # The client and the target each hold HELD sockets (nginx-proxy also one per upstream connection).
 if ((HELD > 0 && $(ulimit -n) < 4 * HELD + 256)); then
@@ -47,7 +52,17 @@ fi
 
 work_dir tessera-ir # WORK, PIDS and the cleanup: bench/lib.sh
 write_1k "$WORK/1k.json"
-read -r P_ORIGIN P_T P_REDIS < <(free_ports 3)
+read -r P_ORIGIN P_T P_REDIS P_PLAIN < <(free_ports 4)
+# The client's command line for PROTO, before -n; the URL's scheme.
+case $PROTO in
+  h1) CLIENT=(h2load --h1) SCHEME=http ;;
+  h2c) CLIENT=(h2load -m1) SCHEME=http ;;
+  h2) CLIENT=(h2load -m1) SCHEME=https ;;
+esac
+if [[ $PROTO == h2 ]]; then
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 7 -subj /CN=localhost \
+    -addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout "$WORK/key.pem" -out "$WORK/cert.pem" 2>/dev/null
+fi
 nginx_start origin "$P_ORIGIN" "  server { listen 127.0.0.1:$P_ORIGIN; keepalive_requests 1000000;
     location = /1k { default_type application/json; alias $WORK/1k.json; } }" $((2 * HELD + 1024))
 
@@ -64,7 +79,7 @@ one() {
     local count=500
     [[ $k == run ]] && count=$n
     ((count > 0)) || continue
-    h2load --h1 -n "$count" -c "$C" -H "$AUTH" "http://127.0.0.1:$P_T/1k" \
+    "${CLIENT[@]}" -n "$count" -c "$C" -H "$AUTH" "$SCHEME://127.0.0.1:$P_T/1k" \
       >"$WORK/h2load.out" 2>&1 || die "h2load failed: $(cat "$WORK/h2load.out")"
     grep -q "^status codes: $count 2xx" "$WORK/h2load.out" || die "not all 2xx: $(grep '^status' "$WORK/h2load.out")"
   done
@@ -171,6 +186,11 @@ $CRED_LINES
 level = "warn"
 access_log = false
 EOF
+  if [[ $PROTO == h2 ]]; then # TLS on P_T, the plain listener beside it
+    sed -i "s/^listen = \"127.0.0.1:$P_T\"/listen = \"127.0.0.1:$P_PLAIN\"/" "$WORK/t$i/t.toml"
+    printf '[tls]\nlisten = "127.0.0.1:%s"\ncertificate = "file:%s"\nprivate_key = "file:%s"\n' \
+      "$P_T" "$WORK/cert.pem" "$WORK/key.pem" >>"$WORK/t$i/t.toml"
+  fi
   [[ -z ${EXTRA_TOML:-} ]] || printf '%s\n' "$EXTRA_TOML" >>"$WORK/t$i/t.toml"
   if [[ $SHAPE == tessera ]]; then
     token="$(printf '%s\n' bench-password | "$b" session create --config "$WORK/t$i/t.toml" --user alice \
@@ -191,13 +211,17 @@ done
 # The floor for reference: nginx as a plain keep-alive proxy (no auth), one process
 # (`master_process off`), the same port, requests and client; the token header is sent and ignored.
 mkdir -p "$WORK/tmp"
+NGINX_LISTEN="" NGINX_TLS=""
+[[ $PROTO == h2c ]] && NGINX_LISTEN=" http2"
+[[ $PROTO == h2 ]] && NGINX_LISTEN=" ssl http2" NGINX_TLS="
+    ssl_certificate $WORK/cert.pem; ssl_certificate_key $WORK/key.pem; ssl_protocols TLSv1.3;"
 cat >"$WORK/proxy.conf" <<EOF
 master_process off; daemon off; pid $WORK/proxy.pid; error_log $WORK/proxy-error.log warn;
 events { worker_connections 1024; }
 http { access_log off; client_body_temp_path $WORK/tmp; proxy_temp_path $WORK/tmp;
   fastcgi_temp_path $WORK/tmp; uwsgi_temp_path $WORK/tmp; scgi_temp_path $WORK/tmp;
   upstream origin_pool { server 127.0.0.1:$P_ORIGIN; keepalive 64; keepalive_requests 1000000; }
-  server { listen 127.0.0.1:$P_T; keepalive_requests 1000000;
+  server { listen 127.0.0.1:$P_T$NGINX_LISTEN; keepalive_requests 1000000;$NGINX_TLS
     location / { proxy_pass http://origin_pool; proxy_http_version 1.1; proxy_set_header Connection ""; } } }
 EOF
 log "nginx-proxy: two callgrind runs (500, then 500 + $N requests, c=$C)"
