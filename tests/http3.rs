@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
 use bytes::Bytes;
-use support::h3::{delay_line, paced_read, request, request_sized, H3Client};
+use support::h3::{cuttable_line, delay_line, paced_read, request, request_sized, H3Client};
 use support::tls::{tls_table, Pki};
 use support::upstream::{self, Behavior};
 use support::*;
@@ -205,6 +205,74 @@ fn zero_rtt_forwards_a_get_at_once_and_holds_a_post_for_the_handshake() {
             String::from_utf8(post.unwrap().body).unwrap(),
             "early= proto=https"
         );
+    });
+}
+
+/// An early flight whose handshake never completes (cut on the path, or replayed by someone
+/// who cannot finish it): the GET in it goes on, safe to replay; the POST held for the
+/// handshake is dropped when the connection ends, never forwarded (RFC 8470 section 5.1).
+#[test]
+fn an_early_post_whose_handshake_never_completes_is_never_forwarded() {
+    let echo = upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    });
+    let pki = Pki::new();
+    let (cert, key) = pki.leaf("localhost", &["localhost"]);
+    let port = free_port();
+    // The connection gives up after 1 s without a packet, long before a held request's own
+    // wait (`header_read_timeout_ms`) would end it.
+    let tables = format!(
+        "{}[http3]\nidle_timeout_ms = 1000\n",
+        tls_table(port, &cert, &key, "")
+    );
+    let upstream = echo.url();
+    let t = Tessera::start(move |plain, dir| {
+        let store = format!("embedded:{}/sessions", dir.display());
+        config(
+            plain,
+            &upstream,
+            &store,
+            &[
+                ("server", "header_read_timeout_ms = 60000"),
+                ("log", "level = \"info,tessera::downstream=debug\""),
+                ("tables", &tables),
+            ],
+        )
+    });
+    let (_, token) = t.create_session("alice", "pw");
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    runtime().block_on(async {
+        let client = H3Client::new(&pki.ca());
+        let mut first = client.connect(addr).await;
+        request(&mut first, "GET", "/first", &token, Bytes::new())
+            .await
+            .unwrap();
+        drop(first);
+        let (line, cut) = cuttable_line(addr, Duration::from_millis(250)).await;
+        let (send, _accepted) = client
+            .connect_0rtt(line)
+            .await
+            .expect("no session to resume with 0-RTT");
+        for (method, path) in [("GET", "/early-get"), ("POST", "/early-post")] {
+            let (mut send, token) = (send.clone(), token.clone());
+            tokio::spawn(async move {
+                let body = Bytes::from_static(if method == "POST" { b"x" } else { b"" });
+                let _ = request(&mut send, method, path, &token, body).await;
+            });
+        }
+        // The early flight is on the line (250 ms to go); nothing the client sends after it,
+        // its Finished included, gets through.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        cut.store(true, SeqCst);
+        let log = tokio::task::block_in_place(|| {
+            t.log_when(|log| log.contains("ended before its handshake completed"))
+        });
+        assert!(
+            log.contains("ended before its handshake completed; early request dropped"),
+            "the POST was not held and dropped: {log}"
+        );
+        let paths = echo.stats.paths.lock().unwrap().clone();
+        assert_eq!(paths, ["/first", "/early-get"], "{log}");
     });
 }
 

@@ -35,12 +35,19 @@ pub(super) async fn serve(
                 .insert("early-data", HeaderValue::from_static("1"));
         } else {
             // Browsers show a 425 to their users instead of retrying (caddy#7481): wait.
-            if tokio::time::timeout(quic.handshake_wait, handshake.wait())
-                .await
-                .is_err()
-            {
-                tracing::debug!("HTTP/3 handshake not done in time; early request dropped");
-                return;
+            match tokio::time::timeout(quic.handshake_wait, handshake.wait()).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    return tracing::debug!(
+                        "HTTP/3 connection ended before its handshake completed; early request \
+                         dropped"
+                    )
+                }
+                Err(_) => {
+                    return tracing::debug!(
+                        "HTTP/3 handshake not done in time; early request dropped"
+                    )
+                }
             }
         }
     }

@@ -115,18 +115,22 @@ impl Handshake {
     /// the client's Finished, read from the connection's own state, so a request that arrives
     /// in the same datagram as the Finished is not taken as early.
     pub(super) fn complete(&self) -> bool {
-        *self.done.borrow() || {
-            let mut probe = [0u8; 1];
-            self.conn
-                .export_keying_material(&mut probe, b"EXPORTER-tessera-handshake", b"")
-                .is_ok()
-        }
+        *self.done.borrow() || handshake_complete(&self.conn)
     }
 
-    /// Resolves once the handshake is complete (or the connection failed).
-    pub(super) async fn wait(&mut self) {
-        let _ = self.done.wait_for(|done| *done).await;
+    /// Resolves once the handshake is complete (`true`) or the connection ended without
+    /// completing it (`false`: a replayed or cut early flight, never to be forwarded).
+    pub(super) async fn wait(&mut self) -> bool {
+        self.done.wait_for(|done| *done).await.is_ok()
     }
+}
+
+/// Whether `conn`'s handshake is complete: the TLS exporter (RFC 8446 section 7.5) answers only
+/// once the server has the client's Finished, and never for a connection that ended before it.
+fn handshake_complete(conn: &quinn::Connection) -> bool {
+    let mut probe = [0u8; 1];
+    conn.export_keying_material(&mut probe, b"EXPORTER-tessera-handshake", b"")
+        .is_ok()
 }
 
 /// One QUIC connection: the handshake (taken at once as 0-RTT when the client resumes with early
@@ -148,9 +152,15 @@ async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming) {
     };
     let conn = match early {
         Ok((conn, accepted)) => {
+            // quinn resolves `accepted` when the handshake completes or when the connection
+            // ends before it (on a server its value tells neither apart): in the second case
+            // `done` is dropped without turning true, and held requests are dropped with it.
+            let probe = conn.clone();
             tokio::spawn(async move {
                 let _ = accepted.await;
-                let _ = done.send(true);
+                if handshake_complete(&probe) {
+                    let _ = done.send(true);
+                }
             });
             conn
         }

@@ -173,6 +173,16 @@ async fn exchange(
 /// Initial, so a line that reorders would turn early data into a retransmission. Runs until
 /// the runtime ends.
 pub async fn delay_line(server: SocketAddr, delay: Duration) -> SocketAddr {
+    cuttable_line(server, delay).await.0
+}
+
+/// [`delay_line`] with a switch: once it is set, every datagram the client sends from then on
+/// is dropped (the server's still reach the client), as on a path that cuts a handshake short.
+pub async fn cuttable_line(
+    server: SocketAddr,
+    delay: Duration,
+) -> (SocketAddr, Arc<std::sync::atomic::AtomicBool>) {
+    let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let front = Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap());
     let back = Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap());
     back.connect(server).await.unwrap();
@@ -198,12 +208,14 @@ pub async fn delay_line(server: SocketAddr, delay: Duration) -> SocketAddr {
             }
         }
     });
-    let c = client.clone();
+    let (c, cutting) = (client.clone(), cut.clone());
     tokio::spawn(async move {
         let mut buf = vec![0u8; 65536];
         while let Ok((n, from)) = front.recv_from(&mut buf).await {
             *c.lock().unwrap() = Some(from);
-            let _ = up.send((tokio::time::Instant::now() + delay, buf[..n].to_vec()));
+            if !cutting.load(std::sync::atomic::Ordering::SeqCst) {
+                let _ = up.send((tokio::time::Instant::now() + delay, buf[..n].to_vec()));
+            }
         }
     });
     tokio::spawn(async move {
@@ -212,7 +224,7 @@ pub async fn delay_line(server: SocketAddr, delay: Duration) -> SocketAddr {
             let _ = down.send((tokio::time::Instant::now() + delay, buf[..n].to_vec()));
         }
     });
-    addr
+    (addr, cut)
 }
 
 /// One direction of a delay line: datagrams queued with their due time, sent one after

@@ -322,7 +322,7 @@ pub fn config(listen_port: u16, upstream: &str, store: &str, extra: &[(&str, &st
     };
     format!(
         "[server]\nlisten = \"127.0.0.1:{listen_port}\"\n{}[upstream]\nurl = \"{upstream}\"\n{}[token]\nsecret = \"{JWT_SECRET}\"\n{}\
-         [session]\nstore = \"{store}\"\n{}[credentials]\n{}[log]\nlevel = \"info\"\n{}{}{}",
+         [session]\nstore = \"{store}\"\n{}[credentials]\n{}[log]\n{}{}{}",
         add("server"),
         add("upstream"),
         add("token"),
@@ -336,7 +336,15 @@ pub fn config(listen_port: u16, upstream: &str, store: &str, extra: &[(&str, &st
                 format!("keys = {{ k1 = \"{CRED_KEY}\" }}\n{c}")
             }
         },
-        add("log"),
+        {
+            // A `("log", "level = ...")` extra replaces the default level.
+            let l = add("log");
+            if l.lines().any(|l| l.trim_start().starts_with("level")) {
+                l
+            } else {
+                format!("level = \"info\"\n{l}")
+            }
+        },
         {
             let l = add("login");
             if l.is_empty() {
