@@ -12,7 +12,9 @@ use support::*;
 
 /// What the upstream saw: whether the handshake resumed, the client certificate check, the
 /// scheme tessera said the client used, the credential.
-const SEEN: &str = r#"location = /tls { return 200 "reused=$ssl_session_reused client=$ssl_client_verify auth=$http_authorization"; }"#;
+const SEEN: &str = r#"location = /tls { return 200 "reused=$ssl_session_reused client=$ssl_client_verify auth=$http_authorization"; }
+    location = /moved { return 301 https://localhost:$server_port/jmap; }
+    location = /away { return 301 https://elsewhere.example/jmap; }"#;
 
 /// nginx over TLS with `pki`'s certificate for `localhost`, one request per connection (so each
 /// request needs a new handshake), client certificates checked when `verify` is `on` or
@@ -80,6 +82,29 @@ fn an_https_upstream_is_checked_and_its_sessions_resumed() {
         ),
         2
     );
+}
+
+/// An https upstream's redirect to its own address is pointed at the client's side, as with an
+/// http one (nginx `proxy_redirect default` follows `proxy_pass`'s scheme); another host's
+/// passes as it is.
+#[test]
+fn an_https_upstreams_redirect_to_itself_points_at_the_client_side() {
+    let pki = Pki::new();
+    let nginx = nginx_tls(&pki, "off");
+    let (t, token) = behind(nginx.port, &ca_line(&pki.ca()), free_port());
+    let location = |path: &str| {
+        let (code, head) = curl(&["-si", "-H", &bearer(&token), &t.url(path)]);
+        assert_eq!(code, 301, "{head}\n{}", t.log());
+        head.lines()
+            .find_map(|l| {
+                l.strip_prefix("Location: ")
+                    .or(l.strip_prefix("location: "))
+            })
+            .map(|l| l.trim().to_string())
+            .unwrap_or_else(|| panic!("no Location: {head}"))
+    };
+    assert_eq!(location("/moved"), t.url("/jmap"));
+    assert_eq!(location("/away"), "https://elsewhere.example/jmap");
 }
 
 #[test]

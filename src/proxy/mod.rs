@@ -53,6 +53,8 @@ pub struct Proxy {
     base_path: String,
     /// `Host` sent upstream when `preserve_host = false`.
     upstream_host: HeaderValue,
+    /// `upstream.url`'s scheme, `http` or `https`: redirects naming it are the upstream's own.
+    upstream_scheme: &'static str,
     preserve_host: bool,
     strip_response: Vec<HeaderName>,
     access_log: bool,
@@ -115,6 +117,10 @@ impl Proxy {
             base_path: url.path().trim_end_matches('/').to_owned(),
             upstream_host: HeaderValue::from_str(authority.as_str())
                 .expect("authority is a valid header"),
+            upstream_scheme: match url.scheme_str() {
+                Some("https") => "https",
+                _ => "http",
+            },
             preserve_host: cfg.upstream.preserve_host,
             strip_response: cfg.upstream.strip_response_headers.clone(),
             access_log: cfg.log.access_log,

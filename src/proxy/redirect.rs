@@ -1,9 +1,10 @@
 //! Redirects that point at the client's side (nginx's `proxy_redirect default`): a `Location`,
-//! `Content-Location` or `Refresh` URL that names the upstream's own address (and base path), or
-//! the client's host with the upstream hop's scheme (`http`, where the client came over https
-//! through a trusted proxy), is rewritten to the scheme and authority the client used. Cyrus
-//! answers `/.well-known/jmap` with `301 Location: http://HOST/jmap`, which behind TLS must send
-//! the client to https. Any other URL, and any relative one, passes as it is.
+//! `Content-Location` or `Refresh` URL that names the upstream's own address (scheme, host, port
+//! and base path, as `upstream.url` has them), or the client's host with the upstream hop's
+//! scheme (`http`, where the client came over https through a trusted proxy), is rewritten to the
+//! scheme and authority the client used. Cyrus answers `/.well-known/jmap` with `301 Location:
+//! http://HOST/jmap`, which behind TLS must send the client to https. Any other URL, and any
+//! relative one, passes as it is.
 
 use http::header::{self, HeaderName, HeaderValue};
 use http::Response;
@@ -86,10 +87,12 @@ impl Proxy {
         let client = format!("{proto}://{host}/");
         let upstream = self.upstream_host.to_str().unwrap_or_default();
         let mut rules = vec![(
-            format!("http://{upstream}{}/", self.base_path),
+            format!("{}://{upstream}{}/", self.upstream_scheme, self.base_path),
             client.clone(),
         )];
-        if proto != "http" && !host.is_empty() {
+        // Only ever towards https: an https upstream's `https://HOST/` sent to a plain client
+        // stays as it is (rewritten to http it would loop, or downgrade).
+        if proto != "http" && self.upstream_scheme == "http" && !host.is_empty() {
             rules.push((format!("http://{host}/"), client));
         }
         crate::upstream::materialize(resp);
