@@ -9,7 +9,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use support::mysql::Mariadb;
-use support::stores::{hex, login, logout, on_store, status, until_status, users};
+use support::stores::{hex, login, logout, on_store, on_store_with, status, until_status, users};
+use support::{curl, free_port, sample};
 
 #[test]
 fn login_on_one_use_on_another_logout_on_a_third_refused_everywhere() {
@@ -98,32 +99,7 @@ fn a_change_committed_out_of_id_order_is_not_missed() {
         assert_eq!(status(t, &alice), 200);
         assert_eq!(status(t, &bob), 200);
     }
-    let key = db.sql(&format!(
-        "SELECT `key` FROM tessera_kv WHERE HEX(`value`) LIKE '%{}%'",
-        hex("\"sub\":\"alice\"").to_uppercase()
-    ));
-    assert!(key.starts_with("tessera:session:"), "{key}");
-    // A writer deletes alice's session and logs it, and holds its transaction open.
-    let mut held = db
-        .client()
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut sql = held.stdin.take().unwrap();
-    writeln!(
-        sql,
-        "BEGIN; DELETE FROM tessera_kv WHERE `key` = '{key}';\n\
-         INSERT INTO tessera_kv_log (`key`, at) VALUES ('{key}', UNIX_TIMESTAMP());"
-    )
-    .unwrap();
-    sql.flush().unwrap();
-    let taken = (0..200).any(|_| {
-        std::thread::sleep(Duration::from_millis(10));
-        db.sql("SELECT COUNT(*) FROM information_schema.innodb_trx") == "1"
-    });
-    assert!(taken, "the held transaction did not start");
-    std::thread::sleep(Duration::from_millis(100));
+    let held = Held::deletion(&db, "alice");
     // Meanwhile bob logs out: a higher id, committed first, read by B.
     assert_eq!(logout(&a, &bob), 204);
     assert!(until_status(&b, &bob, 401, Duration::from_secs(10)).is_some());
@@ -132,14 +108,91 @@ fn a_change_committed_out_of_id_order_is_not_missed() {
         200,
         "alice's deletion is not committed yet"
     );
-    writeln!(sql, "COMMIT;").unwrap();
-    drop(sql);
-    assert!(held.wait().unwrap().success());
+    held.commit();
     let after = until_status(&b, &alice, 401, Duration::from_secs(10));
     println!("B refused alice {after:?} after the late commit");
     assert!(
         after.is_some(),
         "a change committed out of id order was missed"
+    );
+}
+
+/// A transaction that deletes a user's session and logs it, held open until [`Held::commit`]:
+/// its change-log id is taken now, its change seen by others only at the commit.
+struct Held {
+    client: std::process::Child,
+    sql: std::process::ChildStdin,
+}
+
+impl Held {
+    fn deletion(db: &Mariadb, user: &str) -> Self {
+        let key = db.sql(&format!(
+            "SELECT `key` FROM tessera_kv WHERE HEX(`value`) LIKE '%{}%'",
+            hex(&format!("\"sub\":\"{user}\"")).to_uppercase()
+        ));
+        assert!(key.starts_with("tessera:session:"), "{key}");
+        let mut client = db
+            .client()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut sql = client.stdin.take().unwrap();
+        writeln!(
+            sql,
+            "BEGIN; DELETE FROM tessera_kv WHERE `key` = '{key}';\n\
+             INSERT INTO tessera_kv_log (`key`, at) VALUES ('{key}', UNIX_TIMESTAMP());"
+        )
+        .unwrap();
+        sql.flush().unwrap();
+        let taken = (0..200).any(|_| {
+            std::thread::sleep(Duration::from_millis(10));
+            db.sql("SELECT COUNT(*) FROM information_schema.innodb_trx") == "1"
+        });
+        assert!(taken, "the held transaction did not start");
+        std::thread::sleep(Duration::from_millis(100));
+        Self { client, sql }
+    }
+
+    fn commit(mut self) {
+        writeln!(self.sql, "COMMIT;").unwrap();
+        drop(self.sql);
+        assert!(self.client.wait().unwrap().success());
+    }
+}
+
+/// A change whose transaction is still open when an instance starts polling, with a higher id
+/// already committed (the log's end above it), is seen when it commits: polling starts with the
+/// recent missing ids as gaps.
+#[test]
+fn a_change_still_open_when_polling_starts_is_not_missed() {
+    let up = users();
+    let db = Mariadb::start();
+    let a = on_store(&up, &db.url());
+    let alice = login(&a, "alice", "alice-pw");
+    let bob = login(&a, "bob", "bob-pw");
+    let held = Held::deletion(&db, "alice");
+    assert_eq!(logout(&a, &bob), 204);
+    // B starts polling now, at bob's id; alice's is below it, not committed.
+    let metrics = free_port();
+    let table = format!("[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n");
+    let b = on_store_with(&up, &db.url(), &[("tables", &table)]);
+    let reads = || {
+        let (_, text) = curl(&[&format!("http://127.0.0.1:{metrics}/metrics")]);
+        sample(&text, "tessera_session_store_reads_total")
+    };
+    // B serves alice from its cache: a 200 that read nothing from the store.
+    let cached = (0..500).any(|_| {
+        let before = reads();
+        status(&b, &alice) == 200 && reads() == before
+    });
+    assert!(cached, "B never served alice from its cache: {}", b.log());
+    held.commit();
+    let after = until_status(&b, &alice, 401, Duration::from_secs(10));
+    println!("B refused alice {after:?} after the commit");
+    assert!(
+        after.is_some(),
+        "a change open when polling started was missed"
     );
 }
 

@@ -4,7 +4,9 @@
 //! Auto-increment ids are handed out when a row is inserted, not when its transaction commits:
 //! a change that took id 7 can become visible after id 8 was read. So every id skipped so far
 //! (a gap) is asked for again at each poll, for [`TRAIL`] after it was noticed: a late commit
-//! is then still seen, and a rolled-back id is given up. tessera's own writes last at most the
+//! is then still seen, and a rolled-back id is given up. When polling starts (and again after a
+//! lost connection), the missing ids of the last [`TRAIL`] start as gaps: transactions open at
+//! that moment are not skipped either. tessera's own writes last at most the
 //! store timeout; a transaction held open longer than [`TRAIL`] by another writer may be missed.
 //! More than [`MAX_GAPS`] open gaps at once (ids handed out in steps, a burst of rollbacks):
 //! the cache is flushed instead of tracking them.
@@ -28,6 +30,18 @@ const TRAIL: Duration = Duration::from_secs(10);
 const MAX_GAPS: usize = 1000;
 /// Rows read by one poll at most; the rest come with the next.
 const BATCH: usize = 10_000;
+
+/// The ids in `from + 1 ..= max` not in `present`, the highest [`MAX_GAPS`] of them, each
+/// noticed at `now`.
+fn missing(from: i64, max: i64, present: &[i64], now: Instant) -> BTreeMap<i64, Instant> {
+    let present: std::collections::HashSet<i64> = present.iter().copied().collect();
+    (from + 1..=max)
+        .rev()
+        .filter(|id| !present.contains(id))
+        .take(MAX_GAPS)
+        .map(|id| (id, now))
+        .collect()
+}
 
 /// Where reading the log stands: every id up to `max` was read, except the open `gaps` (each
 /// with when it was noticed).
@@ -71,17 +85,35 @@ impl MysqlStore {
         }
     }
 
-    /// A cursor at the end of the log.
+    /// A cursor at the end of the log. The ids below the end that are missing and newer than
+    /// [`TRAIL`] (at most [`BATCH`] ids back) may be transactions still open: they start as
+    /// gaps, as if just skipped, so a change committed after the start is not missed.
     async fn start(&self) -> Result<Cursor, StoreError> {
-        let max: Option<i64> = self
+        let sql = format!(
+            "SELECT COALESCE(MAX(id), 0), (SELECT COALESCE(MAX(id), 0) FROM tessera_kv_log \
+             WHERE at < UNIX_TIMESTAMP() - {}) FROM tessera_kv_log",
+            TRAIL.as_secs()
+        );
+        let ends: Option<(i64, i64)> = self
+            .run(|mut c| {
+                let sql = sql.clone();
+                async move { c.query_first(sql).await }
+            })
+            .await?;
+        let (max, settled) = ends.unwrap_or((0, 0));
+        let from = settled.max(max - BATCH as i64);
+        let present: Vec<i64> = self
             .run(|mut c| async move {
-                c.query_first("SELECT COALESCE(MAX(id), 0) FROM tessera_kv_log")
-                    .await
+                c.exec(
+                    "SELECT id FROM tessera_kv_log WHERE id > ? AND id <= ?",
+                    (from, max),
+                )
+                .await
             })
             .await?;
         Ok(Cursor {
-            max: max.unwrap_or(0),
-            gaps: BTreeMap::new(),
+            max,
+            gaps: missing(from, max, &present, Instant::now()),
         })
     }
 
@@ -107,8 +139,8 @@ impl MysqlStore {
             if id > c.max {
                 for gap in c.max + 1..id {
                     if c.gaps.len() >= MAX_GAPS {
-                        c.gaps.clear();
-                        c.max = id;
+                        // Flushed, and read again from the end as when starting.
+                        *c = self.start().await?;
                         return Ok(vec![Invalidation::Lost, Invalidation::Live]);
                     }
                     c.gaps.insert(gap, now);
@@ -127,5 +159,21 @@ impl MysqlStore {
         } else {
             vec![Invalidation::Keys(keys)]
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_missing_ids_start_as_gaps_the_highest_first() {
+        let now = Instant::now();
+        let gaps = missing(10, 16, &[11, 13, 16], now);
+        assert_eq!(gaps.keys().copied().collect::<Vec<_>>(), [12, 14, 15]);
+        assert!(missing(5, 5, &[], now).is_empty());
+        let many = missing(0, 5000, &[], now);
+        assert_eq!(many.len(), MAX_GAPS);
+        assert_eq!(many.keys().next(), Some(&(5001 - MAX_GAPS as i64)));
     }
 }
