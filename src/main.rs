@@ -306,15 +306,7 @@ async fn session_list(config: &std::path::Path, json: bool) -> ExitCode {
     }
     println!("{:<14} {:<24} {:<22} KEY", "SID_HASH", "SUB", "EXPIRES_AT");
     for l in &list {
-        let expires = l.expires_at.map_or_else(
-            || "-".to_string(),
-            |e| {
-                humantime::format_rfc3339_seconds(
-                    std::time::UNIX_EPOCH + std::time::Duration::from_secs(e),
-                )
-                .to_string()
-            },
-        );
+        let expires = l.expires_at.map_or_else(|| "-".to_string(), expires_text);
         println!(
             "{:<14} {:<24} {:<22} {}",
             l.sid_hash,
@@ -324,6 +316,17 @@ async fn session_list(config: &std::path::Path, json: bool) -> ExitCode {
         );
     }
     ExitCode::SUCCESS
+}
+
+/// `expires_at` (seconds since the Unix epoch) as RFC 3339 UTC, or the number itself past
+/// 9999-12-31 (RFC 3339 has four-digit years; a record may hold milliseconds by mistake).
+fn expires_text(expires_at: u64) -> String {
+    match std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_secs(expires_at)) {
+        Some(at) if expires_at < 253_402_300_800 => {
+            humantime::format_rfc3339_seconds(at).to_string()
+        }
+        _ => expires_at.to_string(),
+    }
 }
 
 /// `value` as one line of JSON.
@@ -394,5 +397,13 @@ mod tests {
             panic!("not a revoke");
         };
         assert_eq!(sid, "-Oq3x");
+    }
+
+    #[test]
+    fn an_expiry_rfc_3339_cannot_write_is_printed_as_the_number() {
+        assert_eq!(expires_text(0), "1970-01-01T00:00:00Z");
+        assert_eq!(expires_text(253_402_300_799), "9999-12-31T23:59:59Z");
+        assert_eq!(expires_text(1_700_000_000_000), "1700000000000");
+        assert_eq!(expires_text(u64::MAX), u64::MAX.to_string());
     }
 }

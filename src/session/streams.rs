@@ -252,11 +252,16 @@ impl Drop for Registered {
     }
 }
 
-/// Time left until `expires_at` (seconds since the Unix epoch), zero if it passed.
+/// Time left until `expires_at` (seconds since the Unix epoch), zero if it passed;
+/// `Duration::MAX` for a time beyond what the system clock can name (a stored record may say
+/// anything).
 fn until(expires_at: u64) -> Duration {
-    (UNIX_EPOCH + Duration::from_secs(expires_at))
-        .duration_since(SystemTime::now())
-        .unwrap_or(Duration::ZERO)
+    match UNIX_EPOCH.checked_add(Duration::from_secs(expires_at)) {
+        Some(at) => at
+            .duration_since(SystemTime::now())
+            .unwrap_or(Duration::ZERO),
+        None => Duration::MAX,
+    }
 }
 
 impl Watch {
@@ -399,6 +404,17 @@ mod tests {
         }
         assert_eq!(w.poll_ended(cx, false, true, false), Poll::Pending);
         assert_eq!(streams.open(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_expiry_beyond_the_clock_never_fires_and_never_panics() {
+        assert_eq!(until(u64::MAX), Duration::MAX);
+        assert_eq!(until(0), Duration::ZERO);
+        let (streams, _rx) = registry();
+        let mut w = armed(&streams, "sid-far", Some(u64::MAX));
+        assert_eq!(poll(&mut w, true), Poll::Pending);
+        tokio::time::advance(RECHECK_CLOCK * 2).await;
+        assert_eq!(poll(&mut w, true), Poll::Pending);
     }
 
     #[tokio::test]
