@@ -225,7 +225,8 @@ fn the_cli_and_check_config_work_on_postgres() {
 /// Sessions in the application's own table (`session.query`), read by a role that may only
 /// `SELECT` it: two instances serve a session and keep it cached (no read on warm requests);
 /// the application's `DELETE` with `NOTIFY` on its channel is refused on both; an instance
-/// without a channel keeps no cache and refuses a row deleted without a notice at once.
+/// without a channel keeps no cache and refuses a row deleted without a notice, or whose record
+/// was set NULL, at once.
 /// tessera creates nothing and refuses writes.
 #[test]
 fn sessions_in_the_applications_own_table_are_read_only() {
@@ -233,7 +234,8 @@ fn sessions_in_the_applications_own_table_are_read_only() {
     let pg = Postgres::start();
     // Records as tessera makes them, moved into the application's table; tessera's tables go.
     let writer = on_postgres(&up, &pg);
-    let made: Vec<(String, String)> = ["alice", "bob", "carol"]
+    up.stats.set_password("dave", "dave-pw");
+    let made: Vec<(String, String)> = ["alice", "bob", "carol", "dave"]
         .iter()
         .map(|u| writer.create_session(u, &format!("{u}-pw")))
         .collect();
@@ -261,7 +263,8 @@ fn sessions_in_the_applications_own_table_are_read_only() {
         reader(&[query, channel]),
         reader(&[query]),
     );
-    let [(alice_sid, alice), (bob_sid, bob), (_, carol)] = made.try_into().unwrap();
+    let [(alice_sid, alice), (bob_sid, bob), (_, carol), (dave_sid, dave)] =
+        made.try_into().unwrap();
     for t in [&a, &b, &uncached] {
         assert_eq!(status(t, &alice), 200, "{}", t.log());
         assert_eq!(status(t, &bob), 200);
@@ -294,12 +297,18 @@ fn sessions_in_the_applications_own_table_are_read_only() {
         "DELETE FROM app.sessions WHERE sid = 'tessera:session:{bob_sid}'"
     ));
     assert_eq!(status(&uncached, &bob), 401, "without a channel, no cache");
+    // An application that clears the record at logout instead of deleting the row.
+    assert_eq!(status(&uncached, &dave), 200);
+    pg.sql(&format!(
+        "UPDATE app.sessions SET record = NULL WHERE sid = 'tessera:session:{dave_sid}'"
+    ));
+    assert_eq!(status(&uncached, &dave), 401, "a NULL record is no session");
 
     // The upstream refuses carol's stored password (no such user there): a 401, the row left to
     // the application, and no write tried (it would fail as read-only and warn).
     assert_eq!(status(&a, &carol), 401);
     let rows = pg.sql("SELECT count(*) FROM app.sessions");
-    assert_eq!(rows, "1", "carol's row is the application's to delete");
+    assert_eq!(rows, "2", "carol's row is the application's to delete");
     let log = a.log();
     assert!(
         log.contains("upstream rejected credentials; session kept: the store is read-only")

@@ -37,7 +37,8 @@ impl<'a> FromSql<'a> for Record {
 }
 
 impl PostgresStore {
-    /// The record the configured query answers for `key`, `None` without a row.
+    /// The record the configured query answers for `key`, `None` without a row or with a NULL
+    /// record.
     pub(super) async fn get_own(
         &self,
         own: &SessionQuery,
@@ -52,8 +53,9 @@ impl PostgresStore {
                     return Ok(Err(wrong));
                 }
                 let row = c.query_opt(&stmt, &[&key]).await?;
-                let record = row.map(|r| r.try_get::<_, Record>(0)).transpose()?;
-                Ok(Ok(record.map(|r| r.0)))
+                // A NULL record (an application that clears it at logout) is no session.
+                let record = row.map(|r| r.try_get::<_, Option<Record>>(0)).transpose()?;
+                Ok(Ok(record.flatten().map(|r| r.0)))
             })
             .await?;
         answer.map_err(err)
