@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use support::h3::{cuttable_line, delay_line, paced_read, request, request_sized, H3Client};
+use support::h3_raw;
 use support::tls::{tls_table, Pki};
 use support::upstream::{self, Behavior};
 use support::*;
@@ -360,6 +361,37 @@ fn a_revocation_resets_an_http3_download_in_progress() {
             revoked.elapsed() < Duration::from_secs(1),
             "reset after {:?}",
             revoked.elapsed()
+        );
+    });
+}
+
+/// Shutdown during a request: the GOAWAY names the stream after the last request taken, so the
+/// client knows the one in flight was not refused and must not be retried elsewhere (RFC 9114
+/// section 5.2: requests on the named stream or above were not processed), and it is answered.
+#[test]
+fn the_goaway_at_shutdown_spares_the_request_in_flight() {
+    let echo = upstream::start(Behavior::Echo {
+        delay: Duration::from_millis(1500),
+    });
+    let pki = Pki::new();
+    let (t, addr, token) = h3_tessera(&echo.url(), &pki, "", "");
+    runtime().block_on(async {
+        let conn = H3Client::new(&pki.ca()).connect_quic(addr).await;
+        let (_control, mut answer) = h3_raw::get(&conn, "/slow", &token).await;
+        while echo.stats.requests.load(SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        std::process::Command::new("kill")
+            .args(["-TERM", &t.pid().to_string()])
+            .status()
+            .unwrap();
+        let (goaway, _qpack) = h3_raw::goaway(&conn).await;
+        // The request went on stream 0, the client's first bidirectional stream.
+        assert_eq!(goaway, 4, "GOAWAY names stream {goaway}");
+        assert_eq!(
+            h3_raw::status_index(&mut answer).await,
+            Some(25),
+            "not a 200"
         );
     });
 }

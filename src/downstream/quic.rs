@@ -191,9 +191,11 @@ async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming) {
         let accepted = tokio::select! {
             accepted = session.accept() => accepted,
             () = quic.shutdown.cancelled() => {
-                // GOAWAY: no request beyond those already taken, which finish below; an idle
-                // connection (or one whose client is gone) closes at once.
-                let _ = session.shutdown(0).await;
+                // GOAWAY naming the stream after the last one taken (h3 adds the `1` to it):
+                // the client learns the requests taken were not refused (RFC 9114 section
+                // 5.2), and they finish below; an idle connection (or one whose client is
+                // gone) closes at once.
+                let _ = session.shutdown(1).await;
                 break;
             }
         };

@@ -68,6 +68,16 @@ impl H3Client {
         session(conn).await
     }
 
+    /// A bare QUIC connection with ALPN `h3`, for tests that write HTTP/3 frames themselves
+    /// ([`super::h3_raw`]).
+    pub async fn connect_quic(&self, server: SocketAddr) -> quinn::Connection {
+        self.endpoint
+            .connect(server, "localhost")
+            .unwrap()
+            .await
+            .unwrap()
+    }
+
     /// A connection that sends at once, as 0-RTT; `None` when the client has no session to
     /// resume. The receiver turns true when the handshake completes, with whether the server
     /// accepted the early data.

@@ -5,6 +5,7 @@
 pub mod cluster;
 pub mod cyrus;
 pub mod h3;
+pub mod h3_raw;
 pub mod mysql;
 pub mod postgres;
 pub mod sentinel;
