@@ -10,7 +10,9 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
 use bytes::Bytes;
-use support::h3::{cuttable_line, delay_line, paced_read, request, request_sized, H3Client};
+use support::h3::{
+    cuttable_line, delay_line, paced_read, request, request_sized, request_with, H3Client,
+};
 use support::h3_raw;
 use support::tls::{tls_table, Pki};
 use support::upstream::{self, Behavior};
@@ -158,6 +160,49 @@ fn an_oversized_http3_body_is_refused_never_truncated() {
         }
     });
     assert!(echo.stats.body_bytes.load(SeqCst) < 2 << 20);
+}
+
+/// Malformed HTTP/3 requests (RFC 9114 section 4.1.2) are refused, never forwarded as if
+/// whole: a body shorter or longer than its `Content-Length`, and fields only HTTP/1.1
+/// connections have (section 4.2; a `Connection: early-data` would have removed tessera's own
+/// `Early-Data` mark).
+#[test]
+fn malformed_http3_requests_are_refused() {
+    let echo = upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    });
+    let pki = Pki::new();
+    let (_t, addr, token) = h3_tessera(&echo.url(), &pki, "", "");
+    runtime().block_on(async {
+        let client = H3Client::new(&pki.ca());
+        let mut send = client.connect(addr).await;
+        let ten = Bytes::from_static(b"0123456789");
+        for length in ["100", "4"] {
+            let fields = [("content-length", length)];
+            let got = request_with(&mut send, "POST", "/up", &token, &fields, ten.clone()).await;
+            assert_eq!(got.map(|a| a.status), Ok(400), "content-length {length}");
+        }
+        for field in [
+            ("connection", "early-data"),
+            ("transfer-encoding", "chunked"),
+            ("te", "gzip"),
+        ] {
+            let got = request_with(&mut send, "GET", "/x", &token, &[field], Bytes::new()).await;
+            assert_eq!(got.map(|a| a.status), Ok(400), "{field:?}");
+        }
+        let got = request_with(
+            &mut send,
+            "POST",
+            "/up",
+            &token,
+            &[("content-length", "10")],
+            ten,
+        );
+        assert_eq!(
+            got.await.map(|a| a.body),
+            Ok(br#"{"auth":"Basic YWxpY2U6cHc=","bytes":10}"#.to_vec())
+        );
+    });
 }
 
 #[test]

@@ -53,7 +53,15 @@ pub(super) async fn serve(
     }
     let head = req.method() == Method::HEAD;
     let (mut send, recv) = stream.split();
-    let req = req.map(|()| RequestBody { recv, done: false });
+    // A malformed one is refused by the screen before its body is read.
+    let left = crate::screen::h3::content_length(req.headers())
+        .ok()
+        .flatten();
+    let req = req.map(|()| RequestBody {
+        recv,
+        done: false,
+        left,
+    });
     let resp = super::handoff::bodyless_if(head, quic.proxy.handle(req, peer).await);
     respond(quic, &mut send, resp).await;
 }
@@ -104,11 +112,14 @@ async fn respond(
 }
 
 /// An HTTP/3 request body as the phases read it: the client's DATA frames, in order; an error
-/// when the client resets the stream or breaks the framing (so the upstream request is never
-/// completed with a truncated body).
+/// when the client resets the stream, breaks the framing, or sends more or less than its
+/// `Content-Length` (RFC 9114 section 4.1.2), so the upstream request is never completed with
+/// a truncated body.
 struct RequestBody {
     recv: Stream<h3_quinn::RecvStream>,
     done: bool,
+    /// Bytes the `Content-Length` still announces, if it had one.
+    left: Option<u64>,
 }
 
 impl Body for RequestBody {
@@ -124,7 +135,17 @@ impl Body for RequestBody {
         }
         match std::task::ready!(self.recv.poll_recv_data(cx)) {
             Ok(Some(mut buf)) => {
+                let n = buf.remaining() as u64;
+                if let Some(left) = &mut self.left {
+                    if n > *left {
+                        return Poll::Ready(Some(Err("more body than its content-length".into())));
+                    }
+                    *left -= n;
+                }
                 Poll::Ready(Some(Ok(Frame::data(buf.copy_to_bytes(buf.remaining())))))
+            }
+            Ok(None) if self.left.is_some_and(|left| left > 0) => {
+                Poll::Ready(Some(Err("body shorter than its content-length".into())))
             }
             Ok(None) => {
                 self.done = true;

@@ -18,6 +18,7 @@ pub use response::screen_response;
 
 pub mod body;
 mod forwarded;
+pub(crate) mod h3;
 pub mod identity;
 pub mod path;
 mod response;
@@ -118,6 +119,11 @@ pub fn screen_request_with(
 ) -> Result<Screened, ScreenError> {
     if reflects_or_tunnels(&parts.method) {
         return Err(ScreenError::MethodNotAllowed);
+    }
+    if parts.version == Version::HTTP_3 {
+        if let Some(why) = h3::malformed(&parts.headers) {
+            return Err(ScreenError::BadRequest(why));
+        }
     }
     if let Some(te) = parts.headers.get(header::TRANSFER_ENCODING) {
         // hyper de-chunks the body; any other coding would be dropped unnamed on the way.

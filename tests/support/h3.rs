@@ -133,6 +133,25 @@ pub async fn request_sized(
     exchange(send, req, token, body).await
 }
 
+/// A request with more fields (`name: value`), e.g. a `content-length` that differs from the
+/// body's length, or a field HTTP/3 forbids.
+pub async fn request_with(
+    send: &mut SendRequest,
+    method: &str,
+    path: &str,
+    token: &str,
+    fields: &[(&str, &str)],
+    body: Bytes,
+) -> Result<Answer, String> {
+    let mut req = http::Request::builder()
+        .method(method)
+        .uri(format!("https://localhost{path}"));
+    for (name, value) in fields {
+        req = req.header(*name, *value);
+    }
+    exchange(send, req, token, body).await
+}
+
 async fn exchange(
     send: &mut SendRequest,
     mut req: http::request::Builder,
