@@ -15,7 +15,7 @@ use support::h3::{
 };
 use support::h3_raw;
 use support::tls::{tls_table, Pki};
-use support::upstream::{self, Behavior};
+use support::upstream::{self, Behavior, Script};
 use support::*;
 
 /// nginx answering what it was sent: whether the request came early, and over what.
@@ -438,6 +438,102 @@ fn the_goaway_at_shutdown_spares_the_request_in_flight() {
             Some(25),
             "not a 200"
         );
+    });
+}
+
+/// tessera with debug logs of its client side, HTTP/3 on the TLS port, `server` lines, in
+/// front of `upstream`; its UDP address and a session token.
+fn h3_debug(upstream: &str, pki: &Pki, server: &'static str) -> (Tessera, SocketAddr, String) {
+    let (cert, key) = pki.leaf("localhost", &["localhost"]);
+    let port = free_port();
+    let tables = format!("{}[http3]\n", tls_table(port, &cert, &key, ""));
+    let upstream = upstream.to_string();
+    let t = Tessera::start(move |plain, dir| {
+        let store = format!("embedded:{}/sessions", dir.display());
+        let log = ("log", "level = \"info,tessera::downstream=debug\"");
+        config(
+            plain,
+            &upstream,
+            &store,
+            &[("server", server), log, ("tables", &tables)],
+        )
+    });
+    let (_, token) = t.create_session("alice", "pw");
+    (t, SocketAddr::from(([127, 0, 0, 1], port)), token)
+}
+
+/// A request head that never completes is dropped after `server.header_read_timeout_ms`, as
+/// over TCP: the client's stream is stopped.
+#[test]
+fn a_stalled_http3_request_head_is_dropped_after_the_header_timeout() {
+    let echo = upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    });
+    let pki = Pki::new();
+    let (t, addr, _) = h3_debug(&echo.url(), &pki, "header_read_timeout_ms = 300");
+    runtime().block_on(async {
+        let conn = H3Client::new(&pki.ca()).connect_quic(addr).await;
+        let (_control, stalled) = h3_raw::partial_head(&conn).await;
+        // No bound on how soon: only that it happens (a hung stream would wait for ever).
+        let stopped = tokio::time::timeout(Duration::from_secs(30), stalled.stopped()).await;
+        assert!(
+            matches!(stopped, Ok(Ok(Some(_)))),
+            "{stopped:?}\n{}",
+            t.log()
+        );
+        assert!(t
+            .log()
+            .contains("head not complete in server.header_read_timeout_ms"));
+    });
+}
+
+/// A response head the client takes no byte of (its stream window is full) is given up after
+/// `server.send_timeout_ms` and its stream reset, as a stalled body is.
+#[test]
+fn an_http3_response_head_the_client_never_takes_is_reset() {
+    let up = upstream::start(Behavior::Scripted(|_| Script {
+        bytes: format!(
+            "HTTP/1.1 200 OK\r\nX-Big: {}\r\nContent-Length: 0\r\n\r\n",
+            "b".repeat(4000)
+        )
+        .into_bytes(),
+        close: false,
+        early: false,
+    }));
+    let pki = Pki::new();
+    let (t, addr, token) = h3_debug(&up.url(), &pki, "send_timeout_ms = 300");
+    runtime().block_on(async {
+        // 1,000 bytes of window per stream: room for the server's control streams, not for a
+        // 4 KB head; the answer is never read, so the window never grows.
+        let conn = H3Client::with_window(&pki.ca(), 1000)
+            .connect_quic(addr)
+            .await;
+        let (_control, _answer) = h3_raw::get(&conn, "/big", &token).await;
+        let log = tokio::task::block_in_place(|| {
+            t.log_when(|l| l.contains("client took no response bytes"))
+        });
+        assert!(log.contains("client took no response bytes"), "{log}");
+    });
+}
+
+/// A client whose connection closes while its request waits on the upstream: the exchange is
+/// dropped (logged as 499), not kept until the upstream answers.
+#[test]
+fn a_closed_http3_connection_ends_its_open_requests() {
+    let echo = upstream::start(Behavior::Echo {
+        delay: Duration::from_secs(60),
+    });
+    let pki = Pki::new();
+    let (t, addr, token) = h3_debug(&echo.url(), &pki, "");
+    runtime().block_on(async {
+        let conn = H3Client::new(&pki.ca()).connect_quic(addr).await;
+        let (_control, _answer) = h3_raw::get(&conn, "/slow", &token).await;
+        while echo.stats.requests.load(SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        conn.close(quinn::VarInt::from_u32(0), b"gone");
+        let log = tokio::task::block_in_place(|| t.log_when(|l| l.contains("status=499")));
+        assert!(log.contains("path=/slow status=499"), "{log}");
     });
 }
 

@@ -35,7 +35,7 @@ pub(super) async fn serve(
                 .insert("early-data", HeaderValue::from_static("1"));
         } else {
             // Browsers show a 425 to their users instead of retrying (caddy#7481): wait.
-            match tokio::time::timeout(quic.handshake_wait, handshake.wait()).await {
+            match tokio::time::timeout(quic.header_read_timeout, handshake.wait()).await {
                 Ok(true) => {}
                 Ok(false) => {
                     return tracing::debug!(
@@ -71,8 +71,8 @@ fn is_safe(method: &Method) -> bool {
     matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
 
-/// Writes `resp` on `send`: the head, each data frame (within `server.send_timeout_ms` each),
-/// then the end of the stream; a body that fails or is cut by its session's end resets the
+/// Writes `resp` on `send`: the head, each data frame and the end of the stream, each within
+/// `server.send_timeout_ms`; a body that fails or is cut by its session's end resets the
 /// stream instead (`H3_REQUEST_CANCELLED`, RFC 9114 section 8.1).
 async fn respond(
     quic: &Quic,
@@ -80,8 +80,11 @@ async fn respond(
     resp: Response<ProxyBody>,
 ) {
     let (parts, mut body) = resp.into_parts();
-    if let Err(e) = send.send_response(Response::from_parts(parts, ())).await {
-        return tracing::debug!(cause = %e, "HTTP/3 response head not sent");
+    let head = send.send_response(Response::from_parts(parts, ()));
+    match tokio::time::timeout(quic.send_timeout, head).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return tracing::debug!(cause = %e, "HTTP/3 response head not sent"),
+        Err(_) => return stalled(send),
     }
     loop {
         let frame = match body.frame().await {
@@ -98,17 +101,21 @@ async fn respond(
         match tokio::time::timeout(quic.send_timeout, send.send_data(data)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return tracing::debug!(cause = %e, "HTTP/3 client went away"),
-            Err(_) => {
-                tracing::debug!(
-                    "client took no response bytes for server.send_timeout_ms; stream reset"
-                );
-                return send.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
-            }
+            Err(_) => return stalled(send),
         }
     }
-    if let Err(e) = send.finish().await {
-        tracing::debug!(cause = %e, "HTTP/3 response end not sent");
+    match tokio::time::timeout(quic.send_timeout, send.finish()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::debug!(cause = %e, "HTTP/3 response end not sent"),
+        Err(_) => stalled(send),
     }
+}
+
+/// A client that took no response bytes (head, data, or the end) for `server.send_timeout_ms`:
+/// its stream is reset, which frees the response's upstream connection.
+fn stalled(send: &mut Stream<h3_quinn::SendStream<Bytes>>) {
+    tracing::debug!("client took no response bytes for server.send_timeout_ms; stream reset");
+    send.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
 }
 
 /// An HTTP/3 request body as the phases read it: the client's DATA frames, in order; an error

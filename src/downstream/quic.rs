@@ -51,8 +51,9 @@ pub(super) struct Quic {
     pub(super) proxy: Arc<Proxy>,
     /// `http3.early_data`: connections are taken before their handshake completes.
     pub(super) early_data: bool,
-    /// `server.header_read_timeout_ms`: how long a request held for the handshake may wait.
-    pub(super) handshake_wait: Duration,
+    /// `server.header_read_timeout_ms`: how long a request's head may take to arrive, and a
+    /// request held for the handshake may wait.
+    pub(super) header_read_timeout: Duration,
     /// `server.send_timeout_ms`, per response write.
     pub(super) send_timeout: Duration,
     pub(super) max_field_section: u64,
@@ -73,7 +74,7 @@ pub async fn serve_http3(
     let quic = Arc::new(Quic {
         proxy,
         early_data: h3.early_data,
-        handshake_wait: server.header_read_timeout,
+        header_read_timeout: server.header_read_timeout,
         send_timeout: server.send_timeout,
         max_field_section: (server.max_header_bytes + server.max_uri_bytes) as u64,
         shutdown: CancellationToken::new(),
@@ -201,20 +202,9 @@ async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming) {
         };
         match accepted {
             Ok(Some(resolver)) => {
-                let (quic, peer, handshake) = (quic.clone(), peer.clone(), handshake.clone());
-                requests.spawn(async move {
-                    match resolver.resolve_request().await {
-                        // Boxed: a request's future (the phases, the forward, the answer) takes
-                        // tens of KiB, and a spawned task's future is moved, and copied whole,
-                        // several times on its way into the runtime (30 % of an upload's
-                        // instructions were those copies).
-                        Ok((req, stream)) => {
-                            let serve = super::http3::serve(&quic, req, stream, &peer, handshake);
-                            Box::pin(serve).await
-                        }
-                        Err(e) => tracing::debug!(cause = %e, "HTTP/3 request head refused"),
-                    }
-                });
+                let (quic, peer) = (quic.clone(), peer.clone());
+                let (handshake, conn) = (handshake.clone(), quic_conn.clone());
+                requests.spawn(request(quic, peer, handshake, conn, resolver));
             }
             Ok(None) => break,
             Err(e) => {
@@ -228,6 +218,37 @@ async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming) {
     // Closing now would drop answers not yet acknowledged (quinn closes at once when the last
     // handle goes): the client gets up to 1 s to take them, or closes first.
     let _ = tokio::time::timeout(ANSWER_LINGER, quic_conn.closed()).await;
+}
+
+/// One request stream: its head (within `server.header_read_timeout_ms`, as over TCP: a stream
+/// holding half a HEADERS frame is dropped, and so reset), then [`super::http3::serve`] until
+/// it is done or the connection ends (closed, lost or idle): the exchange is then dropped, which
+/// frees its upstream connection, as a TCP client's FIN does.
+async fn request(
+    quic: Arc<Quic>,
+    peer: Arc<crate::proxy::Peer>,
+    handshake: Handshake,
+    conn: quinn::Connection,
+    resolver: h3::server::RequestResolver<h3_quinn::Connection, bytes::Bytes>,
+) {
+    let head = tokio::time::timeout(quic.header_read_timeout, resolver.resolve_request());
+    let (req, stream) = match head.await {
+        Ok(Ok(head)) => head,
+        Ok(Err(e)) => return tracing::debug!(cause = %e, "HTTP/3 request head refused"),
+        Err(_) => {
+            return tracing::debug!(
+                "HTTP/3 request head not complete in server.header_read_timeout_ms"
+            )
+        }
+    };
+    // Boxed: a request's future (the phases, the forward, the answer) takes tens of KiB, and a
+    // spawned task's future is moved, and copied whole, several times on its way into the
+    // runtime (30 % of an upload's instructions were those copies).
+    let serve = Box::pin(super::http3::serve(&quic, req, stream, &peer, handshake));
+    tokio::select! {
+        () = serve => {}
+        _ = conn.closed() => tracing::debug!("HTTP/3 connection ended with a request open"),
+    }
 }
 
 /// How long a connection ending (shutdown, or the client's GOAWAY) is kept for the client to

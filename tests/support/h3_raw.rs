@@ -57,6 +57,18 @@ pub async fn get(conn: &Connection, path: &str, token: &str) -> (SendStream, Rec
     (control, recv)
 }
 
+/// Opens the client's control stream and a request stream holding the first 5 bytes of a
+/// HEADERS frame announced as 100 bytes long, never finished (a client stalling its head).
+pub async fn partial_head(conn: &Connection) -> (SendStream, SendStream) {
+    let mut control = conn.open_uni().await.unwrap();
+    control.write_all(&[0x00, 0x04, 0x00]).await.unwrap();
+    let (mut send, _recv) = conn.open_bi().await.unwrap();
+    send.write_all(&[0x01, 0x40, 100, 0x00, 0x00, 0xC0 | 17, 0xC0 | 23])
+        .await
+        .unwrap();
+    (control, send)
+}
+
 /// Reads one QUIC variable-length integer from `recv`.
 async fn read_varint(recv: &mut RecvStream) -> u64 {
     let mut first = [0u8; 1];
