@@ -55,24 +55,66 @@ impl ConnectionLike for Conn {
 pub(super) type Pending = tokio::task::JoinHandle<Result<Conn, crate::session::store::StoreError>>;
 
 /// A connection made on first use and kept until [`Slot::forget`].
-#[derive(Default)]
-pub(super) struct Slot {
-    conn: Mutex<Option<Conn>>,
+pub(super) struct Slot<C = Conn> {
+    /// The connection, and how many times the slot was forgotten (its generation).
+    conn: Mutex<(Option<C>, u64)>,
     /// One connect at a time; others wait for it and take its connection. Holds a cluster's
     /// connect in progress ([`Pending`]).
     pub(super) connecting: tokio::sync::Mutex<Option<Pending>>,
 }
 
-impl Slot {
-    pub(super) fn current(&self) -> Option<Conn> {
-        self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone()
+impl<C> Default for Slot<C> {
+    fn default() -> Self {
+        Self {
+            conn: Mutex::new((None, 0)),
+            connecting: tokio::sync::Mutex::default(),
+        }
+    }
+}
+
+impl<C: Clone> Slot<C> {
+    pub(super) fn current(&self) -> Option<C> {
+        self.lock().0.clone()
     }
 
-    pub(super) fn set(&self, conn: Conn) {
-        *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(conn);
+    /// The generation to hand to [`Slot::set`] once a connect started now is done.
+    pub(super) fn generation(&self) -> u64 {
+        self.lock().1
+    }
+
+    /// Keeps `conn` unless the slot was forgotten since `generation`: a connect that began
+    /// before a master switch must not outlive it (its server may be the demoted master).
+    pub(super) fn set(&self, conn: C, generation: u64) {
+        let mut slot = self.lock();
+        if slot.1 == generation {
+            slot.0 = Some(conn);
+        }
     }
 
     pub(super) fn forget(&self) {
-        *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        let mut slot = self.lock();
+        slot.0 = None;
+        slot.1 += 1;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Option<C>, u64)> {
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connect_that_began_before_a_forget_is_not_kept() {
+        let slot = Slot::<u32>::default();
+        let before = slot.generation();
+        slot.forget(); // a master switch while the connect ran
+        slot.set(1, before);
+        assert_eq!(slot.current(), None);
+        let now = slot.generation();
+        slot.set(2, now);
+        assert_eq!(slot.current(), Some(2));
     }
 }

@@ -102,6 +102,7 @@ impl RedisStore {
         if let Some(c) = slot.current() {
             return Ok(c);
         }
+        let generation = slot.generation();
         let c = match &self.target {
             Target::Cluster(cluster) => {
                 if pending.is_none() {
@@ -118,7 +119,7 @@ impl RedisStore {
             }
             _ => self.connect().await?,
         };
-        slot.set(c.clone());
+        slot.set(c.clone(), generation);
         Ok(c)
     }
 

@@ -10,7 +10,8 @@ use super::{err, sentinel, Invalidation, RedisStore, StoreError, Target};
 
 impl RedisStore {
     /// The tracking loop: (re)connect, enable tracking, forward invalidations; on any failure
-    /// report `Lost` and retry with backoff (100 ms doubling to 2 s).
+    /// report `Lost` and retry with backoff (100 ms doubling to 2 s, back to 100 ms after a
+    /// stream that held 10 s).
     pub(in crate::session::store) async fn watch(
         self: std::sync::Arc<Self>,
         prefix: String,
@@ -18,7 +19,12 @@ impl RedisStore {
     ) {
         let mut backoff = Duration::from_millis(100);
         loop {
+            let began = tokio::time::Instant::now();
             let result = self.track(&prefix, &tx).await;
+            // A stream that held for a while was not failing: retry soon again.
+            if began.elapsed() >= Duration::from_secs(10) {
+                backoff = Duration::from_millis(100);
+            }
             if tx.is_closed() {
                 return;
             }
@@ -45,6 +51,11 @@ impl RedisStore {
             Target::Cluster(c) => return self.track_cluster(c, prefix, tx).await,
         };
         let (mut conn, mut push_rx, tracked) = self.tracking_connection(prefix).await?;
+        if switches.is_some() {
+            // The master may have moved while no stream was followed (a switch missed during
+            // the backoff): commands go to the master found from here on, as tracking does.
+            self.forget();
+        }
         if tx.send(Invalidation::Live).await.is_err() {
             return Ok(());
         }
