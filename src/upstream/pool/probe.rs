@@ -60,7 +60,8 @@ async fn read_answer(stream: &mut UpIo) -> Probed {
 
 /// Where the answer at the front of `buf` ends (its head and its `Content-Length` body; an
 /// interim 1xx head is skipped); `None` while incomplete, `Some(usize::MAX)` when it cannot be
-/// used (unparsable, chunked, `Connection: close`).
+/// used (unparsable, chunked, `Connection: close`, HTTP/1.0 without keep-alive, a body of no
+/// declared length).
 fn complete(buf: &[u8]) -> Option<usize> {
     let mut at = 0;
     loop {
@@ -76,11 +77,11 @@ fn complete(buf: &[u8]) -> Option<usize> {
             at += len;
             continue;
         }
-        let mut body = 0usize;
+        let (mut length, mut keep_alive) = (None, false);
         for f in head.headers.iter() {
             if f.name.eq_ignore_ascii_case("content-length") {
-                body = match crate::fields::content_length(f.value) {
-                    Some(n) if n as usize <= MAX_ANSWER => n as usize,
+                length = match crate::fields::content_length(f.value) {
+                    Some(n) if n as usize <= MAX_ANSWER => Some(n as usize),
                     _ => return Some(usize::MAX),
                 };
             } else if f.name.eq_ignore_ascii_case("transfer-encoding")
@@ -88,8 +89,21 @@ fn complete(buf: &[u8]) -> Option<usize> {
                     && crate::fields::has_token(f.value, b"close"))
             {
                 return Some(usize::MAX);
+            } else if f.name.eq_ignore_ascii_case("connection") {
+                keep_alive |= crate::fields::has_token(f.value, b"keep-alive");
             }
         }
+        // HTTP/1.0 closes after the answer unless it says keep-alive (RFC 9112 section 9.3).
+        if head.version == Some(0) && !keep_alive {
+            return Some(usize::MAX);
+        }
+        // Without a length, only 204 and 304 have no body; any other body runs to the close
+        // (RFC 9112 section 6.3).
+        let body = match length {
+            Some(n) => n,
+            None if code == 204 || code == 304 => 0,
+            None => return Some(usize::MAX),
+        };
         let end = at + len + body;
         return (buf.len() >= end).then_some(end);
     }
@@ -109,6 +123,8 @@ mod tests {
         let interim = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n";
         assert_eq!(complete(interim), Some(interim.len()));
         assert_eq!(complete(b"HTTP/1.1 200 OK\r\nDate: x"), None);
+        let kept = b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n";
+        assert_eq!(complete(kept), Some(kept.len()));
     }
 
     #[test]
@@ -118,6 +134,8 @@ mod tests {
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
             b"HTTP/1.1 200 OK\r\nContent-Length: 99999999\r\n\r\n",
             b"SSH-2.0-OpenSSH\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nAllow: GET\r\n\r\n",
+            b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n",
         ] {
             assert_eq!(complete(answer), Some(usize::MAX), "{answer:?}");
         }
