@@ -134,8 +134,10 @@ impl H1 {
                         Poll::Ready(Err(e)) => {
                             // An upstream that answered early (413, 401, even 200) and closed
                             // with the body unread makes the write fail (EPIPE, ECONNRESET); its
-                            // answer came before the close, so it is in the receive queue.
-                            if early.is_none() && !eof {
+                            // answer came before the close, so it is in the receive queue. With
+                            // none of this request written, what is queued answers nothing of
+                            // it (an idle connection's 408): the request is unsent.
+                            if early.is_none() && !eof && sent_any {
                                 early = self.queued_head(head_request);
                             }
                             if early.is_some() {
