@@ -204,9 +204,12 @@ impl EmbeddedStore {
     pub(super) async fn scan(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
         let prefix = prefix.to_owned();
         self.run(move |c| {
-            // substr comparison, not LIKE: a prefix with `%` or `_` must match literally.
+            // substr comparison, not LIKE: a prefix with `%` or `_` must match literally. Records
+            // are blobs; login counters in the same table are integers, and an empty or short
+            // prefix (`session.key_prefix = ""`) would take them in too.
             let mut stmt = c.prepare_cached(
-                "SELECT key, value FROM kv WHERE substr(key, 1, ?1) = ?2 AND expires_at > ?3 ORDER BY key",
+                "SELECT key, value FROM kv WHERE substr(key, 1, ?1) = ?2 AND expires_at > ?3 \
+                 AND typeof(value) = 'blob' ORDER BY key",
             )?;
             let rows = stmt.query_map(
                 params![prefix.chars().count() as i64, prefix, unix_now() as i64],
@@ -361,6 +364,22 @@ mod tests {
             Some(b"v".to_vec()),
             "the row stays when its deletion cannot be logged"
         );
+    }
+
+    /// A scan under a prefix that login counters share (an empty one) lists the records and
+    /// skips the counters (integers, which a record's bytes cannot be read from).
+    #[test]
+    fn a_scan_skips_the_login_counters_under_its_prefix() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let store = EmbeddedStore::open(dir.path()).expect("open");
+        rt.block_on(store.put("sid-1", b"{}", 60)).expect("put");
+        rt.block_on(store.increment("login-fails:alice", 60))
+            .expect("increment");
+        let listed = rt.block_on(store.scan("")).expect("scan");
+        assert_eq!(listed, [("sid-1".to_string(), b"{}".to_vec())]);
     }
 
     /// A new store opened by several at once (`tessera serve` starting as the CLI creates a
