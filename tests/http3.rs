@@ -537,6 +537,38 @@ fn a_closed_http3_connection_ends_its_open_requests() {
     });
 }
 
+/// QUIC connections count against `server.max_connections` with TCP's: past it a new one is
+/// refused (CONNECTION_REFUSED), and taken again once one has closed.
+#[test]
+fn quic_connections_past_max_connections_are_refused() {
+    let echo = upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    });
+    let pki = Pki::new();
+    let (t, addr, _) = h3_debug(&echo.url(), &pki, "max_connections = 1");
+    runtime().block_on(async {
+        let client = H3Client::new(&pki.ca());
+        let first = client.connect_quic(addr).await;
+        let refused = client.try_connect_quic(addr).await.map(|_| ());
+        assert!(
+            matches!(&refused, Err(quinn::ConnectionError::ConnectionClosed(c))
+                if c.error_code == quinn::TransportErrorCode::CONNECTION_REFUSED),
+            "{refused:?}"
+        );
+        assert!(t.log().contains("new QUIC connections are refused"));
+        first.close(quinn::VarInt::from_u32(0), b"done");
+        let mut again = client.try_connect_quic(addr).await;
+        for _ in 0..100 {
+            if again.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            again = client.try_connect_quic(addr).await;
+        }
+        assert!(again.is_ok(), "{:?}", again.map(|_| ()));
+    });
+}
+
 /// Shutdown (SIGTERM) during an HTTP/3 request: the request in flight is answered, then the
 /// process ends (the connection is sent GOAWAY, and not waited on once its request is done).
 #[test]

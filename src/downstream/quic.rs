@@ -87,7 +87,25 @@ pub async fn serve_http3(
             () = &mut shutdown => break,
         };
         let Some(incoming) = incoming else { break };
-        connections.spawn(connection(quic.clone(), incoming));
+        // QUIC connections count against server.max_connections with TCP's. Past it one is
+        // refused (CONNECTION_REFUSED: a browser goes on over TCP, where it waits in the
+        // backlog) rather than left to retransmit its Initial into a loop that reads none.
+        let slot = match quic.proxy.client_connections() {
+            None => None,
+            Some(limit) => match limit.try_acquire() {
+                Some(slot) => Some(slot),
+                None => {
+                    refused_at_limit(limit.limit());
+                    incoming.refuse();
+                    continue;
+                }
+            },
+        };
+        let quic = quic.clone();
+        connections.spawn(async move {
+            connection(quic, incoming).await;
+            drop(slot);
+        });
     }
     // No new connection from here on; open ones are sent GOAWAY.
     endpoint.set_server_config(None);
@@ -101,6 +119,18 @@ pub async fn serve_http3(
     }
     endpoint.close(quinn::VarInt::from_u32(0), b"shutdown");
     let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
+}
+
+/// Says once in the log that QUIC connections are refused at `server.max_connections`.
+fn refused_at_limit(limit: usize) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            max = limit,
+            "server.max_connections client connections are open; new QUIC connections are \
+             refused until one closes"
+        );
+    }
 }
 
 /// Whether a connection's handshake is complete, asked when a request is taken.

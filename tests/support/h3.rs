@@ -71,11 +71,15 @@ impl H3Client {
     /// A bare QUIC connection with ALPN `h3`, for tests that write HTTP/3 frames themselves
     /// ([`super::h3_raw`]).
     pub async fn connect_quic(&self, server: SocketAddr) -> quinn::Connection {
-        self.endpoint
-            .connect(server, "localhost")
-            .unwrap()
-            .await
-            .unwrap()
+        self.try_connect_quic(server).await.unwrap()
+    }
+
+    /// [`H3Client::connect_quic`], its failure returned.
+    pub async fn try_connect_quic(
+        &self,
+        server: SocketAddr,
+    ) -> Result<quinn::Connection, quinn::ConnectionError> {
+        self.endpoint.connect(server, "localhost").unwrap().await
     }
 
     /// A connection that sends at once, as 0-RTT; `None` when the client has no session to
