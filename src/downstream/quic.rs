@@ -251,7 +251,7 @@ async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming) {
 }
 
 /// One request stream: its head (within `server.header_read_timeout_ms`, as over TCP: a stream
-/// holding half a HEADERS frame is dropped, and so reset), then [`super::http3::serve`] until
+/// holding half a HEADERS frame is dropped, the client told to stop sending), then [`super::http3::serve`] until
 /// it is done or the connection ends (closed, lost or idle): the exchange is then dropped, which
 /// frees its upstream connection, as a TCP client's FIN does.
 async fn request(
