@@ -398,6 +398,22 @@ fn unknown_key_is_named() {
     assert!(err.contains("line 9") && err.contains("`listen`"), "{err}");
 }
 
+/// An error never quotes the offending line: a misspelt key may hold a literal secret.
+#[test]
+fn an_error_does_not_quote_a_literal_secret() {
+    let text = minimal().replace("keys = {", "key = { k0 = \"s3cret-key\" }\nkeys = {");
+    let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
+    assert!(
+        err.contains("credentials.key") && err.contains("line 6"),
+        "{err}"
+    );
+    assert!(!err.contains("s3cret"), "{err}");
+    let err = Config::from_toml_with("secret = \"s3cret\" x", env)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("line 1") && !err.contains("s3cret"), "{err}");
+}
+
 /// A value of the wrong type is led by its dotted key and the fix, then toml's line.
 #[test]
 fn wrong_typed_values_name_the_key_and_the_fix() {
@@ -469,13 +485,13 @@ fn wrong_typed_values_name_the_key_and_the_fix() {
         // Types are checked before any value is validated, so the rest may be missing.
         let err = Config::from_toml_with(text, env).unwrap_err().to_string();
         assert!(err.starts_with(want), "{text}\n{err}");
-        assert!(err.contains("TOML parse error at line "), "{err}");
+        assert!(err.contains("\nline "), "{err}");
     }
     // A syntax error has no key to name: toml's message alone.
     let err = Config::from_toml_with("[upstream\n", env)
         .unwrap_err()
         .to_string();
-    assert!(err.starts_with("TOML parse error at line 1"), "{err}");
+    assert!(err.starts_with("line 1, column "), "{err}");
 }
 
 #[test]
@@ -524,6 +540,38 @@ fn bad_store_and_scheme_rejected() {
         .unwrap_err()
         .to_string()
         .contains("upstream.url"));
+}
+
+/// A password in a URL is never echoed by the error that refuses the URL.
+#[test]
+fn urls_with_passwords_are_refused_without_echoing_them() {
+    let text = minimal().replace("http://127.0.0.1:9", "http://svc:s3cret@127.0.0.1:9");
+    let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
+    assert!(
+        err.contains("upstream.url") && err.contains("user:password@"),
+        "{err}"
+    );
+    assert!(!err.contains("s3cret"), "{err}");
+    let typo = "redis-sentinel://:s3cret@10.0.0.1:26379/m";
+    let text = format!("{}[session]\nstore = \"{typo}\"\n", minimal());
+    let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
+    assert!(
+        err.contains("session.store") && err.contains("redis-sentinel://***@10.0.0.1"),
+        "{err}"
+    );
+    assert!(!err.contains("s3cret"), "{err}");
+}
+
+/// A log level that is no level (`warning`, which the filter would take for a target and so
+/// log nothing) is refused, naming the key.
+#[test]
+fn a_log_level_that_is_no_level_is_refused() {
+    let text = format!("{}[log]\nlevel = \"warning\"\n", minimal());
+    let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
+    assert!(
+        err.contains("log.level") && err.contains("`warning`"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! `[websocket]`, `[metrics]` and `[jmap]` -> their settings.
+//! `[websocket]`, `[metrics]`, `[jmap]` and `log.level` -> their settings.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -106,4 +106,57 @@ pub(super) fn validate_jmap(j: RawJmap) -> Result<Option<JmapConfig>, ConfigErro
         absolute_urls,
         session_path,
     }))
+}
+
+/// `log.level`: a level (`error`, `warn`, `info`, `debug`, `trace`, `off`) or a filter of
+/// comma-separated `target=level` directives and levels (`info,tessera::session=debug`, the
+/// `RUST_LOG` syntax). A bare word that is no level (`warning`) would be read as a target name
+/// and silence every tessera line, so it is refused.
+pub(super) fn validate_log_level(level: Option<String>) -> Result<String, ConfigError> {
+    let level = level.unwrap_or_else(|| "info".into());
+    let levels = ["error", "warn", "info", "debug", "trace", "off"];
+    let is_level = |w: &str| levels.iter().any(|l| l.eq_ignore_ascii_case(w.trim()));
+    let bad = level.split(',').find(|d| match d.split_once('=') {
+        Some((target, l)) => target.trim().is_empty() || !is_level(l),
+        None => !is_level(d),
+    });
+    if let Some(bad) = bad {
+        return Err(ConfigError::new(
+            "log.level",
+            format!(
+                "`{}` is not a level or a `target=level` directive; use one of {}, or a filter \
+                 such as \"info,tessera::session=debug\"",
+                bad.trim(),
+                levels.join(", ")
+            ),
+        ));
+    }
+    Ok(level)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_level_is_a_level_or_a_filter_of_them() {
+        for good in [
+            "info",
+            "WARN",
+            "info,tessera=debug",
+            "warn, tessera::session=trace",
+        ] {
+            assert_eq!(
+                validate_log_level(Some(good.into())).ok().as_deref(),
+                Some(good)
+            );
+        }
+        assert_eq!(validate_log_level(None).ok().as_deref(), Some("info"));
+        for bad in ["warning", "info,tessera", "tessera=loud", "=debug", ""] {
+            let e = validate_log_level(Some(bad.into()))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("log.level"), "{bad}: {e}");
+        }
+    }
 }

@@ -107,27 +107,40 @@ impl Config {
     }
 }
 
-/// Deserializes the file's tables. A syntax error is toml's message as it is (line, column and
-/// the line itself). A wrong-typed value or an unknown key is led by a line naming the dotted
-/// key and the fix, e.g. ``config key `upstream.idle_timeout_ms`: must be a whole number of
-/// milliseconds, without quotes``, followed by toml's message.
+/// Deserializes the file's tables. A syntax error is toml's message with its line and column.
+/// A wrong-typed value or an unknown key is led by a line naming the dotted key and the fix,
+/// e.g. ``config key `upstream.idle_timeout_ms`: must be a whole number of milliseconds,
+/// without quotes``, followed by toml's message. The offending line itself is never quoted: it
+/// may hold a literal secret (a misspelt `secret = "..."`).
 fn parse_raw(text: &str) -> Result<RawConfig, String> {
-    let document = toml::Deserializer::parse(text).map_err(|e| e.to_string())?;
+    let document = toml::Deserializer::parse(text).map_err(|e| located(text, &e))?;
     serde_path_to_error::deserialize(document).map_err(|e| {
         let key = e.path().to_string();
         let error = e.into_inner();
         format!(
-            "config key `{key}`: {}\n{error}",
-            type_fix(&key, error.message())
+            "config key `{key}`: {}\n{}",
+            type_fix(&key, error.message()),
+            located(text, &error)
         )
     })
+}
+
+/// toml's message for `error` with where it is in `text` (`line L, column C: ...`).
+fn located(text: &str, error: &toml::de::Error) -> String {
+    let Some(span) = error.span() else {
+        return error.message().to_string();
+    };
+    let before = &text[..span.start.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.len() - before.rfind('\n').map_or(0, |n| n + 1) + 1;
+    format!("line {line}, column {column}: {}", error.message())
 }
 
 /// Error from [`Config::from_toml`].
 #[derive(Debug, thiserror::Error)]
 pub enum FromTomlError {
     /// Syntax error (line and column), or a wrong type or unknown key (dotted key and fix, then
-    /// the line); see `parse_raw`.
+    /// where it is); see `parse_raw`.
     #[error("{0}")]
     Parse(String),
     /// A value is invalid.
@@ -237,7 +250,7 @@ fn validate(raw: RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Conf
         credentials,
         login,
         log: LogConfig {
-            level: log.level.unwrap_or_else(|| "info".into()),
+            level: extras::validate_log_level(log.level)?,
             access_log: log.access_log.unwrap_or(true),
         },
         metrics,

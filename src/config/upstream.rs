@@ -115,9 +115,17 @@ fn upstream_url(text: Option<&str>) -> Result<http::Uri, ConfigError> {
     let text = text.ok_or_else(|| {
         ConfigError::new(key, "is required, e.g. url = \"http://127.0.0.1:8008\"")
     })?;
+    // The text itself is not echoed: it may hold a password (refused below).
     let url: http::Uri = text
         .parse()
-        .map_err(|e| ConfigError::new(key, format!("`{text}` is not a URL: {e}")))?;
+        .map_err(|e| ConfigError::new(key, format!("is not a URL: {e}")))?;
+    if url.authority().is_some_and(|a| a.as_str().contains('@')) {
+        return Err(ConfigError::new(
+            key,
+            "must not carry user:password@: tessera sends each session's own credential, and \
+             the URL would be sent as Host and logged",
+        ));
+    }
     match url.scheme_str() {
         Some("http" | "https") => {}
         Some(other) => {

@@ -44,7 +44,13 @@ impl Cluster {
             .or_else(|| url.strip_prefix("rediss+cluster://"))
             .ok_or_else(|| bad("not a redis+cluster:// URL"))?;
         if let Some((_, query)) = rest.split_once('?') {
-            return Err(bad(&format!("unknown parameters `{query}`")));
+            // Names only: a value may be a password (`sentinel_password=` pasted from a
+            // Sentinel URL).
+            let names: Vec<&str> = query
+                .split('&')
+                .map(|p| p.split('=').next().unwrap_or(p))
+                .collect();
+            return Err(bad(&format!("unknown parameters `{}`", names.join("`, `"))));
         }
         let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
         if !matches!(path, "" | "0") {
@@ -205,5 +211,13 @@ mod tests {
         ] {
             assert!(Cluster::parse(url, None).is_err(), "{url}");
         }
+        let e = Cluster::parse("redis+cluster://h?sentinel_password=s3cret&x", None)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("`sentinel_password`, `x`") && !e.contains("s3cret"),
+            "{e}"
+        );
     }
 }
