@@ -234,6 +234,21 @@ fn sighup_swaps_the_certificate_for_new_handshakes_and_open_connections_go_on() 
     hangup("configuration reload refused", 1);
     assert!(t.log().contains("tls.certificate"), "{}", t.log());
     assert_eq!(Client::connect(port, "localhost", &pki.ca()).leaf(), new);
+    // A good certificate in a file whose keys are refused (the pinned algorithms changed): all
+    // or nothing, so the running certificate stays too.
+    pki.leaf("localhost", &["localhost"]);
+    let refused = leaf_der(&cert);
+    let text = std::fs::read_to_string(t.config_path()).unwrap();
+    let text = text.replace("[token]\n", "[token]\nalgorithms = [\"HS256\"]\n");
+    std::fs::write(t.config_path(), text).unwrap();
+    hangup("configuration reload refused", 2);
+    assert!(t.log().contains("token.algorithms"), "{}", t.log());
+    let served = Client::connect(port, "localhost", &pki.ca()).leaf();
+    assert_ne!(
+        served, refused,
+        "the certificate of a refused reload is served"
+    );
+    assert_eq!(served, new);
 }
 
 #[test]

@@ -75,8 +75,15 @@ pub struct Proxy {
     client_side: crate::upstream::ClientSideFn,
 }
 
-/// Why a reloaded configuration's keys were not put in place ([`Proxy::reload_keys`]); nothing
-/// changed. The message names the configuration key and the fix.
+/// Keys of a reloaded configuration, loaded and checked ([`Proxy::check_keys`]), not yet in
+/// place.
+pub struct ReadyKeys {
+    keys: crate::token::ConfiguredKeys,
+    summary: String,
+}
+
+/// Why a reloaded configuration's keys are refused ([`Proxy::check_keys`]); nothing changed.
+/// The message names the configuration key and the fix.
 #[derive(Debug, thiserror::Error)]
 pub enum ReloadError {
     /// Its token keys could not be put in place.
@@ -184,18 +191,13 @@ impl Proxy {
         &self.verifier
     }
 
-    /// Puts the keys of a reloaded configuration in place (SIGHUP): the JWT keys
-    /// (`token.secret`, `[[token.keys]]`, `token.active_kid`) and the sealing keys
-    /// (`credentials.keys`, `credentials.active`). No connection is dropped and requests in
-    /// flight go on. Cached verifications and cached sessions are forgotten, and sessions with
-    /// open responses read again, so a key removed stops working at once. Every other setting
-    /// in `cfg` is ignored: a restart applies it. Needs a tokio runtime (the rereads are
-    /// tasks).
+    /// Loads and checks the keys of a reloaded configuration (SIGHUP) without putting them in
+    /// place: the JWT keys (`token.secret`, `[[token.keys]]`, `token.active_kid`); the sealing
+    /// keys (`credentials.keys`, `credentials.active`) were checked when `cfg` loaded.
     ///
-    /// Returns a summary for the log (key ids only). Errors ([`ReloadError`], naming the key),
-    /// with nothing changed: see [`Verifier::load_keys`]; or the login endpoints are served and
-    /// no key of `cfg` can sign.
-    pub fn reload_keys(&self, cfg: &Config) -> Result<String, ReloadError> {
+    /// Errors ([`ReloadError`], naming the key), with nothing changed: see
+    /// [`Verifier::load_keys`]; or the login endpoints are served and no key of `cfg` can sign.
+    pub fn check_keys(&self, cfg: &Config) -> Result<ReadyKeys, ReloadError> {
         let keys = self.verifier.load_keys(&cfg.token)?;
         if self.login.is_some() && !keys.can_sign() {
             return Err(ReloadError::NoSigner);
@@ -212,9 +214,18 @@ impl Proxy {
                 .join(", "),
             cfg.credentials.active
         );
-        self.verifier.install_keys(keys);
+        Ok(ReadyKeys { keys, summary })
+    }
+
+    /// Puts keys from [`Proxy::check_keys`] of `cfg` in place. No connection is dropped and
+    /// requests in flight go on. Cached verifications and cached sessions are forgotten, and
+    /// sessions with open responses read again, so a key removed stops working at once. Every
+    /// other setting in `cfg` is ignored: a restart applies it. Needs a tokio runtime (the
+    /// rereads are tasks). Returns a summary for the log (key ids only).
+    pub fn install_keys(&self, ready: ReadyKeys, cfg: &Config) -> String {
+        self.verifier.install_keys(ready.keys);
         self.sessions.replace_sealing_keys(&cfg.credentials);
-        Ok(summary)
+        ready.summary
     }
 
     /// The session layer (its counters, for metrics).

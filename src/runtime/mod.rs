@@ -91,7 +91,7 @@ pub async fn run(
         proxy.clone(),
         Edges {
             tls: tls.clone(),
-            quic: quic.clone(),
+            quic: quic.clone().zip(cfg.http3.clone()),
         },
         reloads,
     )));

@@ -42,7 +42,9 @@ pub(super) fn quic_endpoint(
 /// What a reload puts new certificates into.
 pub(super) struct Edges {
     pub(super) tls: Option<Arc<downstream::TlsServer>>,
-    pub(super) quic: Option<quinn::Endpoint>,
+    /// The HTTP/3 endpoint, with the `[http3]` settings it started with (a reload changes only
+    /// its certificates).
+    pub(super) quic: Option<(quinn::Endpoint, downstream::Http3Config)>,
 }
 
 /// The listeners as std sockets, each with what it speaks.
@@ -71,7 +73,8 @@ pub(super) fn clone_edges(
 pub type ConfigReload = Result<Config, config::LoadError>;
 
 /// Puts the keys and certificates of each configuration from `reloads` in place, in order;
-/// logs and counts the outcome.
+/// logs and counts the outcome. All or nothing: the keys are checked first, then the
+/// certificates checked and put in place, then the keys; a refusal at any step changes nothing.
 pub(super) async fn reload_keys(
     proxy: Arc<Proxy>,
     edges: Edges,
@@ -79,8 +82,12 @@ pub(super) async fn reload_keys(
 ) {
     while let Some(reload) = reloads.recv().await {
         let outcome = match reload {
-            Ok(cfg) => reload_tls(&edges, &cfg)
-                .and_then(|()| proxy.reload_keys(&cfg).map_err(|e| e.to_string())),
+            Ok(cfg) => proxy
+                .check_keys(&cfg)
+                .map_err(|e| e.to_string())
+                .and_then(|ready| {
+                    reload_tls(&edges, &cfg).map(|()| proxy.install_keys(ready, &cfg))
+                }),
             Err(e) => Err(e.to_string()),
         };
         proxy.reload_counts().record(outcome.is_ok());
@@ -97,16 +104,16 @@ pub(super) async fn reload_keys(
     }
 }
 
-/// The certificates of `cfg` in place for new TLS handshakes (before the keys, so a refused
-/// certificate leaves both as they were).
+/// The certificates of `cfg` in place for new TLS handshakes, over TCP and QUIC alike (QUIC
+/// with the `[http3]` settings it runs with); both are checked before either is replaced.
 fn reload_tls(edges: &Edges, cfg: &Config) -> Result<(), String> {
     let (Some(server), Some(t)) = (&edges.tls, &cfg.tls) else {
         return Ok(());
     };
     let named = |e: downstream::CertError| format!("config key `{}`: {}", e.key, e.problem);
-    let quic = match (&edges.quic, &cfg.http3) {
-        (Some(endpoint), Some(h3)) => Some((endpoint, server.quic_config(t, h3).map_err(named)?)),
-        _ => None,
+    let quic = match &edges.quic {
+        Some((endpoint, h3)) => Some((endpoint, server.quic_config(t, h3).map_err(named)?)),
+        None => None,
     };
     server.reload(t).map_err(named)?;
     if let Some((endpoint, quic)) = quic {
