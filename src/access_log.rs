@@ -27,6 +27,7 @@
 //! tessera with a subscriber of its own (JSON, say) still gets them as this plain text.
 
 use std::cell::{Cell, RefCell};
+use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::IpAddr;
 use std::time::SystemTime;
@@ -119,6 +120,28 @@ fn write_out(out: &mut Vec<u8>) {
     }
 }
 
+/// A path as the log shows it: visible ASCII as it is, any other character (controls, C1
+/// codes such as CSI, line and bidi separators, all non-ASCII) and `\\` escaped as Rust does
+/// (`\u{9b}`), so a client cannot write terminal codes or a fake line into the log.
+struct Escaped<'a>(&'a str);
+
+impl std::fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let plain = |c: char| c.is_ascii_graphic() && c != '\\';
+        if self.0.chars().all(plain) {
+            return f.write_str(self.0);
+        }
+        for c in self.0.chars() {
+            if plain(c) {
+                f.write_char(c)?;
+            } else {
+                write!(f, "{}", c.escape_default())?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Appends `line`, stamped `now`, with its newline.
 fn format_line(out: &mut Vec<u8>, now: SystemTime, line: &Line<'_>) {
     // Writing into a Vec cannot fail.
@@ -129,7 +152,7 @@ fn format_line(out: &mut Vec<u8>, now: SystemTime, line: &Line<'_>) {
         humantime::format_rfc3339_micros(now.max(std::time::UNIX_EPOCH)),
         line.peer,
         line.method,
-        line.path,
+        Escaped(line.path),
         line.status,
         line.duration_us,
     );
@@ -205,6 +228,32 @@ mod tests {
                 "{text}"
             );
             assert_eq!(text.matches('\n').count(), 1, "one line: {text}");
+        }
+    }
+
+    #[test]
+    fn a_path_with_control_or_non_ascii_characters_is_escaped() {
+        for (path, shown) in [
+            ("/a\u{9b}2J", "/a\\u{9b}2J"),
+            ("/x\u{2028}y\u{202e}", "/x\\u{2028}y\\u{202e}"),
+            ("/caf\u{e9}", "/caf\\u{e9}"),
+            ("/a\\b", "/a\\\\b"),
+            ("/plain/%41?", "/plain/%41?"),
+        ] {
+            let mut out = Vec::new();
+            format_line(
+                &mut out,
+                UNIX_EPOCH,
+                &Line {
+                    path,
+                    ..line(None, None)
+                },
+            );
+            let text = String::from_utf8(out).unwrap();
+            assert!(
+                text.contains(&format!(" path={shown} status=")),
+                "{path:?}: {text}"
+            );
         }
     }
 

@@ -144,10 +144,18 @@ fn main() -> ExitCode {
             } => {
                 telemetry::init("warn");
                 tessera::downstream::raise_open_files_limit();
-                let dir = std::env::temp_dir().join(format!("tessera-demo-{}", std::process::id()));
+                // A fresh private directory (removed when dropped): a name another local user
+                // could guess and make first would hand them the demo's key and store.
+                let dir = match tempfile::Builder::new().prefix("tessera-demo-").tempdir() {
+                    Ok(dir) => dir,
+                    Err(e) => {
+                        eprintln!("tessera demo: cannot make a temporary directory: {e}");
+                        return ExitCode::from(1);
+                    }
+                };
                 let tls = tls.then_some(tls_listen);
-                let result = tessera::demo::run(listen, tls, &dir, shutdown_signal()).await;
-                let _ = std::fs::remove_dir_all(&dir);
+                let result = tessera::demo::run(listen, tls, dir.path(), shutdown_signal()).await;
+                drop(dir);
                 match result {
                     Ok(()) => ExitCode::SUCCESS,
                     Err(e) => {

@@ -562,6 +562,29 @@ fn urls_with_passwords_are_refused_without_echoing_them() {
     assert!(!err.contains("s3cret"), "{err}");
 }
 
+/// `login.path_prefix` is visible ASCII (a request path carries nothing else, and the prefix
+/// goes into `Location`); `session.ttl_seconds` stays within ten years (a valid Redis `EX`).
+#[test]
+fn a_login_prefix_and_a_session_ttl_the_stores_cannot_take_are_refused() {
+    // The second is DEL, written as TOML's escape.
+    for prefix in ["/connexi\u{f3}n", "/a\\u007fb", "/a b"] {
+        let text = format!(
+            "{}[login]\nverify_path = \"/x\"\npath_prefix = \"{prefix}\"\n",
+            minimal()
+        );
+        let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
+        assert!(err.contains("login.path_prefix"), "{prefix:?}: {err}");
+    }
+    let text = format!(
+        "{}[session]\nttl_seconds = 9223372036854775807\n",
+        minimal()
+    );
+    let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
+    assert!(err.contains("session.ttl_seconds"), "{err}");
+    let text = format!("{}[session]\nttl_seconds = 315360000\n", minimal());
+    assert!(Config::from_toml_with(&text, env).is_ok());
+}
+
 /// A log level that is no level (`warning`, which the filter would take for a target and so
 /// log nothing) is refused, naming the key.
 #[test]

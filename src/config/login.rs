@@ -75,14 +75,22 @@ fn login_paths(
     verify: Option<String>,
 ) -> Result<(String, http::uri::PathAndQuery), ConfigError> {
     let prefix = prefix.unwrap_or_else(|| "/auth".into());
+    // Visible ASCII only: a request path carries nothing else (other characters arrive
+    // %-encoded, so a prefix holding them would never match), and the prefix is written into
+    // `Location` fields.
     if !prefix.starts_with('/')
         || prefix.len() < 2
         || prefix.ends_with('/')
-        || prefix.contains(['?', '#', ' '])
+        || prefix.contains(['?', '#'])
+        || !prefix.bytes().all(|b| b.is_ascii_graphic())
     {
         return Err(ConfigError::new(
             "login.path_prefix",
-            format!("`{prefix}` must be an absolute path without trailing `/`, e.g. \"/auth\""),
+            format!(
+                "`{}` must be an absolute path of visible ASCII characters (%-encode others) \
+                 without trailing `/`, e.g. \"/auth\"",
+                prefix.escape_debug()
+            ),
         ));
     }
     // No default: many upstreams answer 2xx to `GET /` without credentials, and then any

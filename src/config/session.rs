@@ -106,6 +106,9 @@ fn session_query(
     }
 }
 
+/// Longest `session.ttl_seconds`: ten years.
+const MAX_TTL_SECONDS: u64 = 10 * 365 * 24 * 3600;
+
 pub(super) fn validate_session(s: RawSession) -> Result<SessionConfig, ConfigError> {
     let store_text = s
         .store
@@ -122,10 +125,11 @@ pub(super) fn validate_session(s: RawSession) -> Result<SessionConfig, ConfigErr
         }
     };
     let ttl_seconds = s.ttl_seconds.unwrap_or(12 * 3600);
-    if ttl_seconds == 0 {
+    // Ten years at most: the expiry must stay a valid Redis `EX` and SQL integer past now.
+    if !(1..=MAX_TTL_SECONDS).contains(&ttl_seconds) {
         return Err(ConfigError::new(
             "session.ttl_seconds",
-            "must be greater than 0",
+            format!("must be between 1 and {MAX_TTL_SECONDS} (ten years)"),
         ));
     }
     Ok(SessionConfig {
