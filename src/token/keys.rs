@@ -128,7 +128,7 @@ pub struct Keys {
     /// [`Keys::replace`]). Read on every signature check and every login, never on a
     /// verified-token cache hit.
     configured: RwLock<Arc<ConfiguredKeys>>,
-    jwks: Option<Jwks>,
+    jwks: Option<Arc<Jwks>>,
 }
 
 /// The keys of `[token]` (`secret`, `[[token.keys]]`, `active_kid`), checked and ready.
@@ -294,11 +294,13 @@ impl Keys {
     ) -> Result<Self, KeyError> {
         Ok(Self {
             configured: RwLock::new(Arc::new(ConfiguredKeys::load(specs, active_kid)?)),
-            jwks: jwks.map(|cfg| Jwks {
-                cfg,
-                allowed: allowed.to_vec(),
-                keys: RwLock::new(Arc::new(HashMap::new())),
-                last: tokio::sync::Mutex::new(None),
+            jwks: jwks.map(|cfg| {
+                Arc::new(Jwks {
+                    cfg,
+                    allowed: allowed.to_vec(),
+                    keys: RwLock::new(Arc::new(HashMap::new())),
+                    last: tokio::sync::Mutex::new(None),
+                })
             }),
         })
     }
@@ -369,11 +371,15 @@ impl Keys {
 
     /// Refreshes the JWKS because a token named an unknown `kid`, unless the last refresh was
     /// less than `token.jwks_min_refresh_seconds` ago. Returns whether a fresh document was loaded.
+    /// The fetch is a task of its own: a request that goes away (a reset HTTP/2 stream) must not
+    /// cancel a fetch that has already taken the rate limit's turn.
     pub async fn refresh_for_unknown_kid(&self) -> bool {
-        match &self.jwks {
-            Some(j) => j.refresh(Some(j.cfg.min_refresh)).await,
-            None => false,
-        }
+        let Some(j) = self.jwks.clone() else {
+            return false;
+        };
+        tokio::spawn(async move { j.refresh(Some(j.cfg.min_refresh)).await })
+            .await
+            .unwrap_or(false)
     }
 
     /// Loads the JWKS now (at start and every `token.jwks_refresh_seconds`).
@@ -416,5 +422,52 @@ mod tests {
         // a single kid-bearing key also serves tokens without kid
         assert!(keys.with_key(None, Algorithm::HS512, |_| ()).is_ok());
         assert_eq!(keys.signer().unwrap().kid(), Some("a"));
+    }
+
+    /// A JWKS fetch for an unknown `kid` takes the rate limit's turn; the request that asked
+    /// going away mid-fetch (a reset stream) must not cancel it, or the new key would wait for
+    /// the periodic refresh.
+    #[tokio::test]
+    async fn a_refresh_outlives_the_request_that_asked_for_it() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let doc = r#"{"keys":[{"kty":"OKP","crv":"Ed25519","kid":"ed","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}]}"#;
+        let (asked, was_asked) = tokio::sync::oneshot::channel::<()>();
+        let (answer, may_answer) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let _ = s.read(&mut [0u8; 4096]).await;
+            let _ = asked.send(());
+            // Answered only once the asking request is gone.
+            let _ = may_answer.await;
+            let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", doc.len());
+            s.write_all(format!("{head}{doc}").as_bytes())
+                .await
+                .unwrap();
+        });
+        let cfg = JwksConfig {
+            source: JwksSource::Url(format!("http://{addr}/jwks").parse().unwrap(), None),
+            refresh: Duration::from_secs(300),
+            min_refresh: Duration::from_secs(30),
+        };
+        let keys = Arc::new(Keys::new(&[], None, Some(cfg), &[Algorithm::EdDSA]).unwrap());
+        let k = keys.clone();
+        let request = tokio::spawn(async move { k.refresh_for_unknown_kid().await });
+        was_asked.await.unwrap();
+        request.abort();
+        let _ = request.await;
+        answer.send(()).unwrap();
+        let loaded = async {
+            while keys.with_key(Some("ed"), Algorithm::EdDSA, |_| ()).is_err() {
+                tokio::task::yield_now().await;
+            }
+        };
+        assert!(
+            tokio::time::timeout(Duration::from_secs(10), loaded)
+                .await
+                .is_ok(),
+            "the fetch died with its request"
+        );
     }
 }
