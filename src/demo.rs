@@ -131,6 +131,10 @@ pub async fn run(
         "tessera demo: proxy on http://{addr}, built-in Basic-auth upstream on http://{up_addr}"
     );
     println!(
+        "store and demo keys in {} (removed when the demo ends)",
+        store_dir.display()
+    );
+    println!(
         "session {} for user `{DEMO_USER}` (expires at {}). Try:",
         created.sid, created.expires_at
     );

@@ -146,7 +146,11 @@ fn main() -> ExitCode {
                 tessera::downstream::raise_open_files_limit();
                 // A fresh private directory (removed when dropped): a name another local user
                 // could guess and make first would hand them the demo's key and store.
-                let dir = match tempfile::Builder::new().prefix("tessera-demo-").tempdir() {
+                let mut builder = tempfile::Builder::new();
+                builder.prefix("tessera-demo-");
+                #[cfg(unix)]
+                builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700));
+                let dir = match builder.tempdir() {
                     Ok(dir) => dir,
                     Err(e) => {
                         eprintln!("tessera demo: cannot make a temporary directory: {e}");

@@ -690,11 +690,23 @@ fn demo_prints_a_working_curl_line() {
         .unwrap();
     use std::io::BufRead;
     let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut store_dir = None;
     let curl_line = lines
         .by_ref()
         .map(|l| l.unwrap())
+        .inspect(|l| {
+            if let Some(rest) = l.strip_prefix("store and demo keys in ") {
+                store_dir = rest.split(" (").next().map(std::path::PathBuf::from);
+            }
+        })
         .find(|l| l.starts_with("curl "))
         .expect("curl line");
+    let store_dir = store_dir.expect("the demo names its directory");
+    // A fresh directory of its own (a name another user could have made first would hand
+    // them the demo's key and store), private to its user.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&store_dir).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700, "{store_dir:?}");
     let out = std::process::Command::new("sh")
         .arg("-c")
         .arg(&curl_line)
@@ -702,7 +714,6 @@ fn demo_prints_a_working_curl_line() {
         .unwrap();
     // SIGTERM, as an operator's Ctrl-C or a service manager would: the demo removes its
     // session store directory on the way out (a SIGKILL here left one behind per test run).
-    let store_dir = std::env::temp_dir().join(format!("tessera-demo-{}", child.id()));
     let existed = store_dir.exists();
     let termed = std::process::Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
