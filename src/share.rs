@@ -56,6 +56,14 @@ impl Share {
         None
     }
 
+    /// A permit now, counted even past the limit: for a connection that goes on in another task
+    /// and takes its place over (a WebSocket tunnel after its HTTP connection's task ends), so
+    /// the count stays right; the two overlap for a moment.
+    pub fn acquire_over(self: &Arc<Self>) -> SharePermit {
+        self.in_use.fetch_add(1, Ordering::Acquire);
+        SharePermit(self.clone())
+    }
+
     /// A permit, waiting until one is given back if all are out.
     pub async fn acquire(self: &Arc<Self>) -> SharePermit {
         if let Some(permit) = self.try_acquire() {

@@ -291,6 +291,36 @@ fn a_websocket_carries_frames_both_ways_with_the_upstream_credential_and_nothing
     assert!(!log.contains(&token), "the token was logged");
 }
 
+/// A WebSocket keeps its client connection's place under `server.max_connections` after the
+/// connection's own task hands the socket to the tunnel: with one place and a WebSocket open, a
+/// new connection waits (counted), and is served once the WebSocket ends.
+#[test]
+fn a_websocket_holds_its_place_under_max_connections() {
+    let up = ws_upstream();
+    let (t, metrics_port) = tessera_with(&up.url(), "", "max_connections = 1");
+    let (_, token) = t.create_session("alice", "alice-pw");
+    let rt = rt();
+    rt.block_on(async {
+        let auth = bearer(&token);
+        let mut ws = open(&t, "/ws", &[("authorization", &auth)]).await.unwrap();
+        assert_eq!(text(&mut ws).await, "hello alice");
+        let (url, header) = (t.url("/page"), format!("Authorization: {auth}"));
+        let waiting = std::thread::spawn(move || support::curl(&["-H", &header, &url]).0);
+        let waits = || {
+            sample(
+                &metrics(metrics_port),
+                "tessera_client_connection_waits_total",
+            )
+        };
+        let held = eventually(|| waits() >= 1);
+        assert!(held, "served past the limit: {}", metrics(metrics_port));
+        ws.close(None).await.unwrap();
+        drop(ws);
+        let served = waiting.join().unwrap();
+        assert_eq!(served, 200);
+    });
+}
+
 #[test]
 fn websocket_upgrades_are_refused_with_the_right_status_and_never_reach_the_upstream_unasked() {
     let up = ws_upstream();

@@ -168,7 +168,11 @@ impl Proxy {
         let idle = ws.idle_timeout;
         let client_side = self.client_side;
         let stop = ws.stop.clone();
+        // The client's socket lives on in the tunnel once its connection's task has ended: the
+        // tunnel holds its place under server.max_connections from here.
+        let place = self.client_connections.as_ref().map(|c| c.acquire_over());
         ws.tunnels.spawn(async move {
+            let _place = place;
             let Upgrading { downstream, slot } = upgrading;
             let sid_hash = sid.as_deref().map(crate::session::sid_hash);
             // hyper hands the connection over once the 101 is written; a client that does not
