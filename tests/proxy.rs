@@ -1079,6 +1079,13 @@ fn framing_script(line: &str) -> upstream::Script {
                 early: true,
             };
         }
+        // Trailers with connection fields: an HTTP/2 client must still get the whole answer.
+        "/trailers" => (
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n\
+             0\r\nKeep-Alive: timeout=5\r\nX-Checksum: abc\r\n\r\n"
+                .into(),
+            false,
+        ),
         "/te-gzip" => (
             "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"
                 .into(),
@@ -1461,6 +1468,23 @@ fn h2_cookie_crumbs_are_joined_and_forwarding_fields_dropped() {
         assert!(
             !seen.contains("x-forwarded-user") && !seen.contains("x-forwarded-port"),
             "{seen}"
+        );
+    }
+}
+
+/// An upstream's chunked trailers that name connection fields (`Keep-Alive`) are dropped
+/// field by field: an HTTP/2 client gets the whole answer, not a stream reset after its data
+/// (RFC 9113 section 8.2.2 refuses connection-specific fields, trailers included).
+#[test]
+fn trailers_with_connection_fields_do_not_reset_an_http2_answer() {
+    let up = upstream::start(Behavior::Scripted(framing_script));
+    let (t, token) = behind(&up.url(), &[]);
+    let (auth, url) = (bearer(&token), t.url("/trailers"));
+    for version in ["--http2-prior-knowledge", "--http1.1"] {
+        assert_eq!(
+            curl(&[version, "-H", &auth, &url]),
+            (200, "ok".to_string()),
+            "{version}"
         );
     }
 }

@@ -79,7 +79,7 @@ pub struct Screened {
 ///
 /// Names are kept as `&str` and compared as such (length first): a `const` array of `HeaderName`
 /// (which has drop glue) was built and dropped on every use, once per response field.
-pub(super) const HOP_BY_HOP: [&str; 8] = [
+pub(crate) const HOP_BY_HOP: [&str; 8] = [
     "connection",
     "keep-alive",
     "proxy-connection",

@@ -118,7 +118,7 @@ fn chunk_step(buf: &mut BytesMut, state: Chunk) -> Result<Step, String> {
             match httparse::parse_headers(buf, &mut headers) {
                 Ok(httparse::Status::Complete((len, fields))) => {
                     let mut map = HeaderMap::new();
-                    for h in fields {
+                    for h in fields.iter().filter(|h| !connection_or_framing(h.name)) {
                         if let (Ok(name), Ok(value)) = (
                             HeaderName::from_bytes(h.name.as_bytes()),
                             HeaderValue::from_bytes(h.value),
@@ -135,6 +135,17 @@ fn chunk_step(buf: &mut BytesMut, state: Chunk) -> Result<Step, String> {
             }
         }
     }
+}
+
+/// A trailer field that is the connection's or the message framing's, never the response's:
+/// hop-by-hop fields, which HTTP/2 and HTTP/3 refuse outright (a trailer with one would reset a
+/// stream whose data all arrived, RFC 9113 section 8.2.2), and `Content-Length` and `Host`,
+/// which a trailer must not carry (RFC 9110 section 6.5.1). Dropped.
+fn connection_or_framing(name: &str) -> bool {
+    crate::screen::HOP_BY_HOP
+        .iter()
+        .chain(&["content-length", "host"])
+        .any(|n| name.eq_ignore_ascii_case(n))
 }
 
 /// What one step of the chunked decoder produced.
@@ -190,5 +201,24 @@ mod tests {
             assert!(chunk_size(bad).is_err(), "{bad:?}");
         }
         assert_eq!(chunk_size(b"ffffffffffffffff").unwrap(), u64::MAX);
+    }
+
+    #[test]
+    fn trailers_keep_the_responses_fields_and_drop_the_connections() {
+        let mut buf = BytesMut::from(
+            &b"Server-Timing: db;dur=5\r\nKeep-Alive: timeout=5\r\nConnection: close\r\n\
+               content-length: 9\r\nX-Checksum: abc\r\n\r\n"[..],
+        );
+        let Ok(Step::Trailers(Some(map))) = chunk_step(&mut buf, Chunk::Trailers) else {
+            panic!("no trailers");
+        };
+        let names: Vec<&str> = map.keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["server-timing", "x-checksum"]);
+        assert!(buf.is_empty());
+        let mut only = BytesMut::from(&b"Upgrade: h2c\r\n\r\n"[..]);
+        assert!(matches!(
+            chunk_step(&mut only, Chunk::Trailers),
+            Ok(Step::Trailers(None))
+        ));
     }
 }
