@@ -99,6 +99,23 @@ pub async fn revoke_session(cfg: &Config, sid: &str) -> Result<bool, AdminError>
     Ok(crate::sessions_from_config(cfg)?.revoke(sid).await?)
 }
 
+/// Revokes every live session whose sid hash is `sid_hash` (as `session list` and the logs show
+/// it) or whose upstream user is `user` (both given: either); the revoked sessions' hashes.
+///
+/// Errors: [`AdminError::Store`] (sessions revoked before it stay revoked).
+pub async fn revoke_sessions(
+    cfg: &Config,
+    sid_hash: Option<&str>,
+    user: Option<&str>,
+) -> Result<Vec<String>, AdminError> {
+    let sessions = crate::sessions_from_config(cfg)?;
+    let pick = |l: &crate::session::Listed| {
+        sid_hash.is_some_and(|h| h == l.sid_hash)
+            || user.is_some_and(|u| l.sub.as_deref() == Some(u))
+    };
+    Ok(sessions.revoke_where(pick).await?)
+}
+
 /// Every live session in the configured store (sid hash, subject, expiry, sealing key id).
 ///
 /// Errors: [`AdminError::Store`].

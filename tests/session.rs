@@ -1185,6 +1185,60 @@ fn run_cli(args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// `session revoke --user` ends every session of a user, `--sid-hash` the one session a
+/// list or a log line shows by its hash; others go on.
+#[test]
+fn the_cli_revokes_a_users_sessions_or_one_by_its_hash() {
+    let up = upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    });
+    let upstream = up.url();
+    let t = Tessera::start(move |port, dir| {
+        config(
+            port,
+            &upstream,
+            &format!("embedded:{}/s", dir.display()),
+            &[],
+        )
+    });
+    let (_, alice1) = t.create_session("alice", "pw");
+    let (_, alice2) = t.create_session("alice", "pw");
+    let (_, bob) = t.create_session("bob", "pw");
+    for token in [&alice1, &alice2, &bob] {
+        assert_eq!(status_with(&t, token), 200);
+    }
+    let cfg = t.config_path();
+    let cfg = cfg.to_str().unwrap();
+    let out = run_cli(&["session", "revoke", "--config", cfg, "--user", "alice"]);
+    let out: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(out["revoked"], 2, "{out}");
+    let until_refused = |token: &str| {
+        let start = Instant::now();
+        while status_with(&t, token) != 401 {
+            assert!(start.elapsed() < Duration::from_secs(10), "still served");
+        }
+    };
+    until_refused(&alice1);
+    until_refused(&alice2);
+    assert_eq!(status_with(&t, &bob), 200);
+    let listed = run_cli(&["session", "list", "--json", "--config", cfg]);
+    let bob_hash = serde_json::from_str::<serde_json::Value>(listed.trim()).unwrap()["sid_hash"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let out = run_cli(&[
+        "session",
+        "revoke",
+        "--config",
+        cfg,
+        "--sid-hash",
+        &bob_hash,
+    ]);
+    let out: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(out["sid_hashes"], serde_json::json!([bob_hash]), "{out}");
+    until_refused(&bob);
+}
+
 #[test]
 fn sealing_key_rotation_and_reseal_move_every_session() {
     let up = users();

@@ -62,6 +62,29 @@ impl Sessions {
     ///
     /// Errors: the store failed (no deadline: an operator command walking the whole store).
     pub async fn list(&self) -> Result<Vec<Listed>, StoreError> {
+        Ok(self.entries().await?.into_iter().map(|(_, l)| l).collect())
+    }
+
+    /// Revokes every live session `pick` chooses from what [`Sessions::list`] shows of it (the
+    /// operator's way to end a session seen in the list or the log by its hash, or every
+    /// session of a user); the revoked sessions' hashes.
+    ///
+    /// Errors: the store failed (sessions revoked before the failure stay revoked).
+    pub async fn revoke_where(
+        &self,
+        pick: impl Fn(&Listed) -> bool,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut revoked = Vec::new();
+        for (sid, listed) in self.entries().await? {
+            if pick(&listed) && self.revoke(&sid).await? {
+                revoked.push(listed.sid_hash);
+            }
+        }
+        Ok(revoked)
+    }
+
+    /// Every live session record: its id and what [`Sessions::list`] shows of it.
+    async fn entries(&self) -> Result<Vec<(String, Listed)>, StoreError> {
         let prefix = self.scan_prefix();
         let mut out = Vec::new();
         for (key, raw) in self.store.scan(prefix).await? {
@@ -69,7 +92,7 @@ impl Sessions {
                 continue;
             };
             let sid = &key[prefix.len()..];
-            out.push(Listed {
+            let listed = Listed {
                 sid_hash: sid_hash(sid),
                 key_id: sealed_key_id(&record.credentials).map(str::to_owned),
                 sub: record.sub.clone().or_else(|| {
@@ -79,7 +102,8 @@ impl Sessions {
                         .map(|c| c.user().to_owned())
                 }),
                 expires_at: record.expires_at,
-            });
+            };
+            out.push((sid.to_string(), listed));
         }
         Ok(out)
     }
