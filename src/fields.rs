@@ -19,6 +19,22 @@ pub fn content_length(v: &[u8]) -> Option<u64> {
     Some(v.iter().fold(0, |n, &d| n * 10 + u64::from(d - b'0')))
 }
 
+/// Hop-by-hop headers always removed (RFC 9110 7.6.1, plus the legacy `Proxy-Connection` and
+/// `Keep-Alive`), and the headers the upstream must not see from a client; lowercase.
+///
+/// Names are kept as `&str` and compared as such (length first): a `const` array of `HeaderName`
+/// (which has drop glue) was built and dropped on every use, once per response field.
+pub(crate) const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "proxy-authorization",
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -74,21 +74,7 @@ pub struct Screened {
     pub websocket: bool,
 }
 
-/// Hop-by-hop headers always removed (RFC 9110 7.6.1, plus the legacy `Proxy-Connection` and
-/// `Keep-Alive`), and the headers the upstream must not see from a client; lowercase.
-///
-/// Names are kept as `&str` and compared as such (length first): a `const` array of `HeaderName`
-/// (which has drop glue) was built and dropped on every use, once per response field.
-pub(crate) const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "proxy-authorization",
-];
+pub(crate) use crate::fields::HOP_BY_HOP;
 
 /// Client-supplied forwarding headers, replaced from the connection by [`set_forwarded`]. Every
 /// other `X-Forwarded-*` field (`-User`, `-Email`, `-Prefix`, `-Port`, `-Ssl`: identity and URL

@@ -142,7 +142,7 @@ fn chunk_step(buf: &mut BytesMut, state: Chunk) -> Result<Step, String> {
 /// stream whose data all arrived, RFC 9113 section 8.2.2), and `Content-Length` and `Host`,
 /// which a trailer must not carry (RFC 9110 section 6.5.1). Dropped.
 fn connection_or_framing(name: &str) -> bool {
-    crate::screen::HOP_BY_HOP
+    crate::fields::HOP_BY_HOP
         .iter()
         .chain(&["content-length", "host"])
         .any(|n| name.eq_ignore_ascii_case(n))
