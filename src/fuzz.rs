@@ -15,6 +15,12 @@ use crate::downstream::{Incoming, Taken};
 use crate::upstream::chunked::{body_eof, decode_body};
 use crate::upstream::codec::final_head;
 
+/// Whether the upstream decoder drops this trailer field (the connection's and the framing's),
+/// which hyper's client keeps: the fuzz oracle leaves these out of hyper's trailers.
+pub fn trailer_dropped(name: &str) -> bool {
+    crate::upstream::chunked::connection_or_framing(name)
+}
+
 /// What the downstream HTTP/1.1 fast path (`src/downstream/h1.rs`) made of a connection's bytes.
 #[derive(Debug, Default)]
 pub struct FastPath {

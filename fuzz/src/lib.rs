@@ -188,21 +188,6 @@ fn hyper_server_requests(bytes: &[u8]) -> Vec<RequestView> {
     seen.clone()
 }
 
-/// Trailer fields tessera drops and hyper keeps: the connection's and the framing's (hop-by-hop
-/// fields, `Content-Length`, `Host`; RFC 9110 section 6.5.1, RFC 9113 section 8.2.2).
-const DROPPED_TRAILERS: [&str; 10] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "proxy-authorization",
-    "content-length",
-    "host",
-];
-
 /// Option byte: bit 0 makes the request a HEAD, bits 1-7 pick the piece size (0: all at once).
 ///
 /// Checks: cut anywhere, the upstream client reads the same response (or fails the same way)
@@ -224,7 +209,7 @@ pub fn upstream(data: &[u8]) {
         if let (Some(ours), Some(theirs)) = (&ours.trailers, &trailers) {
             let theirs: HeaderMap = theirs
                 .iter()
-                .filter(|(name, _)| !DROPPED_TRAILERS.contains(&name.as_str()))
+                .filter(|(name, _)| !tessera::fuzz::trailer_dropped(name.as_str()))
                 .map(|(name, value)| (name.clone(), value.clone()))
                 .collect();
             assert_eq!(ours, &theirs, "trailers: ours vs hyper's");

@@ -141,7 +141,7 @@ fn chunk_step(buf: &mut BytesMut, state: Chunk) -> Result<Step, String> {
 /// hop-by-hop fields, which HTTP/2 and HTTP/3 refuse outright (a trailer with one would reset a
 /// stream whose data all arrived, RFC 9113 section 8.2.2), and `Content-Length` and `Host`,
 /// which a trailer must not carry (RFC 9110 section 6.5.1). Dropped.
-fn connection_or_framing(name: &str) -> bool {
+pub(crate) fn connection_or_framing(name: &str) -> bool {
     crate::fields::HOP_BY_HOP
         .iter()
         .chain(&["content-length", "host"])
