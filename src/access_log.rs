@@ -128,7 +128,8 @@ struct Escaped<'a>(&'a str);
 impl std::fmt::Display for Escaped<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let plain = |c: char| c.is_ascii_graphic() && c != '\\';
-        if self.0.chars().all(plain) {
+        // Most paths: one byte scan, then written whole.
+        if self.0.bytes().all(|b| plain(char::from(b))) {
             return f.write_str(self.0);
         }
         for c in self.0.chars() {

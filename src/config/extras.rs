@@ -115,7 +115,12 @@ pub(super) fn validate_jmap(j: RawJmap) -> Result<Option<JmapConfig>, ConfigErro
 pub(super) fn validate_log_level(level: Option<String>) -> Result<String, ConfigError> {
     let level = level.unwrap_or_else(|| "info".into());
     let levels = ["error", "warn", "info", "debug", "trace", "off"];
-    let is_level = |w: &str| levels.iter().any(|l| l.eq_ignore_ascii_case(w.trim()));
+    // tracing's own reading of a level, the one the filter applies (which would take an empty
+    // word for ERROR: refused as the slip it is).
+    let is_level = |w: &str| {
+        let w = w.trim();
+        !w.is_empty() && w.parse::<tracing_subscriber::filter::LevelFilter>().is_ok()
+    };
     let bad = level.split(',').find(|d| match d.split_once('=') {
         Some((target, l)) => target.trim().is_empty() || !is_level(l),
         None => !is_level(d),
