@@ -1,7 +1,7 @@
 //! The socket wrappers: [`Socket`] is what the fast path needs of a client connection (TCP, or
 //! TLS over it); [`Prefixed`] yields the bytes the fast path already read before the
 //! socket's own, times out stalled writes and closes with a lingering close (nginx's
-//! `lingering_close`); [`Downstream`] is a WebSocket tunnel's client side; [`Stall`] is the
+//! `lingering_close`); [`client_side`] is a WebSocket tunnel's client side; [`Stall`] is the
 //! send timeout both the fast path and [`Prefixed`] keep. Must never: let a
 //! client's unread request bytes turn the close into a reset that loses the response.
 
@@ -179,27 +179,35 @@ impl<S: Socket> Drop for Prefixed<S> {
     }
 }
 
-/// The client side of a WebSocket tunnel: the connection's own socket (with the bytes hyper had
-/// read past the handshake first, and no lingering close), or hyper's upgraded stream when the
-/// connection is of another kind (tests driving the proxy directly).
-pub(super) enum Downstream {
-    /// The socket, unwrapped.
-    Socket(Prefixed<TcpStream>),
-    /// Anything else, through hyper.
-    Upgraded(TokioIo<hyper::upgrade::Upgraded>),
+/// A WebSocket tunnel's client side ([`crate::upstream::ClientSideFn`]): the connection's own
+/// socket, TCP or TLS, with the bytes hyper had read past the handshake first and no lingering
+/// close (the client's bytes are the tunnel's to read, also after the upstream has closed); or
+/// hyper's upgraded stream when the connection is of another kind (tests driving the proxy
+/// directly).
+pub fn client_side(upgraded: hyper::upgrade::Upgraded) -> crate::upstream::ClientSide {
+    let upgraded = match unwrapped::<TcpStream>(upgraded) {
+        Ok(socket) => return Box::new(socket),
+        Err(upgraded) => upgraded,
+    };
+    match unwrapped::<TlsStream<TcpStream>>(upgraded) {
+        Ok(socket) => Box::new(socket),
+        Err(upgraded) => Box::new(TokioIo::new(upgraded)),
+    }
 }
 
-/// The downstream side of an upgraded connection (see [`Downstream`]): hyper's upgraded stream
-/// unwrapped to the socket when it is one of tessera's (served by either hyper builder).
-fn downstream(upgraded: hyper::upgrade::Upgraded) -> Downstream {
-    type Io = TokioIo<Prefixed<TcpStream>>;
-    let (io, read_buf) = match hyper_util::server::conn::auto::upgrade::downcast::<Io>(upgraded) {
-        Ok(parts) => (parts.io, parts.read_buf),
-        Err(upgraded) => match upgraded.downcast::<Io>() {
+/// Hyper's upgraded stream unwrapped to tessera's socket of kind `S` (served by either hyper
+/// builder); given back when it is not one.
+fn unwrapped<S: Socket>(
+    upgraded: hyper::upgrade::Upgraded,
+) -> Result<Prefixed<S>, hyper::upgrade::Upgraded> {
+    let (io, read_buf) =
+        match hyper_util::server::conn::auto::upgrade::downcast::<TokioIo<Prefixed<S>>>(upgraded) {
             Ok(parts) => (parts.io, parts.read_buf),
-            Err(upgraded) => return Downstream::Upgraded(TokioIo::new(upgraded)),
-        },
-    };
+            Err(upgraded) => {
+                let parts = upgraded.downcast::<TokioIo<Prefixed<S>>>()?;
+                (parts.io, parts.read_buf)
+            }
+        };
     let mut io = io.into_inner();
     // hyper read `read_buf` from the stream, so it came before what is left of `pre`.
     if !read_buf.is_empty() {
@@ -209,53 +217,7 @@ fn downstream(upgraded: hyper::upgrade::Upgraded) -> Downstream {
         io.pre = all.freeze();
     }
     io.lingers = false;
-    Downstream::Socket(io)
-}
-
-/// A tunnel's client side for the proxy ([`crate::upstream::ClientSideFn`]): the connection's
-/// own socket when it is one of tessera's, else hyper's upgraded stream (see [`downstream`]).
-pub fn client_side(upgraded: hyper::upgrade::Upgraded) -> crate::upstream::ClientSide {
-    Box::new(downstream(upgraded))
-}
-
-impl AsyncRead for Downstream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Self::Socket(s) => Pin::new(s).poll_read(cx, buf),
-            Self::Upgraded(u) => Pin::new(u).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Downstream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Self::Socket(s) => Pin::new(s).poll_write(cx, buf),
-            Self::Upgraded(u) => Pin::new(u).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Self::Socket(s) => Pin::new(s).poll_flush(cx),
-            Self::Upgraded(u) => Pin::new(u).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Self::Socket(s) => Pin::new(s).poll_shutdown(cx),
-            Self::Upgraded(u) => Pin::new(u).poll_shutdown(cx),
-        }
-    }
+    Ok(io)
 }
 
 impl<S: Socket> AsyncRead for Prefixed<S> {

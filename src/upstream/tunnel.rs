@@ -3,10 +3,10 @@
 //! connection carry bytes both ways, unchanged, until one side closes.
 //!
 //! Owns: the copy, the idle timeout, the cut when the session ends or the server shuts down.
-//! When one side closes, its close is passed on to the other (a TCP FIN), which gets
-//! [`HALF_CLOSED_GRACE`] to close too: WebSocket has its own closing handshake and no use for a
-//! half-closed connection, and a client that keeps its end open must not keep holding an upstream
-//! connection. The upstream connection keeps its pool slot for the tunnel's life (it counts
+//! When one side closes, its close is passed on to the other (a TCP FIN, after the bytes it sent
+//! before it), which gets [`HALF_CLOSED_GRACE`] from then to close too: WebSocket has its own
+//! closing handshake and no use for a half-closed connection, and a client that keeps its end
+//! open must not keep holding an upstream connection. The upstream connection keeps its pool slot for the tunnel's life (it counts
 //! toward `upstream.max_connections`, as it holds an upstream process or thread) and is closed,
 //! never reused, when the tunnel ends.
 //!
@@ -140,7 +140,7 @@ struct Activity {
     down: AtomicU64,
     /// Milliseconds after `start` of the last byte read from either side.
     last_ms: AtomicU64,
-    /// Notified when a side's read ends (end of stream).
+    /// Notified when a side's close was passed on to the other (its last bytes written).
     closed: tokio::sync::Notify,
 }
 
@@ -151,7 +151,7 @@ impl Activity {
         self.last_ms.store(ms, Ordering::Relaxed);
     }
 
-    /// Resolves [`HALF_CLOSED_GRACE`] after the first side closed.
+    /// Resolves [`HALF_CLOSED_GRACE`] after the first side's close was passed on.
     async fn half_closed(&self) {
         self.closed.notified().await;
         tokio::time::sleep(HALF_CLOSED_GRACE).await;
@@ -216,16 +216,12 @@ impl<T: AsyncRead + Unpin> AsyncRead for Counted<'_, T> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
-        let room = buf.remaining() > 0;
         let polled = Pin::new(&mut self.io).poll_read(cx, buf);
         let n = buf.filled().len() - before;
         if n > 0 {
             self.activity.saw(self.read, n);
             let this = &mut *self;
             this.read_edge.feed(&buf.filled()[before..]);
-        } else if room && matches!(polled, Poll::Ready(Ok(()))) {
-            // `notify_one` keeps a permit when nobody waits yet.
-            self.activity.closed.notify_one();
         }
         polled
     }
@@ -249,8 +245,16 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Counted<'_, T> {
         Pin::new(&mut self.io).poll_flush(cx)
     }
 
+    /// The other side's close passed on, once every byte it sent before it is written here:
+    /// the half-closed grace starts then, not at the close itself, so that a slow reader still
+    /// gets the last bytes (a Close frame among them).
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
+        let polled = Pin::new(&mut self.io).poll_shutdown(cx);
+        if polled.is_ready() {
+            // `notify_one` keeps a permit when nobody waits yet.
+            self.activity.closed.notify_one();
+        }
+        polled
     }
 }
 
@@ -270,84 +274,127 @@ impl Tunnel {
         mut self,
         downstream: D,
         idle: Option<Duration>,
-        mut watch: Option<Watch>,
+        watch: Option<Watch>,
         stop: CancellationToken,
     ) -> TunnelReport
     where
         D: AsyncRead + AsyncWrite + Unpin,
     {
-        let activity = Activity {
-            start: Instant::now(),
-            up: AtomicU64::new(0),
-            down: AtomicU64::new(0),
-            last_ms: AtomicU64::new(0),
-            closed: tokio::sync::Notify::new(),
-        };
         let (upstream, early) = self.conn.h1().switched_io();
-        let mut down = Counted {
-            io: downstream,
-            activity: &activity,
-            read: &activity.up,
-            read_edge: FrameEdge::default(),
-            written: FrameEdge::default(),
-        };
-        let mut up = Counted {
-            io: upstream,
-            activity: &activity,
-            read: &activity.down,
-            read_edge: FrameEdge::default(),
-            written: FrameEdge::default(),
-        };
-        let copy = async {
-            if !early.is_empty() {
-                activity.saw(&activity.down, early.len());
-                up.read_edge.feed(&early);
-                down.write_all(&early).await?;
-            }
-            tokio::io::copy_bidirectional(&mut down, &mut up).await
-        };
-        let ended = poll_fn(|cx| match watch.as_mut() {
-            // Registered at once: a tunnel waits on both sides from its start.
-            Some(w) => w.poll_ended(cx, true, false, true),
-            None => Poll::Pending,
-        });
-        let idle_out = async {
-            match idle {
-                Some(idle) => activity.idle_for(idle).await,
-                None => std::future::pending().await,
-            }
-        };
-        let end = tokio::select! {
-            copied = copy => match copied {
-                Ok(_) => TunnelEnd::Closed,
-                Err(e) => TunnelEnd::Failed(e),
-            },
-            () = activity.half_closed() => TunnelEnd::Closed,
-            why = ended => TunnelEnd::Session(why),
-            () = idle_out => TunnelEnd::Idle,
-            () = stop.cancelled() => TunnelEnd::Shutdown,
-        };
-        let mut close_code = None;
-        if let Some((code, reason)) = end.goodbye() {
-            let deadline = Instant::now() + CLOSING_WAIT;
-            let sending = async {
-                tokio::join!(
-                    down.send_close(code, reason, false),
-                    up.send_close(GOING_AWAY, reason, true)
-                )
-            };
-            if let Ok((true, _)) = tokio::time::timeout_at(deadline, sending).await {
-                close_code = Some(code);
-            }
-            let finishing = async { tokio::join!(down.finish(), up.finish()) };
-            let _ = tokio::time::timeout_at(deadline, finishing).await;
+        carry(downstream, upstream, &early, idle, watch, stop).await
+    }
+}
+
+/// [`Tunnel::run`] between any two byte streams, `early` (bytes the upstream sent with its 101)
+/// first to the downstream.
+async fn carry<D, U>(
+    downstream: D,
+    upstream: U,
+    early: &[u8],
+    idle: Option<Duration>,
+    mut watch: Option<Watch>,
+    stop: CancellationToken,
+) -> TunnelReport
+where
+    D: AsyncRead + AsyncWrite + Unpin,
+    U: AsyncRead + AsyncWrite + Unpin,
+{
+    let activity = Activity {
+        start: Instant::now(),
+        up: AtomicU64::new(0),
+        down: AtomicU64::new(0),
+        last_ms: AtomicU64::new(0),
+        closed: tokio::sync::Notify::new(),
+    };
+    let mut down = Counted {
+        io: downstream,
+        activity: &activity,
+        read: &activity.up,
+        read_edge: FrameEdge::default(),
+        written: FrameEdge::default(),
+    };
+    let mut up = Counted {
+        io: upstream,
+        activity: &activity,
+        read: &activity.down,
+        read_edge: FrameEdge::default(),
+        written: FrameEdge::default(),
+    };
+    let copy = async {
+        if !early.is_empty() {
+            activity.saw(&activity.down, early.len());
+            up.read_edge.feed(early);
+            down.write_all(early).await?;
         }
-        TunnelReport {
-            end,
-            up_bytes: activity.up.load(Ordering::Relaxed),
-            down_bytes: activity.down.load(Ordering::Relaxed),
-            duration: activity.start.elapsed(),
-            close_code,
+        tokio::io::copy_bidirectional(&mut down, &mut up).await
+    };
+    let ended = poll_fn(|cx| match watch.as_mut() {
+        // Registered at once: a tunnel waits on both sides from its start.
+        Some(w) => w.poll_ended(cx, true, false, true),
+        None => Poll::Pending,
+    });
+    let idle_out = async {
+        match idle {
+            Some(idle) => activity.idle_for(idle).await,
+            None => std::future::pending().await,
         }
+    };
+    let end = tokio::select! {
+        copied = copy => match copied {
+            Ok(_) => TunnelEnd::Closed,
+            Err(e) => TunnelEnd::Failed(e),
+        },
+        () = activity.half_closed() => TunnelEnd::Closed,
+        why = ended => TunnelEnd::Session(why),
+        () = idle_out => TunnelEnd::Idle,
+        () = stop.cancelled() => TunnelEnd::Shutdown,
+    };
+    let mut close_code = None;
+    if let Some((code, reason)) = end.goodbye() {
+        let deadline = Instant::now() + CLOSING_WAIT;
+        let sending = async {
+            tokio::join!(
+                down.send_close(code, reason, false),
+                up.send_close(GOING_AWAY, reason, true)
+            )
+        };
+        if let Ok((true, _)) = tokio::time::timeout_at(deadline, sending).await {
+            close_code = Some(code);
+        }
+        let finishing = async { tokio::join!(down.finish(), up.finish()) };
+        let _ = tokio::time::timeout_at(deadline, finishing).await;
+    }
+    TunnelReport {
+        end,
+        up_bytes: activity.up.load(Ordering::Relaxed),
+        down_bytes: activity.down.load(Ordering::Relaxed),
+        duration: activity.start.elapsed(),
+        close_code,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The upstream sends its last bytes and closes while the client reads none: the tunnel
+    /// stays open until the client has taken them all, and the grace for the client to close
+    /// too starts only then.
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_client_gets_every_byte_sent_before_the_upstreams_close() {
+        let (down, mut client) = tokio::io::duplex(16);
+        let (up, mut origin) = tokio::io::duplex(1024);
+        let tunnel = tokio::spawn(carry(down, up, b"", None, None, CancellationToken::new()));
+        let sent = [7u8; 100];
+        origin.write_all(&sent).await.unwrap();
+        origin.shutdown().await.unwrap();
+        tokio::time::sleep(HALF_CLOSED_GRACE * 5).await;
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, sent);
+        drop(client);
+        let report = tunnel.await.unwrap();
+        assert!(matches!(report.end, TunnelEnd::Closed), "{}", report.end);
+        assert_eq!(report.down_bytes, 100);
     }
 }
