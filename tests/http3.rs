@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use support::h3::{
-    cuttable_line, delay_line, paced_read, request, request_sized, request_with, H3Client,
+    abandoned_handshake, cuttable_line, delay_line, paced_read, request, request_sized,
+    request_with, H3Client,
 };
 use support::h3_raw;
 use support::tls::{tls_table, Pki};
@@ -533,6 +534,85 @@ fn quic_connections_past_max_connections_are_refused() {
         }
         assert!(again.is_ok(), "{:?}", again.map(|_| ()));
     });
+}
+
+/// `[metrics]` on a free port, as lines to add after `[http3]`'s; and the port.
+fn metrics_table() -> (String, u16) {
+    let port = free_port();
+    (format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n"), port)
+}
+
+fn metrics(port: u16) -> String {
+    curl(&[&format!("http://127.0.0.1:{port}/metrics")]).1
+}
+
+/// Handshakes begun from addresses that never answer (spoofed Initials) are met with a Retry
+/// once they pass their limit (an eighth of `server.max_connections`, 2 here); a real client
+/// still gets in (it comes back with the Retry's token) and so do TCP clients; the abandoned
+/// handshakes end after `server.header_read_timeout_ms` and give their places back.
+#[test]
+fn a_flood_of_abandoned_handshakes_is_met_with_retry() {
+    let echo = upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    });
+    let pki = Pki::new();
+    let (table, metrics_port) = metrics_table();
+    let server = "max_connections = 16\nheader_read_timeout_ms = 2000";
+    let (t, addr, token) = h3_tessera(&echo.url(), &pki, &table, server);
+    wait_for_port(metrics_port, "tessera metrics");
+    runtime().block_on(async {
+        let mut kinds = Vec::new();
+        let mut sockets = Vec::new();
+        for _ in 0..3 {
+            let (kind, socket) = abandoned_handshake(&pki.ca(), addr).await;
+            kinds.push(kind);
+            sockets.push(socket);
+        }
+        assert_eq!(kinds, [0x80, 0x80, 0xb0], "Initial, Initial, then Retry");
+        let client = H3Client::new(&pki.ca());
+        let mut send = client.connect(addr).await;
+        let answer = request(&mut send, "GET", "/x", &token, Bytes::new()).await;
+        assert_eq!(answer.unwrap().status, 200);
+    });
+    let m = metrics(metrics_port);
+    assert!(sample(&m, "tessera_http3_retries_total") >= 2, "{m}");
+    let bearer = format!("authorization: Bearer {token}");
+    assert_eq!(curl(&["-H", &bearer, &t.url("/tcp")]).0, 200);
+    // The two abandoned handshakes end at the header timeout: no place stays taken.
+    let mut m = metrics(metrics_port);
+    for _ in 0..100 {
+        if sample(&m, "tessera_http3_unvalidated_handshakes") == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        m = metrics(metrics_port);
+    }
+    assert_eq!(sample(&m, "tessera_http3_unvalidated_handshakes"), 0, "{m}");
+    assert!(t.log().contains("new ones are answered with a Retry"));
+}
+
+/// `http3.retry = "always"`: every new client proves its address first, and is served.
+#[test]
+fn with_retry_always_every_handshake_is_retried_and_served() {
+    let echo = upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    });
+    let pki = Pki::new();
+    let (table, metrics_port) = metrics_table();
+    let http3 = format!("retry = \"always\"\n{table}");
+    let (_t, addr, token) = h3_tessera(&echo.url(), &pki, &http3, "");
+    wait_for_port(metrics_port, "tessera metrics");
+    runtime().block_on(async {
+        let (kind, _socket) = abandoned_handshake(&pki.ca(), addr).await;
+        assert_eq!(kind, 0xb0, "a Retry");
+        let client = H3Client::new(&pki.ca());
+        let mut send = client.connect(addr).await;
+        let answer = request(&mut send, "GET", "/x", &token, Bytes::new()).await;
+        assert_eq!(answer.unwrap().status, 200);
+    });
+    let m = metrics(metrics_port);
+    assert_eq!(sample(&m, "tessera_http3_retries_total"), 2, "{m}");
+    assert_eq!(sample(&m, "tessera_http3_unvalidated_handshakes"), 0, "{m}");
 }
 
 /// Shutdown (SIGTERM) during an HTTP/3 request: the request in flight is answered, then the

@@ -31,6 +31,7 @@ pub(super) struct RawHttp3 {
     pub(super) max_concurrent_streams: Option<u32>,
     pub(super) idle_timeout_ms: Option<u64>,
     pub(super) threads: Option<usize>,
+    pub(super) retry: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -1,7 +1,9 @@
 //! `[tls]` -> [`TlsConfig`]: the listener, the certificates (read, and checked against their
 //! keys, here, so that `check-config` and a SIGHUP reload refuse a bad file), the version floor.
 
-use crate::downstream::{name_matches, CertError, Http3Config, Identity, TlsConfig, TlsVersion};
+use crate::downstream::{
+    name_matches, CertError, Http3Config, Identity, Retry, TlsConfig, TlsVersion,
+};
 
 use super::raw::{RawHttp3, RawSni, RawTls};
 use super::{in_range, ms, resolve_secret, socket_addr, ConfigError};
@@ -138,6 +140,16 @@ pub(super) fn validate_http3(
         1..=10_000,
     )?;
     let threads = in_range("http3.threads", h.threads, 1, 1..=1024)?;
+    let retry = match h.retry.as_deref().unwrap_or("auto") {
+        "auto" => Retry::Auto,
+        "always" => Retry::Always,
+        other => {
+            return Err(ConfigError::new(
+                "http3.retry",
+                format!("`{other}` is not \"auto\" or \"always\" (leave it out for auto)"),
+            ))
+        }
+    };
     Ok(Http3Config {
         listen,
         threads,
@@ -145,5 +157,6 @@ pub(super) fn validate_http3(
         alt_svc_max_age: h.alt_svc_max_age.unwrap_or(86_400),
         max_concurrent_streams,
         idle_timeout: ms("http3.idle_timeout_ms", h.idle_timeout_ms, 30_000)?,
+        retry,
     })
 }

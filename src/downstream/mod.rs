@@ -12,6 +12,7 @@ mod http3;
 mod io;
 mod parse;
 mod quic;
+mod retry;
 mod settings;
 mod tls;
 mod tracked;
@@ -35,7 +36,7 @@ pub use fastopen::bind_tcp;
 pub use io::client_side;
 pub(crate) use parse::{Incoming, Taken};
 pub use quic::{bind_udp, serve_http3};
-pub use settings::{Http3Config, Identity, ServerConfig, TlsConfig, TlsVersion};
+pub use settings::{Http3Config, Identity, Retry, ServerConfig, TlsConfig, TlsVersion};
 pub use tls::TlsServer;
 
 /// What a listener speaks.

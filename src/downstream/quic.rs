@@ -7,13 +7,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::sync::atomic::Ordering;
+
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::proxy::Proxy;
 
-use super::settings::Http3Config;
+use super::retry::{retried, unvalidated_limit, Unvalidated};
+use super::settings::{Http3Config, Retry};
 use super::ServerConfig;
 
 /// UDP socket buffer asked for, bytes: the kernel's default (about 208 KiB here) drops
@@ -58,6 +61,12 @@ pub(super) struct Quic {
     pub(super) send_timeout: Duration,
     pub(super) max_field_section: u64,
     pub(super) shutdown: CancellationToken,
+    /// Handshakes counted for `/metrics` and the Retry policy.
+    pub(super) counts: Arc<crate::telemetry::QuicCounts>,
+    /// `http3.retry`.
+    pub(super) retry: Retry,
+    /// Unvalidated handshakes in progress past which `Retry::Auto` asks for a Retry.
+    pub(super) unvalidated_limit: u64,
 }
 
 /// Serves HTTP/3 on `endpoint` until `shutdown` resolves, then drains: each connection is sent
@@ -71,13 +80,18 @@ pub async fn serve_http3(
     server: &ServerConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
+    let proxy_limit = proxy.client_connections().map(|l| l.limit());
+    let counts = proxy.quic_counts().cloned().unwrap_or_default();
     let quic = Arc::new(Quic {
+        counts,
         proxy,
         early_data: h3.early_data,
         header_read_timeout: server.header_read_timeout,
         send_timeout: server.send_timeout,
         max_field_section: (server.max_header_bytes + server.max_uri_bytes) as u64,
         shutdown: CancellationToken::new(),
+        retry: h3.retry,
+        unvalidated_limit: unvalidated_limit(proxy_limit),
     });
     let connections = TaskTracker::new();
     tokio::pin!(shutdown);
@@ -87,6 +101,9 @@ pub async fn serve_http3(
             () = &mut shutdown => break,
         };
         let Some(incoming) = incoming else { break };
+        let Some(incoming) = retried(&quic, incoming) else {
+            continue;
+        };
         // QUIC connections count against server.max_connections with TCP's. Past it one is
         // refused (CONNECTION_REFUSED: a browser goes on over TCP, where it waits in the
         // backlog) rather than left to retransmit its Initial into a loop that reads none.
@@ -96,14 +113,16 @@ pub async fn serve_http3(
                 Some(slot) => Some(slot),
                 None => {
                     refused_at_limit(limit.limit());
+                    quic.counts.refused.fetch_add(1, Ordering::Relaxed);
                     incoming.refuse();
                     continue;
                 }
             },
         };
+        let unvalidated = quic.unvalidated(&incoming);
         let quic = quic.clone();
         connections.spawn(async move {
-            connection(quic, incoming).await;
+            connection(quic, incoming, unvalidated).await;
             drop(slot);
         });
     }
@@ -164,12 +183,21 @@ fn handshake_complete(conn: &quinn::Connection) -> bool {
         .is_ok()
 }
 
-/// One QUIC connection: the handshake (taken at once as 0-RTT when the client resumes with early
-/// data), then its HTTP/3 session until it ends or shutdown drains it.
-async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming) {
+/// A QUIC connection's handshake: taken at once as 0-RTT when the client resumes with early
+/// data, else awaited; at most `server.header_read_timeout_ms` either way, as a TLS handshake
+/// over TCP. Returns the connection and what turns true once the handshake is complete;
+/// `None` when it failed. `unvalidated` is dropped when the handshake ends.
+async fn handshake(
+    quic: &Quic,
+    incoming: quinn::Incoming,
+    unvalidated: Option<Unvalidated>,
+) -> Option<(quinn::Connection, watch::Receiver<bool>)> {
     let connecting = match incoming.accept() {
         Ok(c) => c,
-        Err(e) => return tracing::debug!(cause = %e, "QUIC connection refused"),
+        Err(e) => {
+            tracing::debug!(cause = %e, "QUIC connection refused");
+            return None;
+        }
     };
     // `true` once the handshake is complete: the moment a request that is not safe to replay
     // may go on (RFC 8470 section 5.1).
@@ -181,6 +209,7 @@ async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming) {
     } else {
         Err(connecting)
     };
+    let limit = quic.header_read_timeout;
     let conn = match early {
         Ok((conn, accepted)) => {
             // quinn resolves `accepted` when the handshake completes or when the connection
@@ -188,20 +217,44 @@ async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming) {
             // `done` is dropped without turning true, and held requests are dropped with it.
             let probe = conn.clone();
             tokio::spawn(async move {
-                let _ = accepted.await;
+                let ended = tokio::time::timeout(limit, accepted).await;
+                drop(unvalidated);
                 if handshake_complete(&probe) {
                     let _ = done.send(true);
+                } else if ended.is_err() {
+                    probe.close(H3_NO_ERROR, b"handshake timeout");
                 }
             });
             conn
         }
-        Err(connecting) => match connecting.await {
-            Ok(conn) => {
-                let _ = done.send(true);
-                conn
+        Err(connecting) => {
+            let ended = tokio::time::timeout(limit, connecting).await;
+            drop(unvalidated);
+            match ended {
+                Ok(Ok(conn)) => {
+                    let _ = done.send(true);
+                    conn
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(cause = %e, "QUIC handshake failed");
+                    return None;
+                }
+                // Dropping `Connecting` closes the connection.
+                Err(_) => {
+                    tracing::debug!("QUIC handshake not done within server.header_read_timeout_ms");
+                    return None;
+                }
             }
-            Err(e) => return tracing::debug!(cause = %e, "QUIC handshake failed"),
-        },
+        }
+    };
+    Some((conn, handshake))
+}
+
+/// One QUIC connection: its handshake ([`handshake`]), then its HTTP/3 session until it ends or
+/// shutdown drains it.
+async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming, unvalidated: Option<Unvalidated>) {
+    let Some((conn, handshake)) = handshake(&quic, incoming, unvalidated).await else {
+        return;
     };
     let peer = Arc::new(quic.proxy.peer(conn.remote_address()).over_tls());
     let quic_conn = conn.clone();
@@ -280,6 +333,9 @@ async fn request(
         _ = conn.closed() => tracing::debug!("HTTP/3 connection ended with a request open"),
     }
 }
+
+/// HTTP/3's "no error" code (RFC 9114 section 8.1), for a close that blames nobody.
+const H3_NO_ERROR: quinn::VarInt = quinn::VarInt::from_u32(0x100);
 
 /// How long a connection ending (shutdown, or the client's GOAWAY) is kept for the client to
 /// acknowledge the last answers.

@@ -143,4 +143,19 @@ pub struct Http3Config {
     /// A connection with no packet for this long is closed (`http3.idle_timeout_ms`, QUIC's
     /// `max_idle_timeout`). Default 30 s.
     pub idle_timeout: Duration,
+    /// When a new connection must first prove it receives at its address (`http3.retry`).
+    pub retry: Retry,
+}
+
+/// When a QUIC handshake is answered with a Retry first (RFC 9000 section 8.1.2): the client
+/// must come back with the token it carries, which proves that it receives at its source
+/// address. It costs that client one round trip, and spares the server a spoofed address's
+/// handshake (its CPU, its place under `server.max_connections`, the bytes sent to a victim).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// Only while many handshakes from unvalidated addresses are in progress (a flood of
+    /// spoofed Initials): 128, or an eighth of `server.max_connections` if fewer. Default.
+    Auto,
+    /// Every new connection (nginx's `quic_retry on`): one round trip more for each.
+    Always,
 }

@@ -64,6 +64,8 @@ pub struct Proxy {
     request_counts: Option<RequestCounts>,
     /// Outcomes of configuration reloads (SIGHUP).
     reload_counts: crate::telemetry::ReloadCounts,
+    /// QUIC handshakes; `None` without `[http3]`.
+    quic_counts: Option<Arc<crate::telemetry::QuicCounts>>,
     /// `server.trusted_proxies`.
     trusted_proxies: Vec<ipnet::IpNet>,
     /// `[websocket]`; `None` when `websocket.max_connections = 0` (upgrades not passed).
@@ -136,6 +138,7 @@ impl Proxy {
                 .as_ref()
                 .map(|_| RequestCounts::new(cfg.server.threads)),
             reload_counts: Default::default(),
+            quic_counts: cfg.http3.as_ref().map(|_| Default::default()),
             trusted_proxies: cfg.server.trusted_proxies.clone(),
             client_side: crate::upstream::upgraded_as_is,
             jmap: cfg.jmap.clone(),
@@ -236,6 +239,11 @@ impl Proxy {
     /// Outcomes of configuration reloads (counted by [`crate::run`]).
     pub fn reload_counts(&self) -> &crate::telemetry::ReloadCounts {
         &self.reload_counts
+    }
+
+    /// QUIC handshakes (`None` without `[http3]`), counted by the HTTP/3 endpoint.
+    pub fn quic_counts(&self) -> Option<&Arc<crate::telemetry::QuicCounts>> {
+        self.quic_counts.as_ref()
     }
 
     /// Requests answered by status code (`None` unless `[metrics]` is configured).

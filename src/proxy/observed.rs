@@ -34,6 +34,7 @@ impl Observed for Proxy {
             websockets: proxy.websockets(),
             busy_poll: crate::busy_poll::stats(),
             reloads: proxy.reload_counts().snapshot(),
+            quic: proxy.quic_counts().map(|q| q.snapshot()),
             client_connections: proxy
                 .client_connections()
                 .map(|c| (c.in_use() as u64, c.waits())),

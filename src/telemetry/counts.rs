@@ -80,6 +80,28 @@ impl ReloadCounts {
     }
 }
 
+/// QUIC handshakes (HTTP/3), for `/metrics` and for the Retry policy that reads `unvalidated`.
+#[derive(Debug, Default)]
+pub struct QuicCounts {
+    /// Handshakes in progress whose client has not proved it receives at its address.
+    pub unvalidated: AtomicU64,
+    /// Handshakes answered with a Retry (RFC 9000 section 8.1.2).
+    pub retries: AtomicU64,
+    /// Connections refused at `server.max_connections`.
+    pub refused: AtomicU64,
+}
+
+impl QuicCounts {
+    /// `(unvalidated handshakes now, retries, refused)`.
+    pub fn snapshot(&self) -> (u64, u64, u64) {
+        (
+            self.unvalidated.load(Ordering::Relaxed),
+            self.retries.load(Ordering::Relaxed),
+            self.refused.load(Ordering::Relaxed),
+        )
+    }
+}
+
 /// Requests answered, by status code and by duration, counted per serving thread.
 pub struct RequestCounts {
     /// One row per serving thread, and a last one for every other thread.

@@ -44,6 +44,8 @@ pub struct Scrape {
     pub(crate) client_connections: Option<(u64, u64)>,
     /// Configuration reloads: `(applied, refused, last one applied)`.
     pub(crate) reloads: (u64, u64, bool),
+    /// QUIC handshakes: `(unvalidated now, retries, refused)`; `None` without `[http3]`.
+    pub(crate) quic: Option<(u64, u64, u64)>,
 }
 
 fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
@@ -206,6 +208,16 @@ impl Scrape {
             )?;
             counter(e, "client_connection_waits", "Times the accept loop waited because server.max_connections client connections were open.", waits)?;
         }
+        if let Some((unvalidated, retries, refused)) = self.quic {
+            gauge(e, "http3_unvalidated_handshakes", "QUIC handshakes in progress whose client has not proved it receives at its address (no Retry or NEW_TOKEN token).", unvalidated)?;
+            counter(
+                e,
+                "http3_retries",
+                "QUIC handshakes answered with a Retry (http3.retry; RFC 9000 section 8.1.2).",
+                retries,
+            )?;
+            counter(e, "http3_refused", "QUIC connections refused because server.max_connections client connections were open.", refused)?;
+        }
         let poll = self.busy_poll;
         counter(
             e,
@@ -302,6 +314,7 @@ mod tests {
             busy_poll: Default::default(),
             reloads: (2, 1, false),
             client_connections: Some((3, 1)),
+            quic: Some((5, 7, 2)),
         };
         let mut registry = prometheus_client::registry::Registry::with_prefix("tessera");
         registry.register_collector(Box::new(scrape));
@@ -328,6 +341,9 @@ mod tests {
             "tessera_client_connection_waits_total 1",
             "tessera_config_reloads_total{result=\"refused\"} 1",
             "tessera_config_last_reload_successful 0",
+            "tessera_http3_unvalidated_handshakes 5",
+            "tessera_http3_retries_total 7",
+            "tessera_http3_refused_total 2",
         ] {
             assert!(text.lines().any(|l| l == line), "{line:?} not in:\n{text}");
         }

@@ -32,6 +32,12 @@ impl H3Client {
     /// Like [`H3Client::new`], with a stream receive window of `window` bytes (quinn's default
     /// is 1.25 MB), which bounds what the client holds unread.
     pub fn with_window(ca: &Path, window: u32) -> Self {
+        let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        endpoint.set_default_client_config(Self::client_config(ca, window));
+        Self { endpoint }
+    }
+
+    fn client_config(ca: &Path, window: u32) -> quinn::ClientConfig {
         use rustls::pki_types::pem::PemObject;
         let mut roots = rustls::RootCertStore::empty();
         for c in CertificateDer::pem_file_iter(ca).unwrap() {
@@ -52,9 +58,12 @@ impl H3Client {
             .max_concurrent_bidi_streams(1000u32.into())
             .stream_receive_window(window.into());
         cfg.transport_config(Arc::new(transport));
-        let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-        endpoint.set_default_client_config(cfg);
-        Self { endpoint }
+        cfg
+    }
+
+    /// The QUIC client configuration of [`H3Client::new`], trusting `ca`.
+    fn config(ca: &Path) -> quinn::ClientConfig {
+        Self::client_config(ca, 1_250_000)
     }
 
     /// A connection with a full handshake (or a resumed one without early data).
@@ -97,6 +106,29 @@ impl H3Client {
         });
         Some((session(conn).await, rx))
     }
+}
+
+/// A handshake begun and then abandoned, as from a spoofed address: a client's first Initial
+/// (made by quinn's protocol state machine, trusting `ca`) sent to `server` from a UDP socket
+/// of its own, which nothing answers from then on. Returns the first byte of the server's first
+/// datagram back masked to its form and type bits (RFC 9000 section 17.2: `0x80` Initial,
+/// `0xb0` Retry; quinn greases the fixed bit between them, RFC 9287), and the socket (to keep
+/// the address taken).
+pub async fn abandoned_handshake(ca: &Path, server: SocketAddr) -> (u8, tokio::net::UdpSocket) {
+    let mut endpoint = quinn_proto::Endpoint::new(Default::default(), None, false, None);
+    let now = std::time::Instant::now();
+    let (_, mut conn) = endpoint
+        .connect(now, H3Client::config(ca), server, "localhost")
+        .unwrap();
+    let mut buf = Vec::new();
+    let sent = conn.poll_transmit(now, 1, &mut buf).expect("an Initial");
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    socket.send_to(&buf[..sent.size], server).await.unwrap();
+    let mut answer = [0u8; 1500];
+    let got = tokio::time::timeout(Duration::from_secs(10), socket.recv(&mut answer));
+    let n = got.await.expect("an answer to the Initial").unwrap();
+    assert!(n > 0);
+    (answer[0] & 0xb0, socket)
 }
 
 /// The HTTP/3 session on `conn`, its driver running in a task.
