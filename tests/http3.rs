@@ -536,6 +536,34 @@ fn quic_connections_past_max_connections_are_refused() {
     });
 }
 
+/// A chunked response's trailers reach an HTTP/3 client after the body (RFC 9114 section
+/// 4.1), without the connection's fields.
+#[test]
+fn an_upstreams_trailers_reach_an_http3_client() {
+    fn script(_: &str) -> Script {
+        Script {
+            bytes: b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n\
+                     0\r\nKeep-Alive: timeout=5\r\nX-Checksum: abc\r\n\r\n"
+                .to_vec(),
+            close: false,
+            early: false,
+        }
+    }
+    let up = upstream::start(Behavior::Scripted(script));
+    let pki = Pki::new();
+    let (_t, addr, token) = h3_tessera(&up.url(), &pki, "", "");
+    let answer = runtime().block_on(async {
+        let client = H3Client::new(&pki.ca());
+        let mut send = client.connect(addr).await;
+        request(&mut send, "GET", "/trailers", &token, Bytes::new()).await
+    });
+    let answer = answer.unwrap();
+    assert_eq!((answer.status, answer.body.as_slice()), (200, &b"ok"[..]));
+    let trailers = answer.trailers.expect("trailers");
+    assert_eq!(trailers.get("x-checksum").unwrap(), "abc");
+    assert!(trailers.get("keep-alive").is_none(), "{trailers:?}");
+}
+
 /// `[metrics]` on a free port, as lines to add after `[http3]`'s; and the port.
 fn metrics_table() -> (String, u16) {
     let port = free_port();

@@ -71,8 +71,8 @@ fn is_safe(method: &Method) -> bool {
     matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
 
-/// Writes `resp` on `send`: the head, each data frame and the end of the stream, each within
-/// `server.send_timeout_ms`; a body that fails or is cut by its session's end resets the
+/// Writes `resp` on `send`: the head, each data frame, the trailers if the body has any, and
+/// the end of the stream, each within `server.send_timeout_ms`; a body that fails or is cut by its session's end resets the
 /// stream instead (`H3_REQUEST_CANCELLED`, RFC 9114 section 8.1).
 async fn respond(
     quic: &Quic,
@@ -95,8 +95,20 @@ async fn respond(
                 return send.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
             }
         };
-        let Ok(data) = frame.into_data() else {
-            continue;
+        let data = match frame.into_data() {
+            Ok(data) => data,
+            // The body's last frame (RFC 9114 section 4.1: a HEADERS frame after the data).
+            Err(frame) => match frame.into_trailers() {
+                Ok(trailers) => {
+                    let sent = send.send_trailers(trailers);
+                    match tokio::time::timeout(quic.send_timeout, sent).await {
+                        Ok(Ok(())) => break,
+                        Ok(Err(e)) => return tracing::debug!(cause = %e, "HTTP/3 client went away"),
+                        Err(_) => return stalled(send),
+                    }
+                }
+                Err(_) => continue,
+            },
         };
         match tokio::time::timeout(quic.send_timeout, send.send_data(data)).await {
             Ok(Ok(())) => {}

@@ -22,6 +22,8 @@ pub struct Answer {
     pub status: u16,
     pub headers: http::HeaderMap,
     pub body: Vec<u8>,
+    /// The trailer section after the body, if one came.
+    pub trailers: Option<http::HeaderMap>,
 }
 
 impl H3Client {
@@ -225,10 +227,12 @@ async fn exchange(
             chunk.advance(n);
         }
     }
+    let trailers = stream.recv_trailers().await.map_err(|e| e.to_string())?;
     Ok(Answer {
         status: resp.status().as_u16(),
         headers: resp.headers().clone(),
         body: got,
+        trailers,
     })
 }
 
