@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The project's test command (README "Quick start", docs/testing.md; .ci/run calls it).
-# Installs what the tests need on a fresh Debian machine (redis-server, nginx, curl, openssl, nghttp, the
+# Installs what the tests need on a fresh Debian machine (redis-server, nginx, haproxy, curl, openssl, nghttp, the
 # Cyrus JMAP packages, Chromium + Node.js with playwright-core for the login page, jmap-jam, and
 # jmapc in a Python venv), then runs format and lint checks and every test: unit, service, and integration tests
 # that start real redis-server / nginx / Cyrus / tessera processes on free loopback ports, then
@@ -20,6 +20,8 @@ command -v saslpasswd2 >/dev/null || need+=(sasl2-bin)
 command -v openssl >/dev/null || need+=(openssl)
 # nghttp (nghttp2's HTTP/2 client) reads the h2c SETTINGS in tests/downstream.rs.
 command -v nghttp >/dev/null || need+=(nghttp2-client)
+# HAProxy in TCP mode sends the PROXY protocol header (tests/proxy_protocol.rs).
+command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
 # The system trust store: tessera's JWKS over https trusts it when token.jwks_ca is not set.
 [ -s /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
 [ -x /usr/bin/chromium ] || need+=(chromium)

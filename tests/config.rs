@@ -236,6 +236,18 @@ fn trusted_proxies_are_addresses_or_cidr_blocks_and_none_by_default() {
 }
 
 #[test]
+fn the_proxy_protocol_is_off_by_default_and_needs_trusted_proxies() {
+    let c = Config::from_toml_with(&minimal(), env).unwrap();
+    assert!(!c.server.proxy_protocol);
+    let on = format!("{}[server]\nproxy_protocol = true\n", minimal());
+    let err = Config::from_toml_with(&on, env).unwrap_err().to_string();
+    assert!(err.contains("server.proxy_protocol"), "{err}");
+    assert!(err.contains("needs server.trusted_proxies"), "{err}");
+    let trusted = format!("{on}trusted_proxies = [\"10.0.0.0/8\"]\n");
+    assert!(Config::from_toml_with(&trusted, env).unwrap().server.proxy_protocol);
+}
+
+#[test]
 fn busy_polling_is_off_by_default_and_bounded() {
     let c = Config::from_toml_with(&minimal(), env).unwrap();
     assert_eq!(c.server.busy_poll, Duration::ZERO);

@@ -83,6 +83,7 @@ pub(super) struct RawServer {
     pub(super) threads: Option<usize>,
     pub(super) busy_poll_us: Option<u64>,
     pub(super) trusted_proxies: Option<Vec<String>>,
+    pub(super) proxy_protocol: Option<bool>,
     pub(super) allow_encoded_slashes: Option<bool>,
     pub(super) client_body_timeout_ms: Option<u64>,
     pub(super) max_connections: Option<usize>,

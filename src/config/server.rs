@@ -46,13 +46,14 @@ pub(super) fn validate_server(
             ),
         ));
     }
-    let trusted_proxies = trusted_proxies(s.trusted_proxies.unwrap_or_default())?;
+    let (trusted_proxies, proxy_protocol) = trust(s.trusted_proxies, s.proxy_protocol)?;
     Ok(ServerConfig {
         listen,
         redirect_to_https,
         fastopen: s.fastopen.unwrap_or(false),
         threads,
         trusted_proxies,
+        proxy_protocol,
         busy_poll: Duration::from_micros(busy_poll_us),
         max_header_bytes,
         max_uri_bytes,
@@ -121,6 +122,23 @@ fn plain_listener(
     }
     let port = tls.map_or(443, |t| t.listen.port());
     Ok((listen, redirect.then_some(port)))
+}
+
+/// `server.trusted_proxies` and `server.proxy_protocol`, which needs them.
+fn trust(
+    listed: Option<Vec<String>>,
+    proxy_protocol: Option<bool>,
+) -> Result<(Vec<ipnet::IpNet>, bool), ConfigError> {
+    let trusted = trusted_proxies(listed.unwrap_or_default())?;
+    let proxy_protocol = proxy_protocol.unwrap_or(false);
+    if proxy_protocol && trusted.is_empty() {
+        return Err(ConfigError::new(
+            "server.proxy_protocol",
+            "needs server.trusted_proxies: the load balancers' addresses, the only peers whose \
+             PROXY protocol header names a client",
+        ));
+    }
+    Ok((trusted, proxy_protocol))
 }
 
 /// `server.trusted_proxies`: addresses or CIDR blocks, IPv4 written as IPv4.

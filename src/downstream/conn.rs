@@ -65,6 +65,11 @@ pub struct Serving {
     /// Cancelled when the server shuts down: idle connections close, busy ones finish their
     /// request and answer it with `Connection: close`.
     pub shutdown: CancellationToken,
+    /// `server.proxy_protocol`: each connection starts with a load balancer's PROXY header.
+    pub proxy_protocol: bool,
+    /// `server.redirect_to_https`: the plain listener answers every request with a redirect
+    /// to this TLS port.
+    pub redirect_to_https: Option<u16>,
 }
 
 /// Serves a TLS connection whose client chose HTTP/2 (ALPN `h2`): hyper's, from its preface on.

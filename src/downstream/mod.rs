@@ -11,6 +11,7 @@ mod handoff;
 mod http3;
 mod io;
 mod parse;
+mod proxy_header;
 mod quic;
 mod retry;
 mod settings;
@@ -19,6 +20,7 @@ mod tracked;
 mod write;
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -115,7 +117,7 @@ pub async fn serve(
     let connections = TaskTracker::new();
     tokio::pin!(shutdown);
     loop {
-        let (stream, peer) = tokio::select! {
+        let (stream, addr) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(pair) => pair,
                 Err(e) => {
@@ -136,20 +138,9 @@ pub async fn serve(
             },
         };
         let _ = stream.set_nodelay(true);
-        let peer = match edge {
-            Edge::Plain => serving
-                .proxy
-                .peer(peer)
-                .redirected_to_https(cfg.redirect_to_https),
-            Edge::Tls(ref tls) => serving
-                .proxy
-                .peer(peer)
-                .over_tls()
-                .advertising(tls.alt_svc().cloned()),
-        };
         let (serving, edge) = (serving.clone(), edge.clone());
         connections.spawn(async move {
-            serve_connection(serving, edge, stream, peer).await;
+            serve_connection(serving, edge, stream, addr).await;
             drop(slot);
         });
     }
@@ -168,13 +159,32 @@ pub async fn serve(
     }
 }
 
-/// One connection from accept to close: the TLS handshake first on a TLS listener.
+/// One connection from accept to close: the PROXY protocol header first with
+/// `server.proxy_protocol`, then the TLS handshake on a TLS listener.
 async fn serve_connection(
     serving: Arc<conn::Serving>,
     edge: Edge,
-    stream: tokio::net::TcpStream,
-    peer: crate::proxy::Peer,
+    mut stream: tokio::net::TcpStream,
+    addr: SocketAddr,
 ) {
+    let addr = match serving.proxy_protocol {
+        false => addr,
+        true => match behind_proxy(&serving, &mut stream, addr).await {
+            Some(client) => client,
+            None => return,
+        },
+    };
+    let peer = match edge {
+        Edge::Plain => serving
+            .proxy
+            .peer(addr)
+            .redirected_to_https(serving.redirect_to_https),
+        Edge::Tls(ref tls) => serving
+            .proxy
+            .peer(addr)
+            .over_tls()
+            .advertising(tls.alt_svc().cloned()),
+    };
     let tls = match edge {
         Edge::Plain => return conn::serve(serving, stream, peer).await,
         Edge::Tls(tls) => tls,
@@ -183,6 +193,35 @@ async fn serve_connection(
         Some((stream, false)) => conn::serve(serving, stream, peer).await,
         Some((stream, true)) => conn::serve_h2(serving, stream, peer).await,
         None => {}
+    }
+}
+
+/// The client named by the PROXY protocol header that starts the connection from `addr` (the
+/// load balancer's own address when the header names none); `None` when the connection is
+/// closed instead: `addr` is not in `server.trusted_proxies`, or the header is missing,
+/// malformed or late (the reason logged at debug level).
+async fn behind_proxy(
+    serving: &conn::Serving,
+    stream: &mut tokio::net::TcpStream,
+    addr: SocketAddr,
+) -> Option<SocketAddr> {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !serving.proxy.trusts(addr.ip()) {
+        if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(
+                peer = %addr.ip(),
+                "a connection from outside server.trusted_proxies on a PROXY protocol listener; \
+                 closed (such connections are closed without a word from now on)"
+            );
+        }
+        return None;
+    }
+    match proxy_header::read(stream, serving.header_read_timeout).await {
+        Ok(client) => Some(client.unwrap_or(addr)),
+        Err(why) => {
+            tracing::debug!(peer = %addr.ip(), why, "connection closed");
+            None
+        }
     }
 }
 
@@ -220,6 +259,8 @@ fn serving(proxy: Arc<Proxy>, cfg: &ServerConfig, shutdown: CancellationToken) -
         header_read_timeout: cfg.header_read_timeout,
         send_timeout: cfg.send_timeout,
         max_head,
+        proxy_protocol: cfg.proxy_protocol,
+        redirect_to_https: cfg.redirect_to_https,
         max_body: match cfg.max_body_bytes {
             0 => MAX_FAST_BODY,
             cap => cap.min(MAX_FAST_BODY),

@@ -55,6 +55,11 @@ pub struct ServerConfig {
     /// (nginx's `set_real_ip_from` + `real_ip_recursive on`). Default empty: every peer is the
     /// client, and client-sent forwarding headers are dropped.
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Every connection on the TCP listeners (`server.listen`, `tls.listen`) starts with a
+    /// PROXY protocol header (HAProxy's v1 or v2) from a peer in `trusted_proxies` naming the
+    /// client (`server.proxy_protocol`, nginx's `listen ... proxy_protocol`): a load balancer
+    /// that passes TCP on (AWS NLB, HAProxy in TCP mode). Default false.
+    pub proxy_protocol: bool,
     /// Forward a path holding an encoded slash (`%2F`, `%5C`, their overlong and full-width
     /// forms) or a backslash outside a dot segment, instead of refusing it with 400 (false,
     /// the default, as Tomcat and Apache's `AllowEncodedSlashes Off`). Dot segments in any

@@ -167,12 +167,15 @@ impl Proxy {
     pub fn peer(&self, addr: SocketAddr) -> Peer {
         let peer = Peer::new(addr);
         Peer {
-            trusted: self
-                .trusted_proxies
-                .iter()
-                .any(|net| net.contains(&peer.addr.ip())),
+            trusted: self.trusts(peer.addr.ip()),
             ..peer
         }
+    }
+
+    /// Whether `ip` is in `server.trusted_proxies` (an IPv4-mapped IPv6 address as IPv4).
+    pub fn trusts(&self, ip: std::net::IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.trusted_proxies.iter().any(|net| net.contains(&ip))
     }
 
     /// Builds the sealer + store + cached session layer + proxy from config (what `serve` uses;
