@@ -244,7 +244,12 @@ fn the_proxy_protocol_is_off_by_default_and_needs_trusted_proxies() {
     assert!(err.contains("server.proxy_protocol"), "{err}");
     assert!(err.contains("needs server.trusted_proxies"), "{err}");
     let trusted = format!("{on}trusted_proxies = [\"10.0.0.0/8\"]\n");
-    assert!(Config::from_toml_with(&trusted, env).unwrap().server.proxy_protocol);
+    assert!(
+        Config::from_toml_with(&trusted, env)
+            .unwrap()
+            .server
+            .proxy_protocol
+    );
 }
 
 #[test]

@@ -72,8 +72,8 @@ pub enum StartError {
 /// begins.
 ///
 /// Each [`ConfigReload`] received on `reloads` (the binary sends one per SIGHUP) has its keys
-/// and TLS certificates put in place ([`Proxy::reload_keys`], [`downstream::TlsServer::reload`]),
-/// without dropping a connection; the outcome is logged and counted
+/// and TLS certificates put in place ([`Proxy::check_keys`], [`downstream::TlsServer::reload`],
+/// [`Proxy::install_keys`]), without dropping a connection; the outcome is logged and counted
 /// (`tessera_config_reloads_total`).
 ///
 /// Errors: the session store cannot be opened, or the TLS server cannot be made.

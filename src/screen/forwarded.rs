@@ -7,7 +7,7 @@ use http::{HeaderMap, HeaderValue};
 use std::net::IpAddr;
 
 /// Sets `X-Forwarded-For`, `-Proto` and `-Host` from the connection (the client's values were
-/// removed by [`screen_request`]).
+/// removed by [`super::screen_request`]).
 pub fn set_forwarded(
     headers: &mut HeaderMap,
     forwarded_for: Option<&HeaderValue>,

@@ -1,4 +1,4 @@
-//! Tokens: where they are found ([`extract`]) and how they are verified ([`verify`]).
+//! Tokens: where they are found ([`mod@extract`]) and how they are verified ([`verify`]).
 //!
 //! Owns the JWT policy of RFC 8725 (pinned algorithms, strict parsing, time claims). Must never:
 //! log a token, accept `alg: none`, or let a token choose its own key.

@@ -19,7 +19,7 @@ pub struct PoolStats {
     /// Idle connections moved to the I/O driver of another serving thread that took them.
     pub moved: AtomicU64,
     /// Affinity: connections handed straight from a finished request to a waiting request of the
-    /// same user (see [`Affinity::Session`]); these are counted in `reused` too.
+    /// same user (see [`super::Affinity::Session`]); these are counted in `reused` too.
     pub handed_over: AtomicU64,
     /// Affinity: requests of a user already holding its share of the full pool that got no
     /// connection of their own (the wait ran out, or `wait` is zero) and so closed another
@@ -29,7 +29,7 @@ pub struct PoolStats {
     /// connection kept (see the module docs).
     pub drained: AtomicU64,
     /// Exchanges whose requester went away that were read in the background but could not be
-    /// finished so (no response end within [`Drain::wait`] or [`Drain::max_bytes`], a response that
+    /// finished so (no response end within [`super::Drain::wait`] or [`super::Drain::max_bytes`], a response that
     /// ends its connection, bytes after its end, an error, or the upstream closing): closed.
     /// Exchanges closed without a drain (too old, a longer rest, a request not sent in full)
     /// are counted in neither.
