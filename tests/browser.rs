@@ -77,12 +77,6 @@ fn login_page_in_headless_chromium() {
 /// ways through tessera, and closed when the session is revoked (`websocket.mjs`).
 #[test]
 fn a_pages_websocket_in_headless_chromium_ends_with_its_session() {
-    use std::io::BufRead;
-    let root = env!("CARGO_MANIFEST_DIR");
-    assert!(
-        std::path::Path::new("/usr/bin/chromium").exists(),
-        "chromium is not installed: run ./scripts/test.sh, which installs it"
-    );
     let up = support::upstream::start(support::upstream::Behavior::WebSocket);
     up.stats.set_password("alice", "alice-pw");
     let url = up.url();
@@ -90,10 +84,71 @@ fn a_pages_websocket_in_headless_chromium_ends_with_its_session() {
         config(port, &url, &format!("embedded:{}/s", dir.display()), &[])
     });
     let (sid, token) = t.create_session("alice", "alice-pw");
+    websocket_page(&t, &t.url(""), &token, &sid);
+    let head = up.stats.last_upgrade.lock().unwrap().clone();
+    assert!(
+        head.iter()
+            .any(|l| *l == format!("origin: http://127.0.0.1:{}", t.port)),
+        "the browser's Origin: {head:?}"
+    );
+    assert!(
+        head.iter()
+            .any(|l| *l == format!("authorization: {}", support::basic("alice", "alice-pw"))),
+        "{head:?}"
+    );
+    assert!(
+        !head.iter().any(|l| l.contains(&token)),
+        "the token cookie reached the upstream: {head:?}"
+    );
+}
+
+/// The same page over TLS: Chromium loads it over HTTP/2 and, as tessera's SETTINGS allow
+/// extended CONNECT, opens its `wss://` WebSocket on a stream of that connection (RFC 8441),
+/// which tessera passes to the upstream as an HTTP/1.1 upgrade; frames, the cookie and the
+/// revocation's Close frame behave as over HTTP/1.1.
+#[test]
+fn a_pages_wss_websocket_in_headless_chromium_rides_its_http2_connection() {
+    let up = support::upstream::start(support::upstream::Behavior::WebSocket);
+    up.stats.set_password("alice", "alice-pw");
+    let pki = support::tls::Pki::new();
+    let tls_port = support::free_port();
+    let (cert, key) = pki.leaf("localhost", &["localhost"]);
+    let table = support::tls::tls_table(tls_port, &cert, &key, "");
+    let url = up.url();
+    let t = Tessera::start(move |port, dir| {
+        let store = format!("embedded:{}/s", dir.display());
+        config(port, &url, &store, &[("tables", &table)])
+    });
+    support::wait_for_port(tls_port, "tessera tls");
+    let (sid, token) = t.create_session("alice", "alice-pw");
+    websocket_page(&t, &format!("https://localhost:{tls_port}"), &token, &sid);
+    let head = up.stats.last_upgrade.lock().unwrap().clone();
+    assert!(
+        head.iter()
+            .any(|l| *l == format!("origin: https://localhost:{tls_port}")),
+        "the browser's Origin: {head:?}"
+    );
+    let log = t.log();
+    let closed = log.lines().find(|l| l.contains("WebSocket closed"));
+    assert!(
+        closed.is_some_and(|l| l.contains("over=\"HTTP/2\"")),
+        "not on the page's HTTP/2 connection: {log}"
+    );
+}
+
+/// Runs `websocket.mjs` against `base` with `token` as the cookie, revokes `sid` once the page
+/// says its WebSocket is ticking, and checks the page's findings: all seven ok.
+fn websocket_page(t: &Tessera, base: &str, token: &str, sid: &str) {
+    use std::io::BufRead;
+    let root = env!("CARGO_MANIFEST_DIR");
+    assert!(
+        std::path::Path::new("/usr/bin/chromium").exists(),
+        "chromium is not installed: run ./scripts/test.sh, which installs it"
+    );
     let mut node = Command::new("node")
         .arg(format!("{root}/tests/browser/websocket.mjs"))
-        .arg(t.url(""))
-        .arg(&token)
+        .arg(base)
+        .arg(token)
         .current_dir(format!("{root}/tests/browser"))
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -105,7 +160,7 @@ fn a_pages_websocket_in_headless_chromium_ends_with_its_session() {
         let ticking = line == "ticking";
         out.push(line);
         if ticking {
-            t.revoke(&sid);
+            t.revoke(sid);
             break;
         }
     }
@@ -125,20 +180,5 @@ fn a_pages_websocket_in_headless_chromium_ends_with_its_session() {
         checks.values().filter(|v| *v == "ok").count(),
         7,
         "{findings}"
-    );
-    let head = up.stats.last_upgrade.lock().unwrap().clone();
-    assert!(
-        head.iter()
-            .any(|l| *l == format!("origin: http://127.0.0.1:{}", t.port)),
-        "the browser's Origin: {head:?}"
-    );
-    assert!(
-        head.iter()
-            .any(|l| *l == format!("authorization: {}", support::basic("alice", "alice-pw"))),
-        "{head:?}"
-    );
-    assert!(
-        !head.iter().any(|l| l.contains(&token)),
-        "the token cookie reached the upstream: {head:?}"
     );
 }

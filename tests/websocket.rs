@@ -291,6 +291,64 @@ fn a_websocket_carries_frames_both_ways_with_the_upstream_credential_and_nothing
     assert!(!log.contains(&token), "the token was logged");
 }
 
+/// A WebSocket over HTTP/2 (RFC 8441): the server's SETTINGS allow extended CONNECT, a CONNECT
+/// with `:protocol websocket` reaches the upstream as an HTTP/1.1 upgrade (with a key of
+/// tessera's), the client gets 200 without the accept, and frames pass both ways on the stream;
+/// an upstream that answers without switching is a 502, never a 2xx (which would say the tunnel
+/// is open).
+#[test]
+fn a_websocket_over_http2_carries_frames_on_its_stream() {
+    use support::h2ws;
+    use tokio_tungstenite::tungstenite::protocol::Role;
+    let up = ws_upstream();
+    let (t, metrics_port) = tessera(&up.url(), "");
+    let (_, token) = t.create_session("alice", "alice-pw");
+    let auth = bearer(&token);
+    rt().block_on(async {
+        let headers = [
+            ("authorization", auth.as_str()),
+            ("sec-websocket-protocol", "jmap"),
+        ];
+        let (head, io) = h2ws::connect(t.port, "/ws", &headers).await;
+        assert_eq!(head.status, 200, "{head:?}");
+        assert!(
+            head.headers.get("sec-websocket-accept").is_none(),
+            "{head:?}"
+        );
+        let mut ws = WebSocketStream::from_raw_socket(io.unwrap(), Role::Client, None).await;
+        match tokio::time::timeout(Duration::from_secs(10), ws.next()).await {
+            Ok(Some(Ok(Message::Text(t)))) => assert_eq!(t.as_str(), "hello alice"),
+            other => panic!("no greeting: {other:?}"),
+        }
+        ws.send(Message::text("hi")).await.unwrap();
+        match tokio::time::timeout(Duration::from_secs(10), ws.next()).await {
+            Ok(Some(Ok(Message::Text(t)))) => assert_eq!(t.as_str(), "alice: hi"),
+            other => panic!("no echo: {other:?}"),
+        }
+        let up_head = up.stats.last_upgrade.lock().unwrap().clone();
+        let has = |line: &str| up_head.iter().any(|l| l.eq_ignore_ascii_case(line));
+        assert_eq!(up_head[0], "GET /ws", "{up_head:?}");
+        assert!(
+            has("upgrade: websocket") && has("connection: upgrade"),
+            "{up_head:?}"
+        );
+        assert!(has("sec-websocket-protocol: jmap"), "{up_head:?}");
+        let key = up_head
+            .iter()
+            .find_map(|l| l.strip_prefix("sec-websocket-key: "));
+        assert_eq!(key.map(str::len), Some(24), "{up_head:?}");
+        ws.close(None).await.unwrap();
+
+        let (head, io) = h2ws::connect(t.port, "/page", &[("authorization", auth.as_str())]).await;
+        assert_eq!(head.status, 502, "a 200 that is no switch");
+        assert!(io.is_none());
+    });
+    let m = metrics(metrics_port);
+    assert_eq!(sample(&m, "tessera_websockets_opened_total"), 1, "{m}");
+    let log = t.log_when(|l| l.contains("WebSocket closed"));
+    assert!(log.contains("over=\"HTTP/2\""), "{log}");
+}
+
 /// A WebSocket keeps its client connection's place under `server.max_connections` after the
 /// connection's own task hands the socket to the tunnel: with one place and a WebSocket open, a
 /// new connection waits (counted), and is served once the WebSocket ends.

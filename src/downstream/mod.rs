@@ -251,6 +251,12 @@ fn serving(proxy: Arc<Proxy>, cfg: &ServerConfig, shutdown: CancellationToken) -
         .timer(TokioTimer::new())
         .max_concurrent_streams(cfg.http2_max_concurrent_streams)
         .max_header_list_size((cfg.max_header_bytes + cfg.max_uri_bytes) as u32);
+    if proxy.websockets().is_some() {
+        // WebSockets over HTTP/2 (RFC 8441): SETTINGS_ENABLE_CONNECT_PROTOCOL tells browsers
+        // they may open one on a stream of the connection they have.
+        hyper.http2().enable_connect_protocol();
+        hyper_h2.enable_connect_protocol();
+    }
     conn::Serving {
         proxy,
         hyper_h1,

@@ -8,14 +8,14 @@ use bytes::Bytes;
 use http::header;
 use http::request::Parts;
 use http::uri::PathAndQuery;
-use http::{HeaderValue, Request, Response, Version};
+use http::{Request, Response, Version};
 use http_body::Body;
 
 use crate::error::ProxyError;
 use crate::login::{Endpoint, Login};
 use crate::screen::{self, Screened};
 use crate::session::Session;
-use crate::upstream::{BoxError, ProxyBody, RequestShares};
+use crate::upstream::{BoxError, ForwardError, ProxyBody, RequestShares};
 
 use super::websocket::Upgrading;
 use super::{Peer, Proxy, RequestCtx};
@@ -76,6 +76,8 @@ impl Proxy {
         B: Body<Data = Bytes> + Send + Sync + 'static,
         B::Error: Into<BoxError>,
     {
+        let extended =
+            self.websockets.is_some() && super::websocket::from_extended_connect(&mut parts);
         let screened = screen::screen_request_with(&mut parts, &self.limits, &self.stripped)?;
         if let Some(port) = ctx.peer().to_https {
             let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
@@ -90,18 +92,16 @@ impl Proxy {
             Ok(session) => session,
             Err(e) => return self.unauthenticated(e, &parts, ctx),
         };
-        let upgrading = if screened.websocket {
+        let upgrading = if screened.websocket || extended {
             let empty = body.as_ref().is_none_or(Body::is_end_stream);
-            self.upgrading(&mut parts, &screened, ctx.peer().proto, empty)?
+            self.upgrading(&mut parts, &screened, ctx.peer().proto, empty, extended)?
         } else {
             None
         };
         let jmap_origin = self.jmap_origin(&parts, &screened, ctx);
         self.inject(&mut parts, &screened, &session, ctx)?;
-        if upgrading.is_some() {
-            let h = &mut parts.headers;
-            h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-            h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        if let Some(upgrading) = &upgrading {
+            upgrading.set_request_fields(&mut parts.headers);
         }
         let body = body.take().expect("the body is taken once");
         let req = Request::from_parts(parts, self.limit_body(body));
@@ -203,6 +203,12 @@ impl Proxy {
             if let Some(tunnel) = resp.body_mut().take_tunnel() {
                 let switching = std::mem::replace(resp, Response::new(ProxyBody::empty()));
                 *resp = self.switch(switching, tunnel, upgrading, ctx, session);
+                return;
+            }
+            if upgrading.extended() && resp.status().is_success() {
+                let why = "upstream answered a WebSocket upgrade without switching";
+                *resp = ProxyError::Upstream(ForwardError::Broken(why.into())).into_response();
+                ctx.reason = Some(why.into());
                 return;
             }
         }

@@ -41,6 +41,47 @@ const UPGRADE_WAIT: Duration = Duration::from_secs(10);
 pub(super) struct Upgrading {
     downstream: hyper::upgrade::OnUpgrade,
     slot: tokio::sync::OwnedSemaphorePermit,
+    /// Asked by an HTTP/2 extended CONNECT (RFC 8441): answered 200, not 101.
+    extended: bool,
+}
+
+impl Upgrading {
+    /// The fields that make the upstream request an HTTP/1.1 WebSocket upgrade: `Connection`,
+    /// `Upgrade`, and for an extended CONNECT a fresh `Sec-WebSocket-Key` (RFC 6455 section
+    /// 4.1: 16 random bytes in base64), which HTTP/2 does not carry (RFC 8441 section 5).
+    pub(super) fn set_request_fields(&self, h: &mut http::HeaderMap) {
+        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        if self.extended {
+            use base64::Engine;
+            let mut nonce = [0u8; 16];
+            getrandom::getrandom(&mut nonce).expect("the OS random source");
+            let key = base64::engine::general_purpose::STANDARD.encode(nonce);
+            let key = HeaderValue::from_str(&key).expect("base64 is a valid field value");
+            h.insert(header::SEC_WEBSOCKET_KEY, key);
+        }
+    }
+
+    /// Whether the client asked by an HTTP/2 extended CONNECT: an answer that is not a switch
+    /// must not be a 2xx, which would tell it the tunnel is open.
+    pub(super) fn extended(&self) -> bool {
+        self.extended
+    }
+}
+
+/// Turns an HTTP/2 extended CONNECT for a WebSocket (RFC 8441 section 4: `:method CONNECT`,
+/// `:protocol websocket`) into the `GET` an HTTP/1.1 upgrade is, as HAProxy does; returns
+/// whether it was one. Any other CONNECT stays one (and is refused by the screen).
+pub(super) fn from_extended_connect(parts: &mut Parts) -> bool {
+    let extended = parts.method == http::Method::CONNECT
+        && parts
+            .extensions
+            .get::<hyper::ext::Protocol>()
+            .is_some_and(|p| p.as_str().eq_ignore_ascii_case("websocket"));
+    if extended {
+        parts.method = http::Method::GET;
+    }
+    extended
 }
 
 /// Whether a WebSocket upgrade with this `Origin` may go on (RFC 6455 section 10.2): the origin
@@ -108,6 +149,7 @@ impl Proxy {
         screened: &Screened,
         scheme: &str,
         no_body: bool,
+        extended: bool,
     ) -> Result<Option<Upgrading>, ProxyError> {
         let Some(ws) = &self.websockets else {
             return Ok(None);
@@ -131,7 +173,11 @@ impl Proxy {
             .clone()
             .try_acquire_owned()
             .map_err(|_| ProxyError::TooManyWebSockets)?;
-        Ok(Some(Upgrading { downstream, slot }))
+        Ok(Some(Upgrading {
+            downstream,
+            slot,
+            extended,
+        }))
     }
 
     /// The upstream switched to WebSocket: answers the client 101 with the upstream's fields
@@ -153,14 +199,22 @@ impl Proxy {
             .expect("upgrading implies websockets");
         ws.opened.fetch_add(1, Ordering::Relaxed);
         let mut out = Response::new(ProxyBody::empty());
-        *out.status_mut() = http::StatusCode::SWITCHING_PROTOCOLS;
         if let Some(mut fields) = resp.body_mut().take_fields() {
             screen::screen_response(&mut fields, &self.strip_response);
             fields.append_to(out.headers_mut());
         }
+        if !upgrading.extended {
+            *out.status_mut() = http::StatusCode::SWITCHING_PROTOCOLS;
+        }
         let h = out.headers_mut();
-        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        if upgrading.extended {
+            // RFC 8441 section 5: a 200 opens the stream's tunnel; the accept answers a key
+            // the client never sent.
+            h.remove(header::SEC_WEBSOCKET_ACCEPT);
+        } else {
+            h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        }
         let sid = ctx.sid.clone();
         let watch = sid
             .as_ref()
@@ -173,7 +227,12 @@ impl Proxy {
         let place = self.client_connections.as_ref().map(|c| c.acquire_over());
         ws.tunnels.spawn(async move {
             let _place = place;
-            let Upgrading { downstream, slot } = upgrading;
+            let Upgrading {
+                downstream,
+                slot,
+                extended,
+            } = upgrading;
+            let over = if extended { "HTTP/2" } else { "HTTP/1.1" };
             let sid_hash = sid.as_deref().map(crate::session::sid_hash);
             // hyper hands the connection over once the 101 is written; a client that does not
             // read it must not hold the slot and the upstream connection for ever, nor hold up
@@ -191,6 +250,7 @@ impl Proxy {
                     let report = tunnel.run(client_side(io), idle, watch, stop).await;
                     tracing::info!(
                         sid_hash = sid_hash.as_deref().unwrap_or("-"),
+                        over,
                         end = %report.end,
                         close_code = report.close_code.unwrap_or(0),
                         up_bytes = report.up_bytes,

@@ -1,7 +1,8 @@
 // A WebSocket from a page in a real headless Chromium (Debian's /usr/bin/chromium, driven by
 // playwright-core), through tessera, authenticated by the token cookie the browser sends with
 // the handshake (a page's WebSocket cannot set `Authorization`).
-// Usage: node websocket.mjs BASE_URL TOKEN
+// Usage: node websocket.mjs BASE_URL TOKEN (an https BASE_URL: the test CA's certificate is
+// taken, and the WebSocket is wss:// on the page's HTTP/2 connection when tessera offers it)
 // Walks: the page (same origin) -> WebSocket opens -> greeting and echo -> server ticks ->
 // prints `ticking` and waits while the test revokes the session -> the socket must close.
 // Prints one JSON line of findings last; exits 1 on the first failed check.
@@ -10,7 +11,7 @@ import { check, findings, launch } from './lib.mjs';
 const [base, token] = process.argv.slice(2);
 const browser = await launch();
 try {
-  const context = await browser.newContext();
+  const context = await browser.newContext({ ignoreHTTPSErrors: base.startsWith('https:') });
   const { hostname } = new URL(base);
   await context.addCookies([{ name: 'tessera', value: token, domain: hostname, path: '/', httpOnly: true, sameSite: 'Strict' }]);
   const page = await context.newPage();
@@ -18,7 +19,7 @@ try {
   check('page_through_tessera', resp.status() === 200, resp.status());
 
   const opened = await page.evaluate(() => new Promise((resolve) => {
-    const ws = new WebSocket(`ws://${location.host}/ws`);
+    const ws = new WebSocket(`${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.host}/ws`);
     window.seen = [];
     window.ended = null;
     ws.onmessage = (e) => {
@@ -46,7 +47,7 @@ try {
   findings.close_after_ms = Math.round(closed.at - asked);
 
   const again = await page.evaluate(() => new Promise((resolve) => {
-    const ws = new WebSocket(`ws://${location.host}/ws`);
+    const ws = new WebSocket(`${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.host}/ws`);
     ws.onopen = () => resolve('opened');
     ws.onerror = () => resolve('refused');
   }));
