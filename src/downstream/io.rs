@@ -237,12 +237,10 @@ impl<S: Socket> AsyncRead for Prefixed<S> {
 }
 
 impl<S: Socket> Prefixed<S> {
-    /// A write's result, through the send timeout ([`Stall`]).
-    fn stalled(
-        &mut self,
-        cx: &mut Context<'_>,
-        r: Poll<io::Result<usize>>,
-    ) -> Poll<io::Result<usize>> {
+    /// A write's, a flush's or a close's result, through the send timeout ([`Stall`]): TLS
+    /// takes the last bytes into its buffer as written, and only the flush (or the
+    /// `close_notify` and FIN) then waits on a client that reads nothing.
+    fn stalled<T>(&mut self, cx: &mut Context<'_>, r: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
         match r {
             Poll::Pending => {
                 if !self.stall.poll_expired(self.send_timeout, cx) {
@@ -289,23 +287,26 @@ impl<S: Socket> AsyncWrite for Prefixed<S> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
+        let r = Pin::new(&mut self.io).poll_flush(cx);
+        self.stalled(cx, r)
     }
 
-    /// Shuts the write side down, then drains the client's remaining bytes ([`Linger`]): hyper
-    /// calls this when it closes a connection, also one whose request body it left unread.
-    /// Without `lingers` (a WebSocket's), only the write side is shut down.
+    /// Shuts the write side down (within the send timeout), then drains the client's remaining
+    /// bytes ([`Linger`]): hyper calls this when it closes a connection, also one whose request
+    /// body it left unread. Without `lingers` (a WebSocket's), only the write side is shut
+    /// down.
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         if this.stalled || this.reset.load(Ordering::Relaxed) {
             // Nothing more can be sent: the drop that follows resets the connection.
             return Poll::Ready(Ok(()));
         }
-        if !this.lingers {
-            return Pin::new(&mut this.io).poll_shutdown(cx);
-        }
         if this.linger.is_none() {
-            std::task::ready!(Pin::new(&mut this.io).poll_shutdown(cx))?;
+            let r = Pin::new(&mut this.io).poll_shutdown(cx);
+            std::task::ready!(this.stalled(cx, r))?;
+            if !this.lingers {
+                return Poll::Ready(Ok(()));
+            }
             this.linger = Some(Linger::new());
         }
         let linger = this.linger.as_mut().expect("set above");
@@ -342,3 +343,7 @@ impl Stall {
         timer.as_mut().poll(cx).is_ready()
     }
 }
+
+#[cfg(test)]
+#[path = "io_tests.rs"]
+mod tests;
