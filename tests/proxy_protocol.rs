@@ -5,6 +5,7 @@
 
 mod support;
 
+use std::io::{Read, Write};
 use std::process::{Child, Command, Stdio};
 
 use support::tls::{tls_table, Pki};
@@ -143,4 +144,18 @@ fn without_a_header_or_from_an_untrusted_peer_a_connection_is_closed_unanswered(
         .log()
         .contains("a connection from outside server.trusted_proxies on a PROXY protocol listener"));
     assert_eq!(nginx.uris().len(), 1, "{:?}", nginx.uris());
+
+    // A header naming no client (v1 UNKNOWN) from the trusted balancer: served, but the
+    // forwarding fields it relays are not believed (the client would name itself).
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+    write!(
+        s,
+        "PROXY UNKNOWN\r\nGET /echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
+         X-Forwarded-For: 6.6.6.6\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+    assert!(answer.contains(r#""xff":"127.0.0.1""#), "{answer}");
 }

@@ -167,23 +167,19 @@ async fn serve_connection(
     mut stream: tokio::net::TcpStream,
     addr: SocketAddr,
 ) {
-    let addr = match serving.proxy_protocol {
-        false => addr,
+    let peer = match serving.proxy_protocol {
+        false => serving.proxy.peer(addr),
         true => match behind_proxy(&serving, &mut stream, addr).await {
-            Some(client) => client,
+            Some(Some(client)) => serving.proxy.peer(client),
+            // No client named (a health check, a UNIX-socket frontend): the balancer's own
+            // address, but none of the forwarding fields it relays is believed.
+            Some(None) => crate::proxy::Peer::new(addr),
             None => return,
         },
     };
     let peer = match edge {
-        Edge::Plain => serving
-            .proxy
-            .peer(addr)
-            .redirected_to_https(serving.redirect_to_https),
-        Edge::Tls(ref tls) => serving
-            .proxy
-            .peer(addr)
-            .over_tls()
-            .advertising(tls.alt_svc().cloned()),
+        Edge::Plain => peer.redirected_to_https(serving.redirect_to_https),
+        Edge::Tls(ref tls) => peer.over_tls().advertising(tls.alt_svc().cloned()),
     };
     let tls = match edge {
         Edge::Plain => return conn::serve(serving, stream, peer).await,
@@ -196,15 +192,15 @@ async fn serve_connection(
     }
 }
 
-/// The client named by the PROXY protocol header that starts the connection from `addr` (the
-/// load balancer's own address when the header names none); `None` when the connection is
-/// closed instead: `addr` is not in `server.trusted_proxies`, or the header is missing,
-/// malformed or late (the reason logged at debug level).
+/// The client named by the PROXY protocol header that starts the connection from `addr`
+/// (`Some(None)` when the header names none); `None` when the connection is closed instead:
+/// `addr` is not in `server.trusted_proxies`, the header is missing, malformed or late (the
+/// reason logged at debug level), or the server is shutting down.
 async fn behind_proxy(
     serving: &conn::Serving,
     stream: &mut tokio::net::TcpStream,
     addr: SocketAddr,
-) -> Option<SocketAddr> {
+) -> Option<Option<SocketAddr>> {
     static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if !serving.proxy.trusts(addr.ip()) {
         if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
@@ -216,8 +212,12 @@ async fn behind_proxy(
         }
         return None;
     }
-    match proxy_header::read(stream, serving.header_read_timeout).await {
-        Ok(client) => Some(client.unwrap_or(addr)),
+    let read = tokio::select! {
+        read = proxy_header::read(stream, serving.header_read_timeout) => read,
+        () = serving.shutdown.cancelled() => return None,
+    };
+    match read {
+        Ok(client) => Some(client),
         Err(why) => {
             tracing::debug!(peer = %addr.ip(), why, "connection closed");
             None

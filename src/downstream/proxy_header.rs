@@ -15,17 +15,18 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 /// Longest header taken, bytes: a v1 header has at most 107, a v2 header 16 plus its addresses
-/// (36 for IPv6) and the load balancer's TLVs (AWS's VPC endpoint id, a few dozen bytes).
-pub(super) const MAX_HEADER: usize = 1024;
+/// (36 for IPv6) and the load balancer's TLVs (AWS's VPC endpoint id; HAProxy's TLS details,
+/// certificate name and unique id, some hundreds of bytes).
+pub(super) const MAX_HEADER: usize = 4096;
 
 /// How long to wait before looking again at a header that has not all arrived (the protocol
 /// asks senders to send it at once; a network may still split it).
 const RETRY_AFTER: Duration = Duration::from_millis(5);
 
 /// Reads the PROXY protocol header at the start of `stream`, within `timeout`, and no byte
-/// after it. Returns the client's address it names; `None` for a connection the load balancer
-/// opened for itself (v2 `LOCAL`, v1 `UNKNOWN`: health checks), or one naming no IP address (a
-/// UNIX socket), which is then served as from the load balancer.
+/// after it. Returns the client's address it names; `None` when it names none: a connection
+/// the load balancer opened for itself (v2 `LOCAL`: health checks), v1 `UNKNOWN`, or a v2
+/// source that is no IP address (a UNIX socket).
 ///
 /// Errors (a short reason for the debug log): the connection closed or failed first, the
 /// header is malformed or longer than [`MAX_HEADER`], or it did not arrive within `timeout`.
@@ -50,7 +51,7 @@ async fn read_now(stream: &mut TcpStream) -> Result<Option<SocketAddr>, &'static
         let parsed = HeaderResult::parse(&buf[..n]);
         if parsed.is_incomplete() {
             if n == buf.len() {
-                return Err("PROXY protocol header longer than 1 KiB");
+                return Err("PROXY protocol header longer than 4 KiB");
             }
             tokio::time::sleep(RETRY_AFTER).await;
             continue;
