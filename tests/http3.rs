@@ -564,6 +564,37 @@ fn an_upstreams_trailers_reach_an_http3_client() {
     assert!(trailers.get("keep-alive").is_none(), "{trailers:?}");
 }
 
+/// Trailers larger than the client takes (its SETTINGS_MAX_FIELD_SECTION_SIZE) cannot be sent:
+/// the stream is reset, never ended as if the answer were whole without them.
+#[test]
+fn trailers_the_client_cannot_take_reset_the_stream() {
+    fn script(_: &str) -> Script {
+        let big = "x".repeat(400);
+        Script {
+            bytes: format!(
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n\
+                 0\r\nX-Big: {big}\r\n\r\n"
+            )
+            .into_bytes(),
+            close: false,
+            early: false,
+        }
+    }
+    let up = upstream::start(Behavior::Scripted(script));
+    let pki = Pki::new();
+    let (_t, addr, token) = h3_tessera(&up.url(), &pki, "", "");
+    let answer = runtime().block_on(async {
+        let client = H3Client::new(&pki.ca());
+        let mut send = client.connect_limited(addr, 300).await;
+        request(&mut send, "GET", "/trailers", &token, Bytes::new()).await
+    });
+    assert!(
+        answer.is_err(),
+        "an answer that looks whole: {:?}",
+        answer.map(|a| a.trailers)
+    );
+}
+
 /// `[metrics]` on a free port, as lines to add after `[http3]`'s; and the port.
 fn metrics_table() -> (String, u16) {
     let port = free_port();

@@ -72,8 +72,8 @@ fn is_safe(method: &Method) -> bool {
 }
 
 /// Writes `resp` on `send`: the head, each data frame, the trailers if the body has any, and
-/// the end of the stream, each within `server.send_timeout_ms`; a body that fails or is cut by its session's end resets the
-/// stream instead (`H3_REQUEST_CANCELLED`, RFC 9114 section 8.1).
+/// the end of the stream, each within `server.send_timeout_ms`; a body that fails or is cut by
+/// its session's end resets the stream instead (`H3_REQUEST_CANCELLED`, RFC 9114 section 8.1).
 async fn respond(
     quic: &Quic,
     send: &mut Stream<h3_quinn::SendStream<Bytes>>,
@@ -103,7 +103,12 @@ async fn respond(
                     let sent = send.send_trailers(trailers);
                     match tokio::time::timeout(quic.send_timeout, sent).await {
                         Ok(Ok(())) => break,
-                        Ok(Err(e)) => return tracing::debug!(cause = %e, "HTTP/3 client went away"),
+                        // Refused here (larger than the client takes) or the client is gone:
+                        // a reset either way, never an end that looks whole without them.
+                        Ok(Err(e)) => {
+                            tracing::debug!(cause = %e, "HTTP/3 trailers not sent; stream reset");
+                            return send.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
+                        }
                         Err(_) => return stalled(send),
                     }
                 }

@@ -79,6 +79,19 @@ impl H3Client {
         session(conn).await
     }
 
+    /// [`H3Client::connect`], telling the server (SETTINGS_MAX_FIELD_SECTION_SIZE) to send no
+    /// field section (head or trailers) larger than `max` bytes (RFC 9114 section 4.2.2).
+    pub async fn connect_limited(&self, server: SocketAddr, max: u64) -> SendRequest {
+        let conn = self.connect_quic(server).await;
+        let (mut driver, send) = h3::client::builder()
+            .max_field_section_size(max)
+            .build(h3_quinn::Connection::new(conn))
+            .await
+            .unwrap();
+        tokio::spawn(async move { std::future::poll_fn(|cx| driver.poll_close(cx)).await });
+        send
+    }
+
     /// A bare QUIC connection with ALPN `h3`, for tests that write HTTP/3 frames themselves
     /// ([`super::h3_raw`]).
     pub async fn connect_quic(&self, server: SocketAddr) -> quinn::Connection {
