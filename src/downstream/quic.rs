@@ -101,9 +101,6 @@ pub async fn serve_http3(
             () = &mut shutdown => break,
         };
         let Some(incoming) = incoming else { break };
-        let Some(incoming) = retried(&quic, incoming) else {
-            continue;
-        };
         // QUIC connections count against server.max_connections with TCP's. Past it one is
         // refused (CONNECTION_REFUSED: a browser goes on over TCP, where it waits in the
         // backlog) rather than left to retransmit its Initial into a loop that reads none.
@@ -118,6 +115,10 @@ pub async fn serve_http3(
                     continue;
                 }
             },
+        };
+        // After the limit: a client sent a Retry must not come back only to be refused.
+        let Some(incoming) = retried(&quic, incoming) else {
+            continue;
         };
         let unvalidated = quic.unvalidated(&incoming);
         let quic = quic.clone();
@@ -228,7 +229,12 @@ async fn handshake(
             conn
         }
         Err(connecting) => {
-            let ended = tokio::time::timeout(limit, connecting).await;
+            let ended = tokio::select! {
+                ended = tokio::time::timeout(limit, connecting) => ended,
+                // A handshake still in progress is not one of the connections the drain waits
+                // for.
+                () = quic.shutdown.cancelled() => return None,
+            };
             drop(unvalidated);
             match ended {
                 Ok(Ok(conn)) => {
@@ -304,9 +310,9 @@ async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming, unvalidated: Opt
 }
 
 /// One request stream: its head (within `server.header_read_timeout_ms`, as over TCP: a stream
-/// holding half a HEADERS frame is dropped, the client told to stop sending), then [`super::http3::serve`] until
-/// it is done or the connection ends (closed, lost or idle): the exchange is then dropped, which
-/// frees its upstream connection, as a TCP client's FIN does.
+/// holding half a HEADERS frame is dropped, the client told to stop sending), then
+/// [`super::http3::serve`] until it is done or the connection ends (closed, lost or idle): the
+/// exchange is then dropped, which frees its upstream connection, as a TCP client's FIN does.
 async fn request(
     quic: Arc<Quic>,
     peer: Arc<crate::proxy::Peer>,

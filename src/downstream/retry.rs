@@ -31,8 +31,8 @@ impl Quic {
     }
 
     /// The client at `incoming`'s address has not proved it receives there: `None` when it has,
-    /// else a mark counted under [`crate::telemetry::QuicCounts::unvalidated`] until dropped (at the handshake's
-    /// end).
+    /// else a mark counted under [`crate::telemetry::QuicCounts::unvalidated`] until dropped
+    /// (at the handshake's end).
     pub(super) fn unvalidated(self: &Arc<Self>, incoming: &quinn::Incoming) -> Option<Unvalidated> {
         if incoming.remote_address_validated() {
             return None;

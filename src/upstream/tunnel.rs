@@ -6,9 +6,9 @@
 //! When one side closes, its close is passed on to the other (a TCP FIN, after the bytes it sent
 //! before it), which gets [`HALF_CLOSED_GRACE`] from then to close too: WebSocket has its own
 //! closing handshake and no use for a half-closed connection, and a client that keeps its end
-//! open must not keep holding an upstream connection. The upstream connection keeps its pool slot for the tunnel's life (it counts
-//! toward `upstream.max_connections`, as it holds an upstream process or thread) and is closed,
-//! never reused, when the tunnel ends.
+//! open must not keep holding an upstream connection. The upstream connection keeps its pool
+//! slot for the tunnel's life (it counts toward `upstream.max_connections`, as it holds an
+//! upstream process or thread) and is closed, never reused, when the tunnel ends.
 //!
 //! A cut ends with a WebSocket Close frame (RFC 6455 section 5.5.1) to each side whose stream is
 //! between frames, so that a client learns why (1008 for its session's end, 1001 for an idle
