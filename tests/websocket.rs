@@ -87,7 +87,10 @@ fn refused(r: Result<Ws, WsError>) -> u16 {
 }
 
 /// The next text message within 10 s (a bound on failure only).
-async fn text(ws: &mut Ws) -> String {
+async fn text<S>(ws: &mut WebSocketStream<S>) -> String
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     loop {
         match tokio::time::timeout(Duration::from_secs(10), ws.next()).await {
             Ok(Some(Ok(Message::Text(t)))) => return t.as_str().to_owned(),
@@ -347,6 +350,95 @@ fn a_websocket_over_http2_carries_frames_on_its_stream() {
     assert_eq!(sample(&m, "tessera_websockets_opened_total"), 1, "{m}");
     let log = t.log_when(|l| l.contains("WebSocket closed"));
     assert!(log.contains("over=\"HTTP/2\""), "{log}");
+}
+
+/// An HTTP/2 connection whose only traffic is a WebSocket stream is not idle: past the idle
+/// time (`server.header_read_timeout_ms`, 1 s here, GOAWAY and then the drop) the WebSocket
+/// still carries frames.
+#[test]
+fn an_http2_connection_carrying_a_websocket_is_not_idle() {
+    use support::h2ws;
+    use tokio_tungstenite::tungstenite::protocol::Role;
+    let up = ws_upstream();
+    let server = "header_read_timeout_ms = 1000\nmax_connections = 2";
+    let (t, _) = tessera_with(&up.url(), "", server);
+    let (_, token) = t.create_session("alice", "alice-pw");
+    let auth = bearer(&token);
+    rt().block_on(async {
+        let headers = [("authorization", auth.as_str())];
+        let (head, io) = h2ws::connect(t.port, "/ws", &headers).await;
+        assert_eq!(head.status, 200, "{head:?}");
+        let mut ws = WebSocketStream::from_raw_socket(io.unwrap(), Role::Client, None).await;
+        assert_eq!(text(&mut ws).await, "hello alice");
+        // Well past the idle time and the drop that follows it.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        ws.send(Message::text("still here")).await.unwrap();
+        assert_eq!(text(&mut ws).await, "alice: still here");
+        // The connection and its WebSocket hold one place of the two, not two.
+        let (code, _) =
+            support::curl(&["--max-time", "10", "-H", &auth_line(&auth), &t.url("/page")]);
+        assert_eq!(code, 200, "a second client waited for a place");
+    });
+}
+
+fn auth_line(auth: &str) -> String {
+    format!("authorization: {auth}")
+}
+
+/// No WebSocket on the login endpoints: their 200 would tell an HTTP/2 client that a tunnel is
+/// open; an extended CONNECT there is refused (405).
+#[test]
+fn an_http2_websocket_to_a_login_endpoint_is_refused() {
+    let up = ws_upstream();
+    let url = up.url();
+    let t = Tessera::start(move |port, dir| {
+        let store = format!("embedded:{}/s", dir.display());
+        let tables = "[websocket]\n";
+        config(
+            port,
+            &url,
+            &store,
+            &[("login", "verify_path = \"/\""), ("tables", tables)],
+        )
+    });
+    let (_, token) = t.create_session("alice", "alice-pw");
+    let auth = bearer(&token);
+    rt().block_on(async {
+        for path in ["/auth/login", "/auth/session"] {
+            let headers = [("authorization", auth.as_str())];
+            let (head, io) = support::h2ws::connect(t.port, path, &headers).await;
+            assert_eq!(head.status, 405, "{path}: {head:?}");
+            assert!(io.is_none());
+        }
+    });
+}
+
+/// A client that keeps its HTTP/2 stream's window shut (reads nothing) while the upstream
+/// sends: the tunnel ends after `server.send_timeout_ms` (1 s here), not after the WebSocket
+/// idle timeout (10 minutes), and frees its upstream connection.
+#[test]
+fn an_http2_websocket_whose_client_takes_nothing_is_cut_after_the_send_timeout() {
+    use support::h2ws;
+    use tokio_tungstenite::tungstenite::protocol::Role;
+    let up = ws_upstream();
+    let (t, metrics_port) = tessera_with(&up.url(), "", "send_timeout_ms = 1000");
+    let (_, token) = t.create_session("alice", "alice-pw");
+    let auth = bearer(&token);
+    let open = || sample(&metrics(metrics_port), "tessera_websockets_open");
+    rt().block_on(async {
+        let (head, io) = h2ws::connect(t.port, "/ws", &[("authorization", auth.as_str())]).await;
+        assert_eq!(head.status, 200, "{head:?}");
+        let mut ws = WebSocketStream::from_raw_socket(io.unwrap(), Role::Client, None).await;
+        // Echoed whole by the upstream: far more than the client's 64 KiB window.
+        ws.send(Message::binary(vec![7u8; 1 << 20])).await.unwrap();
+        assert_eq!(open(), 1);
+        let started = Instant::now();
+        while open() > 0 && started.elapsed() < Duration::from_secs(30) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(open(), 0, "the tunnel outlived the send timeout");
+        drop(ws);
+    });
 }
 
 /// A WebSocket keeps its client connection's place under `server.max_connections` after the

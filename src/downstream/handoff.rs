@@ -54,9 +54,10 @@ pub(super) async fn hand_off<S: Socket>(serving: &Serving, conn: Conn<S>, peer: 
     let proxy = serving.proxy.clone();
     let streams = Arc::new(Streams::default());
     let watched = streams.clone();
-    let service = service_fn(move |req| {
+    let service = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
         let (proxy, peer) = (proxy.clone(), peer.clone());
         let open = Streams::open(&streams);
+        hold_if_connect(&mut req, &streams);
         let (streams, reset) = (streams.clone(), reset.clone());
         async move {
             let head = req.method() == http::Method::HEAD;
@@ -118,6 +119,15 @@ pub(super) async fn hand_off<S: Socket>(serving: &Serving, conn: Conn<S>, peer: 
         {
             counts.count_status(status);
         }
+    }
+}
+
+/// Gives a CONNECT request (a WebSocket on an HTTP/2 stream, RFC 8441) a busy mark of its
+/// connection for its tunnel to hold ([`crate::proxy::ConnectionHold`]).
+fn hold_if_connect(req: &mut http::Request<hyper::body::Incoming>, streams: &Arc<Streams>) {
+    if req.method() == http::Method::CONNECT {
+        let hold = crate::proxy::ConnectionHold(Arc::new(Streams::open(streams)));
+        req.extensions_mut().insert(hold);
     }
 }
 

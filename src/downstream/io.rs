@@ -182,16 +182,78 @@ impl<S: Socket> Drop for Prefixed<S> {
 /// A WebSocket tunnel's client side ([`crate::upstream::ClientSideFn`]): the connection's own
 /// socket, TCP or TLS, with the bytes hyper had read past the handshake first and no lingering
 /// close (the client's bytes are the tunnel's to read, also after the upstream has closed); or
-/// hyper's upgraded stream when the connection is of another kind (tests driving the proxy
-/// directly).
-pub fn client_side(upgraded: hyper::upgrade::Upgraded) -> crate::upstream::ClientSide {
+/// hyper's upgraded stream (an HTTP/2 stream, RFC 8441), its writes within `send_timeout`.
+pub fn client_side(
+    upgraded: hyper::upgrade::Upgraded,
+    send_timeout: Duration,
+) -> crate::upstream::ClientSide {
     let upgraded = match unwrapped::<TcpStream>(upgraded) {
         Ok(socket) => return Box::new(socket),
         Err(upgraded) => upgraded,
     };
     match unwrapped::<TlsStream<TcpStream>>(upgraded) {
         Ok(socket) => Box::new(socket),
-        Err(upgraded) => Box::new(TokioIo::new(upgraded)),
+        Err(upgraded) => Box::new(SendTimed {
+            io: TokioIo::new(upgraded),
+            send_timeout,
+            stall: Stall::default(),
+        }),
+    }
+}
+
+/// A stream whose writes, flushes and close fail with `TimedOut` once none has made progress
+/// for `send_timeout`: an HTTP/2 stream waits on the client's flow-control window, which a
+/// client can keep shut while its connection lives on.
+struct SendTimed<T> {
+    io: T,
+    send_timeout: Duration,
+    stall: Stall,
+}
+
+impl<T: AsyncWrite + Unpin> SendTimed<T> {
+    fn timed<R>(&mut self, cx: &mut Context<'_>, r: Poll<io::Result<R>>) -> Poll<io::Result<R>> {
+        match r {
+            Poll::Pending if self.stall.poll_expired(self.send_timeout, cx) => {
+                tracing::debug!("client took no tunnel bytes for server.send_timeout_ms");
+                Poll::Ready(Err(io::ErrorKind::TimedOut.into()))
+            }
+            Poll::Pending => Poll::Pending,
+            r => {
+                self.stall.progress();
+                r
+            }
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for SendTimed<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for SendTimed<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.timed(cx, r)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let r = Pin::new(&mut self.io).poll_flush(cx);
+        self.timed(cx, r)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let r = Pin::new(&mut self.io).poll_shutdown(cx);
+        self.timed(cx, r)
     }
 }
 

@@ -84,6 +84,10 @@ impl Proxy {
             return Ok(super::redirect::to_https(&screened.host, target, port));
         }
         if let Some(endpoint) = self.login.as_ref().and_then(|l| l.route(parts.uri.path())) {
+            if extended {
+                // Its 200 would tell the client a tunnel is open.
+                return Err(screen::ScreenError::MethodNotAllowed.into());
+            }
             return Ok(self
                 .session_endpoint(endpoint, &parts, &screened, body, ctx)
                 .await);

@@ -33,6 +33,7 @@ mod websocket;
 pub use ctx::Peer;
 use ctx::RequestCtx;
 pub use settings::WebSocketConfig;
+pub use websocket::ConnectionHold;
 use websocket::WebSockets;
 
 /// Everything the request path needs, built once from the config.
@@ -146,6 +147,7 @@ impl Proxy {
                 slots: Arc::new(tokio::sync::Semaphore::new(cfg.websocket.max_connections)),
                 max: cfg.websocket.max_connections,
                 idle_timeout: cfg.websocket.idle_timeout,
+                send_timeout: cfg.server.send_timeout,
                 allowed_origins: cfg.websocket.allowed_origins.clone(),
                 opened: AtomicU64::new(0),
                 tunnels: tokio_util::task::TaskTracker::new(),

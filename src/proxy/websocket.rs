@@ -23,6 +23,8 @@ pub(super) struct WebSockets {
     pub(super) slots: Arc<tokio::sync::Semaphore>,
     pub(super) max: usize,
     pub(super) idle_timeout: Option<Duration>,
+    /// `server.send_timeout_ms`, for a tunnel's client side of unknown kind (an HTTP/2 stream).
+    pub(super) send_timeout: Duration,
     pub(super) allowed_origins: Vec<String>,
     /// Tunnels opened since start.
     pub(super) opened: AtomicU64,
@@ -43,7 +45,16 @@ pub(super) struct Upgrading {
     slot: tokio::sync::OwnedSemaphorePermit,
     /// Asked by an HTTP/2 extended CONNECT (RFC 8441): answered 200, not 101.
     extended: bool,
+    /// The client connection's busy mark, held while the tunnel runs (see [`ConnectionHold`]).
+    hold: Option<ConnectionHold>,
 }
+
+/// Keeps a client connection counted as busy while a WebSocket tunnel on one of its HTTP/2
+/// streams (RFC 8441) runs: the downstream puts it in a CONNECT request's extensions, and the
+/// tunnel holds it until it ends. Without it the connection would look idle once the CONNECT's
+/// 200 was sent, and be closed under the tunnel.
+#[derive(Clone)]
+pub struct ConnectionHold(pub Arc<dyn Send + Sync>);
 
 impl Upgrading {
     /// The fields that make the upstream request an HTTP/1.1 WebSocket upgrade: `Connection`,
@@ -177,6 +188,7 @@ impl Proxy {
             downstream,
             slot,
             extended,
+            hold: parts.extensions.remove::<ConnectionHold>(),
         }))
     }
 
@@ -223,14 +235,19 @@ impl Proxy {
         let client_side = self.client_side;
         let stop = ws.stop.clone();
         // The client's socket lives on in the tunnel once its connection's task has ended: the
-        // tunnel holds its place under server.max_connections from here.
-        let place = self.client_connections.as_ref().map(|c| c.acquire_over());
+        // tunnel holds its place under server.max_connections from here. (An HTTP/2 stream's
+        // connection keeps its own place while the tunnel runs.)
+        let place = (!upgrading.extended)
+            .then(|| self.client_connections.as_ref().map(|c| c.acquire_over()))
+            .flatten();
+        let send_timeout = ws.send_timeout;
         ws.tunnels.spawn(async move {
             let _place = place;
             let Upgrading {
                 downstream,
                 slot,
                 extended,
+                hold,
             } = upgrading;
             let over = if extended { "HTTP/2" } else { "HTTP/1.1" };
             let sid_hash = sid.as_deref().map(crate::session::sid_hash);
@@ -247,7 +264,8 @@ impl Proxy {
             };
             match upgraded {
                 Ok(Ok(io)) => {
-                    let report = tunnel.run(client_side(io), idle, watch, stop).await;
+                    let io = client_side(io, send_timeout);
+                    let report = tunnel.run(io, idle, watch, stop).await;
                     tracing::info!(
                         sid_hash = sid_hash.as_deref().unwrap_or("-"),
                         over,
@@ -264,7 +282,7 @@ impl Proxy {
                 }
                 Err(_) => tracing::debug!("WebSocket 101 not taken by the client in time"),
             }
-            drop(slot);
+            drop((slot, hold));
         });
         out
     }

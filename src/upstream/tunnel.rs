@@ -44,12 +44,14 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> ClientIo for T {}
 /// (`downstream::client_side`), the proxy only passes it on.
 pub type ClientSide = Box<dyn ClientIo>;
 
-/// Turns hyper's upgraded connection into a tunnel's client side (what the downstream gives the
-/// proxy, so that the proxy need not know the downstream's socket types).
-pub type ClientSideFn = fn(hyper::upgrade::Upgraded) -> ClientSide;
+/// Turns hyper's upgraded connection into a tunnel's client side, given `server.send_timeout_ms`
+/// (what the downstream gives the proxy, so that the proxy need not know the downstream's
+/// socket types).
+pub type ClientSideFn = fn(hyper::upgrade::Upgraded, Duration) -> ClientSide;
 
-/// The [`ClientSideFn`] for a connection of unknown kind: hyper's upgraded stream as it is.
-pub fn upgraded_as_is(upgraded: hyper::upgrade::Upgraded) -> ClientSide {
+/// The [`ClientSideFn`] for a connection of unknown kind (tests driving the proxy directly):
+/// hyper's upgraded stream as it is, without a send timeout.
+pub fn upgraded_as_is(upgraded: hyper::upgrade::Upgraded, _: Duration) -> ClientSide {
     Box::new(hyper_util::rt::TokioIo::new(upgraded))
 }
 
