@@ -536,28 +536,41 @@ fn quic_connections_past_max_connections_are_refused() {
     });
 }
 
+/// A chunked answer with trailers: `/trailers` small ones, among them a connection's field;
+/// `/big-trailers` one of 400 bytes.
+fn trailers_script(line: &str) -> Script {
+    let trailers = match line {
+        "GET /big-trailers HTTP/1.1" => format!("X-Big: {}\r\n", "x".repeat(400)),
+        _ => "Keep-Alive: timeout=5\r\nX-Checksum: abc\r\n".to_string(),
+    };
+    Script {
+        bytes: format!(
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n{trailers}\r\n"
+        )
+        .into_bytes(),
+        close: false,
+        early: false,
+    }
+}
+
+/// A GET of `path` over HTTP/3 through tessera to [`trailers_script`], from a client that takes
+/// field sections of at most `limit` bytes.
+fn get_with_trailers(path: &str, limit: u64) -> Result<support::h3::Answer, String> {
+    let up = upstream::start(Behavior::Scripted(trailers_script));
+    let pki = Pki::new();
+    let (_t, addr, token) = h3_tessera(&up.url(), &pki, "", "");
+    runtime().block_on(async {
+        let client = H3Client::new(&pki.ca());
+        let mut send = client.connect_limited(addr, limit).await;
+        request(&mut send, "GET", path, &token, Bytes::new()).await
+    })
+}
+
 /// A chunked response's trailers reach an HTTP/3 client after the body (RFC 9114 section
 /// 4.1), without the connection's fields.
 #[test]
 fn an_upstreams_trailers_reach_an_http3_client() {
-    fn script(_: &str) -> Script {
-        Script {
-            bytes: b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n\
-                     0\r\nKeep-Alive: timeout=5\r\nX-Checksum: abc\r\n\r\n"
-                .to_vec(),
-            close: false,
-            early: false,
-        }
-    }
-    let up = upstream::start(Behavior::Scripted(script));
-    let pki = Pki::new();
-    let (_t, addr, token) = h3_tessera(&up.url(), &pki, "", "");
-    let answer = runtime().block_on(async {
-        let client = H3Client::new(&pki.ca());
-        let mut send = client.connect(addr).await;
-        request(&mut send, "GET", "/trailers", &token, Bytes::new()).await
-    });
-    let answer = answer.unwrap();
+    let answer = get_with_trailers("/trailers", 16 * 1024).unwrap();
     assert_eq!((answer.status, answer.body.as_slice()), (200, &b"ok"[..]));
     let trailers = answer.trailers.expect("trailers");
     assert_eq!(trailers.get("x-checksum").unwrap(), "abc");
@@ -568,26 +581,7 @@ fn an_upstreams_trailers_reach_an_http3_client() {
 /// the stream is reset, never ended as if the answer were whole without them.
 #[test]
 fn trailers_the_client_cannot_take_reset_the_stream() {
-    fn script(_: &str) -> Script {
-        let big = "x".repeat(400);
-        Script {
-            bytes: format!(
-                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n\
-                 0\r\nX-Big: {big}\r\n\r\n"
-            )
-            .into_bytes(),
-            close: false,
-            early: false,
-        }
-    }
-    let up = upstream::start(Behavior::Scripted(script));
-    let pki = Pki::new();
-    let (_t, addr, token) = h3_tessera(&up.url(), &pki, "", "");
-    let answer = runtime().block_on(async {
-        let client = H3Client::new(&pki.ca());
-        let mut send = client.connect_limited(addr, 300).await;
-        request(&mut send, "GET", "/trailers", &token, Bytes::new()).await
-    });
+    let answer = get_with_trailers("/big-trailers", 300);
     assert!(
         answer.is_err(),
         "an answer that looks whole: {:?}",
