@@ -20,6 +20,8 @@ command -v saslpasswd2 >/dev/null || need+=(sasl2-bin)
 command -v openssl >/dev/null || need+=(openssl)
 # nghttp (nghttp2's HTTP/2 client) reads the h2c SETTINGS in tests/downstream.rs.
 command -v nghttp >/dev/null || need+=(nghttp2-client)
+# systemd-socket-activate passes listening sockets as systemd does (tests/tls.rs).
+command -v systemd-socket-activate >/dev/null || need+=(systemd)
 # HAProxy in TCP mode sends the PROXY protocol header (tests/proxy_protocol.rs).
 command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
 # The system trust store: tessera's JWKS over https trusts it when token.jwks_ca is not set.

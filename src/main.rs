@@ -65,6 +65,17 @@ fn load(path: &std::path::Path) -> Result<Config, ExitCode> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Before any thread starts: taking them edits the environment.
+    let inherited = match &cli.command {
+        Command::Serve { .. } => match tessera::downstream::Inherited::from_env() {
+            Ok(inherited) => inherited,
+            Err(e) => {
+                eprintln!("tessera: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        _ => Default::default(),
+    };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -77,7 +88,7 @@ fn main() -> ExitCode {
     };
     rt.block_on(async move {
         match cli.command {
-            Command::Serve { config } => serve(config).await,
+            Command::Serve { config } => serve(config, inherited).await,
             Command::CheckConfig { config } => {
                 let cfg = match load(&config) {
                     Ok(c) => c,
@@ -134,7 +145,7 @@ fn main() -> ExitCode {
     })
 }
 
-async fn serve(config: PathBuf) -> ExitCode {
+async fn serve(config: PathBuf, mut inherited: tessera::downstream::Inherited) -> ExitCode {
     let cfg = match load(&config) {
         Ok(c) => c,
         Err(code) => return code,
@@ -152,36 +163,20 @@ async fn serve(config: PathBuf) -> ExitCode {
     }
     #[cfg(not(unix))]
     drop(reload_tx);
-    let fastopen = cfg.server.fastopen;
-    let plain = match bind("server.listen", cfg.server.listen, fastopen).await {
-        Ok(l) => l,
+    let listeners = match listeners(&cfg, &mut inherited).await {
+        Ok(listeners) => listeners,
         Err(code) => return code,
     };
-    let tls = match bind("tls.listen", cfg.tls.as_ref().map(|t| t.listen), fastopen).await {
-        Ok(l) => l,
-        Err(code) => return code,
-    };
-    let metrics_addr = cfg.metrics.as_ref().map(|m| m.listen);
-    let metrics = match bind("metrics.listen", metrics_addr, false).await {
-        Ok(l) => l,
-        Err(code) => return code,
-    };
-    let quic = match cfg.http3.as_ref().map(|h| h.listen) {
-        None => None,
-        Some(addr) => match tessera::downstream::bind_udp(addr) {
-            Ok(socket) => Some(socket),
-            Err(e) => {
-                eprintln!("tessera: config key `http3.listen`: cannot bind {addr} (UDP): {e}");
-                return ExitCode::from(2);
-            }
-        },
-    };
-    let listeners = tessera::Listeners {
-        plain,
-        tls,
-        quic,
-        metrics,
-    };
+    let untaken = inherited.untaken();
+    if !untaken.is_empty() {
+        eprintln!(
+            "tessera: socket activation passed {}, which no listen key (server.listen, \
+             tls.listen, http3.listen, metrics.listen) names: name it in the config or remove it \
+             from the socket unit",
+            untaken.join(", ")
+        );
+        return ExitCode::from(2);
+    }
     match tessera::run(cfg, listeners, reloads, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -191,23 +186,74 @@ async fn serve(config: PathBuf) -> ExitCode {
     }
 }
 
-/// The listener for config key `key`, when it has an address (with TCP Fast Open when
-/// `fastopen`); exit code 2 when it cannot be bound.
-async fn bind(
+/// Every listener the config names: the socket the service manager passed for it
+/// (`inherited`), else one bound now; exit code 2 when one cannot be had.
+async fn listeners(
+    cfg: &Config,
+    inherited: &mut tessera::downstream::Inherited,
+) -> Result<tessera::Listeners, ExitCode> {
+    let fastopen = cfg.server.fastopen;
+    let plain = listen("server.listen", cfg.server.listen, fastopen, inherited).await?;
+    let tls_addr = cfg.tls.as_ref().map(|t| t.listen);
+    let tls = listen("tls.listen", tls_addr, fastopen, inherited).await?;
+    let metrics_addr = cfg.metrics.as_ref().map(|m| m.listen);
+    let metrics = listen("metrics.listen", metrics_addr, false, inherited).await?;
+    let quic = match cfg.http3.as_ref().map(|h| h.listen) {
+        None => None,
+        Some(addr) => Some(listen_udp(addr, inherited)?),
+    };
+    Ok(tessera::Listeners {
+        plain,
+        tls,
+        quic,
+        metrics,
+    })
+}
+
+/// The TCP listener for config key `key`, when it has an address: the one the service manager
+/// passed for it, else bound now (with TCP Fast Open when `fastopen`); exit code 2 when it
+/// cannot be had.
+async fn listen(
     key: &str,
     addr: Option<std::net::SocketAddr>,
     fastopen: bool,
+    inherited: &mut tessera::downstream::Inherited,
 ) -> Result<Option<tokio::net::TcpListener>, ExitCode> {
     let Some(addr) = addr else {
         return Ok(None);
     };
-    tessera::downstream::bind_tcp(addr, fastopen)
-        .await
-        .map(Some)
-        .map_err(|e| {
-            eprintln!("tessera: config key `{key}`: cannot listen on {addr}: {e}");
-            ExitCode::from(2)
-        })
+    let listener = match inherited.take_tcp(addr) {
+        Ok(Some(passed)) => {
+            tracing::info!(key, listen = %addr, "listening socket passed by the service manager");
+            tessera::downstream::adopt_tcp(passed, fastopen)
+        }
+        Ok(None) => tessera::downstream::bind_tcp(addr, fastopen).await,
+        Err(e) => Err(e),
+    };
+    listener.map(Some).map_err(|e| {
+        eprintln!("tessera: config key `{key}`: cannot listen on {addr}: {e}");
+        ExitCode::from(2)
+    })
+}
+
+/// The UDP socket for `http3.listen`: the one the service manager passed for it, else bound
+/// now; exit code 2 when it cannot be had.
+fn listen_udp(
+    addr: std::net::SocketAddr,
+    inherited: &mut tessera::downstream::Inherited,
+) -> Result<std::net::UdpSocket, ExitCode> {
+    let socket = match inherited.take_udp(addr) {
+        Ok(Some(passed)) => {
+            tracing::info!(key = "http3.listen", listen = %addr, "UDP socket passed by the service manager");
+            Ok(tessera::downstream::adopt_udp(passed))
+        }
+        Ok(None) => tessera::downstream::bind_udp(addr),
+        Err(e) => Err(e),
+    };
+    socket.map_err(|e| {
+        eprintln!("tessera: config key `http3.listen`: cannot bind {addr} (UDP): {e}");
+        ExitCode::from(2)
+    })
 }
 
 /// On each SIGHUP (which would otherwise end the process and every request in flight), reads

@@ -511,6 +511,85 @@ fn a_websocket_over_tls_carries_frames_both_ways() {
     );
 }
 
+/// Socket activation, as systemd does it (here `systemd-socket-activate`, which binds the
+/// sockets, passes them in `LISTEN_FDS` and starts tessera at the first connection): the plain
+/// and the TLS listener are the passed sockets (binding the same ports again would fail), and
+/// the first client, who connected before tessera ran, is served.
+#[test]
+fn listening_sockets_passed_by_systemd_are_served() {
+    require("systemd-socket-activate");
+    let nginx = Nginx::start_with(ECHO);
+    let pki = Pki::new();
+    let (port, tls_port) = (free_port(), free_port());
+    let (cert, key) = pki.leaf("localhost", &["localhost"]);
+    let table = tls_table(tls_port, &cert, &key, "");
+    let (plain, tls) = (format!("127.0.0.1:{port}"), format!("127.0.0.1:{tls_port}"));
+    let via = ["systemd-socket-activate", "-l", &plain, "-l", &tls];
+    let upstream = nginx.url();
+    let t = Tessera::start_via_on(port, &via, move |port, dir| {
+        let store = format!("embedded:{}/sessions", dir.display());
+        config(port, &upstream, &store, &[("tables", &table)])
+    });
+    let (_, token) = t.create_session("alice", "pw");
+    let auth = format!("Authorization: Bearer {token}");
+    let (status, body) = curl(&["-H", &auth, &t.url("/proto")]);
+    assert_eq!(
+        (status, body.starts_with("proto=http ")),
+        (200, true),
+        "{body}"
+    );
+    let (status, body, _) = curl_tls(tls_port, &pki.ca(), "/proto", &["-H", &auth]);
+    assert_eq!(
+        (status, body.starts_with("proto=https ")),
+        (200, true),
+        "{body}"
+    );
+    let log = t.log();
+    for key in ["server.listen", "tls.listen"] {
+        let line = format!("listening socket passed by the service manager key=\"{key}\"");
+        assert!(log.contains(&line), "{line}: {log}");
+    }
+}
+
+/// A passed socket that no listen key names is a unit and a config that disagree: tessera
+/// refuses to start, naming it, rather than leave it unserved.
+#[test]
+fn a_passed_socket_no_listen_key_names_is_refused_at_start() {
+    require("systemd-socket-activate");
+    let (port, stray) = (free_port(), free_port());
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("tessera.toml");
+    let store = format!("embedded:{}/sessions", dir.path().display());
+    std::fs::write(&cfg, config(port, "http://127.0.0.1:9", &store, &[])).unwrap();
+    let (plain, other) = (format!("127.0.0.1:{port}"), format!("127.0.0.1:{stray}"));
+    let child = Command::new("systemd-socket-activate")
+        .args([
+            "-l",
+            &plain,
+            "-l",
+            &other,
+            support::bin(),
+            "serve",
+            "--config",
+        ])
+        .arg(&cfg)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // tessera starts at the first connection.
+    wait_for_port(port);
+    let _first = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!(
+            "socket activation passed tcp 127.0.0.1:{stray}, which no listen key"
+        )),
+        "{err}"
+    );
+}
+
 /// A network namespace of the test's own (`ip netns`), deleted on drop: its own loopback, its
 /// own `net.ipv4.tcp_fastopen` and its own TCP counters, so the host's stay as they are.
 struct NetNs(String);

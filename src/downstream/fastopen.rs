@@ -33,6 +33,19 @@ pub async fn bind_tcp(addr: SocketAddr, fastopen: bool) -> io::Result<TcpListene
     Ok(listener)
 }
 
+/// A listening socket the service manager passed ([`super::Inherited`]), for tokio, with TCP
+/// Fast Open when `fastopen` (as [`bind_tcp`] would have made it). Call it inside the runtime.
+///
+/// Errors: tokio cannot register the socket, or Fast Open cannot be set.
+pub fn adopt_tcp(listener: std::net::TcpListener, fastopen: bool) -> io::Result<TcpListener> {
+    let listener = TcpListener::from_std(listener)?;
+    if fastopen {
+        set_fast_open(&listener)
+            .map_err(|e| io::Error::new(e.kind(), format!("server.fastopen: {e}")))?;
+    }
+    Ok(listener)
+}
+
 /// `TCP_FASTOPEN` on `listener`'s socket, through tokio-tfo (the crate forbids `unsafe`, and
 /// neither rustix nor socket2 has the server-side option): tokio-tfo sets it on a duplicate
 /// descriptor of the same socket, which it then closes; the option belongs to the socket, so it

@@ -3,6 +3,7 @@
 //! plain or TLS, starts on the fast path ([`conn`]), which hands anything else to hyper; h2 over
 //! TLS goes to hyper at once. Must never: do request work here (that is `proxy`).
 
+mod activation;
 mod certs;
 mod conn;
 mod fastopen;
@@ -32,12 +33,13 @@ use tokio_util::task::TaskTracker;
 
 use crate::proxy::Proxy;
 
+pub use activation::Inherited;
 pub use certs::{name_matches, CertError, CertSummary};
 pub use conn::MAX_FAST_BODY;
-pub use fastopen::bind_tcp;
+pub use fastopen::{adopt_tcp, bind_tcp};
 pub use io::client_side;
 pub(crate) use parse::{Incoming, Taken};
-pub use quic::{bind_udp, serve_http3};
+pub use quic::{adopt_udp, bind_udp, serve_http3};
 pub use settings::{Http3Config, Identity, Retry, ServerConfig, TlsConfig, TlsVersion};
 pub use tls::TlsServer;
 

@@ -36,6 +36,19 @@ pub fn bind_udp(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
     if addr.is_ipv6() {
         let _ = socket.set_only_v6(false);
     }
+    size_buffers(socket2::SockRef::from(&socket));
+    socket.bind(&addr.into())?;
+    Ok(socket.into())
+}
+
+/// A UDP socket the service manager passed ([`super::Inherited`]) for HTTP/3, its buffers
+/// asked for as [`bind_udp`] does.
+pub fn adopt_udp(socket: std::net::UdpSocket) -> std::net::UdpSocket {
+    size_buffers(socket2::SockRef::from(&socket));
+    socket
+}
+
+fn size_buffers(socket: socket2::SockRef<'_>) {
     let _ = socket.set_recv_buffer_size(UDP_BUFFER);
     let _ = socket.set_send_buffer_size(UDP_BUFFER);
     // Linux reports twice what it grants (its own bookkeeping).
@@ -45,8 +58,6 @@ pub fn bind_udp(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
             "HTTP/3: the UDP receive buffer is smaller than asked; raise sysctl net.core.rmem_max"
         );
     }
-    socket.bind(&addr.into())?;
-    Ok(socket.into())
 }
 
 /// What every HTTP/3 connection shares.

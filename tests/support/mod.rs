@@ -380,8 +380,16 @@ impl Tessera {
     /// Like [`Tessera::start`], through a launcher: `via` is a command line the tessera command
     /// line is appended to (e.g. `sh -c '...; exec "$@"' sh`); empty: none.
     pub fn start_via(via: &[&str], config_for: impl FnOnce(u16, &Path) -> String) -> Self {
+        Self::start_via_on(free_port(), via, config_for)
+    }
+
+    /// Like [`Tessera::start_via`], with `port` for the plain listener (known to `via`).
+    pub fn start_via_on(
+        port: u16,
+        via: &[&str],
+        config_for: impl FnOnce(u16, &Path) -> String,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
         let cfg = config_for(port, dir.path());
         std::fs::write(dir.path().join("tessera.toml"), cfg).unwrap();
         let log = std::fs::File::create(dir.path().join("tessera.log")).unwrap();
