@@ -31,7 +31,7 @@ pub mod upstream;
 use std::sync::Arc;
 
 pub use proxy::Proxy;
-pub use runtime::{run, ConfigReload, Listeners, StartError};
+pub use runtime::{open_listeners, run, ConfigReload, Listeners, StartError};
 
 /// The validated configuration ([`Config::load`] builds it from the TOML file), one settings
 /// value per domain. Every field is ready to use; secrets are resolved.

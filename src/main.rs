@@ -145,7 +145,7 @@ fn main() -> ExitCode {
     })
 }
 
-async fn serve(config: PathBuf, mut inherited: tessera::downstream::Inherited) -> ExitCode {
+async fn serve(config: PathBuf, inherited: tessera::downstream::Inherited) -> ExitCode {
     let cfg = match load(&config) {
         Ok(c) => c,
         Err(code) => return code,
@@ -163,20 +163,13 @@ async fn serve(config: PathBuf, mut inherited: tessera::downstream::Inherited) -
     }
     #[cfg(not(unix))]
     drop(reload_tx);
-    let listeners = match listeners(&cfg, &mut inherited).await {
+    let listeners = match tessera::open_listeners(&cfg, inherited).await {
         Ok(listeners) => listeners,
-        Err(code) => return code,
+        Err(e) => {
+            eprintln!("tessera: {e}");
+            return ExitCode::from(2);
+        }
     };
-    let untaken = inherited.untaken();
-    if !untaken.is_empty() {
-        eprintln!(
-            "tessera: socket activation passed {}, which no listen key (server.listen, \
-             tls.listen, http3.listen, metrics.listen) names: name it in the config or remove it \
-             from the socket unit",
-            untaken.join(", ")
-        );
-        return ExitCode::from(2);
-    }
     match tessera::run(cfg, listeners, reloads, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -184,76 +177,6 @@ async fn serve(config: PathBuf, mut inherited: tessera::downstream::Inherited) -
             ExitCode::from(2)
         }
     }
-}
-
-/// Every listener the config names: the socket the service manager passed for it
-/// (`inherited`), else one bound now; exit code 2 when one cannot be had.
-async fn listeners(
-    cfg: &Config,
-    inherited: &mut tessera::downstream::Inherited,
-) -> Result<tessera::Listeners, ExitCode> {
-    let fastopen = cfg.server.fastopen;
-    let plain = listen("server.listen", cfg.server.listen, fastopen, inherited).await?;
-    let tls_addr = cfg.tls.as_ref().map(|t| t.listen);
-    let tls = listen("tls.listen", tls_addr, fastopen, inherited).await?;
-    let metrics_addr = cfg.metrics.as_ref().map(|m| m.listen);
-    let metrics = listen("metrics.listen", metrics_addr, false, inherited).await?;
-    let quic = match cfg.http3.as_ref().map(|h| h.listen) {
-        None => None,
-        Some(addr) => Some(listen_udp(addr, inherited)?),
-    };
-    Ok(tessera::Listeners {
-        plain,
-        tls,
-        quic,
-        metrics,
-    })
-}
-
-/// The TCP listener for config key `key`, when it has an address: the one the service manager
-/// passed for it, else bound now (with TCP Fast Open when `fastopen`); exit code 2 when it
-/// cannot be had.
-async fn listen(
-    key: &str,
-    addr: Option<std::net::SocketAddr>,
-    fastopen: bool,
-    inherited: &mut tessera::downstream::Inherited,
-) -> Result<Option<tokio::net::TcpListener>, ExitCode> {
-    let Some(addr) = addr else {
-        return Ok(None);
-    };
-    let listener = match inherited.take_tcp(addr) {
-        Ok(Some(passed)) => {
-            tracing::info!(key, listen = %addr, "listening socket passed by the service manager");
-            tessera::downstream::adopt_tcp(passed, fastopen)
-        }
-        Ok(None) => tessera::downstream::bind_tcp(addr, fastopen).await,
-        Err(e) => Err(e),
-    };
-    listener.map(Some).map_err(|e| {
-        eprintln!("tessera: config key `{key}`: cannot listen on {addr}: {e}");
-        ExitCode::from(2)
-    })
-}
-
-/// The UDP socket for `http3.listen`: the one the service manager passed for it, else bound
-/// now; exit code 2 when it cannot be had.
-fn listen_udp(
-    addr: std::net::SocketAddr,
-    inherited: &mut tessera::downstream::Inherited,
-) -> Result<std::net::UdpSocket, ExitCode> {
-    let socket = match inherited.take_udp(addr) {
-        Ok(Some(passed)) => {
-            tracing::info!(key = "http3.listen", listen = %addr, "UDP socket passed by the service manager");
-            Ok(tessera::downstream::adopt_udp(passed))
-        }
-        Ok(None) => tessera::downstream::bind_udp(addr),
-        Err(e) => Err(e),
-    };
-    socket.map_err(|e| {
-        eprintln!("tessera: config key `http3.listen`: cannot bind {addr} (UDP): {e}");
-        ExitCode::from(2)
-    })
 }
 
 /// On each SIGHUP (which would otherwise end the process and every request in flight), reads

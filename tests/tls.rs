@@ -552,42 +552,52 @@ fn listening_sockets_passed_by_systemd_are_served() {
 }
 
 /// A passed socket that no listen key names is a unit and a config that disagree: tessera
-/// refuses to start, naming it, rather than leave it unserved.
+/// refuses to start, naming it, rather than leave it unserved; and a passed connection (an
+/// `Accept=yes` unit) is refused, not taken for a listener.
 #[test]
-fn a_passed_socket_no_listen_key_names_is_refused_at_start() {
+fn passed_sockets_tessera_cannot_serve_are_refused_at_start() {
     require("systemd-socket-activate");
     let (port, stray) = (free_port(), free_port());
+    let err = activated(port, &["-l", &format!("127.0.0.1:{stray}")]);
+    let named = format!("socket activation passed tcp 127.0.0.1:{stray}, which no listen key");
+    assert!(err.contains(&named), "{err}");
+    let err = activated(free_port(), &["--accept"]);
+    assert!(
+        err.contains("a connection, not a listening socket"),
+        "{err}"
+    );
+}
+
+/// Runs `systemd-socket-activate -l 127.0.0.1:PORT ARGS tessera serve` with a config listening
+/// on `port`, makes the first connection (which starts tessera), and returns what tessera wrote
+/// to stderr once it has said why it stopped.
+fn activated(port: u16, args: &[&str]) -> String {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("tessera.toml");
     let store = format!("embedded:{}/sessions", dir.path().display());
     std::fs::write(&cfg, config(port, "http://127.0.0.1:9", &store, &[])).unwrap();
-    let (plain, other) = (format!("127.0.0.1:{port}"), format!("127.0.0.1:{stray}"));
-    let child = Command::new("systemd-socket-activate")
-        .args([
-            "-l",
-            &plain,
-            "-l",
-            &other,
-            support::bin(),
-            "serve",
-            "--config",
-        ])
+    let err_path = dir.path().join("stderr");
+    let listen = format!("127.0.0.1:{port}");
+    let mut launcher = Command::new("systemd-socket-activate")
+        .args(["-l", &listen])
+        .args(args)
+        .args([support::bin(), "serve", "--config"])
         .arg(&cfg)
-        .stderr(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&err_path).unwrap())
         .spawn()
         .unwrap();
-    // tessera starts at the first connection.
     wait_for_port(port);
     let _first = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains(&format!(
-            "socket activation passed tcp 127.0.0.1:{stray}, which no listen key"
-        )),
-        "{err}"
-    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut err = String::new();
+    while !err.contains("tessera: ") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        err = std::fs::read_to_string(&err_path).unwrap_or_default();
+    }
+    // With --accept the launcher stays, serving the next connection.
+    let _ = launcher.kill();
+    let _ = launcher.wait();
+    err
 }
 
 /// A network namespace of the test's own (`ip netns`), deleted on drop: its own loopback, its

@@ -20,17 +20,24 @@ const SERVER_BIT: u32 = 0x2;
 pub async fn bind_tcp(addr: SocketAddr, fastopen: bool) -> io::Result<TcpListener> {
     let listener = TcpListener::bind(addr).await?;
     if fastopen {
-        set_fast_open(&listener)
-            .map_err(|e| io::Error::new(e.kind(), format!("server.fastopen: {e}")))?;
-        if server_fast_open_allowed() == Some(false) {
-            tracing::warn!(
-                listen = %addr,
-                "server.fastopen is on but the kernel takes no Fast Open data on listeners: set \
-                 `sysctl -w net.ipv4.tcp_fastopen=3` (bit 2 enables the server side)"
-            );
-        }
+        fast_open(&listener, addr)?;
     }
     Ok(listener)
+}
+
+/// `TCP_FASTOPEN` on `listener` (bound to `addr`), with a warning when the kernel's sysctl
+/// keeps it from working.
+fn fast_open(listener: &TcpListener, addr: SocketAddr) -> io::Result<()> {
+    set_fast_open(listener)
+        .map_err(|e| io::Error::new(e.kind(), format!("server.fastopen: {e}")))?;
+    if server_fast_open_allowed() == Some(false) {
+        tracing::warn!(
+            listen = %addr,
+            "server.fastopen is on but the kernel takes no Fast Open data on listeners: set \
+             `sysctl -w net.ipv4.tcp_fastopen=3` (bit 2 enables the server side)"
+        );
+    }
+    Ok(())
 }
 
 /// A listening socket the service manager passed ([`super::Inherited`]), for tokio, with TCP
@@ -40,8 +47,7 @@ pub async fn bind_tcp(addr: SocketAddr, fastopen: bool) -> io::Result<TcpListene
 pub fn adopt_tcp(listener: std::net::TcpListener, fastopen: bool) -> io::Result<TcpListener> {
     let listener = TcpListener::from_std(listener)?;
     if fastopen {
-        set_fast_open(&listener)
-            .map_err(|e| io::Error::new(e.kind(), format!("server.fastopen: {e}")))?;
+        fast_open(&listener, listener.local_addr()?)?;
     }
     Ok(listener)
 }

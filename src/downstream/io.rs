@@ -1,7 +1,7 @@
 //! The socket wrappers: [`Socket`] is what the fast path needs of a client connection (TCP, or
 //! TLS over it); [`Prefixed`] yields the bytes the fast path already read before the
 //! socket's own, times out stalled writes and closes with a lingering close (nginx's
-//! `lingering_close`); [`client_side`] is a WebSocket tunnel's client side; [`Stall`] is the
+//! `lingering_close`); [`Stall`] is the
 //! send timeout both the fast path and [`Prefixed`] keep. Must never: let a
 //! client's unread request bytes turn the close into a reset that loses the response.
 
@@ -15,7 +15,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
@@ -177,109 +176,6 @@ impl<S: Socket> Drop for Prefixed<S> {
             reset_on_close(self.io.tcp());
         }
     }
-}
-
-/// A WebSocket tunnel's client side ([`crate::upstream::ClientSideFn`]): the connection's own
-/// socket, TCP or TLS, with the bytes hyper had read past the handshake first and no lingering
-/// close (the client's bytes are the tunnel's to read, also after the upstream has closed); or
-/// hyper's upgraded stream (an HTTP/2 stream, RFC 8441), its writes within `send_timeout`.
-pub fn client_side(
-    upgraded: hyper::upgrade::Upgraded,
-    send_timeout: Duration,
-) -> crate::upstream::ClientSide {
-    let upgraded = match unwrapped::<TcpStream>(upgraded) {
-        Ok(socket) => return Box::new(socket),
-        Err(upgraded) => upgraded,
-    };
-    match unwrapped::<TlsStream<TcpStream>>(upgraded) {
-        Ok(socket) => Box::new(socket),
-        Err(upgraded) => Box::new(SendTimed {
-            io: TokioIo::new(upgraded),
-            send_timeout,
-            stall: Stall::default(),
-        }),
-    }
-}
-
-/// A stream whose writes, flushes and close fail with `TimedOut` once none has made progress
-/// for `send_timeout`: an HTTP/2 stream waits on the client's flow-control window, which a
-/// client can keep shut while its connection lives on.
-struct SendTimed<T> {
-    io: T,
-    send_timeout: Duration,
-    stall: Stall,
-}
-
-impl<T: AsyncWrite + Unpin> SendTimed<T> {
-    fn timed<R>(&mut self, cx: &mut Context<'_>, r: Poll<io::Result<R>>) -> Poll<io::Result<R>> {
-        match r {
-            Poll::Pending if self.stall.poll_expired(self.send_timeout, cx) => {
-                tracing::debug!("client took no tunnel bytes for server.send_timeout_ms");
-                Poll::Ready(Err(io::ErrorKind::TimedOut.into()))
-            }
-            Poll::Pending => Poll::Pending,
-            r => {
-                self.stall.progress();
-                r
-            }
-        }
-    }
-}
-
-impl<T: AsyncRead + Unpin> AsyncRead for SendTimed<T> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-
-impl<T: AsyncWrite + Unpin> AsyncWrite for SendTimed<T> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let r = Pin::new(&mut self.io).poll_write(cx, buf);
-        self.timed(cx, r)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let r = Pin::new(&mut self.io).poll_flush(cx);
-        self.timed(cx, r)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let r = Pin::new(&mut self.io).poll_shutdown(cx);
-        self.timed(cx, r)
-    }
-}
-
-/// Hyper's upgraded stream unwrapped to tessera's socket of kind `S` (served by either hyper
-/// builder); given back when it is not one.
-fn unwrapped<S: Socket>(
-    upgraded: hyper::upgrade::Upgraded,
-) -> Result<Prefixed<S>, hyper::upgrade::Upgraded> {
-    let (io, read_buf) =
-        match hyper_util::server::conn::auto::upgrade::downcast::<TokioIo<Prefixed<S>>>(upgraded) {
-            Ok(parts) => (parts.io, parts.read_buf),
-            Err(upgraded) => {
-                let parts = upgraded.downcast::<TokioIo<Prefixed<S>>>()?;
-                (parts.io, parts.read_buf)
-            }
-        };
-    let mut io = io.into_inner();
-    // hyper read `read_buf` from the stream, so it came before what is left of `pre`.
-    if !read_buf.is_empty() {
-        let mut all = BytesMut::with_capacity(read_buf.len() + io.pre.len());
-        all.extend_from_slice(&read_buf);
-        all.extend_from_slice(&io.pre);
-        io.pre = all.freeze();
-    }
-    io.lingers = false;
-    Ok(io)
 }
 
 impl<S: Socket> AsyncRead for Prefixed<S> {

@@ -5,6 +5,7 @@
 
 mod activation;
 mod certs;
+mod client_side;
 mod conn;
 mod fastopen;
 mod format;
@@ -35,9 +36,9 @@ use crate::proxy::Proxy;
 
 pub use activation::Inherited;
 pub use certs::{name_matches, CertError, CertSummary};
+pub use client_side::client_side;
 pub use conn::MAX_FAST_BODY;
 pub use fastopen::{adopt_tcp, bind_tcp};
-pub use io::client_side;
 pub(crate) use parse::{Incoming, Taken};
 pub use quic::{adopt_udp, bind_udp, serve_http3};
 pub use settings::{Http3Config, Identity, Retry, ServerConfig, TlsConfig, TlsVersion};

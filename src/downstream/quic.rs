@@ -48,9 +48,16 @@ pub fn adopt_udp(socket: std::net::UdpSocket) -> std::net::UdpSocket {
     socket
 }
 
+/// Raises (never lowers: a socket unit's `ReceiveBuffer=` may give more) both buffers to
+/// [`UDP_BUFFER`].
 fn size_buffers(socket: socket2::SockRef<'_>) {
-    let _ = socket.set_recv_buffer_size(UDP_BUFFER);
-    let _ = socket.set_send_buffer_size(UDP_BUFFER);
+    // Linux reports twice what it grants.
+    if socket.recv_buffer_size().unwrap_or(0) < 2 * UDP_BUFFER {
+        let _ = socket.set_recv_buffer_size(UDP_BUFFER);
+    }
+    if socket.send_buffer_size().unwrap_or(0) < 2 * UDP_BUFFER {
+        let _ = socket.set_send_buffer_size(UDP_BUFFER);
+    }
     // Linux reports twice what it grants (its own bookkeeping).
     if socket.recv_buffer_size().unwrap_or(0) < UDP_BUFFER {
         tracing::warn!(

@@ -3,6 +3,7 @@
 //! own (`http3.threads`), the metrics endpoint on the caller's runtime, reloads on SIGHUP, and
 //! the drain at shutdown.
 
+mod listen;
 mod quic_thread;
 mod reload;
 
@@ -12,6 +13,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 use crate::{access_log, busy_poll, downstream, session, telemetry, upstream, Config, Proxy};
+pub use listen::open_listeners;
 pub use reload::ConfigReload;
 use reload::{clone_edges, quic_endpoint, reload_keys, serving_edges, tls_server, Edges};
 
