@@ -668,6 +668,48 @@ fn with_retry_always_every_handshake_is_retried_and_served() {
     assert_eq!(sample(&m, "tessera_http3_unvalidated_handshakes"), 0, "{m}");
 }
 
+/// A UDP socket passed by socket activation (`ListenDatagram=`; here `systemd-socket-activate
+/// --datagram`, which starts tessera at the first datagram) serves HTTP/3, while tessera binds
+/// its TCP listeners itself.
+#[test]
+fn a_udp_socket_passed_by_systemd_serves_http3() {
+    require("systemd-socket-activate");
+    let echo = upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    });
+    let pki = Pki::new();
+    let (cert, key) = pki.leaf("localhost", &["localhost"]);
+    let (port, udp_port) = (free_port(), free_port());
+    let tables = format!("{}[http3]\n", tls_table(udp_port, &cert, &key, ""));
+    let listen = format!("127.0.0.1:{udp_port}");
+    // The datagram that starts tessera (not QUIC: quinn drops it).
+    let first = listen.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket.send_to(b"start", &first).unwrap();
+    });
+    let upstream = echo.url();
+    let via = ["systemd-socket-activate", "--datagram", "-l", &listen];
+    let t = Tessera::start_via_on(port, &via, move |port, dir| {
+        let store = format!("embedded:{}/sessions", dir.display());
+        config(port, &upstream, &store, &[("tables", &tables)])
+    });
+    let (_, token) = t.create_session("alice", "pw");
+    let addr = SocketAddr::from(([127, 0, 0, 1], udp_port));
+    let answer = runtime().block_on(async {
+        let client = H3Client::new(&pki.ca());
+        let mut send = client.connect(addr).await;
+        request(&mut send, "GET", "/x", &token, Bytes::new()).await
+    });
+    assert_eq!(answer.unwrap().status, 200);
+    let log = t.log();
+    assert!(
+        log.contains("UDP socket passed by the service manager"),
+        "{log}"
+    );
+}
+
 /// Shutdown (SIGTERM) during an HTTP/3 request: the request in flight is answered, then the
 /// process ends (the connection is sent GOAWAY, and not waited on once its request is done).
 #[test]
