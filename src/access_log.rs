@@ -48,6 +48,9 @@ pub struct Line<'a> {
     pub status: u16,
     /// From the request head read to the response head ready, µs.
     pub duration_us: u64,
+    /// The HTTP version the client spoke: `HTTP/1.0`, `HTTP/1.1`, `HTTP/2` or `HTTP/3`
+    /// (nginx's `$server_protocol`).
+    pub proto: &'static str,
     /// The session the token named, if it got that far (logged as its hash).
     pub sid: Option<&'a str>,
     /// Why the request was refused or failed (`None`: it was not).
@@ -148,7 +151,8 @@ fn format_line(out: &mut Vec<u8>, now: SystemTime, line: &Line<'_>) {
     // Writing into a Vec cannot fail.
     let _ = write!(
         out,
-        "{}  INFO tessera::access: peer={} method={} path={} status={} duration_us={} sid_hash=",
+        "{}  INFO tessera::access: peer={} method={} path={} status={} duration_us={} proto={} \
+         sid_hash=",
         // (humantime panics on a time before 1970: a clock set that far back logs 1970.)
         humantime::format_rfc3339_micros(now.max(std::time::UNIX_EPOCH)),
         line.peer,
@@ -156,6 +160,7 @@ fn format_line(out: &mut Vec<u8>, now: SystemTime, line: &Line<'_>) {
         Escaped(line.path),
         line.status,
         line.duration_us,
+        line.proto,
     );
     match line.sid {
         Some(sid) => {
@@ -196,6 +201,7 @@ mod tests {
             path: "/jmap/api",
             status: 200,
             duration_us: 156,
+            proto: "HTTP/2",
             sid,
             reason,
         }
@@ -208,7 +214,8 @@ mod tests {
         format_line(&mut out, now, &line(Some("s1"), None));
         let expected = format!(
             "2026-11-22T10:11:55.906182Z  INFO tessera::access: peer=127.0.0.1 method=GET \
-             path=/jmap/api status=200 duration_us=156 sid_hash=\"{}\" reason=\"-\"\n",
+             path=/jmap/api status=200 duration_us=156 proto=HTTP/2 sid_hash=\"{}\" \
+             reason=\"-\"\n",
             crate::session::sid_hash("s1")
         );
         assert_eq!(String::from_utf8(out).unwrap(), expected);

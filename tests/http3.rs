@@ -98,6 +98,12 @@ fn requests_and_a_streamed_10_mib_upload_go_through_http3() {
         "{code} {head}"
     );
     assert!(t.log().contains("http3="), "{}", t.log());
+    let log = t.log_when(|l| l.contains("path=/up status=200"));
+    let upload = log.lines().find(|l| l.contains("path=/up status=200"));
+    assert!(
+        upload.is_some_and(|l| l.contains(" proto=HTTP/3 ")),
+        "{log}"
+    );
 }
 
 /// Threads of the process named `name` (Linux: /proc/PID/task/*/comm).

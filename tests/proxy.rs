@@ -1810,8 +1810,9 @@ fn access_lines_are_whole_and_one_per_request_under_load() {
             continue;
         }
         assert!(rest.starts_with(ok), "{line}");
-        let us = rest[ok.len()..].split(' ').next().unwrap();
-        assert!(us.parse::<u64>().is_ok(), "{line}");
+        let mut after = rest[ok.len()..].split(' ');
+        assert!(after.next().unwrap().parse::<u64>().is_ok(), "{line}");
+        assert_eq!(after.next(), Some("proto=HTTP/1.1"), "{line}");
         assert!(rest.ends_with(&hash), "{line}");
     }
     // Every line of the file is whole: a timestamp starts each one.

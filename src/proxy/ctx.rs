@@ -121,8 +121,13 @@ impl<'a> RequestCtx<'a> {
         let relayed = peer
             .trusted
             .then(|| peer.relayed(req.headers(), &proxy.trusted_proxies));
-        let logged = (proxy.access_log && crate::access_log::enabled())
-            .then(|| (req.method().clone(), req.uri().path().to_owned()));
+        let logged = (proxy.access_log && crate::access_log::enabled()).then(|| {
+            (
+                req.method().clone(),
+                req.uri().path().to_owned(),
+                req.version(),
+            )
+        });
         let started = (logged.is_some() || proxy.request_counts.is_some()).then(Instant::now);
         let client = relayed.as_ref().unwrap_or(peer).addr.ip();
         Self {
@@ -161,11 +166,22 @@ impl<'a> RequestCtx<'a> {
 struct Record<'a> {
     proxy: &'a Proxy,
     peer: std::net::IpAddr,
-    /// Method and path, when the access log is on.
-    logged: Option<(http::Method, String)>,
+    /// Method, path and HTTP version, when the access log is on.
+    logged: Option<(http::Method, String, http::Version)>,
     /// When the request head was read (`None`: neither log nor metrics want it).
     started: Option<Instant>,
     written: bool,
+}
+
+/// The access log's name of `version` (nginx's `$server_protocol`, without HTTP/2's `.0`).
+fn protocol(version: http::Version) -> &'static str {
+    match version {
+        http::Version::HTTP_09 => "HTTP/0.9",
+        http::Version::HTTP_10 => "HTTP/1.0",
+        http::Version::HTTP_2 => "HTTP/2",
+        http::Version::HTTP_3 => "HTTP/3",
+        _ => "HTTP/1.1",
+    }
 }
 
 /// The status logged for a request the client gave up on (nginx's non-standard 499).
@@ -177,13 +193,14 @@ impl Record<'_> {
     fn write(&mut self, status: u16, sid: Option<&str>, reason: Option<&str>) {
         self.written = true;
         let took = self.started.map(|s| s.elapsed()).unwrap_or_default();
-        if let Some((method, path)) = &self.logged {
+        if let Some((method, path, version)) = &self.logged {
             crate::access_log::write(&crate::access_log::Line {
                 peer: self.peer,
                 method: method.as_str(),
                 path,
                 status,
                 duration_us: u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
+                proto: protocol(*version),
                 sid,
                 reason,
             });
