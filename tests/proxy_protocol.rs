@@ -122,6 +122,10 @@ fn behind_haproxy_the_client_it_names_is_the_one_the_upstream_and_the_log_see() 
     );
     let log = t.log_when(|l| l.contains("tessera::access: peer=127.0.0.6 "));
     assert!(log.contains("tessera::access: peer=127.0.0.5 "), "{log}");
+    assert!(
+        log.contains(" proxy_protocol=true\n"),
+        "the start line says so: {log}"
+    );
 }
 
 #[test]

@@ -118,7 +118,7 @@ pub async fn run(
         .as_ref()
         .and_then(|e| e.local_addr().ok())
         .map(|a| a.to_string());
-    tracing::info!(listen = addr(&listeners.plain), tls = addr(&listeners.tls), http3, upstream = %cfg.upstream.url, threads = cfg.server.threads, busy_poll_us = cfg.server.busy_poll.as_micros() as u64, "tessera serving");
+    tracing::info!(listen = addr(&listeners.plain), tls = addr(&listeners.tls), http3, upstream = %cfg.upstream.url, threads = cfg.server.threads, busy_poll_us = cfg.server.busy_poll.as_micros() as u64, proxy_protocol = cfg.server.proxy_protocol, "tessera serving");
     // The rest needs `[server]` only. The keys are in the proxy now, where a reload replaces
     // them; this copy of them is wiped here (their types zeroize on drop) rather than kept for
     // the process's life.
