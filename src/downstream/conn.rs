@@ -162,7 +162,15 @@ pub(super) async fn serve<S: Socket>(serving: Arc<Serving>, io: S, peer: Peer) {
     if asked_close && conn.incoming.buf.is_empty() && conn.io.nothing_queued() {
         return;
     }
-    let _ = conn.io.shutdown().await;
+    // TLS sends close_notify first, which waits behind response bytes a client no longer
+    // takes: bounded by the send timeout, as every write is; past it, a reset.
+    if tokio::time::timeout(conn.send_timeout, conn.io.shutdown())
+        .await
+        .is_err()
+    {
+        reset_on_close(conn.io.tcp());
+        return;
+    }
     let mut linger = Linger::new();
     poll_fn(|cx| linger.poll(&mut conn.io, cx)).await;
 }

@@ -34,6 +34,10 @@ pub struct TlsServer {
     /// QUIC's own session cache: its sessions carry QUIC transport parameters and, with 0-RTT,
     /// must be resumed statefully (rustls refuses early data on stateless tickets).
     quic_cache: Arc<dyn StoresServerSessions>,
+    /// The first QUIC server configuration made; later ones are its clones with new
+    /// certificates, so that they keep its token key (a Retry token issued just before a
+    /// reload stays good after it).
+    quic_first: std::sync::OnceLock<quinn::ServerConfig>,
     /// `Alt-Svc` for responses over TLS when HTTP/3 is served (RFC 7838).
     alt_svc: Option<http::HeaderValue>,
 }
@@ -69,6 +73,7 @@ impl TlsServer {
             ticketer,
             cache,
             quic_cache: ServerSessionMemoryCache::new(SESSION_CACHE),
+            quic_first: std::sync::OnceLock::new(),
             alt_svc: None,
         })
     }
@@ -124,12 +129,20 @@ impl TlsServer {
                 key: "http3".into(),
                 problem: format!("no TLS 1.3 cipher suite QUIC can use: {e}"),
             })?;
-        let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
         let mut transport = quinn::TransportConfig::default();
         transport
             .max_concurrent_bidi_streams(h3.max_concurrent_streams.into())
             .max_idle_timeout(quinn::IdleTimeout::try_from(h3.idle_timeout).ok());
+        let mut server = match self.quic_first.get() {
+            Some(first) => {
+                let mut server = first.clone();
+                server.crypto = Arc::new(crypto);
+                server
+            }
+            None => quinn::ServerConfig::with_crypto(Arc::new(crypto)),
+        };
         server.transport_config(Arc::new(transport));
+        let _ = self.quic_first.set(server.clone());
         Ok(server)
     }
 

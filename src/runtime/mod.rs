@@ -88,6 +88,9 @@ pub async fn run(
     let tls = tls_server(&cfg, listeners.tls.is_some(), listeners.quic.is_some())?;
     let proxy = Arc::new(Proxy::from_config(&cfg)?.with_client_side(downstream::client_side));
     let (quic_threads, quic) = quic_thread::start(&cfg, tls.as_deref(), listeners.quic)?;
+    // `Serving` once the serving threads run; `Draining` when shutdown begins, which tells them
+    // to drain. `/readyz` answers 200 only while `Serving`.
+    let (phase, phase_rx) = tokio::sync::watch::channel(telemetry::Phase::Starting);
     // Ends with `run`, like the metrics task.
     let _stop_reloads = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(reload_keys(
         proxy.clone(),
@@ -96,11 +99,9 @@ pub async fn run(
             quic: quic.clone().zip(cfg.http3.clone()),
         },
         reloads,
+        phase_rx.clone(),
     )));
     let metrics = listeners.metrics;
-    // `Serving` once the serving threads run; `Draining` when shutdown begins, which tells them
-    // to drain. `/readyz` answers 200 only while `Serving`.
-    let (phase, phase_rx) = tokio::sync::watch::channel(telemetry::Phase::Starting);
     let metrics = metrics.map(|l| {
         tracing::info!(listen = %l.local_addr().map(|a| a.to_string()).unwrap_or_default(), "metrics at /metrics, probes at /healthz and /readyz");
         let probe_timeout = cfg.session.timeout;

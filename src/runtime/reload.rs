@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
-use crate::{config, downstream, Config, Proxy};
+use crate::{config, downstream, telemetry, Config, Proxy};
 
 use super::StartError;
 
@@ -79,8 +79,16 @@ pub(super) async fn reload_keys(
     proxy: Arc<Proxy>,
     edges: Edges,
     mut reloads: tokio::sync::mpsc::Receiver<ConfigReload>,
+    mut phase: tokio::sync::watch::Receiver<telemetry::Phase>,
 ) {
-    while let Some(reload) = reloads.recv().await {
+    loop {
+        let reload = tokio::select! {
+            reload = reloads.recv() => reload,
+            // From the drain on, nothing is put in place: the HTTP/3 endpoint has dropped its
+            // server configuration to refuse new connections, which a reload would restore.
+            _ = phase.wait_for(|p| *p == telemetry::Phase::Draining) => return,
+        };
+        let Some(reload) = reload else { return };
         let outcome = match reload {
             Ok(cfg) => proxy
                 .check_keys(&cfg)
