@@ -253,6 +253,32 @@ fn the_proxy_protocol_is_off_by_default_and_needs_trusted_proxies() {
 }
 
 #[test]
+fn response_headers_are_none_by_default_and_never_framing_fields() {
+    let c = Config::from_toml_with(&minimal(), env).unwrap();
+    assert!(c.server.response_headers.is_empty());
+    let set = |table: &str| {
+        let text = format!("{}[server]\nresponse_headers = {{ {table} }}\n", minimal());
+        Config::from_toml_with(&text, env).map_err(|e| e.to_string())
+    };
+    let ok = set(r#""Strict-Transport-Security" = "max-age=63072000""#).unwrap();
+    let (name, value) = &ok.server.response_headers[0];
+    assert_eq!(
+        (name.as_str(), value.to_str().unwrap()),
+        ("strict-transport-security", "max-age=63072000")
+    );
+    for (table, says) in [
+        (r#""Content-Length" = "0""#, "tessera sets itself"),
+        (r#""Connection" = "close""#, "tessera sets itself"),
+        (r#""bad name" = "x""#, "not a valid field name"),
+        ("\"X-A\" = \"a\\u0007b\"", "control character"),
+    ] {
+        let err = set(table).unwrap_err();
+        assert!(err.contains("server.response_headers."), "{table}: {err}");
+        assert!(err.contains(says), "{table}: {err}");
+    }
+}
+
+#[test]
 fn busy_polling_is_off_by_default_and_bounded() {
     let c = Config::from_toml_with(&minimal(), env).unwrap();
     assert_eq!(c.server.busy_poll, Duration::ZERO);

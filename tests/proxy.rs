@@ -161,6 +161,43 @@ fn connection_authorization_trick_does_not_strip_injected_credential() {
     assert_eq!(json(&body)["authorization"], basic("alice", "pw"));
 }
 
+/// `server.response_headers` set their fields on every answer: proxied ones (over the HTTP/1.1
+/// fast path and HTTP/2), replacing the upstream's field of the same name, and tessera's own
+/// refusals.
+#[test]
+fn response_headers_are_set_on_every_answer_and_replace_the_upstreams() {
+    let nginx = Nginx::start_with(
+        r#"location = /framed { add_header X-Frame-Options SAMEORIGIN; return 200 "ok"; }"#,
+    );
+    const SERVER: &str = r#"response_headers = { "Strict-Transport-Security" = "max-age=63072000", "X-Frame-Options" = "DENY" }"#;
+    let (t, token) = behind(&nginx.url(), &[("server", SERVER)]);
+    let url = t.url("/framed");
+    for version in ["--http1.1", "--http2-prior-knowledge"] {
+        let (code, head) = curl(&[version, "-i", "-H", &bearer(&token), &url]);
+        assert_eq!(code, 200, "{version}: {head}");
+        let lines: Vec<String> = head.lines().map(str::to_ascii_lowercase).collect();
+        let frame: Vec<&String> = lines
+            .iter()
+            .filter(|l| l.starts_with("x-frame-options:"))
+            .collect();
+        assert_eq!(frame.len(), 1, "{version}: {head}");
+        assert_eq!(frame[0].trim_end(), "x-frame-options: deny", "{version}");
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.trim_end() == "strict-transport-security: max-age=63072000"),
+            "{version}: {head}"
+        );
+    }
+    let (code, head) = curl(&["-i", &url]);
+    assert_eq!(code, 401, "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("strict-transport-security: max-age=63072000"),
+        "{head}"
+    );
+}
+
 /// Behind a trusted proxy (`server.trusted_proxies`), the client it names is the one the
 /// upstream and the access log see; the same headers from anyone else are dropped.
 #[test]

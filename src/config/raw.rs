@@ -84,6 +84,7 @@ pub(super) struct RawServer {
     pub(super) busy_poll_us: Option<u64>,
     pub(super) trusted_proxies: Option<Vec<String>>,
     pub(super) proxy_protocol: Option<bool>,
+    pub(super) response_headers: Option<std::collections::BTreeMap<String, String>>,
     pub(super) allow_encoded_slashes: Option<bool>,
     pub(super) client_body_timeout_ms: Option<u64>,
     pub(super) max_connections: Option<usize>,

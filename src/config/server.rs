@@ -47,6 +47,7 @@ pub(super) fn validate_server(
         ));
     }
     let (trusted_proxies, proxy_protocol) = trust(s.trusted_proxies, s.proxy_protocol)?;
+    let response_headers = response_headers(s.response_headers.unwrap_or_default())?;
     Ok(ServerConfig {
         listen,
         redirect_to_https,
@@ -54,6 +55,7 @@ pub(super) fn validate_server(
         threads,
         trusted_proxies,
         proxy_protocol,
+        response_headers,
         busy_poll: Duration::from_micros(busy_poll_us),
         max_header_bytes,
         max_uri_bytes,
@@ -122,6 +124,47 @@ fn plain_listener(
     }
     let port = tls.map_or(443, |t| t.listen.port());
     Ok((listen, redirect.then_some(port)))
+}
+
+/// Fields a response cannot be given from the config, besides the hop-by-hop ones (HTTP/2 and
+/// HTTP/3 refuse those): the framing's, which would contradict the body, and those tessera
+/// sets itself.
+const NOT_SETTABLE: [&str; 4] = ["content-length", "host", "date", "alt-svc"];
+
+/// `server.response_headers`: at most 32 names, each a valid field name that is neither
+/// hop-by-hop nor in [`NOT_SETTABLE`], with a valid value.
+fn response_headers(
+    listed: std::collections::BTreeMap<String, String>,
+) -> Result<Vec<(http::HeaderName, http::HeaderValue)>, ConfigError> {
+    if listed.len() > 32 {
+        return Err(ConfigError::new(
+            "server.response_headers",
+            "at most 32 fields",
+        ));
+    }
+    let mut out = Vec::with_capacity(listed.len());
+    for (name, value) in listed {
+        let key = format!("server.response_headers.\"{name}\"");
+        let Ok(parsed) = http::HeaderName::from_bytes(name.as_bytes()) else {
+            return Err(ConfigError::new(&key, "is not a valid field name"));
+        };
+        let lower = parsed.as_str();
+        if crate::fields::HOP_BY_HOP.contains(&lower) || NOT_SETTABLE.contains(&lower) {
+            return Err(ConfigError::new(
+                &key,
+                "is a field tessera sets itself (hop-by-hop, Content-Length, Host, Date, \
+                 Alt-Svc); leave it out",
+            ));
+        }
+        let Ok(value) = http::HeaderValue::from_str(&value) else {
+            return Err(ConfigError::new(
+                &key,
+                "has a value with a control character; write it as visible text",
+            ));
+        };
+        out.push((parsed, value));
+    }
+    Ok(out)
 }
 
 /// `server.trusted_proxies` and `server.proxy_protocol`, which needs them.

@@ -60,6 +60,10 @@ pub struct ServerConfig {
     /// client (`server.proxy_protocol`, nginx's `listen ... proxy_protocol`): a load balancer
     /// that passes TCP on (AWS NLB, HAProxy in TCP mode). Default false.
     pub proxy_protocol: bool,
+    /// Fields set on every response tessera answers (`server.response_headers`, nginx's
+    /// `add_header ... always`), replacing an upstream field of the same name: e.g.
+    /// `Strict-Transport-Security` once tessera terminates TLS. Default none.
+    pub response_headers: Vec<(http::HeaderName, http::HeaderValue)>,
     /// Forward a path holding an encoded slash (`%2F`, `%5C`, their overlong and full-width
     /// forms) or a backslash outside a dot segment, instead of refusing it with 400 (false,
     /// the default, as Tomcat and Apache's `AllowEncodedSlashes Off`). Dot segments in any

@@ -61,6 +61,9 @@ impl Proxy {
         if let Some(alt_svc) = &peer.alt_svc {
             resp.headers_mut().insert(header::ALT_SVC, alt_svc.clone());
         }
+        for (name, value) in &self.response_headers {
+            resp.headers_mut().insert(name.clone(), value.clone());
+        }
         resp
     }
 

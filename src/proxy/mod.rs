@@ -58,6 +58,8 @@ pub struct Proxy {
     upstream_scheme: &'static str,
     preserve_host: bool,
     strip_response: Vec<HeaderName>,
+    /// `server.response_headers`: set on every response.
+    response_headers: Vec<(HeaderName, HeaderValue)>,
     access_log: bool,
     /// The session-side endpoints, when `[login]` is configured.
     login: Option<Login>,
@@ -132,7 +134,12 @@ impl Proxy {
                 _ => "http",
             },
             preserve_host: cfg.upstream.preserve_host,
-            strip_response: cfg.upstream.strip_response_headers.clone(),
+            // An upstream field that `server.response_headers` sets is replaced, not doubled.
+            strip_response: (cfg.upstream.strip_response_headers.iter())
+                .chain(cfg.server.response_headers.iter().map(|(name, _)| name))
+                .cloned()
+                .collect(),
+            response_headers: cfg.server.response_headers.clone(),
             access_log: cfg.log.access_log,
             request_counts: cfg
                 .metrics
