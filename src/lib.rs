@@ -18,6 +18,7 @@ pub mod fields;
 pub mod fuzz;
 pub mod jmap;
 pub mod login;
+pub mod per_ip;
 pub mod proxy;
 mod runtime;
 pub mod screen;

@@ -333,6 +333,62 @@ fn client_connections_past_server_max_connections_wait_and_are_counted() {
         .contains("server.max_connections client connections are open"));
 }
 
+/// `server.max_connections_per_ip`: one address holds at most its limit of connections (2
+/// here); its next one is closed unanswered and counted, another address (127.0.0.2) is served
+/// meanwhile, and a place given back is taken again.
+#[test]
+fn one_address_holds_at_most_max_connections_per_ip() {
+    let nginx = Nginx::start_with(BASE_AND_SECRET);
+    let (t, metrics_url) = with_metrics(&nginx.url(), &[("server", "max_connections_per_ip = 2")]);
+    let (_, token) = t.create_session("alice", "pw");
+    let get = format!("GET /base/x HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {token}\r\n\r\n");
+    // The readiness probe of Tessera::start may still hold a place: wait until it is gone.
+    let metrics = || curl(&[&metrics_url]).1;
+    let open = |text: &str| sample(text, "tessera_client_connections");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while open(&metrics()) != 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut held: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut s = TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+            s.write_all(get.as_bytes()).unwrap();
+            assert!(read_head(&mut s).starts_with("HTTP/1.1 200"));
+            s
+        })
+        .collect();
+    let mut third = TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+    let _ = third.write_all(get.as_bytes());
+    third
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut buf = [0; 64];
+    assert!(
+        matches!(third.read(&mut buf), Ok(0) | Err(_)),
+        "a third connection from one address was served"
+    );
+    let auth = format!("Authorization: Bearer {token}");
+    let other = curl(&["--interface", "127.0.0.2", "-H", &auth, &t.url("/base/x")]);
+    assert_eq!(other.0, 200, "another address is served: {}", other.1);
+    let text = metrics();
+    assert_eq!(
+        sample(&text, "tessera_client_connections_over_ip_limit_total"),
+        1,
+        "{text}"
+    );
+    held.pop();
+    let mut served = false;
+    for _ in 0..100 {
+        if curl(&["-H", &auth, &t.url("/base/x")]).0 == 200 {
+            served = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(served, "a place given back was not taken again");
+    assert!(t.log().contains("server.max_connections_per_ip"));
+}
+
 /// h2spec (every check of RFC 9113 and RFC 7541 it knows, over h2c with prior knowledge) finds
 /// no fault: an invalid preface closes the connection, and a request answered before its body
 /// is read still gets the stream error its broken framing asks for.

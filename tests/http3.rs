@@ -716,6 +716,38 @@ fn a_udp_socket_passed_by_systemd_serves_http3() {
     );
 }
 
+/// `server.max_connections_per_ip` holds for QUIC too, counted once a handshake has begun from
+/// the address (a forged source never gets that far): past it a connection is closed with
+/// `H3_EXCESSIVE_LOAD`.
+#[test]
+fn quic_connections_past_max_connections_per_ip_are_closed() {
+    let echo = upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    });
+    let pki = Pki::new();
+    let (_t, addr, _) = h3_tessera(&echo.url(), &pki, "", "max_connections_per_ip = 1");
+    runtime().block_on(async {
+        let client = H3Client::new(&pki.ca());
+        let _first = client.connect_quic(addr).await;
+        let second = client.try_connect_quic(addr).await;
+        let closed = match second {
+            Ok(conn) => tokio::time::timeout(Duration::from_secs(10), conn.closed())
+                .await
+                .expect("the second connection is closed"),
+            Err(e) => e,
+        };
+        // Before the client has the handshake's confirmation, RFC 9000 section 10.2.3 has an
+        // application's close sent as a transport APPLICATION_ERROR, its code hidden.
+        assert!(
+            matches!(&closed, quinn::ConnectionError::ApplicationClosed(c)
+                if c.error_code == quinn::VarInt::from_u32(0x107))
+                || matches!(&closed, quinn::ConnectionError::ConnectionClosed(c)
+                if c.error_code == quinn::TransportErrorCode::APPLICATION_ERROR),
+            "{closed:?}"
+        );
+    });
+}
+
 /// Shutdown (SIGTERM) during an HTTP/3 request: the request in flight is answered, then the
 /// process ends (the connection is sent GOAWAY, and not waited on once its request is done).
 #[test]

@@ -88,6 +88,7 @@ pub(super) struct RawServer {
     pub(super) allow_encoded_slashes: Option<bool>,
     pub(super) client_body_timeout_ms: Option<u64>,
     pub(super) max_connections: Option<usize>,
+    pub(super) max_connections_per_ip: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -72,18 +72,12 @@ pub(super) fn validate_server(
             60_000,
         )?,
         allow_encoded_slashes: s.allow_encoded_slashes.unwrap_or(false),
-        max_connections: match s.max_connections {
-            None => 10_000,
-            Some(n) if n <= 10_000_000 => n,
-            Some(n) => {
-                return Err(ConfigError::new(
-                    "server.max_connections",
-                    format!(
-                    "must be between 0 (no limit) and 10000000, not {n} (leave it out for 10000)"
-                ),
-                ))
-            }
-        },
+        max_connections: connections("server.max_connections", s.max_connections, 10_000)?,
+        max_connections_per_ip: connections(
+            "server.max_connections_per_ip",
+            s.max_connections_per_ip,
+            0,
+        )?,
         http2_max_concurrent_streams: in_range(
             "server.http2_max_concurrent_streams",
             s.http2_max_concurrent_streams,
@@ -91,6 +85,20 @@ pub(super) fn validate_server(
             1..=1000,
         )?,
     })
+}
+
+/// A connection count at `key`: 0 (no limit) to 10,000,000; `default` when left out.
+fn connections(key: &str, n: Option<usize>, default: usize) -> Result<usize, ConfigError> {
+    match n {
+        None => Ok(default),
+        Some(n) if n <= 10_000_000 => Ok(n),
+        Some(n) => Err(ConfigError::new(
+            key,
+            format!(
+                "must be between 0 (no limit) and 10000000, not {n} (leave it out for {default})"
+            ),
+        )),
+    }
 }
 
 /// `server.listen` (with `[tls]`, none unless set) and `server.redirect_to_https` (the TLS

@@ -180,6 +180,11 @@ async fn serve_connection(
             None => return,
         },
     };
+    // Held for the connection's life (a WebSocket tunnel it hands its socket to is not
+    // counted here: it holds its own place under server.max_connections).
+    let Ok(_ip_place) = serving.proxy.enter_per_ip(peer.addr.ip()) else {
+        return;
+    };
     let peer = match edge {
         Edge::Plain => peer.redirected_to_https(serving.redirect_to_https),
         Edge::Tls(ref tls) => peer.over_tls().advertising(tls.alt_svc().cloned()),

@@ -280,6 +280,11 @@ async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming, unvalidated: Opt
     let Some((conn, handshake)) = handshake(&quic, incoming, unvalidated).await else {
         return;
     };
+    // Counted once the handshake has begun from a real address: a forged source's Initials
+    // must not use up the places of the address it names.
+    let Ok(_ip_place) = quic.proxy.enter_per_ip(conn.remote_address().ip()) else {
+        return conn.close(H3_EXCESSIVE_LOAD, b"too many connections from this address");
+    };
     let peer = Arc::new(quic.proxy.peer(conn.remote_address()).over_tls());
     let quic_conn = conn.clone();
     let handshake = Handshake {
@@ -357,6 +362,9 @@ async fn request(
         _ = conn.closed() => tracing::debug!("HTTP/3 connection ended with a request open"),
     }
 }
+
+/// HTTP/3's code for a peer that causes excessive load (RFC 9114 section 8.1).
+const H3_EXCESSIVE_LOAD: quinn::VarInt = quinn::VarInt::from_u32(0x107);
 
 /// HTTP/3's "no error" code (RFC 9114 section 8.1), for a close that blames nobody.
 const H3_NO_ERROR: quinn::VarInt = quinn::VarInt::from_u32(0x100);

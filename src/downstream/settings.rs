@@ -77,6 +77,11 @@ pub struct ServerConfig {
     /// connection is accepted until one closes (they wait in the listen backlog). 0: no limit.
     /// Default 10000 (each holds a descriptor and about 6 KB while idle).
     pub max_connections: usize,
+    /// Most client connections one address (IPv6: one /64) has open at once
+    /// (`server.max_connections_per_ip`, nginx's `limit_conn`); past it a new one is closed
+    /// unanswered (QUIC: refused). Connections from `trusted_proxies` (which relay many
+    /// clients) are not counted. 0 (the default): no limit.
+    pub max_connections_per_ip: usize,
 }
 
 /// `[tls]`: the TLS listener (HTTP/1.1 and HTTP/2 chosen by ALPN), as validated by `config`.

@@ -17,6 +17,7 @@ use serde::Deserialize;
 use zeroize::Zeroizing;
 
 use crate::error::ProxyError;
+use crate::per_ip::client_key;
 use crate::seal::Credentials;
 use crate::session::Store;
 use crate::upstream::{BoxError, ProxyBody};
@@ -107,21 +108,6 @@ pub(super) fn give_back(store: &Store, keys: Vec<String>) {
             }
         }
     });
-}
-
-/// The rate-limit key of a client address: IPv6 by /64 (one subscriber's whole prefix), IPv4
-/// as is.
-pub(super) fn client_key(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => {
-                let s = v6.segments();
-                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
-            }
-        },
-        v4 => v4,
-    }
 }
 
 /// What a login request carried.
@@ -338,21 +324,5 @@ impl Login {
             return Err(Refusal::Bad("username too long"));
         }
         Ok(form)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ipv6_clients_are_limited_by_prefix() {
-        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
-        let b: IpAddr = "2001:db8:1:2:bbbb::9".parse().unwrap();
-        let c: IpAddr = "2001:db8:1:3::1".parse().unwrap();
-        assert_eq!(client_key(a), client_key(b));
-        assert_ne!(client_key(a), client_key(c));
-        let mapped: IpAddr = "::ffff:192.0.2.7".parse().unwrap();
-        assert_eq!(client_key(mapped), "192.0.2.7".parse::<IpAddr>().unwrap());
     }
 }

@@ -44,6 +44,8 @@ pub struct Proxy {
     /// `server.max_connections`: client connections open now, all serving threads together;
     /// `None` without a limit.
     client_connections: Option<Arc<crate::share::Share>>,
+    /// `server.max_connections_per_ip`; `None` without a limit.
+    per_ip: Option<Arc<crate::per_ip::PerIp>>,
     /// `server.client_body_timeout_ms`.
     body_timeout: Duration,
     sources: Vec<TokenSource>,
@@ -115,6 +117,8 @@ impl Proxy {
             stripped: screen::Stripped::new(&cfg.upstream.strip_request_headers),
             client_connections: (cfg.server.max_connections > 0)
                 .then(|| Arc::new(crate::share::Share::new(cfg.server.max_connections))),
+            per_ip: (cfg.server.max_connections_per_ip > 0)
+                .then(|| Arc::new(crate::per_ip::PerIp::new(cfg.server.max_connections_per_ip))),
             limits: Limits {
                 max_header_bytes: cfg.server.max_header_bytes,
                 max_uri_bytes: cfg.server.max_uri_bytes,
@@ -199,6 +203,44 @@ impl Proxy {
     /// for each connection; `None` without a limit.
     pub fn client_connections(&self) -> Option<&Arc<crate::share::Share>> {
         self.client_connections.as_ref()
+    }
+
+    /// A place for a client connection from `ip` under `server.max_connections_per_ip`:
+    /// `Ok(None)` without a limit or for a trusted proxy (which relays many clients).
+    ///
+    /// Errors: [`crate::per_ip::OverLimit`] when `ip` holds its limit already (counted, and
+    /// said once in the log).
+    pub fn enter_per_ip(
+        &self,
+        ip: std::net::IpAddr,
+    ) -> Result<Option<crate::per_ip::IpPlace>, crate::per_ip::OverLimit> {
+        let Some(per_ip) = &self.per_ip else {
+            return Ok(None);
+        };
+        if self.trusts(ip) {
+            return Ok(None);
+        }
+        match per_ip.enter(ip) {
+            Some(place) => Ok(Some(place)),
+            None => {
+                static WARNED: std::sync::atomic::AtomicBool =
+                    std::sync::atomic::AtomicBool::new(false);
+                if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!(
+                        max = per_ip.limit(),
+                        "a client address holds server.max_connections_per_ip connections; its \
+                         new ones are closed (counted in \
+                         tessera_client_connections_over_ip_limit_total)"
+                    );
+                }
+                Err(crate::per_ip::OverLimit)
+            }
+        }
+    }
+
+    /// Connections refused under `server.max_connections_per_ip` since start; `None` without it.
+    pub fn per_ip_refused(&self) -> Option<u64> {
+        self.per_ip.as_ref().map(|p| p.refused())
     }
 
     /// The token verifier (its key set refreshes the JWKS).

@@ -46,6 +46,8 @@ pub struct Scrape {
     pub(crate) reloads: (u64, u64, bool),
     /// QUIC handshakes: `(unvalidated now, retries, refused)`; `None` without `[http3]`.
     pub(crate) quic: Option<(u64, u64, u64)>,
+    /// Connections refused under `server.max_connections_per_ip`; `None` without it.
+    pub(crate) over_ip_limit: Option<u64>,
 }
 
 fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
@@ -208,6 +210,9 @@ impl Scrape {
             )?;
             counter(e, "client_connection_waits", "Times the accept loop waited because server.max_connections client connections were open.", waits)?;
         }
+        if let Some(n) = self.over_ip_limit {
+            counter(e, "client_connections_over_ip_limit", "Client connections closed (QUIC: refused) because their address held server.max_connections_per_ip.", n)?;
+        }
         if let Some((unvalidated, retries, refused)) = self.quic {
             gauge(e, "http3_unvalidated_handshakes", "QUIC handshakes in progress whose client has not proved it receives at its address (no Retry or NEW_TOKEN token).", unvalidated)?;
             counter(
@@ -315,6 +320,7 @@ mod tests {
             reloads: (2, 1, false),
             client_connections: Some((3, 1)),
             quic: Some((5, 7, 2)),
+            over_ip_limit: Some(4),
         };
         let mut registry = prometheus_client::registry::Registry::with_prefix("tessera");
         registry.register_collector(Box::new(scrape));
@@ -344,6 +350,7 @@ mod tests {
             "tessera_http3_unvalidated_handshakes 5",
             "tessera_http3_retries_total 7",
             "tessera_http3_refused_total 2",
+            "tessera_client_connections_over_ip_limit_total 4",
         ] {
             assert!(text.lines().any(|l| l == line), "{line:?} not in:\n{text}");
         }
