@@ -270,7 +270,10 @@ fn response_headers_are_none_by_default_and_never_framing_fields() {
         (r#""Content-Length" = "0""#, "tessera sets itself"),
         (r#""Connection" = "close""#, "tessera sets itself"),
         (r#""bad name" = "x""#, "not a valid field name"),
-        ("\"X-A\" = \"a\\u0007b\"", "control character"),
+        ("\"X-A\" = \"a\\u0007b\"", "visible ASCII"),
+        (r#""X-A" = "a ""#, "no space at its start or end"),
+        (r#""Set-Cookie" = "a=b""#, "leave it out"),
+        (r#""X-A" = "a", "x-a" = "b""#, "named twice"),
     ] {
         let err = set(table).unwrap_err();
         assert!(err.contains("server.response_headers."), "{table}: {err}");

@@ -716,9 +716,27 @@ fn a_udp_socket_passed_by_systemd_serves_http3() {
     );
 }
 
-/// `server.max_connections_per_ip` holds for QUIC too, counted once a handshake has begun from
-/// the address (a forged source never gets that far): past it a connection is closed with
-/// `H3_EXCESSIVE_LOAD`.
+/// A handshake that never completes (a forged source's Initial; 0-RTT takes the connection at
+/// once) takes no place under `server.max_connections_per_ip`: the address it names is still
+/// served.
+#[test]
+fn abandoned_handshakes_take_no_place_per_address() {
+    let echo = upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    });
+    let pki = Pki::new();
+    let (_t, addr, token) = h3_tessera(&echo.url(), &pki, "", "max_connections_per_ip = 1");
+    runtime().block_on(async {
+        let (_kind, _socket) = abandoned_handshake(&pki.ca(), addr).await;
+        let client = H3Client::new(&pki.ca());
+        let mut send = client.connect(addr).await;
+        let answer = request(&mut send, "GET", "/x", &token, Bytes::new()).await;
+        assert_eq!(answer.unwrap().status, 200);
+    });
+}
+
+/// `server.max_connections_per_ip` holds for QUIC too, counted once a handshake completes: past
+/// it a connection is closed with `H3_EXCESSIVE_LOAD`.
 #[test]
 fn quic_connections_past_max_connections_per_ip_are_closed() {
     let echo = upstream::start(Behavior::Echo {

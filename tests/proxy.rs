@@ -196,6 +196,22 @@ fn response_headers_are_set_on_every_answer_and_replace_the_upstreams() {
             .contains("strict-transport-security: max-age=63072000"),
         "{head}"
     );
+
+    // tessera's own answers keep the fields they set: the login page stays DENY, no-store.
+    const LAX: &str = r#"response_headers = { "X-Frame-Options" = "SAMEORIGIN", "Cache-Control" = "max-age=600" }"#;
+    let (t, _) = behind(
+        &nginx.url(),
+        &[("server", LAX), ("login", "verify_path = \"/\"")],
+    );
+    let (code, head) = curl(&["-i", &t.url("/auth/login")]);
+    let head = head.to_ascii_lowercase();
+    assert_eq!(code, 200, "{head}");
+    assert!(head.contains("x-frame-options: deny"), "{head}");
+    assert!(head.contains("cache-control: no-store"), "{head}");
+    assert!(
+        !head.contains("sameorigin") && !head.contains("max-age=600"),
+        "{head}"
+    );
 }
 
 /// Behind a trusted proxy (`server.trusted_proxies`), the client it names is the one the

@@ -135,9 +135,27 @@ fn plain_listener(
 }
 
 /// Fields a response cannot be given from the config, besides the hop-by-hop ones (HTTP/2 and
-/// HTTP/3 refuse those): the framing's, which would contradict the body, and those tessera
-/// sets itself.
-const NOT_SETTABLE: [&str; 4] = ["content-length", "host", "date", "alt-svc"];
+/// HTTP/3 refuse those): the framing's and the content's, which would contradict the body;
+/// those that belong to one answer (a redirect, a challenge, a cookie, a WebSocket's
+/// handshake); and those tessera sets itself.
+const NOT_SETTABLE: [&str; 16] = [
+    "content-length",
+    "content-type",
+    "content-encoding",
+    "content-range",
+    "vary",
+    "host",
+    "date",
+    "alt-svc",
+    "location",
+    "set-cookie",
+    "www-authenticate",
+    "sec-websocket-accept",
+    "sec-websocket-protocol",
+    "sec-websocket-extensions",
+    "sec-websocket-version",
+    "sec-websocket-key",
+];
 
 /// `server.response_headers`: at most 32 names, each a valid field name that is neither
 /// hop-by-hop nor in [`NOT_SETTABLE`], with a valid value.
@@ -160,16 +178,23 @@ fn response_headers(
         if crate::fields::HOP_BY_HOP.contains(&lower) || NOT_SETTABLE.contains(&lower) {
             return Err(ConfigError::new(
                 &key,
-                "is a field tessera sets itself (hop-by-hop, Content-Length, Host, Date, \
-                 Alt-Svc); leave it out",
+                "is a field of the connection, the framing, the content or one answer \
+                 (hop-by-hop, Content-*, Vary, Location, Set-Cookie, WWW-Authenticate, \
+                 Sec-WebSocket-*) or one tessera sets itself (Host, Date, Alt-Svc); leave it out",
             ));
         }
-        let Ok(value) = http::HeaderValue::from_str(&value) else {
+        // RFC 9110 section 5.5; HTTP/2 and HTTP/3 refuse a value with spaces at either end.
+        let visible = value.bytes().all(|b| b == b' ' || b.is_ascii_graphic());
+        if !visible || value.trim() != value || value.is_empty() {
             return Err(ConfigError::new(
                 &key,
-                "has a value with a control character; write it as visible text",
+                "needs a value of visible ASCII, with no space at its start or end",
             ));
-        };
+        }
+        let value = http::HeaderValue::from_str(&value).expect("visible ASCII");
+        if out.iter().any(|(n, _)| *n == parsed) {
+            return Err(ConfigError::new(&key, "is named twice (names ignore case)"));
+        }
         out.push((parsed, value));
     }
     Ok(out)

@@ -280,17 +280,13 @@ async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming, unvalidated: Opt
     let Some((conn, handshake)) = handshake(&quic, incoming, unvalidated).await else {
         return;
     };
-    // Counted once the handshake has begun from a real address: a forged source's Initials
-    // must not use up the places of the address it names.
-    let Ok(_ip_place) = quic.proxy.enter_per_ip(conn.remote_address().ip()) else {
-        return conn.close(H3_EXCESSIVE_LOAD, b"too many connections from this address");
-    };
     let peer = Arc::new(quic.proxy.peer(conn.remote_address()).over_tls());
     let quic_conn = conn.clone();
     let handshake = Handshake {
         conn: conn.clone(),
         done: handshake,
     };
+    count_per_ip(&quic, &conn, handshake.clone());
     let mut session = match h3::server::builder()
         .max_field_section_size(quic.max_field_section)
         .build::<_, bytes::Bytes>(h3_quinn::Connection::new(conn))
@@ -330,6 +326,29 @@ async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming, unvalidated: Opt
     // Closing now would drop answers not yet acknowledged (quinn closes at once when the last
     // handle goes): the client gets up to 1 s to take them, or closes first.
     let _ = tokio::time::timeout(ANSWER_LINGER, quic_conn.closed()).await;
+}
+
+/// Takes `conn`'s place under `server.max_connections_per_ip` once its handshake completes
+/// (only then is its address proven: with 0-RTT the connection is taken at its first Initial,
+/// and forged Initials must not use up the places of the address they name) and holds it until
+/// the connection ends; past the limit, the connection is closed with `H3_EXCESSIVE_LOAD`.
+fn count_per_ip(quic: &Quic, conn: &quinn::Connection, mut handshake: Handshake) {
+    if !quic.proxy.limits_per_ip() {
+        return;
+    }
+    let (proxy, conn) = (quic.proxy.clone(), conn.clone());
+    tokio::spawn(async move {
+        if !handshake.wait().await {
+            return;
+        }
+        match proxy.enter_per_ip(conn.remote_address().ip()) {
+            Ok(place) => {
+                conn.closed().await;
+                drop(place);
+            }
+            Err(_) => conn.close(H3_EXCESSIVE_LOAD, b"too many connections from this address"),
+        }
+    });
 }
 
 /// One request stream: its head (within `server.header_read_timeout_ms`, as over TCP: a stream

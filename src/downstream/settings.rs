@@ -79,8 +79,9 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Most client connections one address (IPv6: one /64) has open at once
     /// (`server.max_connections_per_ip`, nginx's `limit_conn`); past it a new one is closed
-    /// unanswered (QUIC: refused). Connections from `trusted_proxies` (which relay many
-    /// clients) are not counted. 0 (the default): no limit.
+    /// unanswered (QUIC: closed once its handshake completes, which proves its address).
+    /// Connections from `trusted_proxies` (which relay many clients) are not counted. 0 (the
+    /// default): no limit.
     pub max_connections_per_ip: usize,
 }
 

@@ -34,10 +34,9 @@ pub struct TlsServer {
     /// QUIC's own session cache: its sessions carry QUIC transport parameters and, with 0-RTT,
     /// must be resumed statefully (rustls refuses early data on stateless tickets).
     quic_cache: Arc<dyn StoresServerSessions>,
-    /// The first QUIC server configuration made; later ones are its clones with new
-    /// certificates, so that they keep its token key (a Retry token issued just before a
-    /// reload stays good after it).
-    quic_first: std::sync::OnceLock<quinn::ServerConfig>,
+    /// The key of QUIC's Retry tokens (HKDF over 64 random bytes, as quinn makes it), the same
+    /// for every configuration made: a token issued just before a reload stays good after it.
+    quic_token_key: Arc<ring::hkdf::Prk>,
     /// `Alt-Svc` for responses over TLS when HTTP/3 is served (RFC 7838).
     alt_svc: Option<http::HeaderValue>,
 }
@@ -73,7 +72,7 @@ impl TlsServer {
             ticketer,
             cache,
             quic_cache: ServerSessionMemoryCache::new(SESSION_CACHE),
-            quic_first: std::sync::OnceLock::new(),
+            quic_token_key: token_key(),
             alt_svc: None,
         })
     }
@@ -133,16 +132,8 @@ impl TlsServer {
         transport
             .max_concurrent_bidi_streams(h3.max_concurrent_streams.into())
             .max_idle_timeout(quinn::IdleTimeout::try_from(h3.idle_timeout).ok());
-        let mut server = match self.quic_first.get() {
-            Some(first) => {
-                let mut server = first.clone();
-                server.crypto = Arc::new(crypto);
-                server
-            }
-            None => quinn::ServerConfig::with_crypto(Arc::new(crypto)),
-        };
+        let mut server = quinn::ServerConfig::new(Arc::new(crypto), self.quic_token_key.clone());
         server.transport_config(Arc::new(transport));
-        let _ = self.quic_first.set(server.clone());
         Ok(server)
     }
 
@@ -151,6 +142,15 @@ impl TlsServer {
         let cfg = self.current.read().unwrap_or_else(|p| p.into_inner());
         tokio_rustls::TlsAcceptor::from(cfg.clone())
     }
+}
+
+/// A fresh key for QUIC's Retry tokens (see [`TlsServer::quic_config`]).
+fn token_key() -> Arc<ring::hkdf::Prk> {
+    let mut master = [0u8; 64];
+    getrandom::getrandom(&mut master).expect("the OS random source");
+    let key = ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, &[]).extract(&master);
+    master.fill(0);
+    Arc::new(key)
 }
 
 /// How one rustls configuration resumes sessions and what it offers.

@@ -61,8 +61,13 @@ impl Proxy {
         if let Some(alt_svc) = &peer.alt_svc {
             resp.headers_mut().insert(header::ALT_SVC, alt_svc.clone());
         }
+        // A proxied answer's upstream fields of these names were screened out; one of tessera's
+        // own answers keeps what it set (the login page's stricter CSP and X-Frame-Options,
+        // `no-store` on a 401).
         for (name, value) in &self.response_headers {
-            resp.headers_mut().insert(name.clone(), value.clone());
+            if !resp.headers().contains_key(name) {
+                resp.headers_mut().insert(name.clone(), value.clone());
+            }
         }
         resp
     }

@@ -238,6 +238,11 @@ impl Proxy {
         }
     }
 
+    /// Whether `server.max_connections_per_ip` is set.
+    pub fn limits_per_ip(&self) -> bool {
+        self.per_ip.is_some()
+    }
+
     /// Connections refused under `server.max_connections_per_ip` since start; `None` without it.
     pub fn per_ip_refused(&self) -> Option<u64> {
         self.per_ip.as_ref().map(|p| p.refused())

@@ -82,13 +82,18 @@ pub(super) async fn reload_keys(
     mut phase: tokio::sync::watch::Receiver<telemetry::Phase>,
 ) {
     loop {
+        let draining = |p: &telemetry::Phase| *p == telemetry::Phase::Draining;
         let reload = tokio::select! {
-            reload = reloads.recv() => reload,
+            biased;
             // From the drain on, nothing is put in place: the HTTP/3 endpoint has dropped its
             // server configuration to refuse new connections, which a reload would restore.
-            _ = phase.wait_for(|p| *p == telemetry::Phase::Draining) => return,
+            _ = phase.wait_for(draining) => return,
+            reload = reloads.recv() => reload,
         };
         let Some(reload) = reload else { return };
+        if draining(&phase.borrow()) {
+            return;
+        }
         let outcome = match reload {
             Ok(cfg) => proxy
                 .check_keys(&cfg)
