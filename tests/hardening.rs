@@ -282,6 +282,25 @@ fn the_streams_of_one_http2_connection_share_one_bound() {
     );
 }
 
+/// Two connections from 127.0.0.1, each answered `request` and kept open, once the readiness
+/// probe of `Tessera::start` no longer holds a place (`tessera_client_connections` at 0).
+fn two_served(t: &Tessera, metrics_url: &str, request: &str) -> Vec<TcpStream> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while sample(&curl(&[metrics_url]).1, "tessera_client_connections") != 0
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (0..2)
+        .map(|_| {
+            let mut s = TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+            s.write_all(request.as_bytes()).unwrap();
+            assert!(read_head(&mut s).starts_with("HTTP/1.1 200"));
+            s
+        })
+        .collect()
+}
+
 #[test]
 fn client_connections_past_server_max_connections_wait_and_are_counted() {
     let nginx = Nginx::start_with(BASE_AND_SECRET);
@@ -291,22 +310,8 @@ fn client_connections_past_server_max_connections_wait_and_are_counted() {
     );
     let (_, token) = t.create_session("alice", "pw");
     let get = format!("GET /base/x HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {token}\r\n\r\n");
-    // The readiness probe of Tessera::start may still hold a place: wait until it is gone.
     let metrics = || curl(&[&metrics_url]).1;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while sample(&metrics(), "tessera_client_connections") != 0
-        && std::time::Instant::now() < deadline
-    {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let mut held: Vec<TcpStream> = (0..2)
-        .map(|_| {
-            let mut s = TcpStream::connect(("127.0.0.1", t.port)).unwrap();
-            s.write_all(get.as_bytes()).unwrap();
-            assert!(read_head(&mut s).starts_with("HTTP/1.1 200"));
-            s
-        })
-        .collect();
+    let mut held = two_served(&t, &metrics_url, &get);
     let mut third = TcpStream::connect(("127.0.0.1", t.port)).unwrap();
     third.write_all(get.as_bytes()).unwrap();
     third
@@ -342,21 +347,8 @@ fn one_address_holds_at_most_max_connections_per_ip() {
     let (t, metrics_url) = with_metrics(&nginx.url(), &[("server", "max_connections_per_ip = 2")]);
     let (_, token) = t.create_session("alice", "pw");
     let get = format!("GET /base/x HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {token}\r\n\r\n");
-    // The readiness probe of Tessera::start may still hold a place: wait until it is gone.
     let metrics = || curl(&[&metrics_url]).1;
-    let open = |text: &str| sample(text, "tessera_client_connections");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while open(&metrics()) != 0 && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let mut held: Vec<TcpStream> = (0..2)
-        .map(|_| {
-            let mut s = TcpStream::connect(("127.0.0.1", t.port)).unwrap();
-            s.write_all(get.as_bytes()).unwrap();
-            assert!(read_head(&mut s).starts_with("HTTP/1.1 200"));
-            s
-        })
-        .collect();
+    let mut held = two_served(&t, &metrics_url, &get);
     let mut third = TcpStream::connect(("127.0.0.1", t.port)).unwrap();
     let _ = third.write_all(get.as_bytes());
     third
