@@ -55,6 +55,8 @@ pub struct Line<'a> {
     pub sid: Option<&'a str>,
     /// Why the request was refused or failed (`None`: it was not).
     pub reason: Option<&'a str>,
+    /// The request id (`upstream.request_id_header`), when kept; visible ASCII.
+    pub request_id: Option<&'a str>,
 }
 
 /// The calling thread's buffer; written out when the thread ends.
@@ -172,6 +174,10 @@ fn format_line(out: &mut Vec<u8>, now: SystemTime, line: &Line<'_>) {
     }
     out.extend_from_slice(b" reason=");
     quoted(out, line.reason.unwrap_or("-"));
+    if let Some(id) = line.request_id {
+        out.extend_from_slice(b" request_id=");
+        quoted(out, id);
+    }
     out.push(b'\n');
 }
 
@@ -202,6 +208,7 @@ mod tests {
             status: 200,
             duration_us: 156,
             proto: "HTTP/2",
+            request_id: None,
             sid,
             reason,
         }

@@ -282,6 +282,18 @@ fn response_headers_are_none_by_default_and_never_framing_fields() {
 }
 
 #[test]
+fn a_request_id_header_must_be_a_field_name() {
+    let text = minimal().replace(
+        "[upstream]\n",
+        "[upstream]\nrequest_id_header = \"X Request\"\n",
+    );
+    let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
+    assert!(err.contains("upstream.request_id_header"), "{err}");
+    let c = Config::from_toml_with(&minimal(), env).unwrap();
+    assert!(c.upstream.request_id_header.is_none());
+}
+
+#[test]
 fn busy_polling_is_off_by_default_and_bounded() {
     let c = Config::from_toml_with(&minimal(), env).unwrap();
     assert_eq!(c.server.busy_poll, Duration::ZERO);

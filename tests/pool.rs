@@ -1385,6 +1385,7 @@ fn settings(
         response_header_timeout: header_timeout,
         idle_timeout,
         preserve_host: true,
+        request_id_header: None,
         strip_response_headers: Vec::new(),
         strip_request_headers: Vec::new(),
         affinity,

@@ -214,6 +214,57 @@ fn response_headers_are_set_on_every_answer_and_replace_the_upstreams() {
     );
 }
 
+/// `upstream.request_id_header`: every request gets an id (32 hex digits), sent upstream in
+/// place of a client's own, returned to the client in place of the upstream's, and logged; one
+/// a trusted proxy sent is kept.
+#[test]
+fn request_ids_reach_the_upstream_the_client_and_the_log() {
+    let nginx = Nginx::start_with(
+        r#"location = /rid { add_header X-Request-Id upstream-own; return 200 "$http_x_request_id"; }"#,
+    );
+    const ID: &str = r#"request_id_header = "X-Request-Id""#;
+    let (t, token) = behind(&nginx.url(), &[("upstream", ID)]);
+    let (code, out) = curl(&[
+        "-i",
+        "-H",
+        &bearer(&token),
+        "-H",
+        "X-Request-Id: client-made",
+        &t.url("/rid"),
+    ]);
+    assert_eq!(code, 200, "{out}");
+    let (head, seen) = out.split_once("\r\n\r\n").unwrap();
+    assert_eq!(seen.len(), 32, "the upstream's view: {seen}");
+    assert!(seen.bytes().all(|b| b.is_ascii_hexdigit()), "{seen}");
+    let ids: Vec<&str> = head
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("x-request-id: ")
+                .or(l.strip_prefix("X-Request-Id: "))
+        })
+        .collect();
+    assert_eq!(ids, [seen], "{head}");
+    let log = t.log_when(|l| l.contains("path=/rid "));
+    assert!(log.contains(&format!(" request_id=\"{seen}\"")), "{log}");
+    let (code, head) = curl(&["-i", &t.url("/rid")]);
+    assert_eq!(code, 401);
+    assert!(
+        head.to_ascii_lowercase().contains("x-request-id: "),
+        "{head}"
+    );
+
+    const TRUSTED: &str = "trusted_proxies = [\"127.0.0.0/8\"]";
+    let (t, token) = behind(&nginx.url(), &[("upstream", ID), ("server", TRUSTED)]);
+    let relayed = [
+        "-H",
+        "X-Request-Id: lb-1234",
+        "-H",
+        &bearer(&token),
+        &t.url("/rid"),
+    ];
+    assert_eq!(curl(&relayed), (200, "lb-1234".to_string()));
+}
+
 /// Behind a trusted proxy (`server.trusted_proxies`), the client it names is the one the
 /// upstream and the access log see; the same headers from anyone else are dropped.
 #[test]

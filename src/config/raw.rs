@@ -107,6 +107,7 @@ pub(super) struct RawUpstream {
     pub(super) response_header_timeout_ms: Option<u64>,
     pub(super) idle_timeout_ms: Option<u64>,
     pub(super) preserve_host: Option<bool>,
+    pub(super) request_id_header: Option<String>,
     pub(super) strip_request_headers: Option<Vec<String>>,
     pub(super) strip_response_headers: Option<Vec<String>>,
     pub(super) affinity: Option<String>,

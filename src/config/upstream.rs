@@ -83,6 +83,15 @@ pub(super) fn validate_upstream(
         )?,
         idle_timeout: ms("upstream.idle_timeout_ms", u.idle_timeout_ms, 30_000)?,
         preserve_host: u.preserve_host.unwrap_or(true),
+        request_id_header: match u.request_id_header.as_deref() {
+            None => None,
+            Some(name) => Some(http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                ConfigError::new(
+                    "upstream.request_id_header",
+                    "is not a valid field name (e.g. \"X-Request-Id\")",
+                )
+            })?),
+        },
         strip_response_headers: strip,
         strip_request_headers: request_strip_list(u.strip_request_headers)?,
     })

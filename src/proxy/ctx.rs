@@ -130,6 +130,13 @@ impl<'a> RequestCtx<'a> {
         });
         let started = (logged.is_some() || proxy.request_counts.is_some()).then(Instant::now);
         let client = relayed.as_ref().unwrap_or(peer).addr.ip();
+        let request_id = proxy.request_id.as_ref().map(|name| {
+            let relayed = peer.trusted.then(|| req.headers().get(name)).flatten();
+            relayed
+                .filter(|id| valid_id(id))
+                .cloned()
+                .unwrap_or_else(new_id)
+        });
         Self {
             conn_peer: peer,
             relayed,
@@ -142,8 +149,14 @@ impl<'a> RequestCtx<'a> {
                 logged,
                 started,
                 written: false,
+                request_id,
             },
         }
+    }
+
+    /// The request id (`upstream.request_id_header`), when one is kept.
+    pub(super) fn request_id(&self) -> Option<&HeaderValue> {
+        self.record.request_id.as_ref()
     }
 
     /// The request's client: the relayed one, or the connection's peer.
@@ -171,6 +184,18 @@ struct Record<'a> {
     /// When the request head was read (`None`: neither log nor metrics want it).
     started: Option<Instant>,
     written: bool,
+    /// `upstream.request_id_header`'s value for this request.
+    request_id: Option<HeaderValue>,
+}
+
+/// A relayed request id worth keeping: 1 to 128 visible ASCII characters.
+fn valid_id(id: &HeaderValue) -> bool {
+    (1..=128).contains(&id.len()) && id.as_bytes().iter().all(u8::is_ascii_graphic)
+}
+
+/// A fresh request id: 128 random bits as 32 hex digits.
+fn new_id() -> HeaderValue {
+    HeaderValue::try_from(format!("{:032x}", rand::random::<u128>())).expect("hex digits")
 }
 
 /// The access log's name of `version` (nginx's `$server_protocol`, without HTTP/2's `.0`).
@@ -201,6 +226,7 @@ impl Record<'_> {
                 status,
                 duration_us: u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
                 proto: protocol(*version),
+                request_id: self.request_id.as_ref().and_then(|id| id.to_str().ok()),
                 sid,
                 reason,
             });

@@ -69,6 +69,9 @@ impl Proxy {
                 resp.headers_mut().insert(name.clone(), value.clone());
             }
         }
+        if let (Some(name), Some(id)) = (&self.request_id, ctx.request_id()) {
+            resp.headers_mut().insert(name.clone(), id.clone());
+        }
         resp
     }
 

@@ -60,6 +60,8 @@ pub struct Proxy {
     upstream_scheme: &'static str,
     preserve_host: bool,
     strip_response: Vec<HeaderName>,
+    /// `upstream.request_id_header`.
+    request_id: Option<HeaderName>,
     /// `server.response_headers`: set on every response.
     response_headers: Vec<(HeaderName, HeaderValue)>,
     access_log: bool,
@@ -138,12 +140,15 @@ impl Proxy {
                 _ => "http",
             },
             preserve_host: cfg.upstream.preserve_host,
-            // An upstream field that `server.response_headers` sets is replaced, not doubled.
+            // An upstream field that `server.response_headers` or the request id sets is
+            // replaced, not doubled.
             strip_response: (cfg.upstream.strip_response_headers.iter())
                 .chain(cfg.server.response_headers.iter().map(|(name, _)| name))
+                .chain(&cfg.upstream.request_id_header)
                 .cloned()
                 .collect(),
             response_headers: cfg.server.response_headers.clone(),
+            request_id: cfg.upstream.request_id_header.clone(),
             access_log: cfg.log.access_log,
             request_counts: cfg
                 .metrics

@@ -118,6 +118,9 @@ impl Proxy {
             self.upstream_host.clone()
         };
         headers.insert(header::HOST, host);
+        if let (Some(name), Some(id)) = (&self.request_id, ctx.request_id()) {
+            headers.insert(name.clone(), id.clone());
+        }
         Ok(())
     }
 

@@ -40,6 +40,10 @@ pub struct UpstreamConfig {
     pub probe_timeout: Option<Duration>,
     /// Forward the client's `Host` (true, default) or the upstream URL's authority (false).
     pub preserve_host: bool,
+    /// A request id under this name (`upstream.request_id_header`, e.g. `X-Request-Id`;
+    /// nginx's `$request_id`): 32 random hex digits, or the one a trusted proxy sent; sent
+    /// upstream, returned to the client, logged as `request_id=`. Default none.
+    pub request_id_header: Option<http::HeaderName>,
     /// Request fields removed besides hop-by-hop and forwarding ones: identity and routing
     /// fields a client must not set (lowercase; a trailing `*` makes a prefix; `_` matches `-`).
     /// Default `screen::identity::DEFAULT_STRIPPED`.
