@@ -291,6 +291,21 @@ fn a_request_id_header_must_be_a_field_name() {
     assert!(err.contains("upstream.request_id_header"), "{err}");
     let c = Config::from_toml_with(&minimal(), env).unwrap();
     assert!(c.upstream.request_id_header.is_none());
+    let own = minimal().replace(
+        "[upstream]\n",
+        "[upstream]\nrequest_id_header = \"Authorization\"\n",
+    );
+    let err = Config::from_toml_with(&own, env).unwrap_err().to_string();
+    assert!(err.contains("tessera sets or reads itself"), "{err}");
+    let both = format!(
+        "{}[server]\nresponse_headers = {{ \"X-Request-Id\" = \"x\" }}\n",
+        minimal().replace(
+            "[upstream]\n",
+            "[upstream]\nrequest_id_header = \"X-Request-Id\"\n"
+        )
+    );
+    let err = Config::from_toml_with(&both, env).unwrap_err().to_string();
+    assert!(err.contains("also in server.response_headers"), "{err}");
 }
 
 #[test]

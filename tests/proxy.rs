@@ -253,6 +253,22 @@ fn request_ids_reach_the_upstream_the_client_and_the_log() {
         "{head}"
     );
 
+    // A client's own id in another spelling (`_` for `-`, which CGI-style servers read as the
+    // same field) is removed too.
+    let up = upstream::start(Behavior::HopHeaders);
+    let (t, token) = behind(&up.url(), &[("upstream", ID)]);
+    let spelled = [
+        "-H",
+        "X_Request_Id: forged",
+        "-H",
+        &bearer(&token),
+        &t.url("/"),
+    ];
+    assert_eq!(curl(&spelled).0, 200);
+    let raw = String::from_utf8_lossy(&up.stats.raw_bytes.lock().unwrap()).to_ascii_lowercase();
+    assert!(!raw.contains("forged"), "{raw}");
+    assert_eq!(raw.matches("x-request-id: ").count(), 1, "{raw}");
+
     const TRUSTED: &str = "trusted_proxies = [\"127.0.0.0/8\"]";
     let (t, token) = behind(&nginx.url(), &[("upstream", ID), ("server", TRUSTED)]);
     let relayed = [

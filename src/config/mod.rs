@@ -228,6 +228,14 @@ fn validate(raw: RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Conf
         .transpose()?;
     let server = validate_server(raw.server.unwrap_or_default(), tls.as_ref())?;
     let upstream = validate_upstream(raw.upstream.unwrap_or_default(), env)?;
+    if let Some(id) = &upstream.request_id_header {
+        if server.response_headers.iter().any(|(name, _)| name == id) {
+            return Err(ConfigError::new(
+                "upstream.request_id_header",
+                "is also in server.response_headers, whose value the id would replace; keep one",
+            ));
+        }
+    }
     let token = validate_token(raw.token.unwrap_or_default(), env)?;
     let session = validate_session(raw.session.unwrap_or_default())?;
     let credentials = validate_credentials(raw.credentials.unwrap_or_default(), env)?;

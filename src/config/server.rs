@@ -157,6 +157,11 @@ const NOT_SETTABLE: [&str; 16] = [
     "sec-websocket-key",
 ];
 
+/// Whether `name` (lowercase) is hop-by-hop or in [`NOT_SETTABLE`].
+pub(super) fn not_settable(name: &str) -> bool {
+    crate::fields::HOP_BY_HOP.contains(&name) || NOT_SETTABLE.contains(&name)
+}
+
 /// `server.response_headers`: at most 32 names, each a valid field name that is neither
 /// hop-by-hop nor in [`NOT_SETTABLE`], with a valid value.
 fn response_headers(
@@ -174,8 +179,7 @@ fn response_headers(
         let Ok(parsed) = http::HeaderName::from_bytes(name.as_bytes()) else {
             return Err(ConfigError::new(&key, "is not a valid field name"));
         };
-        let lower = parsed.as_str();
-        if crate::fields::HOP_BY_HOP.contains(&lower) || NOT_SETTABLE.contains(&lower) {
+        if not_settable(parsed.as_str()) {
             return Err(ConfigError::new(
                 &key,
                 "is a field of the connection, the framing, the content or one answer \

@@ -83,18 +83,41 @@ pub(super) fn validate_upstream(
         )?,
         idle_timeout: ms("upstream.idle_timeout_ms", u.idle_timeout_ms, 30_000)?,
         preserve_host: u.preserve_host.unwrap_or(true),
-        request_id_header: match u.request_id_header.as_deref() {
-            None => None,
-            Some(name) => Some(http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
-                ConfigError::new(
-                    "upstream.request_id_header",
-                    "is not a valid field name (e.g. \"X-Request-Id\")",
-                )
-            })?),
-        },
+        request_id_header: u.request_id_header.as_deref().map(request_id).transpose()?,
         strip_response_headers: strip,
         strip_request_headers: request_strip_list(u.strip_request_headers)?,
     })
+}
+
+/// Fields a request id must not be sent under: the credential, the cookie and the forwarding
+/// fields tessera sets, besides those no response field may be ([`super::server`]).
+const NOT_AN_ID: [&str; 7] = [
+    "authorization",
+    "cookie",
+    "forwarded",
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "x-real-ip",
+];
+
+/// `upstream.request_id_header`: a field name that is none of tessera's own.
+fn request_id(name: &str) -> Result<http::HeaderName, ConfigError> {
+    let key = "upstream.request_id_header";
+    let Ok(parsed) = http::HeaderName::from_bytes(name.as_bytes()) else {
+        return Err(ConfigError::new(
+            key,
+            "is not a valid field name (e.g. \"X-Request-Id\")",
+        ));
+    };
+    let lower = parsed.as_str();
+    if NOT_AN_ID.contains(&lower) || super::server::not_settable(lower) {
+        return Err(ConfigError::new(
+            key,
+            "names a field tessera sets or reads itself; use a name of its own (X-Request-Id)",
+        ));
+    }
+    Ok(parsed)
 }
 
 /// `upstream.strip_request_headers`: header names, each maybe ending in `*` (a prefix).

@@ -116,7 +116,17 @@ impl Proxy {
         let login = Login::from_config(cfg, &verifier);
         Self {
             login,
-            stripped: screen::Stripped::new(&cfg.upstream.strip_request_headers),
+            // A client's own request id goes in every spelling (`_` for `-` included); a
+            // trusted proxy's was read before the screen.
+            stripped: screen::Stripped::new(
+                &(cfg
+                    .upstream
+                    .strip_request_headers
+                    .iter()
+                    .map(String::as_str))
+                .chain(cfg.upstream.request_id_header.as_ref().map(|n| n.as_str()))
+                .collect::<Vec<_>>(),
+            ),
             client_connections: (cfg.server.max_connections > 0)
                 .then(|| Arc::new(crate::share::Share::new(cfg.server.max_connections))),
             per_ip: (cfg.server.max_connections_per_ip > 0)
