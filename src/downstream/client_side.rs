@@ -50,17 +50,7 @@ struct SendTimed<T> {
 
 impl<T: AsyncWrite + Unpin> SendTimed<T> {
     fn timed<R>(&mut self, cx: &mut Context<'_>, r: Poll<io::Result<R>>) -> Poll<io::Result<R>> {
-        match r {
-            Poll::Pending if self.stall.poll_expired(self.send_timeout, cx) => {
-                tracing::debug!("client took no tunnel bytes for server.send_timeout_ms");
-                Poll::Ready(Err(io::ErrorKind::TimedOut.into()))
-            }
-            Poll::Pending => Poll::Pending,
-            r => {
-                self.stall.progress();
-                r
-            }
-        }
+        self.stall.timed(self.send_timeout, cx, r)
     }
 }
 

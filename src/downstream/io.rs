@@ -199,25 +199,17 @@ impl<S: Socket> Prefixed<S> {
     /// takes the last bytes into its buffer as written, and only the flush (or the
     /// `close_notify` and FIN) then waits on a client that reads nothing.
     fn stalled<T>(&mut self, cx: &mut Context<'_>, r: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
-        match r {
-            Poll::Pending => {
-                if !self.stall.poll_expired(self.send_timeout, cx) {
-                    return Poll::Pending;
-                }
-                tracing::debug!(
-                    "client took no response bytes for server.send_timeout_ms; connection reset"
-                );
-                self.stalled = true;
-                // Closed without lingering or a FIN queued behind a full buffer: reset (nginx's
-                // `reset_timedout_connection`).
-                reset_on_close(self.io.tcp());
-                Poll::Ready(Err(io::ErrorKind::TimedOut.into()))
-            }
-            r => {
-                self.stall.progress();
-                r
-            }
+        let r = self.stall.timed(self.send_timeout, cx, r);
+        if matches!(&r, Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::TimedOut) {
+            tracing::debug!(
+                "client took no response bytes for server.send_timeout_ms; connection reset"
+            );
+            self.stalled = true;
+            // Closed without lingering or a FIN queued behind a full buffer: reset (nginx's
+            // `reset_timedout_connection`).
+            reset_on_close(self.io.tcp());
         }
+        r
     }
 }
 
@@ -299,6 +291,26 @@ impl Stall {
         }
         let timer = self.timer.as_mut().expect("armed above");
         timer.as_mut().poll(cx).is_ready()
+    }
+
+    /// `r`, the result of a write, a flush or a close, within `stall` of the last progress:
+    /// `TimedOut` once a `Pending` has lasted that long; any other result is progress.
+    pub(super) fn timed<T>(
+        &mut self,
+        stall: Duration,
+        cx: &mut Context<'_>,
+        r: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        match r {
+            Poll::Pending if self.poll_expired(stall, cx) => {
+                Poll::Ready(Err(io::ErrorKind::TimedOut.into()))
+            }
+            Poll::Pending => Poll::Pending,
+            r => {
+                self.progress();
+                r
+            }
+        }
     }
 }
 
