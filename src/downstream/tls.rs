@@ -20,6 +20,14 @@ use super::settings::{TlsConfig, TlsVersion};
 /// 4,000 per MB); each entry is a few hundred bytes.
 const SESSION_CACHE: usize = 20_000;
 
+/// How long a NEW_TOKEN address token stays good (RFC 9000 section 8.1.3): a client back within
+/// a day skips the Retry round trip.
+const ADDRESS_TOKEN_LIFETIME: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Bytes of the log that makes each address token single-use (two Bloom filters; a false
+/// positive only costs that client a Retry), and the uses per lifetime it is sized for.
+const ADDRESS_TOKEN_LOG: (usize, u64) = (2 << 20, 1_000_000);
+
 /// ALPN protocol ids (RFC 7301), preferred first.
 pub(super) const ALPN_H2: &[u8] = b"h2";
 const ALPN_HTTP11: &[u8] = b"http/1.1";
@@ -34,9 +42,12 @@ pub struct TlsServer {
     /// QUIC's own session cache: its sessions carry QUIC transport parameters and, with 0-RTT,
     /// must be resumed statefully (rustls refuses early data on stateless tickets).
     quic_cache: Arc<dyn StoresServerSessions>,
-    /// The key of QUIC's Retry tokens (HKDF over 64 random bytes, as quinn makes it), the same
+    /// The key of QUIC's Retry and address tokens (HKDF over 64 random bytes, as quinn makes it), the same
     /// for every configuration made: a token issued just before a reload stays good after it.
     quic_token_key: Arc<ring::hkdf::Prk>,
+    /// The address tokens (NEW_TOKEN) used so far, so that none is accepted twice; kept across
+    /// reloads with the key.
+    quic_token_log: Arc<dyn quinn::TokenLog>,
     /// `Alt-Svc` for responses over TLS when HTTP/3 is served (RFC 7838).
     alt_svc: Option<http::HeaderValue>,
 }
@@ -73,6 +84,10 @@ impl TlsServer {
             cache,
             quic_cache: ServerSessionMemoryCache::new(SESSION_CACHE),
             quic_token_key: token_key(),
+            quic_token_log: Arc::new(quinn::BloomTokenLog::new_expected_items(
+                ADDRESS_TOKEN_LOG.0,
+                ADDRESS_TOKEN_LOG.1,
+            )),
             alt_svc: None,
         })
     }
@@ -106,8 +121,9 @@ impl TlsServer {
 
     /// The QUIC server's configuration (RFC 9001): TLS 1.3 only, ALPN `h3`, the same
     /// certificates; 0-RTT accepted when `h3.early_data` (then resumption is stateful, as rustls
-    /// requires for early data; otherwise tickets as over TCP). Made at start and on each reload
-    /// ([`quinn::Endpoint::set_server_config`]).
+    /// requires for early data; otherwise tickets as over TCP); two NEW_TOKEN address tokens
+    /// sent to each client once its handshake is done, each good once for a day. Made at start
+    /// and on each reload ([`quinn::Endpoint::set_server_config`]).
     ///
     /// Errors: as [`TlsServer::new`].
     pub fn quic_config(
@@ -132,8 +148,14 @@ impl TlsServer {
         transport
             .max_concurrent_bidi_streams(h3.max_concurrent_streams.into())
             .max_idle_timeout(quinn::IdleTimeout::try_from(h3.idle_timeout).ok());
+        let mut tokens = quinn::ValidationTokenConfig::default();
+        tokens
+            .log(self.quic_token_log.clone())
+            .lifetime(ADDRESS_TOKEN_LIFETIME);
         let mut server = quinn::ServerConfig::new(Arc::new(crypto), self.quic_token_key.clone());
-        server.transport_config(Arc::new(transport));
+        server
+            .transport_config(Arc::new(transport))
+            .validation_token_config(tokens);
         Ok(server)
     }
 
@@ -144,7 +166,7 @@ impl TlsServer {
     }
 }
 
-/// A fresh key for QUIC's Retry tokens (see [`TlsServer::quic_config`]).
+/// A fresh key for QUIC's Retry and NEW_TOKEN tokens (see [`TlsServer::quic_config`]).
 fn token_key() -> Arc<ring::hkdf::Prk> {
     let mut master = [0u8; 64];
     getrandom::getrandom(&mut master).expect("the OS random source");
