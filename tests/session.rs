@@ -815,6 +815,33 @@ fn an_upstream_401_on_a_path_keeps_a_session_whose_credentials_still_pass() {
     );
 }
 
+/// With `upstream.request_id_header`, the upstream's credential checks carry the id of the
+/// request that made them (a login; the re-check after an upstream 401), the one its client got.
+#[test]
+fn credential_checks_carry_the_id_of_the_request_that_made_them() {
+    let up = users();
+    let redis = Redis::start();
+    let t = on_redis(
+        &up,
+        &redis,
+        &[("upstream", "request_id_header = \"X-Request-Id\"")],
+    );
+    let answer = login(&t, "alice", "alice-pw");
+    let token = token_of(&answer);
+    let login_id = answer.header("x-request-id").expect("the login's id");
+    let refused = call(&["-H", &bearer(&token), &t.url("/app-401")]);
+    assert_eq!(refused.code, 401);
+    let refused_id = refused.header("x-request-id").expect("the request's id");
+    let seen = up.stats.request_ids.lock().unwrap().clone();
+    let want = [
+        ("/check", login_id),
+        ("/app-401", refused_id.clone()),
+        ("/check", refused_id),
+    ]
+    .map(|(path, id)| (path.to_string(), id));
+    assert_eq!(seen, want);
+}
+
 fn hs512_with_kid(kid: &str, secret: &str, sid: &str) -> String {
     let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS512);
     header.kid = Some(kid.to_string());

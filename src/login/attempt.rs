@@ -145,6 +145,7 @@ impl Login {
             peer,
             sessions,
             upstream,
+            request_id,
             ..
         } = *req;
         let is_form = content_type_is(parts, "application/x-www-form-urlencoded");
@@ -192,7 +193,7 @@ impl Login {
             login: self,
             keys: Some((ip_key, user_key)),
         };
-        let checked = self.check_upstream(&creds, upstream).await;
+        let checked = self.check_upstream(&creds, request_id, upstream).await;
         let (ip_key, user_key) = abandoned.keys.take().expect("taken only here");
         match checked {
             Ok(true) => give_back(store, shared.to_vec()),

@@ -59,6 +59,8 @@ pub struct EndpointRequest<'a> {
     pub sessions: &'a Sessions,
     /// Checks a login's credentials (`login.verify_path`).
     pub upstream: &'a Upstream,
+    /// The request's id (`upstream.request_id_header`), sent with the credential check.
+    pub request_id: Option<&'a HeaderValue>,
 }
 
 /// Largest login/logout request body, bytes.
@@ -92,6 +94,8 @@ pub struct Login {
     verify_target: http::Uri,
     /// `Host` sent with the credential check: the upstream URL's authority.
     upstream_host: HeaderValue,
+    /// `upstream.request_id_header`: the check carries the id of the request that caused it.
+    request_id_header: Option<http::HeaderName>,
     by_ip: FailureLimit<IpAddr>,
     by_user: FailureLimit<String>,
     /// Login checks running now, per client address and per user: the failure count only learns
@@ -131,6 +135,7 @@ impl Login {
             session_ttl: cfg.session.ttl_seconds,
             verify_target,
             upstream_host: HeaderValue::from_str(authority.as_str()).expect("valid authority"),
+            request_id_header: cfg.upstream.request_id_header.clone(),
             cfg: l,
         })
     }

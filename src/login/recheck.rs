@@ -61,7 +61,7 @@ impl Rechecks {
 impl Login {
     /// Whether the upstream still accepts a session's stored credentials (`authorization`, its
     /// injected `Authorization` value) at `login.verify_path`. Concurrent callers for one `sid`
-    /// share one check, and its answer is reused for 10 s.
+    /// share one check (with the first one's `request_id`), and its answer is reused for 10 s.
     ///
     /// Errors: as [`Login::check_upstream`] (the upstream failed or answered neither 2xx nor
     /// 401/403); a failed check is not reused.
@@ -69,22 +69,24 @@ impl Login {
         &self,
         sid: &Arc<str>,
         authorization: &HeaderValue,
+        request_id: Option<&HeaderValue>,
         upstream: &Upstream,
     ) -> Result<bool, ProxyError> {
         let cell = self.rechecks.cell(sid);
-        cell.get_or_try_init(|| self.check_authorization(authorization.clone(), upstream))
-            .await
-            .copied()
+        let check = || self.check_authorization(authorization.clone(), request_id, upstream);
+        cell.get_or_try_init(check).await.copied()
     }
 
-    /// Asks the upstream whether `creds` are good: `GET login.verify_path` with them.
+    /// Asks the upstream whether `creds` are good: `GET login.verify_path` with them (and the
+    /// id of the request that asks, under `upstream.request_id_header`).
     /// Ok(true) on 2xx, Ok(false) on 401/403; anything else is an upstream failure.
     pub(super) async fn check_upstream(
         &self,
         creds: &Credentials,
+        request_id: Option<&HeaderValue>,
         upstream: &Upstream,
     ) -> Result<bool, ProxyError> {
-        self.check_authorization(creds.basic_header(), upstream)
+        self.check_authorization(creds.basic_header(), request_id, upstream)
             .await
     }
 
@@ -92,13 +94,17 @@ impl Login {
     pub(super) async fn check_authorization(
         &self,
         authorization: HeaderValue,
+        request_id: Option<&HeaderValue>,
         upstream: &Upstream,
     ) -> Result<bool, ProxyError> {
-        let req = Request::get(self.verify_target.clone())
+        let mut req = Request::get(self.verify_target.clone())
             .header(header::HOST, self.upstream_host.clone())
             .header(header::AUTHORIZATION, authorization)
             .body(empty_body())
             .expect("valid request");
+        if let (Some(name), Some(id)) = (&self.request_id_header, request_id) {
+            req.headers_mut().insert(name.clone(), id.clone());
+        }
         let resp = upstream.forward(req).await?;
         let status = resp.status();
         // Drain (bounded) so the connection goes back to the pool.

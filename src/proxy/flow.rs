@@ -151,6 +151,7 @@ impl Proxy {
         B::Error: Into<BoxError>,
     {
         let login = self.login.as_ref().expect("routed by the login endpoints");
+        let request_id = ctx.request_id().cloned();
         let req = crate::login::EndpointRequest {
             parts,
             host: &screened.host,
@@ -158,6 +159,7 @@ impl Proxy {
             verifier: &self.verifier,
             sessions: &self.sessions,
             upstream: &self.upstream,
+            request_id: request_id.as_ref(),
         };
         let body = body.take().expect("the body is taken once");
         // Boxed: the login future (an upstream check, a store write) is many times the size of

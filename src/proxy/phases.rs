@@ -51,7 +51,12 @@ impl Proxy {
             // Read first: the answer's connection goes back to the pool before the check takes one.
             let resp = buffered(resp).await;
             match login
-                .still_accepted(sid, &session.authorization, &self.upstream)
+                .still_accepted(
+                    sid,
+                    &session.authorization,
+                    ctx.request_id(),
+                    &self.upstream,
+                )
                 .await
             {
                 Ok(false) => {}

@@ -42,6 +42,8 @@ pub struct Stats {
         Mutex<std::collections::HashMap<usize, std::collections::BTreeSet<String>>>,
     /// hyper behaviours: request paths in the order the requests arrived.
     pub paths: Mutex<Vec<String>>,
+    /// hyper behaviours: `(path, X-Request-Id)` of each request that carried one, in order.
+    pub request_ids: Mutex<Vec<(String, String)>>,
     /// `Users` behaviour: `/events` streams being sent now (one ends when its reader is gone).
     pub streams_open: AtomicUsize,
     /// `WebSocket` behaviour: WebSocket connections open now (one ends when its peer closes or
@@ -165,6 +167,10 @@ async fn handle(
     }
     let path = req.uri().path().to_string();
     s.paths.lock().unwrap().push(path.clone());
+    if let Some(id) = req.headers().get("x-request-id") {
+        let id = String::from_utf8_lossy(id.as_bytes()).into_owned();
+        s.request_ids.lock().unwrap().push((path.clone(), id));
+    }
     let auth = req
         .headers()
         .get("authorization")
