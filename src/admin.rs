@@ -130,19 +130,24 @@ pub async fn reseal_sessions(cfg: &Config) -> Result<crate::session::ResealRepor
     Ok(crate::sessions_from_config(cfg)?.reseal().await?)
 }
 
-/// Fresh key material: a 64-byte JWT secret (base64url, 86 chars) and a 32-byte sealing key
-/// (standard base64), as `NAME=value` lines for an environment file.
+/// Fresh key material: a 64-byte JWT secret (base64url, 86 chars), a 32-byte sealing key and
+/// a 48-byte session ticket key (standard base64), as `NAME=value` lines for an environment
+/// file.
 pub fn keygen() -> String {
     let mut jwt = [0u8; 64];
     let mut cred = [0u8; 32];
-    getrandom::getrandom(&mut jwt).expect("OS random source");
-    getrandom::getrandom(&mut cred).expect("OS random source");
+    let mut ticket = [0u8; 48];
+    for buf in [&mut jwt[..], &mut cred, &mut ticket] {
+        getrandom::getrandom(buf).expect("OS random source");
+    }
     format!(
         "# tessera keygen: fresh secrets; keep them out of version control.\n\
          # Config: token.secret = \"env:TESSERA_JWT_SECRET\", credentials.keys = {{ k1 = \"env:TESSERA_CRED_KEY\" }}\n\
-         TESSERA_JWT_SECRET={}\nTESSERA_CRED_KEY={}\n",
+         # and, with [tls] on several instances, tls.session_ticket_keys = [\"env:TESSERA_TICKET_KEY\"]\n\
+         TESSERA_JWT_SECRET={}\nTESSERA_CRED_KEY={}\nTESSERA_TICKET_KEY={}\n",
         URL_SAFE_NO_PAD.encode(jwt),
-        STANDARD.encode(cred)
+        STANDARD.encode(cred),
+        STANDARD.encode(ticket)
     )
 }
 

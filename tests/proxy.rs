@@ -1117,7 +1117,13 @@ fn check_config_names_the_key() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("TESSERA_JWT_SECRET=") && text.contains("TESSERA_CRED_KEY="));
+    for name in [
+        "TESSERA_JWT_SECRET=",
+        "TESSERA_CRED_KEY=",
+        "TESSERA_TICKET_KEY=",
+    ] {
+        assert!(text.contains(name), "{text}");
+    }
 }
 
 #[test]

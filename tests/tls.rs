@@ -114,8 +114,13 @@ fn curl_and_nghttp_reach_the_upstream_over_tls_with_h1_and_h2_by_alpn() {
 /// openssl `s_client` connecting twice, the second time offering the first's session; whether
 /// the server resumed it.
 fn resumed(port: u16, version: &str, dir: &Path) -> bool {
+    resumed_at(port, port, version, dir)
+}
+
+/// [`resumed`], the first connection to `first` and the second to `second`.
+fn resumed_at(first: u16, second: u16, version: &str, dir: &Path) -> bool {
     let session = dir.join(format!("session-{version}.pem"));
-    let run = |io: &str| {
+    let run = |port: u16, io: &str| {
         // stdin held open a moment, so TLS 1.3 tickets (sent after the handshake) arrive.
         let out = Command::new("sh")
             .arg("-c")
@@ -128,9 +133,43 @@ fn resumed(port: u16, version: &str, dir: &Path) -> bool {
             .unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    let first = run("-sess_out");
-    assert!(first.contains("New, TLSv1."), "{first}");
-    run("-sess_in").contains("Reused, TLSv1.")
+    let out = run(first, "-sess_out");
+    assert!(out.contains("New, TLSv1."), "{out}");
+    run(second, "-sess_in").contains("Reused, TLSv1.")
+}
+
+/// `tls.session_ticket_keys`: instances that list the same key resume each other's sessions
+/// (TLS 1.3 and 1.2), one without it does not; after a SIGHUP that lists a new key first, the
+/// old key's tickets still open and new tickets are sealed under the new key only.
+#[test]
+fn instances_sharing_ticket_keys_resume_each_others_sessions() {
+    require("openssl");
+    let nginx = Nginx::start_with(ECHO);
+    let pki = Pki::new();
+    let old = "session_ticket_keys = [\"old-ticket-key-0123456789-0123456789-abcdef\"]";
+    let rotated = "session_ticket_keys = [\"new-ticket-key-0123456789-0123456789-abcdef\", \
+                   \"old-ticket-key-0123456789-0123456789-abcdef\"]";
+    let (a, b, own) = (free_port(), free_port(), free_port());
+    let _a = tls_tessera(nginx.port, &pki, a, old, "");
+    let (tb, _) = tls_tessera(nginx.port, &pki, b, old, "");
+    let _own = tls_tessera(nginx.port, &pki, own, "", "");
+    let dir = pki.dir.path();
+    for version in ["-tls1_3", "-tls1_2"] {
+        assert!(resumed_at(a, b, version, dir), "{version}: a to b");
+        assert!(resumed_at(b, a, version, dir), "{version}: b to a");
+        assert!(!resumed_at(a, own, version, dir), "{version}: a to own");
+    }
+    let text = std::fs::read_to_string(tb.config_path()).unwrap();
+    std::fs::write(tb.config_path(), text.replace(old, rotated)).unwrap();
+    Command::new("kill")
+        .args(["-HUP", &tb.pid().to_string()])
+        .status()
+        .unwrap();
+    tb.log_when(|log| log.contains("configuration reloaded"));
+    for version in ["-tls1_3", "-tls1_2"] {
+        assert!(resumed_at(a, b, version, dir), "{version}: a to rotated b");
+        assert!(!resumed_at(b, a, version, dir), "{version}: rotated b to a");
+    }
 }
 
 #[test]
@@ -414,6 +453,24 @@ fn tls_settings_are_checked_at_load_naming_the_key() {
             tls.clone(),
             "server.redirect_to_https",
             "server.listen",
+        ),
+        (
+            "",
+            format!(
+                "{tls}\nsession_ticket_keys = [\"{}\", \"short\"]",
+                "k".repeat(32)
+            ),
+            "tls.session_ticket_keys[1]",
+            "is 5 bytes; a ticket key needs at least 32",
+        ),
+        (
+            "",
+            format!(
+                "{tls}\nsession_tickets = false\nsession_ticket_keys = [\"{}\"]",
+                "k".repeat(32)
+            ),
+            "tls.session_ticket_keys",
+            "needs tls.session_tickets = true",
         ),
     ];
     for (server, tls, key, says) in refused {

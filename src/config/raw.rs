@@ -42,6 +42,7 @@ pub(super) struct RawTls {
     pub(super) private_key: Option<String>,
     pub(super) min_version: Option<String>,
     pub(super) session_tickets: Option<bool>,
+    pub(super) session_ticket_keys: Option<Vec<String>>,
     pub(super) sni: Option<Vec<RawSni>>,
 }
 

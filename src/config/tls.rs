@@ -3,6 +3,7 @@
 
 use crate::downstream::{
     name_matches, CertError, Http3Config, Identity, Retry, TlsConfig, TlsVersion,
+    MIN_TICKET_SECRET_BYTES,
 };
 
 use super::raw::{RawHttp3, RawSni, RawTls};
@@ -39,13 +40,50 @@ pub(super) fn validate_tls(t: RawTls, env: Env) -> Result<TlsConfig, ConfigError
             ))
         }
     };
+    let session_tickets = t.session_tickets.unwrap_or(true);
+    let session_ticket_keys = ticket_keys(t.session_ticket_keys, session_tickets, env)?;
     Ok(TlsConfig {
         listen,
         default,
         sni,
         min_version,
-        session_tickets: t.session_tickets.unwrap_or(true),
+        session_tickets,
+        session_ticket_keys,
     })
+}
+
+/// `tls.session_ticket_keys`: each a secret (`env:`, `file:` or literal) of at least
+/// [`MIN_TICKET_SECRET_BYTES`] bytes; none with tickets off.
+fn ticket_keys(
+    keys: Option<Vec<String>>,
+    tickets: bool,
+    env: Env,
+) -> Result<Vec<zeroize::Zeroizing<String>>, ConfigError> {
+    let keys = keys.unwrap_or_default();
+    if !tickets && !keys.is_empty() {
+        return Err(ConfigError::new(
+            "tls.session_ticket_keys",
+            "needs tls.session_tickets = true (tickets are off); remove one of the two",
+        ));
+    }
+    keys.iter()
+        .enumerate()
+        .map(|(i, value)| {
+            let key = format!("tls.session_ticket_keys[{i}]");
+            let secret = resolve_secret(&key, value, env)?;
+            if secret.len() < MIN_TICKET_SECRET_BYTES {
+                return Err(ConfigError::new(
+                    &key,
+                    format!(
+                        "is {} bytes; a ticket key needs at least {MIN_TICKET_SECRET_BYTES} \
+                         (e.g. `openssl rand -base64 48`, the same on every instance)",
+                        secret.len()
+                    ),
+                ));
+            }
+            Ok(secret)
+        })
+        .collect()
 }
 
 fn sni_entry(i: usize, entry: RawSni, env: Env) -> Result<Identity, ConfigError> {

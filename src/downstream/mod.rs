@@ -17,6 +17,7 @@ mod proxy_header;
 mod quic;
 mod retry;
 mod settings;
+mod tickets;
 mod tls;
 mod tracked;
 mod write;
@@ -42,6 +43,7 @@ pub use fastopen::{adopt_tcp, bind_tcp};
 pub(crate) use parse::{Incoming, Taken};
 pub use quic::{adopt_udp, bind_udp, serve_http3};
 pub use settings::{Http3Config, Identity, Retry, ServerConfig, TlsConfig, TlsVersion};
+pub use tickets::MIN_SECRET_BYTES as MIN_TICKET_SECRET_BYTES;
 pub use tls::TlsServer;
 
 /// What a listener speaks.

@@ -101,6 +101,11 @@ pub struct TlsConfig {
     /// Stateless session tickets (RFC 5077 / RFC 8446 section 4.6.1) besides the server's
     /// session cache (`tls.session_tickets`, nginx's `ssl_session_tickets`). Default true.
     pub session_tickets: bool,
+    /// `tls.session_ticket_keys`: the secrets tickets are sealed under (the first) and opened
+    /// under (any), shared by every instance that lists them (nginx's
+    /// `ssl_session_ticket_key`); empty (the default): keys of this process's own, made at
+    /// start and rotated every 6 hours.
+    pub session_ticket_keys: Vec<zeroize::Zeroizing<String>>,
 }
 
 /// A certificate chain and its private key, as PEM text read from the configured files.

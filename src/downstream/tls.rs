@@ -1,7 +1,8 @@
 //! The TLS listener's server side: rustls (ring provider) with ALPN `h2` and `http/1.1`, TLS 1.2
 //! and 1.3 from `tls.min_version`, a certificate per SNI name ([`super::certs`]), and resumption
-//! by both the session cache and stateless tickets. One ticketer and one cache live for the
-//! process, so a certificate reload (SIGHUP) forgets no session. Must never: accept early data
+//! by both the session cache and stateless tickets. One cache and the process's own ticket keys
+//! live for the process (ticket keys shared by several instances come from the configuration,
+//! [`super::tickets`]), so a certificate reload (SIGHUP) forgets no session. Must never: accept early data
 //! (tokio-rustls never reads it: a client would think its request sent), or drop an open
 //! connection on a reload.
 
@@ -15,6 +16,7 @@ use tokio_rustls::server::TlsStream;
 
 use super::certs::{CertError, Certificates};
 use super::settings::{TlsConfig, TlsVersion};
+use super::tickets::SharedTickets;
 
 /// Sessions the server-side cache keeps for resumption (nginx's `ssl_session_cache` holds about
 /// 4,000 per MB); each entry is a few hundred bytes.
@@ -37,6 +39,8 @@ const ALPN_H3: &[u8] = b"h3";
 /// outlives a reload.
 pub struct TlsServer {
     current: RwLock<Arc<ServerConfig>>,
+    /// The process's own ticket keys (rustls rotates them every 6 hours), for when
+    /// `tls.session_ticket_keys` lists none.
     ticketer: Option<Arc<dyn ProducesTickets>>,
     cache: Arc<dyn StoresServerSessions>,
     /// QUIC's own session cache: its sessions carry QUIC transport parameters and, with 0-RTT,
@@ -76,7 +80,10 @@ impl TlsServer {
             false => None,
         };
         let cache: Arc<dyn StoresServerSessions> = ServerSessionMemoryCache::new(SESSION_CACHE);
-        let first = build(cfg, &Resumption::tcp(ticketer.as_ref(), &cache))?;
+        let first = build(
+            cfg,
+            &Resumption::tcp(tickets(cfg, ticketer.as_ref()), &cache),
+        )?;
         log_certificates(cfg);
         Ok(Self {
             current: RwLock::new(first),
@@ -107,13 +114,15 @@ impl TlsServer {
         self.alt_svc.as_ref()
     }
 
-    /// Puts `cfg`'s certificates and version floor in place for new handshakes; open
-    /// connections keep theirs, and tickets and cached sessions stay valid. `tls.listen` and
+    /// Puts `cfg`'s certificates, version floor and ticket keys in place for new handshakes; open
+    /// connections keep theirs, and tickets and cached sessions stay valid (shared tickets:
+    /// those under a key `tls.session_ticket_keys` still lists). `tls.listen` and
     /// `tls.session_tickets` apply at the next restart.
     ///
     /// Errors: as [`TlsServer::new`]; the running certificates are kept then.
     pub fn reload(&self, cfg: &TlsConfig) -> Result<(), CertError> {
-        let next = build(cfg, &Resumption::tcp(self.ticketer.as_ref(), &self.cache))?;
+        let tickets = tickets(cfg, self.ticketer.as_ref());
+        let next = build(cfg, &Resumption::tcp(tickets, &self.cache))?;
         log_certificates(cfg);
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = next;
         Ok(())
@@ -132,7 +141,9 @@ impl TlsServer {
         h3: &super::Http3Config,
     ) -> Result<quinn::ServerConfig, CertError> {
         let resumption = Resumption {
-            ticketer: (!h3.early_data).then_some(self.ticketer.as_ref()).flatten(),
+            ticketer: (!h3.early_data)
+                .then(|| tickets(cfg, self.ticketer.as_ref()))
+                .flatten(),
             cache: &self.quic_cache,
             alpn: &[ALPN_H3],
             versions: &[&rustls::version::TLS13],
@@ -175,9 +186,25 @@ fn token_key() -> Arc<ring::hkdf::Prk> {
     Arc::new(key)
 }
 
+/// The ticketer for `cfg`: one under `tls.session_ticket_keys` when it lists any (made anew
+/// on each reload: the same keys open the same tickets), else the process's own; `None` with
+/// tickets off.
+fn tickets(
+    cfg: &TlsConfig,
+    own: Option<&Arc<dyn ProducesTickets>>,
+) -> Option<Arc<dyn ProducesTickets>> {
+    if !cfg.session_tickets {
+        return None;
+    }
+    match cfg.session_ticket_keys.as_slice() {
+        [] => own.cloned(),
+        keys => Some(Arc::new(SharedTickets::new(keys))),
+    }
+}
+
 /// How one rustls configuration resumes sessions and what it offers.
 struct Resumption<'a> {
-    ticketer: Option<&'a Arc<dyn ProducesTickets>>,
+    ticketer: Option<Arc<dyn ProducesTickets>>,
     cache: &'a Arc<dyn StoresServerSessions>,
     alpn: &'a [&'a [u8]],
     /// `None`: from `tls.min_version`.
@@ -188,7 +215,7 @@ struct Resumption<'a> {
 impl<'a> Resumption<'a> {
     /// TLS over TCP: ALPN `h2` and `http/1.1`, no early data (tokio-rustls never reads it).
     fn tcp(
-        ticketer: Option<&'a Arc<dyn ProducesTickets>>,
+        ticketer: Option<Arc<dyn ProducesTickets>>,
         cache: &'a Arc<dyn StoresServerSessions>,
     ) -> Self {
         Self {
@@ -238,7 +265,7 @@ fn build(cfg: &TlsConfig, r: &Resumption<'_>) -> Result<Arc<ServerConfig>, CertE
         .with_cert_resolver(Arc::new(certs));
     server.alpn_protocols = r.alpn.iter().map(|p| p.to_vec()).collect();
     server.session_storage = r.cache.clone();
-    if let Some(t) = r.ticketer {
+    if let Some(t) = &r.ticketer {
         server.ticketer = t.clone();
     }
     // QUIC allows 0 or u32::MAX (RFC 9001 section 4.6.1).
