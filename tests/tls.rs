@@ -139,14 +139,16 @@ fn resumed_at(first: u16, second: u16, version: &str, dir: &Path) -> bool {
 }
 
 /// `tls.session_ticket_keys`: instances that list the same key resume each other's sessions
-/// (TLS 1.3 and 1.2), one without it does not; after a SIGHUP that lists a new key first, the
-/// old key's tickets still open and new tickets are sealed under the new key only.
+/// (TLS 1.3 and 1.2), one without it does not; a key listed second (SIGHUP) opens but does not
+/// seal, and once first it seals, while the old key's tickets still open.
 #[test]
 fn instances_sharing_ticket_keys_resume_each_others_sessions() {
     require("openssl");
     let nginx = Nginx::start_with(ECHO);
     let pki = Pki::new();
     let old = "session_ticket_keys = [\"old-ticket-key-0123456789-0123456789-abcdef\"]";
+    let added = "session_ticket_keys = [\"old-ticket-key-0123456789-0123456789-abcdef\", \
+                 \"new-ticket-key-0123456789-0123456789-abcdef\"]";
     let rotated = "session_ticket_keys = [\"new-ticket-key-0123456789-0123456789-abcdef\", \
                    \"old-ticket-key-0123456789-0123456789-abcdef\"]";
     let (a, b, own) = (free_port(), free_port(), free_port());
@@ -159,13 +161,23 @@ fn instances_sharing_ticket_keys_resume_each_others_sessions() {
         assert!(resumed_at(b, a, version, dir), "{version}: b to a");
         assert!(!resumed_at(a, own, version, dir), "{version}: a to own");
     }
-    let text = std::fs::read_to_string(tb.config_path()).unwrap();
-    std::fs::write(tb.config_path(), text.replace(old, rotated)).unwrap();
-    Command::new("kill")
-        .args(["-HUP", &tb.pid().to_string()])
-        .status()
-        .unwrap();
-    tb.log_when(|log| log.contains("configuration reloaded"));
+    let reload = |from: &str, to: &str, times: usize| {
+        let text = std::fs::read_to_string(tb.config_path()).unwrap();
+        std::fs::write(tb.config_path(), text.replace(from, to)).unwrap();
+        Command::new("kill")
+            .args(["-HUP", &tb.pid().to_string()])
+            .status()
+            .unwrap();
+        tb.log_when(|log| log.matches("configuration reloaded").count() >= times);
+    };
+    reload(old, added, 1);
+    for version in ["-tls1_3", "-tls1_2"] {
+        assert!(
+            resumed_at(b, a, version, dir),
+            "{version}: b with a key added to a"
+        );
+    }
+    reload(added, rotated, 2);
     for version in ["-tls1_3", "-tls1_2"] {
         assert!(resumed_at(a, b, version, dir), "{version}: a to rotated b");
         assert!(!resumed_at(b, a, version, dir), "{version}: rotated b to a");

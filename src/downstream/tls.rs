@@ -26,9 +26,10 @@ const SESSION_CACHE: usize = 20_000;
 /// a day skips the Retry round trip.
 const ADDRESS_TOKEN_LIFETIME: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// Bytes of the log that makes each address token single-use (two Bloom filters; a false
-/// positive only costs that client a Retry), and the uses per lifetime it is sized for.
-const ADDRESS_TOKEN_LOG: (usize, u64) = (2 << 20, 1_000_000);
+/// Bytes of the log that makes each address token single-use (two Bloom filters of half that
+/// each), and its hash count: 6 suits 2,000,000 uses per filter period (the token lifetime),
+/// with 2 % false positives, each of which only takes that client for unvalidated.
+const ADDRESS_TOKEN_LOG: (usize, u32) = (4 << 20, 6);
 
 /// ALPN protocol ids (RFC 7301), preferred first.
 pub(super) const ALPN_H2: &[u8] = b"h2";
@@ -91,7 +92,7 @@ impl TlsServer {
             cache,
             quic_cache: ServerSessionMemoryCache::new(SESSION_CACHE),
             quic_token_key: token_key(),
-            quic_token_log: Arc::new(quinn::BloomTokenLog::new_expected_items(
+            quic_token_log: Arc::new(quinn::BloomTokenLog::new(
                 ADDRESS_TOKEN_LOG.0,
                 ADDRESS_TOKEN_LOG.1,
             )),
@@ -187,17 +188,16 @@ fn token_key() -> Arc<ring::hkdf::Prk> {
 }
 
 /// The ticketer for `cfg`: one under `tls.session_ticket_keys` when it lists any (made anew
-/// on each reload: the same keys open the same tickets), else the process's own; `None` with
-/// tickets off.
+/// on each reload: the same keys open the same tickets), else the process's own; `None` when
+/// the process started with tickets off (`tls.session_tickets` applies at a restart: `own` is
+/// made at start exactly when it was on).
 fn tickets(
     cfg: &TlsConfig,
     own: Option<&Arc<dyn ProducesTickets>>,
 ) -> Option<Arc<dyn ProducesTickets>> {
-    if !cfg.session_tickets {
-        return None;
-    }
+    let own = own?;
     match cfg.session_ticket_keys.as_slice() {
-        [] => own.cloned(),
+        [] => Some(own.clone()),
         keys => Some(Arc::new(SharedTickets::new(keys))),
     }
 }
