@@ -1,11 +1,14 @@
 //! One HTTP/3 request stream: the 0-RTT policy, the request body as an [`http_body::Body`] the
 //! phases read (streamed; the size limits are the proxy's, as over h1 and h2), and the response
 //! written back with the send timeout. A response cut by its session's end resets the stream, so
-//! what is queued for it never arrives. Must never: forward a request that is not safe to
-//! replay before the handshake completes, or end a cut response as if it were whole.
+//! what is queued for it never arrives; one the client stopped (STOP_SENDING) ends, with its
+//! upstream exchange, even while the upstream sends nothing ([`Stops`]). Must never: forward a
+//! request that is not safe to replay before the handshake completes, or end a cut response as
+//! if it were whole.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use http::{HeaderValue, Method, Request, Response};
@@ -27,6 +30,7 @@ pub(super) async fn serve(
     stream: Stream<h3_quinn::BidiStream<Bytes>>,
     peer: &Peer,
     mut handshake: Handshake,
+    conn: &quinn::Connection,
 ) {
     if !handshake.complete() {
         if is_safe(req.method()) {
@@ -57,13 +61,16 @@ pub(super) async fn serve(
     let left = crate::screen::h3::content_length(req.headers())
         .ok()
         .flatten();
-    let req = req.map(|()| RequestBody {
+    let mut body = RequestBody {
         recv,
         done: false,
         left,
-    });
+        first: None,
+    };
+    body.settle(quic, req.method()).await;
+    let req = req.map(|()| body);
     let resp = super::handoff::bodyless_if(head, quic.proxy.handle(req, peer).await);
-    respond(quic, &mut send, resp).await;
+    respond(quic, &mut send, resp, Stops::new(conn)).await;
 }
 
 /// GET, HEAD and OPTIONS: safe to forward from early data (Cloudflare's and Envoy's rule).
@@ -74,10 +81,13 @@ fn is_safe(method: &Method) -> bool {
 /// Writes `resp` on `send`: the head, each data frame, the trailers if the body has any, and
 /// the end of the stream, each within `server.send_timeout_ms`; a body that fails or is cut by
 /// its session's end resets the stream instead (`H3_REQUEST_CANCELLED`, RFC 9114 section 8.1).
+/// While the body waits on its upstream, `stops` says when the client may have stopped this
+/// stream: an empty DATA frame then finds out (a write to a stopped stream fails).
 async fn respond(
     quic: &Quic,
     send: &mut Stream<h3_quinn::SendStream<Bytes>>,
     resp: Response<ProxyBody>,
+    mut stops: Stops,
 ) {
     let (parts, mut body) = resp.into_parts();
     let head = send.send_response(Response::from_parts(parts, ()));
@@ -87,7 +97,18 @@ async fn respond(
         Err(_) => return stalled(send),
     }
     loop {
-        let frame = match body.frame().await {
+        let next = tokio::select! {
+            biased;
+            next = body.frame() => next,
+            () = stops.changed() => {
+                match tokio::time::timeout(quic.send_timeout, send.send_data(Bytes::new())).await {
+                    Ok(Ok(())) => continue,
+                    Ok(Err(e)) => return tracing::debug!(cause = %e, "HTTP/3 client stopped the response"),
+                    Err(_) => return stalled(send),
+                }
+            }
+        };
+        let frame = match next {
             None => break,
             Some(Ok(frame)) => frame,
             Some(Err(e)) => {
@@ -128,6 +149,51 @@ async fn respond(
     }
 }
 
+/// How often a response waiting on its upstream looks whether its client stopped a stream.
+const STOP_CHECK: Duration = Duration::from_secs(1);
+
+/// The client's STOP_SENDING and RESET_STREAM frames on one connection, as a response waiting
+/// on its upstream sees them. quinn tells a stream it was stopped only at its next write (h3
+/// 0.0.8 has no way to wait for it), so an event stream whose upstream is silent would keep its
+/// upstream connection until the QUIC connection ends; the connection's frame counts, looked
+/// at every [`STOP_CHECK`] while the response waits, say when to try a write.
+struct Stops {
+    conn: quinn::Connection,
+    /// The count last seen; `None` until the first look.
+    seen: Option<u64>,
+    /// Made when the response first waits (most never do long enough to need it).
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Stops {
+    fn new(conn: &quinn::Connection) -> Self {
+        Self {
+            conn: conn.clone(),
+            seen: None,
+            timer: None,
+        }
+    }
+
+    /// Resolves at a look that finds the client's stop and reset frames more than at the last
+    /// one (at the first look: any at all). Cancel-safe.
+    async fn changed(&mut self) {
+        loop {
+            let timer = self
+                .timer
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(STOP_CHECK)));
+            timer.as_mut().await;
+            timer
+                .as_mut()
+                .reset(tokio::time::Instant::now() + STOP_CHECK);
+            let frames = self.conn.stats().frame_rx;
+            let now = frames.stop_sending + frames.reset_stream;
+            if self.seen.replace(now).unwrap_or(0) < now {
+                return;
+            }
+        }
+    }
+}
+
 /// A client that took no response bytes (head, data, or the end) for `server.send_timeout_ms`:
 /// its stream is reset, which frees the response's upstream connection.
 fn stalled(send: &mut Stream<h3_quinn::SendStream<Bytes>>) {
@@ -138,22 +204,59 @@ fn stalled(send: &mut Stream<h3_quinn::SendStream<Bytes>>) {
 /// An HTTP/3 request body as the phases read it: the client's DATA frames, in order; an error
 /// when the client resets the stream, breaks the framing, or sends more or less than its
 /// `Content-Length` (RFC 9114 section 4.1.2), so the upstream request is never completed with
-/// a truncated body.
+/// a truncated body. Its size is the `Content-Length`'s, and none once the stream is known to
+/// have ended, so that the upstream request is framed as the client's was (RFC 9112 section 6).
 struct RequestBody {
     recv: Stream<h3_quinn::RecvStream>,
     done: bool,
     /// Bytes the `Content-Length` still announces, if it had one.
     left: Option<u64>,
+    /// What [`RequestBody::settle`] read, given out first.
+    first: Option<Result<Frame<Bytes>, BoxError>>,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl RequestBody {
+    /// Reads what the stream already says of its body before the request goes on: a stream
+    /// that ended with its head (nearly every GET) then goes upstream without a body rather
+    /// than as an empty chunked one, which some servers refuse on a GET. For a method that
+    /// seldom has a body (RFC 9110 section 9.3) and no `Content-Length`, this waits for the
+    /// first frame or the end (at most `server.header_read_timeout_ms`, as the head); for any
+    /// other, it only looks.
+    async fn settle(&mut self, quic: &Quic, method: &Method) {
+        let rarely_has_body = matches!(
+            *method,
+            Method::GET | Method::HEAD | Method::OPTIONS | Method::DELETE | Method::TRACE
+        );
+        // None: not known yet; Some(None): the stream ended; Some(Some(frame)).
+        let next = if rarely_has_body && self.left.is_none() {
+            let read = std::future::poll_fn(|cx| Pin::new(&mut *self).poll_frame(cx));
+            tokio::time::timeout(quic.header_read_timeout, read)
+                .await
+                .ok()
+        } else {
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            match Pin::new(&mut *self).poll_frame(&mut cx) {
+                Poll::Ready(next) => Some(next),
+                Poll::Pending => None,
+            }
+        };
+        self.first = next.flatten();
+    }
 }
 
 impl Body for RequestBody {
     type Data = Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Error = BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if let Some(first) = self.first.take() {
+            return Poll::Ready(Some(first));
+        }
         if self.done {
             return Poll::Ready(None);
         }
@@ -180,6 +283,18 @@ impl Body for RequestBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.done
+        self.done && self.first.is_none()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        let first = match &self.first {
+            Some(Ok(frame)) => frame.data_ref().map_or(0, |d| d.len() as u64),
+            _ => 0,
+        };
+        match (self.done, self.left) {
+            (true, _) => http_body::SizeHint::with_exact(first),
+            (false, Some(left)) => http_body::SizeHint::with_exact(first + left),
+            (false, None) => http_body::SizeHint::default(),
+        }
     }
 }
