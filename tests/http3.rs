@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use support::h3::{
     abandoned_handshake, cuttable_line, delay_line, paced_read, request, request_sized,
     request_with, H3Client,
@@ -806,63 +806,9 @@ fn shutdown_answers_the_http3_request_in_flight_then_ends() {
     });
 }
 
-/// `GET /events`: an event stream's head and first event, then nothing; any other path a short
-/// answer.
-fn silent_events(line: &str) -> Script {
-    let bytes: &[u8] = if line.starts_with("GET /events ") {
-        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n8\r\ndata: 1\n\r\n"
-    } else {
-        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
-    };
-    Script {
-        bytes: bytes.to_vec(),
-        close: false,
-        early: false,
-    }
-}
-
-/// A client that stops reading one response (STOP_SENDING, as a browser leaving a page with an
-/// event stream open) frees that response's upstream connection though the upstream sends
-/// nothing more, and its QUIC connection goes on serving.
-#[test]
-fn an_event_stream_the_client_stops_frees_its_upstream_connection() {
-    let up = upstream::start(Behavior::Scripted(silent_events));
-    let pki = Pki::new();
-    let (_t, addr, token) = h3_tessera(&up.url(), &pki, "", "");
-    runtime().block_on(async {
-        let client = H3Client::new(&pki.ca());
-        let mut send = client.connect(addr).await;
-        let req = http::Request::get("https://localhost/events")
-            .header("authorization", format!("Bearer {token}"))
-            .body(())
-            .unwrap();
-        let mut stream = send.send_request(req).await.unwrap();
-        stream.finish().await.unwrap();
-        assert_eq!(stream.recv_response().await.unwrap().status(), 200);
-        let first = stream.recv_data().await.unwrap().unwrap();
-        assert_eq!(first.chunk(), b"data: 1\n");
-        assert_eq!(up.stats.current.load(SeqCst), 1);
-        // Dropped unread: quinn sends STOP_SENDING (h3-quinn's own stop_sending panics while
-        // a read is pending).
-        drop(stream);
-        let mut waited = Duration::ZERO;
-        while up.stats.current.load(SeqCst) > 0 && waited < Duration::from_secs(20) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            waited += Duration::from_millis(50);
-        }
-        assert_eq!(
-            up.stats.current.load(SeqCst),
-            0,
-            "the upstream connection is held"
-        );
-        let answer = request(&mut send, "GET", "/x", &token, Bytes::new()).await;
-        assert_eq!(answer.unwrap().body, b"ok");
-    });
-}
-
 /// How an HTTP/3 request's body is framed upstream (RFC 9112 section 6): none for a GET whose
 /// stream ended with its head, `Content-Length` when the client gave one, and chunked only when
-/// its length is unknown.
+/// its length is unknown; every byte of it, across a zero-length DATA frame too.
 #[test]
 fn http3_request_bodies_are_framed_upstream_as_their_clients_sent_them() {
     let up = upstream::start(Behavior::HopHeaders);
@@ -891,5 +837,25 @@ fn http3_request_bodies_are_framed_upstream_as_their_clients_sent_them() {
             "{raw}"
         );
         assert!(raw.ends_with("\r\n\r\n12345"), "{raw}");
+        // A zero-length DATA frame in the middle (which h3 reports as the end) ends nothing:
+        // the whole body goes, with its length or chunked.
+        let conn = client.connect_quic(addr).await;
+        let parts: [&[u8]; 3] = [b"abc", b"", b"def"];
+        let (_control, mut answer) = h3_raw::post(&conn, "/cl", &token, &[(4, "6")], &parts).await;
+        assert_eq!(h3_raw::status_index(&mut answer).await, Some(25), "200");
+        let raw = seen(&up);
+        assert!(
+            raw.contains("content-length: 6\r\n") && raw.ends_with("\r\n\r\nabcdef"),
+            "{raw}"
+        );
+        // A connection of its own: the helper opens the client's control stream each time.
+        let conn = client.connect_quic(addr).await;
+        let (_control, mut answer) = h3_raw::post(&conn, "/chunked", &token, &[], &parts).await;
+        assert_eq!(h3_raw::status_index(&mut answer).await, Some(25), "200");
+        let raw = seen(&up);
+        assert!(
+            raw.ends_with("\r\n\r\n3\r\nabc\r\n3\r\ndef\r\n0\r\n\r\n"),
+            "{raw}"
+        );
     });
 }

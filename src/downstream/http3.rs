@@ -1,14 +1,11 @@
 //! One HTTP/3 request stream: the 0-RTT policy, the request body as an [`http_body::Body`] the
 //! phases read (streamed; the size limits are the proxy's, as over h1 and h2), and the response
 //! written back with the send timeout. A response cut by its session's end resets the stream, so
-//! what is queued for it never arrives; one the client stopped (STOP_SENDING) ends, with its
-//! upstream exchange, even while the upstream sends nothing ([`Stops`]). Must never: forward a
-//! request that is not safe to replay before the handshake completes, or end a cut response as
-//! if it were whole.
+//! what is queued for it never arrives. Must never: forward a request that is not safe to
+//! replay before the handshake completes, or end a cut response as if it were whole.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use http::{HeaderValue, Method, Request, Response};
@@ -30,8 +27,17 @@ pub(super) async fn serve(
     stream: Stream<h3_quinn::BidiStream<Bytes>>,
     peer: &Peer,
     mut handshake: Handshake,
-    conn: &quinn::Connection,
 ) {
+    let head = req.method() == Method::HEAD;
+    let (mut send, recv) = stream.split();
+    // Only the body's size: a malformed `content-length` is refused by the screen (400), and
+    // the body then never forwarded.
+    let left = crate::screen::h3::content_length(req.headers())
+        .ok()
+        .flatten();
+    let mut body = RequestBody::new(recv, left);
+    // First: a request whose handshake completes meanwhile goes on as a late one.
+    body.settle(quic, req.method()).await;
     if !handshake.complete() {
         if is_safe(req.method()) {
             // RFC 8470 section 5.1: the upstream may answer 425 Too Early, which passes.
@@ -55,22 +61,9 @@ pub(super) async fn serve(
             }
         }
     }
-    let head = req.method() == Method::HEAD;
-    let (mut send, recv) = stream.split();
-    // A malformed one is refused by the screen before its body is read.
-    let left = crate::screen::h3::content_length(req.headers())
-        .ok()
-        .flatten();
-    let mut body = RequestBody {
-        recv,
-        done: false,
-        left,
-        first: None,
-    };
-    body.settle(quic, req.method()).await;
     let req = req.map(|()| body);
     let resp = super::handoff::bodyless_if(head, quic.proxy.handle(req, peer).await);
-    respond(quic, &mut send, resp, Stops::new(conn)).await;
+    respond(quic, &mut send, resp).await;
 }
 
 /// GET, HEAD and OPTIONS: safe to forward from early data (Cloudflare's and Envoy's rule).
@@ -81,13 +74,10 @@ fn is_safe(method: &Method) -> bool {
 /// Writes `resp` on `send`: the head, each data frame, the trailers if the body has any, and
 /// the end of the stream, each within `server.send_timeout_ms`; a body that fails or is cut by
 /// its session's end resets the stream instead (`H3_REQUEST_CANCELLED`, RFC 9114 section 8.1).
-/// While the body waits on its upstream, `stops` says when the client may have stopped this
-/// stream: an empty DATA frame then finds out (a write to a stopped stream fails).
 async fn respond(
     quic: &Quic,
     send: &mut Stream<h3_quinn::SendStream<Bytes>>,
     resp: Response<ProxyBody>,
-    mut stops: Stops,
 ) {
     let (parts, mut body) = resp.into_parts();
     let head = send.send_response(Response::from_parts(parts, ()));
@@ -97,18 +87,7 @@ async fn respond(
         Err(_) => return stalled(send),
     }
     loop {
-        let next = tokio::select! {
-            biased;
-            next = body.frame() => next,
-            () = stops.changed() => {
-                match tokio::time::timeout(quic.send_timeout, send.send_data(Bytes::new())).await {
-                    Ok(Ok(())) => continue,
-                    Ok(Err(e)) => return tracing::debug!(cause = %e, "HTTP/3 client stopped the response"),
-                    Err(_) => return stalled(send),
-                }
-            }
-        };
-        let frame = match next {
+        let frame = match body.frame().await {
             None => break,
             Some(Ok(frame)) => frame,
             Some(Err(e)) => {
@@ -149,51 +128,6 @@ async fn respond(
     }
 }
 
-/// How often a response waiting on its upstream looks whether its client stopped a stream.
-const STOP_CHECK: Duration = Duration::from_secs(1);
-
-/// The client's STOP_SENDING and RESET_STREAM frames on one connection, as a response waiting
-/// on its upstream sees them. quinn tells a stream it was stopped only at its next write (h3
-/// 0.0.8 has no way to wait for it), so an event stream whose upstream is silent would keep its
-/// upstream connection until the QUIC connection ends; the connection's frame counts, looked
-/// at every [`STOP_CHECK`] while the response waits, say when to try a write.
-struct Stops {
-    conn: quinn::Connection,
-    /// The count last seen; `None` until the first look.
-    seen: Option<u64>,
-    /// Made when the response first waits (most never do long enough to need it).
-    timer: Option<Pin<Box<tokio::time::Sleep>>>,
-}
-
-impl Stops {
-    fn new(conn: &quinn::Connection) -> Self {
-        Self {
-            conn: conn.clone(),
-            seen: None,
-            timer: None,
-        }
-    }
-
-    /// Resolves at a look that finds the client's stop and reset frames more than at the last
-    /// one (at the first look: any at all). Cancel-safe.
-    async fn changed(&mut self) {
-        loop {
-            let timer = self
-                .timer
-                .get_or_insert_with(|| Box::pin(tokio::time::sleep(STOP_CHECK)));
-            timer.as_mut().await;
-            timer
-                .as_mut()
-                .reset(tokio::time::Instant::now() + STOP_CHECK);
-            let frames = self.conn.stats().frame_rx;
-            let now = frames.stop_sending + frames.reset_stream;
-            if self.seen.replace(now).unwrap_or(0) < now {
-                return;
-            }
-        }
-    }
-}
-
 /// A client that took no response bytes (head, data, or the end) for `server.send_timeout_ms`:
 /// its stream is reset, which frees the response's upstream connection.
 fn stalled(send: &mut Stream<h3_quinn::SendStream<Bytes>>) {
@@ -206,6 +140,7 @@ fn stalled(send: &mut Stream<h3_quinn::SendStream<Bytes>>) {
 /// `Content-Length` (RFC 9114 section 4.1.2), so the upstream request is never completed with
 /// a truncated body. Its size is the `Content-Length`'s, and none once the stream is known to
 /// have ended, so that the upstream request is framed as the client's was (RFC 9112 section 6).
+/// Trailers the client sends are dropped, as over HTTP/1.1 and HTTP/2.
 struct RequestBody {
     recv: Stream<h3_quinn::RecvStream>,
     done: bool,
@@ -213,11 +148,32 @@ struct RequestBody {
     left: Option<u64>,
     /// What [`RequestBody::settle`] read, given out first.
     first: Option<Result<Frame<Bytes>, BoxError>>,
+    /// How many times in a row h3 said "no more data" (see [`RequestBody::poll_frame`]).
+    nones: u8,
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 impl RequestBody {
+    fn new(recv: Stream<h3_quinn::RecvStream>, left: Option<u64>) -> Self {
+        Self {
+            recv,
+            done: false,
+            left,
+            first: None,
+            nones: 0,
+        }
+    }
+
+    /// The stream's end, confirmed: an error if the `Content-Length` promised more.
+    fn end(&mut self) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.left.is_some_and(|left| left > 0) {
+            return Poll::Ready(Some(Err("body shorter than its content-length".into())));
+        }
+        self.done = true;
+        Poll::Ready(None)
+    }
+
     /// Reads what the stream already says of its body before the request goes on: a stream
     /// that ended with its head (nearly every GET) then goes upstream without a body rather
     /// than as an empty chunked one, which some servers refuse on a GET. For a method that
@@ -260,25 +216,33 @@ impl Body for RequestBody {
         if self.done {
             return Poll::Ready(None);
         }
-        match std::task::ready!(self.recv.poll_recv_data(cx)) {
-            Ok(Some(mut buf)) => {
-                let n = buf.remaining() as u64;
-                if let Some(left) = &mut self.left {
-                    if n > *left {
-                        return Poll::Ready(Some(Err("more body than its content-length".into())));
+        // h3 0.0.8 says "no more data" at a zero-length DATA frame as at the end (and at
+        // trailers): asked again, the end says so again; then asking for trailers confirms it
+        // (a DATA frame there is a connection error: an aborted body, never a truncated one).
+        loop {
+            if self.nones >= 2 {
+                return match std::task::ready!(self.recv.poll_recv_trailers(cx)) {
+                    Ok(_) => self.end(),
+                    Err(e) => Poll::Ready(Some(Err(Box::new(e)))),
+                };
+            }
+            match std::task::ready!(self.recv.poll_recv_data(cx)) {
+                Ok(Some(mut buf)) => {
+                    self.nones = 0;
+                    let n = buf.remaining() as u64;
+                    if let Some(left) = &mut self.left {
+                        if n > *left {
+                            let e = "more body than its content-length";
+                            return Poll::Ready(Some(Err(e.into())));
+                        }
+                        *left -= n;
                     }
-                    *left -= n;
+                    let data = buf.copy_to_bytes(buf.remaining());
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
-                Poll::Ready(Some(Ok(Frame::data(buf.copy_to_bytes(buf.remaining())))))
+                Ok(None) => self.nones += 1,
+                Err(e) => return Poll::Ready(Some(Err(Box::new(e)))),
             }
-            Ok(None) if self.left.is_some_and(|left| left > 0) => {
-                Poll::Ready(Some(Err("body shorter than its content-length".into())))
-            }
-            Ok(None) => {
-                self.done = true;
-                Poll::Ready(None)
-            }
-            Err(e) => Poll::Ready(Some(Err(Box::new(e)))),
         }
     }
 

@@ -375,9 +375,7 @@ async fn request(
     // Boxed: a request's future (the phases, the forward, the answer) takes tens of KiB, and a
     // spawned task's future is moved, and copied whole, several times on its way into the
     // runtime (30 % of an upload's instructions were those copies).
-    let serve = Box::pin(super::http3::serve(
-        &quic, req, stream, &peer, handshake, &conn,
-    ));
+    let serve = Box::pin(super::http3::serve(&quic, req, stream, &peer, handshake));
     tokio::select! {
         () = serve => {}
         _ = conn.closed() => tracing::debug!("HTTP/3 connection ended with a request open"),

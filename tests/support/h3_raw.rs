@@ -40,19 +40,51 @@ fn literal(index: usize, value: &str, out: &mut Vec<u8>) {
 /// `token` on a new request stream, its sending side finished. Keep the returned control
 /// stream: closing it is a connection error.
 pub async fn get(conn: &Connection, path: &str, token: &str) -> (SendStream, RecvStream) {
+    request(conn, 17, path, token, &[], &[]).await
+}
+
+/// [`get`] for `POST path`, with `fields` (static entry index, value) after the authorization
+/// and a DATA frame for each of `data` (empty ones too, RFC 9114 section 7.2.1).
+pub async fn post(
+    conn: &Connection,
+    path: &str,
+    token: &str,
+    fields: &[(usize, &str)],
+    data: &[&[u8]],
+) -> (SendStream, RecvStream) {
+    request(conn, 20, path, token, fields, data).await
+}
+
+/// A request with the static table's `:method` entry `method` (17 GET, 20 POST).
+async fn request(
+    conn: &Connection,
+    method: u8,
+    path: &str,
+    token: &str,
+    more: &[(usize, &str)],
+    data: &[&[u8]],
+) -> (SendStream, RecvStream) {
     let mut control = conn.open_uni().await.unwrap();
     control.write_all(&[0x00, 0x04, 0x00]).await.unwrap();
     let mut fields = vec![0x00, 0x00]; // required insert count 0, base 0
-    fields.push(0xC0 | 17); // :method GET
+    fields.push(0xC0 | method); // :method
     fields.push(0xC0 | 23); // :scheme https
     literal(0, "localhost", &mut fields); // :authority
     literal(1, path, &mut fields); // :path
     literal(84, &format!("Bearer {token}"), &mut fields); // authorization
-    let mut frame = vec![0x01]; // HEADERS
-    varint(fields.len() as u64, &mut frame);
-    frame.extend_from_slice(&fields);
+    for (index, value) in more {
+        literal(*index, value, &mut fields);
+    }
+    let mut frames = vec![0x01]; // HEADERS
+    varint(fields.len() as u64, &mut frames);
+    frames.extend_from_slice(&fields);
+    for chunk in data {
+        frames.push(0x00); // DATA
+        varint(chunk.len() as u64, &mut frames);
+        frames.extend_from_slice(chunk);
+    }
     let (mut send, recv) = conn.open_bi().await.unwrap();
-    send.write_all(&frame).await.unwrap();
+    send.write_all(&frames).await.unwrap();
     send.finish().unwrap();
     (control, recv)
 }
