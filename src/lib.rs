@@ -25,6 +25,7 @@ pub mod screen;
 pub mod seal;
 pub mod session;
 pub mod share;
+mod stall;
 pub mod telemetry;
 pub mod token;
 pub mod upstream;

@@ -885,3 +885,37 @@ fn a_websocket_client_that_stops_reading_is_cut_after_the_send_timeout() {
     let log = t.log_when(|l| l.contains("WebSocket closed"));
     assert!(log.contains("end=failed: timed out"), "{log}");
 }
+
+/// An upstream that switches to WebSocket and then reads nothing, while its client sends until
+/// its writes block and then leaves: the tunnel ends after `server.send_timeout_ms` of no
+/// progress towards the upstream, not at the idle timeout (off here).
+#[test]
+fn a_websocket_upstream_that_stops_reading_ends_its_tunnel_after_the_send_timeout() {
+    use std::io::{Read, Write};
+    let deaf = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = deaf.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let (mut conn, _) = deaf.accept().unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap_or(0) == 1 {
+            head.push(byte[0]);
+        }
+        conn.write_all(SCRIPTED_101).unwrap();
+        // Held open and never read from again.
+        std::thread::sleep(Duration::from_secs(120));
+    });
+    let up = format!("http://127.0.0.1:{port}");
+    let (t, _) = tessera_with(&up, "idle_timeout_ms = 0", "send_timeout_ms = 300");
+    let (_, alice) = t.create_session("alice", "alice-pw");
+    let mut sock = raw_handshake(&t, "/deaf", &alice, b"");
+    let head = read_until(&mut sock, |b| b.windows(4).any(|w| w == b"\r\n\r\n"));
+    assert!(head.starts_with(b"HTTP/1.1 101"), "{head:?}");
+    sock.set_write_timeout(Some(Duration::from_secs(1)))
+        .unwrap();
+    let chunk = vec![b'x'; 1 << 20];
+    while sock.write_all(&chunk).is_ok() {}
+    drop(sock);
+    let log = t.log_when(|l| l.contains("WebSocket closed"));
+    assert!(log.contains("end=failed: timed out"), "{log}");
+}

@@ -4,18 +4,15 @@
 //! never: lose bytes hyper read past the handshake, or let a client that takes nothing hold a
 //! tunnel past `server.send_timeout_ms`.
 
-use std::io;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::BytesMut;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
-use super::io::{Prefixed, Socket, Stall};
+use super::io::{Prefixed, Socket};
+use crate::stall::SendTimed;
 
 /// A WebSocket tunnel's client side ([`crate::upstream::ClientSideFn`]): the connection's own
 /// socket, TCP or TLS, with the bytes hyper had read past the handshake first and no lingering
@@ -31,57 +28,7 @@ pub fn client_side(
     };
     match unwrapped::<TlsStream<TcpStream>>(upgraded) {
         Ok(socket) => Box::new(socket),
-        Err(upgraded) => Box::new(SendTimed {
-            io: TokioIo::new(upgraded),
-            send_timeout,
-            stall: Stall::default(),
-        }),
-    }
-}
-
-/// A stream whose writes, flushes and close fail with `TimedOut` once none has made progress
-/// for `send_timeout`: an HTTP/2 stream waits on the client's flow-control window, which a
-/// client can keep shut while its connection lives on.
-struct SendTimed<T> {
-    io: T,
-    send_timeout: Duration,
-    stall: Stall,
-}
-
-impl<T: AsyncWrite + Unpin> SendTimed<T> {
-    fn timed<R>(&mut self, cx: &mut Context<'_>, r: Poll<io::Result<R>>) -> Poll<io::Result<R>> {
-        self.stall.timed(self.send_timeout, cx, r)
-    }
-}
-
-impl<T: AsyncRead + Unpin> AsyncRead for SendTimed<T> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-
-impl<T: AsyncWrite + Unpin> AsyncWrite for SendTimed<T> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let r = Pin::new(&mut self.io).poll_write(cx, buf);
-        self.timed(cx, r)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let r = Pin::new(&mut self.io).poll_flush(cx);
-        self.timed(cx, r)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let r = Pin::new(&mut self.io).poll_shutdown(cx);
-        self.timed(cx, r)
+        Err(upgraded) => Box::new(SendTimed::new(TokioIo::new(upgraded), send_timeout)),
     }
 }
 

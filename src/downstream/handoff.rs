@@ -20,9 +20,9 @@ use crate::proxy::Peer;
 use crate::upstream::ProxyBody;
 
 use super::conn::{Conn, Serving};
-use super::io::Stall;
 use super::io::{Prefixed, Socket};
 use super::tracked::{Streams, Tracked};
+use crate::stall::Stall;
 
 /// Which of hyper's servers takes a connection.
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -21,6 +21,7 @@ use tokio::time::{Instant, Sleep};
 use tokio_rustls::server::TlsStream;
 
 use super::conn::{peek, reset_on_close};
+use crate::stall::Stall;
 
 /// A client connection the fast path and the hand-off serve: a TCP socket, or TLS over one.
 /// Writes must be flushed (TLS holds records back until then; TCP's flush does nothing).
@@ -261,56 +262,6 @@ impl<S: Socket> AsyncWrite for Prefixed<S> {
         }
         let linger = this.linger.as_mut().expect("set above");
         linger.poll(&mut this.io, cx).map(Ok)
-    }
-}
-
-/// The send timeout of one connection's writes: armed by a write the socket could not take,
-/// disarmed by one it took. The timer is allocated at the first full send buffer and reused.
-#[derive(Default)]
-pub(super) struct Stall {
-    timer: Option<Pin<Box<Sleep>>>,
-    armed: bool,
-}
-
-impl Stall {
-    /// A write made progress.
-    pub(super) fn progress(&mut self) {
-        self.armed = false;
-    }
-
-    /// A write found the send buffer full: whether `stall` has passed since the first such
-    /// write after the last progress; registers for the wake-up otherwise.
-    pub(super) fn poll_expired(&mut self, stall: Duration, cx: &mut Context<'_>) -> bool {
-        if !self.armed {
-            self.armed = true;
-            let deadline = Instant::now() + stall;
-            match &mut self.timer {
-                Some(timer) => timer.as_mut().reset(deadline),
-                None => self.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
-            }
-        }
-        let timer = self.timer.as_mut().expect("armed above");
-        timer.as_mut().poll(cx).is_ready()
-    }
-
-    /// `r`, the result of a write, a flush or a close, within `stall` of the last progress:
-    /// `TimedOut` once a `Pending` has lasted that long; any other result is progress.
-    pub(super) fn timed<T>(
-        &mut self,
-        stall: Duration,
-        cx: &mut Context<'_>,
-        r: Poll<io::Result<T>>,
-    ) -> Poll<io::Result<T>> {
-        match r {
-            Poll::Pending if self.poll_expired(stall, cx) => {
-                Poll::Ready(Err(io::ErrorKind::TimedOut.into()))
-            }
-            Poll::Pending => Poll::Pending,
-            r => {
-                self.progress();
-                r
-            }
-        }
     }
 }
 

@@ -20,7 +20,8 @@ use crate::upstream::{ProxyBody, RawHead};
 
 use super::conn::{ClientWatch, Conn};
 use super::format::{chunk_size_line, http_date, itoa};
-use super::io::{Socket, Stall};
+use super::io::Socket;
+use crate::stall::Stall;
 
 impl<S: Socket> Conn<S> {
     /// Writes `parts` ([`send`]); `false` when that failed or timed out (then `reset`).

@@ -265,7 +265,7 @@ impl Proxy {
             match upgraded {
                 Ok(Ok(io)) => {
                     let io = client_side(io, send_timeout);
-                    let report = tunnel.run(io, idle, watch, stop).await;
+                    let report = tunnel.run(io, idle, send_timeout, watch, stop).await;
                     tracing::info!(
                         sid_hash = sid_hash.as_deref().unwrap_or("-"),
                         over,

@@ -31,6 +31,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::pool::Conn;
+use crate::stall::SendTimed;
 
 use super::frames::{close_frame, FrameEdge};
 
@@ -267,15 +268,17 @@ impl Tunnel {
 
     /// Copies bytes between `downstream` (the client's upgraded connection) and the upstream
     /// until both sides have closed (or one, and the other not within [`HALF_CLOSED_GRACE`]), a
-    /// socket fails, no byte moves either way for `idle` (`None`: no limit), `watch` reports the
-    /// session's end, or `stop` is cancelled (shutdown). The last three are cuts: each side
-    /// between frames gets a Close frame (the client 1008 for the session's end, else 1001; the
-    /// upstream 1001) and at most [`CLOSING_WAIT`] to answer. Either way both connections are
-    /// closed when this returns.
+    /// socket fails (a write to the upstream that makes no progress for `send_timeout` fails
+    /// too: the downstream's own writes are bounded by the downstream), no byte moves either
+    /// way for `idle` (`None`: no limit), `watch` reports the session's end, or `stop` is
+    /// cancelled (shutdown). The last three are cuts: each side between frames gets a Close
+    /// frame (the client 1008 for the session's end, else 1001; the upstream 1001) and at most
+    /// [`CLOSING_WAIT`] to answer. Either way both connections are closed when this returns.
     pub async fn run<D>(
         mut self,
         downstream: D,
         idle: Option<Duration>,
+        send_timeout: Duration,
         watch: Option<Watch>,
         stop: CancellationToken,
     ) -> TunnelReport
@@ -283,6 +286,7 @@ impl Tunnel {
         D: AsyncRead + AsyncWrite + Unpin,
     {
         let (upstream, early) = self.conn.h1().switched_io();
+        let upstream = SendTimed::new(upstream, send_timeout);
         carry(downstream, upstream, &early, idle, watch, stop).await
     }
 }
