@@ -2072,3 +2072,56 @@ fn redirects_naming_the_upstream_point_at_the_client_side() {
         "{head}"
     );
 }
+
+/// HTTP/1.1 and h2c requests reach the upstream framed as their clients sent them: a GET with
+/// no body fields, a POST with its `Content-Length`, and a body of unknown length chunked.
+#[test]
+fn request_bodies_are_framed_upstream_as_their_clients_sent_them() {
+    let up = upstream::start(Behavior::HopHeaders);
+    let (t, token) = behind(&up.url(), &[]);
+    let seen = || {
+        let raw = std::mem::take(&mut *up.stats.raw_bytes.lock().unwrap());
+        String::from_utf8_lossy(&raw).to_ascii_lowercase()
+    };
+    for version in ["--http1.1", "--http2-prior-knowledge"] {
+        assert_eq!(
+            curl(&[version, "-H", &bearer(&token), &t.url("/get")]).0,
+            200
+        );
+        let raw = seen();
+        assert!(
+            !raw.contains("transfer-encoding") && !raw.contains("content-length"),
+            "{version}: {raw}"
+        );
+        let post = [
+            version,
+            "-H",
+            &bearer(&token),
+            "--data-binary",
+            "12345",
+            &t.url("/p"),
+        ];
+        assert_eq!(curl(&post).0, 200);
+        let raw = seen();
+        assert!(
+            raw.contains("content-length: 5\r\n") && raw.ends_with("\r\n\r\n12345"),
+            "{version}: {raw}"
+        );
+        let chunked = [
+            version,
+            "-H",
+            &bearer(&token),
+            "-H",
+            "Transfer-Encoding: chunked",
+            "--data-binary",
+            "12345",
+            &t.url("/c"),
+        ];
+        assert_eq!(curl(&chunked).0, 200);
+        let raw = seen();
+        assert!(
+            raw.ends_with("\r\n\r\n5\r\n12345\r\n0\r\n\r\n"),
+            "{version}: {raw}"
+        );
+    }
+}
