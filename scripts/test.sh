@@ -63,6 +63,10 @@ cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 cargo fmt --all -- --check
 cargo clippy --all-targets -- -D warnings
+# Every intra-doc link resolves, private items' docs included (a few seconds; module docs may
+# name private items, which the private build shows).
+RUSTDOCFLAGS="-D warnings -A rustdoc::private_intra_doc_links" \
+  cargo doc --no-deps --document-private-items --quiet
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 # --no-fail-fast: a failing test binary does not hide what the others would have found.

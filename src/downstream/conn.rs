@@ -54,7 +54,7 @@ pub struct Serving {
     /// first byte; an idle keep-alive connection closes after it too.
     pub header_read_timeout: Duration,
     /// Longest a response write may wait for the client to take a byte (`server.send_timeout_ms`);
-    /// past it the connection is closed. Connections handed to hyper: see [`Checks`].
+    /// past it the connection is closed. Connections handed to hyper: see [`super::handoff`].
     pub send_timeout: Duration,
     /// Largest head, bytes, the fast path waits for; a longer one goes to hyper (which answers
     /// 431). The same size as hyper's read buffer limit.
@@ -247,10 +247,10 @@ pub(super) struct Conn<S> {
     pub(super) incoming: Incoming,
     /// The response head being written (reused).
     pub(super) out: Vec<u8>,
-    /// `server.send_timeout_ms`: see [`send`].
+    /// `server.send_timeout_ms`: see [`super::write`].
     pub(super) send_timeout: Duration,
     /// The connection is reset (`SO_LINGER` 0), not closed gracefully: a response write timed
-    /// out ([`send`]), or a response was cut because its session ended (its queued bytes must
+    /// out ([`super::write`]), or a response was cut because its session ended (its queued bytes must
     /// not reach the client).
     pub(super) reset: bool,
 }

@@ -68,7 +68,7 @@ impl Streams {
     /// Cuts every response body that hyper took a frame of at least `send` before `now` and has
     /// not asked for the next one since: hyper's own buffers for it are full because the client
     /// does not take them (HTTP/2: it grants no flow-control window; a full socket buffer is
-    /// caught sooner by [`Prefixed`]'s send timeout). The body is dropped, which closes its
+    /// caught sooner by [`super::io::Prefixed`]'s send timeout). The body is dropped, which closes its
     /// upstream connection if it was mid-body, and ends its request's open count; hyper's next
     /// poll of it, if any, gets an error (HTTP/2: `RST_STREAM`; HTTP/1: the connection ends).
     /// Checked once per tick, so a cut comes up to a quarter of `send` late.

@@ -1,5 +1,5 @@
 //! Session records as stored: the `tessera` format (sealed credentials, `sub`, `expires_at`) and
-//! the `hyper-auth-proxy` one (`{"credentials": "..."}`), opened into a [`Session`] with the sid as
+//! the `hyper-auth-proxy` one (`{"credentials": "..."}`), opened into a [`super::Session`] with the sid as
 //! the seal's associated data. Must never: accept plaintext credentials unless
 //! `credentials.allow_plaintext_legacy` says so.
 

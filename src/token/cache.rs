@@ -18,7 +18,7 @@ pub(super) struct TokenCache {
     pub(super) k0: u64,
     pub(super) k1: u64,
     /// Bumped by every clear: a verification that began before a clear (under a key set since
-    /// changed) is not kept after it (see [`Verifier::verify`]).
+    /// changed) is not kept after it (see [`super::Verifier::verify`]).
     pub(super) generation: std::sync::atomic::AtomicU64,
 }
 

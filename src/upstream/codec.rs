@@ -92,7 +92,7 @@ pub(crate) fn parse_head(
     }))
 }
 
-/// See [`H1::idle_limit`].
+/// See [`super::conn::H1::idle_limit`].
 pub(super) fn idle_limit(pool_idle: Duration, announced: Option<Duration>) -> Duration {
     match announced {
         None => pool_idle,

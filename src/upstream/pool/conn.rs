@@ -48,7 +48,7 @@ pub struct Conn {
     /// `None` only in the drop: after it hands the connection to a background task, or frees
     /// the slot of a closed one before waking a waiter ([`Conn::wake_a_waiter`]).
     pub(super) permit: Option<OwnedSemaphorePermit>,
-    /// The request's shares of the pool ([`super::share`]), released with the slot.
+    /// The request's shares of the pool ([`crate::upstream::share`]), released with the slot.
     pub(super) held: Held,
 }
 
@@ -201,7 +201,7 @@ impl Conn {
     }
 
     /// Records why the connection is closed if it is dropped without [`Conn::set_reusable`]
-    /// (counted in [`PoolStats::closed`] at the drop).
+    /// (counted in [`super::PoolStats::closed`] at the drop).
     pub fn close_as(&mut self, reason: Closed) {
         self.closing = reason;
     }

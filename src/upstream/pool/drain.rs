@@ -81,7 +81,7 @@ pub(crate) fn coarse_ms() -> u32 {
     epoch.elapsed().as_millis() as u32
 }
 
-/// Reads the rest of an exchange whose requester went away ([`H1::finish`]) for at most
+/// Reads the rest of an exchange whose requester went away ([`crate::upstream::conn::H1::finish`]) for at most
 /// [`Drain::wait`], then releases the connection: kept when the response was read to its end,
 /// else closed. (The rest was taken out of the connection, so releasing it here cannot start
 /// another drain; a task dropped unrun closes it likewise.)

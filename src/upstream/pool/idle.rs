@@ -22,7 +22,7 @@ pub(super) struct Idle {
     pub(super) until: Instant,
     /// The credential this connection is bound to (affinity only).
     pub(super) key: Option<Binding>,
-    /// When its last request's first bytes were written ([`coarse_ms`]; for a new connection
+    /// When its last request's first bytes were written ([`super::drain::coarse_ms`]; for a new connection
     /// given back unsent, when it was): a bound on `since` that costs no clock read, for a
     /// request that gives it back unsent.
     pub(super) sent_ms: u32,
