@@ -840,7 +840,7 @@ fn http3_request_bodies_are_framed_upstream_as_their_clients_sent_them() {
         // A zero-length DATA frame in the middle (which h3 reports as the end) ends nothing:
         // the whole body goes, with its length or chunked.
         let conn = client.connect_quic(addr).await;
-        let parts: [&[u8]; 3] = [b"abc", b"", b"def"];
+        let parts = h3_raw::data_frames(&[b"abc", b"", b"def"]);
         let (_control, mut answer) = h3_raw::post(&conn, "/cl", &token, &[(4, "6")], &parts).await;
         assert_eq!(h3_raw::status_index(&mut answer).await, Some(25), "200");
         let raw = seen(&up);
@@ -857,5 +857,17 @@ fn http3_request_bodies_are_framed_upstream_as_their_clients_sent_them() {
             raw.ends_with("\r\n\r\n3\r\nabc\r\n3\r\ndef\r\n0\r\n\r\n"),
             "{raw}"
         );
+        // A DATA frame cut by the FIN (its header promises 10 bytes, none follow; h3 asserts on
+        // such a stream if asked for trailers): refused against its content-length, and no
+        // panic with or without one.
+        let cut = [0x00, 0x0a];
+        let conn = client.connect_quic(addr).await;
+        let (_control, mut answer) = h3_raw::post(&conn, "/cut", &token, &[(4, "10")], &cut).await;
+        assert_ne!(h3_raw::status_index(&mut answer).await, Some(25), "not 200");
+        let conn = client.connect_quic(addr).await;
+        let (_control, mut answer) = h3_raw::post(&conn, "/cut", &token, &[], &cut).await;
+        h3_raw::status_index(&mut answer).await;
     });
+    let log = _t.log();
+    assert!(!log.contains("panicked"), "{log}");
 }

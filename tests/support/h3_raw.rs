@@ -43,16 +43,27 @@ pub async fn get(conn: &Connection, path: &str, token: &str) -> (SendStream, Rec
     request(conn, 17, path, token, &[], &[]).await
 }
 
+/// A DATA frame for each of `parts` (empty ones too, RFC 9114 section 7.2.1), one after another.
+pub fn data_frames(parts: &[&[u8]]) -> Vec<u8> {
+    let mut frames = Vec::new();
+    for part in parts {
+        frames.push(0x00); // DATA
+        varint(part.len() as u64, &mut frames);
+        frames.extend_from_slice(part);
+    }
+    frames
+}
+
 /// [`get`] for `POST path`, with `fields` (static entry index, value) after the authorization
-/// and a DATA frame for each of `data` (empty ones too, RFC 9114 section 7.2.1).
+/// and `tail` after the HEADERS frame as it is (e.g. [`data_frames`]).
 pub async fn post(
     conn: &Connection,
     path: &str,
     token: &str,
     fields: &[(usize, &str)],
-    data: &[&[u8]],
+    tail: &[u8],
 ) -> (SendStream, RecvStream) {
-    request(conn, 20, path, token, fields, data).await
+    request(conn, 20, path, token, fields, tail).await
 }
 
 /// A request with the static table's `:method` entry `method` (17 GET, 20 POST).
@@ -62,7 +73,7 @@ async fn request(
     path: &str,
     token: &str,
     more: &[(usize, &str)],
-    data: &[&[u8]],
+    tail: &[u8],
 ) -> (SendStream, RecvStream) {
     let mut control = conn.open_uni().await.unwrap();
     control.write_all(&[0x00, 0x04, 0x00]).await.unwrap();
@@ -78,11 +89,7 @@ async fn request(
     let mut frames = vec![0x01]; // HEADERS
     varint(fields.len() as u64, &mut frames);
     frames.extend_from_slice(&fields);
-    for chunk in data {
-        frames.push(0x00); // DATA
-        varint(chunk.len() as u64, &mut frames);
-        frames.extend_from_slice(chunk);
-    }
+    frames.extend_from_slice(tail);
     let (mut send, recv) = conn.open_bi().await.unwrap();
     send.write_all(&frames).await.unwrap();
     send.finish().unwrap();
