@@ -1,6 +1,7 @@
 //! Send timeouts: a write, flush or close that makes no progress for a stated time fails with
 //! `TimedOut` (nginx's `send_timeout`, counted between two writes), for the client side of every
-//! connection and for both sides of a WebSocket tunnel. Must never: time out a write that is
+//! TCP and TLS connection (HTTP/3 bounds each write with a timer of its own) and for both sides
+//! of a WebSocket tunnel. Must never: time out a write that is
 //! making progress, or allocate a timer before a write first has to wait.
 
 use std::future::Future;

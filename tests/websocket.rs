@@ -918,4 +918,14 @@ fn a_websocket_upstream_that_stops_reading_ends_its_tunnel_after_the_send_timeou
     drop(sock);
     let log = t.log_when(|l| l.contains("WebSocket closed"));
     assert!(log.contains("end=failed: timed out"), "{log}");
+    let lasted: u64 = log
+        .split("duration_ms=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("no duration: {log}"));
+    assert!(
+        lasted >= 300,
+        "ended after {lasted} ms, before the send timeout"
+    );
 }

@@ -223,7 +223,9 @@ impl Body for RequestBody {
         // h3 0.0.8 says "no more data" at a zero-length DATA frame as at the end (and at
         // trailers): the end says so again each time it is asked, so it is asked until a run
         // of answers no client sends as empty frames. (Not by reading trailers: at a FIN cut
-        // into a DATA frame, h3 asserts and panics there.)
+        // into a DATA frame, h3 asserts and panics there. It reports that cut as an end too:
+        // a client that ends its stream inside a frame, a malformed message, has its body end
+        // there, refused only against a `content-length`.)
         loop {
             if self.nones >= EMPTY_DATA_RUN {
                 return self.end();

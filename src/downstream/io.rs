@@ -1,9 +1,8 @@
 //! The socket wrappers: [`Socket`] is what the fast path needs of a client connection (TCP, or
 //! TLS over it); [`Prefixed`] yields the bytes the fast path already read before the
-//! socket's own, times out stalled writes and closes with a lingering close (nginx's
-//! `lingering_close`); [`Stall`] is the
-//! send timeout both the fast path and [`Prefixed`] keep. Must never: let a
-//! client's unread request bytes turn the close into a reset that loses the response.
+//! socket's own, times out stalled writes ([`crate::stall::Stall`], as the fast path does) and
+//! closes with a lingering close (nginx's `lingering_close`). Must never: let a client's unread
+//! request bytes turn the close into a reset that loses the response.
 
 use std::future::Future;
 use std::io::{self, IoSlice};

@@ -122,6 +122,12 @@ impl TlsServer {
     ///
     /// Errors: as [`TlsServer::new`]; the running certificates are kept then.
     pub fn reload(&self, cfg: &TlsConfig) -> Result<(), CertError> {
+        if cfg.session_tickets != self.ticketer.is_some() {
+            tracing::warn!(
+                "tls.session_tickets changed: it applies at the next restart (and with it \
+                 tls.session_ticket_keys, when tickets were off at start)"
+            );
+        }
         let tickets = tickets(cfg, self.ticketer.as_ref());
         let next = build(cfg, &Resumption::tcp(tickets, &self.cache))?;
         log_certificates(cfg);
