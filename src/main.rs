@@ -115,7 +115,7 @@ fn main() -> ExitCode {
                 tls,
                 tls_listen,
             } => {
-                telemetry::init("warn");
+                telemetry::init("warn", telemetry::LogFormat::Text);
                 tessera::downstream::raise_open_files_limit();
                 // A fresh private directory (removed when dropped): a name another local user
                 // could guess and make first would hand them the demo's key and store.
@@ -150,7 +150,7 @@ async fn serve(config: PathBuf, inherited: tessera::downstream::Inherited) -> Ex
         Ok(c) => c,
         Err(code) => return code,
     };
-    telemetry::init(&cfg.log.level);
+    telemetry::init(&cfg.log.level, cfg.log.format);
     tessera::downstream::raise_open_files_limit();
     let (reload_tx, reloads) = tokio::sync::mpsc::channel(1);
     // Registered before the listener is bound, so no SIGHUP can arrive unhandled once it is.

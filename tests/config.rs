@@ -810,3 +810,15 @@ fn a_session_query_is_read_only_on_postgres_and_names_its_mistakes() {
         assert!(err.contains(key) && err.contains(why), "{err}");
     }
 }
+
+#[test]
+fn log_format_is_text_or_json() {
+    use tessera::telemetry::LogFormat;
+    let c = Config::from_toml_with(&minimal(), env).unwrap();
+    assert_eq!(c.log.format, LogFormat::Text);
+    let json = format!("{}[log]\nformat = \"json\"\n", minimal());
+    assert_eq!(Config::from_toml_with(&json, env).unwrap().log.format, LogFormat::Json);
+    let bad = format!("{}[log]\nformat = \"logfmt\"\n", minimal());
+    let err = Config::from_toml_with(&bad, env).unwrap_err().to_string();
+    assert!(err.contains("log.format") && err.contains("\"json\""), "{err}");
+}

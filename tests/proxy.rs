@@ -2125,3 +2125,46 @@ fn request_bodies_are_framed_upstream_as_their_clients_sent_them() {
         );
     }
 }
+
+/// `log.format = "json"`: every line tessera writes is one JSON object (tracing-subscriber's
+/// layout), the access lines with their fields: a proxied 200 and a refused 401 with its reason.
+#[test]
+fn with_log_format_json_every_line_is_a_json_object() {
+    let up = upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    });
+    let (t, token) = behind(&up.url(), &[("log", "format = \"json\"")]);
+    assert_eq!(curl(&["-H", &bearer(&token), &t.url("/ok")]).0, 200);
+    assert_eq!(curl(&[&t.url("/nope")]).0, 401);
+    let log = t.log_when(|l| l.contains("\"path\":\"/nope\""));
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .all(|v| v["level"].is_string() && v["target"].is_string()),
+        "{log}"
+    );
+    let access = |path: &str| {
+        lines
+            .iter()
+            .find(|v| v["target"] == "tessera::access" && v["fields"]["path"] == path)
+            .unwrap_or_else(|| panic!("no access line for {path}: {log}"))["fields"]
+            .clone()
+    };
+    let ok = access("/ok");
+    assert_eq!(
+        (&ok["status"], &ok["method"], &ok["proto"]),
+        (&200.into(), &"GET".into(), &"HTTP/1.1".into())
+    );
+    assert!(ok["sid_hash"].is_string() && ok["reason"].is_null(), "{ok}");
+    let refused = access("/nope");
+    assert_eq!(refused["status"], 401);
+    assert!(
+        refused["sid_hash"].is_null() && refused["reason"].is_string(),
+        "{refused}"
+    );
+}

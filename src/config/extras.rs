@@ -7,7 +7,7 @@ use super::raw::{RawJmap, RawMetrics, RawWebSocket};
 use super::{socket_addr, ConfigError};
 use crate::jmap::JmapConfig;
 use crate::proxy::WebSocketConfig;
-use crate::telemetry::MetricsConfig;
+use crate::telemetry::{LogFormat, MetricsConfig};
 use crate::upstream::UpstreamConfig;
 
 pub(super) fn validate_websocket(
@@ -112,6 +112,18 @@ pub(super) fn validate_jmap(j: RawJmap) -> Result<Option<JmapConfig>, ConfigErro
 /// comma-separated `target=level` directives and levels (`info,tessera::session=debug`, the
 /// `RUST_LOG` syntax). A bare word that is no level (`warning`) would be read as a target name
 /// and silence every tessera line, so it is refused.
+/// `log.format`: "text" (the default) or "json".
+pub(super) fn validate_log_format(format: Option<String>) -> Result<LogFormat, ConfigError> {
+    match format.as_deref().unwrap_or("text") {
+        "text" => Ok(LogFormat::Text),
+        "json" => Ok(LogFormat::Json),
+        other => Err(ConfigError::new(
+            "log.format",
+            format!("`{other}` is not \"text\" or \"json\" (leave it out for text)"),
+        )),
+    }
+}
+
 pub(super) fn validate_log_level(level: Option<String>) -> Result<String, ConfigError> {
     let level = level.unwrap_or_else(|| "info".into());
     let levels = ["error", "warn", "info", "debug", "trace", "off"];

@@ -260,6 +260,7 @@ fn validate(raw: RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Conf
         log: LogConfig {
             level: extras::validate_log_level(log.level)?,
             access_log: log.access_log.unwrap_or(true),
+            format: extras::validate_log_format(log.format)?,
         },
         metrics,
         websocket,

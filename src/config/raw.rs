@@ -200,4 +200,5 @@ pub(super) struct RawMetrics {
 pub(super) struct RawLog {
     pub(super) level: Option<String>,
     pub(super) access_log: Option<bool>,
+    pub(super) format: Option<String>,
 }

@@ -11,7 +11,7 @@
 //! scrape time.
 
 mod settings;
-pub use settings::{LogConfig, MetricsConfig};
+pub use settings::{LogConfig, LogFormat, MetricsConfig};
 
 mod counts;
 mod endpoint;
@@ -22,15 +22,22 @@ pub use endpoint::{serve_metrics, Phase, MAX_METRICS_CONNECTIONS};
 pub use metrics::{render, Observed, Scrape, CONTENT_TYPE};
 
 /// Installs a `tracing` subscriber writing to stderr with `filter` (e.g. `info`,
-/// `tessera=debug`); `RUST_LOG` overrides it. Colours (ANSI escapes) only when stderr is a
-/// terminal, so a log file or journald gets plain `key=value` text. Safe to call twice (the
-/// second call is a no-op).
-pub fn init(filter: &str) {
+/// `tessera=debug`) in `format`, the access log's lines included; `RUST_LOG` overrides the
+/// filter. Text has colours (ANSI escapes) only when stderr is a terminal, so a log file or
+/// journald gets plain `key=value` text. Safe to call twice (the second call is a no-op).
+pub fn init(filter: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+        .with_writer(std::io::stderr);
+    let installed = match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+    if installed.is_ok() {
+        crate::access_log::set_json(format == LogFormat::Json);
+    }
 }
