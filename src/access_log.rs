@@ -31,8 +31,8 @@
 //! two threads' batches, and the other log lines, may be out of timestamp order by up to one
 //! batch. The lines go to the process's stderr, not through the installed `tracing` subscriber
 //! (whose filter only decides whether they are written): never coloured, and a program embedding
-//! tessera with a subscriber of its own gets them as text unless [`set_json`] was called
-//! (`telemetry::init` does, for `log.format = "json"`).
+//! tessera with a subscriber of its own gets them as text (JSON only when `telemetry::init`
+//! installed its JSON subscriber).
 
 use std::cell::{Cell, RefCell};
 use std::fmt::Write as _;
@@ -89,6 +89,11 @@ static JSON: AtomicBool = AtomicBool::new(false);
 /// Writes lines as JSON objects (`true`) or text, as the installed subscriber does.
 pub(crate) fn set_json(json: bool) {
     JSON.store(json, Ordering::Relaxed);
+}
+
+/// Whether lines are written as JSON ([`set_json`]).
+pub(crate) fn json() -> bool {
+    JSON.load(Ordering::Relaxed)
 }
 
 /// Whether an access line would be written: the log filter lets target `tessera::access` at
@@ -248,7 +253,7 @@ fn format_json(out: &mut Vec<u8>, now: SystemTime, line: &Line<'_>) {
 /// `s` as a JSON string, or `null`: printable ASCII as it is, `"` and `\\` escaped, and every
 /// other character as `\\uXXXX` (UTF-16, RFC 8259 section 7), so that, as in the text format, no
 /// control, C1 code (a terminal's CSI) or line separator reaches the file raw.
-fn json_string(out: &mut Vec<u8>, s: Option<&str>) {
+pub(crate) fn json_string(out: &mut Vec<u8>, s: Option<&str>) {
     let Some(s) = s else {
         return out.extend_from_slice(b"null");
     };
@@ -372,6 +377,12 @@ mod tests {
         format_json(&mut out, now, &line(Some("s1"), None));
         let text = String::from_utf8(out).unwrap();
         assert_eq!(text.matches('\n').count(), 1);
+        // tracing-subscriber's key order: timestamp, level, fields, target.
+        assert!(text.starts_with("{\"timestamp\":\"2026-11-22T10:11:55.906182Z\",\"level\":\"INFO\",\"fields\":{\"peer\":"), "{text}");
+        assert!(
+            text.ends_with("},\"target\":\"tessera::access\"}\n"),
+            "{text}"
+        );
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["timestamp"], "2026-11-22T10:11:55.906182Z");
         assert_eq!(

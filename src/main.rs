@@ -166,14 +166,14 @@ async fn serve(config: PathBuf, inherited: tessera::downstream::Inherited) -> Ex
     let listeners = match tessera::open_listeners(&cfg, inherited).await {
         Ok(listeners) => listeners,
         Err(e) => {
-            eprintln!("tessera: {e}");
+            telemetry::fatal(&e.to_string());
             return ExitCode::from(2);
         }
     };
     match tessera::run(cfg, listeners, reloads, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("tessera: {e}");
+            telemetry::fatal(&e.to_string());
             ExitCode::from(2)
         }
     }

@@ -817,8 +817,14 @@ fn log_format_is_text_or_json() {
     let c = Config::from_toml_with(&minimal(), env).unwrap();
     assert_eq!(c.log.format, LogFormat::Text);
     let json = format!("{}[log]\nformat = \"json\"\n", minimal());
-    assert_eq!(Config::from_toml_with(&json, env).unwrap().log.format, LogFormat::Json);
+    assert_eq!(
+        Config::from_toml_with(&json, env).unwrap().log.format,
+        LogFormat::Json
+    );
     let bad = format!("{}[log]\nformat = \"logfmt\"\n", minimal());
     let err = Config::from_toml_with(&bad, env).unwrap_err().to_string();
-    assert!(err.contains("log.format") && err.contains("\"json\""), "{err}");
+    assert!(
+        err.contains("log.format") && err.contains("\"json\""),
+        "{err}"
+    );
 }

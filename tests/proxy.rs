@@ -2127,7 +2127,8 @@ fn request_bodies_are_framed_upstream_as_their_clients_sent_them() {
 }
 
 /// `log.format = "json"`: every line tessera writes is one JSON object (tracing-subscriber's
-/// layout), the access lines with their fields: a proxied 200 and a refused 401 with its reason.
+/// layout), the access lines with their fields (a proxied 200, a refused 401 with its reason)
+/// beside the other lines, and the error that stops a start (a port taken) too.
 #[test]
 fn with_log_format_json_every_line_is_a_json_object() {
     let up = upstream::start(Behavior::Echo {
@@ -2137,11 +2138,16 @@ fn with_log_format_json_every_line_is_a_json_object() {
     assert_eq!(curl(&["-H", &bearer(&token), &t.url("/ok")]).0, 200);
     assert_eq!(curl(&[&t.url("/nope")]).0, 401);
     let log = t.log_when(|l| l.contains("\"path\":\"/nope\""));
+    // Whole lines only: the file is still being written.
     let lines: Vec<serde_json::Value> = log
-        .lines()
-        .filter(|l| !l.is_empty())
+        .split_inclusive('\n')
+        .filter(|l| l.ends_with('\n'))
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
         .collect();
+    let serving = lines
+        .iter()
+        .find(|v| v["fields"]["message"] == "tessera serving")
+        .unwrap_or_else(|| panic!("no start line: {log}"));
     assert!(
         lines
             .iter()
@@ -2167,4 +2173,30 @@ fn with_log_format_json_every_line_is_a_json_object() {
         refused["sid_hash"].is_null() && refused["reason"].is_string(),
         "{refused}"
     );
+    // One timestamp format for both kinds of line (RFC 3339, UTC, microseconds).
+    let stamp = |v: &serde_json::Value| v["timestamp"].as_str().unwrap().len();
+    let access_line = lines.iter().find(|v| v["target"] == "tessera::access");
+    assert_eq!(stamp(serving), stamp(access_line.unwrap()), "{log}");
+
+    // A second tessera on the same port cannot start: its last word is a JSON line too.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("taken.toml");
+    let store = format!("embedded:{}/s", dir.path().display());
+    let json = [("log", "format = \"json\"")];
+    std::fs::write(&path, config(t.port, &up.url(), &store, &json)).unwrap();
+    let out = std::process::Command::new(bin())
+        .args(["serve", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let last: serde_json::Value = serde_json::from_str(err.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        (&last["level"], &last["target"]),
+        (&"ERROR".into(), &"tessera".into()),
+        "{err}"
+    );
+    let message = last["fields"]["message"].as_str().unwrap();
+    assert!(message.contains("server.listen"), "{err}");
 }

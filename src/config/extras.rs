@@ -108,10 +108,6 @@ pub(super) fn validate_jmap(j: RawJmap) -> Result<Option<JmapConfig>, ConfigErro
     }))
 }
 
-/// `log.level`: a level (`error`, `warn`, `info`, `debug`, `trace`, `off`) or a filter of
-/// comma-separated `target=level` directives and levels (`info,tessera::session=debug`, the
-/// `RUST_LOG` syntax). A bare word that is no level (`warning`) would be read as a target name
-/// and silence every tessera line, so it is refused.
 /// `log.format`: "text" (the default) or "json".
 pub(super) fn validate_log_format(format: Option<String>) -> Result<LogFormat, ConfigError> {
     match format.as_deref().unwrap_or("text") {
@@ -124,6 +120,10 @@ pub(super) fn validate_log_format(format: Option<String>) -> Result<LogFormat, C
     }
 }
 
+/// `log.level`: a level (`error`, `warn`, `info`, `debug`, `trace`, `off`) or a filter of
+/// comma-separated `target=level` directives and levels (`info,tessera::session=debug`, the
+/// `RUST_LOG` syntax). A bare word that is no level (`warning`) would be read as a target name
+/// and silence every tessera line, so it is refused.
 pub(super) fn validate_log_level(level: Option<String>) -> Result<String, ConfigError> {
     let level = level.unwrap_or_else(|| "info".into());
     let levels = ["error", "warn", "info", "debug", "trace", "off"];

@@ -31,13 +31,48 @@ pub fn init(filter: &str, format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    let installed = match format {
+    // Whether this subscriber became the global one: `try_init` also fails when only the `log`
+    // bridge was taken by someone else, after installing it.
+    let before = tracing::dispatcher::has_been_set();
+    let _ = match format {
         LogFormat::Text => builder
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
-    if installed.is_ok() {
-        crate::access_log::set_json(format == LogFormat::Json);
+    if before || !tracing::dispatcher::has_been_set() {
+        return;
     }
+    if format == LogFormat::Json {
+        crate::access_log::set_json(true);
+        // A panic's report as a line of the log too (level ERROR, target `tessera::panic`).
+        std::panic::set_hook(Box::new(|info| {
+            fatal_line("tessera::panic", &info.to_string())
+        }));
+    }
+}
+
+/// Writes `message` to stderr whatever the filter, for an error that ends the process: in the
+/// log's format when it is JSON (level ERROR, target `tessera`), else as `tessera: message`.
+pub fn fatal(message: &str) {
+    if crate::access_log::json() {
+        fatal_line("tessera", message);
+    } else {
+        eprintln!("tessera: {message}");
+    }
+}
+
+/// One JSON line at level ERROR with `message` under `fields`, as tracing-subscriber's JSON
+/// formatter writes an event.
+fn fatal_line(target: &str, message: &str) {
+    use std::io::Write as _;
+    let mut line = format!(
+        "{{\"timestamp\":\"{}\",\"level\":\"ERROR\",\"fields\":{{\"message\":",
+        // (humantime panics on a time before 1970, and this may run in the panic hook.)
+        humantime::format_rfc3339_micros(std::time::SystemTime::now().max(std::time::UNIX_EPOCH))
+    )
+    .into_bytes();
+    crate::access_log::json_string(&mut line, Some(message));
+    line.extend_from_slice(format!("}},\"target\":\"{target}\"}}\n").as_bytes());
+    let _ = std::io::stderr().lock().write_all(&line);
 }
