@@ -418,6 +418,17 @@ fn tls_settings_are_checked_at_load_naming_the_key() {
     );
     let http3 = |lines: &str| format!("{tls}\n[http3]\n{lines}");
     assert_eq!(load("", &http3("")).unwrap().http3.unwrap().threads, 1);
+    // Ticket and host keys are read, and never shown by a configuration printed whole.
+    const SECRET: &str = "a-secret-of-forty-bytes-0123456789abcdef";
+    let keyed = format!(
+        "session_ticket_keys = [\"{SECRET}\"]\n{}",
+        http3(&format!("host_key = \"{SECRET}\""))
+    );
+    let c = load("", &keyed).unwrap();
+    let shown = format!("{c:?}");
+    assert!(!shown.contains(SECRET), "{shown}");
+    assert_eq!(c.tls.unwrap().session_ticket_keys.len(), 1);
+    assert!(c.http3.unwrap().host_key.is_some());
     assert_eq!(
         load("", &http3("threads = 4"))
             .unwrap()
@@ -432,6 +443,12 @@ fn tls_settings_are_checked_at_load_naming_the_key() {
             http3("threads = 0"),
             "http3.threads",
             "between 1 and 1024",
+        ),
+        (
+            "",
+            http3("host_key = \"short\""),
+            "http3.host_key",
+            "is 5 bytes; it needs at least 32",
         ),
         ("", files.clone(), "tls.listen", "is required"),
         (

@@ -224,7 +224,7 @@ fn validate(raw: RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Conf
     let tls = raw.tls.map(|t| validate_tls(t, env)).transpose()?;
     let http3 = raw
         .http3
-        .map(|h| validate_http3(h, tls.as_ref()))
+        .map(|h| validate_http3(h, tls.as_ref(), env))
         .transpose()?;
     let server = validate_server(raw.server.unwrap_or_default(), tls.as_ref())?;
     let upstream = validate_upstream(raw.upstream.unwrap_or_default(), env)?;

@@ -32,6 +32,7 @@ pub(super) struct RawHttp3 {
     pub(super) idle_timeout_ms: Option<u64>,
     pub(super) threads: Option<usize>,
     pub(super) retry: Option<String>,
+    pub(super) host_key: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -2,7 +2,7 @@
 //! keys, here, so that `check-config` and a SIGHUP reload refuse a bad file), the version floor.
 
 use crate::downstream::{
-    name_matches, CertError, Http3Config, Identity, Retry, TlsConfig, TlsVersion,
+    name_matches, CertError, Http3Config, Identity, Retry, Secret, TlsConfig, TlsVersion,
     MIN_TICKET_SECRET_BYTES,
 };
 
@@ -58,7 +58,7 @@ fn ticket_keys(
     keys: Option<Vec<String>>,
     tickets: bool,
     env: Env,
-) -> Result<Vec<zeroize::Zeroizing<String>>, ConfigError> {
+) -> Result<Vec<Secret>, ConfigError> {
     let keys = keys.unwrap_or_default();
     if !tickets && !keys.is_empty() {
         return Err(ConfigError::new(
@@ -81,7 +81,7 @@ fn ticket_keys(
                     ),
                 ));
             }
-            Ok(secret)
+            Ok(Secret::new(secret))
         })
         .collect()
 }
@@ -160,6 +160,7 @@ fn cert_error(e: CertError) -> ConfigError {
 pub(super) fn validate_http3(
     h: RawHttp3,
     tls: Option<&TlsConfig>,
+    env: Env,
 ) -> Result<Http3Config, ConfigError> {
     let Some(tls) = tls else {
         return Err(ConfigError::new(
@@ -188,6 +189,23 @@ pub(super) fn validate_http3(
             ))
         }
     };
+    let host_key = match h.host_key.as_deref() {
+        Some(value) => {
+            let secret = resolve_secret("http3.host_key", value, env)?;
+            if secret.len() < MIN_TICKET_SECRET_BYTES {
+                return Err(ConfigError::new(
+                    "http3.host_key",
+                    format!(
+                        "is {} bytes; it needs at least {MIN_TICKET_SECRET_BYTES} (e.g. \
+                         `openssl rand -base64 48`, the same on every instance)",
+                        secret.len()
+                    ),
+                ));
+            }
+            Some(Secret::new(secret))
+        }
+        None => None,
+    };
     Ok(Http3Config {
         listen,
         threads,
@@ -196,5 +214,6 @@ pub(super) fn validate_http3(
         max_concurrent_streams,
         idle_timeout: ms("http3.idle_timeout_ms", h.idle_timeout_ms, 30_000)?,
         retry,
+        host_key,
     })
 }

@@ -105,7 +105,41 @@ pub struct TlsConfig {
     /// under (any), shared by every instance that lists them (nginx's
     /// `ssl_session_ticket_key`); empty (the default): keys of this process's own, made at
     /// start and rotated every 6 hours.
-    pub session_ticket_keys: Vec<zeroize::Zeroizing<String>>,
+    pub session_ticket_keys: Vec<Secret>,
+}
+
+/// A configured secret (`env:`, `file:` or literal): zeroed when dropped, never shown by
+/// `Debug`, so that a configuration printed whole shows no key.
+#[derive(Clone)]
+pub struct Secret(zeroize::Zeroizing<String>);
+
+impl Secret {
+    /// Wraps a resolved secret.
+    pub fn new(text: zeroize::Zeroizing<String>) -> Self {
+        Self(text)
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl AsRef<[u8]> for Secret {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
 }
 
 /// A certificate chain and its private key, as PEM text read from the configured files.
@@ -165,6 +199,11 @@ pub struct Http3Config {
     pub idle_timeout: Duration,
     /// When a new connection must first prove it receives at its address (`http3.retry`).
     pub retry: Retry,
+    /// `http3.host_key` (nginx's `quic_host_key`): a secret (32+ bytes) the keys of QUIC's
+    /// Retry and address tokens and of its stateless resets are derived from, so that they
+    /// outlive a restart and hold on every instance given the same secret. Default none: keys
+    /// of the process's own.
+    pub host_key: Option<Secret>,
 }
 
 /// When a QUIC handshake is answered with a Retry first (RFC 9000 section 8.1.2): the client

@@ -170,7 +170,11 @@ impl TlsServer {
         tokens
             .log(self.quic_token_log.clone())
             .lifetime(ADDRESS_TOKEN_LIFETIME);
-        let mut server = quinn::ServerConfig::new(Arc::new(crypto), self.quic_token_key.clone());
+        let token_key = match &h3.host_key {
+            Some(secret) => super::host_key::token_key(secret),
+            None => self.quic_token_key.clone(),
+        };
+        let mut server = quinn::ServerConfig::new(Arc::new(crypto), token_key);
         server
             .transport_config(Arc::new(transport))
             .validation_token_config(tokens);

@@ -26,7 +26,7 @@ pub(super) fn quic_endpoint(
     let server = tls.quic_config(tls_cfg, h3)?;
     let runtime = Arc::new(quinn::TokioRuntime);
     quinn::Endpoint::new(
-        quinn::EndpointConfig::default(),
+        downstream::quic_endpoint_config(h3),
         Some(server),
         socket,
         runtime,
