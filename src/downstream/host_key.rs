@@ -1,8 +1,8 @@
 //! `http3.host_key` (nginx's `quic_host_key`): QUIC's server keys from one configured secret,
-//! so that they outlive a restart and hold on every instance given the same secret. From it,
-//! by HKDF (RFC 5869) under a label each: the key of Retry and NEW_TOKEN address tokens (a
-//! returning client's token is good at any instance, and after a restart); the key of
-//! stateless resets (RFC 9000 section 10.3: after a restart, a client's next packet on a
+//! so that they outlive a restart of the instance that has it (one per instance: instances
+//! sharing one would reset each other's connections, RFC 9000 section 21.11). From it, by HKDF
+//! (RFC 5869) under a label each: the key of Retry and NEW_TOKEN address tokens (a returning
+//! client's token is good after a restart); the key of stateless resets (RFC 9000 section 10.3: after a restart, a client's next packet on a
 //! connection the process no longer has is answered with a reset it can verify, so it learns
 //! at once instead of at its idle timeout); and the key connection ids are made and checked
 //! with (quinn drops a packet whose id it did not make, before any reset). Without the secret
@@ -30,8 +30,8 @@ pub(super) fn token_key(secret: &Secret) -> Arc<hkdf::Prk> {
     Arc::new(salt.extract(secret.as_ref()))
 }
 
-/// The QUIC endpoint's configuration for `h3`: its stateless reset key from `http3.host_key`
-/// when set, else quinn's (random, per process). Made once, at start: a reload keeps it.
+/// The QUIC endpoint's configuration for `h3`: its stateless reset and connection id keys from
+/// `http3.host_key` when set, else quinn's (random, per process). Made once, at start.
 pub fn endpoint_config(h3: &Http3Config) -> quinn::EndpointConfig {
     let Some(secret) = &h3.host_key else {
         return quinn::EndpointConfig::default();

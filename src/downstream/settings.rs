@@ -200,9 +200,9 @@ pub struct Http3Config {
     /// When a new connection must first prove it receives at its address (`http3.retry`).
     pub retry: Retry,
     /// `http3.host_key` (nginx's `quic_host_key`): a secret (32+ bytes) the keys of QUIC's
-    /// Retry and address tokens and of its stateless resets are derived from, so that they
-    /// outlive a restart and hold on every instance given the same secret. Default none: keys
-    /// of the process's own.
+    /// Retry and address tokens, stateless resets and connection ids are derived from, so that
+    /// they outlive a restart; one per instance (docs/protocols.md says why). Read at start.
+    /// Default none: keys of the process's own.
     pub host_key: Option<Secret>,
 }
 

@@ -31,23 +31,36 @@ pub fn init(filter: &str, format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    // Whether this subscriber became the global one: `try_init` also fails when only the `log`
-    // bridge was taken by someone else, after installing it.
-    let before = tracing::dispatcher::has_been_set();
-    let _ = match format {
-        LogFormat::Text => builder
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .try_init(),
-        LogFormat::Json => builder.json().try_init(),
+    let dispatch = match format {
+        LogFormat::Text => tracing::Dispatch::new(
+            builder
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .finish(),
+        ),
+        LogFormat::Json => tracing::Dispatch::new(builder.json().finish()),
     };
-    if before || !tracing::dispatcher::has_been_set() {
+    // Set apart, so that the result says whether this subscriber is the global one (a program
+    // embedding tessera may have set its own, or only a `log` logger).
+    if tracing::dispatcher::set_global_default(dispatch).is_err() {
         return;
     }
+    use tracing_log::AsLog as _;
+    let _ = tracing_log::LogTracer::builder()
+        .with_max_level(tracing::level_filters::LevelFilter::current().as_log())
+        .init();
     if format == LogFormat::Json {
         crate::access_log::set_json(true);
-        // A panic's report as a line of the log too (level ERROR, target `tessera::panic`).
+        // A panic's report as a line of the log too (level ERROR, target `tessera::panic`),
+        // with its thread and, as RUST_BACKTRACE asks, its backtrace.
         std::panic::set_hook(Box::new(|info| {
-            fatal_line("tessera::panic", &info.to_string())
+            let thread = std::thread::current();
+            let name = thread.name().unwrap_or("<unnamed>");
+            let trace = std::backtrace::Backtrace::capture();
+            let trace = match trace.status() {
+                std::backtrace::BacktraceStatus::Captured => format!("\n{trace}"),
+                _ => String::new(),
+            };
+            fatal_line("tessera::panic", &format!("thread '{name}' {info}{trace}"));
         }));
     }
 }
