@@ -188,13 +188,16 @@ fn instances_sharing_ticket_keys_resume_each_others_sessions() {
     both(b, a, false, "rotated b to a without the new key");
 }
 
+/// Resumption by ticket and by the session cache (tickets off), TLS 1.3 and 1.2; the metrics
+/// count each handshake as full or resumed.
 #[test]
 fn sessions_resume_by_ticket_and_by_the_session_cache() {
     require("openssl");
     let nginx = Nginx::start_with(ECHO);
     let pki = Pki::new();
-    let (tickets, plain) = (free_port(), free_port());
-    let _with = tls_tessera(nginx.port, &pki, tickets, "", "");
+    let (tickets, plain, metrics) = (free_port(), free_port(), free_port());
+    let with_metrics = format!("[metrics]\nlisten = \"127.0.0.1:{metrics}\"");
+    let _with = tls_tessera(nginx.port, &pki, tickets, &with_metrics, "");
     let _without = tls_tessera(nginx.port, &pki, plain, "session_tickets = false", "");
     for port in [tickets, plain] {
         for version in ["-tls1_3", "-tls1_2"] {
@@ -204,6 +207,15 @@ fn sessions_resume_by_ticket_and_by_the_session_cache() {
             );
         }
     }
+    let text = curl(&[&format!("http://127.0.0.1:{metrics}/metrics")]).1;
+    let count = |kind: &str| {
+        sample(
+            &text,
+            &format!("tessera_tls_handshakes_total{{kind=\"{kind}\"}}"),
+        )
+    };
+    // Each version: one full handshake, then one resumed.
+    assert_eq!((count("full"), count("resumed")), (2, 2), "{text}");
 }
 
 #[test]

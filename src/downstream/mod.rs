@@ -197,7 +197,8 @@ async fn serve_connection(
         Edge::Plain => return conn::serve(serving, stream, peer).await,
         Edge::Tls(tls) => tls,
     };
-    match tls::handshake(&tls, stream, serving.header_read_timeout).await {
+    let counts = serving.proxy.tls_counts();
+    match tls::handshake(&tls, stream, serving.header_read_timeout, counts).await {
         Some((stream, false)) => conn::serve(serving, stream, peer).await,
         Some((stream, true)) => conn::serve_h2(serving, stream, peer).await,
         None => {}

@@ -291,11 +291,22 @@ pub(super) async fn handshake(
     tls: &TlsServer,
     tcp: TcpStream,
     timeout: Duration,
+    counts: Option<&crate::telemetry::TlsCounts>,
 ) -> Option<(TlsStream<TcpStream>, bool)> {
     let accept = tls.acceptor().accept(tcp);
     match tokio::time::timeout(timeout, accept).await {
         Ok(Ok(stream)) => {
-            let h2 = stream.get_ref().1.alpn_protocol() == Some(ALPN_H2);
+            let server = stream.get_ref().1;
+            if let Some(counts) = counts {
+                let resumed = server.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
+                let count = if resumed {
+                    &counts.resumed
+                } else {
+                    &counts.full
+                };
+                count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            let h2 = server.alpn_protocol() == Some(ALPN_H2);
             Some((stream, h2))
         }
         Ok(Err(e)) => {

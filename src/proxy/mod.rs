@@ -73,6 +73,8 @@ pub struct Proxy {
     reload_counts: crate::telemetry::ReloadCounts,
     /// QUIC handshakes; `None` without `[http3]`.
     quic_counts: Option<Arc<crate::telemetry::QuicCounts>>,
+    /// TLS handshakes over TCP; `None` without `[tls]`.
+    tls_counts: Option<crate::telemetry::TlsCounts>,
     /// `server.trusted_proxies`.
     trusted_proxies: Vec<ipnet::IpNet>,
     /// `[websocket]`; `None` when `websocket.max_connections = 0` (upgrades not passed).
@@ -166,6 +168,7 @@ impl Proxy {
                 .map(|_| RequestCounts::new(cfg.server.threads)),
             reload_counts: Default::default(),
             quic_counts: cfg.http3.as_ref().map(|_| Default::default()),
+            tls_counts: cfg.tls.as_ref().map(|_| Default::default()),
             trusted_proxies: cfg.server.trusted_proxies.clone(),
             client_side: crate::upstream::upgraded_as_is,
             jmap: cfg.jmap.clone(),
@@ -318,6 +321,11 @@ impl Proxy {
     /// QUIC handshakes (`None` without `[http3]`), counted by the HTTP/3 endpoint.
     pub fn quic_counts(&self) -> Option<&Arc<crate::telemetry::QuicCounts>> {
         self.quic_counts.as_ref()
+    }
+
+    /// TLS handshakes on the TLS listener (`None` without `[tls]`), counted by the downstream.
+    pub fn tls_counts(&self) -> Option<&crate::telemetry::TlsCounts> {
+        self.tls_counts.as_ref()
     }
 
     /// Requests answered by status code (`None` unless `[metrics]` is configured).

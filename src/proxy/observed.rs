@@ -35,6 +35,7 @@ impl Observed for Proxy {
             busy_poll: crate::busy_poll::stats(),
             reloads: proxy.reload_counts().snapshot(),
             quic: proxy.quic_counts().map(|q| q.snapshot()),
+            tls: proxy.tls_counts().map(|t| t.snapshot()),
             over_ip_limit: proxy.per_ip_refused(),
             client_connections: proxy
                 .client_connections()

@@ -46,6 +46,8 @@ pub struct Scrape {
     pub(crate) reloads: (u64, u64, bool),
     /// QUIC handshakes: `(unvalidated now, retries, refused)`; `None` without `[http3]`.
     pub(crate) quic: Option<(u64, u64, u64)>,
+    /// TLS handshakes on the TLS listener: `(full, resumed)`; `None` without `[tls]`.
+    pub(crate) tls: Option<(u64, u64)>,
     /// Connections refused under `server.max_connections_per_ip`; `None` without it.
     pub(crate) over_ip_limit: Option<u64>,
 }
@@ -213,6 +215,17 @@ impl Scrape {
         if let Some(n) = self.over_ip_limit {
             counter(e, "client_connections_over_ip_limit", "Client connections closed (QUIC: refused) because their address held server.max_connections_per_ip.", n)?;
         }
+        if let Some((full, resumed)) = self.tls {
+            let mut family = e.encode_descriptor(
+                "tls_handshakes",
+                "TLS handshakes completed on the TLS listener: full, or resumed (a session ticket, shared by tls.session_ticket_keys or not, or a cached session).",
+                None,
+                MetricType::Counter,
+            )?;
+            for (kind, n) in [("full", full), ("resumed", resumed)] {
+                ConstCounter::new(n).encode(family.encode_family(&[("kind", kind)])?)?;
+            }
+        }
         if let Some((unvalidated, retries, refused)) = self.quic {
             gauge(e, "http3_unvalidated_handshakes", "QUIC handshakes in progress whose client has not proved it receives at its address (no Retry or NEW_TOKEN token).", unvalidated)?;
             counter(
@@ -320,6 +333,7 @@ mod tests {
             reloads: (2, 1, false),
             client_connections: Some((3, 1)),
             quic: Some((5, 7, 2)),
+            tls: Some((6, 9)),
             over_ip_limit: Some(4),
         };
         let mut registry = prometheus_client::registry::Registry::with_prefix("tessera");
@@ -343,6 +357,8 @@ mod tests {
             "tessera_upstream_connections_closed_total{reason=\"tunnel\"} 1",
             "tessera_config_reloads_total{result=\"applied\"} 2",
             "tessera_upstream_share_waits_total 4",
+            "tessera_tls_handshakes_total{kind=\"full\"} 6",
+            "tessera_tls_handshakes_total{kind=\"resumed\"} 9",
             "tessera_client_connections 3",
             "tessera_client_connection_waits_total 1",
             "tessera_config_reloads_total{result=\"refused\"} 1",

@@ -17,7 +17,9 @@ mod counts;
 mod endpoint;
 mod metrics;
 
-pub use counts::{QuicCounts, ReloadCounts, RequestCounts, RequestSnapshot, DURATION_BOUNDS_US};
+pub use counts::{
+    QuicCounts, ReloadCounts, RequestCounts, RequestSnapshot, TlsCounts, DURATION_BOUNDS_US,
+};
 pub use endpoint::{serve_metrics, Phase, MAX_METRICS_CONNECTIONS};
 pub use metrics::{render, Observed, Scrape, CONTENT_TYPE};
 
