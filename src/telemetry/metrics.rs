@@ -62,6 +62,20 @@ fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt:
     g.encode(e.encode_descriptor(name, help, None, g.metric_type())?)
 }
 
+/// A counter family of TLS handshakes by `kind`: `(full, resumed)`.
+fn handshakes(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    (full, resumed): (u64, u64),
+) -> std::fmt::Result {
+    let mut family = e.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (kind, n) in [("full", full), ("resumed", resumed)] {
+        ConstCounter::new(n).encode(family.encode_family(&[("kind", kind)])?)?;
+    }
+    Ok(())
+}
+
 impl prometheus_client::collector::Collector for Scrape {
     fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
         self.encode_requests(&mut e)?;
@@ -144,16 +158,13 @@ impl Scrape {
         for (reason, n) in Closed::ALL.iter().zip(self.upstream_closed) {
             ConstCounter::new(n).encode(family.encode_family(&[("reason", reason.label())])?)?;
         }
-        if let Some((full, resumed)) = self.upstream_tls {
-            let mut family = e.encode_descriptor(
+        if let Some(counts) = self.upstream_tls {
+            handshakes(
+                e,
                 "upstream_tls_handshakes",
                 "TLS handshakes with an https:// upstream: full, or resumed (a session ticket or id the upstream accepted).",
-                None,
-                MetricType::Counter,
+                counts,
             )?;
-            for (kind, n) in [("full", full), ("resumed", resumed)] {
-                ConstCounter::new(n).encode(family.encode_family(&[("kind", kind)])?)?;
-            }
         }
         let (busy, idle) = self.upstream_open;
         let mut family = e.encode_descriptor(
@@ -215,16 +226,13 @@ impl Scrape {
         if let Some(n) = self.over_ip_limit {
             counter(e, "client_connections_over_ip_limit", "Client connections closed (QUIC: refused) because their address held server.max_connections_per_ip.", n)?;
         }
-        if let Some((full, resumed)) = self.tls {
-            let mut family = e.encode_descriptor(
+        if let Some(counts) = self.tls {
+            handshakes(
+                e,
                 "tls_handshakes",
                 "TLS handshakes completed on the TLS listener: full, or resumed (a session ticket, shared by tls.session_ticket_keys or not, or a cached session).",
-                None,
-                MetricType::Counter,
+                counts,
             )?;
-            for (kind, n) in [("full", full), ("resumed", resumed)] {
-                ConstCounter::new(n).encode(family.encode_family(&[("kind", kind)])?)?;
-            }
         }
         if let Some((unvalidated, retries, refused)) = self.quic {
             gauge(e, "http3_unvalidated_handshakes", "QUIC handshakes in progress whose client has not proved it receives at its address (no Retry or NEW_TOKEN token).", unvalidated)?;
