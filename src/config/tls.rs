@@ -197,7 +197,7 @@ pub(super) fn validate_http3(
                     "http3.host_key",
                     format!(
                         "is {} bytes; it needs at least {MIN_TICKET_SECRET_BYTES} (e.g. \
-                         `openssl rand -base64 48`, the same on every instance)",
+                         `openssl rand -base64 48`, one per instance, never shared)",
                         secret.len()
                     ),
                 ));

@@ -53,7 +53,8 @@ pub fn init(filter: &str, format: LogFormat) {
     if format == LogFormat::Json {
         crate::access_log::set_json(true);
         // A panic's report as a line of the log too (level ERROR, target `tessera::panic`),
-        // with its thread and, as RUST_BACKTRACE asks, its backtrace.
+        // with its thread and, when RUST_BACKTRACE or RUST_LIB_BACKTRACE asks, its backtrace
+        // (short form).
         std::panic::set_hook(Box::new(|info| {
             let thread = std::thread::current();
             let name = thread.name().unwrap_or("<unnamed>");
