@@ -159,7 +159,9 @@ async fn serve(config: PathBuf, inherited: tessera::downstream::Inherited) -> Ex
         Ok(hangups) => {
             tokio::spawn(reload_on_hangup(hangups, config.clone(), reload_tx));
         }
-        Err(e) => tracing::warn!(cause = %e, "cannot handle SIGHUP; keys reload only by restart"),
+        Err(e) => {
+            tracing::warn!(cause = %e, "cannot handle SIGHUP; keys and TLS settings reload only by restart")
+        }
     }
     #[cfg(not(unix))]
     drop(reload_tx);
@@ -189,7 +191,7 @@ async fn reload_on_hangup(
     reloads: tokio::sync::mpsc::Sender<tessera::ConfigReload>,
 ) {
     while hangups.recv().await.is_some() {
-        tracing::info!(config = %path.display(), "SIGHUP: reloading the keys");
+        tracing::info!(config = %path.display(), "SIGHUP: reloading the keys and TLS settings");
         let reload = Config::load(&path);
         if reloads.send(reload).await.is_err() {
             return;

@@ -29,8 +29,9 @@ const TIME_LEN: usize = 8;
 /// Bytes of a key's name, which leads each ticket so that the key that opens it is found.
 const NAME_LEN: usize = 16;
 
-/// Fewest bytes a configured ticket secret has: a secret is read as text, so 32 of them are
-/// 192 bits when base64 (`openssl rand -base64 48` gives 64 characters, 384 bits).
+/// Fewest bytes a configured ticket or QUIC host key secret has: a secret is read as text, so
+/// 32 of them are 192 bits when base64 (`openssl rand -base64 48` gives 64 characters, 384
+/// bits).
 pub const MIN_SECRET_BYTES: usize = 32;
 
 /// One configured key: its name and cipher.

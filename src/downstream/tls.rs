@@ -47,7 +47,7 @@ pub struct TlsServer {
     /// QUIC's own session cache: its sessions carry QUIC transport parameters and, with 0-RTT,
     /// must be resumed statefully (rustls refuses early data on stateless tickets).
     quic_cache: Arc<dyn StoresServerSessions>,
-    /// The key of QUIC's Retry and address tokens (HKDF over 64 random bytes, as quinn makes it), the same
+    /// The key of QUIC's Retry and address tokens when `http3.host_key` is unset (HKDF over 64 random bytes, as quinn makes it), the same
     /// for every configuration made: a token issued just before a reload stays good after it.
     quic_token_key: Arc<ring::hkdf::Prk>,
     /// The address tokens (NEW_TOKEN) used so far, so that none is accepted twice; kept across

@@ -1,6 +1,6 @@
 //! What the runtime builds from the configuration and puts in place again on SIGHUP: the
-//! keys, the TLS certificates (for TCP and QUIC), and the listeners as each serving thread's
-//! own copies.
+//! keys and the TLS settings (certificates, version floor, ticket keys; for TCP and QUIC), and
+//! the listeners as each serving thread's own copies.
 
 use std::sync::Arc;
 

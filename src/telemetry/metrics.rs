@@ -261,7 +261,7 @@ impl Scrape {
         let (applied, refused, last_ok) = self.reloads;
         let mut family = e.encode_descriptor(
             "config_reloads",
-            "Configuration reloads asked for by SIGHUP, by result: applied (the keys in the file put in place) or refused (the file did not load, or its keys could not be put in place; nothing changed).",
+            "Configuration reloads asked for by SIGHUP, by result: applied (the file's keys and TLS settings put in place) or refused (the file did not load, or its keys or certificates could not be put in place; nothing changed).",
             None,
             MetricType::Counter,
         )?;

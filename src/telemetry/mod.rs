@@ -26,7 +26,9 @@ pub use metrics::{render, Observed, Scrape, CONTENT_TYPE};
 /// Installs a `tracing` subscriber writing to stderr with `filter` (e.g. `info`,
 /// `tessera=debug`) in `format`, the access log's lines included; `RUST_LOG` overrides the
 /// filter. Text has colours (ANSI escapes) only when stderr is a terminal, so a log file or
-/// journald gets plain `key=value` text. Safe to call twice (the second call is a no-op).
+/// journald gets plain `key=value` text. JSON also replaces the process's panic hook, so a
+/// panic's report is a JSON line too. Safe to call twice, or after a program embedding tessera
+/// set its own subscriber (then a no-op).
 pub fn init(filter: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));

@@ -20,8 +20,9 @@ pub enum LogFormat {
     /// `key=value` text after a timestamp, level and target (tracing-subscriber's default).
     Text,
     /// One JSON object per line, as tracing-subscriber's JSON formatter writes them:
-    /// `{"timestamp": ..., "level": ..., "fields": {...}, "target": ...}`, for log pipelines
-    /// (Loki, Elasticsearch, journald's JSON export).
+    /// `{"timestamp": ..., "level": ..., "fields": {...}, "target": ...}` (and `span`, `spans`
+    /// for events inside a span), for log pipelines (Loki, Elasticsearch, journald's JSON
+    /// export).
     Json,
 }
 
