@@ -172,24 +172,26 @@ fn connections_cyrus_accepts_and_does_not_serve_are_left() {
     std::thread::sleep(std::time::Duration::from_millis(300));
     let (t, metrics_port) = probing(&cyrus, 8);
     let token = token_of(login_at(&t, "alice", "alice-secret-1"));
-    let body = MAILBOX_GET;
+    // Each upload takes about a second (4 KiB of JSON whitespace streamed from stdin, which
+    // curl paces at 8 KiB/s, unlike a body given whole), so that the requests overlap however
+    // the machine staggers the curls, and tessera opens connections past the two Cyrus serves.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("mailbox-get.json");
+    std::fs::write(&file, format!("{MAILBOX_GET}{}", " ".repeat(4096))).unwrap();
+    let file = file.to_str().unwrap();
     let codes: Vec<u16> = std::thread::scope(|s| {
         let calls: Vec<_> = (0..12)
             .map(|_| {
                 s.spawn(|| {
-                    let auth = bearer(&token);
-                    let url = t.url("/jmap/");
-                    let args = [
-                        "--max-time",
-                        "20",
-                        "-H",
-                        &auth,
-                        "-H",
-                        "Content-Type: application/json",
-                    ];
-                    let mut args = args.to_vec();
-                    args.extend(["--data-binary", body, &url]);
-                    curl(&args).0
+                    let out = std::process::Command::new("curl")
+                        .args(["-sS", "-o", "/dev/null", "-w", "%{http_code}"])
+                        .args(["--max-time", "20", "--limit-rate", "8k", "-X", "POST"])
+                        .args(["-T", "-", "-H", &bearer(&token)])
+                        .args(["-H", "Content-Type: application/json", &t.url("/jmap/")])
+                        .stdin(std::fs::File::open(file).unwrap())
+                        .output()
+                        .unwrap();
+                    String::from_utf8_lossy(&out.stdout).parse().unwrap_or(0)
                 })
             })
             .collect();
