@@ -200,14 +200,7 @@ fn format_text(out: &mut Vec<u8>, now: SystemTime, line: &Line<'_>) {
         line.duration_us,
         line.proto,
     );
-    match line.sid {
-        Some(sid) => {
-            out.push(b'"');
-            out.extend_from_slice(&crate::session::sid_hash_hex(sid));
-            out.push(b'"');
-        }
-        None => out.extend_from_slice(b"\"-\""),
-    }
+    sid_hash(out, line.sid, b"\"-\"");
     out.extend_from_slice(b" reason=");
     quoted(out, line.reason.unwrap_or("-"));
     if let Some(id) = line.request_id {
@@ -215,6 +208,18 @@ fn format_text(out: &mut Vec<u8>, now: SystemTime, line: &Line<'_>) {
         quoted(out, id);
     }
     out.push(b'\n');
+}
+
+/// The sid's hash, quoted (hex needs no escape in either format), or `none`.
+fn sid_hash(out: &mut Vec<u8>, sid: Option<&str>, none: &[u8]) {
+    match sid {
+        Some(sid) => {
+            out.push(b'"');
+            out.extend_from_slice(&crate::session::sid_hash_hex(sid));
+            out.push(b'"');
+        }
+        None => out.extend_from_slice(none),
+    }
 }
 
 /// [`format_line`] as JSON (RFC 8259), in tracing-subscriber's layout for an event.
@@ -233,14 +238,7 @@ fn format_json(out: &mut Vec<u8>, now: SystemTime, line: &Line<'_>) {
         ",\"status\":{},\"duration_us\":{},\"proto\":\"{}\",\"sid_hash\":",
         line.status, line.duration_us, line.proto
     );
-    match line.sid {
-        Some(sid) => {
-            out.push(b'"');
-            out.extend_from_slice(&crate::session::sid_hash_hex(sid));
-            out.push(b'"');
-        }
-        None => out.extend_from_slice(b"null"),
-    }
+    sid_hash(out, line.sid, b"null");
     out.extend_from_slice(b",\"reason\":");
     json_string(out, line.reason);
     if let Some(id) = line.request_id {

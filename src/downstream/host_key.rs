@@ -14,15 +14,7 @@ use std::sync::Arc;
 use ring::{hkdf, hmac};
 
 use super::settings::{Http3Config, Secret};
-
-/// An HKDF output length (ring asks for it as a type).
-struct Len(usize);
-
-impl hkdf::KeyType for Len {
-    fn len(&self) -> usize {
-        self.0
-    }
-}
+use super::tickets::Len;
 
 /// The key of QUIC's Retry and address tokens, from `secret`.
 pub(super) fn token_key(secret: &Secret) -> Arc<hkdf::Prk> {

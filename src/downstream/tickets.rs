@@ -53,8 +53,8 @@ impl std::fmt::Debug for SharedTickets {
     }
 }
 
-/// An HKDF output length (ring asks for it as a type).
-struct Len(usize);
+/// An HKDF output length (ring asks for it as a type); also for [`super::host_key`].
+pub(super) struct Len(pub(super) usize);
 
 impl hkdf::KeyType for Len {
     fn len(&self) -> usize {
