@@ -409,3 +409,71 @@ fn h2spec_finds_no_fault_over_h2c() {
     assert_eq!(count(" failed"), 0, "{text}");
     assert!(count(" passed") >= 145, "{summary}");
 }
+
+/// Answers `request` on a new connection to `port`: the status line's code.
+fn raw_status(port: u16, request: &str) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    read_head(&mut s)
+}
+
+/// An HTTP/2 GET whose `:path` is `path` as given (no leading `/` added); the status.
+async fn h2_get_raw_path(port: u16, token: &str, path: &'static str) -> u16 {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut parts = http::uri::Parts::default();
+    parts.scheme = Some(http::uri::Scheme::HTTP);
+    parts.authority = Some(format!("127.0.0.1:{port}").parse().unwrap());
+    parts.path_and_query = Some(http::uri::PathAndQuery::from_static(path));
+    let uri = http::Uri::from_parts(parts).unwrap();
+    assert_eq!(uri.path_and_query().unwrap().as_str(), path);
+    let req = http::Request::get(uri)
+        .header("authorization", format!("Bearer {token}"))
+        .body(())
+        .unwrap();
+    let mut client = client.ready().await.unwrap();
+    let (resp, _) = client.send_request(req, true).unwrap();
+    resp.await.unwrap().status().as_u16()
+}
+
+#[test]
+fn a_request_target_without_a_leading_slash_is_refused() {
+    let nginx = Nginx::start_with(BASE_AND_SECRET);
+    let t = tessera(&format!("{}/base/", nginx.url()), &[]);
+    let (_, token) = t.create_session("alice", "pw");
+    // Under the base path `/base`, `-x` would be forwarded as `/base-x`: a sibling of it.
+    for target in ["-x", "2/x", "secret", "?x=1"] {
+        let head = raw_status(
+            t.port,
+            &format!("GET {target} HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {token}\r\n\r\n"),
+        );
+        assert!(head.starts_with("HTTP/1.1 400"), "{target}: {head}");
+    }
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    // The http crate refuses a `:path` that starts with neither `/` nor `?`; `?x=1` would be
+    // forwarded as `/base?x=1`.
+    for path in ["?x=1", "?"] {
+        let code = runtime.block_on(h2_get_raw_path(t.port, &token, path));
+        assert_eq!(code, 400, "HTTP/2 :path {path}");
+    }
+    // `*` stays for OPTIONS (RFC 9112 section 3.2.4), refused under a base path.
+    let head = raw_status(
+        t.port,
+        &format!("OPTIONS * HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {token}\r\n\r\n"),
+    );
+    assert!(head.starts_with("HTTP/1.1 400"), "{head}");
+    let (code, _) = get_as_is(&t, &token, "/inside");
+    assert_eq!(code, 200);
+    assert_eq!(
+        nginx.uris(),
+        ["/base/inside"],
+        "nginx served paths outside /base/"
+    );
+    assert_eq!(
+        runtime.block_on(h2_get_raw_path(t.port, &token, "/inside")),
+        200
+    );
+}

@@ -4,6 +4,7 @@
 
 mod support;
 
+use std::io::{Read, Write};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -349,6 +350,13 @@ fn the_plain_listener_can_redirect_everything_to_https() {
     assert_eq!(status, 308, "{out}");
     let location = format!("location: https://localhost:{tls_port}/proto?x=1");
     assert!(out.to_ascii_lowercase().contains(&location), "{out}");
+    // HTTP/1.0 without Host: `https:///evil.example/x` would send a browser to evil.example.
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+    s.write_all(b"GET /evil.example/x HTTP/1.0\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.0 400"), "{answer}");
     // Followed with the bearer (curl sends it across a port change only when trusted).
     let resolve = format!("localhost:{tls_port}:127.0.0.1");
     let ca = pki.ca().display().to_string();

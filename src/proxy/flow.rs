@@ -91,6 +91,10 @@ impl Proxy {
             self.websockets.is_some() && super::websocket::from_extended_connect(&mut parts);
         let screened = screen::screen_request_with(&mut parts, &self.limits, &self.stripped)?;
         if let Some(port) = ctx.peer().to_https {
+            if screened.host.is_empty() {
+                // An HTTP/1.0 request without Host: `https:///x` would send a browser to host x.
+                return Err(ProxyError::BadRequest("no Host to redirect to"));
+            }
             let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
             return Ok(super::redirect::to_https(&screened.host, target, port));
         }

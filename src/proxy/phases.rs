@@ -137,7 +137,10 @@ impl Proxy {
             // Already origin-form: reused as is (its bytes are shared, not copied or re-parsed).
             return Ok(uri.clone());
         }
-        let pq = uri.path_and_query().map_or("/", PathAndQuery::as_str);
+        let pq = match uri.path_and_query().map(PathAndQuery::as_str) {
+            None | Some("") => "/",
+            Some(pq) => pq,
+        };
         if self.base_path.is_empty() {
             return pq.parse().map_err(|_| ProxyError::UriTooLong);
         }

@@ -80,7 +80,8 @@ impl Proxy {
         {
             return;
         }
-        let Ok(host) = screened.host.to_str() else {
+        // An HTTP/1.0 request may name no host; `http:///x` is no URL of the client's side.
+        let Some(host) = screened.host.to_str().ok().filter(|h| !h.is_empty()) else {
             return;
         };
         let proto = ctx.peer().proto;
@@ -92,7 +93,7 @@ impl Proxy {
         )];
         // Only ever towards https: an https upstream's `https://HOST/` sent to a plain client
         // stays as it is (rewritten to http it would loop, or downgrade).
-        if proto != "http" && self.upstream_scheme == "http" && !host.is_empty() {
+        if proto != "http" && self.upstream_scheme == "http" {
             rules.push((format!("http://{host}/"), client));
         }
         crate::upstream::materialize(resp);

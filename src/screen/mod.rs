@@ -9,7 +9,8 @@
 
 use http::header::{self, HeaderName};
 use http::request::Parts;
-use http::{HeaderMap, HeaderValue, Version};
+use http::uri::PathAndQuery;
+use http::{HeaderMap, HeaderValue, Method, Uri, Version};
 
 use crate::fields::has_token;
 pub use forwarded::{forwarded_client, forwarded_proto, set_forwarded};
@@ -132,6 +133,11 @@ pub fn screen_request_with(
     if parts.uri.scheme().is_none() && parts.uri.authority().is_some() {
         return Err(ScreenError::BadRequest("authority-form request target"));
     }
+    if !origin_or_asterisk(&parts.method, &parts.uri) {
+        return Err(ScreenError::BadRequest(
+            "request target not starting with /",
+        ));
+    }
     let target_len = parts.uri.path_and_query().map_or(1, |pq| pq.as_str().len());
     if target_len > limits.max_uri_bytes {
         return Err(ScreenError::UriTooLong);
@@ -167,6 +173,20 @@ pub fn screen_request_with(
         cookie_is_hop_by_hop,
         websocket,
     })
+}
+
+/// Whether `uri`'s path starts with `/`, is empty in an absolute form (`http://host`), or is
+/// `*` for OPTIONS (RFC 9112 section 3.2, RFC 9113 section 8.3.1, RFC 9114 section 4.3.1). The
+/// http crate also takes a `:path` of `?query` alone, which under a base path would be sent
+/// upstream as the base path's own resource.
+fn origin_or_asterisk(method: &Method, uri: &Uri) -> bool {
+    match uri.path_and_query().map(PathAndQuery::as_str) {
+        None => true,
+        Some(pq) if pq.starts_with('/') => true,
+        Some("") => uri.authority().is_some(),
+        Some("*") => method == Method::OPTIONS,
+        Some(_) => false,
+    }
 }
 
 /// Removes those of the names in `lists` (at most 32 in all) that are present, found in one
@@ -372,6 +392,31 @@ mod tests {
         max_body_bytes: 100,
         allow_encoded_slashes: false,
     };
+
+    #[test]
+    fn a_target_is_an_origin_form_path_an_absolute_form_or_asterisk_for_options() {
+        let target = |method: &str, uri: &str| {
+            let mut p = parts(&[("host", "a")], uri);
+            p.method = method.parse().unwrap();
+            screen_request(&mut p, &L).map(|_| ())
+        };
+        assert!(target("GET", "/x?y").is_ok());
+        assert!(target("GET", "http://a").is_ok());
+        assert!(target("GET", "http://a/x").is_ok());
+        assert!(target("OPTIONS", "*").is_ok());
+        let refused = Err(ScreenError::BadRequest(
+            "request target not starting with /",
+        ));
+        assert_eq!(target("GET", "*"), refused);
+        // As h2 builds it from `:scheme`, `:authority` and a `:path` of `?x=1`.
+        let mut uri = http::uri::Parts::default();
+        uri.scheme = Some(http::uri::Scheme::HTTPS);
+        uri.authority = Some(http::uri::Authority::from_static("a"));
+        uri.path_and_query = Some(PathAndQuery::from_static("?x=1"));
+        let mut p = parts(&[("host", "a")], "/");
+        p.uri = Uri::from_parts(uri).unwrap();
+        assert_eq!(screen_request(&mut p, &L).map(|_| ()), refused);
+    }
 
     #[test]
     fn connection_named_headers_removed_but_credentials_kept_for_later_phases() {
