@@ -155,6 +155,49 @@ fn login_on_a_use_on_b_logout_on_b_refused_on_a() {
 /// sessions over TLS, warm requests read nothing, and a logout on one reaches the other through
 /// tracking over TLS. Without the client certificate, or trusting another CA, the store is
 /// unavailable: a valid token gets 503 (never 401, never forwarded).
+/// A cookie planted from a sibling subdomain or over plain http cannot carry the `__Host-`
+/// prefix; read before the login cookie it would sign the browser into the planter's session.
+#[test]
+fn the_login_cookie_wins_over_cookies_anyone_could_plant() {
+    use base64::Engine;
+    let up = users();
+    let redis = Redis::start();
+    const SECURE: &[(&str, &str)] = &[("login", "verify_path = \"/check\"")];
+    const LISTED: &[(&str, &str)] = &[
+        ("login", "verify_path = \"/check\""),
+        ("token", "sources = [\"cookie:tessera\", \"bearer\"]"),
+    ];
+    let url = redis.url();
+    let up_url = up.url();
+    let start = |extra: &'static [(&'static str, &'static str)]| {
+        let (url, up_url) = (url.clone(), up_url.clone());
+        Tessera::start(move |port, _| config(port, &up_url, &url, extra))
+    };
+    let (t, explicit) = (start(SECURE), start(LISTED));
+    let alice = token_of(&login(&t, "alice", "alice-pw"));
+    let bob = token_of(&login(&t, "bob", "bob-pw"));
+    let bob_b64 = base64::engine::general_purpose::STANDARD.encode(&bob);
+    let mail =
+        |t: &Tessera, cookie: &str| curl(&["-H", &format!("Cookie: {cookie}"), &t.url("/mail")]);
+    for planted in [format!("tessera={bob}"), format!("Authorization={bob_b64}")] {
+        for t in [&t, &explicit] {
+            let both = format!("{planted}; __Host-tessera={alice}");
+            assert_eq!(
+                mail(t, &both),
+                (200, "{\"user\":\"alice\"}".into()),
+                "{both}"
+            );
+        }
+        // Without token.sources listed, a login deployment reads no other cookie.
+        assert_eq!(mail(&t, &planted).0, 401, "{planted}");
+    }
+    assert_eq!(
+        mail(&explicit, &format!("tessera={bob}")).0,
+        200,
+        "listed, so read"
+    );
+}
+
 #[test]
 fn a_store_over_tls_needs_its_ca_and_client_certificate() {
     let up = users();

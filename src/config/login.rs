@@ -18,6 +18,7 @@ const MAX_FAILURE_WINDOW_SECONDS: u64 = 7 * 24 * 3600;
 pub(super) fn validate_login(
     mut l: RawLogin,
     token: &mut TokenConfig,
+    sources_listed: bool,
     session: &SessionConfig,
 ) -> Result<LoginConfig, ConfigError> {
     let (prefix, verify_path) = login_paths(l.path_prefix.take(), l.verify_path.take())?;
@@ -50,7 +51,8 @@ pub(super) fn validate_login(
             "must be between 1 and 604800 (one week)",
         ));
     }
-    token_for_login(token, &cookie_name)?;
+    token_for_login(token)?;
+    login_cookie_first(&mut token.sources, &cookie_name, sources_listed);
     Ok(LoginConfig {
         path_prefix: prefix,
         verify_path,
@@ -163,9 +165,8 @@ fn login_cookie(l: &RawLogin) -> Result<(bool, String, SameSite), ConfigError> {
     Ok((cookie_secure, cookie_name, cookie_same_site))
 }
 
-/// What login needs of `[token]`: a signing key and the `sid` claim; adds the login cookie to
-/// the token sources.
-fn token_for_login(token: &mut TokenConfig, cookie_name: &str) -> Result<(), ConfigError> {
+/// What login needs of `[token]`: a signing key and the `sid` claim.
+fn token_for_login(token: &TokenConfig) -> Result<(), ConfigError> {
     let has_signer = token
         .keys
         .iter()
@@ -182,9 +183,20 @@ fn token_for_login(token: &mut TokenConfig, cookie_name: &str) -> Result<(), Con
             "login issues tokens with `sid`; remove token.sid_claim or disable [login]",
         ));
     }
-    let source = TokenSource::Cookie(cookie_name.to_owned());
-    if !token.sources.contains(&source) {
-        token.sources.push(source);
-    }
     Ok(())
+}
+
+/// Puts the login cookie, the one cookie tessera sets itself, before every other cookie source
+/// (after `bearer`, which no other site can set): a cookie planted from a sibling subdomain or
+/// over plain http cannot carry the `__Host-` prefix, and read first it would sign the browser
+/// into the planter's session (or hold it at a 401 that signing in does not cure). With
+/// `token.sources` not listed, the other default cookies go: a login deployment sets none.
+fn login_cookie_first(sources: &mut Vec<TokenSource>, cookie_name: &str, listed: bool) {
+    let login = TokenSource::Cookie(cookie_name.to_owned());
+    sources.retain(|s| *s != login && (listed || *s == TokenSource::Bearer));
+    let at = sources
+        .iter()
+        .position(|s| *s != TokenSource::Bearer)
+        .unwrap_or(sources.len());
+    sources.insert(at, login);
 }

@@ -236,12 +236,15 @@ fn validate(raw: RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Conf
             ));
         }
     }
+    let sources_listed = raw.token.as_ref().is_some_and(|t| t.sources.is_some());
     let token = validate_token(raw.token.unwrap_or_default(), env)?;
     let session = validate_session(raw.session.unwrap_or_default())?;
     let credentials = validate_credentials(raw.credentials.unwrap_or_default(), env)?;
     let mut token = token;
     let login = match raw.login {
-        Some(l) if l.enabled != Some(false) => Some(validate_login(l, &mut token, &session)?),
+        Some(l) if l.enabled != Some(false) => {
+            Some(validate_login(l, &mut token, sources_listed, &session)?)
+        }
         _ => None,
     };
     let log = raw.log.unwrap_or_default();
