@@ -1179,12 +1179,16 @@ fn slow_upload_is_not_cut_off_by_the_response_head_timeout() {
 fn framing_script(line: &str) -> upstream::Script {
     let path = line.split(' ').nth(1).unwrap_or("");
     let (text, close): (String, bool) = match path {
-        "/upload" => (
+        "/upload" | "/upload?continue" => (
             "HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nuploaded".into(),
             false,
         ),
-        "/early-413" => {
-            let text = "HTTP/1.1 413 Content Too Large\r\nContent-Length: 0\r\n\r\n";
+        "/early-413" | "/early-200" => {
+            let text = if path == "/early-413" {
+                "HTTP/1.1 413 Content Too Large\r\nContent-Length: 0\r\n\r\n"
+            } else {
+                "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nearly"
+            };
             return upstream::Script {
                 bytes: text.into(),
                 close: false,
@@ -1435,7 +1439,8 @@ fn broken_upstream_responses_are_502_or_cut_and_never_reused() {
 
 /// Uploads: the upstream's `100 Continue` while the body is sent is skipped, the body goes out in
 /// full and the connection stays usable; after an early 413 the next request is not mixed into
-/// what was left of the body.
+/// what was left of the body; a connection whose answer came before the whole request is not
+/// reused; the client's `Expect` is answered by tessera, not forwarded.
 #[test]
 fn uploads_survive_interim_and_early_answers() {
     use std::sync::atomic::Ordering::SeqCst;
@@ -1448,12 +1453,22 @@ fn uploads_survive_interim_and_early_answers() {
     let data = format!("@{}", file.display());
     let before = f.up.stats.body_bytes.load(SeqCst);
     let (code, text) = f.get(
-        "/upload",
+        "/upload?continue",
         &["--data-binary", &data, "-H", "Expect: 100-continue"],
     );
     assert_eq!((code, text.as_str()), (200, "uploaded"));
     assert_eq!(f.up.stats.body_bytes.load(SeqCst) - before, 2 << 20);
     assert!(f.next_reuses(), "after an upload with 100 Continue");
+    let seen = String::from_utf8_lossy(&f.up.stats.raw_bytes.lock().unwrap()).to_lowercase();
+    assert!(!seen.contains("expect:"), "Expect forwarded");
+    // Answered at once with a 200, the body drained: correct, but an upstream that did not
+    // drain would take the rest of the body for the next request. Not reused.
+    let (code, text) = f.get("/early-200", &["--data-binary", &data, "-H", "Expect:"]);
+    assert_eq!((code, text.as_str()), (200, "early"));
+    assert!(
+        !f.next_reuses(),
+        "after an answer that came before the whole request"
+    );
     // An upstream that answers 413 at once and drains the body: the client gets the 413, and
     // whatever part of the body was not yet written, the next request is not mixed into it.
     for _ in 0..3 {

@@ -88,6 +88,11 @@ const SPOOFABLE: [&str; 5] = [
     "x-real-ip",
 ];
 
+/// Fields tessera answers itself: hyper sends the client its `100 Continue` as the body is
+/// read, and the body goes upstream whatever the upstream would answer first, so an upstream
+/// that answered a forwarded `Expect` early could take the rest of the body for a new request.
+const ANSWERED_HERE: [&str; 1] = ["expect"];
+
 /// Checks limits and cleans the request head in place.
 ///
 /// Errors: [`ScreenError`] (400, 405, 413, 414, 431, 501; mapped in `error.rs`).
@@ -167,7 +172,11 @@ pub fn screen_request_with(
     let host = authority(parts)?;
     let (cookie_is_hop_by_hop, websocket) =
         remove_connection_named(&mut parts.headers, &parts.method, parts.version);
-    remove_present(&mut parts.headers, [&HOP_BY_HOP, &SPOOFABLE], stripped);
+    remove_present(
+        &mut parts.headers,
+        [&HOP_BY_HOP, &SPOOFABLE, &ANSWERED_HERE],
+        stripped,
+    );
     Ok(Screened {
         host,
         cookie_is_hop_by_hop,
@@ -193,7 +202,7 @@ fn origin_or_asterisk(method: &Method, uri: &Uri) -> bool {
 /// pass over the header names: a removal of an absent name costs a hash and a probe, and
 /// removing the 13 hop-by-hop and spoofable names one by one was 5% of a warm request's user
 /// CPU in the profile (most requests carry none of them).
-fn remove_present(headers: &mut HeaderMap, lists: [&[&'static str]; 2], stripped: &Stripped) {
+fn remove_present(headers: &mut HeaderMap, lists: [&[&'static str]; 3], stripped: &Stripped) {
     let names = || lists.iter().flat_map(|l| l.iter());
     debug_assert!(names().count() <= 32);
     let mut present = 0u32;
@@ -467,7 +476,7 @@ mod tests {
     }
 
     #[test]
-    fn every_hop_by_hop_and_spoofable_name_is_removed_and_nothing_else() {
+    fn every_hop_by_hop_spoofable_and_answered_name_is_removed_and_nothing_else() {
         let prefixed = [
             "x-forwarded-user",
             "x-forwarded-prefix",
@@ -476,7 +485,8 @@ mod tests {
             "x_forwarded-for",
             "x_real_ip",
         ];
-        for name in HOP_BY_HOP.iter().chain(SPOOFABLE.iter()).chain(&prefixed) {
+        let names = HOP_BY_HOP.iter().chain(&SPOOFABLE).chain(&ANSWERED_HERE);
+        for name in names.chain(&prefixed) {
             let value = if *name == "transfer-encoding" {
                 "chunked"
             } else {

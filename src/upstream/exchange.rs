@@ -71,7 +71,7 @@ impl H1 {
     /// client's framing headers are replaced. Heads that arrive while the body is being sent:
     /// 1xx are skipped; an error (>= 400) ends the sending and is returned at once; another
     /// final head waits until the body was sent. The connection is marked reusable
-    /// ([`Head::keep_alive`]) only if the whole request was written.
+    /// ([`Head::keep_alive`]) only if the whole request was written before its final head came.
     ///
     /// `sending` says, should this future be dropped (its requester went away), whether the
     /// connection can be kept as it is ([`Sending::Unsent`]), or after the exchange is finished
@@ -194,6 +194,10 @@ impl H1 {
             polled_body,
             head_request,
         } = sent;
+        // An upstream that answers before it has the whole request and keeps its connection
+        // must read the rest as this request's body (RFC 9112 section 9.5); one that does not
+        // would take it for the next request, whoever sends that. Not worth the risk.
+        let complete = complete && early.is_none();
         let head = match early {
             Some(head) => Ok(head),
             None => {

@@ -96,7 +96,8 @@ pub enum Behavior {
     /// raw: answers each request with the bytes the function gives for its request line, e.g.
     /// `GET /x HTTP/1.1` (see [`Script`]). A `Content-Length` request body is read (and
     /// dropped) before the answer, after it when the script says `early`; with
-    /// `Expect: 100-continue` a `100 Continue` goes first, as nginx does.
+    /// `Expect: 100-continue`, or a target ending in `?continue` (tessera forwards no `Expect`),
+    /// a `100 Continue` goes first, as nginx does.
     Scripted(fn(&str) -> Script),
     /// hyper server with upgrades: the `Users` credential check (401 with a `Basic` challenge),
     /// then a WebSocket endpoint (tokio-tungstenite over hyper's upgraded connection) on every
@@ -436,7 +437,12 @@ async fn raw(mut stream: tokio::net::TcpStream, behavior: Behavior, s: &Stats) {
                     .unwrap_or(0);
                 let first: &[u8] = if answer.early {
                     &answer.bytes
-                } else if text.contains("\r\nexpect: 100-continue") {
+                } else if text.contains("\r\nexpect: 100-continue")
+                    || text
+                        .lines()
+                        .next()
+                        .is_some_and(|l| l.contains("?continue "))
+                {
                     b"HTTP/1.1 100 Continue\r\n\r\n"
                 } else {
                     b""
