@@ -1281,6 +1281,12 @@ fn framing_script(line: &str) -> upstream::Script {
             "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA".into(),
             false,
         ),
+        // Answering a HEAD of a redirect whose GET would be chunked: no length is known.
+        "/head-redirect" => (
+            "HTTP/1.1 302 Found\r\nLocation: /elsewhere\r\nTransfer-Encoding: chunked\r\n\r\n"
+                .into(),
+            false,
+        ),
         // Answering a HEAD: no body follows, and the field is not a length.
         "/head-bad-length" => (
             "HTTP/1.1 200 OK\r\nContent-Length: 5, 6\r\n\r\n".into(),
@@ -1403,6 +1409,9 @@ fn upstream_responses_are_read_by_their_framing_and_reused_only_when_safe() {
         "{head}"
     );
     assert!(f.next_reuses(), "HEAD response");
+    let (code, head) = f.get("/head-redirect", &["-I"]);
+    assert_eq!(code, 302);
+    assert!(!head.to_lowercase().contains("content-length"), "{head}");
     // A HEAD answer's Content-Length is passed on, so a broken one is a 502, not forwarded.
     let (code, head) = f.get("/head-bad-length", &["-I"]);
     assert_eq!(code, 502, "{head}");

@@ -97,8 +97,11 @@ impl<S: Socket> Conn<S> {
                     None => Framing::Chunked,
                 }
             };
+        let local = matches!(body, ProxyBody::Full(_));
         let fields = body.take_fields();
-        if head && fields.is_none() && !parts.headers.contains_key(header::CONTENT_LENGTH) {
+        // Not for the upstream's answer whose fields were moved to the map (a repointed
+        // redirect): its body is empty as sent to a HEAD, not as its GET would be.
+        if head && local && !parts.headers.contains_key(header::CONTENT_LENGTH) {
             // A local answer to HEAD states the length its GET would have, as hyper did.
             if let Some(n) = body.size_hint().exact() {
                 parts
