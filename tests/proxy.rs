@@ -1216,6 +1216,14 @@ fn framing_script(line: &str) -> upstream::Script {
                 .into(),
             false,
         ),
+        // Trailers the head's rules remove: a field its `Connection` names, and `Alt-Svc`
+        // (`upstream.strip_response_headers`).
+        "/trailers-screened" => (
+            "HTTP/1.1 200 OK\r\nConnection: X-Hidden\r\nTransfer-Encoding: chunked\r\n\r\n\
+             2\r\nok\r\n0\r\nX-Hidden: 1\r\nAlt-Svc: h3=\":1\"\r\nX-Checksum: abc\r\n\r\n"
+                .into(),
+            false,
+        ),
         "/te-gzip" => (
             "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"
                 .into(),
@@ -1637,6 +1645,38 @@ fn trailers_with_connection_fields_do_not_reset_an_http2_answer() {
             "{version}"
         );
     }
+}
+
+/// Trailers lose what the head would: fields its `Connection` names and
+/// `upstream.strip_response_headers`; the others reach an HTTP/2 client.
+#[test]
+fn trailers_are_screened_as_the_head_is() {
+    let up = upstream::start(Behavior::Scripted(framing_script));
+    let (t, token) = behind(&up.url(), &[]);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let trailers = runtime.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", t.port))
+            .await
+            .unwrap();
+        let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+        tokio::spawn(conn);
+        let req = http::Request::get(format!("http://127.0.0.1:{}/trailers-screened", t.port))
+            .header("authorization", format!("Bearer {token}"))
+            .body(())
+            .unwrap();
+        let mut client = client.ready().await.unwrap();
+        let (resp, _) = client.send_request(req, true).unwrap();
+        let mut body = resp.await.unwrap().into_body();
+        let mut data = Vec::new();
+        while let Some(chunk) = body.data().await {
+            data.extend_from_slice(&chunk.unwrap());
+        }
+        assert_eq!(data, b"ok");
+        body.trailers().await.unwrap().expect("trailers")
+    });
+    assert_eq!(trailers.get("x-checksum").unwrap(), "abc");
+    assert!(trailers.get("x-hidden").is_none(), "{trailers:?}");
+    assert!(trailers.get("alt-svc").is_none(), "{trailers:?}");
 }
 
 /// A request with a transfer coding other than `chunked` gets 501 (RFC 9112 section 6.1) and

@@ -243,7 +243,10 @@ impl Proxy {
             }
         }
         // An upstream response's fields are all in its body until `materialize` (its map is
-        // empty), so they are screened there.
+        // empty), so they are screened there; its trailers by the head's `Connection`.
+        let strip = &self.strip_response;
+        resp.body_mut()
+            .screen_trailers(|head| screen::unlisted_in_trailers(head, strip));
         if let Some(fields) = resp.body_mut().fields_mut() {
             screen::screen_response(fields, &self.strip_response);
         }

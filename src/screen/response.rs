@@ -72,6 +72,17 @@ pub fn screen_response(fields: &mut RawHead, strip: &[HeaderName]) {
     }
 }
 
+/// The names a response's trailers lose besides the hop-by-hop ones, as its head (`fields`, not
+/// yet screened) does: `strip` and the fields its `Connection` names (RFC 9110 section 6.5.1:
+/// a trailer field follows the rules of a header field).
+pub fn unlisted_in_trailers(fields: &RawHead, strip: &[HeaderName]) -> Vec<HeaderName> {
+    let named = fields.get_all(b"connection").flat_map(|v| {
+        v.split(|&b| b == b',')
+            .filter_map(|t| HeaderName::from_bytes(t.trim_ascii()).ok())
+    });
+    strip.iter().cloned().chain(named).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,6 +5,7 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
+use http::HeaderName;
 use http_body::{Body, Frame, SizeHint};
 
 use super::conn::{self as h1, Framing};
@@ -90,6 +91,17 @@ impl ProxyBody {
         }
     }
 
+    /// Has the trailers of a chunked upstream body (the only kind with trailers) lose the
+    /// fields `names` gives for its head (before that head is screened): those the head lost
+    /// too. The hop-by-hop and framing names go in any case (`chunked.rs`).
+    pub fn screen_trailers(&mut self, names: impl FnOnce(&RawHead) -> Vec<HeaderName>) {
+        if let Self::Upstream(u) = self {
+            if let (Framing::Chunked(_), Some(head)) = (u.framing, &u.fields) {
+                u.unlisted_trailers = names(head);
+            }
+        }
+    }
+
     /// Takes the upstream response's fields out (the writer then owns them).
     pub fn take_fields(&mut self) -> Option<RawHead> {
         match self {
@@ -112,6 +124,8 @@ pub struct UpstreamBody {
     /// A 101 response's: it has no body, and its connection is kept (never reused) for
     /// [`ProxyBody::take_tunnel`].
     switched: bool,
+    /// Names removed from the trailers ([`ProxyBody::screen_trailers`]).
+    unlisted_trailers: Vec<HeaderName>,
 }
 
 impl UpstreamBody {
@@ -123,6 +137,7 @@ impl UpstreamBody {
             keep_alive,
             watch: None,
             switched: false,
+            unlisted_trailers: Vec::new(),
         };
         if framing == Framing::Done {
             this.release(None);
@@ -141,6 +156,7 @@ impl UpstreamBody {
             keep_alive: false,
             watch: None,
             switched: true,
+            unlisted_trailers: Vec::new(),
         }
     }
 
@@ -208,7 +224,12 @@ impl Body for ProxyBody {
                         return Poll::Ready(Some(Err(ended.into())));
                     }
                 }
-                let frame = ready!(polled);
+                let mut frame = ready!(polled);
+                if let Some(map) = frame.as_mut().and_then(|f| f.as_mut().ok()?.trailers_mut()) {
+                    for name in &u.unlisted_trailers {
+                        map.remove(name);
+                    }
+                }
                 match &frame {
                     Some(Err(_)) => u.release(Some(Closed::Error)),
                     _ if u.framing == Framing::Done => u.release(None),
