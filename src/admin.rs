@@ -101,6 +101,8 @@ pub async fn revoke_session(cfg: &Config, sid: &str) -> Result<bool, AdminError>
 
 /// Revokes every live session whose sid hash is `sid_hash` (as `session list` and the logs show
 /// it) or whose upstream user is `user` (both given: either); the revoked sessions' hashes.
+/// User names compare trimmed and in any case, as login's failure limit counts them: a session
+/// signed in as `Alice` is `alice`'s to most upstreams, and one left out outlives an incident.
 ///
 /// Errors: [`AdminError::Store`] (sessions revoked before it stay revoked).
 pub async fn revoke_sessions(
@@ -109,9 +111,14 @@ pub async fn revoke_sessions(
     user: Option<&str>,
 ) -> Result<Vec<String>, AdminError> {
     let sessions = crate::sessions_from_config(cfg)?;
+    let user = user.map(|u| u.trim().to_lowercase());
     let pick = |l: &crate::session::Listed| {
         sid_hash.is_some_and(|h| h == l.sid_hash)
-            || user.is_some_and(|u| l.sub.as_deref() == Some(u))
+            || user.as_ref().is_some_and(|u| {
+                l.sub
+                    .as_deref()
+                    .is_some_and(|s| s.trim().to_lowercase() == *u)
+            })
     };
     Ok(sessions.revoke_where(pick).await?)
 }
