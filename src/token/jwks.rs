@@ -9,6 +9,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use jsonwebtoken::DecodingKey;
+use sha2::Digest;
 use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_rustls::rustls::{ClientConfig, RootCertStore};
 
@@ -86,19 +87,31 @@ pub(super) struct Jwks {
     pub(super) cfg: JwksConfig,
     pub(super) allowed: Vec<Algorithm>,
     pub(super) keys: RwLock<Arc<HashMap<String, VerifyKey>>>,
-    /// Serialises fetches; holds the time of the last attempt.
-    pub(super) last: tokio::sync::Mutex<Option<Instant>>,
+    /// Serialises fetches; holds what the last one found.
+    pub(super) last: tokio::sync::Mutex<LastFetch>,
+}
+
+/// The last JWKS fetch: when it was tried, and the SHA-256 of the document last loaded.
+#[derive(Default)]
+pub(super) struct LastFetch {
+    at: Option<Instant>,
+    loaded: Option<[u8; 32]>,
 }
 
 impl Jwks {
+    /// Fetches the document (not within `min_gap` of the last try, when given) and loads its
+    /// keys. Returns whether the keys changed: `false` for the same document as before (a
+    /// refresh asked by an unknown `kid` finds that most of the time; answered `true`, the
+    /// verified-token cache would be emptied every `jwks_min_refresh_seconds` by anyone sending
+    /// made-up kids), and when the fetch or the document failed (logged; the keys stay).
     pub(super) async fn refresh(&self, min_gap: Option<Duration>) -> bool {
         let mut last = self.last.lock().await;
-        if let (Some(gap), Some(at)) = (min_gap, *last) {
+        if let (Some(gap), Some(at)) = (min_gap, last.at) {
             if at.elapsed() < gap {
                 return false;
             }
         }
-        *last = Some(Instant::now());
+        last.at = Some(Instant::now());
         let doc = match fetch(&self.cfg.source).await {
             Ok(d) => d,
             Err(e) => {
@@ -106,10 +119,15 @@ impl Jwks {
                 return false;
             }
         };
+        let digest: [u8; 32] = sha2::Sha256::digest(&doc).into();
+        if last.loaded == Some(digest) {
+            return false;
+        }
         match parse_jwks(&doc, &self.allowed) {
             Ok(keys) => {
                 tracing::info!(keys = keys.len(), "JWKS loaded");
                 *self.keys.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(keys);
+                last.loaded = Some(digest);
                 true
             }
             Err(e) => {
@@ -308,5 +326,37 @@ mod tests {
         assert_eq!(keys.keys().collect::<Vec<_>>(), vec!["ed"]);
         assert!(parse_jwks(doc, &[Algorithm::RS256]).unwrap().is_empty());
         assert!(parse_jwks(b"[]", &[Algorithm::EdDSA]).is_err());
+    }
+
+    /// A refresh that finds the document already loaded changes nothing, so the verified-token
+    /// cache (emptied when keys change) survives refreshes asked by made-up kids.
+    #[tokio::test]
+    async fn a_refresh_says_changed_only_for_another_document() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jwks.json");
+        let key = |kid: &str| {
+            format!(
+                r#"{{"kty":"OKP","crv":"Ed25519","kid":"{kid}","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}}"#
+            )
+        };
+        std::fs::write(&path, format!(r#"{{"keys":[{}]}}"#, key("a"))).unwrap();
+        let jwks = Jwks {
+            cfg: JwksConfig {
+                source: JwksSource::File(path.clone()),
+                refresh: Duration::from_secs(300),
+                min_refresh: Duration::from_secs(30),
+            },
+            allowed: vec![Algorithm::EdDSA],
+            keys: RwLock::new(Arc::new(HashMap::new())),
+            last: Default::default(),
+        };
+        assert!(jwks.refresh(None).await, "first load");
+        assert!(!jwks.refresh(None).await, "the same document");
+        let two = format!(r#"{{"keys":[{},{}]}}"#, key("a"), key("b"));
+        std::fs::write(&path, two).unwrap();
+        assert!(jwks.refresh(None).await, "a key added");
+        std::fs::write(&path, "not json").unwrap();
+        assert!(!jwks.refresh(None).await, "a broken document");
+        assert_eq!(jwks.keys.read().unwrap().len(), 2, "kept");
     }
 }

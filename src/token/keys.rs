@@ -299,7 +299,7 @@ impl Keys {
                     cfg,
                     allowed: allowed.to_vec(),
                     keys: RwLock::new(Arc::new(HashMap::new())),
-                    last: tokio::sync::Mutex::new(None),
+                    last: Default::default(),
                 })
             }),
         })
@@ -370,7 +370,7 @@ impl Keys {
     }
 
     /// Refreshes the JWKS because a token named an unknown `kid`, unless the last refresh was
-    /// less than `token.jwks_min_refresh_seconds` ago. Returns whether a fresh document was loaded.
+    /// less than `token.jwks_min_refresh_seconds` ago. Returns whether the keys changed.
     /// The fetch is a task of its own: a request that goes away (a reset HTTP/2 stream) must not
     /// cancel a fetch that has already taken the rate limit's turn.
     pub async fn refresh_for_unknown_kid(&self) -> bool {
@@ -384,7 +384,8 @@ impl Keys {
 
     /// Loads the JWKS now (at start and every `token.jwks_refresh_seconds`).
     ///
-    /// Returns false (and logs why, keeping the previous keys) when the fetch or parse failed.
+    /// Returns whether the keys changed: false for the document already loaded, and when the
+    /// fetch or parse failed (logged; the previous keys stay).
     pub async fn refresh_jwks(&self) -> bool {
         match &self.jwks {
             Some(j) => j.refresh(None).await,
