@@ -25,6 +25,7 @@ use crate::upstream::{BoxError, ProxyBody};
 use super::page::safe_redirect;
 use super::request::{check_same_origin, constant_eq, content_type_is, cookie_value, read_body};
 use super::{EndpointRequest, Login, Refusal};
+use crate::session::LOGIN_FAILURES as SHARED_FAILURES;
 
 /// Most concurrent login checks per client address (one per user name).
 pub(super) const MAX_IN_FLIGHT_PER_IP: u32 = 4;
@@ -74,10 +75,6 @@ impl Drop for ChargeIfAbandoned<'_> {
         }
     }
 }
-
-/// Store key prefix of the failed-login counts that every instance on one store shares. Outside
-/// the session key prefix: never listed as a session, never an invalidation.
-pub(super) const SHARED_FAILURES: &str = "tessera:login-failures:";
 
 /// The store keys of the shared failed-login counts of a client address (its rate-limit key)
 /// and of a user name: its SHA-256 in hex, which bounds the key's length and keeps the name out

@@ -8,6 +8,21 @@ use std::time::Duration;
 use super::streams::OpenStreams;
 use super::{ResolveError, Sessions};
 
+/// Store key prefix of the failed-login counts every instance on one store shares (written by
+/// `login`). Outside the default session key prefix; [`sid_of`] keeps them out of invalidations
+/// where the prefix covers them (the hyper-auth-proxy format tracks every key).
+pub(crate) const LOGIN_FAILURES: &str = "tessera:login-failures:";
+
+/// The sid an invalidated store key names: `key` under `prefix`, and no failed-login count
+/// (each failed login writes two, and an invalidation empties nothing but costs cache fills
+/// in flight their place).
+pub(super) fn sid_of<'a>(key: &'a str, prefix: &str) -> Option<&'a str> {
+    if key.starts_with(LOGIN_FAILURES) {
+        return None;
+    }
+    key.strip_prefix(prefix)
+}
+
 /// Store reads at once when every session with open responses is read again (the invalidation
 /// stream came back, or the sealing keys were reloaded): enough to go through thousands
 /// quickly, few enough to leave the store and the runtime to the requests.
@@ -62,5 +77,24 @@ pub(super) async fn recheck(
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(2));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_login_count_names_no_session_under_any_prefix() {
+        let count = "tessera:login-failures:ip:127.0.0.1";
+        for prefix in ["", "tessera:", "tessera:session:"] {
+            assert_eq!(sid_of(count, prefix), None, "{prefix:?}");
+        }
+        assert_eq!(
+            sid_of("tessera:session:abc", "tessera:session:"),
+            Some("abc")
+        );
+        assert_eq!(sid_of("abc", ""), Some("abc"));
+        assert_eq!(sid_of("other:abc", "tessera:session:"), None);
     }
 }

@@ -25,6 +25,7 @@ mod streams;
 
 pub use cache::CacheConfig;
 use cache::{Cached, SessionCache};
+pub(crate) use invalidate::LOGIN_FAILURES;
 use invalidate::{recheck, recheck_all};
 pub use lifecycle::{Created, Listed, ResealReport};
 use record::Record;
@@ -167,7 +168,7 @@ impl Sessions {
                     Invalidation::Keys(keys) => {
                         let mut open = Vec::new();
                         for key in keys {
-                            if let Some(sid) = key.strip_prefix(prefix.as_str()) {
+                            if let Some(sid) = invalidate::sid_of(&key, &prefix) {
                                 if let Some(cache) = &cache {
                                     cache.invalidate(sid);
                                 }
