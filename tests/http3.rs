@@ -273,6 +273,34 @@ fn zero_rtt_forwards_a_get_at_once_and_holds_a_post_for_the_handshake() {
     });
 }
 
+/// A trusted proxy's early GET waits for the handshake unless its address was proven first (a
+/// token from an earlier connection): anyone with a ticket can send an early flight from a
+/// forged source, and a trusted proxy's `X-Forwarded-For` is believed.
+#[test]
+fn an_early_get_from_an_unproven_trusted_address_waits_for_the_handshake() {
+    let nginx = Nginx::start_with(EARLY);
+    let pki = Pki::new();
+    let trusted = "trusted_proxies = [\"127.0.0.1\"]";
+    let (_t, addr, token) = h3_tessera(&nginx.url(), &pki, "", trusted);
+    runtime().block_on(async {
+        let far = delay_line(addr, Duration::from_millis(250)).await;
+        for (client, body) in [
+            (H3Client::without_tokens(&pki.ca()), "early= proto=https"),
+            (H3Client::new(&pki.ca()), "early=1 proto=https"),
+        ] {
+            let mut first = client.connect(far).await;
+            request(&mut first, "GET", "/early", &token, Bytes::new())
+                .await
+                .unwrap();
+            drop(first);
+            let (mut send, accepted) = client.connect_0rtt(far).await.expect("no session");
+            let got = request(&mut send, "GET", "/early", &token, Bytes::new()).await;
+            assert!(accepted.await.unwrap(), "the server refused the early data");
+            assert_eq!(String::from_utf8(got.unwrap().body).unwrap(), body);
+        }
+    });
+}
+
 /// An early flight whose handshake never completes (cut on the path, or replayed by someone
 /// who cannot finish it): the GET in it goes on, safe to replay; the POST held for the
 /// handshake is dropped when the connection ends, never forwarded (RFC 8470 section 5.1).

@@ -20,7 +20,8 @@ use super::quic::{Handshake, Quic};
 type Stream<S> = h3::server::RequestStream<S, Bytes>;
 
 /// Serves one request: held until the handshake completes when it arrived early and is not
-/// safe to replay; marked `Early-Data: 1` when it goes on early.
+/// safe to replay, or comes from a trusted proxy's address not yet proven; marked
+/// `Early-Data: 1` when it goes on early.
 pub(super) async fn serve(
     quic: &Quic,
     mut req: Request<()>,
@@ -39,7 +40,10 @@ pub(super) async fn serve(
     // First: a request whose handshake completes meanwhile goes on as a late one.
     body.settle(quic, req.method()).await;
     if !handshake.complete() {
-        if is_safe(req.method()) {
+        // A trusted proxy's word on its client (`X-Forwarded-For`) is taken only from a proven
+        // address: an early flight's keys need no answer from the server, so its source may be
+        // forged by anyone holding a ticket.
+        if is_safe(req.method()) && (!peer.is_trusted() || handshake.address_proven()) {
             // RFC 8470 section 5.1: the upstream may answer 425 Too Early, which passes.
             req.headers_mut()
                 .insert("early-data", HeaderValue::from_static("1"));

@@ -177,6 +177,9 @@ pub(super) struct Handshake {
     conn: quinn::Connection,
     /// Turns true when quinn reports the handshake complete (to wake held requests).
     done: watch::Receiver<bool>,
+    /// The client's address was proven before the handshake (a Retry, or a token from an
+    /// earlier connection): an early flight from it is no forged source's.
+    address_validated: bool,
 }
 
 impl Handshake {
@@ -191,6 +194,12 @@ impl Handshake {
     /// completing it (`false`: a replayed or cut early flight, never to be forwarded).
     pub(super) async fn wait(&mut self) -> bool {
         self.done.wait_for(|done| *done).await.is_ok()
+    }
+
+    /// Whether the client's address is proven now: before the handshake by a Retry or a
+    /// token, else by the completed handshake.
+    pub(super) fn address_proven(&self) -> bool {
+        self.address_validated || self.complete()
     }
 }
 
@@ -277,6 +286,7 @@ async fn handshake(
 /// One QUIC connection: its handshake ([`handshake`]), then its HTTP/3 session until it ends or
 /// shutdown drains it.
 async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming, unvalidated: Option<Unvalidated>) {
+    let address_validated = unvalidated.is_none();
     let Some((conn, handshake)) = handshake(&quic, incoming, unvalidated).await else {
         return;
     };
@@ -285,6 +295,7 @@ async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming, unvalidated: Opt
     let handshake = Handshake {
         conn: conn.clone(),
         done: handshake,
+        address_validated,
     };
     count_per_ip(&quic, &conn, handshake.clone());
     let mut session = match h3::server::builder()

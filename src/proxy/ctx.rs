@@ -60,6 +60,12 @@ impl Peer {
         }
     }
 
+    /// Whether the peer is a trusted proxy (`server.trusted_proxies`), whose requests name
+    /// their client.
+    pub fn is_trusted(&self) -> bool {
+        self.trusted
+    }
+
     /// The same peer, told of another protocol on every response (`Alt-Svc`, RFC 7838).
     pub fn advertising(self, alt_svc: Option<HeaderValue>) -> Self {
         Self { alt_svc, ..self }

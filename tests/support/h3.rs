@@ -39,6 +39,16 @@ impl H3Client {
         Self { endpoint }
     }
 
+    /// Like [`H3Client::new`], keeping no NEW_TOKEN tokens: every connection comes from an
+    /// address the server has not seen proven.
+    pub fn without_tokens(ca: &Path) -> Self {
+        let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        let mut cfg = Self::config(ca);
+        cfg.token_store(Arc::new(quinn::NoneTokenStore));
+        endpoint.set_default_client_config(cfg);
+        Self { endpoint }
+    }
+
     fn client_config(ca: &Path, window: u32) -> quinn::ClientConfig {
         use rustls::pki_types::pem::PemObject;
         let mut roots = rustls::RootCertStore::empty();
