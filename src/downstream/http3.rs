@@ -15,7 +15,8 @@ use http_body_util::BodyExt;
 use crate::proxy::Peer;
 use crate::upstream::ProxyBody;
 
-use super::quic::{Handshake, Quic};
+use super::quic::Quic;
+use super::quic_handshake::Handshake;
 
 type Stream<S> = h3::server::RequestStream<S, Bytes>;
 

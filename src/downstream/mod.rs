@@ -16,6 +16,7 @@ mod io;
 mod parse;
 mod proxy_header;
 mod quic;
+mod quic_handshake;
 mod retry;
 mod settings;
 mod tickets;

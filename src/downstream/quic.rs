@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use std::sync::atomic::Ordering;
 
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::proxy::Proxy;
 
+use super::quic_handshake::{handshake, Handshake};
 use super::retry::{retried, unvalidated_limit, Unvalidated};
 use super::settings::{Http3Config, Retry};
 use super::ServerConfig;
@@ -171,118 +171,6 @@ fn refused_at_limit(limit: usize) {
     }
 }
 
-/// Whether a connection's handshake is complete, asked when a request is taken.
-#[derive(Clone)]
-pub(super) struct Handshake {
-    conn: quinn::Connection,
-    /// Turns true when quinn reports the handshake complete (to wake held requests).
-    done: watch::Receiver<bool>,
-    /// The client's address was proven before the handshake (a Retry, or a token from an
-    /// earlier connection): an early flight from it is no forged source's.
-    address_validated: bool,
-}
-
-impl Handshake {
-    /// Complete now: the TLS exporter (RFC 8446 section 7.5) answers only once the server has
-    /// the client's Finished, read from the connection's own state, so a request that arrives
-    /// in the same datagram as the Finished is not taken as early.
-    pub(super) fn complete(&self) -> bool {
-        *self.done.borrow() || handshake_complete(&self.conn)
-    }
-
-    /// Resolves once the handshake is complete (`true`) or the connection ended without
-    /// completing it (`false`: a replayed or cut early flight, never to be forwarded).
-    pub(super) async fn wait(&mut self) -> bool {
-        self.done.wait_for(|done| *done).await.is_ok()
-    }
-
-    /// Whether the client's address is proven now: before the handshake by a Retry or a
-    /// token, else by the completed handshake.
-    pub(super) fn address_proven(&self) -> bool {
-        self.address_validated || self.complete()
-    }
-}
-
-/// Whether `conn`'s handshake is complete: the TLS exporter (RFC 8446 section 7.5) answers only
-/// once the server has the client's Finished, and never for a connection that ended before it.
-fn handshake_complete(conn: &quinn::Connection) -> bool {
-    let mut probe = [0u8; 1];
-    conn.export_keying_material(&mut probe, b"EXPORTER-tessera-handshake", b"")
-        .is_ok()
-}
-
-/// A QUIC connection's handshake: taken at once as 0-RTT when the client resumes with early
-/// data, else awaited; at most `server.header_read_timeout_ms` either way, as a TLS handshake
-/// over TCP. Returns the connection and what turns true once the handshake is complete;
-/// `None` when it failed. `unvalidated` is dropped when the handshake ends.
-async fn handshake(
-    quic: &Quic,
-    incoming: quinn::Incoming,
-    unvalidated: Option<Unvalidated>,
-) -> Option<(quinn::Connection, watch::Receiver<bool>)> {
-    let connecting = match incoming.accept() {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::debug!(cause = %e, "QUIC connection refused");
-            return None;
-        }
-    };
-    // `true` once the handshake is complete: the moment a request that is not safe to replay
-    // may go on (RFC 8470 section 5.1).
-    let (done, handshake) = watch::channel(false);
-    // Without 0-RTT the connection is taken only once the handshake is complete. With it, a
-    // request seen before the completion reaches this task is taken as early: the safe side.
-    let early = if quic.early_data {
-        connecting.into_0rtt()
-    } else {
-        Err(connecting)
-    };
-    let limit = quic.header_read_timeout;
-    let conn = match early {
-        Ok((conn, accepted)) => {
-            // quinn resolves `accepted` when the handshake completes or when the connection
-            // ends before it (on a server its value tells neither apart): in the second case
-            // `done` is dropped without turning true, and held requests are dropped with it.
-            let probe = conn.clone();
-            tokio::spawn(async move {
-                let ended = tokio::time::timeout(limit, accepted).await;
-                drop(unvalidated);
-                if handshake_complete(&probe) {
-                    let _ = done.send(true);
-                } else if ended.is_err() {
-                    probe.close(H3_NO_ERROR, b"handshake timeout");
-                }
-            });
-            conn
-        }
-        Err(connecting) => {
-            let ended = tokio::select! {
-                ended = tokio::time::timeout(limit, connecting) => ended,
-                // A handshake still in progress is not one of the connections the drain waits
-                // for.
-                () = quic.shutdown.cancelled() => return None,
-            };
-            drop(unvalidated);
-            match ended {
-                Ok(Ok(conn)) => {
-                    let _ = done.send(true);
-                    conn
-                }
-                Ok(Err(e)) => {
-                    tracing::debug!(cause = %e, "QUIC handshake failed");
-                    return None;
-                }
-                // Dropping `Connecting` closes the connection.
-                Err(_) => {
-                    tracing::debug!("QUIC handshake not done within server.header_read_timeout_ms");
-                    return None;
-                }
-            }
-        }
-    };
-    Some((conn, handshake))
-}
-
 /// One QUIC connection: its handshake ([`handshake`]), then its HTTP/3 session until it ends or
 /// shutdown drains it.
 async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming, unvalidated: Option<Unvalidated>) {
@@ -292,11 +180,7 @@ async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming, unvalidated: Opt
     };
     let peer = Arc::new(quic.proxy.peer(conn.remote_address()).over_tls());
     let quic_conn = conn.clone();
-    let handshake = Handshake {
-        conn: conn.clone(),
-        done: handshake,
-        address_validated,
-    };
+    let handshake = Handshake::new(conn.clone(), handshake, address_validated);
     count_per_ip(&quic, &conn, handshake.clone());
     let mut session = match h3::server::builder()
         .max_field_section_size(quic.max_field_section)
@@ -397,7 +281,7 @@ async fn request(
 const H3_EXCESSIVE_LOAD: quinn::VarInt = quinn::VarInt::from_u32(0x107);
 
 /// HTTP/3's "no error" code (RFC 9114 section 8.1), for a close that blames nobody.
-const H3_NO_ERROR: quinn::VarInt = quinn::VarInt::from_u32(0x100);
+pub(super) const H3_NO_ERROR: quinn::VarInt = quinn::VarInt::from_u32(0x100);
 
 /// How long a connection ending (shutdown, or the client's GOAWAY) is kept for the client to
 /// acknowledge the last answers.

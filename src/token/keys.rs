@@ -384,8 +384,7 @@ impl Keys {
 
     /// Loads the JWKS now (at start and every `token.jwks_refresh_seconds`).
     ///
-    /// Returns whether the keys changed: false for the document already loaded, and when the
-    /// fetch or parse failed (logged; the previous keys stay).
+    /// Returns whether the keys changed (false: the same document, or a failure, logged).
     pub async fn refresh_jwks(&self) -> bool {
         match &self.jwks {
             Some(j) => j.refresh(None).await,
