@@ -485,6 +485,21 @@ fn an_error_does_not_quote_a_literal_secret() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("line 1") && !err.contains("s3cret"), "{err}");
+    // A secret where a table or an array belongs: serde's message would quote the value.
+    let text = minimal().replace("keys = {", "keys = \"s3cret-key\"\nold = {");
+    let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
+    assert!(
+        err.contains("credentials.keys") && err.contains("a string"),
+        "{err}"
+    );
+    assert!(!err.contains("s3cret"), "{err}");
+    let text = format!(
+        "{}[tls]\nsession_ticket_keys = \"s3cret-ticket-key\"\n",
+        minimal()
+    );
+    let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
+    assert!(err.contains("tls.session_ticket_keys"), "{err}");
+    assert!(!err.contains("s3cret"), "{err}");
 }
 
 /// A value of the wrong type is led by its dotted key and the fix, then toml's line.

@@ -128,12 +128,31 @@ fn parse_raw(text: &str) -> Result<RawConfig, String> {
 /// toml's message for `error` with where it is in `text` (`line L, column C: ...`).
 fn located(text: &str, error: &toml::de::Error) -> String {
     let Some(span) = error.span() else {
-        return error.message().to_string();
+        return unquoted(error.message()).into_owned();
     };
     let before = &text[..span.start.min(text.len())];
     let line = before.matches('\n').count() + 1;
     let column = before.len() - before.rfind('\n').map_or(0, |n| n + 1) + 1;
-    format!("line {line}, column {column}: {}", error.message())
+    format!(
+        "line {line}, column {column}: {}",
+        unquoted(error.message())
+    )
+}
+
+/// serde's message without the value it quotes (`invalid type: string "...", expected a map`):
+/// a value given where a table or an array belongs may be a literal secret.
+fn unquoted(message: &str) -> std::borrow::Cow<'_, str> {
+    let Some(at) = message.find("string \"") else {
+        return message.into();
+    };
+    let rest = &message[at..];
+    let end = rest.rfind("\", expected").unwrap_or(rest.len());
+    format!(
+        "{}a string{}",
+        &message[..at],
+        &rest[end..].trim_start_matches('"')
+    )
+    .into()
 }
 
 /// Error from [`Config::from_toml`].
