@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::seal::Credentials;
 use crate::session::StoreError;
-use crate::token::Keys;
+use crate::token::{Keys, Signer};
 use crate::unix_now;
 use crate::Config;
 
@@ -53,9 +53,20 @@ pub async fn create_session(
     ttl_seconds: u64,
 ) -> Result<CreatedSession, AdminError> {
     let creds = Credentials::new(user, password).map_err(|_| AdminError::Credentials)?;
+    // Before the store: a session no token can name would keep its sealed password until its
+    // expiry, unlisted anywhere but `session list`.
+    let signer = token_signer(cfg)?;
     let sessions = crate::sessions_from_config(cfg)?;
     let created = sessions.create(&creds, ttl_seconds).await?;
-    let token = issue_token(cfg, creds.user(), &created.sid, created.expires_at)?;
+    let token = signer
+        .issue(
+            &cfg.token,
+            creds.user(),
+            &created.sid,
+            unix_now(),
+            created.expires_at,
+        )
+        .map_err(AdminError::Signing)?;
     Ok(CreatedSession {
         sid: created.sid,
         token,
@@ -68,6 +79,15 @@ pub async fn create_session(
 ///
 /// Errors: [`AdminError::Sign`] when no key can sign or `token.sid_claim` is not `sid`.
 pub fn issue_token(cfg: &Config, sub: &str, sid: &str, exp: u64) -> Result<String, AdminError> {
+    token_signer(cfg)?
+        .issue(&cfg.token, sub, sid, unix_now(), exp)
+        .map_err(AdminError::Signing)
+}
+
+/// The key that signs tokens (`token.active_kid` or `token.secret`).
+///
+/// Errors: [`AdminError::Sign`] when no key can sign or `token.sid_claim` is not `sid`.
+fn token_signer(cfg: &Config) -> Result<std::sync::Arc<Signer>, AdminError> {
     if cfg.token.sid_claim != "sid" {
         return Err(AdminError::Sign(format!(
             "token.sid_claim is `{}`; tessera issues tokens with `sid` only",
@@ -81,15 +101,12 @@ pub fn issue_token(cfg: &Config, sub: &str, sid: &str, exp: u64) -> Result<Strin
         &cfg.token.algorithms,
     )
     .map_err(|e| AdminError::Sign(e.0))?;
-    let signer = keys.signer().ok_or_else(|| {
+    keys.signer().ok_or_else(|| {
         AdminError::Sign(
             "no signing key: set token.secret, or token.active_kid naming a key with secret/private_key"
                 .into(),
         )
-    })?;
-    signer
-        .issue(&cfg.token, sub, sid, unix_now(), exp)
-        .map_err(AdminError::Signing)
+    })
 }
 
 /// Deletes session `sid`; `true` if it existed.

@@ -117,6 +117,14 @@ async fn session_create(
     }
     let trimmed = password.trim_end_matches(['\r', '\n']).to_string();
     let ttl = ttl.map_or(cfg.session.ttl_seconds, |d| d.as_secs().max(1));
+    if ttl > tessera::config::MAX_TTL_SECONDS {
+        // As `session.ttl_seconds`: the expiry must stay a valid Redis `EX` and SQL integer.
+        eprintln!(
+            "tessera: --ttl must be at most ten years ({} s)",
+            tessera::config::MAX_TTL_SECONDS
+        );
+        return ExitCode::from(2);
+    }
     let created = admin::create_session(&cfg, user, trimmed, ttl).await;
     print_or_fail(created.map(|c| json_line(&c)))
 }

@@ -471,6 +471,20 @@ fn unknown_key_is_named() {
     assert!(err.contains("line 9") && err.contains("`listen`"), "{err}");
 }
 
+#[test]
+fn token_leeway_is_at_most_five_minutes() {
+    let with = |v: &str| {
+        let text = minimal().replace("[token]\n", &format!("[token]\nleeway_seconds = {v}\n"));
+        Config::from_toml_with(&text, env).map_err(|e| e.to_string())
+    };
+    assert_eq!(with("300").unwrap().token.leeway_seconds, 300);
+    let err = with("5000").unwrap_err();
+    assert!(
+        err.contains("token.leeway_seconds") && err.contains("300"),
+        "{err}"
+    );
+}
+
 /// An error never quotes the offending line: a misspelt key may hold a literal secret.
 #[test]
 fn an_error_does_not_quote_a_literal_secret() {

@@ -1255,6 +1255,55 @@ fn run_cli(args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// `session create` that cannot give a token for its session (no signing key, a sid claim
+/// tessera does not issue, a lifetime past ten years) fails before it stores anything: a
+/// session no token names would keep its sealed password until its expiry.
+#[test]
+fn session_create_stores_nothing_it_cannot_give_a_token_for() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("embedded:{}/s", dir.path().display());
+    let path = dir.path().join("tessera.toml");
+    let cfg = path.to_str().unwrap();
+    let create = |extra: &[(&str, &str)], args: &[&str]| {
+        std::fs::write(
+            &path,
+            config(support::free_port(), "http://127.0.0.1:9", &store, extra),
+        )
+        .unwrap();
+        let mut child = Command::new(bin())
+            .args(["session", "create", "--config", cfg, "--user", "alice"])
+            .args(["--password-stdin"])
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(b"pw\n").unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, err) = create(&[("token", "sid_claim = \"uid\"")], &[]);
+    assert!(!ok && err.contains("cannot sign token"), "{err}");
+    let (ok, err) = create(&[], &["--ttl", "20y"]);
+    assert!(!ok && err.contains("--ttl"), "{err}");
+    assert_eq!(
+        run_cli(&["session", "list", "--json", "--config", cfg]).trim(),
+        ""
+    );
+    assert!(create(&[], &["--ttl", "1h"]).0, "a good one is stored");
+    assert_eq!(
+        run_cli(&["session", "list", "--json", "--config", cfg])
+            .lines()
+            .count(),
+        1
+    );
+}
+
 /// `session revoke --user` ends every session of a user (the name in any case), `--sid-hash`
 /// the one session a list or a log line shows by its hash; others go on.
 #[test]

@@ -29,6 +29,7 @@ use hints::type_fix;
 use login::validate_login;
 use raw::RawConfig;
 use server::validate_server;
+pub use session::MAX_TTL_SECONDS;
 use session::{validate_credentials, validate_session};
 use tls::{validate_http3, validate_tls};
 use token::validate_token;

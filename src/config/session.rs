@@ -107,7 +107,7 @@ fn session_query(
 }
 
 /// Longest `session.ttl_seconds`: ten years.
-const MAX_TTL_SECONDS: u64 = 10 * 365 * 24 * 3600;
+pub const MAX_TTL_SECONDS: u64 = 10 * 365 * 24 * 3600;
 
 pub(super) fn validate_session(s: RawSession) -> Result<SessionConfig, ConfigError> {
     let store_text = s

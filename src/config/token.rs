@@ -52,6 +52,14 @@ pub(super) fn validate_token(mut t: RawToken, env: Env) -> Result<TokenConfig, C
     let active_kid = active_kid(&t, signable)?;
     Keys::new(&keys, active_kid.as_deref(), None, &algorithms)
         .map_err(|e| ConfigError::new("token.keys", e.0))?;
+    let leeway_seconds = t.leeway_seconds.unwrap_or(5);
+    if leeway_seconds > MAX_LEEWAY_SECONDS {
+        // Seconds, not milliseconds: a leeway serves expired tokens for that long.
+        return Err(ConfigError::new(
+            "token.leeway_seconds",
+            format!("must be at most {MAX_LEEWAY_SECONDS} (seconds of clock skew; default 5)"),
+        ));
+    }
     let max_token_bytes = t.max_token_bytes.unwrap_or(8192);
     if !(64..=65536).contains(&max_token_bytes) {
         return Err(ConfigError::new(
@@ -68,13 +76,16 @@ pub(super) fn validate_token(mut t: RawToken, env: Env) -> Result<TokenConfig, C
         cache_hmac: t.cache_hmac.unwrap_or(true),
         sources: token_sources(t.sources.take())?,
         sid_claim: t.sid_claim.unwrap_or_else(|| "sid".into()),
-        leeway_seconds: t.leeway_seconds.unwrap_or(5),
+        leeway_seconds,
         issuer: t.issuer,
         audience: t.audience,
         max_token_bytes,
     })
 }
 
+/// Largest `token.leeway_seconds`: clocks a few minutes apart are broken, and a longer leeway
+/// (`5000` meant as milliseconds) serves every expired token that much longer.
+const MAX_LEEWAY_SECONDS: u64 = 300;
 /// `token.algorithms`, when listed (at least one).
 fn explicit_algorithms(names: Option<&[String]>) -> Result<Option<Vec<Algorithm>>, ConfigError> {
     let Some(names) = names else { return Ok(None) };

@@ -139,27 +139,7 @@ pub async fn run(
             });
     drop(cfg);
     let edges = serving_edges(listeners.plain, listeners.tls.zip(tls));
-    let mut threads = Vec::with_capacity(server_cfg.threads);
-    for index in 0..server_cfg.threads {
-        let spawned = clone_edges(&edges).and_then(|edges| {
-            let (proxy, server, phase) = (proxy.clone(), server_cfg.clone(), phase_rx.clone());
-            std::thread::Builder::new()
-                .name(format!("tessera-serve-{index}"))
-                .spawn(move || serving_thread(index, edges, proxy, server, phase))
-        });
-        match spawned {
-            Ok(handle) => threads.push(handle),
-            Err(e) => tracing::error!(cause = %e, index, "cannot start a serving thread"),
-        }
-    }
-    // Each serving thread holds a copy of the sockets and closes it when shutdown begins; this
-    // one would keep them listening (connections completed by the kernel, never served, reset
-    // at exit) for the whole drain, instead of refusing them at once.
-    drop(edges);
-    if threads.is_empty() {
-        tracing::error!("no serving thread could be started");
-        return Ok(());
-    }
+    let threads = spawn_serving_threads(edges, &proxy, &server_cfg, &phase_rx)?;
     phase.send_replace(telemetry::Phase::Serving);
     shutdown.await;
     phase.send_replace(telemetry::Phase::Draining);
@@ -210,6 +190,44 @@ fn spawn_http3(
         };
         downstream::serve_http3(endpoint, proxy, h3, &server, shutdown).await
     }))
+}
+
+/// Starts `cfg.threads` serving threads, each on its own copy of `edges` (closed here: this one
+/// would keep the sockets listening through the drain, connections completed by the kernel and
+/// never served, instead of refused at once).
+///
+/// Errors: [`StartError::Threads`] when none started (an exit status of 0 would tell systemd's
+/// `Restart=on-failure` and monitoring that tessera stopped as asked); some missing are logged.
+fn spawn_serving_threads(
+    edges: Vec<(std::net::TcpListener, downstream::Edge)>,
+    proxy: &Arc<Proxy>,
+    cfg: &downstream::ServerConfig,
+    phase: &tokio::sync::watch::Receiver<telemetry::Phase>,
+) -> Result<Vec<std::thread::JoinHandle<()>>, StartError> {
+    let mut threads = Vec::with_capacity(cfg.threads);
+    let mut failed = None;
+    for index in 0..cfg.threads {
+        let spawned = clone_edges(&edges).and_then(|edges| {
+            let (proxy, server, phase) = (proxy.clone(), cfg.clone(), phase.clone());
+            std::thread::Builder::new()
+                .name(format!("tessera-serve-{index}"))
+                .spawn(move || serving_thread(index, edges, proxy, server, phase))
+        });
+        match spawned {
+            Ok(handle) => threads.push(handle),
+            Err(e) => {
+                tracing::error!(cause = %e, index, "cannot start a serving thread");
+                failed = Some(e);
+            }
+        }
+    }
+    match (threads.is_empty(), failed) {
+        (true, Some(source)) => Err(StartError::Threads {
+            key: "server.threads",
+            source,
+        }),
+        _ => Ok(threads),
+    }
 }
 
 /// One serving thread: a current-thread runtime accepting from its clones of the listeners,
