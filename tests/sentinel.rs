@@ -57,6 +57,21 @@ fn login_on_one_use_on_another_logout_on_a_third_refused_everywhere() {
     }
 }
 
+/// A Sentinel that hangs (stopped: its port takes connections and answers nothing) costs no
+/// request its deadline: the others are asked at the same time.
+#[test]
+fn a_hanging_first_sentinel_delays_nothing() {
+    let up = users();
+    let s = Sentinels::start();
+    let first = s.sentinels[0];
+    s.signal(first, rustix::process::Signal::STOP);
+    let (a, b) = (on_sentinel(&up, &s), on_sentinel(&up, &s));
+    let token = login(&a, "alice", "alice-pw");
+    assert_eq!(status(&b, &token), 200);
+    assert_eq!(logout(&b, &token), 204);
+    s.signal(first, rustix::process::Signal::CONT);
+}
+
 /// A login is answered only once a replica has the session (`WAIT 1`), so a master that fails
 /// right after cannot take it along: with both replicas stopped the login waits (up to a
 /// quarter of `session.timeout_ms`, 1 s here), and it is answered after they resume, with the

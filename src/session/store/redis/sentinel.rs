@@ -16,7 +16,7 @@ use std::pin::Pin;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use futures_util::stream::{self, SelectAll, Stream, StreamExt};
+use futures_util::stream::{self, FuturesUnordered, SelectAll, Stream, StreamExt};
 use redis::{ConnectionInfo, ProtocolVersion, RedisConnectionInfo};
 
 use super::tls::{info, Tls};
@@ -114,32 +114,46 @@ impl Sentinel {
         })
     }
 
-    /// The master's address from the first Sentinel that knows it.
+    /// The master's address from the first Sentinel to give it, all asked at once: one that
+    /// hangs (stopped, its host gone, packets dropped) must not spend a request's whole
+    /// deadline before the next is asked, on every request.
     ///
     /// Errors: no Sentinel answered, or none knows the master name (each cause listed).
     async fn master_addr(&self, timeout: Duration) -> Result<(String, u16), StoreError> {
+        let mut asked: FuturesUnordered<_> = (self.sentinels.iter())
+            .map(|sentinel| async move {
+                let answer = tokio::time::timeout(timeout, self.ask(sentinel, timeout)).await;
+                (sentinel.addr(), answer)
+            })
+            .collect();
         let mut causes = Vec::new();
-        for sentinel in &self.sentinels {
-            let asked = async {
-                let mut c = connect(sentinel.clone(), timeout).await?;
-                let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
-                    .arg("get-master-addr-by-name")
-                    .arg(&self.master)
-                    .query_async(&mut c)
-                    .await
-                    .map_err(err)?;
-                addr.ok_or_else(|| err(format!("no master named `{}`", self.master)))
-            };
-            match tokio::time::timeout(timeout, asked).await {
+        while let Some((sentinel, answer)) = asked.next().await {
+            match answer {
                 Ok(Ok(addr)) => return Ok(addr),
-                Ok(Err(e)) => causes.push(format!("{}: {e}", sentinel.addr())),
-                Err(_) => causes.push(format!("{}: timed out", sentinel.addr())),
+                Ok(Err(e)) => causes.push(format!("{sentinel}: {e}")),
+                Err(_) => causes.push(format!("{sentinel}: timed out")),
             }
         }
         Err(err(format!(
             "no Sentinel gave the master: {}",
             causes.join("; ")
         )))
+    }
+
+    /// The master's address as `sentinel` gives it.
+    async fn ask(
+        &self,
+        sentinel: &ConnectionInfo,
+        timeout: Duration,
+    ) -> Result<(String, u16), StoreError> {
+        let mut c = connect(sentinel.clone(), timeout).await?;
+        let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(&self.master)
+            .query_async(&mut c)
+            .await
+            .map_err(err)?;
+        addr.ok_or_else(|| err(format!("no master named `{}`", self.master)))
     }
 
     /// A client for the current master, speaking `protocol`, its `ROLE` checked: the address
