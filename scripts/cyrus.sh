@@ -203,7 +203,8 @@ autocreate_inbox_folders: Drafts | Sent | Trash
 conversations: yes
 conversations_db: twoskip
 httpmodules: jmap
-httpallowcompress: no
+# Cyrus's default, which compresses what a client asks to have compressed.
+httpallowcompress: yes
 EOF
     cat >"$dir/cyrus.conf" <<EOF
 START {

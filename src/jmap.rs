@@ -7,12 +7,13 @@
 
 use bytes::Bytes;
 use http::header;
+use http_body::Body;
 use http_body_util::BodyExt;
 
 use crate::upstream::ProxyBody;
 
-/// Largest session resource rewritten, bytes; a larger one passes as the upstream sent it
-/// (Cyrus's is about 2.3 KiB).
+/// Largest session resource rewritten, bytes; one that says it is larger passes as the upstream
+/// sent it (Cyrus's is about 2.3 KiB).
 pub const MAX_SESSION_BYTES: usize = 256 * 1024;
 
 /// The session members that hold URLs (RFC 8620 section 2).
@@ -40,17 +41,33 @@ impl JmapConfig {
     }
 }
 
+/// Where the session resource's URLs point: the client's side of the proxy.
+#[derive(Debug, Clone, Copy)]
+pub struct Origin<'a> {
+    /// `scheme://authority` as the client used it, no trailing `/`.
+    pub client: &'a str,
+    /// `upstream.url`'s path (no trailing `/`; empty for `/`), which the upstream's own paths
+    /// start with and the client's do not.
+    pub base_path: &'a str,
+}
+
 /// `session` (a JMAP session object, JSON) with each relative URL member made absolute on
-/// `origin` (`scheme://authority`, no trailing `/`); `None` when it is no JSON object or has no
-/// relative URL member (then it passes as it is).
-pub fn absolute_session(session: &[u8], origin: &str) -> Option<Vec<u8>> {
+/// `origin`, less the upstream's base path (as redirects are); `None` when it is no JSON object
+/// or has no relative URL member (then it passes as it is).
+pub fn absolute_session(session: &[u8], origin: Origin<'_>) -> Option<Vec<u8>> {
     let mut value: serde_json::Value = serde_json::from_slice(session).ok()?;
     let object = value.as_object_mut()?;
     let mut changed = false;
     for member in URL_MEMBERS {
         if let Some(serde_json::Value::String(url)) = object.get_mut(member) {
             if url.starts_with('/') && !url.starts_with("//") {
-                *url = format!("{origin}{url}");
+                let path = match url.strip_prefix(origin.base_path) {
+                    _ if origin.base_path.is_empty() => url.as_str(),
+                    Some("") => "/",
+                    Some(rest) if rest.starts_with(['/', '?']) => rest,
+                    _ => url.as_str(),
+                };
+                *url = format!("{}{path}", origin.client);
                 changed = true;
             }
         }
@@ -60,11 +77,12 @@ pub fn absolute_session(session: &[u8], origin: &str) -> Option<Vec<u8>> {
 
 /// The upstream's answer to a session request ([`JmapConfig::is_session_request`]) with its URLs
 /// made absolute on `origin`: a 200 of JSON, not content-encoded, read whole within
-/// [`MAX_SESSION_BYTES`]. Any other answer passes as it is; one whose body turns out larger, or
-/// fails while read, becomes a 502 (its start was read, so it cannot pass whole).
+/// [`MAX_SESSION_BYTES`]. Any other answer passes as it is, one whose `Content-Length` says it is
+/// larger too; one whose body turns out larger, or fails while read, becomes a 502 (its start
+/// was read, so it cannot pass whole).
 pub async fn rewrite_session(
     mut resp: http::Response<ProxyBody>,
-    origin: &str,
+    origin: Origin<'_>,
 ) -> http::Response<ProxyBody> {
     crate::upstream::materialize(&mut resp);
     let h = resp.headers();
@@ -72,7 +90,16 @@ pub async fn rewrite_session(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|t| t.to_ascii_lowercase().starts_with("application/json"));
-    if resp.status() != http::StatusCode::OK || !json || h.contains_key(header::CONTENT_ENCODING) {
+    let too_large = resp
+        .body()
+        .size_hint()
+        .upper()
+        .is_some_and(|n| n > MAX_SESSION_BYTES as u64);
+    if resp.status() != http::StatusCode::OK
+        || !json
+        || h.contains_key(header::CONTENT_ENCODING)
+        || too_large
+    {
         return resp;
     }
     let (mut parts, body) = resp.into_parts();
@@ -105,10 +132,18 @@ pub async fn rewrite_session(
 mod tests {
     use super::*;
 
+    /// An origin with no base path.
+    fn at(client: &str) -> Origin<'_> {
+        Origin {
+            client,
+            base_path: "",
+        }
+    }
+
     #[test]
     fn relative_urls_become_absolute_and_templates_stay() {
         let cyrus = br#"{"apiUrl":"/jmap/","downloadUrl":"/jmap/download/{accountId}/{blobId}/{name}?accept={type}","uploadUrl":"/jmap/upload/{accountId}/","eventSourceUrl":"/jmap/eventsource/?types={types}&closeafter={closeafter}&ping={ping}","username":"alice","state":"0"}"#;
-        let out = absolute_session(cyrus, "https://mail.example:8443").unwrap();
+        let out = absolute_session(cyrus, at("https://mail.example:8443")).unwrap();
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["apiUrl"], "https://mail.example:8443/jmap/");
         assert_eq!(
@@ -132,20 +167,52 @@ mod tests {
     #[test]
     fn absolute_urls_other_members_and_non_json_pass_as_they_are() {
         let absolute = br#"{"apiUrl":"https://up.example/jmap/","accounts":{"a":{"name":"/x"}}}"#;
-        assert_eq!(absolute_session(absolute, "http://t"), None);
+        assert_eq!(absolute_session(absolute, at("http://t")), None);
         assert_eq!(
-            absolute_session(br#"{"apiUrl":"//evil.example/"}"#, "http://t"),
+            absolute_session(br#"{"apiUrl":"//evil.example/"}"#, at("http://t")),
             None
         );
-        assert_eq!(absolute_session(b"not json", "http://t"), None);
-        assert_eq!(absolute_session(b"[\"/jmap/\"]", "http://t"), None);
+        assert_eq!(absolute_session(b"not json", at("http://t")), None);
+        assert_eq!(absolute_session(b"[\"/jmap/\"]", at("http://t")), None);
         let mixed = br#"{"apiUrl":"/jmap/","name":"/keep"}"#;
         let v: serde_json::Value =
-            serde_json::from_slice(&absolute_session(mixed, "http://t").unwrap()).unwrap();
+            serde_json::from_slice(&absolute_session(mixed, at("http://t")).unwrap()).unwrap();
         assert_eq!(
             (v["apiUrl"].as_str(), v["name"].as_str()),
             (Some("http://t/jmap/"), Some("/keep"))
         );
+    }
+
+    /// The upstream's own paths start with `upstream.url`'s path, which the client's do not:
+    /// tessera adds it to every request.
+    #[test]
+    fn the_upstream_base_path_is_left_out() {
+        let origin = Origin {
+            client: "https://t",
+            base_path: "/mail",
+        };
+        let session =
+            br#"{"apiUrl":"/mail/jmap/","uploadUrl":"/mailbox/up/","downloadUrl":"/mail"}"#;
+        let v: serde_json::Value =
+            serde_json::from_slice(&absolute_session(session, origin).unwrap()).unwrap();
+        assert_eq!(v["apiUrl"], "https://t/jmap/");
+        assert_eq!(v["uploadUrl"], "https://t/mailbox/up/", "another path");
+        assert_eq!(v["downloadUrl"], "https://t/", "the base path itself");
+    }
+
+    /// One that says it is larger than the rewrite reads passes as sent (not a 502).
+    #[tokio::test]
+    async fn a_session_resource_too_large_to_rewrite_passes_as_it_is() {
+        let padding = "x".repeat(MAX_SESSION_BYTES);
+        let big = format!(r#"{{"apiUrl":"/jmap/","pad":"{padding}"}}"#);
+        let resp = http::Response::builder()
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(ProxyBody::full(big.clone()))
+            .unwrap();
+        let resp = rewrite_session(resp, at("https://t")).await;
+        assert_eq!(resp.status(), 200);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, big.as_bytes());
     }
 
     #[test]

@@ -65,8 +65,8 @@ fn jmap_through_tessera_with_real_cyrus() {
     let alice = token_of(login_at(&t, "alice", "alice-secret-1"));
     let bob = token_of(login_at(&t, "bob", "bob-secret-2"));
 
-    // The JMAP session resource.
-    let (code, body) = curl(&["-H", &bearer(&alice), &t.url("/jmap/")]);
+    // The JMAP session resource, asked for compressed as browsers, fetch and requests do.
+    let (code, body) = curl(&["--compressed", "-H", &bearer(&alice), &t.url("/jmap/")]);
     assert_eq!(code, 200, "{body}");
     let session: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(session["username"], "alice");

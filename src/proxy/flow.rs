@@ -118,6 +118,11 @@ impl Proxy {
             None
         };
         let jmap_origin = self.jmap_origin(&parts, &screened, ctx);
+        if jmap_origin.is_some() {
+            // A compressed session resource could not be read to be rewritten (Cyrus compresses
+            // by default, and browsers, fetch and requests all ask for gzip); it is 2-3 KiB.
+            parts.headers.remove(http::header::ACCEPT_ENCODING);
+        }
         self.inject(&mut parts, &screened, &session, ctx)?;
         if let Some(upgrading) = &upgrading {
             upgrading.set_request_fields(&mut parts.headers);
@@ -136,7 +141,13 @@ impl Proxy {
         self.point_redirects(&mut resp, &screened, ctx);
         Ok(match jmap_origin {
             // Boxed: rare, and its body read would grow every request's future.
-            Some(origin) => Box::pin(crate::jmap::rewrite_session(resp, &origin)).await,
+            Some(origin) => {
+                let origin = crate::jmap::Origin {
+                    client: &origin,
+                    base_path: &self.base_path,
+                };
+                Box::pin(crate::jmap::rewrite_session(resp, origin)).await
+            }
             None => resp,
         })
     }
