@@ -84,6 +84,48 @@ fn an_operators_delete_in_psql_revokes_on_every_instance() {
     }
 }
 
+/// `TRUNCATE tessera_kv` (every user logged out at once) fires no row trigger; a statement
+/// trigger of its own tells every instance that every session changed.
+#[test]
+fn a_truncate_in_psql_revokes_every_session_on_every_instance() {
+    let up = users();
+    let pg = Postgres::start();
+    let (a, b) = (on_postgres(&up, &pg), on_postgres(&up, &pg));
+    let alice = login(&a, "alice", "alice-pw");
+    let bob = login(&b, "bob", "bob-pw");
+    for t in [&a, &b] {
+        assert_eq!(status(t, &alice), 200);
+        assert_eq!(status(t, &bob), 200);
+    }
+    pg.sql("TRUNCATE tessera_kv");
+    for t in [&a, &b] {
+        for token in [&alice, &bob] {
+            assert!(until_status(t, token, 401, Duration::from_secs(10)).is_some());
+        }
+    }
+}
+
+/// Once the tables exist, a role that may only read and write them serves: no `CREATE` on the
+/// schema, owning nothing (as docs/stores.md tells to run it).
+#[test]
+fn a_role_without_create_serves_once_the_tables_exist() {
+    let up = users();
+    let pg = Postgres::start();
+    let owner = on_postgres(&up, &pg);
+    login(&owner, "alice", "alice-pw");
+    pg.sql(
+        "CREATE ROLE app_rw LOGIN; REVOKE CREATE ON SCHEMA public FROM PUBLIC; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON tessera_kv, tessera_kv_log, tessera_counters \
+         TO app_rw; GRANT USAGE ON SEQUENCE tessera_kv_log_id_seq TO app_rw",
+    );
+    let url = pg.url().replace("tessera@", "app_rw@");
+    let (a, b) = (on_store(&up, &url), on_store(&up, &url));
+    let token = login(&a, "bob", "bob-pw");
+    assert_eq!(status(&b, &token), 200);
+    assert_eq!(logout(&b, &token), 204);
+    assert!(until_status(&a, &token, 401, Duration::from_secs(10)).is_some());
+}
+
 /// The listener's connection ended by `pg_terminate_backend`, then a session deleted before it
 /// is back (it reconnects after 100 ms): no notification names that change, and still no
 /// instance serves the session afterwards (the cache is off while the listener is lost and

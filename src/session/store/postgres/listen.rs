@@ -13,7 +13,7 @@ use tokio_postgres::{AsyncMessage, NoTls};
 
 use super::super::Invalidation;
 use super::tls::Tls;
-use super::{bounded, causes, err, PostgresStore, StoreError, CHANNEL};
+use super::{bounded, causes, err, PostgresStore, StoreError, ALL_CHANGED, CHANNEL};
 
 /// How often the listener's connection is asked `SELECT 1`; with the store timeout, a stopped
 /// server is noticed within this plus the timeout.
@@ -120,9 +120,17 @@ impl PostgresStore {
             tokio::select! {
                 note = notified.recv() => {
                     let first = note.ok_or_else(|| err("listener ended"))?.map_err(err)?;
-                    let keys = drain(first, &mut notified, prefix)?;
-                    if !keys.is_empty() && tx.send(Invalidation::Keys(keys)).await.is_err() {
-                        return Ok(());
+                    let said = match drain(first, &mut notified, prefix)? {
+                        Changed::Keys(keys) if keys.is_empty() => vec![],
+                        Changed::Keys(keys) => vec![Invalidation::Keys(keys)],
+                        // As after a lost listener: the cache flushed, every open stream's
+                        // session read again.
+                        Changed::All => vec![Invalidation::Lost, Invalidation::Live],
+                    };
+                    for invalidation in said {
+                        if tx.send(invalidation).await.is_err() {
+                            return Ok(());
+                        }
                     }
                 }
                 _ = heartbeat.tick() => {
@@ -163,13 +171,21 @@ where
     }))
 }
 
+/// What queued notifications say.
+enum Changed {
+    /// These keys changed.
+    Keys(Vec<String>),
+    /// Every key did ([`ALL_CHANGED`]: `TRUNCATE tessera_kv`, which fires no row trigger).
+    All,
+}
+
 /// `first` and whatever else is already queued (at most [`BATCH`] keys), those under `prefix`.
 /// Errors: the listener's connection failed while they queued.
 fn drain(
     first: String,
     notified: &mut mpsc::UnboundedReceiver<Result<String, String>>,
     prefix: &str,
-) -> Result<Vec<String>, StoreError> {
+) -> Result<Changed, StoreError> {
     let mut keys = vec![first];
     while keys.len() < BATCH {
         match notified.try_recv() {
@@ -177,8 +193,11 @@ fn drain(
             Err(_) => break,
         }
     }
+    if keys.iter().any(|k| k == ALL_CHANGED) {
+        return Ok(Changed::All);
+    }
     keys.retain(|k| k.starts_with(prefix));
-    Ok(keys)
+    Ok(Changed::Keys(keys))
 }
 
 /// Purges expired rows every [`PURGE_EVERY`] while the store lives; failures wait for the next

@@ -60,7 +60,26 @@ BEGIN
 END $$;
 CREATE OR REPLACE TRIGGER tessera_kv_changed AFTER INSERT OR UPDATE OR DELETE ON tessera_kv
   FOR EACH ROW EXECUTE FUNCTION tessera_kv_changed();
+CREATE OR REPLACE FUNCTION tessera_kv_truncated() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM pg_notify('tessera_kv', '');
+  RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER tessera_kv_truncated AFTER TRUNCATE ON tessera_kv
+  FOR EACH STATEMENT EXECUTE FUNCTION tessera_kv_truncated();
 ";
+
+/// Whether [`SCHEMA`] is all there (its last trigger included): run then only when it is not,
+/// so that a role without `CREATE` on the schema, or not owning the tables, serves once they
+/// were made (`CREATE ... IF NOT EXISTS` checks the privilege first).
+const SCHEMA_PRESENT: &str = "
+SELECT to_regclass('tessera_kv') IS NOT NULL AND to_regclass('tessera_kv_log') IS NOT NULL
+  AND to_regclass('tessera_counters') IS NOT NULL
+  AND EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'tessera_kv_truncated'
+    AND tgrelid = to_regclass('tessera_kv'))";
+
+/// The payload [`SCHEMA`]'s TRUNCATE trigger sends: every session changed (no key is empty).
+pub(super) const ALL_CHANGED: &str = "";
 
 /// The PostgreSQL store.
 pub struct PostgresStore {
@@ -155,7 +174,13 @@ impl PostgresStore {
             return Ok(conn);
         }
         self.schema
-            .get_or_try_init(|| async { bounded(self.timeout, conn.batch_execute(SCHEMA)).await })
+            .get_or_try_init(|| async {
+                let present = bounded(self.timeout, conn.query_one(SCHEMA_PRESENT, &[])).await?;
+                if !present.get::<_, bool>(0) {
+                    bounded(self.timeout, conn.batch_execute(SCHEMA)).await?;
+                }
+                Ok::<_, Attempt>(())
+            })
             .await?;
         Ok(conn)
     }
