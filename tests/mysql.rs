@@ -53,6 +53,25 @@ fn over_tls_with_a_client_certificate_a_logout_is_refused_everywhere() {
     }
 }
 
+/// Once the tables exist, a user who may only read and write them serves (no `CREATE`), as
+/// docs/stores.md tells to run it.
+#[test]
+fn a_user_without_create_serves_once_the_tables_exist() {
+    let db = Mariadb::start();
+    let up = users();
+    login(&on_store(&up, &db.url()), "alice", "alice-pw");
+    db.sql(
+        "CREATE USER app_rw@'%'; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON tessera.* TO app_rw@'%'",
+    );
+    let url = db.url().replace("root@", "app_rw@");
+    let (a, b) = (on_store(&up, &url), on_store(&up, &url));
+    let token = login(&a, "bob", "bob-pw");
+    assert_eq!(status(&b, &token), 200);
+    assert_eq!(logout(&b, &token), 204);
+    assert!(until_status(&a, &token, 401, Duration::from_secs(10)).is_some());
+}
+
 fn shared_and_revoked_everywhere(db: &Mariadb) {
     let up = users();
     let (a, b, c) = (

@@ -43,6 +43,13 @@ const SCHEMA: [&str; 3] = [
        ENGINE=InnoDB",
 ];
 
+/// How many of [`SCHEMA`]'s tables the connection's database has: made only when some are
+/// missing, so that a user who may only read and write them serves (`CREATE TABLE IF NOT
+/// EXISTS` asks for the `CREATE` privilege first).
+const SCHEMA_PRESENT: &str = "SELECT COUNT(*) FROM information_schema.tables
+  WHERE table_schema = DATABASE()
+    AND table_name IN ('tessera_kv', 'tessera_kv_log', 'tessera_counters')";
+
 /// The MySQL / MariaDB store.
 pub struct MysqlStore {
     pool: Pool,
@@ -95,8 +102,11 @@ impl MysqlStore {
         let mut conn = self.pool.get_conn().await.map_err(err)?;
         self.schema
             .get_or_try_init(|| async {
-                for table in SCHEMA {
-                    conn.query_drop(table).await.map_err(err)?;
+                let present: Option<u64> = conn.query_first(SCHEMA_PRESENT).await.map_err(err)?;
+                if present != Some(SCHEMA.len() as u64) {
+                    for table in SCHEMA {
+                        conn.query_drop(table).await.map_err(err)?;
+                    }
                 }
                 Ok::<_, StoreError>(())
             })
@@ -244,6 +254,20 @@ impl MysqlStore {
             })
             .await?;
         Ok((n.max(0) as u64, left.max(1) as u64))
+    }
+
+    /// Deletes expired failed-login counts (at most 1,000): every address and user name tried
+    /// has a row, and without this the table would only grow (a spray of names, or a walk
+    /// through IPv6 /64s, speeds that up). Outside any login's transaction: the table has no
+    /// index on the expiry, and a scan there would hold the rows logins count in.
+    pub(super) async fn purge_counters(&self) -> Result<(), StoreError> {
+        self.run(|mut c| async move {
+            c.query_drop(
+                "DELETE FROM tessera_counters WHERE expires_at <= UNIX_TIMESTAMP() LIMIT 1000",
+            )
+            .await
+        })
+        .await
     }
 
     pub(super) async fn decrement(&self, key: &str) -> Result<(), StoreError> {

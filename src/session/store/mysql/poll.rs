@@ -22,6 +22,9 @@ use tokio::time::Instant;
 use super::super::{Invalidation, PollTicks};
 use super::{MysqlStore, StoreError};
 
+/// How often expired failed-login counts are deleted ([`MysqlStore::purge_counters`]).
+const PURGE_EVERY: Duration = Duration::from_secs(60);
+
 /// How often the change log is read unless `session.poll_interval_ms` says otherwise.
 pub(super) const EVERY: Duration = Duration::from_millis(25);
 /// How long a skipped id is asked for again.
@@ -60,7 +63,14 @@ impl MysqlStore {
     ) {
         let mut cursor: Option<Cursor> = None;
         let mut ticks = PollTicks::new(self.poll);
+        let mut purged = Instant::now();
         while ticks.next(&tx).await {
+            if purged.elapsed() >= PURGE_EVERY {
+                purged = Instant::now();
+                if let Err(e) = self.purge_counters().await {
+                    tracing::debug!(error = %e, "mysql purge of expired login counts failed; next round retries");
+                }
+            }
             let step = match cursor.as_mut() {
                 None => self.start().await.map(|c| {
                     cursor = Some(c);
