@@ -19,7 +19,7 @@ use zeroize::Zeroizing;
 use crate::error::ProxyError;
 use crate::per_ip::client_key;
 use crate::seal::Credentials;
-use crate::session::Store;
+use crate::session::{Sessions, Store};
 use crate::upstream::{BoxError, ProxyBody};
 
 use super::page::safe_redirect;
@@ -180,7 +180,7 @@ impl Login {
         // means parallel attempts on several instances cannot all pass the last free one.
         let store = sessions.store();
         let shared = shared_failure_keys(ip_key, &user_key);
-        if let Err(refusal) = self.count_shared(store, &shared).await {
+        if let Err(refusal) = self.count_shared(sessions, &shared).await {
             return self.refuse(refusal, is_form, rd);
         }
         // A client that leaves while the upstream checks its password drops this future (the
@@ -213,11 +213,12 @@ impl Login {
     /// counts back: a refused attempt counts for neither side).
     ///
     /// Errors: [`Refusal::Limited`] over a cap, [`Refusal::Proxy`] when the store fails.
-    async fn count_shared(&self, store: &Store, shared: &[String; 2]) -> Result<(), Refusal> {
-        let window = self.cfg.failure_window.as_secs();
+    async fn count_shared(&self, sessions: &Sessions, shared: &[String; 2]) -> Result<(), Refusal> {
+        let (store, window) = (sessions.store(), self.cfg.failure_window.as_secs());
+        // Within the store's deadline, as every other call a request waits on.
         let counted = tokio::join!(
-            store.increment(&shared[0], window),
-            store.increment(&shared[1], window)
+            sessions.deadline(store.increment(&shared[0], window)),
+            sessions.deadline(store.increment(&shared[1], window))
         );
         let ((ip_n, ip_left), (user_n, user_left)) = match counted {
             (Ok(ip), Ok(user)) => (ip, user),

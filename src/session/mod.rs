@@ -241,7 +241,10 @@ impl Sessions {
         }
     }
 
-    async fn deadline<T>(
+    /// `f`, a call on [`Sessions::store`], within `session.timeout_ms`, its failure logged.
+    ///
+    /// Errors: `f`'s, or no answer in time.
+    pub(crate) async fn deadline<T>(
         &self,
         f: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
