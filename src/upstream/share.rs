@@ -31,10 +31,36 @@ pub struct Shares {
     /// table never holds a password); an entry whose share is gone (no session, request or
     /// permit refers to it) is made anew on next use, or pruned.
     users: Mutex<Users>,
-    /// The hash key (random per process).
-    hash_key: (u64, u64),
+    /// Hashes the credentials (its key random per process).
+    hash: CredentialHash,
     /// Requests that waited because their user or downstream connection held its share.
     waited: AtomicU64,
+}
+
+/// A keyed 128-bit hash (SipHash-2-4) of an upstream credential, for tables keyed by user that
+/// must never hold a password: collisions are beyond reach without the key, random per process.
+pub(crate) struct CredentialHash(u64, u64);
+
+impl CredentialHash {
+    /// A new random key.
+    pub(crate) fn new() -> Self {
+        let mut k = [0u8; 16];
+        getrandom::getrandom(&mut k).expect("the OS random source works");
+        let (a, b) = k.split_at(8);
+        Self(
+            u64::from_le_bytes(a.try_into().expect("8 bytes")),
+            u64::from_le_bytes(b.try_into().expect("8 bytes")),
+        )
+    }
+
+    /// The hash of `credential` (an `Authorization` value).
+    pub(crate) fn of(&self, credential: &HeaderValue) -> u128 {
+        use siphasher::sip128::Hasher128;
+        use std::hash::Hasher;
+        let mut h = siphasher::sip128::SipHasher24::new_with_keys(self.0, self.1);
+        h.write(credential.as_bytes());
+        u128::from(h.finish128())
+    }
 }
 
 /// The users' table of [`Shares`].
@@ -63,15 +89,7 @@ impl Shares {
                 per_user
             },
             users: Mutex::new(Users::default()),
-            hash_key: {
-                let mut k = [0u8; 16];
-                getrandom::getrandom(&mut k).expect("the OS random source works");
-                let (a, b) = k.split_at(8);
-                (
-                    u64::from_le_bytes(a.try_into().expect("8 bytes")),
-                    u64::from_le_bytes(b.try_into().expect("8 bytes")),
-                )
-            },
+            hash: CredentialHash::new(),
             waited: AtomicU64::new(0),
         }
     }
@@ -96,14 +114,7 @@ impl Shares {
         }
         let none = HeaderValue::from_static("");
         let credential = credential.unwrap_or(&none);
-        let key = {
-            use siphasher::sip128::Hasher128;
-            use std::hash::Hasher;
-            let mut h =
-                siphasher::sip128::SipHasher24::new_with_keys(self.hash_key.0, self.hash_key.1);
-            h.write(credential.as_bytes());
-            u128::from(h.finish128())
-        };
+        let key = self.hash.of(credential);
         let mut users = self.users.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(live) = users.map.get(&key).and_then(Weak::upgrade) {
             return Some(live);

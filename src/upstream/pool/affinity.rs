@@ -98,10 +98,13 @@ impl Drop for Binding {
     }
 }
 
-/// The users' table: one [`Owner`] per credential in use. An entry no key refers to any more
-/// (no connection, no request) is removed by the reaper, or when the table outgrows `limit`.
+/// The users' table: one [`Owner`] per credential in use, keyed by its keyed hash (the table
+/// never holds a password: failed login attempts pass here too). An entry no key refers to any
+/// more (no connection, no request) is removed by the reaper, or when the table outgrows
+/// `limit`.
 pub(super) struct Owners {
-    pub(super) map: HashMap<HeaderValue, Arc<Owner>>,
+    pub(super) map: HashMap<u128, Arc<Owner>>,
+    pub(super) hash: crate::upstream::share::CredentialHash,
     /// Entries past which an insert first removes the unused ones (doubles when at least half
     /// are still in use after that).
     pub(super) limit: usize,
@@ -196,8 +199,8 @@ impl Pool {
         let none = HeaderValue::from_static(""); // static bytes: no allocation
         let value = headers.get(http::header::AUTHORIZATION).unwrap_or(&none);
         let mut owners = lock(&self.owners);
-        // Looked up by reference: the value is cloned only for a new entry.
-        if let Some(owner) = owners.map.get(value) {
+        let key = owners.hash.of(value);
+        if let Some(owner) = owners.map.get(&key) {
             return Some(AffinityKey(owner.clone()));
         }
         if owners.map.len() >= owners.limit {
@@ -210,7 +213,7 @@ impl Pool {
             open: AtomicUsize::new(0),
             waiters: Mutex::new(VecDeque::new()),
         });
-        owners.map.insert(value.clone(), owner.clone());
+        owners.map.insert(key, owner.clone());
         Some(AffinityKey(owner))
     }
 

@@ -152,6 +152,7 @@ impl Pool {
             waiting: AtomicUsize::new(0),
             owners: Mutex::new(Owners {
                 map: HashMap::new(),
+                hash: crate::upstream::share::CredentialHash::new(),
                 limit: (8 * max_connections).max(1024),
             }),
             stats: PoolStats::default(),
