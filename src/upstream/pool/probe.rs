@@ -29,9 +29,10 @@ pub(super) enum Probed {
     Unsupported,
 }
 
-/// Sends `OPTIONS *` for `host` on `stream` and waits at most `timeout` for the whole answer.
-pub(super) async fn probe(stream: &mut UpIo, host: &str, timeout: Duration) -> Probed {
-    let ask = format!("OPTIONS * HTTP/1.1\r\nHost: {host}\r\n\r\n");
+/// Sends `OPTIONS *` for `addr` (`host:port`, an IPv6 host without brackets) on `stream` and
+/// waits at most `timeout` for the whole answer.
+pub(super) async fn probe(stream: &mut UpIo, addr: &str, timeout: Duration) -> Probed {
+    let ask = format!("OPTIONS * HTTP/1.1\r\nHost: {}\r\n\r\n", host_field(addr));
     if stream.write_all(ask.as_bytes()).await.is_err() || stream.flush().await.is_err() {
         return Probed::Unsupported;
     }
@@ -109,9 +110,25 @@ fn complete(buf: &[u8]) -> Option<usize> {
     }
 }
 
+/// `addr` as a `Host` field value: an IPv6 address in brackets (RFC 9110 section 7.2, RFC 3986
+/// section 3.2.2), which strict servers (nginx, Apache) require, answering 400 otherwise.
+fn host_field(addr: &str) -> std::borrow::Cow<'_, str> {
+    match addr.rsplit_once(':') {
+        Some((host, port)) if host.contains(':') => format!("[{host}]:{port}").into(),
+        _ => addr.into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_ipv6_host_is_bracketed_in_the_host_field() {
+        assert_eq!(host_field("::1:8008"), "[::1]:8008");
+        assert_eq!(host_field("127.0.0.1:8008"), "127.0.0.1:8008");
+        assert_eq!(host_field("cyrus.internal:80"), "cyrus.internal:80");
+    }
 
     #[test]
     fn an_answer_ends_after_its_head_and_declared_body() {
