@@ -117,6 +117,8 @@ fn main() -> ExitCode {
             } => {
                 telemetry::init("warn", telemetry::LogFormat::Text);
                 tessera::downstream::raise_open_files_limit();
+                // Before the directory is made: a signal's default action would leave it.
+                let stop = demo_stop_signal();
                 // A fresh private directory (removed when dropped): a name another local user
                 // could guess and make first would hand them the demo's key and store.
                 let mut builder = tempfile::Builder::new();
@@ -131,7 +133,7 @@ fn main() -> ExitCode {
                     }
                 };
                 let tls = tls.then_some(tls_listen);
-                let result = tessera::demo::run(listen, tls, dir.path(), shutdown_signal()).await;
+                let result = tessera::demo::run(listen, tls, dir.path(), stop).await;
                 drop(dir);
                 match result {
                     Ok(()) => ExitCode::SUCCESS,
@@ -214,6 +216,34 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     let term = std::future::pending::<()>();
     tokio::select! { () = ctrl_c => {}, () = term => {} }
+}
+
+/// What ends `tessera demo`: SIGINT, SIGTERM, or SIGHUP (its terminal closed), each listened for
+/// from now on, so none kills it with its private directory left behind.
+fn demo_stop_signal() -> impl std::future::Future<Output = ()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut each: Vec<_> = [
+            SignalKind::interrupt(),
+            SignalKind::terminate(),
+            SignalKind::hangup(),
+        ]
+        .into_iter()
+        .filter_map(|kind| signal(kind).ok())
+        .collect();
+        async move {
+            if each.is_empty() {
+                // No handler could be set: Ctrl-C at least.
+                let _ = tokio::signal::ctrl_c().await;
+                return;
+            }
+            let any = each.iter_mut().map(|s| Box::pin(s.recv()));
+            futures_util::future::select_all(any).await;
+        }
+    }
+    #[cfg(not(unix))]
+    shutdown_signal()
 }
 
 #[cfg(test)]

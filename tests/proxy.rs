@@ -801,6 +801,14 @@ fn large_upload_and_download_stream_with_flat_memory() {
 
 #[test]
 fn demo_prints_a_working_curl_line() {
+    // SIGTERM, as an operator's Ctrl-C or a service manager would; SIGHUP, as a closed
+    // terminal does.
+    for signal in ["TERM", "HUP"] {
+        demo_answers_then_leaves_nothing_on(signal);
+    }
+}
+
+fn demo_answers_then_leaves_nothing_on(signal: &str) {
     let port = free_port();
     let mut child = std::process::Command::new(bin())
         .args(["demo", "--listen", &format!("127.0.0.1:{port}")])
@@ -832,11 +840,11 @@ fn demo_prints_a_working_curl_line() {
         .arg(&curl_line)
         .output()
         .unwrap();
-    // SIGTERM, as an operator's Ctrl-C or a service manager would: the demo removes its
-    // session store directory on the way out (a SIGKILL here left one behind per test run).
+    // The demo removes its session store directory on the way out (a SIGKILL here left one
+    // behind per test run).
     let existed = store_dir.exists();
     let termed = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args([&format!("-{signal}"), &child.id().to_string()])
         .status()
         .unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -862,7 +870,7 @@ fn demo_prints_a_working_curl_line() {
     assert!(termed.success());
     assert!(
         status.is_some_and(|s| s.success()),
-        "demo did not exit cleanly within 10 s of SIGTERM: {status:?}"
+        "demo did not exit cleanly within 10 s of SIG{signal}: {status:?}"
     );
     assert!(
         existed,
@@ -870,7 +878,7 @@ fn demo_prints_a_working_curl_line() {
     );
     assert!(
         !store_dir.exists(),
-        "{store_dir:?} left behind after SIGTERM"
+        "{store_dir:?} left behind after SIG{signal}"
     );
 }
 
