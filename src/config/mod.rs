@@ -13,6 +13,7 @@ use zeroize::Zeroizing;
 
 mod extras;
 mod hints;
+mod jwks;
 mod login;
 mod raw;
 mod server;
