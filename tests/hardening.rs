@@ -444,7 +444,7 @@ fn a_request_target_without_a_leading_slash_is_refused() {
     let nginx = Nginx::start_with(BASE_AND_SECRET);
     let t = tessera(&format!("{}/base/", nginx.url()), &[]);
     let (_, token) = t.create_session("alice", "pw");
-    // Under the base path `/base`, `-x` would be forwarded as `/base-x`: a sibling of it.
+    // None is origin-form, absolute-form or `*`: each a 400, never `/base` + its bytes.
     for target in ["-x", "2/x", "secret", "?x=1"] {
         let head = raw_status(
             t.port,
@@ -467,9 +467,16 @@ fn a_request_target_without_a_leading_slash_is_refused() {
     assert!(head.starts_with("HTTP/1.1 400"), "{head}");
     let (code, _) = get_as_is(&t, &token, "/inside");
     assert_eq!(code, 200);
+    // An absolute form with a query alone has the path `/` (RFC 3986 section 6.2.3).
+    let head = raw_status(
+        t.port,
+        &format!("GET http://t?x=1 HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {token}\r\n\r\n"),
+    );
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let uris = nginx.uris();
     assert_eq!(
-        nginx.uris(),
-        ["/base/inside"],
+        uris,
+        ["/base/inside", "/base/"],
         "nginx served paths outside /base/"
     );
     assert_eq!(

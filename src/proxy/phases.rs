@@ -107,7 +107,7 @@ impl Proxy {
         if screened.cookie_is_hop_by_hop {
             headers.remove(header::COOKIE);
         } else {
-            token::strip_token_cookies(headers, &self.sources);
+            token::strip_token_cookies(headers, &self.token_cookies);
         }
         headers.insert(header::AUTHORIZATION, session.authorization.clone());
         let peer = ctx.peer();
@@ -137,9 +137,11 @@ impl Proxy {
             // Already origin-form: reused as is (its bytes are shared, not copied or re-parsed).
             return Ok(uri.clone());
         }
-        let pq = match uri.path_and_query().map(PathAndQuery::as_str) {
-            None | Some("") => "/",
-            Some(pq) => pq,
+        // An absolute form's empty path is `/` (RFC 3986 section 6.2.3): `http://h?q` is `/?q`.
+        let pq: std::borrow::Cow<'_, str> = match uri.path_and_query().map(PathAndQuery::as_str) {
+            None | Some("") => "/".into(),
+            Some(pq) if pq.starts_with('?') => format!("/{pq}").into(),
+            Some(pq) => pq.into(),
         };
         if self.base_path.is_empty() {
             return pq.parse().map_err(|_| ProxyError::UriTooLong);

@@ -138,7 +138,7 @@ pub fn screen_request_with(
     if parts.uri.scheme().is_none() && parts.uri.authority().is_some() {
         return Err(ScreenError::BadRequest("authority-form request target"));
     }
-    if !origin_or_asterisk(&parts.method, &parts.uri) {
+    if !origin_or_asterisk(&parts.method, parts.version, &parts.uri) {
         return Err(ScreenError::BadRequest(
             "request target not starting with /",
         ));
@@ -184,16 +184,17 @@ pub fn screen_request_with(
     })
 }
 
-/// Whether `uri`'s path starts with `/`, is empty in an absolute form (`http://host`), or is
-/// `*` for OPTIONS (RFC 9112 section 3.2, RFC 9113 section 8.3.1, RFC 9114 section 4.3.1). The
-/// http crate also takes a `:path` of `?query` alone, which under a base path would be sent
-/// upstream as the base path's own resource.
-fn origin_or_asterisk(method: &Method, uri: &Uri) -> bool {
+/// Whether `uri`'s path starts with `/`, is `*` for OPTIONS, or is empty in an HTTP/1.1
+/// absolute form (`http://host`, `http://host?q`: the path `/`, RFC 3986 section 6.2.3); RFC
+/// 9112 section 3.2, RFC 9113 section 8.3.1, RFC 9114 section 4.3.1. The http crate also takes
+/// an HTTP/2 or HTTP/3 `:path` of `?query` alone, which is malformed there.
+fn origin_or_asterisk(method: &Method, version: Version, uri: &Uri) -> bool {
+    let absolute_form = uri.authority().is_some() && version <= Version::HTTP_11;
     match uri.path_and_query().map(PathAndQuery::as_str) {
         None => true,
         Some(pq) if pq.starts_with('/') => true,
-        Some("") => uri.authority().is_some(),
         Some("*") => method == Method::OPTIONS,
+        Some(pq) if pq.is_empty() || pq.starts_with('?') => absolute_form,
         Some(_) => false,
     }
 }
@@ -412,6 +413,7 @@ mod tests {
         assert!(target("GET", "/x?y").is_ok());
         assert!(target("GET", "http://a").is_ok());
         assert!(target("GET", "http://a/x").is_ok());
+        assert!(target("GET", "http://a?x=1").is_ok(), "the path `/`");
         assert!(target("OPTIONS", "*").is_ok());
         let refused = Err(ScreenError::BadRequest(
             "request target not starting with /",
@@ -424,6 +426,7 @@ mod tests {
         uri.path_and_query = Some(PathAndQuery::from_static("?x=1"));
         let mut p = parts(&[("host", "a")], "/");
         p.uri = Uri::from_parts(uri).unwrap();
+        p.version = Version::HTTP_2;
         assert_eq!(screen_request(&mut p, &L).map(|_| ()), refused);
     }
 
