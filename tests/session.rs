@@ -151,10 +151,6 @@ fn login_on_a_use_on_b_logout_on_b_refused_on_a() {
     assert!(!a.log().contains(&token) && !b.log().contains(&token));
 }
 
-/// `rediss://` with client certificates required (Redis's default): two instances share
-/// sessions over TLS, warm requests read nothing, and a logout on one reaches the other through
-/// tracking over TLS. Without the client certificate, or trusting another CA, the store is
-/// unavailable: a valid token gets 503 (never 401, never forwarded).
 /// A cookie planted from a sibling subdomain or over plain http cannot carry the `__Host-`
 /// prefix; read before the login cookie it would sign the browser into the planter's session.
 #[test]
@@ -168,7 +164,9 @@ fn the_login_cookie_wins_over_cookies_anyone_could_plant() {
         ("token", "sources = [\"cookie:tessera\", \"bearer\"]"),
     ];
     let url = redis.url();
-    let up_url = up.url();
+    // Through a relay that records what the upstream is sent.
+    let (relay, seen) = upstream::recording_relay(up.port);
+    let up_url = format!("http://127.0.0.1:{relay}");
     let start = |extra: &'static [(&'static str, &'static str)]| {
         let (url, up_url) = (url.clone(), up_url.clone());
         Tessera::start(move |port, _| config(port, &up_url, &url, extra))
@@ -196,8 +194,18 @@ fn the_login_cookie_wins_over_cookies_anyone_could_plant() {
         200,
         "listed, so read"
     );
+    // No token cookie reaches the upstream, read or not.
+    let sent = String::from_utf8_lossy(&seen.lock().unwrap()).into_owned();
+    for cookie in ["tessera=", "Authorization=", "__Host-tessera="] {
+        assert!(!sent.contains(cookie), "{cookie} sent upstream");
+    }
+    assert!(sent.contains("GET /mail"), "{sent}");
 }
 
+/// `rediss://` with client certificates required (Redis's default): two instances share
+/// sessions over TLS, warm requests read nothing, and a logout on one reaches the other through
+/// tracking over TLS. Without the client certificate, or trusting another CA, the store is
+/// unavailable: a valid token gets 503 (never 401, never forwarded).
 #[test]
 fn a_store_over_tls_needs_its_ca_and_client_certificate() {
     let up = users();

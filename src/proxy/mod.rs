@@ -49,6 +49,10 @@ pub struct Proxy {
     /// `server.client_body_timeout_ms`.
     body_timeout: Duration,
     sources: Vec<TokenSource>,
+    /// The cookies removed before a request goes upstream: every token source's and, with
+    /// `[login]`, those of the default sources (`tessera`, `Authorization`), which a login
+    /// deployment reads no more (config/login.rs) but browsers may still carry.
+    token_cookies: Vec<TokenSource>,
     verifier: Verifier,
     sessions: Sessions,
     upstream: Upstream,
@@ -108,6 +112,22 @@ pub enum ReloadError {
     NoSigner,
 }
 
+/// [`Proxy::token_cookies`]'s list.
+fn token_cookies(sources: &[TokenSource], login: bool) -> Vec<TokenSource> {
+    let mut all = sources.to_vec();
+    if login {
+        for default in [
+            TokenSource::Cookie("tessera".into()),
+            TokenSource::CookieB64("Authorization".into()),
+        ] {
+            if !all.contains(&default) {
+                all.push(default);
+            }
+        }
+    }
+    all
+}
+
 impl Proxy {
     /// Builds the proxy over an already-opened session layer.
     pub fn new(cfg: &Config, sessions: Sessions) -> Self {
@@ -141,6 +161,7 @@ impl Proxy {
             },
             body_timeout: cfg.server.client_body_timeout,
             sources: cfg.token.sources.clone(),
+            token_cookies: token_cookies(&cfg.token.sources, cfg.login.is_some()),
             verifier,
             sessions,
             upstream,
