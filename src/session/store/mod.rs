@@ -48,6 +48,15 @@ impl PollTicks {
     }
 }
 
+/// A store's background task (a listener's driver, a purge), stopped when this is dropped.
+pub(super) struct AbortOnDrop(pub(super) tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// The store could not answer (down, timed out, I/O error). Maps to 503.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("session store unavailable: {0}")]

@@ -39,8 +39,8 @@ const SCHEMA: [&str; 3] = [
        id BIGINT AUTO_INCREMENT PRIMARY KEY, `key` VARBINARY(512) NOT NULL, at BIGINT NOT NULL,
        KEY tessera_kv_log_at (at)) ENGINE=InnoDB",
     "CREATE TABLE IF NOT EXISTS tessera_counters (
-       `key` VARBINARY(512) PRIMARY KEY, n BIGINT NOT NULL, expires_at BIGINT NOT NULL)
-       ENGINE=InnoDB",
+       `key` VARBINARY(512) PRIMARY KEY, n BIGINT NOT NULL, expires_at BIGINT NOT NULL,
+       KEY tessera_counters_expires (expires_at)) ENGINE=InnoDB",
 ];
 
 /// How many of [`SCHEMA`]'s tables the connection's database has: made only when some are
@@ -258,8 +258,8 @@ impl MysqlStore {
 
     /// Deletes expired failed-login counts (at most 1,000): every address and user name tried
     /// has a row, and without this the table would only grow (a spray of names, or a walk
-    /// through IPv6 /64s, speeds that up). Outside any login's transaction: the table has no
-    /// index on the expiry, and a scan there would hold the rows logins count in.
+    /// through IPv6 /64s, speeds that up). Its own statement, outside any login's transaction
+    /// (tables made before the expiry index have none, and their scan holds rows briefly).
     pub(super) async fn purge_counters(&self) -> Result<(), StoreError> {
         self.run(|mut c| async move {
             c.query_drop(

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, NoTls};
 
-use super::super::Invalidation;
+use super::super::{AbortOnDrop, Invalidation};
 use super::tls::Tls;
 use super::{bounded, causes, err, PostgresStore, StoreError, ALL_CHANGED, CHANNEL};
 
@@ -24,15 +24,6 @@ const PURGE_EVERY: Duration = Duration::from_secs(60);
 pub const LISTENER_NAME: &str = "tessera listener";
 /// Keys handed on in one `Invalidation::Keys` at most, when notifications queue up.
 const BATCH: usize = 1024;
-
-/// Stops the connection's driver task when the listener returns.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
 
 impl PostgresStore {
     /// The listening loop: (re)connect, `LISTEN`, forward changed keys under `prefix`; on any

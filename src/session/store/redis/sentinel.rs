@@ -208,29 +208,38 @@ impl Sentinel {
         redis::Client::open(info.set_redis_settings(settings)).map_err(err)
     }
 
-    /// Subscribes to `+promoted-slave` and `+switch-master` on every Sentinel that answers.
+    /// Subscribes to `+promoted-slave` and `+switch-master` on every Sentinel that answers, all
+    /// at once (one that hangs costs the invalidation stream no more than the timeout).
     ///
     /// Errors: none answered.
     pub(super) async fn switches(&self, timeout: Duration) -> Result<Switches, StoreError> {
+        let subscribing: FuturesUnordered<_> = (self.sentinels.iter())
+            .map(|sentinel| async move {
+                let subscribed = async {
+                    let client = redis::Client::open(sentinel.clone()).map_err(err)?;
+                    let mut pubsub = client.get_async_pubsub().await.map_err(err)?;
+                    pubsub
+                        .subscribe(&["+promoted-slave", "+switch-master"])
+                        .await
+                        .map_err(err)?;
+                    Ok::<_, StoreError>(pubsub.into_on_message())
+                };
+                (
+                    sentinel.addr(),
+                    tokio::time::timeout(timeout, subscribed).await,
+                )
+            })
+            .collect();
         let mut causes = Vec::new();
         let mut all = Switches::new();
-        for sentinel in &self.sentinels {
-            let subscribed = async {
-                let client = redis::Client::open(sentinel.clone()).map_err(err)?;
-                let mut pubsub = client.get_async_pubsub().await.map_err(err)?;
-                pubsub
-                    .subscribe(&["+promoted-slave", "+switch-master"])
-                    .await
-                    .map_err(err)?;
-                Ok::<_, StoreError>(pubsub.into_on_message())
-            };
-            match tokio::time::timeout(timeout, subscribed).await {
+        for (sentinel, subscribed) in subscribing.collect::<Vec<_>>().await {
+            match subscribed {
                 Ok(Ok(messages)) => {
                     let ended = stream::once(async { None });
                     all.push(Box::pin(messages.map(Some).chain(ended)));
                 }
-                Ok(Err(e)) => causes.push(format!("{}: {e}", sentinel.addr())),
-                Err(_) => causes.push(format!("{}: timed out", sentinel.addr())),
+                Ok(Err(e)) => causes.push(format!("{sentinel}: {e}")),
+                Err(_) => causes.push(format!("{sentinel}: timed out")),
             }
         }
         if all.is_empty() {
