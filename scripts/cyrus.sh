@@ -9,6 +9,9 @@
 #   scripts/cyrus.sh stop DIR    SIGTERM the instance's master (SIGKILL
 #                                after 10 s); exit 0 if already stopped.
 #   CYRUS_MAXCHILD=N             the http service's maxchild (default 8).
+#   CYRUS_COMPRESS=yes           compress what clients ask to have compressed
+#                                (httpallowcompress, Cyrus's default; default
+#                                no here: jmapc saves downloads still compressed).
 #
 # Must run as root (master's children drop to user `cyrus`). Installs the
 # Debian packages when missing. Every diagnostic goes to stderr; stdout
@@ -203,8 +206,7 @@ autocreate_inbox_folders: Drafts | Sent | Trash
 conversations: yes
 conversations_db: twoskip
 httpmodules: jmap
-# Cyrus's default, which compresses what a client asks to have compressed.
-httpallowcompress: yes
+httpallowcompress: ${CYRUS_COMPRESS:-no}
 EOF
     cat >"$dir/cyrus.conf" <<EOF
 START {

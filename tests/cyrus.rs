@@ -56,7 +56,7 @@ fn query_subjects(t: &Tessera, token: &str, account: &str) -> (u16, serde_json::
 /// never a token.
 #[test]
 fn jmap_through_tessera_with_real_cyrus() {
-    let cyrus = Cyrus::start();
+    let cyrus = Cyrus::start_compressing();
     let (relay_port, seen_by_cyrus) = recording_relay(cyrus.http_port);
     let t = in_front_of(relay_port);
     // Cyrus refuses a wrong password: 401 and no session.

@@ -12,11 +12,21 @@ pub struct Cyrus {
 
 impl Cyrus {
     pub fn start() -> Self {
-        Self::start_with_maxchild(8)
+        Self::start_with(8, false)
+    }
+
+    /// A Cyrus that compresses what a client asks to have compressed (`httpallowcompress`,
+    /// Cyrus's default).
+    pub fn start_compressing() -> Self {
+        Self::start_with(8, true)
     }
 
     /// A Cyrus whose JMAP service forks at most `maxchild` children (one per connection).
     pub fn start_with_maxchild(maxchild: u32) -> Self {
+        Self::start_with(maxchild, false)
+    }
+
+    fn start_with(maxchild: u32, compress: bool) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("cy")
             .tempdir_in("/tmp")
@@ -27,6 +37,7 @@ impl Cyrus {
             .arg("start")
             .arg(dir.path())
             .env("CYRUS_MAXCHILD", maxchild.to_string())
+            .env("CYRUS_COMPRESS", if compress { "yes" } else { "no" })
             .output()
             .expect("run cyrus.sh");
         assert!(
