@@ -114,12 +114,18 @@ impl Sentinel {
         })
     }
 
-    /// The master's address from the first Sentinel to give it, all asked at once: one that
-    /// hangs (stopped, its host gone, packets dropped) must not spend a request's whole
-    /// deadline before the next is asked, on every request.
+    /// A client for the master: the Sentinels asked all at once (one that hangs, stopped or
+    /// its host gone, must not spend a request's whole deadline before the next is asked), and
+    /// each address named checked with `ROLE` as it comes, the first that is a master taken. A
+    /// Sentinel that has not yet heard of a failover names the old master, dead or demoted;
+    /// another may already name the new one.
     ///
-    /// Errors: no Sentinel answered, or none knows the master name (each cause listed).
-    async fn master_addr(&self, timeout: Duration) -> Result<(String, u16), StoreError> {
+    /// Errors: no Sentinel named a master that says it is one (each cause listed).
+    async fn master_by_sentinels(
+        &self,
+        timeout: Duration,
+        protocol: ProtocolVersion,
+    ) -> Result<redis::Client, StoreError> {
         let mut asked: FuturesUnordered<_> = (self.sentinels.iter())
             .map(|sentinel| async move {
                 let answer = tokio::time::timeout(timeout, self.ask(sentinel, timeout)).await;
@@ -127,9 +133,17 @@ impl Sentinel {
             })
             .collect();
         let mut causes = Vec::new();
+        let mut tried = Vec::new();
         while let Some((sentinel, answer)) = asked.next().await {
             match answer {
-                Ok(Ok(addr)) => return Ok(addr),
+                Ok(Ok(addr)) if tried.contains(&addr) => {}
+                Ok(Ok(addr)) => {
+                    tried.push(addr.clone());
+                    match self.checked(addr, timeout, protocol).await {
+                        Ok(client) => return Ok(client),
+                        Err(e) => causes.push(format!("{sentinel} named {e}")),
+                    }
+                }
                 Ok(Err(e)) => causes.push(format!("{sentinel}: {e}")),
                 Err(_) => causes.push(format!("{sentinel}: timed out")),
             }
@@ -159,7 +173,7 @@ impl Sentinel {
     /// A client for the current master, speaking `protocol`, its `ROLE` checked: the address
     /// of the last switch heard first, else the Sentinels'.
     ///
-    /// Errors: [`Sentinel::master_addr`]'s, or the server named is not (yet) a master.
+    /// Errors: [`Sentinel::master_by_sentinels`]'s.
     pub(super) async fn master(
         &self,
         timeout: Duration,
@@ -177,8 +191,7 @@ impl Sentinel {
                 }
             }
         }
-        let addr = self.master_addr(timeout).await?;
-        self.checked(addr, timeout, protocol).await
+        self.master_by_sentinels(timeout, protocol).await
     }
 
     /// A client for the server at `addr` if `ROLE` says it is a master.
