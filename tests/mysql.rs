@@ -9,7 +9,10 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use support::mysql::Mariadb;
-use support::stores::{hex, login, logout, on_store, on_store_with, status, until_status, users};
+use support::stores::{
+    a_restricted_account_serves, hex, login, logout, on_store, on_store_with, status, until_status,
+    users,
+};
 use support::{curl, free_port, sample};
 
 #[test]
@@ -65,11 +68,7 @@ fn a_user_without_create_serves_once_the_tables_exist() {
          GRANT SELECT, INSERT, UPDATE, DELETE ON tessera.* TO app_rw@'%'",
     );
     let url = db.url().replace("root@", "app_rw@");
-    let (a, b) = (on_store(&up, &url), on_store(&up, &url));
-    let token = login(&a, "bob", "bob-pw");
-    assert_eq!(status(&b, &token), 200);
-    assert_eq!(logout(&b, &token), 204);
-    assert!(until_status(&a, &token, 401, Duration::from_secs(10)).is_some());
+    a_restricted_account_serves(&up, &url);
 }
 
 fn shared_and_revoked_everywhere(db: &Mariadb) {

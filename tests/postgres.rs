@@ -8,7 +8,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use support::postgres::Postgres;
-use support::stores::{hex, login, logout, on_store, status, until_status, users};
+use support::stores::{
+    a_restricted_account_serves, hex, login, logout, on_store, status, until_status, users,
+};
 use support::upstream::TestUpstream;
 use support::{bearer, bin, config, curl, Tessera};
 
@@ -119,11 +121,7 @@ fn a_role_without_create_serves_once_the_tables_exist() {
          TO app_rw; GRANT USAGE ON SEQUENCE tessera_kv_log_id_seq TO app_rw",
     );
     let url = pg.url().replace("tessera@", "app_rw@");
-    let (a, b) = (on_store(&up, &url), on_store(&up, &url));
-    let token = login(&a, "bob", "bob-pw");
-    assert_eq!(status(&b, &token), 200);
-    assert_eq!(logout(&b, &token), 204);
-    assert!(until_status(&a, &token, 401, Duration::from_secs(10)).is_some());
+    a_restricted_account_serves(&up, &url);
 }
 
 /// The listener's connection ended by `pg_terminate_backend`, then a session deleted before it

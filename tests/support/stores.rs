@@ -99,6 +99,17 @@ pub fn session_key(token: &str) -> String {
     format!("tessera:session:{}", claims["sid"].as_str().expect("sid"))
 }
 
+/// Two instances on `url`, a store account that may only read and write tessera's tables
+/// (made by an earlier instance): a login on one, use and logout on the other, the token then
+/// refused by the first.
+pub fn a_restricted_account_serves(up: &TestUpstream, url: &str) {
+    let (a, b) = (on_store(up, url), on_store(up, url));
+    let token = login(&a, "bob", "bob-pw");
+    assert_eq!(status(&b, &token), 200);
+    assert_eq!(logout(&b, &token), 204);
+    assert!(until_status(&a, &token, 401, Duration::from_secs(10)).is_some());
+}
+
 /// Through a failover: polls `t` with `live` until it answers 200 and `moved` says the new
 /// primary serves (at most 20 s), asserting on the way that `live` gets only 200 or 503 and
 /// `revoked` never 200. Returns whether `live` was served after the move, and the time spent in

@@ -57,6 +57,30 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// Runs `purge` on the store `store` names every `every` while it lives (a `Weak`: this keeps
+/// nothing alive); a failure is logged at debug level, `what` naming it, and waits for the next
+/// round (a row not yet purged has expired: it is only kept, never read as live).
+pub(super) async fn purge_every<S, F, Fut>(
+    store: std::sync::Weak<S>,
+    every: Duration,
+    what: &'static str,
+    purge: F,
+) where
+    F: Fn(Arc<S>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), StoreError>>,
+{
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        let Some(store) = store.upgrade() else {
+            return;
+        };
+        if let Err(e) = purge(store).await {
+            tracing::debug!(error = %e, what, "purge failed; next round retries");
+        }
+    }
+}
+
 /// The store could not answer (down, timed out, I/O error). Maps to 503.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("session store unavailable: {0}")]

@@ -19,26 +19,11 @@ use mysql_async::prelude::Queryable;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::super::{AbortOnDrop, Invalidation, PollTicks};
+use super::super::{purge_every, AbortOnDrop, Invalidation, PollTicks};
 use super::{MysqlStore, StoreError};
 
 /// How often expired failed-login counts are deleted ([`MysqlStore::purge_counters`]).
 const PURGE_EVERY: Duration = Duration::from_secs(60);
-
-/// Deletes expired failed-login counts every [`PURGE_EVERY`] while the store lives; a failure
-/// waits for the next round (an expired count is only kept, never read as live).
-async fn purge_loop(store: std::sync::Weak<MysqlStore>) {
-    let mut every = tokio::time::interval(PURGE_EVERY);
-    loop {
-        every.tick().await;
-        let Some(store) = store.upgrade() else {
-            return;
-        };
-        if let Err(e) = store.purge_counters().await {
-            tracing::debug!(error = %e, "mysql purge of expired login counts failed; next round retries");
-        }
-    }
-}
 
 /// How often the change log is read unless `session.poll_interval_ms` says otherwise.
 pub(super) const EVERY: Duration = Duration::from_millis(25);
@@ -79,7 +64,12 @@ impl MysqlStore {
         let mut cursor: Option<Cursor> = None;
         let mut ticks = PollTicks::new(self.poll);
         // A task of its own: a slow purge must not hold back the change log's reads.
-        let purger = AbortOnDrop(tokio::spawn(purge_loop(Arc::downgrade(&self))));
+        let purger = AbortOnDrop(tokio::spawn(purge_every(
+            Arc::downgrade(&self),
+            PURGE_EVERY,
+            "mysql expired login counts",
+            |store: Arc<Self>| async move { store.purge_counters().await },
+        )));
         while ticks.next(&tx).await {
             let step = match cursor.as_mut() {
                 None => self.start().await.map(|c| {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, NoTls};
 
-use super::super::{AbortOnDrop, Invalidation};
+use super::super::{purge_every, AbortOnDrop, Invalidation};
 use super::tls::Tls;
 use super::{bounded, causes, err, PostgresStore, StoreError, ALL_CHANGED, CHANNEL};
 
@@ -43,7 +43,12 @@ impl PostgresStore {
         // The application's own table is not tessera's to purge.
         let purger = match self.own {
             Some(_) => None,
-            None => Some(AbortOnDrop(tokio::spawn(purge_loop(Arc::downgrade(&self))))),
+            None => Some(AbortOnDrop(tokio::spawn(purge_every(
+                Arc::downgrade(&self),
+                PURGE_EVERY,
+                "postgres expired rows",
+                |store: Arc<Self>| async move { store.purge().await },
+            )))),
         };
         loop {
             let result = self.listen(&prefix, &tx, &mut backoff).await;
@@ -189,19 +194,4 @@ fn drain(
     }
     keys.retain(|k| k.starts_with(prefix));
     Ok(Changed::Keys(keys))
-}
-
-/// Purges expired rows every [`PURGE_EVERY`] while the store lives; failures wait for the next
-/// round (an unpurged row is invisible, only kept).
-async fn purge_loop(store: std::sync::Weak<PostgresStore>) {
-    let mut every = tokio::time::interval(PURGE_EVERY);
-    loop {
-        every.tick().await;
-        let Some(store) = store.upgrade() else {
-            return;
-        };
-        if let Err(e) = store.purge().await {
-            tracing::debug!(error = %e, "postgres purge of expired rows failed; next round retries");
-        }
-    }
 }
