@@ -2,7 +2,8 @@
 //! (`session create`, `session revoke`) can use the same store at once, across processes.
 //!
 //! Layout: `PATH/sessions.sqlite3`, table `kv(key TEXT PRIMARY KEY, value BLOB, expires_at INTEGER)`
-//! with `expires_at` in seconds since the Unix epoch. Expired rows are invisible and purged on write.
+//! with `expires_at` in seconds since the Unix epoch. Expired rows are invisible, purged on write
+//! and every minute (`watch.rs`); the directory and files are private (`files.rs`).
 //! `PATH/sessions.lock` is held (`flock`, exclusive) while a process opens the store: a new file
 //! is turned to WAL and given its tables by one opener at a time (two at once made SQLite refuse
 //! one with "database is locked", without waiting: each held a lock the other needed).
@@ -16,7 +17,10 @@ use rusqlite::{params, Connection, OptionalExtension};
 use super::StoreError;
 use crate::unix_now;
 
+mod files;
 mod watch;
+
+use files::{create_private, lock_for_open};
 
 /// The embedded SQLite store.
 #[derive(Clone)]
@@ -37,6 +41,8 @@ const OPEN_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 struct Inner {
     file: PathBuf,
+    /// SQLite's busy timeout ([`EmbeddedStore::open_waiting`]).
+    busy: std::time::Duration,
     /// Idle connections, reused; one is opened when none is free.
     idle: Mutex<Vec<Connection>>,
 }
@@ -53,10 +59,20 @@ impl EmbeddedStore {
     /// Errors (each naming the file): the directory, the lock file or the database cannot be
     /// created or opened; another process's open held the lock for [`OPEN_LOCK_WAIT`].
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| err(format!("cannot create {}: {e}", dir.display())))?;
+        Self::open_waiting(dir, std::time::Duration::from_secs(5))
+    }
+
+    /// [`EmbeddedStore::open`], each statement waiting at most `busy` for another process's
+    /// write (SQLite's busy timeout): no longer than the deadline of the call that waits on it
+    /// (`session.timeout_ms`), or a write given up for late would still commit after it.
+    ///
+    /// Errors: as [`EmbeddedStore::open`].
+    pub fn open_waiting(dir: &Path, busy: std::time::Duration) -> Result<Self, StoreError> {
+        let file = dir.join("sessions.sqlite3");
+        create_private(dir, &file)?;
         let inner = Arc::new(Inner {
-            file: dir.join("sessions.sqlite3"),
+            file,
+            busy,
             idle: Mutex::new(Vec::new()),
         });
         // Held until the tables exist (dropped at the end of this function).
@@ -65,7 +81,8 @@ impl EmbeddedStore {
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value BLOB NOT NULL, expires_at INTEGER NOT NULL);
              CREATE INDEX IF NOT EXISTS kv_expires ON kv(expires_at);
-             CREATE TABLE IF NOT EXISTS kv_log (seq INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL, at INTEGER NOT NULL);",
+             CREATE TABLE IF NOT EXISTS kv_log (seq INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL, at INTEGER NOT NULL);
+             CREATE INDEX IF NOT EXISTS kv_log_at ON kv_log(at);",
         )
         .map_err(|e| inner.error(e))?;
         inner.release(conn);
@@ -193,7 +210,11 @@ impl EmbeddedStore {
                 .prepare_cached("DELETE FROM kv WHERE key = ?1")?
                 .execute(params![key])?
                 > 0;
-            log_change(c, &key)?;
+            // A key that was not there is in no cache as live: nothing to tell, and a logout
+            // loop with an old token must not grow the log.
+            if existed {
+                log_change(c, &key)?;
+            }
             Ok(existed)
         })
         .await
@@ -243,57 +264,6 @@ impl EmbeddedStore {
     }
 }
 
-/// Takes the exclusive `flock` on `path` (created if missing; opened read-only, which is all
-/// `flock` needs), polling every 10 ms for at most [`OPEN_LOCK_WAIT`]; released when the
-/// returned file is dropped. `flock` locks are per open file, so threads of one process exclude
-/// each other too (on a local filesystem, which SQLite's WAL mode needs anyway).
-///
-/// Errors: the file cannot be created, opened or locked, or is still locked after the wait.
-fn lock_for_open(path: &Path) -> Result<std::fs::File, StoreError> {
-    use rustix::fs::{flock, FlockOperation};
-    use rustix::io::Errno;
-    let open = || std::fs::OpenOptions::new().read(true).open(path);
-    let file = match open() {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(path)
-            .and_then(|_| open()),
-        opened => opened,
-    }
-    .map_err(|e| {
-        err(format!(
-            "cannot open {} (the store directory must be writable by tessera): {e}",
-            path.display()
-        ))
-    })?;
-    let deadline = std::time::Instant::now() + OPEN_LOCK_WAIT;
-    loop {
-        match flock(&file, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => return Ok(file),
-            Err(Errno::INTR) => {}
-            Err(Errno::WOULDBLOCK) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-            Err(Errno::WOULDBLOCK) => {
-                return Err(err(format!(
-                    "{} still locked after {} s by another tessera opening the store; \
-                     retry, or look for a stuck tessera process using that directory",
-                    path.display(),
-                    OPEN_LOCK_WAIT.as_secs()
-                )))
-            }
-            Err(e) => {
-                return Err(err(format!(
-                    "cannot lock {} (the store needs a local filesystem): {e}",
-                    path.display()
-                )))
-            }
-        }
-    }
-}
-
 fn log_change(c: &Connection, key: &str) -> rusqlite::Result<()> {
     c.prepare_cached("INSERT INTO kv_log (key, at) VALUES (?1, ?2)")?
         .execute(params![key, unix_now() as i64])?;
@@ -305,11 +275,32 @@ impl Inner {
         let connect = || {
             let conn = Connection::open(&self.file)?;
             conn.pragma_update(None, "journal_mode", "WAL")?;
-            conn.pragma_update(None, "synchronous", "NORMAL")?;
-            conn.busy_timeout(std::time::Duration::from_secs(5))?;
+            // FULL: a revocation acknowledged must survive a power loss (NORMAL may lose the
+            // last commits until a checkpoint); writes are the cold path.
+            conn.pragma_update(None, "synchronous", "FULL")?;
+            conn.busy_timeout(self.busy)?;
             Ok::<_, rusqlite::Error>(conn)
         };
         connect().map_err(|e| self.error(e))
+    }
+
+    /// Deletes expired rows (sessions and failed-login counts) and change-log rows past
+    /// [`LOG_KEEP_SECONDS`]: a write does so too, but a store with no write for hours (or only
+    /// logouts and failed logins) would otherwise keep them all.
+    fn purge(&self) -> Result<(), StoreError> {
+        let conn = self.acquire()?;
+        let now = unix_now() as i64;
+        let out = conn
+            .execute("DELETE FROM kv WHERE expires_at <= ?1", params![now])
+            .and_then(|_| {
+                conn.execute(
+                    "DELETE FROM kv_log WHERE at < ?1",
+                    params![now - LOG_KEEP_SECONDS],
+                )
+            })
+            .map_err(|e| self.error(e));
+        self.release(conn);
+        out.map(|_| ())
     }
 
     /// A store error naming the database file.
@@ -341,6 +332,70 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The directory and every file of the store are its user's alone (sids in clear, sealed
+    /// credentials); commits are synced (`synchronous = FULL`: 2).
+    #[test]
+    fn the_store_is_private_and_synced() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("store");
+        let store = EmbeddedStore::open(&path).expect("open");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        rt.block_on(store.put("k", b"v", 60)).expect("put");
+        let conn = store.inner.acquire().expect("connection");
+        let sync: i64 = conn
+            .query_row("PRAGMA synchronous", [], |r| r.get(0))
+            .expect("pragma");
+        assert_eq!(sync, 2);
+        let mode = |name: &str| {
+            let m = std::fs::metadata(path.join(name)).expect(name);
+            m.permissions().mode() & 0o777
+        };
+        assert_eq!(mode(""), 0o700);
+        for file in [
+            "sessions.sqlite3",
+            "sessions.sqlite3-wal",
+            "sessions.sqlite3-shm",
+            OPEN_LOCK,
+        ] {
+            assert_eq!(mode(file), 0o600, "{file}");
+        }
+    }
+
+    /// A delete of a key that is not there writes no change-log row (a logout loop with an old
+    /// token must not grow the log); a purge removes expired rows and old log rows without a
+    /// write.
+    #[test]
+    fn the_change_log_grows_only_with_changes_and_is_purged() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open(dir.path()).expect("open");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let count = |table: &str| -> i64 {
+            let c = Connection::open(dir.path().join("sessions.sqlite3")).expect("open");
+            c.query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0))
+                .expect("count")
+        };
+        rt.block_on(store.put("k", b"v", 60)).expect("put");
+        assert_eq!(count("kv_log"), 1);
+        for _ in 0..3 {
+            assert!(!rt.block_on(store.delete("absent")).expect("delete"));
+        }
+        assert_eq!(count("kv_log"), 1, "absent keys logged");
+        Connection::open(dir.path().join("sessions.sqlite3"))
+            .and_then(|c| {
+                c.execute_batch(
+                    "INSERT INTO kv VALUES ('old', x'00', 1); INSERT INTO kv_log (key, at) VALUES ('x', 1);",
+                )
+            })
+            .expect("old rows");
+        store.inner.purge().expect("purge");
+        assert_eq!((count("kv"), count("kv_log")), (1, 1));
+    }
 
     /// A change is written with its change-log row or not at all: with the log unwritable (its
     /// table dropped by another connection), a put fails and leaves no row, and a delete fails

@@ -117,7 +117,8 @@ impl Store {
     ) -> Result<Self, StoreError> {
         Ok(match spec {
             StoreSpec::Embedded(path) => {
-                Self::Embedded(Arc::new(EmbeddedStore::open(path)?.polling_every(poll)))
+                let store = EmbeddedStore::open_waiting(path, timeout)?;
+                Self::Embedded(Arc::new(store.polling_every(poll)))
             }
             StoreSpec::Redis(url) => Self::Redis(Arc::new(RedisStore::new(url, timeout)?)),
             StoreSpec::Postgres(url, query) => {

@@ -1,9 +1,15 @@
 //! The embedded store's invalidation stream: its change log, polled.
 
-use rusqlite::{params, Connection, ErrorCode};
+use std::sync::Arc;
+use std::time::Duration;
 
-use super::super::{Invalidation, PollTicks};
+use rusqlite::{params, Connection, ErrorCode, OpenFlags};
+
+use super::super::{purge_every, AbortOnDrop, Invalidation, PollTicks};
 use super::EmbeddedStore;
+
+/// How often expired rows and old change-log rows are deleted besides on writes.
+const PURGE_EVERY: Duration = Duration::from_secs(60);
 
 /// Change-log rows after a sequence number: `(seq, key)`, in order.
 type Rows = Vec<(i64, String)>;
@@ -26,17 +32,34 @@ impl EmbeddedStore {
         let mut last: Option<i64> = None;
         let mut conn: Option<Connection> = None;
         let mut ticks = PollTicks::new(self.poll);
+        // Said once per loss: a log that stays unreadable is tried again at every poll.
+        let mut lost = false;
+        let _purger = AbortOnDrop(tokio::spawn(purge_every(
+            Arc::downgrade(&self.inner),
+            PURGE_EVERY,
+            "embedded expired rows",
+            |inner| async move {
+                let purged = tokio::task::spawn_blocking(move || inner.purge()).await;
+                purged.unwrap_or_else(|e| Err(super::err(e)))
+            },
+        )));
         while ticks.next(&tx).await {
             let msg = match (self.read_log(&mut conn, last), last) {
                 (Err(e), _) if is_busy(&e) => continue,
+                (Err(_), _) if lost => {
+                    conn = None;
+                    continue;
+                }
                 (Err(e), _) => {
                     tracing::warn!(error = %self.inner.error(e), "embedded change log unreadable; session cache off");
                     conn = None;
                     last = None;
+                    lost = true;
                     Invalidation::Lost
                 }
                 (Ok(rows), None) => {
                     last = rows.first().map(|r| r.0);
+                    lost = false;
                     Invalidation::Live
                 }
                 (Ok(rows), Some(_)) if rows.is_empty() => continue,
@@ -75,7 +98,9 @@ impl EmbeddedStore {
         let c = match conn {
             Some(c) => c,
             None => {
-                let c = Connection::open(&self.inner.file)?;
+                // Not created here: a store whose file is gone is lost, not made anew empty.
+                let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+                let c = Connection::open_with_flags(&self.inner.file, flags)?;
                 c.busy_timeout(std::time::Duration::ZERO)?;
                 conn.insert(c)
             }
