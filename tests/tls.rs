@@ -366,6 +366,27 @@ fn the_plain_listener_can_redirect_everything_to_https() {
     assert!(body.starts_with("proto=https"), "{body}");
 }
 
+/// A TLS handshake not yet done when shutdown begins (a client that connected and sent
+/// nothing) is no connection the drain waits for.
+#[test]
+fn shutdown_does_not_wait_for_a_handshake_in_progress() {
+    let nginx = Nginx::start_with(ECHO);
+    let pki = Pki::new();
+    let tls_port = free_port();
+    let (mut t, _) = tls_tessera(nginx.port, &pki, tls_port, "", "");
+    let _silent = std::net::TcpStream::connect(("127.0.0.1", tls_port)).unwrap();
+    // Accepted by then; its handshake waits for a ClientHello that never comes.
+    std::thread::sleep(Duration::from_millis(500));
+    let termed = Command::new("kill")
+        .args(["-TERM", &t.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(termed.success());
+    assert!(t.wait_exit(Duration::from_secs(30)), "{}", t.log());
+    let log = t.log();
+    assert!(!log.contains("connections still open after"), "{log}");
+}
+
 #[test]
 fn check_config_reports_the_certificate_and_refuses_a_foreign_key() {
     let pki = Pki::new();

@@ -199,7 +199,13 @@ async fn serve_connection(
         Edge::Tls(tls) => tls,
     };
     let counts = serving.proxy.tls_counts();
-    match tls::handshake(&tls, stream, serving.header_read_timeout, counts).await {
+    let handshake = tls::handshake(&tls, stream, serving.header_read_timeout, counts);
+    let handshaken = tokio::select! {
+        done = handshake => done,
+        // A handshake not yet done is no connection the drain waits for.
+        () = serving.shutdown.cancelled() => None,
+    };
+    match handshaken {
         Some((stream, false)) => conn::serve(serving, stream, peer).await,
         Some((stream, true)) => conn::serve_h2(serving, stream, peer).await,
         None => {}
