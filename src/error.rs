@@ -76,6 +76,10 @@ pub enum ProxyError {
     /// forward: `websocket.max_connections` WebSockets are open already. 503 with `Retry-After`.
     #[error("too many WebSocket connections")]
     TooManyWebSockets,
+    /// forward: the user has `websocket.max_connections_per_user` WebSockets open already. 429
+    /// (RFC 6585) with `Retry-After`.
+    #[error("too many WebSocket connections for this user")]
+    TooManyWebSocketsForUser,
     /// forward: the upstream refused the session's stored credentials, and refused them again
     /// at `login.verify_path`; the session was deleted. 401 with a Bearer challenge saying why
     /// (never the upstream's `Basic` one, which would make a browser prompt for its password).
@@ -146,6 +150,7 @@ impl ProxyError {
                 StatusCode::UNAUTHORIZED
             }
             Self::StoreUnavailable | Self::TooManyWebSockets => StatusCode::SERVICE_UNAVAILABLE,
+            Self::TooManyWebSocketsForUser => StatusCode::TOO_MANY_REQUESTS,
             Self::ForeignOrigin => StatusCode::FORBIDDEN,
             Self::Upstream(f) => match f {
                 ForwardError::Connect(_) | ForwardError::Broken(_) | ForwardError::Closed => {
@@ -193,7 +198,7 @@ impl ProxyError {
                     HeaderValue::from_static(UPSTREAM_REJECTED),
                 );
             }
-            Self::StoreUnavailable | Self::TooManyWebSockets => {
+            Self::StoreUnavailable | Self::TooManyWebSockets | Self::TooManyWebSocketsForUser => {
                 h.insert(RETRY_AFTER, HeaderValue::from_static("1"));
             }
             Self::Screen(ScreenError::MethodNotAllowed) => {
@@ -306,6 +311,7 @@ mod tests {
             (ProxyError::StoreUnavailable, 503),
             (ProxyError::ForeignOrigin, 403),
             (ProxyError::TooManyWebSockets, 503),
+            (ProxyError::TooManyWebSocketsForUser, 429),
             (ForwardError::Connect("x".into()).into(), 502),
             (ForwardError::ConnectTimeout.into(), 504),
             (ForwardError::Timeout.into(), 504),

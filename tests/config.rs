@@ -171,6 +171,7 @@ fn websocket_defaults_limits_and_origins() {
         c.websocket.max_connections, 32,
         "half of upstream.max_connections"
     );
+    assert_eq!(c.websocket.max_connections_per_user, 8, "a quarter of them");
     assert_eq!(c.websocket.idle_timeout, Some(Duration::from_secs(600)));
     assert!(c.websocket.allowed_origins.is_empty());
     let with =
@@ -199,6 +200,15 @@ fn websocket_defaults_limits_and_origins() {
         assert!(
             err.contains("websocket.allowed_origins[1]") && err.contains("scheme://host[:port]"),
             "{bad}: {err}"
+        );
+    }
+    for per_user in ["0", "33"] {
+        let err = with(&format!("max_connections_per_user = {per_user}"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("websocket.max_connections_per_user") && err.contains("(32)"),
+            "{err}"
         );
     }
     let err = with("max_conections = 1").unwrap_err().to_string();

@@ -552,6 +552,32 @@ fn websocket_upgrades_are_refused_with_the_right_status_and_never_reach_the_upst
     assert!(log.contains("too many WebSocket connections"), "{log}");
 }
 
+/// One user holds at most `websocket.max_connections_per_user` tunnels (429 past it), so that
+/// one user's tabs or scripts cannot take every slot: another user still opens one.
+#[test]
+fn one_user_cannot_take_every_websocket() {
+    let up = ws_upstream();
+    let (t, _) = tessera(
+        &up.url(),
+        "max_connections = 3\nmax_connections_per_user = 2",
+    );
+    let (_, alice) = t.create_session("alice", "alice-pw");
+    let (_, bob) = t.create_session("bob", "bob-pw");
+    let (alice, bob) = (bearer(&alice), bearer(&bob));
+    rt().block_on(async {
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let mut ws = open(&t, "/ws", &[("authorization", &alice)]).await.unwrap();
+            assert_eq!(text(&mut ws).await, "hello alice");
+            held.push(ws);
+        }
+        let third = open(&t, "/ws", &[("authorization", &alice)]).await;
+        assert_eq!(refused(third), 429);
+        let mut ws = open(&t, "/ws", &[("authorization", &bob)]).await.unwrap();
+        assert_eq!(text(&mut ws).await, "hello bob");
+    });
+}
+
 #[test]
 fn with_websockets_off_an_upgrade_goes_upstream_as_a_plain_get() {
     let up = ws_upstream();

@@ -25,6 +25,15 @@ pub(super) fn validate_websocket(
             ),
         ));
     }
+    let max_connections_per_user = w
+        .max_connections_per_user
+        .unwrap_or((max_connections / 4).max(1));
+    if max_connections > 0 && !(1..=max_connections).contains(&max_connections_per_user) {
+        return Err(ConfigError::new(
+            "websocket.max_connections_per_user",
+            format!("must be between 1 and websocket.max_connections ({max_connections})"),
+        ));
+    }
     let mut allowed_origins = Vec::new();
     for (i, text) in w.allowed_origins.unwrap_or_default().iter().enumerate() {
         let key = format!("websocket.allowed_origins[{i}]");
@@ -56,6 +65,7 @@ pub(super) fn validate_websocket(
     };
     Ok(WebSocketConfig {
         max_connections,
+        max_connections_per_user,
         idle_timeout,
         allowed_origins,
     })

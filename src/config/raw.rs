@@ -66,6 +66,7 @@ pub(super) struct RawJmap {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawWebSocket {
     pub(super) max_connections: Option<usize>,
+    pub(super) max_connections_per_user: Option<usize>,
     pub(super) idle_timeout_ms: Option<u64>,
     pub(super) allowed_origins: Option<Vec<String>>,
 }

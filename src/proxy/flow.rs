@@ -113,7 +113,9 @@ impl Proxy {
         };
         let upgrading = if screened.websocket || extended {
             let empty = body.as_ref().is_none_or(Body::is_end_stream);
-            self.upgrading(&mut parts, &screened, ctx.peer().proto, empty, extended)?
+            let proto = ctx.peer().proto;
+            let credential = &session.authorization;
+            self.upgrading(&mut parts, &screened, credential, proto, empty, extended)?
         } else {
             None
         };

@@ -195,6 +195,10 @@ impl Proxy {
             jmap: cfg.jmap.clone(),
             websockets: (cfg.websocket.max_connections > 0).then(|| WebSockets {
                 slots: Arc::new(tokio::sync::Semaphore::new(cfg.websocket.max_connections)),
+                users: crate::upstream::Shares::new(
+                    cfg.websocket.max_connections_per_user,
+                    cfg.websocket.max_connections,
+                ),
                 max: cfg.websocket.max_connections,
                 idle_timeout: cfg.websocket.idle_timeout,
                 send_timeout: cfg.server.send_timeout,

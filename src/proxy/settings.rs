@@ -12,6 +12,10 @@ pub struct WebSocketConfig {
     /// `Upgrade` field is dropped like any hop-by-hop field). Default
     /// `upstream.max_connections / 2`.
     pub max_connections: usize,
+    /// Most of them one user (one upstream credential) holds at once, so that one user's tabs
+    /// or scripts cannot take every one; an upgrade beyond it is answered 429 with
+    /// `Retry-After`. Default `max_connections / 4` (at least 1).
+    pub max_connections_per_user: usize,
     /// A WebSocket connection with no byte in either direction for this long is closed;
     /// `None` (`idle_timeout_ms = 0`): never. Default 600 s (10 minutes).
     pub idle_timeout: Option<Duration>,

@@ -21,6 +21,8 @@ use super::{Proxy, RequestCtx};
 pub(super) struct WebSockets {
     /// One permit per tunnel open now, `websocket.max_connections` in all.
     pub(super) slots: Arc<tokio::sync::Semaphore>,
+    /// Each user's share of them (`websocket.max_connections_per_user`).
+    pub(super) users: crate::upstream::Shares,
     pub(super) max: usize,
     pub(super) idle_timeout: Option<Duration>,
     /// `server.send_timeout_ms`, for a tunnel's client side of unknown kind (an HTTP/2 stream).
@@ -43,6 +45,9 @@ const UPGRADE_WAIT: Duration = Duration::from_secs(10);
 pub(super) struct Upgrading {
     downstream: hyper::upgrade::OnUpgrade,
     slot: tokio::sync::OwnedSemaphorePermit,
+    /// The user's share of the slots (`websocket.max_connections_per_user`); `None` when that
+    /// is all of them.
+    user_slot: Option<crate::share::SharePermit>,
     /// Asked by an HTTP/2 extended CONNECT (RFC 8441): answered 200, not 101.
     extended: bool,
     /// The client connection's busy mark, held while the tunnel runs (see [`ConnectionHold`]).
@@ -153,11 +158,14 @@ impl Proxy {
     /// and the request then goes upstream as a plain `GET` (its `Upgrade` already removed).
     ///
     /// Errors: 403 when a browser page of a foreign origin asks ([`ProxyError::ForeignOrigin`]);
-    /// 400 when the request has a body; 503 when `websocket.max_connections` tunnels are open.
+    /// 400 when the request has a body; 429 when the user whose upstream `credential` it
+    /// carries holds `websocket.max_connections_per_user` tunnels, 503 when
+    /// `websocket.max_connections` are open.
     pub(super) fn upgrading(
         &self,
         parts: &mut Parts,
         screened: &Screened,
+        credential: &HeaderValue,
         scheme: &str,
         no_body: bool,
         extended: bool,
@@ -179,6 +187,14 @@ impl Proxy {
                 "WebSocket upgrade request with a body",
             ));
         }
+        let user_slot = match ws.users.user(Some(credential)) {
+            Some(share) => Some(
+                share
+                    .try_acquire()
+                    .ok_or(ProxyError::TooManyWebSocketsForUser)?,
+            ),
+            None => None,
+        };
         let slot = ws
             .slots
             .clone()
@@ -187,6 +203,7 @@ impl Proxy {
         Ok(Some(Upgrading {
             downstream,
             slot,
+            user_slot,
             extended,
             hold: parts.extensions.remove::<ConnectionHold>(),
         }))
@@ -246,6 +263,7 @@ impl Proxy {
             let Upgrading {
                 downstream,
                 slot,
+                user_slot,
                 extended,
                 hold,
             } = upgrading;
@@ -282,7 +300,7 @@ impl Proxy {
                 }
                 Err(_) => tracing::debug!("WebSocket 101 not taken by the client in time"),
             }
-            drop((slot, hold));
+            drop((slot, user_slot, hold));
         });
         out
     }

@@ -57,6 +57,7 @@ pub use request::{empty_body, recycle_header_map, spare_header_map};
 use request::{Progress, Tracked};
 pub use settings::UpstreamConfig;
 pub use share::default_per_user;
+pub(crate) use share::Shares;
 pub use tls::{TlsClient, TlsSettingError, UpstreamTlsSettings};
 pub use tunnel::{
     upgraded_as_is, ClientIo, ClientSide, ClientSideFn, Tunnel, TunnelEnd, TunnelReport,
