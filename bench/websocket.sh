@@ -12,8 +12,9 @@
 # `ws_bench echo` (tokio-tungstenite, one thread: every message sent back); nginx-proxy (one worker,
 # proxying the upgrade to the echo server: `proxy_http_version 1.1` and `Upgrade`/`Connection`
 # set, the nginx documentation's WebSocket recipe); per binary one `tessera serve` (embedded store,
-# log level warn, no access log, upstream.max_connections 256, websocket.max_connections 128) with
-# one session (`tessera session create`), every handshake carrying its token as a bearer.
+# log level warn, no access log, upstream.max_connections 256, websocket.max_connections 128, all
+# of them for one user) with one session (`tessera session create`), every handshake carrying its
+# token as a bearer.
 # Each rep, size and c, round-robin over direct, nginx-proxy, t0, t1, ...: `ws_bench load` opens c
 # WebSockets, and each sends a binary message and waits for its echo, again and again, for WARMUP +
 # DURATION seconds (one client thread). Per run: round trips/s, round-trip p50/p99, and the proxy's
@@ -77,7 +78,10 @@ for i in "${!LABELS[@]}"; do
   tessera_toml "$WORK/$t.toml" "$port" "$P_ECHO" "$WORK/emb-$t"
   # Room for c=64 tunnels: each holds an upstream connection, and tunnels stay below the cap.
   sed -i 's/^url = .*/&\nmax_connections = 256/' "$WORK/$t.toml"
-  printf '[websocket]\nmax_connections = 128\n' >>"$WORK/$t.toml"
+  printf '[websocket]\nmax_connections = 128\nmax_connections_per_user = 128\n' >>"$WORK/$t.toml"
+  # A build from before websocket.max_connections_per_user has no per-user cap to lift.
+  "${BIN_PATHS[$i]}" check-config --config "$WORK/$t.toml" >/dev/null 2>&1 ||
+    sed -i '/^max_connections_per_user/d' "$WORK/$t.toml"
   "${BIN_PATHS[$i]}" serve --config "$WORK/$t.toml" >"$WORK/$t.log" 2>&1 &
   CPU_PID_OF[$t]=$! URL_OF[$t]="ws://127.0.0.1:$port/ws" && PIDS+=("$!")
   wait_port "$port" "$t" "$!"
