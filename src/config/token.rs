@@ -289,13 +289,9 @@ fn active_kid(t: &RawToken, mut signable: Vec<String>) -> Result<Option<String>,
 
 /// `token.sources`, in order (default: bearer, `cookie:tessera`, `cookie-b64:Authorization`).
 fn token_sources(listed: Option<Vec<String>>) -> Result<Vec<TokenSource>, ConfigError> {
-    let listed = listed.unwrap_or_else(|| {
-        vec![
-            "bearer".into(),
-            "cookie:tessera".into(),
-            "cookie-b64:Authorization".into(),
-        ]
-    });
+    let Some(listed) = listed else {
+        return Ok(TokenSource::defaults().to_vec());
+    };
     if listed.is_empty() {
         return Err(ConfigError::new(
             "token.sources",

@@ -116,11 +116,8 @@ pub enum ReloadError {
 fn token_cookies(sources: &[TokenSource], login: bool) -> Vec<TokenSource> {
     let mut all = sources.to_vec();
     if login {
-        for default in [
-            TokenSource::Cookie("tessera".into()),
-            TokenSource::CookieB64("Authorization".into()),
-        ] {
-            if !all.contains(&default) {
+        for default in TokenSource::defaults() {
+            if default != TokenSource::Bearer && !all.contains(&default) {
                 all.push(default);
             }
         }

@@ -88,9 +88,10 @@ const SPOOFABLE: [&str; 5] = [
     "x-real-ip",
 ];
 
-/// Fields tessera answers itself: hyper sends the client its `100 Continue` as the body is
-/// read, and the body goes upstream whatever the upstream would answer first, so an upstream
-/// that answered a forwarded `Expect` early could take the rest of the body for a new request.
+/// Fields tessera answers itself: hyper's HTTP/1 server sends the client its `100 Continue` as
+/// the body is read, and the body goes upstream whatever the upstream would answer first, so an
+/// upstream that answered a forwarded `Expect` early could take the rest of the body for a new
+/// request.
 const ANSWERED_HERE: [&str; 1] = ["expect"];
 
 /// Checks limits and cleans the request head in place.

@@ -21,6 +21,16 @@ pub enum TokenSource {
 }
 
 impl TokenSource {
+    /// `token.sources` when not listed: bearer, cookie `tessera`, and the published
+    /// hyper-auth-proxy's base64 cookie `Authorization`.
+    pub fn defaults() -> [Self; 3] {
+        [
+            Self::Bearer,
+            Self::Cookie("tessera".into()),
+            Self::CookieB64("Authorization".into()),
+        ]
+    }
+
     /// Parses `bearer`, `cookie:NAME` or `cookie-b64:NAME`.
     pub fn parse(s: &str) -> Option<Self> {
         if s == "bearer" {
