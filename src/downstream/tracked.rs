@@ -65,10 +65,12 @@ impl Streams {
         Poll::Pending
     }
 
-    /// Cuts every response body that hyper took a frame of at least `send` before `now` and has
-    /// not asked for the next one since: hyper's own buffers for it are full because the client
-    /// does not take them (HTTP/2: it grants no flow-control window; a full socket buffer is
-    /// caught sooner by [`super::io::Prefixed`]'s send timeout). The body is dropped, which closes its
+    /// Cuts every HTTP/2 response body that hyper took a frame of at least `send` before `now`
+    /// and has not asked for the next one since: the client grants it no flow-control window.
+    /// HTTP/1 bodies are left to [`super::io::Prefixed`]'s send timeout, which counts any byte
+    /// the socket takes as progress: hyper asks for the next frame only once a whole buffered
+    /// one is written, so a client taking a few bytes a minute would look stalled here (nginx's
+    /// `send_timeout` also times only the gap between two writes). The body is dropped, which closes its
     /// upstream connection if it was mid-body, and ends its request's open count; hyper's next
     /// poll of it, if any, gets an error (HTTP/2: `RST_STREAM`; HTTP/1: the connection ends).
     /// Checked once per tick, so a cut comes up to a quarter of `send` late.
@@ -80,8 +82,9 @@ impl Streams {
                 return false; // hyper dropped its body
             }
             let mut s = lock(s);
-            if s.handed
-                .is_some_and(|t| now.saturating_duration_since(t) >= send)
+            if s.reset.is_none()
+                && s.handed
+                    .is_some_and(|t| now.saturating_duration_since(t) >= send)
             {
                 s.handed = None;
                 cut.push((s.body.take(), s.open.take()));
@@ -209,5 +212,34 @@ impl Body for Tracked {
             .body
             .as_ref()
             .map_or_else(http_body::SizeHint::default, |b| b.size_hint())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Hands one frame of a `full` body to "hyper", then checks after `send` has passed.
+    fn cut_after_stall(reset: Option<Arc<AtomicBool>>) -> bool {
+        let streams = Arc::new(Streams::default());
+        let open = Streams::open(&streams);
+        let mut body = Tracked::new(&streams, ProxyBody::full("abc"), open, reset);
+        let waker = futures_util::task::noop_waker();
+        let frame = Pin::new(&mut body).poll_frame(&mut Context::from_waker(&waker));
+        assert!(matches!(frame, Poll::Ready(Some(Ok(_)))));
+        let send = Duration::from_secs(60);
+        streams.cut_stalled(Instant::now() + send, send);
+        let cut = lock(&body.0).body.is_none();
+        cut
+    }
+
+    #[test]
+    fn an_http2_body_not_polled_for_send_timeout_is_cut() {
+        assert!(cut_after_stall(None));
+    }
+
+    #[test]
+    fn an_http1_body_is_left_to_the_socket_send_timeout() {
+        assert!(!cut_after_stall(Some(Arc::new(AtomicBool::new(false)))));
     }
 }
