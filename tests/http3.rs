@@ -498,6 +498,86 @@ fn a_stalled_http3_request_head_is_dropped_after_the_header_timeout() {
     });
 }
 
+/// A frame other than DATA announced longer than the field section limit closes the connection
+/// with H3_EXCESSIVE_LOAD (RFC 9114 section 8.1) as its header arrives: h3 would keep such a
+/// frame whole until it ends, so a client could grow the process's memory without bound.
+#[test]
+fn oversized_frames_close_the_connection() {
+    let echo = upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    });
+    let pki = Pki::new();
+    let (t, addr, _) = h3_tessera(&echo.url(), &pki, "", "");
+    runtime().block_on(async {
+        for request in [false, true] {
+            let conn = H3Client::new(&pki.ca()).connect_quic(addr).await;
+            let _streams = h3_raw::oversized_frame(&conn, request, 4 << 20).await;
+            // No bound on how soon: only that it happens (unguarded, it stays open).
+            let closed = tokio::time::timeout(Duration::from_secs(30), conn.closed()).await;
+            let code = match &closed {
+                Ok(quinn::ConnectionError::ApplicationClosed(close)) => close.error_code,
+                _ => panic!("request stream: {request}: {closed:?}\n{}", t.log()),
+            };
+            assert_eq!(code, quinn::VarInt::from_u32(0x107), "{}", t.log());
+        }
+    });
+}
+
+/// What a client may make tessera hold on one connection is bounded: no DATAGRAM frames (HTTP/3
+/// has no use for them; quinn would buffer them for a reader that never comes) and 8
+/// unidirectional streams at once (HTTP/3 needs 3).
+#[test]
+fn a_quic_client_gets_no_datagrams_and_few_unidirectional_streams() {
+    let echo = upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    });
+    let pki = Pki::new();
+    let (_t, addr, _) = h3_tessera(&echo.url(), &pki, "", "");
+    runtime().block_on(async {
+        let conn = H3Client::new(&pki.ca()).connect_quic(addr).await;
+        assert_eq!(conn.max_datagram_size(), None);
+        let mut open = Vec::new();
+        for _ in 0..8 {
+            open.push(conn.open_uni().await.unwrap());
+        }
+        // The ninth waits for one of them to end (a busy machine only makes it wait longer).
+        let ninth = tokio::time::timeout(Duration::from_millis(300), conn.open_uni()).await;
+        assert!(ninth.is_err(), "a ninth unidirectional stream opened");
+    });
+}
+
+/// An HTTP/3 connection with no request open for `server.header_read_timeout_ms` is sent GOAWAY
+/// and closed with `H3_NO_ERROR`, as an idle HTTP/2 connection is: QUIC's own idle timeout
+/// (`http3.idle_timeout_ms`, here a minute) never fires for a client that sends PINGs.
+#[test]
+fn an_idle_http3_connection_is_sent_goaway_and_closed() {
+    let echo = upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    });
+    let pki = Pki::new();
+    let (t, addr, token) = h3_tessera(
+        &echo.url(),
+        &pki,
+        "idle_timeout_ms = 60000",
+        "header_read_timeout_ms = 300",
+    );
+    runtime().block_on(async {
+        let conn = H3Client::new(&pki.ca()).connect_quic(addr).await;
+        let (_control, mut answer) = h3_raw::get(&conn, "/x", &token).await;
+        assert_eq!(h3_raw::status_index(&mut answer).await, Some(25));
+        let (goaway, _qpack) = h3_raw::goaway(&conn).await;
+        assert_eq!(goaway, 4, "GOAWAY names stream {goaway}");
+        // No bound on how soon: only that it happens well before QUIC's idle timeout.
+        let closed = tokio::time::timeout(Duration::from_secs(30), conn.closed()).await;
+        assert!(
+            matches!(&closed, Ok(quinn::ConnectionError::ApplicationClosed(c))
+                if c.error_code == quinn::VarInt::from_u32(0x100)),
+            "{closed:?}\n{}",
+            t.log()
+        );
+    });
+}
+
 /// A response head the client takes no byte of (its stream window is full) is given up after
 /// `server.send_timeout_ms` and its stream reset, as a stalled body is.
 #[test]
@@ -781,8 +861,9 @@ fn abandoned_handshakes_take_no_place_per_address() {
     });
 }
 
-/// `server.max_connections_per_ip` holds for QUIC too, counted once a handshake completes: past
-/// it a connection is closed with `H3_EXCESSIVE_LOAD`.
+/// `server.max_connections_per_ip` holds for QUIC too, counted once a handshake completes (or at
+/// once, from an address a token proved): past it a connection is closed with
+/// `H3_EXCESSIVE_LOAD` (or refused before its handshake).
 #[test]
 fn quic_connections_past_max_connections_per_ip_are_closed() {
     let echo = upstream::start(Behavior::Echo {
@@ -806,8 +887,47 @@ fn quic_connections_past_max_connections_per_ip_are_closed() {
             matches!(&closed, quinn::ConnectionError::ApplicationClosed(c)
                 if c.error_code == quinn::VarInt::from_u32(0x107))
                 || matches!(&closed, quinn::ConnectionError::ConnectionClosed(c)
-                if c.error_code == quinn::TransportErrorCode::APPLICATION_ERROR),
+                if c.error_code == quinn::TransportErrorCode::APPLICATION_ERROR
+                    || c.error_code == quinn::TransportErrorCode::CONNECTION_REFUSED),
             "{closed:?}"
+        );
+    });
+}
+
+/// A client whose address a token proved takes its place under
+/// `server.max_connections_per_ip` from its first Initial: handshakes it leaves hanging hold
+/// no more than its own share of `server.max_connections`.
+#[test]
+fn a_proven_address_takes_its_place_per_address_before_its_handshake() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let echo = upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    });
+    let pki = Pki::new();
+    let (t, addr, token) = h3_tessera(&echo.url(), &pki, "", "max_connections_per_ip = 2");
+    runtime().block_on(async {
+        let client = H3Client::new(&pki.ca());
+        // A first connection, kept: its answer comes after the NEW_TOKEN token (quinn sends it
+        // with the handshake's confirmation), which proves the address from then on.
+        let mut first = client.connect(addr).await;
+        let answer = request(&mut first, "GET", "/x", &token, Bytes::new()).await;
+        assert_eq!(answer.unwrap().status, 200);
+        let (line, answers) = support::h3::first_datagram_line(addr).await;
+        // Complete on the client's side (the server's flight comes back); the server never
+        // gets the client's Finished.
+        let _hanging = client.try_connect_quic(line).await;
+        assert!(answers.load(SeqCst) > 0);
+        let third = client.try_connect_quic(addr).await;
+        let refused = match third {
+            Ok(conn) => tokio::time::timeout(Duration::from_secs(10), conn.closed())
+                .await
+                .map_err(|_| t.log()),
+            Err(e) => Ok(e),
+        };
+        assert!(
+            matches!(&refused, Ok(quinn::ConnectionError::ConnectionClosed(c))
+                if c.error_code == quinn::TransportErrorCode::CONNECTION_REFUSED),
+            "{refused:?}"
         );
     });
 }

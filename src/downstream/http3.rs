@@ -18,6 +18,8 @@ use crate::upstream::ProxyBody;
 use super::quic::Quic;
 use super::quic_handshake::Handshake;
 
+use super::h3_guard::Guarded;
+
 type Stream<S> = h3::server::RequestStream<S, Bytes>;
 
 /// Serves one request: held until the handshake completes when it arrived early and is not
@@ -26,7 +28,7 @@ type Stream<S> = h3::server::RequestStream<S, Bytes>;
 pub(super) async fn serve(
     quic: &Quic,
     mut req: Request<()>,
-    stream: Stream<h3_quinn::BidiStream<Bytes>>,
+    stream: Stream<Guarded<h3_quinn::BidiStream<Bytes>>>,
     peer: &Peer,
     mut handshake: Handshake,
 ) {
@@ -147,7 +149,7 @@ fn stalled(send: &mut Stream<h3_quinn::SendStream<Bytes>>) {
 /// have ended, so that the upstream request is framed as the client's was (RFC 9112 section 6).
 /// Trailers the client sends are dropped, as over HTTP/1.1 and HTTP/2.
 struct RequestBody {
-    recv: Stream<h3_quinn::RecvStream>,
+    recv: Stream<Guarded<h3_quinn::RecvStream>>,
     done: bool,
     /// Bytes the `Content-Length` still announces, if it had one.
     left: Option<u64>,
@@ -165,7 +167,7 @@ const EMPTY_DATA_RUN: u8 = 4;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 impl RequestBody {
-    fn new(recv: Stream<h3_quinn::RecvStream>, left: Option<u64>) -> Self {
+    fn new(recv: Stream<Guarded<h3_quinn::RecvStream>>, left: Option<u64>) -> Self {
         Self {
             recv,
             done: false,

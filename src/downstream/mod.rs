@@ -9,6 +9,7 @@ mod client_side;
 mod conn;
 mod fastopen;
 mod format;
+mod h3_guard;
 mod handoff;
 mod host_key;
 mod http3;

@@ -4,16 +4,17 @@
 //! safe to replay reach the upstream before the handshake completes.
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use std::sync::atomic::Ordering;
-
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::proxy::Proxy;
 
+use super::h3_guard::GuardedConnection;
 use super::quic_handshake::{handshake, Handshake};
 use super::retry::{retried, unvalidated_limit, Unvalidated};
 use super::settings::{Http3Config, Retry};
@@ -171,29 +172,53 @@ fn refused_at_limit(limit: usize) {
     }
 }
 
-/// One QUIC connection: its handshake ([`handshake`]), then its HTTP/3 session until it ends or
-/// shutdown drains it.
+/// One QUIC connection: its handshake ([`handshake`]), then its HTTP/3 session until it ends,
+/// shutdown drains it, or it has had no request open for `server.header_read_timeout_ms` (then
+/// GOAWAY, and the connection is closed with `H3_NO_ERROR`).
 async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming, unvalidated: Option<Unvalidated>) {
     let address_validated = unvalidated.is_none();
+    // A proven address (a Retry or NEW_TOKEN token) takes its place per address at once, so a
+    // client stalling its handshakes holds no more than its share of server.max_connections.
+    let place = match address_validated {
+        true => match quic.proxy.enter_per_ip(incoming.remote_address().ip()) {
+            Ok(place) => place,
+            Err(_) => return incoming.refuse(),
+        },
+        false => None,
+    };
     let Some((conn, handshake)) = handshake(&quic, incoming, unvalidated).await else {
         return;
     };
     let peer = Arc::new(quic.proxy.peer(conn.remote_address()).over_tls());
     let quic_conn = conn.clone();
     let handshake = Handshake::new(conn.clone(), handshake, address_validated);
-    count_per_ip(&quic, &conn, handshake.clone());
+    if !address_validated {
+        count_per_ip(&quic, &conn, handshake.clone());
+    }
     let mut session = match h3::server::builder()
         .max_field_section_size(quic.max_field_section)
-        .build::<_, bytes::Bytes>(h3_quinn::Connection::new(conn))
+        .build::<_, bytes::Bytes>(GuardedConnection::new(conn, quic.max_field_section))
         .await
     {
         Ok(s) => s,
         Err(e) => return tracing::debug!(cause = %e, "HTTP/3 session not set up"),
     };
     let requests = TaskTracker::new();
+    let mut last_request = Instant::now();
     loop {
+        let idle = tokio::time::sleep_until(last_request + quic.header_read_timeout);
         let accepted = tokio::select! {
             accepted = session.accept() => accepted,
+            () = idle => {
+                // No request for server.header_read_timeout_ms: GOAWAY, as over HTTP/2 (a
+                // client's PINGs keep QUIC's own idle timeout from ever firing).
+                if requests.is_empty() {
+                    let _ = session.shutdown(1).await;
+                    break;
+                }
+                last_request = Instant::now();
+                continue;
+            }
             () = quic.shutdown.cancelled() => {
                 // GOAWAY naming the stream after the last one taken (h3 adds the `1` to it):
                 // the client learns the requests taken were not refused (RFC 9114 section
@@ -205,6 +230,7 @@ async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming, unvalidated: Opt
         };
         match accepted {
             Ok(Some(resolver)) => {
+                last_request = Instant::now();
                 let (quic, peer) = (quic.clone(), peer.clone());
                 let (handshake, conn) = (handshake.clone(), quic_conn.clone());
                 requests.spawn(request(quic, peer, handshake, conn, resolver));
@@ -221,12 +247,15 @@ async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming, unvalidated: Opt
     // Closing now would drop answers not yet acknowledged (quinn closes at once when the last
     // handle goes): the client gets up to 1 s to take them, or closes first.
     let _ = tokio::time::timeout(ANSWER_LINGER, quic_conn.closed()).await;
+    quic_conn.close(H3_NO_ERROR, b"");
+    drop(place);
 }
 
-/// Takes `conn`'s place under `server.max_connections_per_ip` once its handshake completes
-/// (only then is its address proven: with 0-RTT the connection is taken at its first Initial,
-/// and forged Initials must not use up the places of the address they name) and holds it until
-/// the connection ends; past the limit, the connection is closed with `H3_EXCESSIVE_LOAD`.
+/// Takes the place under `server.max_connections_per_ip` of `conn`, from an address not proven
+/// by a token, once its handshake completes (only then is its address proven: with 0-RTT the
+/// connection is taken at its first Initial, and forged Initials must not use up the places of
+/// the address they name) and holds it until the connection ends; past the limit, the
+/// connection is closed with `H3_EXCESSIVE_LOAD`.
 fn count_per_ip(quic: &Quic, conn: &quinn::Connection, mut handshake: Handshake) {
     if !quic.proxy.limits_per_ip() {
         return;
@@ -255,7 +284,7 @@ async fn request(
     peer: Arc<crate::proxy::Peer>,
     handshake: Handshake,
     conn: quinn::Connection,
-    resolver: h3::server::RequestResolver<h3_quinn::Connection, bytes::Bytes>,
+    resolver: h3::server::RequestResolver<GuardedConnection, bytes::Bytes>,
 ) {
     let head = tokio::time::timeout(quic.header_read_timeout, resolver.resolve_request());
     let (req, stream) = match head.await {

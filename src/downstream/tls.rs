@@ -165,7 +165,14 @@ impl TlsServer {
         let mut transport = quinn::TransportConfig::default();
         transport
             .max_concurrent_bidi_streams(h3.max_concurrent_streams.into())
-            .max_idle_timeout(quinn::IdleTimeout::try_from(h3.idle_timeout).ok());
+            .max_idle_timeout(quinn::IdleTimeout::try_from(h3.idle_timeout).ok())
+            // What one connection may have unread: quinn's default has no connection-wide
+            // bound (100 streams of 1.25 MB each); HTTP/3 takes no DATAGRAM frames, whose
+            // buffer quinn would fill for a reader that never comes; and the client needs 3
+            // unidirectional streams (control, QPACK's two; RFC 9114 section 6.2), not 100.
+            .receive_window(CONNECTION_WINDOW.into())
+            .datagram_receive_buffer_size(None)
+            .max_concurrent_uni_streams(MAX_UNI_STREAMS.into());
         let mut tokens = quinn::ValidationTokenConfig::default();
         tokens
             .log(self.quic_token_log.clone())
@@ -187,6 +194,14 @@ impl TlsServer {
         tokio_rustls::TlsAcceptor::from(cfg.clone())
     }
 }
+
+/// The flow-control window of one QUIC connection, bytes: what its client may send ahead of
+/// what tessera has read, over all its streams (each has quinn's 1.25 MB window within it).
+const CONNECTION_WINDOW: u32 = 4 << 20;
+
+/// Unidirectional streams a client may have open at once: HTTP/3's three and room for
+/// extensions and grease (RFC 9114 section 6.2.3), which h3 stops.
+const MAX_UNI_STREAMS: u32 = 8;
 
 /// A fresh key for QUIC's Retry and NEW_TOKEN tokens (see [`TlsServer::quic_config`]).
 fn token_key() -> Arc<ring::hkdf::Prk> {

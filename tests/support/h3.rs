@@ -319,6 +319,42 @@ pub async fn cuttable_line(
     (addr, cut)
 }
 
+/// A UDP line for one client that passes only its first datagram to `server` (its Initial)
+/// and every answer back: a handshake its client begins and then leaves hanging. The counter
+/// is the server's datagrams seen (nonzero: the server has taken the Initial).
+pub async fn first_datagram_line(
+    server: SocketAddr,
+) -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let answers = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let front = Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap());
+    let back = Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap());
+    back.connect(server).await.unwrap();
+    let addr = front.local_addr().unwrap();
+    let client: Arc<std::sync::Mutex<Option<SocketAddr>>> = Arc::default();
+    let (f, b, c) = (front.clone(), back.clone(), client.clone());
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 65536];
+        while let Ok((n, from)) = f.recv_from(&mut buf).await {
+            if c.lock().unwrap().replace(from).is_none() {
+                let _ = b.send(&buf[..n]).await;
+            }
+        }
+    });
+    let seen = answers.clone();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 65536];
+        while let Ok(n) = back.recv(&mut buf).await {
+            seen.fetch_add(1, SeqCst);
+            let to = *client.lock().unwrap();
+            if let Some(to) = to {
+                let _ = front.send_to(&buf[..n], to).await;
+            }
+        }
+    });
+    (addr, answers)
+}
+
 /// One direction of a delay line: datagrams queued with their due time, sent one after
 /// another by a single task, so none overtakes another.
 fn fifo<F, Fut>(send: F) -> tokio::sync::mpsc::UnboundedSender<(tokio::time::Instant, Vec<u8>)>

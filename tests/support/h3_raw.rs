@@ -108,6 +108,36 @@ pub async fn partial_head(conn: &Connection) -> (SendStream, SendStream) {
     (control, send)
 }
 
+/// Opens the client's control stream with an empty SETTINGS and then sends a frame announced
+/// as 1 GiB long, up to `bytes` of its payload: a reserved frame (type 0x21, RFC 9114 section
+/// 7.2.8) on the control stream itself, or a HEADERS frame on a request stream when `request`.
+/// The streams, or the error that ended the sending.
+pub async fn oversized_frame(
+    conn: &Connection,
+    request: bool,
+    bytes: usize,
+) -> Result<Vec<SendStream>, String> {
+    let e = |e: quinn::WriteError| e.to_string();
+    let mut control = conn.open_uni().await.map_err(|e| e.to_string())?;
+    control.write_all(&[0x00, 0x04, 0x00]).await.map_err(e)?;
+    // The frame's type, then its length as an 8-byte variable-length integer (tag 0b11): 2^30.
+    let mut head = vec![if request { 0x01 } else { 0x21 }];
+    head.extend_from_slice(&[0xC0, 0, 0, 0, 0x40, 0, 0, 0]);
+    head.resize(head.len() + bytes, 0);
+    let mut streams = vec![control];
+    if request {
+        let (send, _recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+        streams.push(send);
+    }
+    streams
+        .last_mut()
+        .unwrap()
+        .write_all(&head)
+        .await
+        .map_err(e)?;
+    Ok(streams)
+}
+
 /// Reads one QUIC variable-length integer from `recv`.
 async fn read_varint(recv: &mut RecvStream) -> u64 {
     let mut first = [0u8; 1];
