@@ -366,6 +366,26 @@ fn the_plain_listener_can_redirect_everything_to_https() {
     assert!(body.starts_with("proto=https"), "{body}");
 }
 
+/// What any client can make rustls log at WARN (here a warning alert before its ClientHello)
+/// stays out of the log: one line per connection or per record would let a client fill it.
+#[test]
+fn client_triggered_tls_library_warnings_are_not_logged() {
+    let nginx = Nginx::start_with(ECHO);
+    let pki = Pki::new();
+    let tls_port = free_port();
+    let (t, _) = tls_tessera(nginx.port, &pki, tls_port, "", "");
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", tls_port)).unwrap();
+    // An alert record (level warning, close_notify), then a record of no known type, which
+    // ends the connection: once it has ended, the alert has been read.
+    s.write_all(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x01, 0x00])
+        .unwrap();
+    s.write_all(&[0x99, 0x03, 0x03, 0x00, 0x01, 0x00]).unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    let log = t.log();
+    assert!(!log.contains("rustls"), "{log}");
+}
+
 /// A TLS handshake not yet done when shutdown begins (a client that connected and sent
 /// nothing) is no connection the drain waits for.
 #[test]

@@ -30,7 +30,11 @@ pub use metrics::{render, Observed, Scrape, CONTENT_TYPE};
 /// panic's report is a JSON line too. Safe to call twice, or after a program embedding tessera
 /// set its own subscriber (then a no-op).
 pub fn init(filter: &str, format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    let parse = |f: &str| tracing_subscriber::EnvFilter::try_new(with_clients_quieted(f));
+    let filter = std::env::var(tracing_subscriber::EnvFilter::DEFAULT_ENV)
+        .map_err(drop)
+        .and_then(|env| parse(&env).map_err(drop))
+        .or_else(|()| parse(filter))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -70,6 +74,31 @@ pub fn init(filter: &str, format: LogFormat) {
     }
 }
 
+/// The libraries that log, at WARN, what any client can make them log once per connection or
+/// per datagram: rustls (an alert, an unexpected message, an IP address as SNI) and quinn (an
+/// Initial with a bad token, an illegal packet). nginx logs such client errors at `info`.
+const CLIENT_NOISE: [&str; 3] = ["rustls", "quinn_proto", "quinn"];
+
+/// `filter` with each of [`CLIENT_NOISE`] it does not cover held to ERROR, so that `warn` (the
+/// level operators choose to silence per-request lines) is not flooded by one client; an
+/// operator's own directive for one (`rustls=debug`) stands.
+fn with_clients_quieted(filter: &str) -> String {
+    let named = |target: &str| {
+        filter.split(',').any(|directive| {
+            // A directive covers the targets it is a prefix of (`quinn` covers `quinn_proto`),
+            // as EnvFilter matches them; one for a part (`rustls::server`) is more specific
+            // than the `rustls=error` added, so it still holds there.
+            let name = directive.split(['=', '[']).next().unwrap_or("").trim();
+            !name.is_empty() && target.starts_with(name)
+        })
+    };
+    let mut quieted = filter.to_string();
+    for target in CLIENT_NOISE.into_iter().filter(|t| !named(t)) {
+        quieted.push_str(&format!(",{target}=error"));
+    }
+    quieted
+}
+
 /// Writes `message` to stderr whatever the filter, for an error that ends the process: in the
 /// log's format when it is JSON (level ERROR, target `tessera`), else as `tessera: message`.
 pub fn fatal(message: &str) {
@@ -93,4 +122,25 @@ fn fatal_line(target: &str, message: &str) {
     crate::access_log::json_string(&mut line, Some(message));
     line.extend_from_slice(format!("}},\"target\":\"{target}\"}}\n").as_bytes());
     let _ = std::io::stderr().lock().write_all(&line);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_clients_quieted;
+
+    #[test]
+    fn client_triggered_library_warnings_are_held_to_error_unless_named() {
+        assert_eq!(
+            with_clients_quieted("warn"),
+            "warn,rustls=error,quinn_proto=error,quinn=error"
+        );
+        assert_eq!(
+            with_clients_quieted("info,rustls::server=debug,quinn=trace"),
+            "info,rustls::server=debug,quinn=trace,rustls=error"
+        );
+        assert_eq!(
+            with_clients_quieted("debug,quinn_proto=info"),
+            "debug,quinn_proto=info,rustls=error,quinn=error"
+        );
+    }
 }
