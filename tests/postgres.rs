@@ -356,6 +356,20 @@ fn sessions_in_the_applications_own_table_are_read_only() {
         "{log}"
     );
 
+    // A query that refuses the key as data: PostgreSQL's message quotes the value (`invalid
+    // input syntax for type uuid: "tessera:session:<sid>"`), which the log must not.
+    let casting = (
+        "session",
+        "query = \"SELECT record FROM app.sessions WHERE sid = $1::text::uuid::text\"",
+    );
+    let strict = reader(&[casting]);
+    assert_eq!(status(&strict, &dave), 503);
+    let log = strict.log_when(|l| l.contains("session store call failed"));
+    assert!(
+        log.contains("invalid input syntax for type uuid (22P02)") && !log.contains(&dave_sid),
+        "{log}"
+    );
+
     let tables = pg.sql("SELECT count(*) FROM pg_tables WHERE tablename LIKE 'tessera%'");
     assert_eq!(tables, "0", "tessera created nothing");
     let cfg = a.config_path();

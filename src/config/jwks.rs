@@ -81,9 +81,10 @@ fn jwks_source(src: &str, ca: Option<&str>) -> Result<JwksSource, ConfigError> {
 
 /// A JWKS URL with a host and no userinfo.
 fn jwks_url(src: &str) -> Result<http::Uri, ConfigError> {
-    let uri: http::Uri = src
-        .parse()
-        .map_err(|e| ConfigError::new("token.jwks", format!("`{src}` is not a URL: {e}")))?;
+    let uri: http::Uri = src.parse().map_err(|e| {
+        let shown = crate::session::redacted_url(src);
+        ConfigError::new("token.jwks", format!("`{shown}` is not a URL: {e}"))
+    })?;
     if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
         return Err(ConfigError::new(
             "token.jwks",
@@ -94,7 +95,7 @@ fn jwks_url(src: &str) -> Result<http::Uri, ConfigError> {
         Some(h) if !h.is_empty() => Ok(uri),
         _ => Err(ConfigError::new(
             "token.jwks",
-            format!("`{src}` names no host"),
+            format!("`{}` names no host", crate::session::redacted_url(src)),
         )),
     }
 }

@@ -57,23 +57,10 @@ fn scheme_spec(store_text: String) -> Result<StoreSpec, ConfigError> {
                 "`{}` is none of \"embedded:PATH\", \"redis://HOST:PORT/DB\", \
                  \"redis+sentinel://HOST:PORT/MASTER\", \"redis+cluster://HOST:PORT,...\", \
                  \"postgres://USER@HOST:PORT/DB\", \"mysql://USER@HOST:PORT/DB\"",
-                without_userinfo(&store_text)
+                crate::session::redacted_url(&store_text)
             ),
         ));
     })
-}
-
-/// `url` with what stands between `://` and the last `@` before the path (a password, in a
-/// store URL) shown as `***`, to name the URL in an error without its secret.
-fn without_userinfo(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => format!("{scheme}://***{}", &rest[at..]),
-        None => url.to_string(),
-    }
 }
 
 /// `session.query` and `session.notify_channel`, the channel a plain identifier (it is named in

@@ -124,7 +124,7 @@ async fn respond(
         };
         match tokio::time::timeout(quic.send_timeout, send.send_data(data)).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => return tracing::debug!(cause = %e, "HTTP/3 client went away"),
+            Ok(Err(e)) => return tracing::debug!(cause = ?e, "HTTP/3 client went away"),
             Err(_) => return stalled(send),
         }
     }

@@ -237,7 +237,7 @@ async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming, unvalidated: Opt
             }
             Ok(None) => break,
             Err(e) => {
-                tracing::debug!(cause = %e, "HTTP/3 connection ended");
+                tracing::debug!(cause = ?e, "HTTP/3 connection ended");
                 break;
             }
         }

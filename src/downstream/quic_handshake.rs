@@ -117,7 +117,8 @@ pub(super) async fn handshake(
                     conn
                 }
                 Ok(Err(e)) => {
-                    tracing::debug!(cause = %e, "QUIC handshake failed");
+                    // `?`: a peer's close reason is its own bytes; Debug escapes line breaks.
+                    tracing::debug!(cause = ?e, "QUIC handshake failed");
                     return None;
                 }
                 // Dropping `Connecting` closes the connection.

@@ -29,6 +29,7 @@ pub(crate) use invalidate::LOGIN_FAILURES;
 use invalidate::{recheck, recheck_all};
 pub use lifecycle::{Created, Listed, ResealReport};
 use record::Record;
+pub(crate) use settings::redacted_url;
 pub use settings::{SessionConfig, SessionFormat, SessionQuery, StoreSpec};
 pub use store::{Invalidation, Store, StoreError};
 use streams::OpenStreams;
@@ -351,8 +352,7 @@ impl Sessions {
 /// outage would otherwise log one warning per request.
 fn warn_store_failure(e: &StoreError) {
     static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let now = unix_now();
-    if LAST.swap(now, std::sync::atomic::Ordering::Relaxed) != now {
+    if crate::telemetry::once_a_second(&LAST) {
         tracing::warn!(error = %e, "session store call failed");
     }
 }

@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Where sessions live.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where sessions live. Its `Debug` shows URLs through [`redacted_url`].
+#[derive(Clone, PartialEq, Eq)]
 pub enum StoreSpec {
     /// `embedded:PATH` — SQLite file in WAL mode (shared safely by `serve` and the CLI).
     Embedded(PathBuf),
@@ -16,6 +16,62 @@ pub enum StoreSpec {
     Postgres(String, Option<SessionQuery>),
     /// `mysql://...` or `mariadb://...` URL.
     Mysql(String),
+}
+
+impl std::fmt::Debug for StoreSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Embedded(path) => f.debug_tuple("Embedded").field(path).finish(),
+            Self::Redis(url) => f.debug_tuple("Redis").field(&redacted_url(url)).finish(),
+            Self::Postgres(url, query) => f
+                .debug_tuple("Postgres")
+                .field(&redacted_url(url))
+                .field(query)
+                .finish(),
+            Self::Mysql(url) => f.debug_tuple("Mysql").field(&redacted_url(url)).finish(),
+        }
+    }
+}
+
+/// `url` fit to show in an error or a `Debug`: what stands before the last `@` of its authority
+/// (a password) and its query (libpq's `?password=`) as `***`. Text with no `://` is taken as
+/// all authority, so a mistyped `postgres:/user:pw@host` hides its password too.
+pub(crate) fn redacted_url(url: &str) -> String {
+    let (base, query) = url.split_once('?').map_or((url, ""), |(b, _)| (b, "?***"));
+    let (scheme, rest) = match base.split_once("://") {
+        Some((scheme, rest)) => (format!("{scheme}://"), rest),
+        None => (String::new(), base),
+    };
+    let authority_end = match scheme.is_empty() {
+        true => rest.len(),
+        false => rest.find('/').unwrap_or(rest.len()),
+    };
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}***{}{query}", &rest[at..]),
+        None => format!("{scheme}{rest}{query}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_urls_are_shown_without_their_secrets() {
+        let spec = StoreSpec::Postgres(
+            "postgres://u:pw@db:5432/x?sslmode=require&password=pw2".into(),
+            None,
+        );
+        let shown = format!("{spec:?}");
+        assert!(!shown.contains("pw"), "{shown}");
+        assert!(shown.contains("postgres://***@db:5432/x?***"), "{shown}");
+        assert_eq!(redacted_url("postgres:/u:pw@db/x"), "***@db/x");
+        assert_eq!(
+            redacted_url("redis://127.0.0.1:6379/0"),
+            "redis://127.0.0.1:6379/0"
+        );
+        assert_eq!(redacted_url("redis://:p@w@h/0"), "redis://***@h/0");
+    }
 }
 
 /// Sessions kept in the application's own schema (`session.query`, PostgreSQL): tessera only

@@ -287,7 +287,7 @@ pub(super) fn parse_jwks(
             _ => false,
         };
         if !fits {
-            tracing::warn!(kid = %kid, "JWKS key skipped: type or size does not fit its algorithm");
+            tracing::warn!(kid = ?kid, "JWKS key skipped: type or size does not fit its algorithm");
             continue;
         }
         match DecodingKey::from_jwk(jwk) {
@@ -301,7 +301,7 @@ pub(super) fn parse_jwks(
                     },
                 );
             }
-            Err(e) => tracing::warn!(kid = %kid, error = %e, "JWKS key skipped"),
+            Err(e) => tracing::warn!(kid = ?kid, error = %e, "JWKS key skipped"),
         }
     }
     Ok(out)

@@ -369,6 +369,13 @@ async fn bounded<T>(
 /// "db error" or "error performing TLS handshake".
 fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
+        // A data exception (class 22) quotes the value it refused after a colon (`invalid
+        // input syntax for type uuid: "..."`): with a `session.query`, a sid.
+        Some(db) if db.code().code().starts_with("22") => {
+            let message = db.message();
+            let said = message.split_once(": ").map_or(message, |(said, _)| said);
+            format!("{said} ({})", db.code().code())
+        }
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
         None => causes(e),
     }

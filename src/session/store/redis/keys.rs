@@ -69,7 +69,8 @@ impl RedisStore {
             other => other,
         }
         .map_err(|e| self.failed(e))?;
-        if replicas == 0 {
+        static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        if replicas == 0 && crate::telemetry::once_a_second(&LAST) {
             tracing::warn!(
                 wait_ms,
                 "no replica confirmed a new session; a failover now would lose it"
