@@ -31,8 +31,10 @@ pub fn set_forwarded(
 /// the `X-Forwarded-For` entries (every such field, in order, comma-separated) from the right,
 /// the first that is not a trusted address. Each trusted hop appended the address it received the
 /// request from, so entries left of the first untrusted one are the client's own claims and are
-/// not believed. An entry that is not an IP address ends the walk: the last address passed (a
-/// trusted hop, or `peer` itself) is the client. Ports and `Forwarded` (RFC 7239) are not read.
+/// not believed. An entry is an IP address, with or without a port (`198.51.100.7:50123`,
+/// `[2001:db8::1]:443`, `[2001:db8::1]`: some balancers append one, as nginx's realip module
+/// reads); anything else ends the walk: the last address passed (a trusted hop, or `peer`
+/// itself) is the client. `Forwarded` (RFC 7239) is not read.
 pub fn forwarded_client(headers: &HeaderMap, trusted: &[ipnet::IpNet], peer: IpAddr) -> IpAddr {
     let mut client = peer;
     let fields: Vec<&[u8]> = headers
@@ -41,11 +43,7 @@ pub fn forwarded_client(headers: &HeaderMap, trusted: &[ipnet::IpNet], peer: IpA
         .map(HeaderValue::as_bytes)
         .collect();
     for entry in fields.iter().rev().flat_map(|f| f.rsplit(|&b| b == b',')) {
-        let Some(ip) = std::str::from_utf8(entry)
-            .ok()
-            .and_then(|t| t.trim().parse::<IpAddr>().ok())
-            .map(|ip| ip.to_canonical())
-        else {
+        let Some(ip) = std::str::from_utf8(entry).ok().and_then(entry_ip) else {
             break;
         };
         client = ip;
@@ -54,6 +52,21 @@ pub fn forwarded_client(headers: &HeaderMap, trusted: &[ipnet::IpNet], peer: IpA
         }
     }
     client
+}
+
+/// The address of one `X-Forwarded-For` entry (see [`forwarded_client`]), IPv4-mapped ones as
+/// IPv4.
+fn entry_ip(entry: &str) -> Option<IpAddr> {
+    let entry = entry.trim();
+    let ip = entry
+        .parse::<IpAddr>()
+        .or_else(|_| entry.parse::<std::net::SocketAddr>().map(|a| a.ip()))
+        .or_else(|_| {
+            let inner = entry.strip_prefix('[').and_then(|e| e.strip_suffix(']'));
+            inner.unwrap_or("").parse::<std::net::Ipv6Addr>().map(IpAddr::V6)
+        })
+        .ok()?;
+    Some(ip.to_canonical())
 }
 
 /// The scheme a trusted proxy says the client used (`X-Forwarded-Proto: https` or `http`, the
@@ -106,11 +119,11 @@ mod tests {
         // Garbage ends the walk at the last address passed.
         assert_eq!(client(&["198.51.100.7, unknown"]), "10.0.0.2");
         assert_eq!(client(&["198.51.100.7, bogus, 10.9.9.9"]), "10.9.9.9");
-        assert_eq!(
-            client(&["198.51.100.7:443"]),
-            "10.0.0.2",
-            "ports are not read"
-        );
+        // A port, and brackets around an IPv6 address, are read past.
+        assert_eq!(client(&["198.51.100.7:50123"]), "198.51.100.7");
+        assert_eq!(client(&["[2a00::1]:443"]), "2a00::1");
+        assert_eq!(client(&["198.51.100.7, [2001:db8::5]"]), "198.51.100.7");
+        assert_eq!(client(&["198.51.100.7:x"]), "10.0.0.2", "not a port");
         // An IPv4-mapped entry is matched (and named) as IPv4.
         assert_eq!(client(&["198.51.100.7, ::ffff:10.3.3.3"]), "198.51.100.7");
         assert_eq!(client(&["::ffff:198.51.100.7"]), "198.51.100.7");
