@@ -484,3 +484,30 @@ fn a_request_target_without_a_leading_slash_is_refused() {
         200
     );
 }
+
+/// A `Host` that names no server (sub-delimiters, a port that is not a number) is a 400 on the
+/// fast path as in the screen: the upstream would write it into its absolute links (host-header
+/// poisoning), and `X-Forwarded-Host` carries it even with `preserve_host = false`.
+#[test]
+fn a_host_that_names_no_server_is_refused() {
+    let nginx = Nginx::start_with(BASE_AND_SECRET);
+    let t = tessera(&format!("{}/base/", nginx.url()), &[]);
+    let (_, token) = t.create_session("alice", "pw");
+    for host in ["mail.test,evil.test", "mail.test:x", "mail.test'", "[::1"] {
+        let head = raw_status(
+            t.port,
+            &format!(
+                "GET /inside HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\n\r\n"
+            ),
+        );
+        assert!(head.starts_with("HTTP/1.1 400"), "{host}: {head}");
+    }
+    let head = raw_status(
+        t.port,
+        &format!(
+            "GET /inside HTTP/1.1\r\nHost: mail.test:8443\r\nAuthorization: Bearer {token}\r\n\r\n"
+        ),
+    );
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert_eq!(nginx.uris(), ["/base/inside"]);
+}

@@ -63,7 +63,10 @@ fn entry_ip(entry: &str) -> Option<IpAddr> {
         .or_else(|_| entry.parse::<std::net::SocketAddr>().map(|a| a.ip()))
         .or_else(|_| {
             let inner = entry.strip_prefix('[').and_then(|e| e.strip_suffix(']'));
-            inner.unwrap_or("").parse::<std::net::Ipv6Addr>().map(IpAddr::V6)
+            inner
+                .unwrap_or("")
+                .parse::<std::net::Ipv6Addr>()
+                .map(IpAddr::V6)
         })
         .ok()?;
     Some(ip.to_canonical())

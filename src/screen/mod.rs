@@ -287,16 +287,45 @@ fn authority(parts: &Parts) -> Result<HeaderValue, ScreenError> {
     if value.as_bytes().contains(&b'@') {
         return Err(ScreenError::BadRequest("userinfo in Host"));
     }
-    if !value.is_empty()
-        && value
-            .to_str()
-            .ok()
-            .and_then(|s| s.parse::<http::uri::Authority>().ok())
-            .is_none()
-    {
+    if !value.is_empty() && !server_name(&value) {
         return Err(ScreenError::BadRequest("invalid Host header"));
     }
     Ok(value)
+}
+
+/// Whether `host` names a server as clients do: a DNS name or IPv4 address (letters, digits,
+/// `-`, `.`, `_`) or a bracketed IPv6 address, and a port of digits if any. RFC 3986's
+/// reg-name also admits sub-delimiters (`,`, `'`, `;`, ...), which no DNS name has and which an
+/// upstream writing absolute URLs from `Host` or `X-Forwarded-Host` would pass on (host-header
+/// poisoning of links and redirects).
+fn server_name(host: &HeaderValue) -> bool {
+    let host = host.as_bytes();
+    let (name_ok, rest) = match host.strip_prefix(b"[") {
+        Some(v6) => {
+            let Some(end) = v6.iter().position(|&b| b == b']') else {
+                return false;
+            };
+            let addr = std::str::from_utf8(&v6[..end]).map(str::parse::<std::net::Ipv6Addr>);
+            (matches!(addr, Ok(Ok(_))), &v6[end + 1..])
+        }
+        None => {
+            let end = host.iter().position(|&b| b == b':').unwrap_or(host.len());
+            let name = &host[..end];
+            let ok = !name.is_empty()
+                && name
+                    .iter()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+            (ok, &host[end..])
+        }
+    };
+    let port_ok = match rest.strip_prefix(b":") {
+        None => rest.is_empty(),
+        Some(port) => {
+            port.iter().all(u8::is_ascii_digit)
+                && std::str::from_utf8(port).is_ok_and(|p| p.parse::<u16>().is_ok())
+        }
+    };
+    name_ok && port_ok
 }
 
 /// Removes the headers named in `Connection` (RFC 9110 section 7.6.1), except `Authorization`
@@ -563,10 +592,34 @@ mod tests {
             screen_request(&mut parts(&[("host", "a"), ("host", "b")], "/"), &L),
             Err(ScreenError::BadRequest(_))
         ));
-        assert!(matches!(
-            screen_request(&mut parts(&[("host", "a b")], "/"), &L),
-            Err(ScreenError::BadRequest(_))
-        ));
+        for bad in [
+            "a b",
+            "mail.example.com,evil.example",
+            "mail.example.com:x",
+            "a'b",
+            "[::1",
+            "[mail]:80",
+            ":80",
+        ] {
+            assert!(
+                matches!(
+                    screen_request(&mut parts(&[("host", bad)], "/"), &L),
+                    Err(ScreenError::BadRequest(_))
+                ),
+                "{bad}"
+            );
+        }
+        for good in [
+            "mail.example.com:8443",
+            "127.0.0.1",
+            "[2001:db8::1]:443",
+            "in_ternal",
+        ] {
+            assert!(
+                screen_request(&mut parts(&[("host", good)], "/"), &L).is_ok(),
+                "{good}"
+            );
+        }
     }
 
     #[test]
