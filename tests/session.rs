@@ -431,6 +431,20 @@ fn behind_a_trusted_proxy_failed_logins_are_limited_per_named_client() {
     // A client cannot pose as another by sending its own X-Forwarded-For: the proxy appends
     // the address it saw, and that rightmost entry is the client.
     assert_eq!(login_as("203.0.113.2, 203.0.113.1", "bob", "bob-pw"), 429);
+    // The upstream's password checks name the client who tried (its own defence, fail2ban on
+    // its auth log, must not ban tessera): 20 by the first client, then one by the second.
+    let checks: Vec<String> = up
+        .stats
+        .forwarded_for
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(path, _)| path == "/check")
+        .map(|(_, client)| client.clone())
+        .collect();
+    let mut want = vec!["203.0.113.1".to_string(); 20];
+    want.push("203.0.113.2".into());
+    assert_eq!(checks, want);
 }
 
 /// Two instances behind one load balancer share the failed-login count through their store

@@ -190,7 +190,9 @@ impl Login {
             login: self,
             keys: Some((ip_key, user_key)),
         };
-        let checked = self.check_upstream(&creds, request_id, upstream).await;
+        let checked = self
+            .check_upstream(&creds, request_id, peer.ip(), upstream)
+            .await;
         let (ip_key, user_key) = abandoned.keys.take().expect("taken only here");
         match checked {
             Ok(true) => give_back(store, shared.to_vec()),

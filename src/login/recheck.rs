@@ -73,20 +73,23 @@ impl Login {
         upstream: &Upstream,
     ) -> Result<bool, ProxyError> {
         let cell = self.rechecks.cell(sid);
-        let check = || self.check_authorization(authorization.clone(), request_id, upstream);
+        let check = || self.check_authorization(authorization.clone(), request_id, None, upstream);
         cell.get_or_try_init(check).await.copied()
     }
 
     /// Asks the upstream whether `creds` are good: `GET login.verify_path` with them (and the
-    /// id of the request that asks, under `upstream.request_id_header`).
+    /// id of the request that asks, under `upstream.request_id_header`), naming the `client`
+    /// who tries them in `X-Forwarded-For`, so that an upstream's own defence against password
+    /// guessing (fail2ban on its auth log) blames the client, not tessera.
     /// Ok(true) on 2xx, Ok(false) on 401/403; anything else is an upstream failure.
     pub(super) async fn check_upstream(
         &self,
         creds: &Credentials,
         request_id: Option<&HeaderValue>,
+        client: std::net::IpAddr,
         upstream: &Upstream,
     ) -> Result<bool, ProxyError> {
-        self.check_authorization(creds.basic_header(), request_id, upstream)
+        self.check_authorization(creds.basic_header(), request_id, Some(client), upstream)
             .await
     }
 
@@ -95,6 +98,7 @@ impl Login {
         &self,
         authorization: HeaderValue,
         request_id: Option<&HeaderValue>,
+        client: Option<std::net::IpAddr>,
         upstream: &Upstream,
     ) -> Result<bool, ProxyError> {
         let mut req = Request::get(self.verify_target.clone())
@@ -104,6 +108,10 @@ impl Login {
             .expect("valid request");
         if let (Some(name), Some(id)) = (&self.request_id_header, request_id) {
             req.headers_mut().insert(name.clone(), id.clone());
+        }
+        if let Some(client) = client {
+            let value = HeaderValue::from_str(&client.to_string()).expect("an address is ASCII");
+            req.headers_mut().insert("x-forwarded-for", value);
         }
         let resp = upstream.forward(req).await?;
         let status = resp.status();

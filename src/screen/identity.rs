@@ -6,28 +6,49 @@
 //! a prefix. Must never: let a listed field through in another spelling.
 
 /// The default `upstream.strip_request_headers`: identity fields set by authenticating proxies
-/// (oauth2-proxy, Apache, nginx `auth_request`), client-address fields set by CDNs, URL
-/// rewrites some frameworks trust (IIS, Symfony), and method overrides (a `GET` allowed through
-/// a policy that a framework then runs as `DELETE`).
-pub const DEFAULT_STRIPPED: [&str; 18] = [
+/// (oauth2-proxy, Apache, nginx `auth_request`, Authelia, authentik, Pomerium, Cloudflare
+/// Access, Google IAP, AWS ALB, Azure App Service, Tailscale), client-address and host fields
+/// set by CDNs and balancers, URL rewrites some frameworks trust (IIS, Symfony), method
+/// overrides (a `GET` allowed through a policy that a framework then runs as `DELETE`), and
+/// `Proxy`, which CGI servers turn into `HTTP_PROXY` (httpoxy, CVE-2016-5385).
+pub const DEFAULT_STRIPPED: [&str; 37] = [
     "x-remote-user",
     "remote-user",
     "x-remote-group",
+    "remote-groups",
+    "remote-email",
+    "remote-name",
     "x-auth-request-*",
     "x-auth-user",
     "x-webauth-user",
+    "x-authentik-*",
+    "x-pomerium-*",
+    "cf-access-*",
+    "x-goog-authenticated-user-*",
+    "x-amzn-oidc-*",
+    "x-ms-client-principal*",
+    "tailscale-user-*",
     "x-original-url",
     "x-rewrite-url",
     "x-original-uri",
+    "x-original-host",
+    "x-host",
+    "x-http-host-override",
     "true-client-ip",
     "x-client-ip",
+    "client-ip",
+    "x-originating-ip",
+    "x-remote-ip",
+    "x-remote-addr",
     "cf-connecting-ip",
     "x-cluster-client-ip",
     "fastly-client-ip",
     "x-original-forwarded-for",
+    "x-forwarded",
     "x-http-method-override",
     "x-http-method",
     "x-method-override",
+    "proxy",
 ];
 
 /// The names of `upstream.strip_request_headers`, ready to match.
@@ -109,6 +130,11 @@ mod tests {
             "true-client-ip",
             "cf-connecting-ip",
             "x-http-method-override",
+            "proxy",
+            "client_ip",
+            "x-authentik-username",
+            "x-ms-client-principal-name",
+            "remote-groups",
         ] {
             assert!(s.contains(name), "{name}");
         }
@@ -120,6 +146,8 @@ mod tests {
             "content-type",
             "x-auth-request",
             "remote-user-agent",
+            "proxy-status",
+            "x-forwarded-by",
         ] {
             assert!(!s.contains(name), "{name}");
         }

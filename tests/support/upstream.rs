@@ -44,6 +44,8 @@ pub struct Stats {
     pub paths: Mutex<Vec<String>>,
     /// hyper behaviours: `(path, X-Request-Id)` of each request that carried one, in order.
     pub request_ids: Mutex<Vec<(String, String)>>,
+    /// hyper behaviours: `(path, X-Forwarded-For)` of each request that carried one, in order.
+    pub forwarded_for: Mutex<Vec<(String, String)>>,
     /// `Users` behaviour: `/events` streams being sent now (one ends when its reader is gone).
     pub streams_open: AtomicUsize,
     /// `WebSocket` behaviour: WebSocket connections open now (one ends when its peer closes or
@@ -171,6 +173,10 @@ async fn handle(
     if let Some(id) = req.headers().get("x-request-id") {
         let id = String::from_utf8_lossy(id.as_bytes()).into_owned();
         s.request_ids.lock().unwrap().push((path.clone(), id));
+    }
+    if let Some(v) = req.headers().get("x-forwarded-for") {
+        let v = String::from_utf8_lossy(v.as_bytes()).into_owned();
+        s.forwarded_for.lock().unwrap().push((path.clone(), v));
     }
     let auth = req
         .headers()
