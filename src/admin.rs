@@ -7,7 +7,8 @@ use base64::Engine;
 use serde::Serialize;
 
 use crate::seal::Credentials;
-use crate::session::StoreError;
+use crate::session::store::EmbeddedStore;
+use crate::session::{StoreError, StoreSpec};
 use crate::token::{Keys, Signer};
 use crate::unix_now;
 use crate::Config;
@@ -121,16 +122,18 @@ pub async fn revoke_session(cfg: &Config, sid: &str) -> Result<bool, AdminError>
 /// User names compare trimmed and in any case, as login's failure limit counts them: a session
 /// signed in as `Alice` is `alice`'s to most upstreams, and one left out outlives an incident.
 ///
-/// Errors: [`AdminError::Store`] (sessions revoked before it stay revoked).
+/// Errors: [`AdminError::Store`]: the store could not be read (a session whose revocation
+/// fails is named in [`crate::session::Revoked::failed`], and the others go on).
 pub async fn revoke_sessions(
     cfg: &Config,
     sid_hash: Option<&str>,
     user: Option<&str>,
-) -> Result<Vec<String>, AdminError> {
+) -> Result<crate::session::Revoked, AdminError> {
     let sessions = crate::sessions_from_config(cfg)?;
     let user = user.map(|u| u.trim().to_lowercase());
+    let sid_hash = sid_hash.map(|h| h.trim().to_ascii_lowercase());
     let pick = |l: &crate::session::Listed| {
-        sid_hash.is_some_and(|h| h == l.sid_hash)
+        sid_hash.as_ref().is_some_and(|h| *h == l.sid_hash)
             || user.as_ref().is_some_and(|u| {
                 l.sub
                     .as_deref()
@@ -175,19 +178,52 @@ pub fn keygen() -> String {
     )
 }
 
+/// Whether the configured store is there to work on: an embedded store must have been made
+/// (by `serve`), so that a command run from another working directory than `serve`'s (a
+/// relative `embedded:` path) is not answered from a new empty store, as if nothing were
+/// stored: a revocation that revoked nothing, with exit 0.
+///
+/// Errors: [`AdminError::Check`] naming the key, the path looked at, and the fix.
+pub fn store_present(cfg: &Config) -> Result<(), AdminError> {
+    match absent_store(cfg) {
+        Some(path) => Err(AdminError::Check(format!(
+            "config key `session.store`: no embedded store at {path} (a relative path is taken \
+             from the working directory); run this where `tessera serve` runs, or give \
+             session.store an absolute path"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The absolute path of the configured embedded store when none has been made there yet.
+pub fn absent_store(cfg: &Config) -> Option<String> {
+    match &cfg.session.store {
+        StoreSpec::Embedded(dir) if !EmbeddedStore::exists(dir) => Some(shown_path(dir)),
+        _ => None,
+    }
+}
+
+/// `path` made absolute against the working directory, to say where a relative one points.
+fn shown_path(path: &std::path::Path) -> String {
+    std::path::absolute(path)
+        .unwrap_or_else(|_| path.to_path_buf())
+        .display()
+        .to_string()
+}
+
 /// Checks what a valid config cannot show by itself: the store answers and the upstream host
 /// resolves. Returns human-readable `ok` lines.
 ///
 /// Errors: [`AdminError::Check`] naming the key.
 pub async fn check(cfg: &Config) -> Result<Vec<String>, AdminError> {
     let mut out = vec!["config: ok".to_string()];
-    let sessions = crate::sessions_from_config(cfg)
-        .map_err(|e| AdminError::Check(format!("config key `session.store`: {e}")))?;
-    tokio::time::timeout(cfg.session.timeout, sessions.store().ping())
-        .await
-        .map_err(|_| AdminError::Check("config key `session.store`: no answer in time".into()))?
-        .map_err(|e| AdminError::Check(format!("config key `session.store`: {e}")))?;
-    out.push("session.store: reachable".into());
+    match absent_store(cfg) {
+        // Not made here: a check run as another user, or elsewhere, must not make it.
+        Some(path) => out.push(format!(
+            "session.store: no embedded store at {path} yet; `tessera serve` makes it there"
+        )),
+        None => out.push(reach_store(cfg).await?),
+    }
     let addr = cfg.upstream.addr();
     let resolved = tokio::net::lookup_host(&addr)
         .await
@@ -209,6 +245,19 @@ pub async fn check(cfg: &Config) -> Result<Vec<String>, AdminError> {
         }
     }
     Ok(out)
+}
+
+/// Opens the configured store and asks it to answer: the `check-config` line.
+///
+/// Errors: [`AdminError::Check`] naming the key.
+async fn reach_store(cfg: &Config) -> Result<String, AdminError> {
+    let sessions = crate::sessions_from_config(cfg)
+        .map_err(|e| AdminError::Check(format!("config key `session.store`: {e}")))?;
+    tokio::time::timeout(cfg.session.timeout, sessions.store().ping())
+        .await
+        .map_err(|_| AdminError::Check("config key `session.store`: no answer in time".into()))?
+        .map_err(|e| AdminError::Check(format!("config key `session.store`: {e}")))?;
+    Ok("session.store: reachable".into())
 }
 
 /// Certificates this close to expiry are flagged.

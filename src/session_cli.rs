@@ -1,7 +1,7 @@
 //! `tessera session ...`: the operator's commands on stored sessions. Part of the `tessera`
 //! binary (`main.rs`), not of the library: it parses, calls [`tessera::admin`] and prints.
 
-use std::io::Read;
+use std::io::BufRead;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -36,10 +36,10 @@ pub enum SessionCommand {
         #[arg(long, allow_hyphen_values = true)]
         sid: Option<String>,
         /// The session whose hash `session list` and the logs show; prints
-        /// {"revoked","sid_hashes"}.
+        /// {"revoked","sid_hashes","failed"}.
         #[arg(long)]
         sid_hash: Option<String>,
-        /// Every session of this upstream user; prints {"revoked","sid_hashes"}.
+        /// Every session of this upstream user; prints {"revoked","sid_hashes","failed"}.
         #[arg(long)]
         user: Option<String>,
     },
@@ -69,20 +69,14 @@ pub async fn session(cmd: SessionCommand) -> ExitCode {
             ttl,
         } => session_create(&config, user, ttl).await,
         SessionCommand::List { config, json } => session_list(&config, json).await,
-        SessionCommand::Reseal { config } => {
-            let cfg = match load(&config) {
-                Ok(c) => c,
-                Err(code) => return code,
-            };
-            print_or_fail(admin::reseal_sessions(&cfg).await.map(|r| json_line(&r)))
-        }
+        SessionCommand::Reseal { config } => session_reseal(&config).await,
         SessionCommand::Revoke {
             config,
             sid,
             sid_hash,
             user,
         } => {
-            let cfg = match load(&config) {
+            let cfg = match load_with_store(&config, false) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
@@ -92,12 +86,65 @@ pub async fn session(cmd: SessionCommand) -> ExitCode {
                     serde_json::json!({ "sid": sid, "revoked": existed }).to_string()
                 }));
             }
-            let revoked = admin::revoke_sessions(&cfg, sid_hash.as_deref(), user.as_deref()).await;
-            print_or_fail(revoked.map(|hashes| {
-                serde_json::json!({ "revoked": hashes.len(), "sid_hashes": hashes }).to_string()
-            }))
+            let revoked =
+                match admin::revoke_sessions(&cfg, sid_hash.as_deref(), user.as_deref()).await {
+                    Ok(r) => r,
+                    Err(e) => return print_or_fail::<String, _>(Err(e)),
+                };
+            let line = serde_json::json!({
+                "revoked": revoked.sid_hashes.len(),
+                "sid_hashes": revoked.sid_hashes,
+                "failed": revoked.failed,
+            });
+            let code = print_or_fail::<_, String>(Ok(line));
+            match revoked.failed.is_empty() {
+                true => code,
+                false => {
+                    eprintln!("tessera: some revocations failed (see \"failed\"); run it again");
+                    ExitCode::from(1)
+                }
+            }
         }
     }
+}
+
+/// The configuration at `path`, for a command on its store: warnings (a store open to other
+/// users, a write no replica confirmed) to stderr, and an embedded store checked present
+/// ([`admin::store_present`]): exit 2 if not, unless the command `makes` one (`create`, which
+/// says so when it did).
+fn load_with_store(path: &std::path::Path, makes: bool) -> Result<tessera::Config, ExitCode> {
+    let cfg = load(path)?;
+    tessera::telemetry::init("warn", cfg.log.format);
+    match admin::store_present(&cfg) {
+        Err(e) if !makes => {
+            eprintln!("tessera: {e}");
+            Err(ExitCode::from(2))
+        }
+        _ => Ok(cfg),
+    }
+}
+
+/// `tessera session reseal`: the report as one JSON line; exit 1 when any record could not be
+/// opened (a sealing key missing from this config: removing the old key now would lose them).
+async fn session_reseal(config: &std::path::Path) -> ExitCode {
+    let cfg = match load_with_store(config, false) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let report = match admin::reseal_sessions(&cfg).await {
+        Ok(r) => r,
+        Err(e) => return print_or_fail::<String, _>(Err(e)),
+    };
+    let code = print_or_fail::<_, String>(Ok(json_line(&report)));
+    if report.unreadable == 0 {
+        return code;
+    }
+    eprintln!(
+        "tessera: {} session(s) could not be opened with this config's credentials.keys (see \
+         `session list`, column KEY); keep their key until they are resealed or expire",
+        report.unreadable
+    );
+    ExitCode::from(1)
 }
 
 /// `tessera session create`: the password from standard input, one JSON line out.
@@ -106,17 +153,22 @@ async fn session_create(
     user: String,
     ttl: Option<std::time::Duration>,
 ) -> ExitCode {
-    let cfg = match load(config) {
+    let cfg = match load_with_store(config, true) {
         Ok(c) => c,
         Err(code) => return code,
     };
+    // One line, as documented: a password typed at a terminal ends with Enter, not Ctrl-D.
     let mut password = zeroize::Zeroizing::new(String::new());
-    if let Err(e) = std::io::stdin().read_to_string(&mut password) {
+    if let Err(e) = std::io::stdin().lock().read_line(&mut password) {
         eprintln!("tessera: cannot read password from stdin: {e}");
         return ExitCode::from(1);
     }
     let trimmed = password.trim_end_matches(['\r', '\n']).to_string();
-    let ttl = ttl.map_or(cfg.session.ttl_seconds, |d| d.as_secs().max(1));
+    if ttl.is_some_and(|d| d.as_secs() == 0) {
+        eprintln!("tessera: --ttl must be at least 1s");
+        return ExitCode::from(2);
+    }
+    let ttl = ttl.map_or(cfg.session.ttl_seconds, |d| d.as_secs());
     if ttl > tessera::config::MAX_TTL_SECONDS {
         // As `session.ttl_seconds`: the expiry must stay a valid Redis `EX` and SQL integer.
         eprintln!(
@@ -125,13 +177,27 @@ async fn session_create(
         );
         return ExitCode::from(2);
     }
+    let absent = admin::absent_store(&cfg);
     let created = admin::create_session(&cfg, user, trimmed, ttl).await;
-    print_or_fail(created.map(|c| json_line(&c)))
+    if let (Some(path), Ok(_)) = (absent, &created) {
+        eprintln!(
+            "tessera: made a new embedded store at {path}; `tessera serve` must use the same one \
+             (run it from this working directory, or give session.store an absolute path)"
+        );
+    }
+    match created {
+        // Usage and configuration errors (README: exit 2), not a failure of the store.
+        Err(e @ (admin::AdminError::Credentials | admin::AdminError::Sign(_))) => {
+            eprintln!("tessera: {e}");
+            ExitCode::from(2)
+        }
+        created => print_or_fail(created.map(|c| json_line(&c))),
+    }
 }
 
 /// `tessera session list`: a table, or one JSON line per session.
 async fn session_list(config: &std::path::Path, json: bool) -> ExitCode {
-    let cfg = match load(config) {
+    let cfg = match load_with_store(config, false) {
         Ok(c) => c,
         Err(code) => return code,
     };
@@ -139,24 +205,54 @@ async fn session_list(config: &std::path::Path, json: bool) -> ExitCode {
         Ok(list) => list,
         Err(e) => return print_or_fail::<String, _>(Err(e)),
     };
-    if json {
-        for l in &list {
-            println!("{}", json_line(l));
+    match write_list(&list, json, &mut std::io::stdout().lock()) {
+        Ok(()) => ExitCode::SUCCESS,
+        // `session list | head`: the reader has what it wanted.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tessera: cannot write the list: {e}");
+            ExitCode::from(1)
         }
-        return ExitCode::SUCCESS;
     }
-    println!("{:<14} {:<24} {:<22} KEY", "SID_HASH", "SUB", "EXPIRES_AT");
-    for l in &list {
+}
+
+/// Writes `list` as a table, or one JSON line per session. A subject's control characters are
+/// shown as `?` (another writer to a shared store could put terminal escapes there).
+fn write_list(
+    list: &[tessera::session::Listed],
+    json: bool,
+    out: &mut impl std::io::Write,
+) -> std::io::Result<()> {
+    if json {
+        for l in list {
+            writeln!(out, "{}", json_line(l))?;
+        }
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "{:<14} {:<24} {:<22} KEY",
+        "SID_HASH", "SUB", "EXPIRES_AT"
+    )?;
+    for l in list {
         let expires = l.expires_at.map_or_else(|| "-".to_string(), expires_text);
-        println!(
+        let sub: String = l
+            .sub
+            .as_deref()
+            .unwrap_or("-")
+            .chars()
+            .map(|c| if c.is_control() { '?' } else { c })
+            .collect();
+        writeln!(
+            out,
             "{:<14} {:<24} {:<22} {}",
             l.sid_hash,
-            l.sub.as_deref().unwrap_or("-"),
+            sub,
             expires,
             l.key_id.as_deref().unwrap_or("plaintext")
-        );
+        )?;
     }
-    ExitCode::SUCCESS
+    out.flush()
 }
 
 /// `expires_at` (seconds since the Unix epoch) as RFC 3339 UTC, or the number itself past

@@ -1313,17 +1313,108 @@ fn session_create_stores_nothing_it_cannot_give_a_token_for() {
     assert!(!ok && err.contains("cannot sign token"), "{err}");
     let (ok, err) = create(&[], &["--ttl", "20y"]);
     assert!(!ok && err.contains("--ttl"), "{err}");
-    assert_eq!(
-        run_cli(&["session", "list", "--json", "--config", cfg]).trim(),
-        ""
-    );
-    assert!(create(&[], &["--ttl", "1h"]).0, "a good one is stored");
+    let (ok, err) = create(&[], &["--ttl", "500ms"]);
+    assert!(!ok && err.contains("--ttl must be at least 1s"), "{err}");
+    // Nothing stored, and no store made either.
+    assert!(!dir.path().join("s").exists());
+    let (ok, err) = create(&[], &["--ttl", "1h"]);
+    assert!(ok, "a good one is stored: {err}");
+    assert!(err.contains("made a new embedded store at"), "{err}");
     assert_eq!(
         run_cli(&["session", "list", "--json", "--config", cfg])
             .lines()
             .count(),
         1
     );
+}
+
+/// The session commands work on the store `serve` made: run from another working directory
+/// (a relative `embedded:` path), `list`, `revoke` and `reseal` refuse (exit 2, naming where
+/// they looked) instead of answering from a new empty store, and `check-config` makes nothing.
+/// A reader that stops reading `session list` early ends it quietly (exit 0, no panic).
+#[test]
+fn session_commands_refuse_a_store_that_is_not_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("tessera.toml");
+    let text = config(
+        support::free_port(),
+        "http://127.0.0.1:9",
+        "embedded:./rel",
+        &[],
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new(bin())
+            .args(args)
+            .arg("--config")
+            .arg(&cfg)
+            .current_dir(elsewhere.path())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let looked = format!(
+        "no embedded store at {}",
+        elsewhere.path().join("rel").display()
+    );
+    for args in [
+        &["session", "list"][..],
+        &["session", "revoke", "--user", "mallory"],
+        &["session", "reseal"],
+    ] {
+        let (code, err) = run(args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(err.contains(&looked), "{args:?}: {err}");
+    }
+    let out = Command::new(bin())
+        .args(["check-config", "--config"])
+        .arg(&cfg)
+        .current_dir(elsewhere.path())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("`tessera serve` makes it there"), "{said}");
+    assert!(!elsewhere.path().join("rel").exists(), "a store was made");
+
+    // A store made, one session in it; a reader that goes away at once.
+    let mut create = Command::new(bin())
+        .args([
+            "session",
+            "create",
+            "--user",
+            "alice",
+            "--password-stdin",
+            "--config",
+        ])
+        .arg(&cfg)
+        .current_dir(elsewhere.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    create.stdin.take().unwrap().write_all(b"pw\n").unwrap();
+    assert!(create.wait().unwrap().success());
+    let mut list = Command::new(bin())
+        .args(["session", "list", "--config"])
+        .arg(&cfg)
+        .current_dir(elsewhere.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(list.stdout.take());
+    let out = list.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
 }
 
 /// `session revoke --user` ends every session of a user (the name in any case), `--sid-hash`
@@ -1458,6 +1549,18 @@ fn sealing_key_rotation_and_reseal_move_every_session() {
         .parse()
         .unwrap();
     assert!(ttl > 40_000, "reseal keeps the expiry: {ttl}");
+
+    // A reseal from a config that lacks c2 opens none of them: it says so and exits 1, so
+    // that a rotation script stops before removing a key.
+    let stale = Command::new(bin())
+        .args(["session", "reseal", "--config"])
+        .arg(first.config_path())
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&stale.stdout).unwrap();
+    assert_eq!(report["unreadable"], 3, "{report}");
+    assert_eq!(stale.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&stale.stderr).contains("could not be opened"));
 
     // c1 retired: every session still works
     let only_c2 = format!("keys = {{ c2 = \"{C2}\" }}");

@@ -48,6 +48,17 @@ pub struct ResealReport {
     pub gone: usize,
 }
 
+/// What a revocation of several sessions did ([`Sessions::revoke_where`]).
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct Revoked {
+    /// Sessions revoked: their sid hashes.
+    pub sid_hashes: Vec<String>,
+    /// Sessions chosen whose revocation failed (the store's error each): their sid hashes.
+    /// Some may be revoked all the same (a write the store made but could not confirm, as a
+    /// replica's acknowledgement missing); run the command again.
+    pub failed: Vec<String>,
+}
+
 impl Sessions {
     /// The key prefix sessions live under, and the sid of a store key.
     pub(super) fn scan_prefix(&self) -> &str {
@@ -69,18 +80,30 @@ impl Sessions {
     /// operator's way to end a session seen in the list or the log by its hash, or every
     /// session of a user); the revoked sessions' hashes.
     ///
-    /// Errors: the store failed (sessions revoked before the failure stay revoked).
+    /// A session whose revocation fails does not stop the others (one replica down must not
+    /// leave the rest of a user's sessions live): it is named in [`Revoked::failed`] and
+    /// logged.
+    ///
+    /// Errors: the store could not be read.
     pub async fn revoke_where(
         &self,
         pick: impl Fn(&Listed) -> bool,
-    ) -> Result<Vec<String>, StoreError> {
-        let mut revoked = Vec::new();
+    ) -> Result<Revoked, StoreError> {
+        let mut out = Revoked::default();
         for (sid, listed) in self.entries().await? {
-            if pick(&listed) && self.revoke(&sid).await? {
-                revoked.push(listed.sid_hash);
+            if !pick(&listed) {
+                continue;
+            }
+            match self.revoke(&sid).await {
+                Ok(true) => out.sid_hashes.push(listed.sid_hash),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(sid_hash = %listed.sid_hash, error = %e, "revocation failed");
+                    out.failed.push(listed.sid_hash);
+                }
             }
         }
-        Ok(revoked)
+        Ok(out)
     }
 
     /// Every live session record: its id and what [`Sessions::list`] shows of it.

@@ -27,7 +27,7 @@ pub use cache::CacheConfig;
 use cache::{Cached, SessionCache};
 pub(crate) use invalidate::LOGIN_FAILURES;
 use invalidate::{recheck, recheck_all};
-pub use lifecycle::{Created, Listed, ResealReport};
+pub use lifecycle::{Created, Listed, ResealReport, Revoked};
 use record::Record;
 pub(crate) use settings::redacted_url;
 pub use settings::{SessionConfig, SessionFormat, SessionQuery, StoreSpec};

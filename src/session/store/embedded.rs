@@ -37,6 +37,9 @@ const LOG_KEEP_SECONDS: i64 = 300;
 /// The lock file beside the database, held while the store is opened (module docs).
 const OPEN_LOCK: &str = "sessions.lock";
 /// How long an open waits for another process's open to finish before it fails.
+/// The database file in the store's directory.
+const DATABASE: &str = "sessions.sqlite3";
+
 const OPEN_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 struct Inner {
@@ -68,7 +71,7 @@ impl EmbeddedStore {
     ///
     /// Errors: as [`EmbeddedStore::open`].
     pub fn open_waiting(dir: &Path, busy: std::time::Duration) -> Result<Self, StoreError> {
-        let file = dir.join("sessions.sqlite3");
+        let file = dir.join(DATABASE);
         create_private(dir, &file)?;
         let inner = Arc::new(Inner {
             file,
@@ -90,6 +93,11 @@ impl EmbeddedStore {
             inner,
             poll: WATCH_EVERY,
         })
+    }
+
+    /// Whether a store has been made in `dir` (by a first [`EmbeddedStore::open`]).
+    pub fn exists(dir: &Path) -> bool {
+        dir.join(DATABASE).is_file()
     }
 
     /// Reads the change log every `poll` (`session.poll_interval_ms`) instead of 25 ms.
