@@ -153,13 +153,20 @@ async fn serve(config: PathBuf, inherited: tessera::downstream::Inherited) -> Ex
         Err(code) => return code,
     };
     telemetry::init(&cfg.log.level, cfg.log.format);
+    // What the process runs with, to name the keys a reload leaves for the next restart.
+    let running = std::fs::read_to_string(&config).unwrap_or_default();
     tessera::downstream::raise_open_files_limit();
     let (reload_tx, reloads) = tokio::sync::mpsc::channel(1);
     // Registered before the listener is bound, so no SIGHUP can arrive unhandled once it is.
     #[cfg(unix)]
     match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
         Ok(hangups) => {
-            tokio::spawn(reload_on_hangup(hangups, config.clone(), reload_tx));
+            tokio::spawn(reload_on_hangup(
+                hangups,
+                config.clone(),
+                running,
+                reload_tx,
+            ));
         }
         Err(e) => {
             tracing::warn!(cause = %e, "cannot handle SIGHUP; keys and TLS settings reload only by restart")
@@ -186,14 +193,33 @@ async fn serve(config: PathBuf, inherited: tessera::downstream::Inherited) -> Ex
 /// On each SIGHUP (which would otherwise end the process and every request in flight), reads
 /// the configuration file `path` again and sends it, or why it did not load (the key and the
 /// fix), to the server, which puts its keys in place or logs why not and keeps running as is.
+/// Warns of what the reload cannot do, by key: changes to keys that apply at the next restart
+/// (against `running`, the text the process started with), and reloaded keys given as `env:`.
 #[cfg(unix)]
 async fn reload_on_hangup(
     mut hangups: tokio::signal::unix::Signal,
     path: PathBuf,
+    running: String,
     reloads: tokio::sync::mpsc::Sender<tessera::ConfigReload>,
 ) {
     while hangups.recv().await.is_some() {
         tracing::info!(config = %path.display(), "SIGHUP: reloading the keys and TLS settings");
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let later = tessera::config::restart_only_changes(&running, &text);
+        if !later.is_empty() {
+            tracing::warn!(
+                keys = %later.join(", "),
+                "SIGHUP: changed keys a reload does not apply; they take effect at the next restart"
+            );
+        }
+        let from_env = tessera::config::reloaded_from_env(&text);
+        if !from_env.is_empty() {
+            tracing::warn!(
+                keys = %from_env.join(", "),
+                "SIGHUP: keys given as env: keep the values the process started with (its \
+                 environment is fixed at start); give them as file: to rotate them by reload"
+            );
+        }
         let reload = Config::load(&path);
         if reloads.send(reload).await.is_err() {
             return;

@@ -1200,6 +1200,33 @@ fn sighup_puts_new_keys_in_place_beside_the_old_without_a_restart() {
     );
 }
 
+/// A reload names what it cannot do, by key: changes that apply only at the next restart (a
+/// listen address here; the log once said only "other settings apply at the next restart"),
+/// and reloaded keys given as `env:`, which keep the environment the process started with.
+#[test]
+fn sighup_names_the_keys_it_leaves_for_a_restart() {
+    let r = Reloadable::start();
+    let text = r.with_keys(&[("old", K_OLD)], &[("c1", C1)]);
+    let listen = format!("listen = \"127.0.0.1:{}\"", r.t.port);
+    assert!(text.contains(&listen));
+    let moved = text.replace(&listen, "listen = \"127.0.0.1:1\"");
+    std::fs::write(r.t.config_path(), &moved).unwrap();
+    let log = hangup(&r.t, 1, true);
+    assert!(
+        log.contains("keys=server.listen")
+            && log.contains("take effect at the next restart")
+            && !log.contains("keys given as env:"),
+        "{log}"
+    );
+    let from_env = moved.replace(C1, "env:TESSERA_ROTATED_KEY");
+    std::fs::write(r.t.config_path(), from_env).unwrap();
+    let log = hangup(&r.t, 2, false);
+    assert!(
+        log.contains("keys=credentials.keys.c1") && log.contains("keys given as env:"),
+        "{log}"
+    );
+}
+
 /// A config that does not load changes nothing (its error names the key); nor does one whose
 /// keys could not sign for the running login (without [login] it loads, but this instance
 /// serves login and a reload does not stop that).
