@@ -236,12 +236,30 @@ pub async fn check(cfg: &Config) -> Result<Vec<String>, AdminError> {
     out.push(format!(
         "upstream.url: {addr} resolves ({resolved} address(es))"
     ));
+    if let Some(jwks) = &cfg.token.jwks {
+        // serve starts without it (and warns), then refuses every token it would have verified.
+        let usable = crate::token::keys::check_jwks(jwks, &cfg.token.algorithms)
+            .await
+            .map_err(|e| AdminError::Check(format!("config key `token.jwks`: {e}")))?;
+        if usable == 0 {
+            return Err(AdminError::Check(
+                "config key `token.jwks`: the document holds no key for token.algorithms".into(),
+            ));
+        }
+        out.push(format!("token.jwks: {usable} key(s) for token.algorithms"));
+    }
     if let Some(tls) = &cfg.tls {
         for identity in std::iter::once(&tls.default).chain(&tls.sni) {
             let summary = identity
                 .summary()
                 .map_err(|e| AdminError::Check(format!("config key `{}`: {}", e.key, e.problem)))?;
-            out.push(certificate_line(&summary, crate::unix_now() as i64));
+            let line = certificate_line(&summary, crate::unix_now() as i64);
+            if line.contains(EXPIRED) {
+                // serve starts with it (and warns), but every client refuses it.
+                let (key, said) = line.split_once(": ").unwrap_or((&line, ""));
+                return Err(AdminError::Check(format!("config key `{key}`: {said}")));
+            }
+            out.push(line);
         }
     }
     Ok(out)
@@ -260,6 +278,9 @@ async fn reach_store(cfg: &Config) -> Result<String, AdminError> {
     Ok("session.store: reachable".into())
 }
 
+/// How [`certificate_line`] flags an expired certificate.
+const EXPIRED: &str = " EXPIRED: clients refuse it; renew it, then SIGHUP";
+
 /// Certificates this close to expiry are flagged.
 const EXPIRY_WARNING_SECONDS: i64 = 14 * 24 * 3600;
 
@@ -270,7 +291,7 @@ fn certificate_line(c: &crate::downstream::CertSummary, now: i64) -> String {
         std::time::UNIX_EPOCH + std::time::Duration::from_secs(c.not_after.max(0) as u64),
     );
     let flag = match c.not_after - now {
-        left if left <= 0 => " EXPIRED: clients refuse it; renew it, then SIGHUP",
+        left if left <= 0 => EXPIRED,
         left if left <= EXPIRY_WARNING_SECONDS => " expires soon: renew it, then SIGHUP",
         _ => "",
     };

@@ -699,6 +699,49 @@ fn a_login_prefix_and_a_session_ttl_the_stores_cannot_take_are_refused() {
 
 /// A log level that is no level (`warning`, which the filter would take for a target and so
 /// log nothing) is refused, naming the key.
+/// A key that would do nothing in this configuration is refused, naming what it needs: left in
+/// place, it reads as if it applied (a typo'd or removed companion key).
+#[test]
+fn keys_that_would_do_nothing_are_refused() {
+    for (table, lines, key, says) in [
+        (
+            "session",
+            "format = \"hyper-auth-proxy\"\nkey_prefix = \"app:\"",
+            "session.key_prefix",
+            "bare sid",
+        ),
+        (
+            "token",
+            "jwks_refresh_seconds = 60",
+            "token.jwks_refresh_seconds",
+            "only used with token.jwks",
+        ),
+        (
+            "jmap",
+            "session_path = \"/jmap/\"",
+            "jmap.session_path",
+            "only used with jmap.session_urls",
+        ),
+        (
+            "websocket",
+            "max_connections = 0\nmax_connections_per_user = 2",
+            "websocket.max_connections_per_user",
+            "max_connections is 0",
+        ),
+    ] {
+        // Into minimal()'s own [token], or a table of its own.
+        let text = match table {
+            "token" => minimal().replace("[token]\n", &format!("[token]\n{lines}\n")),
+            _ => format!("{}[{table}]\n{lines}\n", minimal()),
+        };
+        let err = Config::from_toml_with(&text, env)
+            .err()
+            .unwrap_or_else(|| panic!("{lines}: accepted"))
+            .to_string();
+        assert!(err.contains(key) && err.contains(says), "{lines}: {err}");
+    }
+}
+
 #[test]
 fn a_log_level_that_is_no_level_is_refused() {
     let text = format!("{}[log]\nlevel = \"warning\"\n", minimal());

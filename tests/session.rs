@@ -1842,6 +1842,29 @@ fn jwks_over_https_is_fetched_with_the_certificate_checked() {
         "{log}"
     );
     assert!(!log.contains("JWKS loaded"), "{log}");
+    // check-config fetches it as serve would: it says so, not "ok" (serve only warns).
+    let check = |t: &Tessera| {
+        let out = Command::new(bin())
+            .args(["check-config", "--config"])
+            .arg(t.config_path())
+            .output()
+            .unwrap();
+        let said = [out.stdout, out.stderr].concat();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&said).into_owned(),
+        )
+    };
+    let (code, said) = check(&t);
+    assert!(
+        code == Some(0) && said.contains("token.jwks: 1 key(s)"),
+        "{said}"
+    );
+    let (code, said) = check(&u);
+    assert!(
+        code == Some(2) && said.contains("config key `token.jwks`") && said.contains("certificate"),
+        "{said}"
+    );
 
     // The trusted CA, but a name the certificate does not carry (it is for IP 127.0.0.1).
     let by_name = format!(

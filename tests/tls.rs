@@ -434,6 +434,27 @@ fn check_config_reports_the_certificate_and_refuses_a_foreign_key() {
         text.contains("tls.certificate: key matches; names localhost, mail.test; valid until"),
         "{text}"
     );
+    // An expired certificate: serve would start with it, and every client refuse it.
+    let (old_cert, old_key) = pki.expired_leaf("old", &["localhost"]);
+    let text = config(
+        free_port(),
+        "http://127.0.0.1:9",
+        &format!("embedded:{}/sessions", dir.path().display()),
+        &[("tables", &tls_table(free_port(), &old_cert, &old_key, ""))],
+    );
+    let path = dir.path().join("expired.toml");
+    std::fs::write(&path, text).unwrap();
+    let expired = Command::new(bin())
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&expired.stderr);
+    assert_eq!(expired.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("tls.certificate") && err.contains("EXPIRED"),
+        "{err}"
+    );
     let (_, other_key) = pki.leaf("other", &["other.test"]);
     let bad = write(&other_key);
     let err = String::from_utf8_lossy(&bad.stderr);
@@ -535,6 +556,21 @@ fn tls_settings_are_checked_at_load_naming_the_key() {
             sni("[]"),
             "tls.sni[0].server_names",
             "must list host names",
+        ),
+        (
+            "",
+            format!(
+                "{}\n[[tls.sni]]\nserver_names = [\"b.example.test\", \"a.example.test\"]\n{files}",
+                sni("[\"a.example.test\"]")
+            ),
+            "tls.sni[1].server_names",
+            "`a.example.test` is named by tls.sni[0] too",
+        ),
+        (
+            "",
+            http3("idle_timeout_ms = 86400001"),
+            "http3.idle_timeout_ms",
+            "at most 86400000",
         ),
         (
             "listen = \"127.0.0.1:8443\"",

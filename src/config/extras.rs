@@ -25,6 +25,13 @@ pub(super) fn validate_websocket(
             ),
         ));
     }
+    if max_connections == 0 && w.max_connections_per_user.is_some() {
+        return Err(ConfigError::new(
+            "websocket.max_connections_per_user",
+            "is set while websocket.max_connections is 0 (no upgrades are passed): raise that, \
+             or remove this",
+        ));
+    }
     let max_connections_per_user = w
         .max_connections_per_user
         .unwrap_or((max_connections / 4).max(1));
@@ -105,6 +112,12 @@ pub(super) fn validate_jmap(j: RawJmap) -> Result<Option<JmapConfig>, ConfigErro
             ))
         }
     };
+    if !absolute_urls && j.session_path.is_some() {
+        return Err(ConfigError::new(
+            "jmap.session_path",
+            "is only used with jmap.session_urls = \"absolute\": set that, or remove this",
+        ));
+    }
     let session_path = j.session_path.unwrap_or_else(|| "/jmap/".into());
     if !session_path.starts_with('/') || session_path.parse::<http::uri::PathAndQuery>().is_err() {
         return Err(ConfigError::new(

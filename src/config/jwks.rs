@@ -30,6 +30,26 @@ pub(super) fn jwks_config(t: &RawToken) -> Result<Option<JwksConfig>, ConfigErro
             })
         }
     };
+    if jwks.is_none() {
+        // Settings of a JWKS with none to apply to: a typo'd or commented-out `jwks` line.
+        for (key, set) in [
+            (
+                "token.jwks_refresh_seconds",
+                t.jwks_refresh_seconds.is_some(),
+            ),
+            (
+                "token.jwks_min_refresh_seconds",
+                t.jwks_min_refresh_seconds.is_some(),
+            ),
+        ] {
+            if set {
+                return Err(ConfigError::new(
+                    key,
+                    "is only used with token.jwks: set that, or remove this",
+                ));
+            }
+        }
+    }
     if t.jwks_ca.is_some() && !jwks.as_ref().is_some_and(fetched_over_tls) {
         return Err(ConfigError::new(
             "token.jwks_ca",

@@ -119,6 +119,14 @@ pub(super) fn validate_session(s: RawSession) -> Result<SessionConfig, ConfigErr
             format!("must be between 1 and {MAX_TTL_SECONDS} (ten years)"),
         ));
     }
+    if format == SessionFormat::HyperAuthProxy && s.key_prefix.is_some() {
+        // That format's keys are the bare sids: a prefix would make every lookup miss.
+        return Err(ConfigError::new(
+            "session.key_prefix",
+            "is not used with session.format = \"hyper-auth-proxy\" (its records are keyed by \
+             the bare sid): remove it",
+        ));
+    }
     Ok(SessionConfig {
         store,
         format,

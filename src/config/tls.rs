@@ -26,9 +26,21 @@ pub(super) fn validate_tls(t: RawTls, env: Env) -> Result<TlsConfig, ConfigError
         t.private_key.as_deref(),
         env,
     )?;
-    let mut sni = Vec::new();
+    let mut sni: Vec<Identity> = Vec::new();
     for (i, entry) in t.sni.unwrap_or_default().into_iter().enumerate() {
-        sni.push(sni_entry(i, entry, env)?);
+        let entry = sni_entry(i, entry, env)?;
+        // The first entry naming a host would serve it, silently: one added below never would.
+        let earlier = sni.iter().enumerate().find_map(|(j, e)| {
+            let same = entry.names.iter().find(|n| e.names.contains(n))?;
+            Some((j, same.clone()))
+        });
+        if let Some((j, name)) = earlier {
+            return Err(ConfigError::new(
+                &format!("tls.sni[{i}].server_names"),
+                format!("`{name}` is named by tls.sni[{j}] too; name each host in one entry"),
+            ));
+        }
+        sni.push(entry);
     }
     let min_version = match t.min_version.as_deref().unwrap_or("1.2") {
         "1.2" => TlsVersion::Tls12,
@@ -212,7 +224,17 @@ pub(super) fn validate_http3(
         early_data: h.early_data.unwrap_or(true),
         alt_svc_max_age: h.alt_svc_max_age.unwrap_or(86_400),
         max_concurrent_streams,
-        idle_timeout: ms("http3.idle_timeout_ms", h.idle_timeout_ms, 30_000)?,
+        idle_timeout: match ms("http3.idle_timeout_ms", h.idle_timeout_ms, 30_000)? {
+            // QUIC carries it in milliseconds as a variable-length integer; past a day it
+            // outlives every NAT binding on the way anyway.
+            d if d > std::time::Duration::from_secs(86_400) => {
+                return Err(ConfigError::new(
+                    "http3.idle_timeout_ms",
+                    "must be at most 86400000 (a day; default 30000)",
+                ))
+            }
+            d => d,
+        },
         retry,
         host_key,
     })

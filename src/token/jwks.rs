@@ -138,6 +138,15 @@ impl Jwks {
     }
 }
 
+/// Fetches the JWKS `cfg` names once and parses it as a refresh would, for `check-config`:
+/// how many of its keys verify one of `allowed`.
+///
+/// Errors: the document cannot be fetched (its URL or file named), or is not a JWKS.
+pub async fn check_jwks(cfg: &JwksConfig, allowed: &[Algorithm]) -> Result<usize, String> {
+    let doc = fetch(&cfg.source).await.map_err(|e| e.0)?;
+    Ok(parse_jwks(&doc, allowed).map_err(|e| e.0)?.len())
+}
+
 /// Largest JWKS document accepted, bytes.
 pub(super) const MAX_JWKS_BYTES: usize = 1 << 20;
 

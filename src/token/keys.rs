@@ -18,7 +18,7 @@ use super::hmac::HmacKey;
 use super::Algorithm;
 
 use super::jwks::Jwks;
-pub use super::jwks::{jwks_tls, JwksConfig, JwksSource};
+pub use super::jwks::{check_jwks, jwks_tls, JwksConfig, JwksSource};
 
 /// Key material as configured (secrets already resolved from `env:`/`file:`/literal).
 #[derive(Clone)]

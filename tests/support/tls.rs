@@ -50,8 +50,24 @@ impl Pki {
         (c, k)
     }
 
+    /// [`Pki::leaf`], valid only in 2020.
+    pub fn expired_leaf(&self, file: &str, names: &[&str]) -> (PathBuf, PathBuf) {
+        let (cert, key) = self.leaf_pem_with(names, true);
+        let (c, k) = (
+            self.path(&format!("{file}.pem")),
+            self.path(&format!("{file}.key")),
+        );
+        std::fs::write(&c, cert).unwrap();
+        std::fs::write(&k, key).unwrap();
+        (c, k)
+    }
+
     /// A leaf for `names` as PEM text: (certificate, private key).
     pub fn leaf_pem(&self, names: &[&str]) -> (String, String) {
+        self.leaf_pem_with(names, false)
+    }
+
+    fn leaf_pem_with(&self, names: &[&str], expired: bool) -> (String, String) {
         let key = rcgen::KeyPair::generate().unwrap();
         let mut params =
             rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
@@ -59,6 +75,10 @@ impl Pki {
         params
             .distinguished_name
             .push(rcgen::DnType::CommonName, names[0]);
+        if expired {
+            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2020, 12, 31);
+        }
         let cert = params.signed_by(&key, &self.issuer).unwrap();
         (cert.pem(), key.serialize_pem())
     }
