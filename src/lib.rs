@@ -72,6 +72,14 @@ pub fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// Whether a log line rate-limited by `last` (its site's own static, the Unix second of its
+/// last line) may be written now: at most one a second per site, for warnings a client or a
+/// steady fault could otherwise repeat per request.
+pub fn once_a_second(last: &std::sync::atomic::AtomicU64) -> bool {
+    let now = unix_now();
+    last.swap(now, std::sync::atomic::Ordering::Relaxed) != now
+}
+
 /// Opens the configured store and builds the session layer.
 ///
 /// Errors: the store cannot be opened (embedded path unusable, Redis URL invalid).

@@ -352,7 +352,7 @@ impl Sessions {
 /// outage would otherwise log one warning per request.
 fn warn_store_failure(e: &StoreError) {
     static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    if crate::telemetry::once_a_second(&LAST) {
+    if crate::once_a_second(&LAST) {
         tracing::warn!(error = %e, "session store call failed");
     }
 }

@@ -99,14 +99,6 @@ fn with_clients_quieted(filter: &str) -> String {
     quieted
 }
 
-/// Whether a line rate-limited by `last` (its site's own static, the Unix second of its last
-/// line) may be written now: at most one a second per site, for warnings a client or a steady
-/// fault could otherwise repeat per request.
-pub fn once_a_second(last: &std::sync::atomic::AtomicU64) -> bool {
-    let now = crate::unix_now();
-    last.swap(now, std::sync::atomic::Ordering::Relaxed) != now
-}
-
 /// Writes `message` to stderr whatever the filter, for an error that ends the process: in the
 /// log's format when it is JSON (level ERROR, target `tessera`), else as `tessera: message`.
 pub fn fatal(message: &str) {

@@ -70,7 +70,7 @@ impl RedisStore {
         }
         .map_err(|e| self.failed(e))?;
         static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        if replicas == 0 && crate::telemetry::once_a_second(&LAST) {
+        if replicas == 0 && crate::once_a_second(&LAST) {
             tracing::warn!(
                 wait_ms,
                 "no replica confirmed a new session; a failover now would lose it"
