@@ -498,9 +498,10 @@ fn a_stalled_http3_request_head_is_dropped_after_the_header_timeout() {
     });
 }
 
-/// A frame other than DATA announced longer than the field section limit closes the connection
-/// with H3_EXCESSIVE_LOAD (RFC 9114 section 8.1) as its header arrives: h3 would keep such a
-/// frame whole until it ends, so a client could grow the process's memory without bound.
+/// A frame other than DATA announced far longer than the field section limit is refused with
+/// H3_EXCESSIVE_LOAD (RFC 9114 section 8.1) as its header arrives: h3 would keep such a frame
+/// whole until it ends, so a client could grow the process's memory without bound. On the
+/// control stream the connection is closed; on a request stream that stream alone is stopped.
 #[test]
 fn oversized_frames_close_the_connection() {
     let echo = upstream::start(Behavior::Echo {
@@ -509,17 +510,29 @@ fn oversized_frames_close_the_connection() {
     let pki = Pki::new();
     let (t, addr, _) = h3_tessera(&echo.url(), &pki, "", "");
     runtime().block_on(async {
-        for request in [false, true] {
-            let conn = H3Client::new(&pki.ca()).connect_quic(addr).await;
-            let _streams = h3_raw::oversized_frame(&conn, request, 4 << 20).await;
-            // No bound on how soon: only that it happens (unguarded, it stays open).
-            let closed = tokio::time::timeout(Duration::from_secs(30), conn.closed()).await;
-            let code = match &closed {
-                Ok(quinn::ConnectionError::ApplicationClosed(close)) => close.error_code,
-                _ => panic!("request stream: {request}: {closed:?}\n{}", t.log()),
-            };
-            assert_eq!(code, quinn::VarInt::from_u32(0x107), "{}", t.log());
-        }
+        let client = H3Client::new(&pki.ca());
+        let conn = client.connect_quic(addr).await;
+        let _streams = h3_raw::oversized_frame(&conn, false, 4 << 20).await;
+        // No bound on how soon: only that it happens (unguarded, it stays open).
+        let closed = tokio::time::timeout(Duration::from_secs(30), conn.closed()).await;
+        let code = match &closed {
+            Ok(quinn::ConnectionError::ApplicationClosed(close)) => close.error_code,
+            _ => panic!("{closed:?}\n{}", t.log()),
+        };
+        assert_eq!(code, quinn::VarInt::from_u32(0x107), "{}", t.log());
+
+        let conn = client.connect_quic(addr).await;
+        let mut streams = h3_raw::oversized_frame(&conn, true, 256 << 10)
+            .await
+            .unwrap();
+        let request = streams.pop().unwrap();
+        let stopped = tokio::time::timeout(Duration::from_secs(30), request.stopped()).await;
+        assert!(
+            matches!(stopped, Ok(Ok(Some(code))) if code == quinn::VarInt::from_u32(0x107)),
+            "{stopped:?}\n{}",
+            t.log()
+        );
+        assert!(conn.close_reason().is_none(), "the connection goes on");
     });
 }
 
@@ -546,9 +559,11 @@ fn a_quic_client_gets_no_datagrams_and_few_unidirectional_streams() {
     });
 }
 
-/// An HTTP/3 connection with no request open for `server.header_read_timeout_ms` is sent GOAWAY
-/// and closed with `H3_NO_ERROR`, as an idle HTTP/2 connection is: QUIC's own idle timeout
-/// (`http3.idle_timeout_ms`, here a minute) never fires for a client that sends PINGs.
+/// An HTTP/3 connection with no request open for `server.header_read_timeout_ms` since its last
+/// one ended is sent GOAWAY, and closed with `H3_NO_ERROR` if its client has not closed it
+/// within `server.send_timeout_ms` (time to take what quinn still holds of a download), as an
+/// idle HTTP/2 connection is: QUIC's own idle timeout (`http3.idle_timeout_ms`, here a
+/// minute) never fires for a client that sends PINGs.
 #[test]
 fn an_idle_http3_connection_is_sent_goaway_and_closed() {
     let echo = upstream::start(Behavior::Echo {
@@ -559,7 +574,7 @@ fn an_idle_http3_connection_is_sent_goaway_and_closed() {
         &echo.url(),
         &pki,
         "idle_timeout_ms = 60000",
-        "header_read_timeout_ms = 300",
+        "header_read_timeout_ms = 1500\nsend_timeout_ms = 2000",
     );
     runtime().block_on(async {
         let conn = H3Client::new(&pki.ca()).connect_quic(addr).await;

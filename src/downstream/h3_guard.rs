@@ -4,9 +4,12 @@
 //! only once it is complete: a client declaring a frame of 2^62 bytes on its control stream
 //! could grow the process's memory at its line rate for as long as it liked, no token needed.
 //! The guard reads the frame headers as the bytes go by (RFC 9114 section 7.1: type and length,
-//! each a variable-length integer) and closes the connection with `H3_EXCESSIVE_LOAD` (section
-//! 8.1) at the first frame other than DATA that declares more than the limit. DATA payload is
-//! never held (h3 hands it on as it arrives) and passes unchecked.
+//! each a variable-length integer) and refuses the first frame other than DATA that declares
+//! more than its stream's limit with `H3_EXCESSIVE_LOAD` (section 8.1): on the control stream
+//! the connection is closed; on a request stream only that stream is stopped, and its limit is
+//! twice the field section limit, so that a head somewhat over it still reaches h3, which
+//! answers it 431 as before. DATA payload is never held (h3 hands it on as it arrives) and
+//! passes unchecked.
 
 use std::task::{ready, Context, Poll};
 
@@ -23,13 +26,15 @@ pub(super) struct GuardedConnection {
 }
 
 impl GuardedConnection {
-    /// `max_frame`: the longest frame other than DATA a client may send, bytes (the field
-    /// section limit: a HEADERS frame's QPACK encoding is never longer than the size the limit
-    /// counts, RFC 9114 section 4.2.2).
-    pub(super) fn new(conn: quinn::Connection, max_frame: u64) -> Self {
+    /// `max_field_section`: the field section limit h3 applies (a HEADERS frame's QPACK
+    /// encoding is never longer than the size the limit counts, RFC 9114 section 4.2.2).
+    pub(super) fn new(conn: quinn::Connection, max_field_section: u64) -> Self {
         Self {
             inner: h3_quinn::Connection::new(conn.clone()),
-            guard: Guard { conn, max_frame },
+            guard: Guard {
+                conn,
+                max_field_section,
+            },
         }
     }
 }
@@ -45,7 +50,7 @@ pub(super) struct Opener {
 #[derive(Clone)]
 struct Guard {
     conn: quinn::Connection,
-    max_frame: u64,
+    max_field_section: u64,
 }
 
 impl Guard {
@@ -67,7 +72,7 @@ impl<B: Buf> quic::Connection<B> for GuardedConnection {
         cx: &mut Context<'_>,
     ) -> Poll<Result<Self::RecvStream, ConnectionErrorIncoming>> {
         let recv = ready!(quic::Connection::<B>::poll_accept_recv(&mut self.inner, cx))?;
-        let frames = Frames::unidirectional(self.guard.max_frame);
+        let frames = Frames::unidirectional(self.guard.max_field_section);
         Poll::Ready(Ok(self.guard.guard(recv, frames)))
     }
 
@@ -76,7 +81,7 @@ impl<B: Buf> quic::Connection<B> for GuardedConnection {
         cx: &mut Context<'_>,
     ) -> Poll<Result<Self::BidiStream, ConnectionErrorIncoming>> {
         let bidi = ready!(quic::Connection::<B>::poll_accept_bidi(&mut self.inner, cx))?;
-        let frames = Frames::request(self.guard.max_frame);
+        let frames = Frames::request(request_limit(self.guard.max_field_section));
         Poll::Ready(Ok(self.guard.guard(bidi, frames)))
     }
 
@@ -97,7 +102,7 @@ impl<B: Buf> quic::OpenStreams<B> for GuardedConnection {
         cx: &mut Context<'_>,
     ) -> Poll<Result<Self::BidiStream, StreamErrorIncoming>> {
         let bidi = ready!(self.inner.poll_open_bidi(cx))?;
-        let frames = Frames::request(self.guard.max_frame);
+        let frames = Frames::request(request_limit(self.guard.max_field_section));
         Poll::Ready(Ok(self.guard.guard(bidi, frames)))
     }
 
@@ -122,7 +127,7 @@ impl<B: Buf> quic::OpenStreams<B> for Opener {
         cx: &mut Context<'_>,
     ) -> Poll<Result<Self::BidiStream, StreamErrorIncoming>> {
         let bidi = ready!(self.inner.poll_open_bidi(cx))?;
-        let frames = Frames::request(self.guard.max_frame);
+        let frames = Frames::request(request_limit(self.guard.max_field_section));
         Poll::Ready(Ok(self.guard.guard(bidi, frames)))
     }
 
@@ -138,8 +143,13 @@ impl<B: Buf> quic::OpenStreams<B> for Opener {
     }
 }
 
-/// A stream whose incoming frames are checked by [`Frames`]: past the limit, the connection is
-/// closed and h3 gets an error instead of the bytes.
+/// The limit of a request stream's frames: twice the field section limit, and 1 KiB.
+fn request_limit(max_field_section: u64) -> u64 {
+    max_field_section.saturating_mul(2).saturating_add(1024)
+}
+
+/// A stream whose incoming frames are checked by [`Frames`]: past the limit, h3 gets an error
+/// instead of the bytes, and the stream (a request's) or the connection is ended.
 pub(super) struct Guarded<S> {
     inner: S,
     frames: Frames,
@@ -154,18 +164,26 @@ impl<S: quic::RecvStream<Buf = Bytes>> quic::RecvStream for Guarded<S> {
         cx: &mut Context<'_>,
     ) -> Poll<Result<Option<Bytes>, StreamErrorIncoming>> {
         let data = ready!(self.inner.poll_data(cx))?;
-        if let Some(bytes) = &data {
-            if self.frames.read(bytes).is_err() {
-                let code = quinn::VarInt::from_u32(H3_EXCESSIVE_LOAD);
-                self.conn.close(code, b"frame too large");
-                return Poll::Ready(Err(StreamErrorIncoming::ConnectionErrorIncoming {
-                    connection_error: ConnectionErrorIncoming::ApplicationClose {
-                        error_code: H3_EXCESSIVE_LOAD.into(),
-                    },
-                }));
-            }
+        let Some(bytes) = &data else {
+            return Poll::Ready(Ok(data));
+        };
+        if self.frames.read(bytes).is_ok() {
+            return Poll::Ready(Ok(data));
         }
-        Poll::Ready(Ok(data))
+        let code = H3_EXCESSIVE_LOAD.into();
+        if self.frames.request {
+            self.inner.stop_sending(code);
+            return Poll::Ready(Err(StreamErrorIncoming::StreamTerminated {
+                error_code: code,
+            }));
+        }
+        self.conn.close(
+            quinn::VarInt::from_u32(H3_EXCESSIVE_LOAD),
+            b"frame too large",
+        );
+        Poll::Ready(Err(StreamErrorIncoming::ConnectionErrorIncoming {
+            connection_error: ConnectionErrorIncoming::ApplicationClose { error_code: code },
+        }))
     }
 
     fn stop_sending(&mut self, error_code: u64) {
@@ -244,6 +262,8 @@ enum Field {
 pub(super) struct Frames {
     at: At,
     max_frame: u64,
+    /// A request stream's (else a unidirectional stream's).
+    request: bool,
 }
 
 /// A frame other than DATA longer than the limit.
@@ -258,7 +278,10 @@ const WEBTRANSPORT_STREAM: u64 = 0x41;
 impl Frames {
     /// A request stream's: frames from its first byte.
     pub(super) fn request(max_frame: u64) -> Self {
-        Self::at(Field::FrameType, max_frame)
+        Self {
+            request: true,
+            ..Self::at(Field::FrameType, max_frame)
+        }
     }
 
     /// A unidirectional stream's: its type first; frames follow on the control stream only.
@@ -273,7 +296,11 @@ impl Frames {
             have: 0,
             need: 1,
         };
-        Self { at, max_frame }
+        Self {
+            at,
+            max_frame,
+            request: false,
+        }
     }
 
     /// Reads the next bytes of the stream. Errors: a frame other than DATA declares a length

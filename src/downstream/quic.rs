@@ -195,28 +195,63 @@ async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming, unvalidated: Opt
     if !address_validated {
         count_per_ip(&quic, &conn, handshake.clone());
     }
-    let mut session = match h3::server::builder()
-        .max_field_section_size(quic.max_field_section)
-        .build::<_, bytes::Bytes>(GuardedConnection::new(conn, quic.max_field_section))
-        .await
-    {
-        Ok(s) => s,
-        Err(e) => return tracing::debug!(cause = %e, "HTTP/3 session not set up"),
+    let mut builder = h3::server::builder();
+    builder.max_field_section_size(quic.max_field_section);
+    let built =
+        builder.build::<_, bytes::Bytes>(GuardedConnection::new(conn, quic.max_field_section));
+    // h3 opens its control stream and writes SETTINGS first: a client that grants no
+    // unidirectional stream would hold it, and this connection's place, for ever.
+    let mut session = match tokio::time::timeout(quic.header_read_timeout, built).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return tracing::debug!(cause = %e, "HTTP/3 session not set up"),
+        Err(_) => {
+            quic_conn.close(H3_EXCESSIVE_LOAD, b"");
+            return tracing::debug!("HTTP/3 session not set up in server.header_read_timeout_ms");
+        }
     };
+    let linger = serve_requests(&quic, &mut session, &peer, &handshake, &quic_conn).await;
+    // Closing now would drop answers not yet acknowledged (quinn closes at once, and drops
+    // what it has not sent): the client gets `linger` to take them, or closes first.
+    let _ = tokio::time::timeout(linger, quic_conn.closed()).await;
+    quic_conn.close(H3_NO_ERROR, b"");
+    drop(place);
+}
+
+/// The requests of one HTTP/3 session, each in a task of its own, until the client ends it,
+/// shutdown drains it, or no request has been open for `server.header_read_timeout_ms` (then
+/// GOAWAY, as over HTTP/2: a client's PINGs keep QUIC's own idle timeout from ever firing);
+/// then waits for the requests taken. Returns how long the connection may linger for the
+/// client to take the last answers: after an idle GOAWAY, `server.send_timeout_ms` (quinn may
+/// still hold megabytes of a download the client is reading), else [`ANSWER_LINGER`].
+async fn serve_requests(
+    quic: &Arc<Quic>,
+    session: &mut h3::server::Connection<GuardedConnection, bytes::Bytes>,
+    peer: &Arc<crate::proxy::Peer>,
+    handshake: &Handshake,
+    conn: &quinn::Connection,
+) -> Duration {
+    let after = quic.header_read_timeout;
     let requests = TaskTracker::new();
-    let mut last_request = Instant::now();
+    let start = Instant::now();
+    // When the last request ended, in ms after `start`.
+    let ended = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut last_accept = start;
+    let mut linger = ANSWER_LINGER;
     loop {
-        let idle = tokio::time::sleep_until(last_request + quic.header_read_timeout);
+        let last_end = start + Duration::from_millis(ended.load(Ordering::Relaxed));
+        let idle = tokio::time::sleep_until(last_accept.max(last_end) + after);
         let accepted = tokio::select! {
             accepted = session.accept() => accepted,
             () = idle => {
-                // No request for server.header_read_timeout_ms: GOAWAY, as over HTTP/2 (a
-                // client's PINGs keep QUIC's own idle timeout from ever firing).
-                if requests.is_empty() {
-                    let _ = session.shutdown(1).await;
+                let last_end = start + Duration::from_millis(ended.load(Ordering::Relaxed));
+                if requests.is_empty() && Instant::now() >= last_end + after {
+                    let _ = tokio::time::timeout(after, session.shutdown(1)).await;
+                    linger = quic.send_timeout;
                     break;
                 }
-                last_request = Instant::now();
+                if !requests.is_empty() {
+                    last_accept = Instant::now();
+                }
                 continue;
             }
             () = quic.shutdown.cancelled() => {
@@ -224,16 +259,20 @@ async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming, unvalidated: Opt
                 // the client learns the requests taken were not refused (RFC 9114 section
                 // 5.2), and they finish below; an idle connection (or one whose client is
                 // gone) closes at once.
-                let _ = session.shutdown(1).await;
+                let _ = tokio::time::timeout(after, session.shutdown(1)).await;
                 break;
             }
         };
         match accepted {
             Ok(Some(resolver)) => {
-                last_request = Instant::now();
-                let (quic, peer) = (quic.clone(), peer.clone());
-                let (handshake, conn) = (handshake.clone(), quic_conn.clone());
-                requests.spawn(request(quic, peer, handshake, conn, resolver));
+                last_accept = Instant::now();
+                let (quic, peer, ended) = (quic.clone(), peer.clone(), ended.clone());
+                let (handshake, conn) = (handshake.clone(), conn.clone());
+                requests.spawn(async move {
+                    request(quic, peer, handshake, conn, resolver).await;
+                    let at = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+                    ended.store(at, Ordering::Relaxed);
+                });
             }
             Ok(None) => break,
             Err(e) => {
@@ -244,11 +283,7 @@ async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming, unvalidated: Opt
     }
     requests.close();
     requests.wait().await;
-    // Closing now would drop answers not yet acknowledged (quinn closes at once when the last
-    // handle goes): the client gets up to 1 s to take them, or closes first.
-    let _ = tokio::time::timeout(ANSWER_LINGER, quic_conn.closed()).await;
-    quic_conn.close(H3_NO_ERROR, b"");
-    drop(place);
+    linger
 }
 
 /// Takes the place under `server.max_connections_per_ip` of `conn`, from an address not proven

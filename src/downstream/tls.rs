@@ -167,7 +167,7 @@ impl TlsServer {
             .max_concurrent_bidi_streams(h3.max_concurrent_streams.into())
             .max_idle_timeout(quinn::IdleTimeout::try_from(h3.idle_timeout).ok())
             // What one connection may have unread: quinn's default has no connection-wide
-            // bound (100 streams of 1.25 MB each); HTTP/3 takes no DATAGRAM frames, whose
+            // bound (100 streams of 1.25 MB each: 125 MB); HTTP/3 takes no DATAGRAM frames, whose
             // buffer quinn would fill for a reader that never comes; and the client needs 3
             // unidirectional streams (control, QPACK's two; RFC 9114 section 6.2), not 100.
             .receive_window(CONNECTION_WINDOW.into())
@@ -196,8 +196,10 @@ impl TlsServer {
 }
 
 /// The flow-control window of one QUIC connection, bytes: what its client may send ahead of
-/// what tessera has read, over all its streams (each has quinn's 1.25 MB window within it).
-const CONNECTION_WINDOW: u32 = 4 << 20;
+/// what tessera has read, over all its streams (each has quinn's 1.25 MB window within it):
+/// room for six request bodies no one reads yet (waiting for an upstream connection) before
+/// the connection's other streams wait too.
+const CONNECTION_WINDOW: u32 = 8 << 20;
 
 /// Unidirectional streams a client may have open at once: HTTP/3's three and room for
 /// extensions and grease (RFC 9114 section 6.2.3), which h3 stops.

@@ -111,7 +111,8 @@ pub async fn partial_head(conn: &Connection) -> (SendStream, SendStream) {
 /// Opens the client's control stream with an empty SETTINGS and then sends a frame announced
 /// as 1 GiB long, up to `bytes` of its payload: a reserved frame (type 0x21, RFC 9114 section
 /// 7.2.8) on the control stream itself, or a HEADERS frame on a request stream when `request`.
-/// The streams, or the error that ended the sending.
+/// The streams (the frame's own write may have been refused: the server stops it early), or
+/// the error that ended the setting up.
 pub async fn oversized_frame(
     conn: &Connection,
     request: bool,
@@ -129,12 +130,7 @@ pub async fn oversized_frame(
         let (send, _recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
         streams.push(send);
     }
-    streams
-        .last_mut()
-        .unwrap()
-        .write_all(&head)
-        .await
-        .map_err(e)?;
+    let _ = streams.last_mut().unwrap().write_all(&head).await;
     Ok(streams)
 }
 
