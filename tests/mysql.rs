@@ -71,6 +71,39 @@ fn a_user_without_create_serves_once_the_tables_exist() {
     a_restricted_account_serves(&up, &url);
 }
 
+/// A change log whose rows tessera cannot read (another tool's table, its ids past i64) is a
+/// store error of the poller, reported as the invalidation stream lost: the session cache
+/// stops serving, and a logout on another instance is refused at once. mysql_async's typed
+/// reads panicked there instead, which ended the stream and left the cache trusted: the
+/// logged-out session was served until `session.cache_ttl_seconds`.
+#[test]
+fn a_change_log_tessera_cannot_read_turns_the_cache_off() {
+    let db = Mariadb::start();
+    db.sql(
+        "CREATE TABLE tessera_kv_log (id BIGINT UNSIGNED AUTO_INCREMENT PRIMARY KEY, \
+           `key` VARBINARY(512) NOT NULL, at BIGINT NOT NULL, KEY tessera_kv_log_at (at)) \
+         ENGINE=InnoDB AUTO_INCREMENT=9223372036854775900",
+    );
+    let up = users();
+    let (a, b) = (on_store(&up, &db.url()), on_store(&up, &db.url()));
+    let token = login(&a, "alice", "alice-pw");
+    for _ in 0..3 {
+        assert_eq!(status(&b, &token), 200, "{}", b.log());
+    }
+    assert_eq!(logout(&a, &token), 204);
+    let refused = until_status(&b, &token, 401, Duration::from_secs(10));
+    assert!(
+        refused.is_some(),
+        "B serves a logged-out session: {}",
+        b.log()
+    );
+    assert!(
+        b.log().contains("another shape than tessera"),
+        "{}",
+        b.log()
+    );
+}
+
 fn shared_and_revoked_everywhere(db: &Mariadb) {
     let up = users();
     let (a, b, c) = (

@@ -60,7 +60,9 @@ impl Login {
             }
         };
         *sid_out = Some(created.sid.into());
-        let cookie = self.token_cookie(&jwt, exp - now);
+        // A store write slower than a very short session.ttl_seconds leaves exp behind now:
+        // a cookie that expires at once, never one that wraps to a huge Max-Age.
+        let cookie = self.token_cookie(&jwt, exp.saturating_sub(now));
         let mut resp = match rd {
             Some(rd) => redirect(rd, Some(cookie)),
             None => {

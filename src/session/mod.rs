@@ -154,7 +154,18 @@ impl Sessions {
                         None => return, // the registry is gone: the layer was dropped
                     },
                 };
-                let Some(msg) = msg else { return };
+                let Some(msg) = msg else {
+                    // The store's watcher is gone (it never ends on its own: a panic): nothing
+                    // will evict a cached session again, so the cache must stop serving.
+                    if let Some(cache) = weak_cache.as_ref().and_then(std::sync::Weak::upgrade) {
+                        cache.set_live(false);
+                        cache.flush();
+                    }
+                    tracing::error!(
+                        "the session store's invalidation stream ended; the session cache is off"
+                    );
+                    return;
+                };
                 let Some(streams) = weak_streams.upgrade() else {
                     return;
                 };

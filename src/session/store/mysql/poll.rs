@@ -105,23 +105,28 @@ impl MysqlStore {
              WHERE at < UNIX_TIMESTAMP() - {}) FROM tessera_kv_log",
             TRAIL.as_secs()
         );
-        let ends: Option<(i64, i64)> = self
+        let ends: Option<mysql_async::Row> = self
             .run(|mut c| {
                 let sql = sql.clone();
                 async move { c.query_first(sql).await }
             })
             .await?;
+        let ends = ends.map(converted::<(i64, i64)>).transpose()?;
         let (max, settled) = ends.unwrap_or((0, 0));
         let from = settled.max(max - BATCH as i64);
         // A plain query, as every read of the poller: prepared statements are the store calls'
         // (the tests count them).
         let sql = format!("SELECT id FROM tessera_kv_log WHERE id > {from} AND id <= {max}");
-        let present: Vec<i64> = self
+        let present: Vec<mysql_async::Row> = self
             .run(|mut c| {
                 let sql = sql.clone();
                 async move { c.query(sql).await }
             })
             .await?;
+        let present = present
+            .into_iter()
+            .map(converted::<i64>)
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Cursor {
             max,
             gaps: missing(from, max, &present, Instant::now()),
@@ -139,14 +144,15 @@ impl MysqlStore {
             sql.push_str(&format!(" OR id IN ({})", ids.join(",")));
         }
         sql.push_str(&format!(" ORDER BY id LIMIT {BATCH}"));
-        let rows: Vec<(i64, Vec<u8>)> = self
+        let rows: Vec<mysql_async::Row> = self
             .run(|mut conn| {
                 let sql = sql.clone();
                 async move { conn.query(sql).await }
             })
             .await?;
         let mut keys = Vec::new();
-        for (id, key) in rows {
+        for row in rows {
+            let (id, key) = converted::<(i64, Vec<u8>)>(row)?;
             if id > c.max {
                 for gap in c.max + 1..id {
                     if c.gaps.len() >= MAX_GAPS {
@@ -171,6 +177,17 @@ impl MysqlStore {
             vec![Invalidation::Keys(keys)]
         })
     }
+}
+
+/// `row` as `T`. mysql_async's typed queries panic on a row that does not convert (an id past
+/// i64, a NULL key in a log table another tool made): in the poller that would end the
+/// invalidation stream; here it is a store error, reported as any other.
+///
+/// Errors: the row does not convert.
+fn converted<T: mysql_async::prelude::FromRow>(row: mysql_async::Row) -> Result<T, StoreError> {
+    mysql_async::from_row_opt(row).map_err(|_| {
+        StoreError("mysql: a tessera_kv_log row of another shape than tessera's".into())
+    })
 }
 
 #[cfg(test)]
