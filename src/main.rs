@@ -202,6 +202,7 @@ async fn reload_on_hangup(
     running: String,
     reloads: tokio::sync::mpsc::Sender<tessera::ConfigReload>,
 ) {
+    let mut env_warned = false;
     while hangups.recv().await.is_some() {
         tracing::info!(config = %path.display(), "SIGHUP: reloading the keys and TLS settings");
         let text = std::fs::read_to_string(&path).unwrap_or_default();
@@ -214,11 +215,16 @@ async fn reload_on_hangup(
         }
         let from_env = tessera::config::reloaded_from_env(&text);
         if !from_env.is_empty() {
-            tracing::warn!(
-                keys = %from_env.join(", "),
-                "SIGHUP: keys given as env: keep the values the process started with (its \
-                 environment is fixed at start); give them as file: to rotate them by reload"
-            );
+            // Said at WARN once: a deployment that never rotates them by reload (certbot's
+            // daily SIGHUP) is not told again each day.
+            let keys = from_env.join(", ");
+            let said = "SIGHUP: keys given as env: keep the values the process started with \
+                        (its environment is fixed at start); give them as file: to rotate them \
+                        by reload";
+            match std::mem::replace(&mut env_warned, true) {
+                false => tracing::warn!(%keys, "{said}"),
+                true => tracing::info!(%keys, "{said}"),
+            }
         }
         let reload = Config::load(&path);
         if reloads.send(reload).await.is_err() {

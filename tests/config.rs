@@ -697,8 +697,6 @@ fn a_login_prefix_and_a_session_ttl_the_stores_cannot_take_are_refused() {
     assert!(Config::from_toml_with(&text, env).is_ok());
 }
 
-/// A log level that is no level (`warning`, which the filter would take for a target and so
-/// log nothing) is refused, naming the key.
 /// A key that would do nothing in this configuration is refused, naming what it needs: left in
 /// place, it reads as if it applied (a typo'd or removed companion key).
 #[test]
@@ -742,6 +740,8 @@ fn keys_that_would_do_nothing_are_refused() {
     }
 }
 
+/// A log level that is no level (`warning`, which the filter would take for a target and so
+/// log nothing) is refused, naming the key.
 #[test]
 fn a_log_level_that_is_no_level_is_refused() {
     let text = format!("{}[log]\nlevel = \"warning\"\n", minimal());

@@ -905,6 +905,15 @@ fn credential_checks_carry_the_id_of_the_request_that_made_them() {
     ]
     .map(|(path, id)| (path.to_string(), id));
     assert_eq!(seen, want);
+    // Both checks name the client whose request made them (an upstream's fail2ban must not
+    // ban tessera when a changed password fails for every live session).
+    let named: Vec<(String, String)> = up.stats.forwarded_for.lock().unwrap().clone();
+    let checks: Vec<&str> = named
+        .iter()
+        .filter(|(path, _)| path == "/check")
+        .map(|(_, client)| client.as_str())
+        .collect();
+    assert_eq!(checks, ["127.0.0.1", "127.0.0.1"]);
 }
 
 fn hs512_with_kid(kid: &str, secret: &str, sid: &str) -> String {

@@ -60,8 +60,9 @@ impl Rechecks {
 
 impl Login {
     /// Whether the upstream still accepts a session's stored credentials (`authorization`, its
-    /// injected `Authorization` value) at `login.verify_path`. Concurrent callers for one `sid`
-    /// share one check (with the first one's `request_id`), and its answer is reused for 10 s.
+    /// injected `Authorization` value) at `login.verify_path`, naming the `client` whose
+    /// request asks (as a login's check does). Concurrent callers for one `sid` share one check
+    /// (with the first one's `request_id` and `client`), and its answer is reused for 10 s.
     ///
     /// Errors: as [`Login::check_upstream`] (the upstream failed or answered neither 2xx nor
     /// 401/403); a failed check is not reused.
@@ -70,10 +71,12 @@ impl Login {
         sid: &Arc<str>,
         authorization: &HeaderValue,
         request_id: Option<&HeaderValue>,
+        client: std::net::IpAddr,
         upstream: &Upstream,
     ) -> Result<bool, ProxyError> {
         let cell = self.rechecks.cell(sid);
-        let check = || self.check_authorization(authorization.clone(), request_id, None, upstream);
+        let check =
+            || self.check_authorization(authorization.clone(), request_id, Some(client), upstream);
         cell.get_or_try_init(check).await.copied()
     }
 

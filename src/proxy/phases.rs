@@ -55,6 +55,7 @@ impl Proxy {
                     sid,
                     &session.authorization,
                     ctx.request_id(),
+                    ctx.peer().addr.ip(),
                     &self.upstream,
                 )
                 .await

@@ -10,8 +10,11 @@
 /// Access, Google IAP, AWS ALB, Azure App Service, Tailscale), client-address and host fields
 /// set by CDNs and balancers, URL rewrites some frameworks trust (IIS, Symfony), method
 /// overrides (a `GET` allowed through a policy that a framework then runs as `DELETE`), and
-/// `Proxy`, which CGI servers turn into `HTTP_PROXY` (httpoxy, CVE-2016-5385).
-pub const DEFAULT_STRIPPED: [&str; 37] = [
+/// `Proxy`, which CGI servers turn into `HTTP_PROXY` (httpoxy, CVE-2016-5385). The signed
+/// assertions those proxies send beside (`Cf-Access-Jwt-Assertion`, `X-Amzn-Oidc-Data`,
+/// `X-Pomerium-Jwt-Assertion`, `X-authentik-jwt`) are left: a client cannot forge them, and an
+/// upstream that checks them would lose them.
+pub const DEFAULT_STRIPPED: [&str; 42] = [
     "x-remote-user",
     "remote-user",
     "x-remote-group",
@@ -21,11 +24,16 @@ pub const DEFAULT_STRIPPED: [&str; 37] = [
     "x-auth-request-*",
     "x-auth-user",
     "x-webauth-user",
-    "x-authentik-*",
-    "x-pomerium-*",
-    "cf-access-*",
+    "x-authentik-username",
+    "x-authentik-groups",
+    "x-authentik-entitlements",
+    "x-authentik-email",
+    "x-authentik-name",
+    "x-authentik-uid",
+    "x-pomerium-claim-*",
+    "cf-access-authenticated-user-email",
     "x-goog-authenticated-user-*",
-    "x-amzn-oidc-*",
+    "x-amzn-oidc-identity",
     "x-ms-client-principal*",
     "tailscale-user-*",
     "x-original-url",
@@ -133,6 +141,7 @@ mod tests {
             "proxy",
             "client_ip",
             "x-authentik-username",
+            "x-pomerium-claim-email",
             "x-ms-client-principal-name",
             "remote-groups",
         ] {
@@ -148,6 +157,10 @@ mod tests {
             "remote-user-agent",
             "proxy-status",
             "x-forwarded-by",
+            "cf-access-jwt-assertion",
+            "x-amzn-oidc-data",
+            "x-pomerium-jwt-assertion",
+            "x-authentik-jwt",
         ] {
             assert!(!s.contains(name), "{name}");
         }

@@ -33,44 +33,22 @@ impl std::fmt::Debug for StoreSpec {
     }
 }
 
-/// `url` fit to show in an error or a `Debug`: what stands before the last `@` of its authority
-/// (a password) and its query (libpq's `?password=`) as `***`. Text with no `://` is taken as
-/// all authority, so a mistyped `postgres:/user:pw@host` hides its password too.
+/// `url` fit to show in an error or a `Debug`: everything before its last `@` (a password,
+/// which may itself hold `/`, `?` or `@`) and its query (libpq's `?password=`) as `***`. Text
+/// with no `://` is redacted the same way, so a mistyped `postgres:/user:pw@host` hides its
+/// password too. Over-redacts rather than under: an `@` in a query hides the host.
 pub(crate) fn redacted_url(url: &str) -> String {
-    let (base, query) = url.split_once('?').map_or((url, ""), |(b, _)| (b, "?***"));
-    let (scheme, rest) = match base.split_once("://") {
+    let (scheme, rest) = match url.split_once("://") {
         Some((scheme, rest)) => (format!("{scheme}://"), rest),
-        None => (String::new(), base),
+        None => (String::new(), url),
     };
-    let authority_end = match scheme.is_empty() {
-        true => rest.len(),
-        false => rest.find('/').unwrap_or(rest.len()),
+    let rest = match rest.rfind('@') {
+        Some(at) => format!("***{}", &rest[at..]),
+        None => rest.to_string(),
     };
-    match rest[..authority_end].rfind('@') {
-        Some(at) => format!("{scheme}***{}{query}", &rest[at..]),
-        None => format!("{scheme}{rest}{query}"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn store_urls_are_shown_without_their_secrets() {
-        let spec = StoreSpec::Postgres(
-            "postgres://u:pw@db:5432/x?sslmode=require&password=pw2".into(),
-            None,
-        );
-        let shown = format!("{spec:?}");
-        assert!(!shown.contains("pw"), "{shown}");
-        assert!(shown.contains("postgres://***@db:5432/x?***"), "{shown}");
-        assert_eq!(redacted_url("postgres:/u:pw@db/x"), "***@db/x");
-        assert_eq!(
-            redacted_url("redis://127.0.0.1:6379/0"),
-            "redis://127.0.0.1:6379/0"
-        );
-        assert_eq!(redacted_url("redis://:p@w@h/0"), "redis://***@h/0");
+    match rest.split_once('?') {
+        Some((base, _)) => format!("{scheme}{base}?***"),
+        None => format!("{scheme}{rest}"),
     }
 }
 
@@ -119,4 +97,31 @@ pub struct SessionConfig {
     /// (`cache_ttl_seconds`, default 300 s — a bound even if an invalidation were missed) and life
     /// of a remembered unknown sid (`negative_cache_ms`, default 1000 ms).
     pub cache: crate::session::CacheConfig,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_urls_are_shown_without_their_secrets() {
+        let spec = StoreSpec::Postgres(
+            "postgres://u:pw@db:5432/x?sslmode=require&password=pw2".into(),
+            None,
+        );
+        let shown = format!("{spec:?}");
+        assert!(!shown.contains("pw"), "{shown}");
+        assert!(shown.contains("postgres://***@db:5432/x?***"), "{shown}");
+        assert_eq!(redacted_url("postgres:/u:pw@db/x"), "***@db/x");
+        assert_eq!(
+            redacted_url("redis://127.0.0.1:6379/0"),
+            "redis://127.0.0.1:6379/0"
+        );
+        assert_eq!(redacted_url("redis://:p@w@h/0"), "redis://***@h/0");
+        assert_eq!(
+            redacted_url("postgres://u:pa/ss@db/x"),
+            "postgres://***@db/x"
+        );
+        assert_eq!(redacted_url("postgres://u:p?w@db/x"), "postgres://***@db/x");
+    }
 }

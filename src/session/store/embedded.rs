@@ -36,10 +36,9 @@ const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(25);
 const LOG_KEEP_SECONDS: i64 = 300;
 /// The lock file beside the database, held while the store is opened (module docs).
 const OPEN_LOCK: &str = "sessions.lock";
-/// How long an open waits for another process's open to finish before it fails.
 /// The database file in the store's directory.
 const DATABASE: &str = "sessions.sqlite3";
-
+/// How long an open waits for another process's open to finish before it fails.
 const OPEN_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 struct Inner {
