@@ -94,7 +94,7 @@ pub(super) struct Jwks {
 /// The last JWKS fetch: when it was tried, and the SHA-256 of the document last loaded.
 #[derive(Default)]
 pub(super) struct LastFetch {
-    at: Option<Instant>,
+    pub(super) at: Option<Instant>,
     loaded: Option<[u8; 32]>,
 }
 
