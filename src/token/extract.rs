@@ -190,8 +190,17 @@ fn decode_b64_cookie(value: &[u8]) -> Result<String, ExtractError> {
         .or_else(|_| base64::engine::general_purpose::STANDARD_NO_PAD.decode(value))
         .map_err(|_| ExtractError::Malformed)?;
     let text = String::from_utf8(decoded).map_err(|_| ExtractError::Malformed)?;
-    match text.trim() {
+    // One line ending allowed (`echo $JWT | base64` adds it), no other whitespace: the
+    // verified-token cache keys on the cookie as carried, and each spelling of one token with
+    // spaces around it would verify and take an entry of its own (one user could churn the
+    // cache with a valid token).
+    let token = text
+        .strip_suffix("\r\n")
+        .or_else(|| text.strip_suffix('\n'))
+        .unwrap_or(&text);
+    match token {
         "" => Err(ExtractError::Malformed),
+        t if t.trim().len() != t.len() => Err(ExtractError::Malformed),
         t if t.len() == text.len() => Ok(text),
         t => Ok(t.to_owned()),
     }
@@ -296,6 +305,14 @@ mod tests {
         assert_eq!(extract(&hm, &all()).unwrap(), "x.y.z");
         let hm = h(&[("cookie", "Authorization=eC55Lno")]);
         assert_eq!(extract(&hm, &all()).unwrap(), "x.y.z");
+        // base64("x.y.z\n") = eC55LnoK: a line ending is dropped; base64(" x.y.z") =
+        // IHgueS56 and base64("x.y.z  ") = eC55LnogIA==: other whitespace is refused.
+        let hm = h(&[("cookie", "Authorization=eC55LnoK")]);
+        assert_eq!(extract(&hm, &all()).unwrap(), "x.y.z");
+        for padded in ["IHgueS56", "eC55LnogIA=="] {
+            let hm = h(&[("cookie", &*format!("Authorization={padded}"))]);
+            assert_eq!(extract(&hm, &all()), Err(ExtractError::Malformed), "{padded}");
+        }
     }
 
     #[test]
