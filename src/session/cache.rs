@@ -95,13 +95,30 @@ pub struct CacheConfig {
     pub negative_ttl: Duration,
 }
 
+/// Buckets of [`SessionCache::epochs`].
+const EPOCH_BUCKETS: usize = 1024;
+
+/// `sid`'s bucket of [`SessionCache::epochs`] (FNV-1a: sids of other formats than tessera's
+/// random ones, hex UUIDs, spread too).
+fn bucket(sid: &str) -> usize {
+    let hash = sid.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    (hash % EPOCH_BUCKETS as u64) as usize
+}
+
 /// The cache, shared by every request of one process.
 pub(super) struct SessionCache {
     entries: Cache<Arc<str>, Entry, Weigh>,
     ttl: Duration,
     negative_ttl: Duration,
-    /// Bumped by every invalidation; a load that saw it change may have read a stale value.
-    epoch: AtomicU64,
+    /// Bumped by every invalidation of a sid of the bucket ([`bucket`]); a load that saw its
+    /// sid's change may have read a stale value. Per bucket, not one for all: with one, any
+    /// write anywhere (a shared Redis database's other keys, in the hyper-auth-proxy format)
+    /// during a store read threw the read's answer away, and warm requests kept reading.
+    epochs: Box<[AtomicU64]>,
+    /// Bumped by every flush: every load in progress may have read a stale value.
+    flushes: AtomicU64,
     /// Store reads done on behalf of the cache (misses), for tests and benchmarks.
     loads: AtomicU64,
     /// The invalidation stream is live; while false the cache is bypassed.
@@ -135,7 +152,8 @@ impl SessionCache {
             ),
             ttl: cfg.ttl.min(MAX_LIFE),
             negative_ttl: cfg.negative_ttl.min(MAX_LIFE),
-            epoch: AtomicU64::new(0),
+            epochs: (0..EPOCH_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            flushes: AtomicU64::new(0),
             loads: AtomicU64::new(0),
             live: AtomicBool::new(false),
         }
@@ -197,7 +215,7 @@ impl SessionCache {
             Ok(filled) => return filled.cached,
             Err(guard) => guard,
         };
-        let before = self.epoch.load(Ordering::Acquire);
+        let before = self.changes(sid);
         self.loads.fetch_add(1, Ordering::Relaxed);
         let cached = match load.await {
             Ok(s) => Ok(Cached::Found(Arc::new(s))),
@@ -214,10 +232,10 @@ impl SessionCache {
             cached: cached.clone(),
             until,
         });
-        if cached.is_err() || self.epoch.load(Ordering::Acquire) != before {
-            // A failure is not kept. And an invalidation (of any sid: the counter is global)
-            // arrived while the store was read: the answer is good for this request (it was
-            // true when read) but must not be served to the next one.
+        if cached.is_err() || self.changes(sid) != before {
+            // A failure is not kept. And an invalidation (of this sid, or another of its
+            // bucket) or a flush arrived while the store was read: the answer is good for this
+            // request (it was true when read) but must not be served to the next one.
             self.entries.remove(&**sid);
         }
         cached
@@ -225,13 +243,19 @@ impl SessionCache {
 
     /// Evicts `sid` (a local write, or the store said it changed).
     pub(super) fn invalidate(&self, sid: &str) {
-        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.epochs[bucket(sid)].fetch_add(1, Ordering::AcqRel);
         self.entries.remove(sid);
+    }
+
+    /// The flushes and the invalidations of `sid`'s bucket so far.
+    fn changes(&self, sid: &str) -> (u64, u64) {
+        let flushes = self.flushes.load(Ordering::Acquire);
+        (flushes, self.epochs[bucket(sid)].load(Ordering::Acquire))
     }
 
     /// Drops every entry (the invalidation stream was lost or the store was flushed).
     pub(super) fn flush(&self) {
-        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.flushes.fetch_add(1, Ordering::AcqRel);
         self.entries.clear();
     }
 
@@ -362,6 +386,33 @@ mod tests {
             .await;
         assert!(matches!(again, Ok(Cached::Unknown)));
         assert_eq!(c.loads(), 2);
+    }
+
+    /// An invalidation of another sid's bucket during a read leaves the read's answer cached:
+    /// the next request is served without a store read.
+    #[tokio::test]
+    async fn an_invalidation_of_another_sid_during_a_read_keeps_it() {
+        let c = cache(1000, 1 << 20);
+        assert_ne!(bucket("sid"), bucket("other"));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let c2 = c.clone();
+        let read = tokio::spawn(async move {
+            c2.get_or_load(&"sid".into(), async move {
+                let _ = rx.await;
+                Ok(session("old"))
+            })
+            .await
+            .map(|_| ())
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        c.invalidate("other");
+        tx.send(()).unwrap();
+        read.await.unwrap().unwrap();
+        let again = c
+            .get_or_load(&"sid".into(), async { Err(ResolveError::Unknown) })
+            .await;
+        assert!(matches!(again, Ok(Cached::Found(_))));
+        assert_eq!(c.loads(), 1);
     }
 
     #[tokio::test]

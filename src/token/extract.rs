@@ -311,7 +311,11 @@ mod tests {
         assert_eq!(extract(&hm, &all()).unwrap(), "x.y.z");
         for padded in ["IHgueS56", "eC55LnogIA=="] {
             let hm = h(&[("cookie", &*format!("Authorization={padded}"))]);
-            assert_eq!(extract(&hm, &all()), Err(ExtractError::Malformed), "{padded}");
+            assert_eq!(
+                extract(&hm, &all()),
+                Err(ExtractError::Malformed),
+                "{padded}"
+            );
         }
     }
 
