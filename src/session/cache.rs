@@ -98,13 +98,18 @@ pub struct CacheConfig {
 /// Buckets of [`SessionCache::epochs`].
 const EPOCH_BUCKETS: usize = 1024;
 
-/// `sid`'s bucket of [`SessionCache::epochs`] (FNV-1a: sids of other formats than tessera's
-/// random ones, hex UUIDs, spread too).
+/// `sid`'s bucket of [`SessionCache::epochs`].
 fn bucket(sid: &str) -> usize {
-    let hash = sid.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+    (spread(sid) % EPOCH_BUCKETS as u64) as usize
+}
+
+/// A hash of `sid` to pick its bucket by (FNV-1a: every byte counts, so sids of other formats
+/// than tessera's random ones, hex UUIDs, spread too). Not keyed: a client choosing sids that
+/// share a bucket only costs itself spare store reads.
+pub(super) fn spread(sid: &str) -> u64 {
+    sid.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    (hash % EPOCH_BUCKETS as u64) as usize
+    })
 }
 
 /// The cache, shared by every request of one process.

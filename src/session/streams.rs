@@ -34,8 +34,10 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 /// Buckets of sids sharing one change epoch: a change of one sid makes the registration of a
-/// response of another sid in its bucket re-read the store once (harmless, rare).
-const BUCKETS: usize = 64;
+/// response of another sid in its bucket re-read the store once. A cached session's epoch
+/// is as old as its entry (up to `session.cache_ttl_seconds`), so with 64 buckets and a change
+/// a second nearly every registration re-read; with 4,096, about 7 in 100.
+const BUCKETS: usize = 4096;
 
 /// The registry of open responses of one serving process, by sid.
 pub(crate) struct OpenStreams {
@@ -56,14 +58,10 @@ struct Open {
     count: usize,
 }
 
-/// The bucket of `sid`: its first and last bytes, mixed. tessera's sids are random base64url
-/// (6 random bits per character), so that spreads them over every bucket; a sid format with less
-/// variety there only shares buckets more, which costs spare store reads, never a missed
-/// revocation. Two bytes suffice: a finer spread only saves rare spare reads.
+/// The bucket of `sid` ([`super::cache::spread`]). Sids sharing one only cost spare store
+/// reads, never a missed revocation.
 fn bucket(sid: &str) -> usize {
-    let b = sid.as_bytes();
-    let (first, last) = (b.first().copied(), b.last().copied());
-    (usize::from(first.unwrap_or(0)) * 7 + usize::from(last.unwrap_or(0))) % BUCKETS
+    (super::cache::spread(sid) % BUCKETS as u64) as usize
 }
 
 impl OpenStreams {
