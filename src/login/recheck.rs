@@ -33,27 +33,41 @@ type Check = (Instant, Arc<OnceCell<bool>>);
 /// The re-checks of stored credentials, one per session at a time (single flight).
 #[derive(Default)]
 pub(super) struct Rechecks {
-    /// Session id -> its latest check.
-    by_sid: Mutex<HashMap<Arc<str>, Check>>,
+    by_sid: Mutex<Table>,
+}
+
+/// Session id -> its latest check, and the size past which old answers are pruned.
+#[derive(Default)]
+struct Table {
+    map: HashMap<Arc<str>, Check>,
+    /// At least [`PRUNE_AT`], twice what a prune left: a table of many fresh answers is not
+    /// walked again at each new session.
+    prune_at: usize,
 }
 
 impl Rechecks {
-    /// The answer cell for `sid`: the one of a check started less than [`RECHECK_REUSE`] ago,
-    /// else a new one.
+    /// The answer cell for `sid`: the one of a check under way (however long it takes: never
+    /// two at once) or started less than [`RECHECK_REUSE`] ago, else a new one.
     fn cell(&self, sid: &Arc<str>) -> Arc<OnceCell<bool>> {
         let now = Instant::now();
-        let fresh = |at: &Instant| now.duration_since(*at) < RECHECK_REUSE;
-        let mut map = self.by_sid.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((at, cell)) = map.get(sid) {
-            if fresh(at) {
+        // Under way: unanswered, and someone waits on it (a failed check leaves its cell
+        // unanswered, and nobody waiting).
+        let live = |at: &Instant, cell: &Arc<OnceCell<bool>>| {
+            now.duration_since(*at) < RECHECK_REUSE
+                || (!cell.initialized() && Arc::strong_count(cell) > 1)
+        };
+        let mut table = self.by_sid.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((at, cell)) = table.map.get(sid) {
+            if live(at, cell) {
                 return cell.clone();
             }
         }
-        if map.len() >= PRUNE_AT {
-            map.retain(|_, (at, _)| fresh(at));
+        if table.map.len() >= table.prune_at.max(PRUNE_AT) {
+            table.map.retain(|_, (at, cell)| live(at, cell));
+            table.prune_at = table.map.len() * 2;
         }
         let cell = Arc::new(OnceCell::new());
-        map.insert(sid.clone(), (now, cell.clone()));
+        table.map.insert(sid.clone(), (now, cell.clone()));
         cell
     }
 }
@@ -151,6 +165,7 @@ mod tests {
         let first = rechecks.cell(&a);
         assert!(Arc::ptr_eq(&first, &rechecks.cell(&a)));
         assert!(!Arc::ptr_eq(&first, &rechecks.cell(&b)));
+        first.set(true).unwrap();
         tokio::time::advance(RECHECK_REUSE - Duration::from_millis(1)).await;
         assert!(Arc::ptr_eq(&first, &rechecks.cell(&a)));
         tokio::time::advance(Duration::from_millis(1)).await;
@@ -165,6 +180,25 @@ mod tests {
         }
         tokio::time::advance(RECHECK_REUSE).await;
         rechecks.cell(&Arc::from("new"));
-        assert_eq!(rechecks.by_sid.lock().unwrap().len(), 1);
+        assert_eq!(rechecks.by_sid.lock().unwrap().map.len(), 1);
+    }
+
+    /// A check still under way is shared however long it takes (its upstream is slow), never
+    /// replaced by a second one for the same session.
+    #[tokio::test(start_paused = true)]
+    async fn a_check_under_way_is_shared_past_the_reuse_time() {
+        let rechecks = Rechecks::default();
+        let sid: Arc<str> = "sid".into();
+        let waiting = rechecks.cell(&sid);
+        tokio::time::advance(RECHECK_REUSE * 3).await;
+        assert!(Arc::ptr_eq(&waiting, &rechecks.cell(&sid)));
+        // Given up (its caller gone, the cell unanswered): the next one starts anew.
+        let gone = Arc::downgrade(&waiting);
+        drop(waiting);
+        let _next = rechecks.cell(&sid);
+        assert!(
+            gone.upgrade().is_none(),
+            "the given-up check is still shared"
+        );
     }
 }
