@@ -94,11 +94,25 @@ pub(super) struct Jwks {
 /// The last JWKS fetch: when it was tried, and the SHA-256 of the document last loaded.
 #[derive(Default)]
 pub(super) struct LastFetch {
-    pub(super) at: Option<Instant>,
+    at: Option<Instant>,
     loaded: Option<[u8; 32]>,
 }
 
 impl Jwks {
+    /// Whether a refresh asked by an unknown `kid` would be refused by the rate limit now (one
+    /// was tried within `token.jwks_min_refresh_seconds`, or a fetch is under way: it took the
+    /// turn just now). Checked before a task is spawned for it: no valid signature is needed
+    /// to name an unknown `kid`, and a task per such request would queue behind a fetch (up to
+    /// 5 s) by the thousand.
+    pub(super) fn turn_taken(&self) -> bool {
+        match self.last.try_lock() {
+            Ok(last) => last
+                .at
+                .is_some_and(|at| at.elapsed() < self.cfg.min_refresh),
+            Err(_) => true,
+        }
+    }
+
     /// Fetches the document (not within `min_gap` of the last try, when given) and loads its
     /// keys. Returns whether the keys changed: `false` for the same document as before (a
     /// refresh asked by an unknown `kid` finds that most of the time; answered `true`, the

@@ -374,17 +374,9 @@ impl Keys {
     /// The fetch is a task of its own: a request that goes away (a reset HTTP/2 stream) must not
     /// cancel a fetch that has already taken the rate limit's turn.
     pub async fn refresh_for_unknown_kid(&self) -> bool {
-        let Some(j) = self.jwks.clone() else {
+        let Some(j) = self.jwks.clone().filter(|j| !j.turn_taken()) else {
             return false;
         };
-        // Refused here, before a task is spawned, when the rate limit would refuse it there:
-        // no valid signature is needed to name an unknown `kid`, and a task per such request
-        // would queue behind a fetch (up to 5 s) by the thousand.
-        match j.last.try_lock() {
-            Ok(last) if last.at.is_some_and(|at| at.elapsed() < j.cfg.min_refresh) => return false,
-            Ok(_) => {}
-            Err(_) => return false, // a fetch is under way: it took the turn just now
-        }
         tokio::spawn(async move { j.refresh(Some(j.cfg.min_refresh)).await })
             .await
             .unwrap_or(false)
