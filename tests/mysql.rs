@@ -293,4 +293,22 @@ fn a_crashed_server_gives_503_then_service_again() {
         .unwrap();
     let listed = String::from_utf8_lossy(&listed.stdout);
     assert!(listed.contains("\"sub\":\"alice\""), "{listed}");
+    // 2,500 copies of the record under other sids: listed in pages of 1,000 (each a call
+    // with its own deadline), none missed or read twice.
+    db.sql(
+        "INSERT INTO tessera_kv (`key`, `value`, expires_at) \
+         SELECT CONCAT('tessera:session:copy-', LPAD(seq, 5, '0')), `value`, expires_at \
+         FROM tessera_kv, seq_1_to_2500",
+    );
+    let listed = std::process::Command::new(support::bin())
+        .args(["session", "list", "--json", "--config"])
+        .arg(a.config_path())
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    let hashes: std::collections::BTreeSet<&str> = listed
+        .lines()
+        .filter_map(|l| l.split("\"sid_hash\":\"").nth(1)?.split('"').next())
+        .collect();
+    assert_eq!((listed.lines().count(), hashes.len()), (2501, 2501));
 }

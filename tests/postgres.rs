@@ -246,6 +246,27 @@ fn the_cli_and_check_config_work_on_postgres() {
     assert!(reseal.status.success());
     let report: serde_json::Value = serde_json::from_slice(&reseal.stdout).unwrap();
     assert_eq!(report["total"], 1, "{report}");
+    // 2,500 copies of the record under other sids: the list reads them in pages of 1,000,
+    // each page a call with its own deadline, none missed or read twice.
+    pg.sql(
+        "INSERT INTO tessera_kv (key, value, expires_at) \
+         SELECT 'tessera:session:copy-' || lpad(n::text, 5, '0'), value, expires_at \
+         FROM tessera_kv, generate_series(1, 2500) AS n",
+    );
+    let listed = run_cli(&["session", "list", "--json", "--config", cfg]);
+    let listed = String::from_utf8(listed.stdout).unwrap();
+    let hashes: std::collections::BTreeSet<&str> = listed
+        .lines()
+        .map(|l| {
+            l.split("\"sid_hash\":\"")
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!((listed.lines().count(), hashes.len()), (2501, 2501));
     a.revoke(&sid);
     assert!(until_status(&a, &token, 401, Duration::from_secs(10)).is_some());
 

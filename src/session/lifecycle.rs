@@ -71,7 +71,8 @@ impl Sessions {
     /// Every live session: sid hash, subject and expiry; never credentials. Records that are not
     /// session records (other keys in a shared Redis database) are skipped.
     ///
-    /// Errors: the store failed (no deadline: an operator command walking the whole store).
+    /// Errors: the store failed (each page of the walk has the store's deadline: on SQL, 1,000
+    /// records a page; Redis's SCAN pages itself).
     pub async fn list(&self) -> Result<Vec<Listed>, StoreError> {
         Ok(self.entries().await?.into_iter().map(|(_, l)| l).collect())
     }

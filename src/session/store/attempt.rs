@@ -54,3 +54,30 @@ where
     }
     .map_err(StoreError::from)
 }
+
+/// Rows a SQL store's scan reads per query ([`paged`]).
+pub(super) const SCAN_PAGE: usize = 1000;
+
+/// Every `(key, value)` row `page` gives, read in pages of [`SCAN_PAGE`] in key order: `page`
+/// is asked for the rows after the key it is given (`""` first), each page a store call with
+/// its own deadline (`session.timeout_ms`), so that listing, resealing or revoking on a store of
+/// many sessions does not fail as one query past the deadline.
+///
+/// Errors: a page's.
+pub(super) async fn paged<Fut>(
+    page: impl Fn(String) -> Fut,
+) -> Result<Vec<(String, Vec<u8>)>, StoreError>
+where
+    Fut: Future<Output = Result<Vec<(String, Vec<u8>)>, StoreError>>,
+{
+    let mut out: Vec<(String, Vec<u8>)> = Vec::new();
+    loop {
+        let after = out.last().map(|(k, _)| k.clone()).unwrap_or_default();
+        let rows = page(after).await?;
+        let done = rows.len() < SCAN_PAGE;
+        out.extend(rows);
+        if done {
+            return Ok(out);
+        }
+    }
+}

@@ -20,7 +20,7 @@ use mysql_async::prelude::{Query, Queryable, WithParams};
 use mysql_async::{Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts, TxOpts};
 use tokio::sync::OnceCell;
 
-use super::attempt::{twice, Attempt};
+use super::attempt::{paged, twice, Attempt, SCAN_PAGE};
 use super::StoreError;
 
 mod poll;
@@ -182,18 +182,26 @@ impl MysqlStore {
     }
 
     pub(super) async fn scan(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        self.run(|mut c| async move {
-            // A byte comparison, not LIKE: a prefix with `%` or `_` must match literally.
-            let rows: Vec<(Vec<u8>, Vec<u8>)> = "SELECT `key`, `value` FROM tessera_kv
-                 WHERE LEFT(`key`, LENGTH(?)) = ? AND expires_at > UNIX_TIMESTAMP()
-                 ORDER BY `key`"
-                .with((prefix, prefix))
-                .fetch(&mut c)
-                .await?;
-            Ok(rows
-                .into_iter()
-                .filter_map(|(k, v)| Some((String::from_utf8(k).ok()?, v)))
-                .collect())
+        paged(|after| {
+            self.run(move |mut c| {
+                let after = after.clone();
+                async move {
+                    // A byte comparison, not LIKE: a prefix with `%` or `_` must match literally.
+                    let rows: Vec<(Vec<u8>, Vec<u8>)> = "SELECT `key`, `value` FROM tessera_kv
+                         WHERE LEFT(`key`, LENGTH(?)) = ? AND `key` > ?
+                           AND expires_at > UNIX_TIMESTAMP()
+                         ORDER BY `key` LIMIT ?"
+                        .with((prefix, prefix, after, SCAN_PAGE as u64))
+                        .fetch(&mut c)
+                        .await?;
+                    // Every row kept (a key not UTF-8, written by another tool, shown
+                    // lossily): the page's length and last key carry the paging.
+                    Ok(rows
+                        .into_iter()
+                        .map(|(k, v)| (String::from_utf8_lossy(&k).into_owned(), v))
+                        .collect())
+                }
+            })
         })
         .await
     }

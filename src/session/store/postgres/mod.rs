@@ -21,13 +21,16 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio::sync::OnceCell;
 use tokio_postgres::NoTls;
 
-use super::attempt::{twice, Attempt};
+use super::attempt::{paged, twice, Attempt, SCAN_PAGE};
 use super::StoreError;
 use crate::session::SessionQuery;
 
+mod errors;
 mod listen;
 mod own;
 mod tls;
+
+use errors::{bounded, causes, classify};
 
 /// The channel `pg_notify` rings on each change; its payload is the changed key.
 const CHANNEL: &str = "tessera_kv";
@@ -252,16 +255,22 @@ impl PostgresStore {
                 "no list: the sessions are the application's (session.query), in its own table",
             ));
         }
-        self.run(|c| async move {
-            // starts_with, not LIKE: a prefix with `%` or `_` must match literally.
-            let stmt = c
-                .prepare_cached(
-                    "SELECT key, value FROM tessera_kv
-                     WHERE starts_with(key, $1) AND expires_at > now() ORDER BY key",
-                )
-                .await?;
-            let rows = c.query(&stmt, &[&prefix]).await?;
-            Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
+        paged(|after| {
+            self.run(move |c| {
+                let after = after.clone();
+                async move {
+                    // starts_with, not LIKE: a prefix with `%` or `_` must match literally.
+                    let stmt = c
+                        .prepare_cached(
+                            "SELECT key, value FROM tessera_kv WHERE starts_with(key, $1)
+                             AND key > $2 AND expires_at > now() ORDER BY key LIMIT $3",
+                        )
+                        .await?;
+                    let page = SCAN_PAGE as i64;
+                    let rows = c.query(&stmt, &[&prefix, &after, &page]).await?;
+                    Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
+                }
+            })
         })
         .await
     }
@@ -340,58 +349,4 @@ impl PostgresStore {
         })
         .await
     }
-}
-
-/// A driver error as an [`Attempt`]'s failure: broken when the connection was closed.
-fn classify(e: tokio_postgres::Error) -> Attempt {
-    match e.is_closed() {
-        true => Attempt::Broken(err("connection closed")),
-        false => Attempt::Failed(err(describe(&e))),
-    }
-}
-
-/// `fut` within `timeout`, its error classified ([`classify`]).
-async fn bounded<T>(
-    timeout: Duration,
-    fut: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
-) -> Result<T, Attempt> {
-    match tokio::time::timeout(timeout, fut).await {
-        Err(_) => Err(Attempt::Failed(err(format!(
-            "no answer within {} ms",
-            timeout.as_millis()
-        )))),
-        Ok(result) => result.map_err(classify),
-    }
-}
-
-/// The server's message for a database error (`relation ... does not exist`, `permission
-/// denied ...`), else the driver's with its causes: `tokio_postgres::Error`'s own text is only
-/// "db error" or "error performing TLS handshake".
-fn describe(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        // A data exception (class 22) quotes the value it refused after a colon (`invalid
-        // input syntax for type uuid: "..."`): with a `session.query`, a sid.
-        Some(db) if db.code().code().starts_with("22") => {
-            let message = db.message();
-            let said = message.split_once(": ").map_or(message, |(said, _)| said);
-            format!("{said} ({})", db.code().code())
-        }
-        Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => causes(e),
-    }
-}
-
-/// `e` and each error it was caused by, joined with ": " (a refused certificate says why).
-pub(super) fn causes(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut next = e.source();
-    while let Some(cause) = next {
-        let said = cause.to_string();
-        if !text.contains(&said) {
-            text.push_str(": ");
-            text.push_str(&said);
-        }
-        next = cause.source();
-    }
-    text
 }
