@@ -55,7 +55,7 @@ fn no_encoding_of_a_dot_segment_climbs_out_of_the_base_path() {
     }
     let (code, body) = get_as_is(&t, &token, "/inside");
     assert_eq!((code, body.as_str()), (200, "base /base/inside\n"));
-    let uris = nginx.uris();
+    let uris = nginx.uris_at_least(1);
     assert_eq!(uris, ["/base/inside"], "nginx served paths outside /base/");
     let log = t.log_when(|l| l.contains("encoded slash"));
     assert!(log.contains("dot segment in path"), "{log}");
@@ -77,7 +77,7 @@ fn encoded_slashes_outside_dot_segments_are_refused_unless_allowed() {
     assert_eq!((code, body.as_str()), (200, "base /base/a/b\n"));
     let (code, _) = get_as_is(&allowing, &token, "/..%2fsecret");
     assert_eq!(code, 400, "a dot segment stays refused");
-    assert_eq!(nginx.uris(), ["/base/a/b"]);
+    assert_eq!(nginx.uris_at_least(1), ["/base/a/b"]);
 }
 
 /// Sends a request head with a body announced by `framing`, then a byte of body every 500 ms
@@ -473,7 +473,7 @@ fn a_request_target_without_a_leading_slash_is_refused() {
         &format!("GET http://t?x=1 HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {token}\r\n\r\n"),
     );
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    let uris = nginx.uris();
+    let uris = nginx.uris_at_least(2);
     assert_eq!(
         uris,
         ["/base/inside", "/base/"],
@@ -509,5 +509,5 @@ fn a_host_that_names_no_server_is_refused() {
         ),
     );
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    assert_eq!(nginx.uris(), ["/base/inside"]);
+    assert_eq!(nginx.uris_at_least(1), ["/base/inside"]);
 }

@@ -272,6 +272,19 @@ http {{
     }
 
     /// The normalised paths (`$uri`) of the requests nginx served so far, in order.
+    /// [`Nginx::uris`] once it lists at least `n` (nginx logs a request after answering it, so
+    /// a client can have its answer first), or as it is after 10 s.
+    pub fn uris_at_least(&self, n: usize) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let uris = self.uris();
+            if uris.len() >= n || Instant::now() >= deadline {
+                return uris;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     pub fn uris(&self) -> Vec<String> {
         std::fs::read_to_string(self._dir.path().join("uris.log"))
             .unwrap_or_default()
