@@ -98,18 +98,46 @@ pub(super) struct LastFetch {
     loaded: Option<[u8; 32]>,
 }
 
+/// Whether a refresh for an unknown `kid` may fetch ([`Jwks::refresh_for_unknown_kid`]).
+enum Turn {
+    Free,
+    /// Tried within `token.jwks_min_refresh_seconds`.
+    Taken,
+    /// A fetch holds the lock now.
+    Fetching,
+}
+
 impl Jwks {
-    /// Whether a refresh asked by an unknown `kid` would be refused by the rate limit now (one
-    /// was tried within `token.jwks_min_refresh_seconds`, or a fetch is under way: it took the
-    /// turn just now). Checked before a task is spawned for it: no valid signature is needed
-    /// to name an unknown `kid`, and a task per such request would queue behind a fetch (up to
-    /// 5 s) by the thousand.
-    pub(super) fn turn_taken(&self) -> bool {
-        match self.last.try_lock() {
-            Ok(last) => last
+    /// A refresh asked by an unknown `kid` (at most one per `token.jwks_min_refresh_seconds`);
+    /// whether the keys changed. The fetch is a task of its own: a request that goes away (a
+    /// reset HTTP/2 stream) must not cancel a fetch that has taken the rate limit's turn. No
+    /// task is spawned when the turn is taken (no valid signature is needed to name an unknown
+    /// `kid`, and a task per such request would queue behind a fetch by the thousand): refused
+    /// at once if one was tried within the limit; if a fetch is under way (a rotation's first
+    /// token started it, or the periodic refresh), its end is awaited here, so the caller's
+    /// second attempt finds the key it brings (`false`: the fetching caller clears the cache).
+    pub(super) async fn refresh_for_unknown_kid(self: Arc<Self>) -> bool {
+        let turn = match self.last.try_lock() {
+            Ok(last) => match last
                 .at
-                .is_some_and(|at| at.elapsed() < self.cfg.min_refresh),
-            Err(_) => true,
+                .is_some_and(|at| at.elapsed() < self.cfg.min_refresh)
+            {
+                true => Turn::Taken,
+                false => Turn::Free,
+            },
+            Err(_) => Turn::Fetching,
+        };
+        match turn {
+            Turn::Taken => false,
+            Turn::Fetching => {
+                drop(self.last.lock().await);
+                false
+            }
+            Turn::Free => {
+                tokio::spawn(async move { self.refresh(Some(self.cfg.min_refresh)).await })
+                    .await
+                    .unwrap_or(false)
+            }
         }
     }
 
@@ -381,5 +409,36 @@ mod tests {
         std::fs::write(&path, "not json").unwrap();
         assert!(!jwks.refresh(None).await, "a broken document");
         assert_eq!(jwks.keys.read().unwrap().len(), 2, "kept");
+    }
+
+    /// A token of a rotated key arriving while another request's fetch is under way waits for
+    /// that fetch (its second attempt finds the key), rather than being refused at once; one
+    /// arriving after it, within the rate limit, is refused at once.
+    #[tokio::test]
+    async fn an_unknown_kid_during_a_fetch_waits_for_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jwks.json");
+        std::fs::write(&path, r#"{"keys":[]}"#).unwrap();
+        let jwks = Arc::new(Jwks {
+            cfg: JwksConfig {
+                source: JwksSource::File(path),
+                refresh: Duration::from_secs(300),
+                min_refresh: Duration::from_secs(30),
+            },
+            allowed: vec![Algorithm::EdDSA],
+            keys: RwLock::new(Arc::new(HashMap::new())),
+            last: Default::default(),
+        });
+        let fetching = jwks.last.lock().await; // a fetch under way
+        let waiter = tokio::spawn(jwks.clone().refresh_for_unknown_kid());
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "refused while the fetch was under way");
+        drop(fetching);
+        assert!(!waiter.await.unwrap());
+        // A fetch by this path takes the turn; the next one within the limit is refused at once.
+        assert!(jwks.clone().refresh_for_unknown_kid().await, "the first load");
+        assert!(jwks.last.lock().await.at.is_some());
+        let again = tokio::time::timeout(Duration::from_secs(1), jwks.refresh_for_unknown_kid());
+        assert_eq!(again.await, Ok(false));
     }
 }

@@ -370,16 +370,13 @@ impl Keys {
     }
 
     /// Refreshes the JWKS because a token named an unknown `kid`, unless the last refresh was
-    /// less than `token.jwks_min_refresh_seconds` ago. Returns whether the keys changed.
-    /// The fetch is a task of its own: a request that goes away (a reset HTTP/2 stream) must not
-    /// cancel a fetch that has already taken the rate limit's turn.
+    /// less than `token.jwks_min_refresh_seconds` ago (waiting for one under way). Returns
+    /// whether the keys changed.
     pub async fn refresh_for_unknown_kid(&self) -> bool {
-        let Some(j) = self.jwks.clone().filter(|j| !j.turn_taken()) else {
-            return false;
-        };
-        tokio::spawn(async move { j.refresh(Some(j.cfg.min_refresh)).await })
-            .await
-            .unwrap_or(false)
+        match self.jwks.clone() {
+            Some(j) => j.refresh_for_unknown_kid().await,
+            None => false,
+        }
     }
 
     /// Loads the JWKS now (at start and every `token.jwks_refresh_seconds`).
