@@ -293,12 +293,13 @@ fn a_crashed_server_gives_503_then_service_again() {
         .unwrap();
     let listed = String::from_utf8_lossy(&listed.stdout);
     assert!(listed.contains("\"sub\":\"alice\""), "{listed}");
-    // 2,500 copies of the record under other sids: listed in pages of 1,000 (each a call
-    // with its own deadline), none missed or read twice.
+    // 2,500 copies of the record under other sids, each followed by one whose key is not
+    // UTF-8 (another tool's, named by no token): listed in pages of 1,000 (each a call with
+    // its own deadline) going by the keys as stored, none missed or read twice.
     db.sql(
         "INSERT INTO tessera_kv (`key`, `value`, expires_at) \
-         SELECT CONCAT('tessera:session:copy-', LPAD(seq, 5, '0')), `value`, expires_at \
-         FROM tessera_kv, seq_1_to_2500",
+         SELECT CONCAT('tessera:session:copy-', LPAD(seq, 5, '0'), suffix), `value`, expires_at \
+         FROM tessera_kv, seq_1_to_2500, (SELECT '' AS suffix UNION SELECT X'FF') AS s",
     );
     let listed = std::process::Command::new(support::bin())
         .args(["session", "list", "--json", "--config"])

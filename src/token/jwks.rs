@@ -432,11 +432,17 @@ mod tests {
         let fetching = jwks.last.lock().await; // a fetch under way
         let waiter = tokio::spawn(jwks.clone().refresh_for_unknown_kid());
         tokio::task::yield_now().await;
-        assert!(!waiter.is_finished(), "refused while the fetch was under way");
+        assert!(
+            !waiter.is_finished(),
+            "refused while the fetch was under way"
+        );
         drop(fetching);
         assert!(!waiter.await.unwrap());
         // A fetch by this path takes the turn; the next one within the limit is refused at once.
-        assert!(jwks.clone().refresh_for_unknown_kid().await, "the first load");
+        assert!(
+            jwks.clone().refresh_for_unknown_kid().await,
+            "the first load"
+        );
         assert!(jwks.last.lock().await.at.is_some());
         let again = tokio::time::timeout(Duration::from_secs(1), jwks.refresh_for_unknown_kid());
         assert_eq!(again.await, Ok(false));

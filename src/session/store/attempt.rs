@@ -59,18 +59,19 @@ where
 pub(super) const SCAN_PAGE: usize = 1000;
 
 /// Every `(key, value)` row `page` gives, read in pages of [`SCAN_PAGE`] in key order: `page`
-/// is asked for the rows after the key it is given (`""` first), each page a store call with
-/// its own deadline (`session.timeout_ms`), so that listing, resealing or revoking on a store of
-/// many sessions does not fail as one query past the deadline.
+/// is asked for the rows after the key it is given (the default, empty, first), each page a
+/// store call with its own deadline (`session.timeout_ms`), so that listing, resealing or
+/// revoking on a store of many sessions does not fail as one query past the deadline. The key
+/// is passed back exactly as the store gave it (MySQL's are bytes).
 ///
 /// Errors: a page's.
-pub(super) async fn paged<Fut>(
-    page: impl Fn(String) -> Fut,
-) -> Result<Vec<(String, Vec<u8>)>, StoreError>
+pub(super) async fn paged<K: Clone + Default, Fut>(
+    page: impl Fn(K) -> Fut,
+) -> Result<Vec<(K, Vec<u8>)>, StoreError>
 where
-    Fut: Future<Output = Result<Vec<(String, Vec<u8>)>, StoreError>>,
+    Fut: Future<Output = Result<Vec<(K, Vec<u8>)>, StoreError>>,
 {
-    let mut out: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut out: Vec<(K, Vec<u8>)> = Vec::new();
     loop {
         let after = out.last().map(|(k, _)| k.clone()).unwrap_or_default();
         let rows = page(after).await?;

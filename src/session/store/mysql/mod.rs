@@ -182,28 +182,28 @@ impl MysqlStore {
     }
 
     pub(super) async fn scan(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        paged(|after| {
+        let rows = paged(|after: Vec<u8>| {
             self.run(move |mut c| {
                 let after = after.clone();
                 async move {
                     // A byte comparison, not LIKE: a prefix with `%` or `_` must match literally.
-                    let rows: Vec<(Vec<u8>, Vec<u8>)> = "SELECT `key`, `value` FROM tessera_kv
-                         WHERE LEFT(`key`, LENGTH(?)) = ? AND `key` > ?
-                           AND expires_at > UNIX_TIMESTAMP()
-                         ORDER BY `key` LIMIT ?"
+                    "SELECT `key`, `value` FROM tessera_kv
+                     WHERE LEFT(`key`, LENGTH(?)) = ? AND `key` > ?
+                       AND expires_at > UNIX_TIMESTAMP()
+                     ORDER BY `key` LIMIT ?"
                         .with((prefix, prefix, after, SCAN_PAGE as u64))
                         .fetch(&mut c)
-                        .await?;
-                    // Every row kept (a key not UTF-8, written by another tool, shown
-                    // lossily): the page's length and last key carry the paging.
-                    Ok(rows
-                        .into_iter()
-                        .map(|(k, v)| (String::from_utf8_lossy(&k).into_owned(), v))
-                        .collect())
+                        .await
                 }
             })
         })
-        .await
+        .await?;
+        // After the paging, which goes by the keys as stored: one that is not UTF-8 (another
+        // tool's) names no session.
+        Ok(rows
+            .into_iter()
+            .filter_map(|(k, v)| Some((String::from_utf8(k).ok()?, v)))
+            .collect())
     }
 
     pub(super) async fn replace(

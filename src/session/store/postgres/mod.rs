@@ -255,7 +255,7 @@ impl PostgresStore {
                 "no list: the sessions are the application's (session.query), in its own table",
             ));
         }
-        paged(|after| {
+        paged(|after: String| {
             self.run(move |c| {
                 let after = after.clone();
                 async move {
