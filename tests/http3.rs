@@ -522,7 +522,7 @@ fn oversized_frames_close_the_connection() {
         assert_eq!(code, quinn::VarInt::from_u32(0x107), "{}", t.log());
 
         let conn = client.connect_quic(addr).await;
-        let mut streams = h3_raw::oversized_frame(&conn, true, 256 << 10)
+        let (mut streams, answer) = h3_raw::oversized_frame(&conn, true, 256 << 10)
             .await
             .unwrap();
         let request = streams.pop().unwrap();
@@ -531,6 +531,13 @@ fn oversized_frames_close_the_connection() {
             matches!(stopped, Ok(Ok(Some(code))) if code == quinn::VarInt::from_u32(0x107)),
             "{stopped:?}\n{}",
             t.log()
+        );
+        // And its answer is reset, not ended with no head (a malformed empty response).
+        let read = answer.unwrap().read_to_end(1 << 20).await;
+        assert!(
+            matches!(&read, Err(quinn::ReadToEndError::Read(quinn::ReadError::Reset(code)))
+                if *code == quinn::VarInt::from_u32(0x107)),
+            "{read:?}"
         );
         assert!(conn.close_reason().is_none(), "the connection goes on");
     });

@@ -156,7 +156,28 @@ pub(super) struct Guarded<S> {
     conn: quinn::Connection,
 }
 
-impl<S: quic::RecvStream<Buf = Bytes>> quic::RecvStream for Guarded<S> {
+/// How a guarded stream ends when its frames are refused.
+trait Refuse {
+    fn refuse(&mut self, code: u64);
+}
+
+/// A request's receive half alone (its body, the answer under way): told to stop sending.
+impl Refuse for h3_quinn::RecvStream {
+    fn refuse(&mut self, code: u64) {
+        quic::RecvStream::stop_sending(self, code);
+    }
+}
+
+/// A request stream still whole (its head): reset as well, or h3, dropping it, would end the
+/// client's answer with no head at all (an empty, malformed response).
+impl<B: Buf> Refuse for h3_quinn::BidiStream<B> {
+    fn refuse(&mut self, code: u64) {
+        quic::RecvStream::stop_sending(self, code);
+        quic::SendStream::<B>::reset(self, code);
+    }
+}
+
+impl<S: quic::RecvStream<Buf = Bytes> + Refuse> quic::RecvStream for Guarded<S> {
     type Buf = Bytes;
 
     fn poll_data(
@@ -172,7 +193,7 @@ impl<S: quic::RecvStream<Buf = Bytes>> quic::RecvStream for Guarded<S> {
         }
         let code = H3_EXCESSIVE_LOAD.into();
         if self.frames.request {
-            self.inner.stop_sending(code);
+            self.inner.refuse(code);
             return Poll::Ready(Err(StreamErrorIncoming::StreamTerminated {
                 error_code: code,
             }));

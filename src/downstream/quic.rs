@@ -221,8 +221,9 @@ async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming, unvalidated: Opt
 /// shutdown drains it, or no request has been open for `server.header_read_timeout_ms` (then
 /// GOAWAY, as over HTTP/2: a client's PINGs keep QUIC's own idle timeout from ever firing);
 /// then waits for the requests taken. Returns how long the connection may linger for the
-/// client to take the last answers: after an idle GOAWAY, `server.send_timeout_ms` (quinn may
-/// still hold megabytes of a download the client is reading), else [`ANSWER_LINGER`].
+/// client to take the last answers: after an idle GOAWAY or the client's own,
+/// `server.send_timeout_ms` (quinn may still hold megabytes of a download the client is
+/// reading), else (shutdown, an error) [`ANSWER_LINGER`].
 async fn serve_requests(
     quic: &Arc<Quic>,
     session: &mut h3::server::Connection<GuardedConnection, bytes::Bytes>,
@@ -271,10 +272,14 @@ async fn serve_requests(
                 requests.spawn(async move {
                     request(quic, peer, handshake, conn, resolver).await;
                     let at = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
-                    ended.store(at, Ordering::Relaxed);
+                    ended.fetch_max(at, Ordering::Relaxed);
                 });
             }
-            Ok(None) => break,
+            Ok(None) => {
+                // The client's GOAWAY: its last answers may still be in quinn's buffers.
+                linger = quic.send_timeout;
+                break;
+            }
             Err(e) => {
                 tracing::debug!(cause = ?e, "HTTP/3 connection ended");
                 break;

@@ -111,13 +111,14 @@ pub async fn partial_head(conn: &Connection) -> (SendStream, SendStream) {
 /// Opens the client's control stream with an empty SETTINGS and then sends a frame announced
 /// as 1 GiB long, up to `bytes` of its payload: a reserved frame (type 0x21, RFC 9114 section
 /// 7.2.8) on the control stream itself, or a HEADERS frame on a request stream when `request`.
-/// The streams (the frame's own write may have been refused: the server stops it early), or
-/// the error that ended the setting up.
+/// The streams sent on, the request stream's receive half when `request` (the frame's own
+/// write may have been refused: the server stops it early), or the error that ended the
+/// setting up.
 pub async fn oversized_frame(
     conn: &Connection,
     request: bool,
     bytes: usize,
-) -> Result<Vec<SendStream>, String> {
+) -> Result<(Vec<SendStream>, Option<RecvStream>), String> {
     let e = |e: quinn::WriteError| e.to_string();
     let mut control = conn.open_uni().await.map_err(|e| e.to_string())?;
     control.write_all(&[0x00, 0x04, 0x00]).await.map_err(e)?;
@@ -126,12 +127,14 @@ pub async fn oversized_frame(
     head.extend_from_slice(&[0xC0, 0, 0, 0, 0x40, 0, 0, 0]);
     head.resize(head.len() + bytes, 0);
     let mut streams = vec![control];
+    let mut answer = None;
     if request {
-        let (send, _recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+        let (send, recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
         streams.push(send);
+        answer = Some(recv);
     }
     let _ = streams.last_mut().unwrap().write_all(&head).await;
-    Ok(streams)
+    Ok((streams, answer))
 }
 
 /// Reads one QUIC variable-length integer from `recv`.
