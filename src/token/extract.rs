@@ -198,6 +198,11 @@ fn decode_b64_cookie(value: &[u8]) -> Result<String, ExtractError> {
         .strip_suffix("\r\n")
         .or_else(|| text.strip_suffix('\n'))
         .unwrap_or(&text);
+    // The published hyper-auth-proxy also takes the JWT quoted inside the base64.
+    let token = token
+        .strip_prefix('"')
+        .and_then(|t| t.strip_suffix('"'))
+        .unwrap_or(token);
     match token {
         "" => Err(ExtractError::Malformed),
         t if t.trim().len() != t.len() => Err(ExtractError::Malformed),
@@ -308,6 +313,9 @@ mod tests {
         // base64("x.y.z\n") = eC55LnoK: a line ending is dropped; base64(" x.y.z") =
         // IHgueS56 and base64("x.y.z  ") = eC55LnogIA==: other whitespace is refused.
         let hm = h(&[("cookie", "Authorization=eC55LnoK")]);
+        assert_eq!(extract(&hm, &all()).unwrap(), "x.y.z");
+        // base64("\"x.y.z\"") = IngueS56Ig==: quoted inside, as hyper-auth-proxy takes it.
+        let hm = h(&[("cookie", "Authorization=IngueS56Ig==")]);
         assert_eq!(extract(&hm, &all()).unwrap(), "x.y.z");
         for padded in ["IHgueS56", "eC55LnogIA=="] {
             let hm = h(&[("cookie", &*format!("Authorization={padded}"))]);
