@@ -986,6 +986,34 @@ fn shutdown_answers_the_http3_request_in_flight_then_ends() {
     });
 }
 
+/// A connection lingering after its idle GOAWAY (up to `server.send_timeout_ms` for the client
+/// to take its last answers and close) does not hold a shutdown past its own short linger.
+#[test]
+fn shutdown_does_not_wait_out_an_idle_connections_linger() {
+    let echo = upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    });
+    let pki = Pki::new();
+    let (mut t, addr, token) = h3_tessera(&echo.url(), &pki, "", "header_read_timeout_ms = 1000");
+    let pid = t.pid();
+    let t = &mut t;
+    runtime().block_on(async {
+        let conn = H3Client::new(&pki.ca()).connect_quic(addr).await;
+        let (_control, mut answer) = h3_raw::get(&conn, "/x", &token).await;
+        assert_eq!(h3_raw::status_index(&mut answer).await, Some(25));
+        // Idle: GOAWAY; the client does not close, so the connection lingers (60 s).
+        let (_goaway, _qpack) = h3_raw::goaway(&conn).await;
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap();
+        let ended = tokio::task::block_in_place(|| t.wait_exit(Duration::from_secs(30)));
+        assert!(ended, "still running: {}", t.log());
+        let log = t.log();
+        assert!(!log.contains("connections still open after"), "{log}");
+    });
+}
+
 /// How an HTTP/3 request's body is framed upstream (RFC 9112 section 6): none for a GET whose
 /// stream ended with its head, `Content-Length` when the client gave one, and chunked only when
 /// its length is unknown; every byte of it, across a zero-length DATA frame too. A DATA frame

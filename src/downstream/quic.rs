@@ -212,7 +212,13 @@ async fn connection(quic: Arc<Quic>, incoming: quinn::Incoming, unvalidated: Opt
     let linger = serve_requests(&quic, &mut session, &peer, &handshake, &quic_conn).await;
     // Closing now would drop answers not yet acknowledged (quinn closes at once, and drops
     // what it has not sent): the client gets `linger` to take them, or closes first.
-    let _ = tokio::time::timeout(linger, quic_conn.closed()).await;
+    tokio::select! {
+        _ = tokio::time::timeout(linger, quic_conn.closed()) => {}
+        // A drain does not wait out a long linger (it has its own bound, 10 s in all).
+        () = quic.shutdown.cancelled(), if linger > ANSWER_LINGER => {
+            let _ = tokio::time::timeout(ANSWER_LINGER, quic_conn.closed()).await;
+        }
+    }
     quic_conn.close(H3_NO_ERROR, b"");
     drop(place);
 }
