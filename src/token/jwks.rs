@@ -89,6 +89,11 @@ pub(super) struct Jwks {
     pub(super) keys: RwLock<Arc<HashMap<String, VerifyKey>>>,
     /// Serialises fetches; holds what the last one found.
     pub(super) last: tokio::sync::Mutex<LastFetch>,
+    /// The keys changed since a caller last learned of it (and cleared the verified-token
+    /// cache): set by the fetch, taken by the caller in its own future, so that a caller gone
+    /// meanwhile (a client that disconnected during an unknown-`kid` fetch) leaves it to the
+    /// next one instead of losing it.
+    pub(super) uncleared: std::sync::atomic::AtomicBool,
 }
 
 /// The last JWKS fetch: when it was tried, and the SHA-256 of the document last loaded.
@@ -109,13 +114,14 @@ enum Turn {
 
 impl Jwks {
     /// A refresh asked by an unknown `kid` (at most one per `token.jwks_min_refresh_seconds`);
-    /// whether the keys changed. The fetch is a task of its own: a request that goes away (a
-    /// reset HTTP/2 stream) must not cancel a fetch that has taken the rate limit's turn. No
-    /// task is spawned when the turn is taken (no valid signature is needed to name an unknown
-    /// `kid`, and a task per such request would queue behind a fetch by the thousand): refused
-    /// at once if one was tried within the limit; if a fetch is under way (a rotation's first
-    /// token started it, or the periodic refresh), its end is awaited here, so the caller's
-    /// second attempt finds the key it brings (`false`: the fetching caller clears the cache).
+    /// whether the keys changed since a caller last learned of it (the caller then clears the
+    /// verified-token cache). The fetch is a task of its own: a request that goes away (a reset
+    /// HTTP/2 stream) must not cancel a fetch that has taken the rate limit's turn. No task is
+    /// spawned when the turn is taken (no valid signature is needed to name an unknown `kid`,
+    /// and a task per such request would queue behind a fetch by the thousand): refused at once
+    /// if one was tried within the limit; if a fetch is under way (a rotation's first token
+    /// started it, or the periodic refresh), its end is awaited here, so the caller's second
+    /// attempt finds the key it brings.
     pub(super) async fn refresh_for_unknown_kid(self: Arc<Self>) -> bool {
         let turn = match self.last.try_lock() {
             Ok(last) => match last
@@ -128,17 +134,27 @@ impl Jwks {
             Err(_) => Turn::Fetching,
         };
         match turn {
-            Turn::Taken => false,
-            Turn::Fetching => {
-                drop(self.last.lock().await);
-                false
-            }
+            Turn::Taken => {}
+            Turn::Fetching => drop(self.last.lock().await),
             Turn::Free => {
-                tokio::spawn(async move { self.refresh(Some(self.cfg.min_refresh)).await })
-                    .await
-                    .unwrap_or(false)
+                let jwks = self.clone();
+                let fetch = async move { jwks.refresh(Some(jwks.cfg.min_refresh)).await };
+                let _ = tokio::spawn(fetch).await;
             }
         }
+        self.take_changed()
+    }
+
+    /// Fetches now (at start and every `token.jwks_refresh_seconds`); whether the keys changed
+    /// since a caller last learned of it.
+    pub(super) async fn refresh_now(&self) -> bool {
+        self.refresh(None).await;
+        self.take_changed()
+    }
+
+    fn take_changed(&self) -> bool {
+        self.uncleared
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
     }
 
     /// Fetches the document (not within `min_gap` of the last try, when given) and loads its
@@ -169,6 +185,8 @@ impl Jwks {
             Ok(keys) => {
                 tracing::info!(keys = keys.len(), "JWKS loaded");
                 *self.keys.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(keys);
+                self.uncleared
+                    .store(true, std::sync::atomic::Ordering::Release);
                 last.loaded = Some(digest);
                 true
             }
@@ -194,9 +212,13 @@ pub(super) const MAX_JWKS_BYTES: usize = 1 << 20;
 
 pub(super) async fn fetch(source: &JwksSource) -> Result<Vec<u8>, KeyError> {
     match source {
-        JwksSource::File(path) => tokio::fs::read(path)
-            .await
-            .map_err(|e| KeyError(format!("cannot read {}: {e}", path.display()))),
+        // Bounded as a URL's: requests naming a new kid wait for a fetch under way.
+        JwksSource::File(path) => {
+            tokio::time::timeout(Duration::from_secs(5), tokio::fs::read(path))
+                .await
+                .map_err(|_| KeyError(format!("{}: not read within 5 s", path.display())))?
+                .map_err(|e| KeyError(format!("cannot read {}: {e}", path.display())))
+        }
         JwksSource::Url(uri, tls) => {
             tokio::time::timeout(Duration::from_secs(5), fetch_http(uri, tls.as_ref()))
                 .await
@@ -400,6 +422,7 @@ mod tests {
             allowed: vec![Algorithm::EdDSA],
             keys: RwLock::new(Arc::new(HashMap::new())),
             last: Default::default(),
+            uncleared: Default::default(),
         };
         assert!(jwks.refresh(None).await, "first load");
         assert!(!jwks.refresh(None).await, "the same document");
@@ -428,6 +451,7 @@ mod tests {
             allowed: vec![Algorithm::EdDSA],
             keys: RwLock::new(Arc::new(HashMap::new())),
             last: Default::default(),
+            uncleared: Default::default(),
         });
         let fetching = jwks.last.lock().await; // a fetch under way
         let waiter = tokio::spawn(jwks.clone().refresh_for_unknown_kid());
@@ -446,5 +470,31 @@ mod tests {
         assert!(jwks.last.lock().await.at.is_some());
         let again = tokio::time::timeout(Duration::from_secs(1), jwks.refresh_for_unknown_kid());
         assert_eq!(again.await, Ok(false));
+    }
+
+    /// A change loaded by a fetch whose requester went away (its client disconnected) is told
+    /// to the next caller, which clears the verified-token cache: else tokens of a withdrawn
+    /// key would be served from it until they expire.
+    #[tokio::test]
+    async fn a_change_no_caller_learned_of_is_told_to_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jwks.json");
+        std::fs::write(&path, r#"{"keys":[]}"#).unwrap();
+        let jwks = Arc::new(Jwks {
+            cfg: JwksConfig {
+                source: JwksSource::File(path),
+                refresh: Duration::from_secs(300),
+                min_refresh: Duration::from_secs(30),
+            },
+            allowed: vec![Algorithm::EdDSA],
+            keys: RwLock::new(Arc::new(HashMap::new())),
+            last: Default::default(),
+            uncleared: Default::default(),
+        });
+        // The spawned fetch of a requester that is gone: it loads, nobody hears.
+        assert!(jwks.refresh(Some(Duration::from_secs(30))).await);
+        // The next unknown kid, within the rate limit: no fetch, but it learns of the change.
+        assert!(jwks.clone().refresh_for_unknown_kid().await);
+        assert!(!jwks.refresh_for_unknown_kid().await, "told once");
     }
 }

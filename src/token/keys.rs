@@ -300,6 +300,7 @@ impl Keys {
                     allowed: allowed.to_vec(),
                     keys: RwLock::new(Arc::new(HashMap::new())),
                     last: Default::default(),
+                    uncleared: Default::default(),
                 })
             }),
         })
@@ -384,7 +385,7 @@ impl Keys {
     /// Returns whether the keys changed (false: the same document, or a failure, logged).
     pub async fn refresh_jwks(&self) -> bool {
         match &self.jwks {
-            Some(j) => j.refresh(None).await,
+            Some(j) => j.refresh_now().await,
             None => false,
         }
     }

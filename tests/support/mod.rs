@@ -271,7 +271,6 @@ http {{
         format!("http://127.0.0.1:{}", self.port)
     }
 
-    /// The normalised paths (`$uri`) of the requests nginx served so far, in order.
     /// [`Nginx::uris`] once it lists at least `n` (nginx logs a request after answering it, so
     /// a client can have its answer first), or as it is after 10 s.
     pub fn uris_at_least(&self, n: usize) -> Vec<String> {
@@ -285,6 +284,7 @@ http {{
         }
     }
 
+    /// The normalised paths (`$uri`) of the requests nginx served so far, in order.
     pub fn uris(&self) -> Vec<String> {
         std::fs::read_to_string(self._dir.path().join("uris.log"))
             .unwrap_or_default()
