@@ -286,12 +286,15 @@ fn a_crashed_server_gives_503_then_service_again() {
     let served = until_status(&a, &alice, 200, Duration::from_secs(15));
     println!("served {served:?} after the restart");
     assert!(served.is_some(), "{}", a.log());
-    let listed = std::process::Command::new(support::bin())
-        .args(["session", "list", "--json", "--config"])
-        .arg(a.config_path())
-        .output()
-        .unwrap();
-    let listed = String::from_utf8_lossy(&listed.stdout);
+    let list = || {
+        let out = std::process::Command::new(support::bin())
+            .args(["session", "list", "--json", "--config"])
+            .arg(a.config_path())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let listed = list();
     assert!(listed.contains("\"sub\":\"alice\""), "{listed}");
     // 2,500 copies of the record under other sids, each followed by one whose key is not
     // UTF-8 (another tool's, named by no token): listed in pages of 1,000 (each a call with
@@ -301,12 +304,7 @@ fn a_crashed_server_gives_503_then_service_again() {
          SELECT CONCAT('tessera:session:copy-', LPAD(seq, 5, '0'), suffix), `value`, expires_at \
          FROM tessera_kv, seq_1_to_2500, (SELECT '' AS suffix UNION SELECT X'FF') AS s",
     );
-    let listed = std::process::Command::new(support::bin())
-        .args(["session", "list", "--json", "--config"])
-        .arg(a.config_path())
-        .output()
-        .unwrap();
-    let listed = String::from_utf8_lossy(&listed.stdout);
+    let listed = list();
     let hashes: std::collections::BTreeSet<&str> = listed
         .lines()
         .filter_map(|l| l.split("\"sid_hash\":\"").nth(1)?.split('"').next())

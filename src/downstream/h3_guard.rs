@@ -19,11 +19,16 @@ use h3::quic::{self, ConnectionErrorIncoming, StreamErrorIncoming, StreamId, Wri
 /// HTTP/3's code for a peer that causes excessive load (RFC 9114 section 8.1).
 const H3_EXCESSIVE_LOAD: u32 = 0x107;
 
-/// A [`h3_quinn::Connection`] whose incoming streams are [`Guarded`].
-pub(super) struct GuardedConnection {
-    inner: h3_quinn::Connection,
+/// h3-quinn's connection (`C` = [`h3_quinn::Connection`], what the server is built on) or its
+/// stream opener (`C` = [`h3_quinn::OpenStreams`], which h3 asks the connection for), with the
+/// streams it accepts or opens [`Guarded`].
+pub(super) struct Guarding<C> {
+    inner: C,
     guard: Guard,
 }
+
+/// The connection h3 serves on.
+pub(super) type GuardedConnection = Guarding<h3_quinn::Connection>;
 
 impl GuardedConnection {
     /// `max_field_section`: the field section limit h3 applies (a HEADERS frame's QPACK
@@ -37,13 +42,6 @@ impl GuardedConnection {
             },
         }
     }
-}
-
-/// The stream opener of a [`GuardedConnection`] (an HTTP/3 client's; the server opens only
-/// unidirectional streams, through the connection itself).
-pub(super) struct Opener {
-    inner: h3_quinn::OpenStreams,
-    guard: Guard,
 }
 
 /// What guarding a stream takes: the connection to close, and the limit.
@@ -61,11 +59,16 @@ impl Guard {
             conn: self.conn.clone(),
         }
     }
+
+    /// A request stream's frame reader.
+    fn request(&self) -> Frames {
+        Frames::request(request_limit(self.max_field_section))
+    }
 }
 
 impl<B: Buf> quic::Connection<B> for GuardedConnection {
     type RecvStream = Guarded<h3_quinn::RecvStream>;
-    type OpenStreams = Opener;
+    type OpenStreams = Guarding<h3_quinn::OpenStreams>;
 
     fn poll_accept_recv(
         &mut self,
@@ -81,19 +84,25 @@ impl<B: Buf> quic::Connection<B> for GuardedConnection {
         cx: &mut Context<'_>,
     ) -> Poll<Result<Self::BidiStream, ConnectionErrorIncoming>> {
         let bidi = ready!(quic::Connection::<B>::poll_accept_bidi(&mut self.inner, cx))?;
-        let frames = Frames::request(request_limit(self.guard.max_field_section));
-        Poll::Ready(Ok(self.guard.guard(bidi, frames)))
+        Poll::Ready(Ok(self.guard.guard(bidi, self.guard.request())))
     }
 
     fn opener(&self) -> Self::OpenStreams {
-        Opener {
+        Guarding {
             inner: quic::Connection::<B>::opener(&self.inner),
             guard: self.guard.clone(),
         }
     }
 }
 
-impl<B: Buf> quic::OpenStreams<B> for GuardedConnection {
+impl<B: Buf, C> quic::OpenStreams<B> for Guarding<C>
+where
+    C: quic::OpenStreams<
+        B,
+        BidiStream = h3_quinn::BidiStream<B>,
+        SendStream = h3_quinn::SendStream<B>,
+    >,
+{
     type BidiStream = Guarded<h3_quinn::BidiStream<B>>;
     type SendStream = h3_quinn::SendStream<B>;
 
@@ -102,8 +111,7 @@ impl<B: Buf> quic::OpenStreams<B> for GuardedConnection {
         cx: &mut Context<'_>,
     ) -> Poll<Result<Self::BidiStream, StreamErrorIncoming>> {
         let bidi = ready!(self.inner.poll_open_bidi(cx))?;
-        let frames = Frames::request(request_limit(self.guard.max_field_section));
-        Poll::Ready(Ok(self.guard.guard(bidi, frames)))
+        Poll::Ready(Ok(self.guard.guard(bidi, self.guard.request())))
     }
 
     fn poll_open_send(
@@ -114,32 +122,7 @@ impl<B: Buf> quic::OpenStreams<B> for GuardedConnection {
     }
 
     fn close(&mut self, code: h3::error::Code, reason: &[u8]) {
-        quic::OpenStreams::<B>::close(&mut self.inner, code, reason);
-    }
-}
-
-impl<B: Buf> quic::OpenStreams<B> for Opener {
-    type BidiStream = Guarded<h3_quinn::BidiStream<B>>;
-    type SendStream = h3_quinn::SendStream<B>;
-
-    fn poll_open_bidi(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<Self::BidiStream, StreamErrorIncoming>> {
-        let bidi = ready!(self.inner.poll_open_bidi(cx))?;
-        let frames = Frames::request(request_limit(self.guard.max_field_section));
-        Poll::Ready(Ok(self.guard.guard(bidi, frames)))
-    }
-
-    fn poll_open_send(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<Self::SendStream, StreamErrorIncoming>> {
-        self.inner.poll_open_send(cx)
-    }
-
-    fn close(&mut self, code: h3::error::Code, reason: &[u8]) {
-        quic::OpenStreams::<B>::close(&mut self.inner, code, reason);
+        self.inner.close(code, reason);
     }
 }
 

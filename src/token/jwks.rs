@@ -403,6 +403,21 @@ mod tests {
 
     /// A refresh that finds the document already loaded changes nothing, so the verified-token
     /// cache (emptied when keys change) survives refreshes asked by made-up kids.
+    /// A JWKS read from the file at `path`, EdDSA keys, a 30 s rate limit.
+    fn file_jwks(path: std::path::PathBuf) -> Arc<Jwks> {
+        Arc::new(Jwks {
+            cfg: JwksConfig {
+                source: JwksSource::File(path),
+                refresh: Duration::from_secs(300),
+                min_refresh: Duration::from_secs(30),
+            },
+            allowed: vec![Algorithm::EdDSA],
+            keys: RwLock::new(Arc::new(HashMap::new())),
+            last: Default::default(),
+            uncleared: Default::default(),
+        })
+    }
+
     #[tokio::test]
     async fn a_refresh_says_changed_only_for_another_document() {
         let dir = tempfile::tempdir().unwrap();
@@ -413,17 +428,7 @@ mod tests {
             )
         };
         std::fs::write(&path, format!(r#"{{"keys":[{}]}}"#, key("a"))).unwrap();
-        let jwks = Jwks {
-            cfg: JwksConfig {
-                source: JwksSource::File(path.clone()),
-                refresh: Duration::from_secs(300),
-                min_refresh: Duration::from_secs(30),
-            },
-            allowed: vec![Algorithm::EdDSA],
-            keys: RwLock::new(Arc::new(HashMap::new())),
-            last: Default::default(),
-            uncleared: Default::default(),
-        };
+        let jwks = file_jwks(path.clone());
         assert!(jwks.refresh(None).await, "first load");
         assert!(!jwks.refresh(None).await, "the same document");
         let two = format!(r#"{{"keys":[{},{}]}}"#, key("a"), key("b"));
@@ -442,17 +447,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("jwks.json");
         std::fs::write(&path, r#"{"keys":[]}"#).unwrap();
-        let jwks = Arc::new(Jwks {
-            cfg: JwksConfig {
-                source: JwksSource::File(path),
-                refresh: Duration::from_secs(300),
-                min_refresh: Duration::from_secs(30),
-            },
-            allowed: vec![Algorithm::EdDSA],
-            keys: RwLock::new(Arc::new(HashMap::new())),
-            last: Default::default(),
-            uncleared: Default::default(),
-        });
+        let jwks = file_jwks(path);
         let fetching = jwks.last.lock().await; // a fetch under way
         let waiter = tokio::spawn(jwks.clone().refresh_for_unknown_kid());
         tokio::task::yield_now().await;
@@ -480,17 +475,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("jwks.json");
         std::fs::write(&path, r#"{"keys":[]}"#).unwrap();
-        let jwks = Arc::new(Jwks {
-            cfg: JwksConfig {
-                source: JwksSource::File(path),
-                refresh: Duration::from_secs(300),
-                min_refresh: Duration::from_secs(30),
-            },
-            allowed: vec![Algorithm::EdDSA],
-            keys: RwLock::new(Arc::new(HashMap::new())),
-            last: Default::default(),
-            uncleared: Default::default(),
-        });
+        let jwks = file_jwks(path);
         // The spawned fetch of a requester that is gone: it loads, nobody hears.
         assert!(jwks.refresh(Some(Duration::from_secs(30))).await);
         // The next unknown kid, within the rate limit: no fetch, but it learns of the change.

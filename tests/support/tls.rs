@@ -40,19 +40,16 @@ impl Pki {
     /// A leaf for `names` (the first is also its CN), written as `{file}.pem` and
     /// `{file}.key`; returns both paths.
     pub fn leaf(&self, file: &str, names: &[&str]) -> (PathBuf, PathBuf) {
-        let (cert, key) = self.leaf_pem(names);
-        let (c, k) = (
-            self.path(&format!("{file}.pem")),
-            self.path(&format!("{file}.key")),
-        );
-        std::fs::write(&c, cert).unwrap();
-        std::fs::write(&k, key).unwrap();
-        (c, k)
+        self.leaf_files(file, names, false)
     }
 
     /// [`Pki::leaf`], valid only in 2020.
     pub fn expired_leaf(&self, file: &str, names: &[&str]) -> (PathBuf, PathBuf) {
-        let (cert, key) = self.leaf_pem_with(names, true);
+        self.leaf_files(file, names, true)
+    }
+
+    fn leaf_files(&self, file: &str, names: &[&str], expired: bool) -> (PathBuf, PathBuf) {
+        let (cert, key) = self.leaf_pem_with(names, expired);
         let (c, k) = (
             self.path(&format!("{file}.pem")),
             self.path(&format!("{file}.key")),
