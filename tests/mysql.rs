@@ -104,6 +104,34 @@ fn a_change_log_tessera_cannot_read_turns_the_cache_off() {
     );
 }
 
+/// A `tessera_kv` of another shape than tessera's (its value made nullable and cleared, as
+/// another tool might) is a store failure: 503, never forwarded, and the CLI exits 1. Its rows
+/// were read with mysql_async's typed reads, which panic on a NULL: the request's task died
+/// (the client's connection reset) and `session list` panicked.
+#[test]
+fn a_session_table_of_another_shape_is_a_store_failure() {
+    let db = Mariadb::start();
+    let up = users();
+    let a = on_store(&up, &db.url());
+    let token = login(&a, "alice", "alice-pw");
+    db.sql(
+        "ALTER TABLE tessera_kv MODIFY `value` LONGBLOB NULL; UPDATE tessera_kv SET `value` = NULL",
+    );
+    let b = on_store(&up, &db.url());
+    assert_eq!(status(&b, &token), 503, "{}", b.log());
+    let listed = std::process::Command::new(support::bin())
+        .args(["session", "list", "--config"])
+        .arg(b.config_path())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&listed.stderr);
+    assert_eq!(listed.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("another shape") && !said.contains("panicked"),
+        "{said}"
+    );
+}
+
 fn shared_and_revoked_everywhere(db: &Mariadb) {
     let up = users();
     let (a, b, c) = (

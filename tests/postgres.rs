@@ -283,6 +283,33 @@ fn the_cli_and_check_config_work_on_postgres() {
     assert!(said.contains("postgres"), "{said}");
 }
 
+/// A `tessera_kv` of another shape than tessera's (its value column altered to text, or made
+/// so by another tool) is a store failure: 503, never forwarded, and the CLI exits 1 naming
+/// it. The rows were read with accessors that panic on a type they do not expect: the
+/// request's task died (the client saw its connection reset) and `session list` panicked.
+#[test]
+fn a_session_table_of_another_shape_is_a_store_failure() {
+    let up = users();
+    let pg = Postgres::start();
+    let a = on_postgres(&up, &pg);
+    let (_, token) = a.create_session("alice", "alice-pw");
+    pg.sql(
+        "ALTER TABLE tessera_kv ALTER COLUMN value TYPE text \
+         USING convert_from(value, 'UTF8')",
+    );
+    // A fresh instance: nothing cached.
+    let b = on_postgres(&up, &pg);
+    assert_eq!(status(&b, &token), 503, "{}", b.log());
+    let path = b.config_path();
+    let listed = run_cli(&["session", "list", "--config", path.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&listed.stderr);
+    assert_eq!(listed.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("postgres") && !said.contains("panicked"),
+        "{said}"
+    );
+}
+
 /// Sessions in the application's own table (`session.query`), read by a role that may only
 /// `SELECT` it: two instances serve a session and keep it cached (no read on warm requests);
 /// the application's `DELETE` with `NOTIFY` on its channel is refused on both; an instance

@@ -17,7 +17,7 @@
 use std::time::Duration;
 
 use mysql_async::prelude::{Query, Queryable, WithParams};
-use mysql_async::{Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts, TxOpts};
+use mysql_async::{Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts, Row, TxOpts};
 use tokio::sync::OnceCell;
 
 use super::attempt::{paged, twice, Attempt, SCAN_PAGE};
@@ -61,6 +61,17 @@ pub struct MysqlStore {
 
 fn err(e: impl std::fmt::Display) -> StoreError {
     StoreError(format!("mysql: {e}"))
+}
+
+/// `row` as `T`. mysql_async's typed reads panic on a row that does not convert (a NULL, an id
+/// past i64, a column of another type, in a table another tool made or altered): a request's
+/// task would die (the client's connection reset instead of a 503), the poller's would end
+/// the invalidation stream. Here it is a store error, reported as any other.
+///
+/// Errors: the row does not convert.
+fn converted<T: mysql_async::prelude::FromRow>(row: Row) -> Result<T, StoreError> {
+    mysql_async::from_row_opt(row)
+        .map_err(|_| err("a row of another shape than tessera's tables have"))
 }
 
 type Conn = mysql_async::Conn;
@@ -133,13 +144,15 @@ impl MysqlStore {
     }
 
     pub(super) async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        self.run(|mut c| async move {
-            "SELECT `value` FROM tessera_kv WHERE `key` = ? AND expires_at > UNIX_TIMESTAMP()"
-                .with((key,))
-                .first(&mut c)
-                .await
-        })
-        .await
+        let row: Option<Row> = self
+            .run(|mut c| async move {
+                "SELECT `value` FROM tessera_kv WHERE `key` = ? AND expires_at > UNIX_TIMESTAMP()"
+                    .with((key,))
+                    .first(&mut c)
+                    .await
+            })
+            .await?;
+        row.map(converted).transpose()
     }
 
     pub(super) async fn put(
@@ -182,20 +195,26 @@ impl MysqlStore {
     }
 
     pub(super) async fn scan(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        let rows = paged(|after: Vec<u8>| {
-            self.run(move |mut c| {
-                let after = after.clone();
-                async move {
-                    // A byte comparison, not LIKE: a prefix with `%` or `_` must match literally.
-                    "SELECT `key`, `value` FROM tessera_kv
-                     WHERE LEFT(`key`, LENGTH(?)) = ? AND `key` > ?
-                       AND expires_at > UNIX_TIMESTAMP()
-                     ORDER BY `key` LIMIT ?"
-                        .with((prefix, prefix, after, SCAN_PAGE as u64))
-                        .fetch(&mut c)
-                        .await
-                }
-            })
+        let rows = paged(|after: Vec<u8>| async move {
+            let rows: Vec<Row> = self
+                .run(move |mut c| {
+                    let after = after.clone();
+                    async move {
+                        // A byte comparison, not LIKE: a prefix with `%` or `_` must match
+                        // literally.
+                        "SELECT `key`, `value` FROM tessera_kv
+                         WHERE LEFT(`key`, LENGTH(?)) = ? AND `key` > ?
+                           AND expires_at > UNIX_TIMESTAMP()
+                         ORDER BY `key` LIMIT ?"
+                            .with((prefix, prefix, after, SCAN_PAGE as u64))
+                            .fetch(&mut c)
+                            .await
+                    }
+                })
+                .await?;
+            rows.into_iter()
+                .map(converted::<(Vec<u8>, Vec<u8>)>)
+                .collect()
         })
         .await?;
         // After the paging, which goes by the keys as stored: one that is not UTF-8 (another
@@ -250,7 +269,7 @@ impl MysqlStore {
                     (key, window),
                 )
                 .await?;
-                let row: Option<(i64, i64)> = tx
+                let row: Option<Row> = tx
                     .exec_first(
                         "SELECT n, expires_at - UNIX_TIMESTAMP() FROM tessera_counters
                          WHERE `key` = ?",
@@ -258,9 +277,12 @@ impl MysqlStore {
                     )
                     .await?;
                 tx.commit().await?;
-                Ok(row.unwrap_or((1, window as i64)))
+                Ok(row)
             })
-            .await?;
+            .await?
+            .map(converted)
+            .transpose()?
+            .unwrap_or((1, window as i64));
         Ok((n.max(0) as u64, left.max(1) as u64))
     }
 

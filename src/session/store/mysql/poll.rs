@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::super::{purge_every, AbortOnDrop, Invalidation, PollTicks};
-use super::{MysqlStore, StoreError};
+use super::{converted, MysqlStore, StoreError};
 
 /// How often expired failed-login counts are deleted ([`MysqlStore::purge_counters`]).
 const PURGE_EVERY: Duration = Duration::from_secs(60);
@@ -177,17 +177,6 @@ impl MysqlStore {
             vec![Invalidation::Keys(keys)]
         })
     }
-}
-
-/// `row` as `T`. mysql_async's typed queries panic on a row that does not convert (an id past
-/// i64, a NULL key in a log table another tool made): in the poller that would end the
-/// invalidation stream; here it is a store error, reported as any other.
-///
-/// Errors: the row does not convert.
-fn converted<T: mysql_async::prelude::FromRow>(row: mysql_async::Row) -> Result<T, StoreError> {
-    mysql_async::from_row_opt(row).map_err(|_| {
-        StoreError("mysql: a tessera_kv_log row of another shape than tessera's".into())
-    })
 }
 
 #[cfg(test)]

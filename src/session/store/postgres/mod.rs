@@ -211,7 +211,12 @@ impl PostgresStore {
                     "SELECT value FROM tessera_kv WHERE key = $1 AND expires_at > now()",
                 )
                 .await?;
-            Ok(c.query_opt(&stmt, &[&key]).await?.map(|r| r.get(0)))
+            // try_get, not get: a table of another shape than tessera's (another tool's, or
+            // altered) is a store error, not a panic of the request.
+            c.query_opt(&stmt, &[&key])
+                .await?
+                .map(|r| r.try_get(0))
+                .transpose()
         })
         .await
     }
@@ -268,7 +273,9 @@ impl PostgresStore {
                         .await?;
                     let page = SCAN_PAGE as i64;
                     let rows = c.query(&stmt, &[&prefix, &after, &page]).await?;
-                    Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
+                    rows.into_iter()
+                        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+                        .collect()
                 }
             })
         })
@@ -317,7 +324,7 @@ impl PostgresStore {
                     )
                     .await?;
                 let row = c.query_one(&stmt, &[&key, &window]).await?;
-                Ok((row.get(0), row.get(1)))
+                Ok((row.try_get(0)?, row.try_get(1)?))
             })
             .await?;
         Ok((n.max(0) as u64, left.max(1) as u64))
