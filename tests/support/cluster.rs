@@ -21,10 +21,10 @@ pub struct Cluster {
 
 impl Cluster {
     /// Starts six nodes, makes the cluster and waits until every node says `cluster_state:ok`
-    /// and every primary has its replica. A node that does not listen or a `--cluster create`
-    /// that fails (each seen once in a full run; a port picked free can be taken meanwhile by a
-    /// parallel test) is tried again from scratch on new ports, at most three times, and the
-    /// cause reported.
+    /// and every primary has its replica. A node that does not listen, a `--cluster create`
+    /// that fails, or a cluster not ready within 30 s (each seen once in a full run; a port
+    /// picked free can be taken meanwhile by a parallel test, whose nodes then meet these) is
+    /// tried again from scratch on new ports, at most three times, and the cause reported.
     pub fn start() -> Self {
         Self::start_with(None)
     }
@@ -39,11 +39,8 @@ impl Cluster {
         require("redis-server");
         let mut why = String::new();
         for _ in 0..3 {
-            match Self::try_start(tls.clone()) {
-                Ok(c) => {
-                    c.wait_ready();
-                    return c;
-                }
+            match Self::try_start(tls.clone()).and_then(|c| c.ready().map(|()| c)) {
+                Ok(c) => return c,
                 Err(e) => why = e,
             }
         }
@@ -137,15 +134,37 @@ impl Cluster {
         true
     }
 
-    /// Every node says `cluster_state:ok`, and every primary has a replica online.
-    pub fn wait_ready(&self) {
-        self.wait_until("cluster ready", || {
+    /// Every node says `cluster_state:ok`, and every primary has a replica online, within
+    /// 30 s; else each node's state.
+    fn ready(&self) -> Result<(), String> {
+        let ready = || {
             self.all_ok()
                 && self.primaries().iter().all(|&p| {
                     self.cli(p, &["INFO", "replication"])
                         .contains("connected_slaves:1")
                 })
-        });
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !ready() {
+            if Instant::now() >= deadline {
+                let states: Vec<String> = self
+                    .live_ports()
+                    .iter()
+                    .map(|&p| {
+                        format!(
+                            "{p}: {}",
+                            self.cli(p, &["CLUSTER", "INFO"])
+                                .lines()
+                                .next()
+                                .unwrap_or("")
+                        )
+                    })
+                    .collect();
+                return Err(format!("not ready within 30 s: {}", states.join("; ")));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
     }
 
     /// Every live node says `cluster_state:ok` (after a node was killed: its replica took over).
