@@ -211,10 +211,12 @@ fn shown_path(path: &std::path::Path) -> String {
         .to_string()
 }
 
-/// Checks what a valid config cannot show by itself: the store answers and the upstream host
-/// resolves. Returns human-readable `ok` lines.
+/// Checks what a valid config cannot show by itself: the store answers (an embedded one not
+/// made yet is said so, and not made), the upstream host resolves, the JWKS loads with a key
+/// for `token.algorithms`, and each certificate's expiry. Returns human-readable `ok` lines.
 ///
-/// Errors: [`AdminError::Check`] naming the key.
+/// Errors: [`AdminError::Check`] naming the key: the store or JWKS failed, the upstream does
+/// not resolve, a certificate expired.
 pub async fn check(cfg: &Config) -> Result<Vec<String>, AdminError> {
     let mut out = vec!["config: ok".to_string()];
     match absent_store(cfg) {
