@@ -35,6 +35,20 @@ fn h3_tessera(
     h3_tessera_on(free_port(), upstream, pki, http3, server)
 }
 
+/// [`h3_tessera`] in front of an upstream that echoes at once; the upstream (kept for the
+/// test's length) and the test PKI with it.
+fn h3_echo(
+    http3: &str,
+    server: &'static str,
+) -> (upstream::TestUpstream, Pki, Tessera, SocketAddr, String) {
+    let echo = upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    });
+    let pki = Pki::new();
+    let (t, addr, token) = h3_tessera(&echo.url(), &pki, http3, server);
+    (echo, pki, t, addr, token)
+}
+
 /// [`h3_tessera`] on TLS and UDP `port`.
 fn h3_tessera_on(
     port: u16,
@@ -70,11 +84,7 @@ fn runtime() -> tokio::runtime::Runtime {
 
 #[test]
 fn requests_and_a_streamed_10_mib_upload_go_through_http3() {
-    let echo = upstream::start(Behavior::Echo {
-        delay: Duration::ZERO,
-    });
-    let pki = Pki::new();
-    let (t, addr, token) = h3_tessera(&echo.url(), &pki, "", "");
+    let (_echo, pki, t, addr, token) = h3_echo("", "");
     runtime().block_on(async {
         let client = H3Client::new(&pki.ca());
         let mut send = client.connect(addr).await;
@@ -127,11 +137,7 @@ fn threads_named(pid: u32, name: &str) -> usize {
 
 #[test]
 fn http3_runs_on_its_own_threads_one_by_default() {
-    let echo = upstream::start(Behavior::Echo {
-        delay: Duration::ZERO,
-    });
-    let pki = Pki::new();
-    let (one, one_addr, one_token) = h3_tessera(&echo.url(), &pki, "", "");
+    let (echo, pki, one, one_addr, one_token) = h3_echo("", "");
     let (two, two_addr, two_token) = h3_tessera(&echo.url(), &pki, "threads = 2", "");
     assert_eq!(threads_named(one.pid(), "tessera-http3"), 1);
     assert_eq!(threads_named(two.pid(), "tessera-http3"), 2);
@@ -159,11 +165,7 @@ fn http3_runs_on_its_own_threads_one_by_default() {
 
 #[test]
 fn an_oversized_http3_body_is_refused_never_truncated() {
-    let echo = upstream::start(Behavior::Echo {
-        delay: Duration::ZERO,
-    });
-    let pki = Pki::new();
-    let (_t, addr, token) = h3_tessera(&echo.url(), &pki, "", "max_body_bytes = 1048576");
+    let (echo, pki, _t, addr, token) = h3_echo("", "max_body_bytes = 1048576");
     runtime().block_on(async {
         let client = H3Client::new(&pki.ca());
         let mut send = client.connect(addr).await;
@@ -187,11 +189,7 @@ fn an_oversized_http3_body_is_refused_never_truncated() {
 /// `Early-Data` mark).
 #[test]
 fn malformed_http3_requests_are_refused() {
-    let echo = upstream::start(Behavior::Echo {
-        delay: Duration::ZERO,
-    });
-    let pki = Pki::new();
-    let (_t, addr, token) = h3_tessera(&echo.url(), &pki, "", "");
+    let (_echo, pki, _t, addr, token) = h3_echo("", "");
     runtime().block_on(async {
         let client = H3Client::new(&pki.ca());
         let mut send = client.connect(addr).await;
@@ -477,11 +475,7 @@ fn the_goaway_at_shutdown_spares_the_request_in_flight() {
 /// over TCP: the client's stream is stopped.
 #[test]
 fn a_stalled_http3_request_head_is_dropped_after_the_header_timeout() {
-    let echo = upstream::start(Behavior::Echo {
-        delay: Duration::ZERO,
-    });
-    let pki = Pki::new();
-    let (t, addr, _) = h3_tessera(&echo.url(), &pki, "", "header_read_timeout_ms = 300");
+    let (_echo, pki, t, addr, _) = h3_echo("", "header_read_timeout_ms = 300");
     runtime().block_on(async {
         let conn = H3Client::new(&pki.ca()).connect_quic(addr).await;
         let (_control, stalled) = h3_raw::partial_head(&conn).await;
@@ -504,11 +498,7 @@ fn a_stalled_http3_request_head_is_dropped_after_the_header_timeout() {
 /// control stream the connection is closed; on a request stream that stream alone is stopped.
 #[test]
 fn oversized_frames_close_the_connection() {
-    let echo = upstream::start(Behavior::Echo {
-        delay: Duration::ZERO,
-    });
-    let pki = Pki::new();
-    let (t, addr, _) = h3_tessera(&echo.url(), &pki, "", "");
+    let (_echo, pki, t, addr, _) = h3_echo("", "");
     runtime().block_on(async {
         let client = H3Client::new(&pki.ca());
         let conn = client.connect_quic(addr).await;
@@ -548,11 +538,7 @@ fn oversized_frames_close_the_connection() {
 /// unidirectional streams at once (HTTP/3 needs 3).
 #[test]
 fn a_quic_client_gets_no_datagrams_and_few_unidirectional_streams() {
-    let echo = upstream::start(Behavior::Echo {
-        delay: Duration::ZERO,
-    });
-    let pki = Pki::new();
-    let (_t, addr, _) = h3_tessera(&echo.url(), &pki, "", "");
+    let (_echo, pki, _t, addr, _) = h3_echo("", "");
     runtime().block_on(async {
         let conn = H3Client::new(&pki.ca()).connect_quic(addr).await;
         assert_eq!(conn.max_datagram_size(), None);
@@ -573,13 +559,7 @@ fn a_quic_client_gets_no_datagrams_and_few_unidirectional_streams() {
 /// minute) never fires for a client that sends PINGs.
 #[test]
 fn an_idle_http3_connection_is_sent_goaway_and_closed() {
-    let echo = upstream::start(Behavior::Echo {
-        delay: Duration::ZERO,
-    });
-    let pki = Pki::new();
-    let (t, addr, token) = h3_tessera(
-        &echo.url(),
-        &pki,
+    let (_echo, pki, t, addr, token) = h3_echo(
         "idle_timeout_ms = 60000",
         "header_read_timeout_ms = 1500\nsend_timeout_ms = 2000",
     );
@@ -654,11 +634,7 @@ fn a_closed_http3_connection_ends_its_open_requests() {
 /// refused (CONNECTION_REFUSED), and taken again once one has closed.
 #[test]
 fn quic_connections_past_max_connections_are_refused() {
-    let echo = upstream::start(Behavior::Echo {
-        delay: Duration::ZERO,
-    });
-    let pki = Pki::new();
-    let (t, addr, _) = h3_tessera(&echo.url(), &pki, "", "max_connections = 1");
+    let (_echo, pki, t, addr, _) = h3_echo("", "max_connections = 1");
     runtime().block_on(async {
         let client = H3Client::new(&pki.ca());
         let first = client.connect_quic(addr).await;
@@ -869,11 +845,7 @@ fn a_udp_socket_passed_by_systemd_serves_http3() {
 /// served.
 #[test]
 fn abandoned_handshakes_take_no_place_per_address() {
-    let echo = upstream::start(Behavior::Echo {
-        delay: Duration::ZERO,
-    });
-    let pki = Pki::new();
-    let (_t, addr, token) = h3_tessera(&echo.url(), &pki, "", "max_connections_per_ip = 1");
+    let (_echo, pki, _t, addr, token) = h3_echo("", "max_connections_per_ip = 1");
     runtime().block_on(async {
         let (_kind, _socket) = abandoned_handshake(&pki.ca(), addr).await;
         let client = H3Client::new(&pki.ca());
@@ -888,11 +860,7 @@ fn abandoned_handshakes_take_no_place_per_address() {
 /// `H3_EXCESSIVE_LOAD` (or refused before its handshake).
 #[test]
 fn quic_connections_past_max_connections_per_ip_are_closed() {
-    let echo = upstream::start(Behavior::Echo {
-        delay: Duration::ZERO,
-    });
-    let pki = Pki::new();
-    let (_t, addr, _) = h3_tessera(&echo.url(), &pki, "", "max_connections_per_ip = 1");
+    let (_echo, pki, _t, addr, _) = h3_echo("", "max_connections_per_ip = 1");
     runtime().block_on(async {
         let client = H3Client::new(&pki.ca());
         let _first = client.connect_quic(addr).await;
@@ -922,11 +890,7 @@ fn quic_connections_past_max_connections_per_ip_are_closed() {
 #[test]
 fn a_proven_address_takes_its_place_per_address_before_its_handshake() {
     use std::sync::atomic::Ordering::SeqCst;
-    let echo = upstream::start(Behavior::Echo {
-        delay: Duration::ZERO,
-    });
-    let pki = Pki::new();
-    let (t, addr, token) = h3_tessera(&echo.url(), &pki, "", "max_connections_per_ip = 2");
+    let (_echo, pki, t, addr, token) = h3_echo("", "max_connections_per_ip = 2");
     runtime().block_on(async {
         let client = H3Client::new(&pki.ca());
         // A first connection, kept: its answer comes after the NEW_TOKEN token (quinn sends it
@@ -990,11 +954,7 @@ fn shutdown_answers_the_http3_request_in_flight_then_ends() {
 /// to take its last answers and close) does not hold a shutdown past its own short linger.
 #[test]
 fn shutdown_does_not_wait_out_an_idle_connections_linger() {
-    let echo = upstream::start(Behavior::Echo {
-        delay: Duration::ZERO,
-    });
-    let pki = Pki::new();
-    let (mut t, addr, token) = h3_tessera(&echo.url(), &pki, "", "header_read_timeout_ms = 1000");
+    let (_echo, pki, mut t, addr, token) = h3_echo("", "header_read_timeout_ms = 1000");
     let pid = t.pid();
     let t = &mut t;
     runtime().block_on(async {
