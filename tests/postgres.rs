@@ -371,6 +371,19 @@ fn sessions_in_the_applications_own_table_are_read_only() {
         pg.calls("SELECT record FROM app.sessions") > reads,
         "no cache: a read"
     );
+    // An application that dates its records with PostgreSQL's epoch, a numeric with a fraction.
+    let dated = |sign: &str| {
+        let query = format!(
+            "query = \"SELECT record || jsonb_build_object('expires_at', \
+             extract(epoch FROM now() {sign} interval '1 hour')) FROM app.sessions WHERE sid = $1\""
+        );
+        let (url, up_url) = (url.clone(), up.url());
+        Tessera::start(move |port, _| config(port, &up_url, &url, &[("session", &query)]))
+    };
+    let (later, over) = (dated("+"), dated("-"));
+    assert_eq!(status(&later, &alice), 200, "{}", later.log());
+    assert_eq!(status(&over, &alice), 401, "{}", over.log());
+    drop((later, over));
 
     pg.sql(&format!(
         "BEGIN; DELETE FROM app.sessions WHERE sid = 'tessera:session:{alice_sid}'; \

@@ -19,11 +19,33 @@ pub(super) struct Record {
     pub(super) credentials: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) sub: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Unix seconds. Read from any non-negative JSON number, its fraction dropped (PostgreSQL's
+    /// `extract(epoch from ...)` gives `1767225600.000000`); anything else makes the record corrupt.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "unix_seconds"
+    )]
     pub(super) expires_at: Option<u64>,
     /// Members tessera does not know (written by another tool): kept as they are on reseal.
     #[serde(flatten)]
     pub(super) extra: serde_json::Map<String, serde_json::Value>,
+}
+
+/// `null` or a non-negative finite JSON number, truncated to whole seconds (as a JWT's
+/// NumericDate, RFC 7519 section 2); a negative, a string or anything else is an error.
+fn unix_seconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
+        return Ok(None);
+    };
+    n.as_u64()
+        .or_else(|| {
+            n.as_f64()
+                .filter(|f| f.is_finite() && *f >= 0.0)
+                .map(|f| f as u64)
+        })
+        .map(Some)
+        .ok_or_else(|| serde::de::Error::custom("expires_at is not a non-negative number"))
 }
 
 /// The sealing key id of a stored credentials value (`tsl1.<kid>.…`), if sealed.
