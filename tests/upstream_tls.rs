@@ -5,7 +5,10 @@
 
 mod support;
 
+use std::io::{Read, Write};
+use std::net::TcpListener;
 use std::path::Path;
+use std::sync::Arc;
 
 use support::tls::Pki;
 use support::*;
@@ -188,4 +191,93 @@ fn https_settings_are_checked_at_load() {
             "{upstream}: {err}"
         );
     }
+}
+
+/// An https upstream that sends, with the first response of each connection, a second response
+/// nobody asked for (`stale`); later requests on the connection get `fresh`. The first response
+/// is 16 KiB, one TLS record that fills tessera's first read exactly, so the stray bytes are
+/// left decrypted inside the TLS session, where the socket signals nothing more.
+fn upstream_with_stray_bytes(pki: &Pki) -> u16 {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let (cert, key) = pki.leaf("stray", &["localhost"]);
+    let certs: Vec<_> = CertificateDer::pem_file_iter(&cert)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(&key).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+    let config = Arc::new(config);
+    let mut first = Vec::new();
+    for length in 16_300..16_384 {
+        first = format!("HTTP/1.1 200 OK\r\nContent-Length: {length}\r\n\r\n").into_bytes();
+        first.resize(first.len() + length, b'a');
+        if first.len() == 16_384 {
+            break;
+        }
+    }
+    first.extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale");
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for tcp in listener.incoming().flatten() {
+            let (config, first) = (config.clone(), first.clone());
+            std::thread::spawn(move || {
+                let conn = rustls::ServerConnection::new(config).unwrap();
+                let mut tls = rustls::StreamOwned::new(conn, tcp);
+                let mut answer = first.as_slice();
+                while read_head(&mut tls) {
+                    // One write: both responses go out in one system call.
+                    if tls.write_all(answer).and_then(|()| tls.flush()).is_err() {
+                        return;
+                    }
+                    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfresh";
+                }
+            });
+        }
+    });
+    port
+}
+
+/// Reads one request head (tessera sends no body here); false at the connection's end.
+fn read_head(r: &mut impl Read) -> bool {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match r.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// Bytes an https upstream sent past its response's end are never read as the next request's
+/// response, even when the TLS session holds them already decrypted: the connection is closed
+/// at that response's end, not put back in the pool for a request to find it spoiled.
+#[test]
+fn stray_bytes_held_by_the_tls_session_close_the_connection() {
+    let pki = Pki::new();
+    let port = upstream_with_stray_bytes(&pki);
+    let metrics_port = free_port();
+    let (t, token) = behind(port, &ca_line(&pki.ca()), metrics_port);
+    for _ in 0..10 {
+        let (code, body) = curl(&["-H", &bearer(&token), &t.url("/")]);
+        assert_eq!(code, 200, "{}", t.log());
+        assert_ne!(body, "stale", "another request's response");
+        assert!(body == "fresh" || body.bytes().all(|b| b == b'a'), "{body}");
+    }
+    let (_, metrics) = curl(&[&format!("http://127.0.0.1:{metrics_port}/metrics")]);
+    let closed = |reason: &str| {
+        let name = format!("tessera_upstream_connections_closed_total{{reason=\"{reason}\"}}");
+        sample(&metrics, &name)
+    };
+    assert_eq!(closed("error"), 10, "{metrics}");
+    assert_eq!(sample(&metrics, "tessera_upstream_retries_total"), 0);
 }

@@ -268,9 +268,10 @@ impl H1 {
         }
     }
 
-    /// Whether bytes beyond the last response are buffered (the connection is then unusable).
+    /// Whether bytes beyond the last response are buffered, here or in the TLS session (the
+    /// connection is then unusable: they would be read as the next request's response).
     pub fn has_leftover(&self) -> bool {
-        !self.buf.is_empty()
+        !self.buf.is_empty() || self.io.holds_unread()
     }
 
     /// Whether a body framed as `framing` is already read in full (no more bytes to wait for):

@@ -29,6 +29,12 @@ pub trait Transport {
     /// session consumes itself (a TLS 1.3 session ticket). Costs a read only when the socket
     /// has signalled readiness since it went idle.
     fn is_idle_open(&mut self) -> bool;
+
+    /// Whether bytes already read off the socket wait to be read (TLS: plaintext the session
+    /// decrypted beyond what the caller took, or the peer's `close_notify`). The socket then
+    /// signals nothing more: rustls stops reading while it holds plaintext. Always false for
+    /// TCP, whose unread bytes stay in the kernel for [`Transport::is_idle_open`] to find.
+    fn holds_unread(&self) -> bool;
 }
 
 impl Transport for UpIo {
@@ -56,7 +62,18 @@ impl Transport for UpIo {
         }
     }
 
+    fn holds_unread(&self) -> bool {
+        match self {
+            Either::Left(_) => false,
+            // Established, so rustls wants to read unless it holds plaintext or saw the close.
+            Either::Right(s) => !s.get_ref().1.wants_read(),
+        }
+    }
+
     fn is_idle_open(&mut self) -> bool {
+        if self.holds_unread() {
+            return false;
+        }
         let mut cx = Context::from_waker(Waker::noop());
         match self.tcp().poll_read_ready(&mut cx) {
             Poll::Pending => true,
