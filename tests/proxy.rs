@@ -1191,11 +1191,12 @@ fn framing_script(line: &str) -> upstream::Script {
             "HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nuploaded".into(),
             false,
         ),
-        "/early-413" | "/early-200" => {
-            let text = if path == "/early-413" {
-                "HTTP/1.1 413 Content Too Large\r\nContent-Length: 0\r\n\r\n"
-            } else {
-                "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nearly"
+        "/early-413" | "/early-200" | "/early-200-lf" => {
+            let text = match path {
+                "/early-413" => "HTTP/1.1 413 Content Too Large\r\nContent-Length: 0\r\n\r\n",
+                "/early-200" => "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nearly",
+                // Bare LF line ends, which a recipient may accept (RFC 9112 section 2.2).
+                _ => "HTTP/1.1 200 OK\nContent-Length: 5\n\nearly",
             };
             return upstream::Script {
                 bytes: text.into(),
@@ -1502,6 +1503,12 @@ fn uploads_survive_interim_and_early_answers() {
     assert!(
         !f.next_reuses(),
         "after an answer that came before the whole request"
+    );
+    let (code, text) = f.get("/early-200-lf", &paced);
+    assert_eq!((code, text.as_str()), (200, "early"));
+    assert!(
+        !f.next_reuses(),
+        "after an early answer with bare LF line ends"
     );
     // An upstream that answers 413 at once and drains the body: the client gets the 413, and
     // whatever part of the body was not yet written, the next request is not mixed into it.

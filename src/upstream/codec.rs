@@ -142,9 +142,12 @@ pub(crate) fn final_head(
     Ok(None)
 }
 
-/// Whether the buffer holds a complete response head (blank line seen).
+/// Whether the buffer may hold a complete response head: a blank line seen, after a CRLF or
+/// after the bare LF that the head parser (httparse) also takes as a line end (RFC 9112
+/// section 2.2), so that both read a head the same way.
 pub(super) fn head_complete(buf: &[u8]) -> bool {
-    buf.windows(4).any(|w| w == b"\r\n\r\n")
+    memchr::memchr_iter(b'\n', buf)
+        .any(|i| matches!(&buf[i + 1..], [b'\n', ..] | [b'\r', b'\n', ..]))
 }
 
 pub(super) fn find_crlf(buf: &[u8]) -> Option<usize> {
