@@ -213,7 +213,7 @@ fn remove_present(headers: &mut HeaderMap, lists: [&[&'static str]; 3], stripped
         let key = name.as_str();
         if let Some(i) = names().position(|n| *n == key) {
             present |= 1 << i;
-        } else if forwarding_field(key) || stripped.contains(key) {
+        } else if forwarding_field(key) || stripped.contains(key) || framing_underscored(key) {
             forwarded.push(name.clone());
         }
     }
@@ -241,6 +241,20 @@ fn forwarding_field(name: &str) -> bool {
                 .all(|(a, b)| a == b || (a == b'_' && b == b'-'))
     };
     dashed("x-forwarded-") || (name.len() == 9 && dashed("x-real-ip"))
+}
+
+/// Whether a header name (lower case) is a hop-by-hop field or `Content-Length` spelled with
+/// `_` for `-` (`transfer_encoding`): an upstream that reads `_` as `-`, as CGI and WSGI servers
+/// do, would frame the body or keep the connection by a field tessera did not frame. nginx drops
+/// every name with `_` by default (`underscores_in_headers off`).
+fn framing_underscored(name: &str) -> bool {
+    memchr::memchr(b'_', name.as_bytes()).is_some()
+        && HOP_BY_HOP.iter().chain(&["content-length"]).any(|n| {
+            n.len() == name.len()
+                && n.bytes()
+                    .zip(name.bytes())
+                    .all(|(a, b)| a == b || (a == b'-' && b == b'_'))
+        })
 }
 
 /// Whether a method is refused (405): TRACE, and TRACK (IIS's), in any case, would reflect the
@@ -517,6 +531,11 @@ mod tests {
             "x_forwarded_user",
             "x_forwarded-for",
             "x_real_ip",
+            "transfer_encoding",
+            "content_length",
+            "keep_alive",
+            "proxy_connection",
+            "proxy_authorization",
         ];
         let names = HOP_BY_HOP.iter().chain(&SPOOFABLE).chain(&ANSWERED_HERE);
         for name in names.chain(&prefixed) {
