@@ -132,6 +132,54 @@ fn a_client_certificate_is_presented_to_an_upstream_that_asks() {
     assert!(body.contains("client=SUCCESS"), "{body}");
 }
 
+/// The upstream's CA and client certificate files renewed at the same paths are used by new
+/// connections after SIGHUP: first the CA that signed the upstream's certificate (502 becomes
+/// nginx's 400 for a client certificate it does not trust), then a client certificate it does.
+#[test]
+fn renewed_upstream_tls_files_are_used_after_sighup() {
+    let pki = Pki::new();
+    let nginx = nginx_tls(&pki, "on");
+    let other = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let [ca, cert, key] = ["ca.pem", "client.pem", "client.key"].map(|f| dir.path().join(f));
+    let copy = |from: &Path, to: &Path| std::fs::copy(from, to).map(drop).unwrap();
+    let (other_cert, other_key) = other.leaf("client", &["tessera-client"]);
+    copy(&other.ca(), &ca);
+    copy(&other_cert, &cert);
+    copy(&other_key, &key);
+    let lines = format!(
+        "{}\nclient_certificate = \"file:{}\"\nclient_private_key = \"file:{}\"",
+        ca_line(&ca),
+        cert.display(),
+        key.display()
+    );
+    let (t, token) = behind(nginx.port, &lines, free_port());
+    let get = || curl(&["-H", &bearer(&token), &t.url("/tls")]);
+    assert_eq!(get().0, 502, "{}", t.log());
+    let reload = |nth: usize| {
+        std::process::Command::new("kill")
+            .args(["-HUP", &t.pid().to_string()])
+            .status()
+            .unwrap();
+        t.log_when(|log| log.matches("configuration reloaded").count() >= nth);
+    };
+    copy(&pki.ca(), &ca);
+    reload(1);
+    assert_eq!(
+        get().0,
+        400,
+        "nginx refuses the client certificate: {}",
+        t.log()
+    );
+    let (cert_new, key_new) = pki.leaf("client", &["tessera-client"]);
+    copy(&cert_new, &cert);
+    copy(&key_new, &key);
+    reload(2);
+    let (code, body) = get();
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("client=SUCCESS"), "{body}");
+}
+
 #[test]
 fn an_upstream_certificate_from_another_ca_is_refused_with_502() {
     let pki = Pki::new();

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 /// The keys a reload puts in place (README and operations.md, "Without a restart"); an entry
 /// covers its sub-keys and array entries.
-const RELOADED: [&str; 10] = [
+const RELOADED: [&str; 13] = [
     "token.secret",
     "token.keys",
     "token.active_kid",
@@ -17,6 +17,9 @@ const RELOADED: [&str; 10] = [
     "tls.sni",
     "tls.min_version",
     "tls.session_ticket_keys",
+    "upstream.ca",
+    "upstream.client_certificate",
+    "upstream.client_private_key",
 ];
 
 /// The dotted keys whose values differ between the configuration texts `running` (the one

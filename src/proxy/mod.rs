@@ -319,14 +319,16 @@ impl Proxy {
         Ok(ReadyKeys { keys, summary })
     }
 
-    /// Puts keys from [`Proxy::check_keys`] of `cfg` in place. No connection is dropped and
-    /// requests in flight go on. Cached verifications and cached sessions are forgotten, and
-    /// sessions with open responses read again, so a key removed stops working at once. Every
-    /// other setting in `cfg` is ignored: a restart applies it. Needs a tokio runtime (the
-    /// rereads are tasks). Returns a summary for the log (key ids only).
+    /// Puts keys from [`Proxy::check_keys`] of `cfg` in place, with the `https://` upstream's
+    /// trusted roots and client certificate. No connection is dropped and requests in flight
+    /// go on. Cached verifications and cached sessions are forgotten, and sessions with open
+    /// responses read again, so a key removed stops working at once. Every other setting in
+    /// `cfg` is ignored: a restart applies it. Needs a tokio runtime (the rereads are tasks).
+    /// Returns a summary for the log (key ids only).
     pub fn install_keys(&self, ready: ReadyKeys, cfg: &Config) -> String {
         self.verifier.install_keys(ready.keys);
         self.sessions.replace_sealing_keys(&cfg.credentials);
+        self.upstream.reload_tls(cfg.upstream.tls.as_deref());
         ready.summary
     }
 

@@ -173,7 +173,16 @@ impl Upstream {
 
     /// TLS handshakes with an `https://` upstream, `(full, resumed)`; `None` for `http://`.
     pub fn tls_handshakes(&self) -> Option<(u64, u64)> {
-        self.pool.tls_handshakes()
+        self.pool.tls().map(TlsClient::handshakes)
+    }
+
+    /// Puts the trusted roots and client certificate of `new` (a reloaded configuration's
+    /// client) in place for new connections ([`TlsClient::take_trust_of`]); nothing for an
+    /// `http://` upstream, or when `new` is none (a changed `upstream.url` needs a restart).
+    pub fn reload_tls(&self, new: Option<&TlsClient>) {
+        if let (Some(running), Some(new)) = (self.pool.tls(), new) {
+            running.take_trust_of(new);
+        }
     }
 
     /// Upstream connections open now, `(busy, idle)` (see [`Pool::connections`]).

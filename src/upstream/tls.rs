@@ -5,7 +5,7 @@
 //! counted, full and resumed. Must never: skip the certificate check.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -30,7 +30,8 @@ pub struct UpstreamTlsSettings {
 
 /// An `https://` upstream's TLS client, shared by every connection of its pool.
 pub struct TlsClient {
-    connector: tokio_rustls::TlsConnector,
+    /// Replaced whole on SIGHUP ([`TlsClient::take_trust_of`]); read once per new connection.
+    connector: RwLock<tokio_rustls::TlsConnector>,
     name: ServerName<'static>,
     full: AtomicU64,
     resumed: AtomicU64,
@@ -92,7 +93,7 @@ impl TlsClient {
         cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
         cfg.resumption = rustls::client::Resumption::in_memory_sessions(SESSIONS);
         Ok(Self {
-            connector: tokio_rustls::TlsConnector::from(Arc::new(cfg)),
+            connector: RwLock::new(tokio_rustls::TlsConnector::from(Arc::new(cfg))),
             name,
             full: AtomicU64::new(0),
             resumed: AtomicU64::new(0),
@@ -103,13 +104,34 @@ impl TlsClient {
     ///
     /// Errors: the handshake failed (certificate refused, protocol error, connection closed).
     pub async fn handshake(&self, tcp: TcpStream) -> std::io::Result<TlsStream<TcpStream>> {
-        let stream = self.connector.connect(self.name.clone(), tcp).await?;
+        let connector = self
+            .connector
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let stream = connector.connect(self.name.clone(), tcp).await?;
         let resumed = stream.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
         match resumed {
             true => self.resumed.fetch_add(1, Ordering::Relaxed),
             false => self.full.fetch_add(1, Ordering::Relaxed),
         };
         Ok(stream)
+    }
+
+    /// Puts `new`'s trusted roots and client certificate in place for the handshakes from now
+    /// on (a reload: files renewed at the same paths included); connections open keep theirs.
+    /// Sessions kept for resumption are dropped with the old settings, so none resumes under
+    /// a trust that is gone. The server name stays: changing it needs a restart.
+    pub fn take_trust_of(&self, new: &TlsClient) {
+        let connector = new
+            .connector
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        *self
+            .connector
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = connector;
     }
 
     /// Handshakes done: (full, resumed).

@@ -348,9 +348,9 @@ impl Pool {
         Ok(Either::Right(Box::new(stream)))
     }
 
-    /// TLS handshakes with the upstream, `(full, resumed)`; `None` for `http://`.
-    pub fn tls_handshakes(&self) -> Option<(u64, u64)> {
-        self.tls.as_ref().map(|t| t.handshakes())
+    /// The TLS client, `None` for `http://`.
+    pub fn tls(&self) -> Option<&crate::upstream::TlsClient> {
+        self.tls.as_deref()
     }
 
     async fn connect(
