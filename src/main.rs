@@ -89,22 +89,7 @@ fn main() -> ExitCode {
     rt.block_on(async move {
         match cli.command {
             Command::Serve { config } => serve(config, inherited).await,
-            Command::CheckConfig { config } => {
-                let cfg = match load(&config) {
-                    Ok(c) => c,
-                    Err(code) => return code,
-                };
-                match admin::check(&cfg).await {
-                    Ok(lines) => {
-                        lines.iter().for_each(|l| println!("{l}"));
-                        ExitCode::SUCCESS
-                    }
-                    Err(e) => {
-                        eprintln!("tessera: {e}");
-                        ExitCode::from(2)
-                    }
-                }
-            }
+            Command::CheckConfig { config } => check_config(&config).await,
             Command::Session(cmd) => session_cli::session(cmd).await,
             Command::Keygen => {
                 print!("{}", admin::keygen());
@@ -155,6 +140,7 @@ async fn serve(config: PathBuf, inherited: tessera::downstream::Inherited) -> Ex
     telemetry::init(&cfg.log.level, cfg.log.format);
     // What the process runs with, to name the keys a reload leaves for the next restart.
     let running = std::fs::read_to_string(&config).unwrap_or_default();
+    warn_exposed(&running, &config);
     tessera::downstream::raise_open_files_limit();
     let (reload_tx, reloads) = tokio::sync::mpsc::channel(1);
     // Registered before the listener is bound, so no SIGHUP can arrive unhandled once it is.
@@ -206,6 +192,7 @@ async fn reload_on_hangup(
     while hangups.recv().await.is_some() {
         tracing::info!(config = %path.display(), "SIGHUP: reloading the keys and TLS settings");
         let text = std::fs::read_to_string(&path).unwrap_or_default();
+        warn_exposed(&text, &path);
         let later = tessera::config::restart_only_changes(&running, &text);
         if !later.is_empty() {
             tracing::warn!(
@@ -232,6 +219,43 @@ async fn reload_on_hangup(
         }
     }
 }
+
+/// `tessera check-config`: the file loads, its store, upstream and key sources answer (exit 2
+/// naming the key otherwise); secrets any local user can read are warned of on stderr.
+async fn check_config(config: &std::path::Path) -> ExitCode {
+    let cfg = match load(config) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let text = std::fs::read_to_string(config).unwrap_or_default();
+    for e in tessera::config::exposed_secrets(&text, config) {
+        eprintln!(
+            "tessera: warning: config key `{}` ({}): {EXPOSED}",
+            e.key, e.path
+        );
+    }
+    match admin::check(&cfg).await {
+        Ok(lines) => {
+            lines.iter().for_each(|l| println!("{l}"));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("tessera: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Logs each secret of the configuration `text` (read from `path`) that every local user can
+/// read, naming its key and the file to `chmod`.
+fn warn_exposed(text: &str, path: &std::path::Path) {
+    for e in tessera::config::exposed_secrets(text, path) {
+        tracing::warn!(key = %e.key, path = %e.path, "{EXPOSED}");
+    }
+}
+
+/// What [`warn_exposed`] and `check-config` say of a secret readable by all.
+const EXPOSED: &str = "a secret is readable by every local user: chmod o-r the file (and keep                        its group to tessera's), or give the key as file: with a file only                        tessera can read";
 
 /// Resolves on SIGINT or SIGTERM.
 async fn shutdown_signal() {

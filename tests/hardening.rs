@@ -511,3 +511,52 @@ fn a_host_that_names_no_server_is_refused() {
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert_eq!(nginx.uris_at_least(1), ["/base/inside"]);
 }
+
+/// A secret any local user can read is warned of by key and file, never by value: at start,
+/// at each reload and by `check-config` (which still passes). A sealing key moved to a file
+/// readable by all, then the configuration itself, holding the JWT secret inline, opened up.
+#[test]
+fn secrets_readable_by_every_local_user_are_warned_of() {
+    use std::os::unix::fs::PermissionsExt;
+    let nginx = Nginx::start();
+    let t = tessera(&nginx.url(), &[]);
+    let said = "a secret is readable by every local user";
+    assert!(!t.log().contains(said), "{}", t.log());
+    let key_file = t.dir.path().join("k1.key");
+    std::fs::write(&key_file, CRED_KEY).unwrap();
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let cfg = t.config_path();
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let moved = format!("file:{}", key_file.display());
+    std::fs::write(&cfg, text.replace(CRED_KEY, &moved)).unwrap();
+    std::process::Command::new("kill")
+        .args(["-HUP", &t.pid().to_string()])
+        .status()
+        .unwrap();
+    let log = t.log_when(|l| l.contains("configuration reloaded"));
+    assert!(
+        log.contains(said) && log.contains("key=credentials.keys.k1"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("key=token.secret") && !log.contains(CRED_KEY),
+        "{log}"
+    );
+    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let checked = std::process::Command::new(bin())
+        .args(["check-config", "--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&checked.stderr);
+    assert!(checked.status.success(), "{stderr}");
+    for key in ["credentials.keys.k1", "token.secret"] {
+        assert!(
+            stderr.contains(&format!("`{key}`")) && stderr.contains(said),
+            "{stderr}"
+        );
+    }
+    assert!(
+        !stderr.contains(JWT_SECRET) && !stderr.contains(CRED_KEY),
+        "{stderr}"
+    );
+}

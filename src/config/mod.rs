@@ -12,6 +12,7 @@ use std::time::Duration;
 use zeroize::Zeroizing;
 
 mod changes;
+mod exposed;
 mod extras;
 mod hints;
 mod jwks;
@@ -27,6 +28,7 @@ mod upstream_tls;
 use crate::telemetry::LogConfig;
 use crate::Config;
 pub use changes::{reloaded_from_env, restart_only_changes};
+pub use exposed::{exposed_secrets, Exposed};
 use extras::{validate_jmap, validate_metrics, validate_websocket};
 use hints::type_fix;
 use login::validate_login;

@@ -404,7 +404,10 @@ impl Tessera {
     ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let cfg = config_for(port, dir.path());
+        // Only its user may read it, as a configuration with secrets inline should be.
         std::fs::write(dir.path().join("tessera.toml"), cfg).unwrap();
+        let private = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+        std::fs::set_permissions(dir.path().join("tessera.toml"), private).unwrap();
         let log = std::fs::File::create(dir.path().join("tessera.log")).unwrap();
         let mut cmd = match via.split_first() {
             None => Command::new(bin()),
