@@ -26,10 +26,14 @@ fn run_cli(args: &[&str]) -> std::process::Output {
 fn login_on_one_use_on_another_logout_on_a_third_refused_everywhere() {
     let up = users();
     let pg = Postgres::start();
+    // C reads the store's URL from a file, as one holding a password would be given.
+    let dir = tempfile::tempdir().unwrap();
+    let url_file = dir.path().join("store-url");
+    std::fs::write(&url_file, format!("{}\n", pg.url())).unwrap();
     let (a, b, c) = (
         on_postgres(&up, &pg),
         on_postgres(&up, &pg),
-        on_postgres(&up, &pg),
+        on_store(&up, &format!("file:{}", url_file.display())),
     );
     let token = login(&a, "alice", "alice-pw");
     assert_eq!(pg.sql("SELECT count(*) FROM tessera_kv"), "1");

@@ -40,7 +40,9 @@ pub fn exposed_secrets(text: &str, config_path: &Path) -> Vec<Exposed> {
         });
     };
     walk("", &toml::Value::Table(table), &mut |key, value| {
-        if private(key) {
+        let store_secret =
+            key == "session.store" && (value.starts_with("file:") || has_password(value));
+        if private(key) || store_secret {
             note(key, value);
         }
     });
@@ -80,6 +82,15 @@ fn private(key: &str) -> bool {
 
 /// Whether every local user may read `path`: others may read the file and search each
 /// directory above it (a file in a private directory is not exposed, whatever its mode).
+/// Whether a store URL carries a password: in its userinfo (`redis://:pw@host`), or as a
+/// query parameter (`sentinel_password=`, `password=`).
+fn has_password(url: &str) -> bool {
+    let authority = url.split_once("://").map_or("", |(_, rest)| rest);
+    let authority = authority.split(['/', '?']).next().unwrap_or("");
+    let userinfo = authority.rsplit_once('@').map_or("", |(user, _)| user);
+    userinfo.contains(':') || url.contains("password=")
+}
+
 fn readable_by_all(path: &Path) -> bool {
     let mode = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.permissions().mode());
     let Ok(path) = path.canonicalize() else {
@@ -103,7 +114,7 @@ mod tests {
         };
         let (open, closed, cert) = (file("open", 0o644), file("closed", 0o640), file("c", 0o644));
         let text = format!(
-            "[token]\nsecret = \"file:{open}\"\n[[token.keys]]\nkid = \"a\"\nsecret = \"inline\"\n\
+            "[session]\nstore = \"redis://:pw@h/0\"\n[token]\nsecret = \"file:{open}\"\n[[token.keys]]\nkid = \"a\"\nsecret = \"inline\"\n\
              [credentials]\nkeys = {{ k1 = \"file:{closed}\", k2 = \"env:K2\" }}\n\
              [tls]\ncertificate = \"file:{cert}\"\nprivate_key = \"file:{open}\"\n\
              session_ticket_keys = [\"file:{open}\"]\n"
@@ -126,6 +137,7 @@ mod tests {
         assert_eq!(
             all,
             [
+                "session.store",
                 "tls.private_key",
                 "tls.session_ticket_keys[0]",
                 "token.keys[0].secret",
@@ -133,6 +145,8 @@ mod tests {
             ]
         );
         assert!(exposed_secrets("not = [toml", &config(0o644)).is_empty());
+        assert!(!has_password("redis://h:6379/0") && !has_password("postgres://u@h/db"));
+        assert!(has_password("postgres://u@h/db?password=x"));
         // The same files in a directory others may not enter.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
         assert!(keys(0o644).is_empty());

@@ -263,7 +263,7 @@ fn validate(raw: RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Conf
     }
     let sources_listed = raw.token.as_ref().is_some_and(|t| t.sources.is_some());
     let token = validate_token(raw.token.unwrap_or_default(), env)?;
-    let session = validate_session(raw.session.unwrap_or_default())?;
+    let session = validate_session(raw.session.unwrap_or_default(), env)?;
     let credentials = validate_credentials(raw.credentials.unwrap_or_default(), env)?;
     let mut token = token;
     let login = match raw.login {

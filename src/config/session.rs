@@ -96,10 +96,17 @@ fn session_query(
 /// Longest `session.ttl_seconds`: ten years.
 pub const MAX_TTL_SECONDS: u64 = 10 * 365 * 24 * 3600;
 
-pub(super) fn validate_session(s: RawSession) -> Result<SessionConfig, ConfigError> {
-    let store_text = s
-        .store
-        .unwrap_or_else(|| "embedded:./tessera-sessions".into());
+pub(super) fn validate_session(
+    s: RawSession,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<SessionConfig, ConfigError> {
+    // `env:` or `file:` keeps a store password out of the configuration file.
+    let store_text = match s.store {
+        Some(v) if v.starts_with("env:") || v.starts_with("file:") => {
+            resolve_secret("session.store", &v, env)?.to_string()
+        }
+        v => v.unwrap_or_else(|| "embedded:./tessera-sessions".into()),
+    };
     let store = store_spec(store_text, session_query(s.query, s.notify_channel)?)?;
     let format = match s.format.as_deref().unwrap_or("tessera") {
         "tessera" => SessionFormat::Tessera,
