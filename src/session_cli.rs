@@ -1,7 +1,7 @@
 //! `tessera session ...`: the operator's commands on stored sessions. Part of the `tessera`
 //! binary (`main.rs`), not of the library: it parses, calls [`tessera::admin`] and prints.
 
-use std::io::BufRead;
+use std::io::{BufRead, IsTerminal};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -157,9 +157,14 @@ async fn session_create(
         Ok(c) => c,
         Err(code) => return code,
     };
-    // One line, as documented: a password typed at a terminal ends with Enter, not Ctrl-D.
+    // One line, as documented: a password typed at a terminal ends with Enter, not Ctrl-D, and
+    // is not shown (nor left in the terminal's scrollback).
     let mut password = zeroize::Zeroizing::new(String::new());
-    if let Err(e) = std::io::stdin().lock().read_line(&mut password) {
+    let read = match std::io::stdin().is_terminal() {
+        true => rpassword::prompt_password("password: ").map(|p| *password = p),
+        false => std::io::stdin().lock().read_line(&mut password).map(drop),
+    };
+    if let Err(e) = read {
         eprintln!("tessera: cannot read password from stdin: {e}");
         return ExitCode::from(1);
     }

@@ -1316,6 +1316,57 @@ fn run_cli(args: &[&str]) -> String {
 /// `session create` that cannot give a token for its session (no signing key, a sid claim
 /// tessera does not issue, a lifetime past ten years) fails before it stores anything: a
 /// session no token names would keep its sealed password until its expiry.
+/// `session create --password-stdin` at a terminal (a pty made by util-linux `script`) asks
+/// for the password with the terminal's echo off: what is typed is not shown.
+#[test]
+fn a_password_typed_at_a_terminal_is_not_shown() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("embedded:{}/s", dir.path().display());
+    let path = dir.path().join("tessera.toml");
+    std::fs::write(
+        &path,
+        config(support::free_port(), "http://127.0.0.1:9", &store, &[]),
+    )
+    .unwrap();
+    let command = format!(
+        "{} session create --config {} --user alice --password-stdin",
+        bin(),
+        path.display()
+    );
+    let mut child = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut chunk = [0u8; 4096];
+        while let Ok(n @ 1..) = stdout.read(&mut chunk) {
+            let _ = tx.send(chunk[..n].to_vec());
+        }
+    });
+    // Typed once it asks: the terminal echoes anything typed before its echo is off.
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("password: ") {
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(bytes) => seen.extend(bytes),
+            Err(_) => panic!("no prompt: {:?}", String::from_utf8_lossy(&seen)),
+        }
+    }
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"typed-secret\n").unwrap();
+    assert!(child.wait().unwrap().success());
+    seen.extend(rx.iter().flatten());
+    let shown = String::from_utf8_lossy(&seen);
+    assert!(
+        shown.contains("\"token\"") && !shown.contains("typed-secret"),
+        "{shown}"
+    );
+}
+
 #[test]
 fn session_create_stores_nothing_it_cannot_give_a_token_for() {
     use std::io::Write;
