@@ -212,7 +212,12 @@ fn https_settings_are_checked_at_load() {
         (
             "url = \"https://a\"\nca = \"not pem\"",
             "upstream.ca",
-            "no usable CA",
+            "holds no PEM block",
+        ),
+        (
+            "url = \"https://a\"\nca = \"/etc/tessera/ca.pem\"",
+            "upstream.ca",
+            "write \"file:/etc/tessera/ca.pem\"",
         ),
         (
             "url = \"https://a\"\nserver_name = \"a b\"",

@@ -204,6 +204,29 @@ pub fn resolve_secret(
     }
 }
 
+/// [`resolve_secret`] for a PEM value (certificate, private key, CA certificates): a literal
+/// that holds no PEM block is refused, naming the `file:` form a path given bare needs
+/// (`ca = "/etc/ca.pem"`), where the parser's own message would blame the contents.
+///
+/// Errors: as [`resolve_secret`], or a literal without `-----BEGIN`.
+pub(super) fn resolve_pem(
+    key: &str,
+    value: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Zeroizing<String>, ConfigError> {
+    let text = resolve_secret(key, value, env)?;
+    let literal = !value.starts_with("env:") && !value.starts_with("file:");
+    if literal && !text.contains("-----BEGIN") {
+        let fix = match value.starts_with('/') || value.starts_with("./") {
+            // A path is no secret: named, so the fix can be copied.
+            true => format!("to read the file at that path, write \"file:{value}\""),
+            false => "give \"file:PATH\", \"env:NAME\" or the PEM text itself".to_string(),
+        };
+        return Err(ConfigError::new(key, format!("holds no PEM block; {fix}")));
+    }
+    Ok(text)
+}
+
 pub(super) fn ms(key: &str, v: Option<u64>, default_ms: u64) -> Result<Duration, ConfigError> {
     match v.unwrap_or(default_ms) {
         0 => Err(ConfigError::new(

@@ -7,7 +7,7 @@ use crate::downstream::{
 };
 
 use super::raw::{RawHttp3, RawSni, RawTls};
-use super::{in_range, ms, resolve_secret, socket_addr, ConfigError};
+use super::{in_range, ms, resolve_pem, resolve_secret, socket_addr, ConfigError};
 
 type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 
@@ -156,8 +156,8 @@ fn identity(
     let key = private_key.ok_or_else(|| missing(&key_key, "key"))?;
     let identity = Identity {
         names,
-        chain_pem: resolve_secret(&cert_key, chain, env)?.to_string(),
-        key_pem: resolve_secret(&key_key, key, env)?,
+        chain_pem: resolve_pem(&cert_key, chain, env)?.to_string(),
+        key_pem: resolve_pem(&key_key, key, env)?,
         key_name: cert_key,
     };
     identity.certified_key().map_err(cert_error)?;

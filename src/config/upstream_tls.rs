@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::upstream::{TlsClient, UpstreamTlsSettings};
 
 use super::raw::RawUpstream;
-use super::{resolve_secret, ConfigError};
+use super::{resolve_pem, ConfigError};
 
 /// The TLS client of an `https://` upstream: `upstream.ca` (default: the system's roots),
 /// `upstream.server_name` (default: the URL's host), `upstream.client_certificate` and
@@ -17,7 +17,7 @@ pub(super) fn upstream_tls(
 ) -> Result<Option<Arc<TlsClient>>, ConfigError> {
     let secret = |key: &str, v: &Option<String>| {
         v.as_deref()
-            .map(|v| resolve_secret(key, v, env))
+            .map(|v| resolve_pem(key, v, env))
             .transpose()
     };
     if url.scheme_str() != Some("https") {
@@ -35,18 +35,18 @@ pub(super) fn upstream_tls(
         }
         return Ok(None);
     }
+    if u.client_certificate.is_some() != u.client_private_key.is_some() {
+        return Err(ConfigError::new(
+            "upstream.client_certificate",
+            "and upstream.client_private_key go together (mTLS): set both or neither",
+        ));
+    }
     let client_identity = match (
         secret("upstream.client_certificate", &u.client_certificate)?,
         secret("upstream.client_private_key", &u.client_private_key)?,
     ) {
         (Some(chain), Some(key)) => Some((chain.to_string(), key)),
-        (None, None) => None,
-        (Some(_), None) | (None, Some(_)) => {
-            return Err(ConfigError::new(
-                "upstream.client_certificate",
-                "and upstream.client_private_key go together (mTLS): set both or neither",
-            ))
-        }
+        _ => None,
     };
     let host = url.host().unwrap_or_default();
     let settings = UpstreamTlsSettings {
