@@ -12,6 +12,8 @@ use std::time::Duration;
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::upstream::codec::final_head;
+use crate::upstream::conn::Framing;
 use crate::upstream::UpIo;
 
 /// Largest probe answer read, bytes (Cyrus's is about 500).
@@ -62,52 +64,26 @@ async fn read_answer(stream: &mut UpIo) -> Probed {
 /// Where the answer at the front of `buf` ends (its head and its `Content-Length` body; an
 /// interim 1xx head is skipped); `None` while incomplete, `Some(usize::MAX)` when it cannot be
 /// used (unparsable, chunked, `Connection: close`, HTTP/1.0 without keep-alive, a body of no
-/// declared length).
+/// declared length, a 101). Read by the parser requests' answers go through, so that a probe
+/// answer frames as any answer would (a 204 or 304 has no body whatever its `Content-Length`;
+/// differing lengths are an error: RFC 9112 section 6.3).
 fn complete(buf: &[u8]) -> Option<usize> {
-    let mut at = 0;
-    loop {
-        let mut fields = [httparse::EMPTY_HEADER; 64];
-        let mut head = httparse::Response::new(&mut fields);
-        let len = match head.parse(&buf[at..]) {
-            Ok(httparse::Status::Complete(len)) => len,
-            Ok(httparse::Status::Partial) => return None,
-            Err(_) => return Some(usize::MAX),
-        };
-        let code = head.code.unwrap_or(0);
-        if (100..200).contains(&code) {
-            at += len;
-            continue;
-        }
-        let (mut length, mut keep_alive) = (None, false);
-        for f in head.headers.iter() {
-            if f.name.eq_ignore_ascii_case("content-length") {
-                length = match crate::fields::content_length(f.value) {
-                    Some(n) if n as usize <= MAX_ANSWER => Some(n as usize),
-                    _ => return Some(usize::MAX),
-                };
-            } else if f.name.eq_ignore_ascii_case("transfer-encoding")
-                || (f.name.eq_ignore_ascii_case("connection")
-                    && crate::fields::has_token(f.value, b"close"))
-            {
-                return Some(usize::MAX);
-            } else if f.name.eq_ignore_ascii_case("connection") {
-                keep_alive |= crate::fields::has_token(f.value, b"keep-alive");
-            }
-        }
-        // HTTP/1.0 closes after the answer unless it says keep-alive (RFC 9112 section 9.3).
-        if head.version == Some(0) && !keep_alive {
-            return Some(usize::MAX);
-        }
-        // Without a length, only 204 and 304 have no body; any other body runs to the close
-        // (RFC 9112 section 6.3).
-        let body = match length {
-            Some(n) => n,
-            None if code == 204 || code == 304 => 0,
-            None => return Some(usize::MAX),
-        };
-        let end = at + len + body;
-        return (buf.len() >= end).then_some(end);
+    let mut rest = BytesMut::from(buf);
+    let head = match final_head(&mut rest, false) {
+        Ok(Some(head)) => head,
+        Ok(None) => return None,
+        Err(_) => return Some(usize::MAX),
+    };
+    if !head.keep_alive || head.response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+        return Some(usize::MAX);
     }
+    let body = match head.framing {
+        Framing::Done => 0,
+        Framing::Length(n) if n <= MAX_ANSWER as u64 => n as usize,
+        _ => return Some(usize::MAX),
+    };
+    let end = buf.len() - rest.len() + body;
+    (buf.len() >= end).then_some(end)
 }
 
 /// `addr` as a `Host` field value: an IPv6 address in brackets (RFC 9110 section 7.2, RFC 3986
@@ -142,6 +118,9 @@ mod tests {
         assert_eq!(complete(b"HTTP/1.1 200 OK\r\nDate: x"), None);
         let kept = b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n";
         assert_eq!(complete(kept), Some(kept.len()));
+        // No body, whatever the length says (RFC 9112 section 6.3).
+        let empty = b"HTTP/1.1 204 No Content\r\nContent-Length: 3\r\n\r\n";
+        assert_eq!(complete(empty), Some(empty.len()));
     }
 
     #[test]
@@ -153,6 +132,8 @@ mod tests {
             b"SSH-2.0-OpenSSH\r\n\r\n",
             b"HTTP/1.1 200 OK\r\nAllow: GET\r\n\r\n",
             b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nContent-Length: 5\r\n\r\n",
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n",
         ] {
             assert_eq!(complete(answer), Some(usize::MAX), "{answer:?}");
         }
