@@ -251,22 +251,7 @@ fn https_settings_are_checked_at_load() {
 /// is 16 KiB, one TLS record that fills tessera's first read exactly, so the stray bytes are
 /// left decrypted inside the TLS session, where the socket signals nothing more.
 fn upstream_with_stray_bytes(pki: &Pki) -> u16 {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let (cert, key) = pki.leaf("stray", &["localhost"]);
-    let certs: Vec<_> = CertificateDer::pem_file_iter(&cert)
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
-    let key = PrivateKeyDer::from_pem_file(&key).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .unwrap();
-    let config = Arc::new(config);
+    let config = server_config(pki);
     let mut first = Vec::new();
     for length in 16_300..16_384 {
         first = format!("HTTP/1.1 200 OK\r\nContent-Length: {length}\r\n\r\n").into_bytes();
@@ -298,9 +283,61 @@ fn upstream_with_stray_bytes(pki: &Pki) -> u16 {
     port
 }
 
+/// A rustls server configuration with `pki`'s certificate for `localhost`.
+fn server_config(pki: &Pki) -> Arc<rustls::ServerConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let (cert, key) = pki.leaf("upstream", &["localhost"]);
+    let certs: Vec<_> = CertificateDer::pem_file_iter(&cert)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(&key).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+    Arc::new(config)
+}
+
+/// An https upstream that, like a process-per-connection server at its limit, serves one
+/// connection and leaves every later one in the listen backlog: accepted by the kernel, never
+/// by the server, so no TLS handshake starts on it. `OPTIONS *` (the probe) is answered at
+/// once, any other request after 500 ms, so that requests overlap.
+fn upstream_serving_one_connection(pki: &Pki) -> u16 {
+    let config = server_config(pki);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let (tcp, _) = listener.accept().unwrap();
+        let conn = rustls::ServerConnection::new(config).unwrap();
+        let mut tls = rustls::StreamOwned::new(conn, tcp);
+        let mut head = Vec::new();
+        while read_head_into(&mut tls, &mut head) {
+            if !head.starts_with(b"OPTIONS * ") {
+                std::thread::sleep(std::time::Duration::from_millis(500));
+            }
+            let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+            if tls.write_all(ok).and_then(|()| tls.flush()).is_err() {
+                return;
+            }
+        }
+        drop(listener);
+    });
+    port
+}
+
 /// Reads one request head (tessera sends no body here); false at the connection's end.
 fn read_head(r: &mut impl Read) -> bool {
-    let mut head = Vec::new();
+    read_head_into(r, &mut Vec::new())
+}
+
+/// [`read_head`] into `head` (cleared first).
+fn read_head_into(r: &mut impl Read, head: &mut Vec<u8>) -> bool {
+    head.clear();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
         match r.read(&mut byte) {
@@ -333,4 +370,30 @@ fn stray_bytes_held_by_the_tls_session_close_the_connection() {
     };
     assert_eq!(closed("error"), 10, "{metrics}");
     assert_eq!(sample(&metrics, "tessera_upstream_retries_total"), 0);
+}
+
+/// With `upstream.probe_timeout_ms`, an https upstream's connection that is accepted and never
+/// served (no TLS handshake on it) is found within the probe's limit, not after the connect
+/// timeout: closed, counted as unserved, and the request waits for the served connection.
+#[test]
+fn an_unserved_https_connection_is_found_by_the_probe() {
+    let pki = Pki::new();
+    let port = upstream_serving_one_connection(&pki);
+    let metrics_port = free_port();
+    let lines = format!(
+        "{}\nprobe_timeout_ms = 200\nmax_connections = 2\nconnect_timeout_ms = 30000",
+        ca_line(&pki.ca())
+    );
+    let (t, token) = behind(port, &lines, metrics_port);
+    let codes: Vec<u16> = std::thread::scope(|s| {
+        let calls: Vec<_> = (0..2)
+            .map(|_| s.spawn(|| curl(&["--max-time", "20", "-H", &bearer(&token), &t.url("/")]).0))
+            .collect();
+        calls.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    assert_eq!(codes, [200, 200], "{}", t.log());
+    let (_, metrics) = curl(&[&format!("http://127.0.0.1:{metrics_port}/metrics")]);
+    let unserved = "tessera_upstream_connections_closed_total{reason=\"unserved\"}";
+    assert!(sample(&metrics, unserved) >= 1, "{metrics}");
+    assert!(t.log().contains("did not serve it"), "{}", t.log());
 }

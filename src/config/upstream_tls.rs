@@ -15,11 +15,8 @@ pub(super) fn upstream_tls(
     u: &mut RawUpstream,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Option<Arc<TlsClient>>, ConfigError> {
-    let secret = |key: &str, v: &Option<String>| {
-        v.as_deref()
-            .map(|v| resolve_pem(key, v, env))
-            .transpose()
-    };
+    let secret =
+        |key: &str, v: &Option<String>| v.as_deref().map(|v| resolve_pem(key, v, env)).transpose();
     if url.scheme_str() != Some("https") {
         let set = [
             ("upstream.ca", &u.ca),

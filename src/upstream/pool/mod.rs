@@ -23,7 +23,8 @@
 //!
 //! The rooms: [`stats`] (counters, close reasons), [`conn`] (a checked-out connection and what
 //! its drop decides), [`drain`] (exchanges left by their requester), [`affinity`] (connections
-//! bound to one credential).
+//! bound to one credential), [`open`] and [`probe`] (new connections, and whether they are
+//! served).
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -31,11 +32,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tokio::net::TcpStream;
-
-use super::{Transport, UpIo};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio_util::either::Either;
 
 pub use crate::upstream::conn::DRAIN_BYTES;
 use crate::upstream::conn::{Sending, H1};
@@ -56,9 +53,9 @@ pub use drain::{Drain, DRAIN_WAIT};
 pub use stats::{Closed, PoolStats};
 
 mod idle;
+mod open;
 mod probe;
 use idle::{spawn_reaper, Idle};
-use probe::Probed;
 
 thread_local! {
     static THREAD: Cell<Option<usize>> = const { Cell::new(None) };
@@ -301,96 +298,8 @@ impl Pool {
         self.connect(permit, key).await
     }
 
-    /// A new connection the upstream did not serve within the probe's `limit`: closed with a
-    /// reset (so the upstream's backlog drops it), its slot removed from the cap for
-    /// [`CAP_RESTORE`], counted, and warned of once.
-    fn unserved(self: &Arc<Self>, stream: UpIo, permit: OwnedSemaphorePermit, limit: Duration) {
-        let _ = rustix::net::sockopt::set_socket_linger(stream.tcp(), Some(Duration::ZERO));
-        drop(stream);
-        self.stats.count_closed(Closed::Unserved, 1);
-        permit.forget();
-        self.removed.fetch_add(1, Ordering::Relaxed);
-        let pool = Arc::downgrade(self);
-        tokio::spawn(async move {
-            tokio::time::sleep(CAP_RESTORE).await;
-            if let Some(pool) = pool.upgrade() {
-                pool.removed.fetch_sub(1, Ordering::Relaxed);
-                pool.permits.add_permits(1);
-            }
-        });
-        if !self.warned_unserved.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                probe_ms = limit.as_millis() as u64,
-                max_connections = self.max_connections,
-                "upstream accepted a connection and did not serve it: it serves fewer connections \
-                 than upstream.max_connections; lower that below the upstream's own limit (Cyrus: \
-                 maxchild). Connections past it are closed and the cap lowered meanwhile"
-            );
-        }
-    }
-
-    /// A new connection: TCP, then TLS for an `https://` upstream, both within
-    /// `upstream.connect_timeout_ms`.
-    async fn open(&self) -> Result<UpIo, ForwardError> {
-        let deadline = tokio::time::Instant::now() + self.connect_timeout;
-        let stream = tokio::time::timeout_at(deadline, TcpStream::connect(&self.addr))
-            .await
-            .map_err(|_| ForwardError::ConnectTimeout)?
-            .map_err(|e| ForwardError::Connect(e.to_string()))?;
-        let _ = stream.set_nodelay(true);
-        let Some(tls) = &self.tls else {
-            return Ok(Either::Left(stream));
-        };
-        let stream = tokio::time::timeout_at(deadline, tls.handshake(stream))
-            .await
-            .map_err(|_| ForwardError::ConnectTimeout)?
-            .map_err(|e| ForwardError::Connect(format!("TLS handshake: {e}")))?;
-        Ok(Either::Right(Box::new(stream)))
-    }
-
     /// The TLS client, `None` for `http://`.
     pub fn tls(&self) -> Option<&crate::upstream::TlsClient> {
         self.tls.as_deref()
-    }
-
-    async fn connect(
-        self: &Arc<Self>,
-        permit: OwnedSemaphorePermit,
-        key: Option<AffinityKey>,
-    ) -> Result<Conn, ForwardError> {
-        let mut stream = self.open().await?;
-        self.stats.opened.fetch_add(1, Ordering::Relaxed);
-        if let Some(limit) = self.probe.filter(|_| self.probing.load(Ordering::Relaxed)) {
-            match probe::probe(&mut stream, &self.addr, limit).await {
-                Probed::Served => {}
-                Probed::Unsupported => {
-                    // Closed before the plain connect that replaces it.
-                    drop(stream);
-                    self.probing.store(false, Ordering::Relaxed);
-                    self.stats.count_closed(Closed::Error, 1);
-                    tracing::warn!(
-                        "upstream answers OPTIONS * unusably; upstream.probe_timeout_ms turned off"
-                    );
-                    return Box::pin(self.connect(permit, key)).await;
-                }
-                Probed::Unserved => {
-                    self.unserved(stream, permit, limit);
-                    return Box::pin(self.checkout(key)).await;
-                }
-            }
-        }
-        Ok(Conn {
-            h1: Some(H1::new(stream)),
-            home: self.this_thread(),
-            key: key.map(Binding::new),
-            pool: self.clone(),
-            reused: false,
-            reusable: false,
-            sending: Sending::Idle,
-            sent_ms: 0,
-            closing: Closed::Abandoned,
-            permit: Some(permit),
-            held: Held::default(),
-        })
     }
 }
