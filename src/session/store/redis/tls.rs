@@ -36,6 +36,13 @@ pub(super) fn split(url: &str) -> Result<(String, Tls), StoreError> {
         false => format!("{base}?{}", kept.join("&")),
     };
     let [ca, cert, key] = files;
+    if secure && url.contains('#') {
+        // redis-rs reads `#insecure` as "skip the certificate checks".
+        return Err(err(
+            "a #fragment is not taken (#insecure would turn the certificate checks off): \
+             remove it; give ssl_ca_certs for a server whose CA the system does not trust",
+        ));
+    }
     if !secure {
         return match ca.or(cert).or(key) {
             Some(_) => Err(err(format!(
@@ -58,10 +65,46 @@ pub(super) fn split(url: &str) -> Result<(String, Tls), StoreError> {
         client_tls,
         root_cert,
     };
-    // Loads the PEM now, so that a bad file stops the start rather than the first connect.
-    redis::Client::build_with_tls("rediss://localhost", certs.clone())
-        .map_err(|e| err(format!("{CA} / {CERT} / {KEY}: {e}")))?;
+    check(&certs)?;
     Ok((url, Some(certs)))
+}
+
+/// The PEM files read as rustls will use them, so that a wrong one stops the start: redis-rs
+/// reads them only at the first connect, where a CA file with no certificate or a key that is
+/// not the certificate's reads as the server's certificate refused (`UnknownIssuer`).
+fn check(certs: &TlsCertificates) -> Result<(), StoreError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let pem_certs = |pem: &[u8]| -> Vec<CertificateDer<'static>> {
+        CertificateDer::pem_slice_iter(pem)
+            .filter_map(Result::ok)
+            .collect()
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    if let Some(ca) = &certs.root_cert {
+        if roots.add_parsable_certificates(pem_certs(ca)).0 == 0 {
+            return Err(err(format!(
+                "{CA}: holds no PEM certificate (\"-----BEGIN CERTIFICATE-----\")"
+            )));
+        }
+    }
+    let Some(client) = &certs.client_tls else {
+        return Ok(());
+    };
+    let chain = pem_certs(&client.client_cert);
+    if chain.is_empty() {
+        return Err(err(format!("{CERT}: holds no PEM certificate")));
+    }
+    let key = PrivateKeyDer::from_pem_slice(&client.client_key)
+        .map_err(|_| err(format!("{KEY}: holds no PEM private key")))?;
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(err)?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .map_err(|e| err(format!("{KEY} is not the key of {CERT}: {e}")))?;
+    Ok(())
 }
 
 fn read(param: &str, path: &str) -> Result<Vec<u8>, StoreError> {
@@ -106,5 +149,53 @@ mod tests {
         assert!(e.0.contains("go together"), "{e}");
         let e = split("rediss://h/0?a=1&ssl_ca_certs=/nonexistent/ca.pem").unwrap_err();
         assert!(e.0.contains("ssl_ca_certs=/nonexistent/ca.pem"), "{e}");
+        let e = split("rediss://h/0#insecure").unwrap_err();
+        assert!(e.0.contains("#insecure"), "{e}");
+    }
+
+    #[test]
+    fn tls_files_are_checked_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            path.display().to_string()
+        };
+        let ca = rcgen::generate_simple_self_signed(vec!["ca".into()]).unwrap();
+        let leaf = rcgen::generate_simple_self_signed(vec!["client".into()]).unwrap();
+        let (ca_pem, ca_key) = (
+            write("ca.pem", &ca.cert.pem()),
+            write("ca.key", &ca.signing_key.serialize_pem()),
+        );
+        let (cert, key) = (
+            write("c.pem", &leaf.cert.pem()),
+            write("c.key", &leaf.signing_key.serialize_pem()),
+        );
+        let url = |ca: &str, cert: &str, key: &str| {
+            format!("rediss://h/0?ssl_ca_certs={ca}&ssl_certfile={cert}&ssl_keyfile={key}")
+        };
+        assert!(split(&url(&ca_pem, &cert, &key)).is_ok());
+        let refused = [
+            (
+                url(&ca_key, &cert, &key),
+                "ssl_ca_certs: holds no PEM certificate",
+            ),
+            (
+                url(&ca_pem, &key, &key),
+                "ssl_certfile: holds no PEM certificate",
+            ),
+            (
+                url(&ca_pem, &cert, &cert),
+                "ssl_keyfile: holds no PEM private key",
+            ),
+            (
+                url(&ca_pem, &cert, &ca_key),
+                "ssl_keyfile is not the key of ssl_certfile",
+            ),
+        ];
+        for (url, says) in refused {
+            let e = split(&url).unwrap_err();
+            assert!(e.0.contains(says), "{url}: {e}");
+        }
     }
 }
