@@ -585,6 +585,41 @@ fn shutdown_answers_the_request_in_flight_and_closes_the_rest() {
     assert!(busy.closed_within(Duration::from_secs(2)));
 }
 
+/// A connection's first request that goes to hyper (a chunked upload here), whose head
+/// completes after shutdown began, is answered with `connection: close`, not dropped: hyper's
+/// auto-detecting connection asked to stop before it read the version would end unanswered.
+#[test]
+fn shutdown_answers_a_first_request_handed_to_hyper() {
+    let up = upstream::start(Behavior::Echo {
+        delay: Duration::from_millis(100),
+    });
+    let (t, token) = behind(&up.url(), &[]);
+    let head = format!(
+        "POST /e HTTP/1.1\r\nHost: app\r\nAuthorization: Bearer {token}\r\n\
+         Transfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"
+    );
+    let (first, rest) = head.split_at(20);
+    let mut clients: Vec<Client> = (0..10).map(|_| Client::connect(&t)).collect();
+    for c in &mut clients {
+        c.send(first.as_bytes());
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &t.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    std::thread::sleep(Duration::from_millis(100));
+    for c in &mut clients {
+        c.send(rest.as_bytes());
+    }
+    for (i, c) in clients.iter_mut().enumerate() {
+        let r = c.response(false);
+        let got = (r.status, r.header("connection"));
+        assert_eq!(got, (200, Some("close")), "client {i}: {}", t.log());
+    }
+}
+
 /// hyper's HTTP/2 server has no idle or connection-preface timeout of its own: before the idle
 /// check, every connection below stayed open for as long as its client kept it.
 #[test]

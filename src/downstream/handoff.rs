@@ -186,6 +186,10 @@ async fn until_done<C: Future>(
     let mut stopping = false;
     loop {
         tokio::select! {
+            // The connection first: a shutdown already asked for reaches it once it has read
+            // the bytes it was handed. hyper-util's auto connection asked to stop before it has
+            // read the version ends at once, dropping a complete request unanswered.
+            biased;
             done = conn.as_mut() => return End::Done(done),
             () = poll_fn(|cx| idle.streams.poll_h1_session_end(cx)), if idle.h1 => {
                 return End::SessionEnded;
