@@ -94,7 +94,9 @@ where
     }
     let read = async {
         let mut body = std::pin::pin!(http_body_util::Limited::new(body, MAX_FORM_BYTES));
-        let mut out = Zeroizing::new(Vec::with_capacity(MAX_FORM_BYTES));
+        // Sized whole at the first data, so the password is never left behind in a buffer
+        // outgrown; not before, so a body that never comes holds nothing.
+        let mut out = Zeroizing::new(Vec::new());
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| {
                 if e.is::<http_body_util::LengthLimitError>() {
@@ -104,6 +106,9 @@ where
                 }
             })?;
             if let Ok(data) = frame.into_data() {
+                if out.capacity() == 0 {
+                    out.reserve_exact(MAX_FORM_BYTES);
+                }
                 out.extend_from_slice(&data);
             }
         }

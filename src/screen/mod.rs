@@ -94,6 +94,13 @@ const SPOOFABLE: [&str; 5] = [
 /// request.
 const ANSWERED_HERE: [&str; 1] = ["expect"];
 
+/// Most field lines a request may carry (HTTP/2 and HTTP/3 cookie crumbs each count): a line
+/// costs about 100 bytes of header map however short it is, and HTTP/2's own bound
+/// (`SETTINGS_MAX_HEADER_LIST_SIZE`, 32 bytes a line) lets some 700 one-byte lines through, held
+/// per stream while a body is awaited. HTTP/1.1 requests stop at 100 (hyper's limit), as Envoy's
+/// `max_headers_count` does for every protocol; 200 leaves room for a browser's cookie crumbs.
+const MAX_FIELD_LINES: usize = 200;
+
 /// Checks limits and cleans the request head in place.
 ///
 /// Errors: [`ScreenError`] (400, 405, 413, 414, 431, 501; mapped in `error.rs`).
@@ -153,7 +160,7 @@ pub fn screen_request_with(
         .iter()
         .map(|(n, v)| n.as_str().len() + v.len())
         .sum();
-    if header_bytes > limits.max_header_bytes {
+    if header_bytes > limits.max_header_bytes || parts.headers.len() > MAX_FIELD_LINES {
         return Err(ScreenError::HeadersTooLarge);
     }
     if limits.max_body_bytes > 0 {
@@ -583,6 +590,17 @@ mod tests {
         let big = "v".repeat(1100);
         assert!(matches!(
             screen_request(&mut parts(&[("host", "a"), ("x", &big)], "/"), &L),
+            Err(ScreenError::HeadersTooLarge)
+        ));
+        // Many short lines: counted, whatever their bytes.
+        let lines = |n: usize| {
+            let mut h = vec![("host", "a")];
+            h.extend(std::iter::repeat_n(("a", ""), n - 1));
+            screen_request(&mut parts(&h, "/"), &L)
+        };
+        assert!(lines(MAX_FIELD_LINES).is_ok());
+        assert!(matches!(
+            lines(MAX_FIELD_LINES + 1),
             Err(ScreenError::HeadersTooLarge)
         ));
         assert!(matches!(
