@@ -391,6 +391,31 @@ fn twenty_failed_logins_then_429_even_for_the_right_password() {
     assert!(session_keys(&redis).is_empty());
 }
 
+/// An address over its cap stays refused for the rest of the shared window, here and without
+/// a store call: once the in-process block (one failure forgiven every window / cap, 1 s here)
+/// ended, each refused attempt with a new user name used to leave a counter in the store.
+#[test]
+fn an_address_over_its_cap_is_refused_without_a_store_write_per_attempt() {
+    let up = users();
+    let redis = Redis::start();
+    let t = on_redis(&up, &redis, &[("login", "failure_window_seconds = 20")]);
+    for i in 0..20 {
+        assert_eq!(login(&t, "alice", &format!("wrong-{i}")).code, 401);
+    }
+    std::thread::sleep(Duration::from_millis(1200));
+    for i in 0..30 {
+        let a = login(&t, &format!("user-{i}"), "x");
+        assert_eq!(a.code, 429, "attempt {i}: {}", a.body);
+    }
+    // alice's, and the first refused name's: the attempt that found the address over its cap.
+    let users = redis.cli(&["--scan", "--pattern", "tessera:login-failures:user:*"]);
+    assert_eq!(
+        users.lines().filter(|l| !l.is_empty()).count(),
+        2,
+        "{users}"
+    );
+}
+
 /// Behind a load balancer every client shares its address: with `server.trusted_proxies` the
 /// failed-login limit is per client it names, so one client's failures lock out no one else.
 #[test]

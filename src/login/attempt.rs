@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::hash::Hash;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::HeaderValue;
@@ -180,7 +181,10 @@ impl Login {
         // means parallel attempts on several instances cannot all pass the last free one.
         let store = sessions.store();
         let shared = shared_failure_keys(ip_key, &user_key);
-        if let Err(refusal) = self.count_shared(sessions, &shared).await {
+        if let Err(refusal) = self
+            .count_shared(sessions, &shared, ip_key, &user_key)
+            .await
+        {
             return self.refuse(refusal, is_form, rd);
         }
         // A client that leaves while the upstream checks its password drops this future (the
@@ -212,10 +216,19 @@ impl Login {
 
     /// Counts the attempt as a failure in the store, under both `shared` keys (address, user),
     /// before the upstream is asked; refuses it when either is over its cap (and gives both
-    /// counts back: a refused attempt counts for neither side).
+    /// counts back: a refused attempt counts for neither side), and blocks that side here
+    /// (`ip_key`, `user_key`) for the rest of the shared window, so the next attempts are
+    /// refused without a store call: the local block alone ends sooner (one failure forgiven
+    /// every window / cap) than the shared count's window.
     ///
     /// Errors: [`Refusal::Limited`] over a cap, [`Refusal::Proxy`] when the store fails.
-    async fn count_shared(&self, sessions: &Sessions, shared: &[String; 2]) -> Result<(), Refusal> {
+    async fn count_shared(
+        &self,
+        sessions: &Sessions,
+        shared: &[String; 2],
+        ip_key: IpAddr,
+        user_key: &str,
+    ) -> Result<(), Refusal> {
         let (store, window) = (sessions.store(), self.cfg.failure_window.as_secs());
         // Within the store's deadline, as every other call a request waits on.
         let counted = tokio::join!(
@@ -239,6 +252,13 @@ impl Login {
             (ip_n > u64::from(self.cfg.max_failures_per_ip)).then_some(ip_left),
             (user_n > u64::from(self.cfg.max_failures_per_user)).then_some(user_left),
         ];
+        if let Some(secs) = over[0] {
+            self.by_ip.block(ip_key, Duration::from_secs(secs));
+        }
+        if let Some(secs) = over[1] {
+            self.by_user
+                .block(user_key.to_owned(), Duration::from_secs(secs));
+        }
         if let Some(secs) = over.into_iter().flatten().max() {
             // Refused without asking: counts for neither side, so an address over its cap
             // cannot lock out the users it names, nor a user over hers the address she shares.

@@ -54,9 +54,19 @@ impl<K: Hash + Eq + Clone> FailureLimit<K> {
         until.checked_duration_since(Instant::now())
     }
 
-    pub(super) fn record_failure(&self, key: K) {
-        // Keys whose counts have refilled are forgotten now and then, so memory follows the
-        // attackers of the last window, not every name ever tried.
+    /// Blocks `key` for `wait` from now (or longer, if it is blocked longer already): the count
+    /// every instance shares (in the store) said it is over its cap, for that long.
+    pub(super) fn block(&self, key: K, wait: Duration) {
+        self.prune_now_and_then();
+        let until = Instant::now() + wait;
+        let mut blocked = self.blocked.lock().unwrap_or_else(|p| p.into_inner());
+        let at = blocked.entry(key).or_insert(until);
+        *at = (*at).max(until);
+    }
+
+    /// Forgets, once every 1,024 calls, the keys whose counts have refilled and whose blocks
+    /// ended, so memory follows the attackers of the last window, not every name ever tried.
+    fn prune_now_and_then(&self) {
         if self
             .failures
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -71,6 +81,10 @@ impl<K: Hash + Eq + Clone> FailureLimit<K> {
                 .unwrap_or_else(|p| p.into_inner())
                 .retain(|_, t| *t > now);
         }
+    }
+
+    pub(super) fn record_failure(&self, key: K) {
+        self.prune_now_and_then();
         let until = match self.gcra.check_key(&key) {
             Ok(snapshot) if snapshot.remaining_burst_capacity() == 0 => {
                 Instant::now() + snapshot.quota().replenish_interval()
