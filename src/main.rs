@@ -133,6 +133,18 @@ fn main() -> ExitCode {
 }
 
 async fn serve(config: PathBuf, inherited: tessera::downstream::Inherited) -> ExitCode {
+    // The handlers first, before anything slow (the store, the first JWKS fetch): a signal
+    // during start-up is then taken (SIGTERM: a shutdown as soon as serving begins) instead of
+    // its default action, which ends the process unlogged.
+    #[cfg(unix)]
+    let stop = {
+        use tokio::signal::unix::SignalKind;
+        first_signal_of(&[SignalKind::interrupt(), SignalKind::terminate()])
+    };
+    #[cfg(not(unix))]
+    let stop = shutdown_signal();
+    #[cfg(unix)]
+    let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
     let cfg = match load(&config) {
         Ok(c) => c,
         Err(code) => return code,
@@ -143,9 +155,8 @@ async fn serve(config: PathBuf, inherited: tessera::downstream::Inherited) -> Ex
     warn_exposed(&running, &config);
     tessera::downstream::raise_open_files_limit();
     let (reload_tx, reloads) = tokio::sync::mpsc::channel(1);
-    // Registered before the listener is bound, so no SIGHUP can arrive unhandled once it is.
     #[cfg(unix)]
-    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+    match hangups {
         Ok(hangups) => {
             tokio::spawn(reload_on_hangup(
                 hangups,
@@ -167,7 +178,7 @@ async fn serve(config: PathBuf, inherited: tessera::downstream::Inherited) -> Ex
             return ExitCode::from(2);
         }
     };
-    match tessera::run(cfg, listeners, reloads, shutdown_signal()).await {
+    match tessera::run(cfg, listeners, reloads, stop).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             telemetry::fatal(&e.to_string());
@@ -257,21 +268,31 @@ fn warn_exposed(text: &str, path: &std::path::Path) {
 /// What [`warn_exposed`] and `check-config` say of a secret readable by all.
 const EXPOSED: &str = "a secret is readable by every local user: chmod o-r the file (and keep                        its group to tessera's), or give the key as file: with a file only                        tessera can read";
 
-/// Resolves on SIGINT or SIGTERM.
+/// Resolves on Ctrl-C (where there are no Unix signals).
+#[cfg(not(unix))]
 async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        {
-            s.recv().await;
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// Resolves on the first of `kinds` to arrive from now on: each handler is in place when this
+/// returns, not at the first poll.
+#[cfg(unix)]
+fn first_signal_of(
+    kinds: &[tokio::signal::unix::SignalKind],
+) -> impl std::future::Future<Output = ()> {
+    let mut each: Vec<_> = kinds
+        .iter()
+        .filter_map(|kind| tokio::signal::unix::signal(*kind).ok())
+        .collect();
+    async move {
+        if each.is_empty() {
+            // No handler could be set: Ctrl-C at least.
+            let _ = tokio::signal::ctrl_c().await;
+            return;
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! { () = ctrl_c => {}, () = term => {} }
+        let any = each.iter_mut().map(|s| Box::pin(s.recv()));
+        futures_util::future::select_all(any).await;
+    }
 }
 
 /// What ends `tessera demo`: SIGINT, SIGTERM, or SIGHUP (its terminal closed), each listened for
@@ -279,24 +300,12 @@ async fn shutdown_signal() {
 fn demo_stop_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut each: Vec<_> = [
+        use tokio::signal::unix::SignalKind;
+        first_signal_of(&[
             SignalKind::interrupt(),
             SignalKind::terminate(),
             SignalKind::hangup(),
-        ]
-        .into_iter()
-        .filter_map(|kind| signal(kind).ok())
-        .collect();
-        async move {
-            if each.is_empty() {
-                // No handler could be set: Ctrl-C at least.
-                let _ = tokio::signal::ctrl_c().await;
-                return;
-            }
-            let any = each.iter_mut().map(|s| Box::pin(s.recv()));
-            futures_util::future::select_all(any).await;
-        }
+        ])
     }
     #[cfg(not(unix))]
     shutdown_signal()

@@ -1886,6 +1886,33 @@ fn jwks_over_http_is_fetched_at_start() {
     assert!(t.log().contains("JWKS loaded"), "{}", t.log());
 }
 
+/// SIGTERM while tessera still starts (its first JWKS fetch waits on an IdP that accepts and
+/// never answers) is a shutdown once serving begins, exit 0 and logged; not the signal's
+/// default action, which ended the process unlogged.
+#[test]
+fn sigterm_during_start_up_is_a_clean_shutdown() {
+    let up = users();
+    let redis = Redis::start();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let token_lines = format!("jwks = \"http://127.0.0.1:{port}/jwks.json\"");
+    let mut t = on_redis(&up, &redis, &[("token", &token_lines)]);
+    assert!(!t.log().contains("tessera serving"), "{}", t.log());
+    let killed = Command::new("kill")
+        .args(["-TERM", &t.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = t.exit_status(Duration::from_secs(30));
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(0),
+        "{status:?}: {}",
+        t.log()
+    );
+    assert!(t.log().contains("shutdown: done"), "{}", t.log());
+}
+
 /// A JWKS over https (nginx with TLS, a certificate for 127.0.0.1 from a throw-away CA made
 /// by the openssl CLI): loaded when `token.jwks_ca` names that CA; without it the system's
 /// roots are used, the certificate is refused, no key is loaded and the token gets 401.

@@ -142,6 +142,7 @@ pub async fn run(
     let threads = spawn_serving_threads(edges, &proxy, &server_cfg, &phase_rx)?;
     phase.send_replace(telemetry::Phase::Serving);
     shutdown.await;
+    tracing::info!("shutdown: no new connections; finishing the requests in flight");
     phase.send_replace(telemetry::Phase::Draining);
     // Each thread drains its connections (bounded by the server's drain time), then ends.
     let _ = tokio::task::spawn_blocking(move || {
@@ -153,6 +154,7 @@ pub async fn run(
     if let Some(http3) = _stop_http3 {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(12), http3).await;
     }
+    tracing::info!("shutdown: done");
     Ok(())
 }
 

@@ -476,6 +476,18 @@ impl Tessera {
         self.child.id()
     }
 
+    /// How the process ended, if it did within `limit` (reaped then).
+    pub fn exit_status(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     /// Whether the process ended within `limit` (reaped if so).
     pub fn wait_exit(&mut self, limit: Duration) -> bool {
         let deadline = Instant::now() + limit;
