@@ -194,12 +194,26 @@ fn the_login_cookie_wins_over_cookies_anyone_could_plant() {
         200,
         "listed, so read"
     );
+    // tessera's own cookies a browser holds (the login form's CSRF cookie, the device cookie)
+    // are not the upstream's either; another cookie is.
+    let own =
+        format!("__Host-tessera-csrf=c; __Host-tessera-device=d; app=1; __Host-tessera={alice}");
+    assert_eq!(mail(&t, &own).0, 200);
     // No token cookie reaches the upstream, read or not.
     let sent = String::from_utf8_lossy(&seen.lock().unwrap()).into_owned();
-    for cookie in ["tessera=", "Authorization=", "__Host-tessera="] {
+    for cookie in [
+        "tessera=",
+        "Authorization=",
+        "__Host-tessera=",
+        "-csrf=",
+        "-device=",
+    ] {
         assert!(!sent.contains(cookie), "{cookie} sent upstream");
     }
-    assert!(sent.contains("GET /mail"), "{sent}");
+    assert!(
+        sent.contains("GET /mail") && sent.contains("app=1"),
+        "{sent}"
+    );
 }
 
 /// `rediss://` with client certificates required (Redis's default): two instances share
@@ -414,6 +428,67 @@ fn an_address_over_its_cap_is_refused_without_a_store_write_per_attempt() {
         2,
         "{users}"
     );
+}
+
+/// One who fails as a user from elsewhere locks out that user's new devices, not the ones the
+/// user signed in on: their device cookie spares them the per-user limit, not the per-address
+/// one. Another user's device cookie, or a forged one, spares nothing.
+#[test]
+fn a_device_the_user_signed_in_on_is_not_locked_out_by_failures_elsewhere() {
+    let up = users();
+    let redis = Redis::start();
+    let trusted = [("server", "trusted_proxies = [\"127.0.0.1\"]")];
+    let t = on_redis(&up, &redis, &trusted);
+    let login_as = |client: &str, user: &str, password: &str, cookie: &str| {
+        let body = serde_json::json!({"username": user, "password": password}).to_string();
+        call(&[
+            "-H",
+            "Content-Type: application/json",
+            "-H",
+            &format!("X-Forwarded-For: {client}"),
+            "-H",
+            &format!("Cookie: {cookie}"),
+            "--data-binary",
+            &body,
+            &t.url("/auth/login"),
+        ])
+    };
+    let device_of = |a: &Answer| {
+        assert_eq!(a.code, 200, "{}", a.body);
+        let set = a
+            .headers
+            .lines()
+            .find_map(|l| l.strip_prefix("set-cookie: tessera-device="))
+            .unwrap_or_else(|| panic!("no device cookie: {}", a.headers));
+        assert!(
+            set.contains("HttpOnly") && set.contains("Max-Age=2592000"),
+            "{set}"
+        );
+        format!("tessera-device={}", set.split(';').next().unwrap())
+    };
+    let alices = device_of(&login_as("203.0.113.2", "alice", "alice-pw", ""));
+    let bobs = device_of(&login_as("203.0.113.3", "bob", "bob-pw", ""));
+    for i in 0..20 {
+        let a = login_as("198.51.100.1", "alice", &format!("wrong-{i}"), "");
+        assert_eq!(a.code, 401, "attempt {i}");
+    }
+    // Every instance shares the per-user count: a new device of alice's is refused.
+    assert_eq!(login_as("203.0.113.2", "alice", "alice-pw", "").code, 429);
+    assert_eq!(
+        login_as("203.0.113.2", "alice", "alice-pw", &bobs).code,
+        429
+    );
+    let forged = "tessera-device=tsl1.k1.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+    assert_eq!(
+        login_as("203.0.113.2", "alice", "alice-pw", forged).code,
+        429
+    );
+    assert_eq!(
+        login_as("203.0.113.2", "alice", "alice-pw", &alices).code,
+        200
+    );
+    // The attacker's address is over its own cap, device cookie or not.
+    assert_eq!(login_as("198.51.100.1", "alice", "x", &alices).code, 429);
 }
 
 /// Behind a load balancer every client shares its address: with `server.trusted_proxies` the

@@ -67,9 +67,21 @@ pub(super) fn validate_login(
             20,
         )?,
         failure_window: Duration::from_secs(window),
+        device_cookie_max_age: match l.device_cookie_max_age_seconds.unwrap_or(30 * 24 * 3600) {
+            age @ 0..=MAX_DEVICE_COOKIE_AGE => age,
+            _ => {
+                return Err(ConfigError::new(
+                    "login.device_cookie_max_age_seconds",
+                    "must be at most 31536000 (one year); 0 turns device cookies off",
+                ))
+            }
+        },
         page_title: l.page_title.unwrap_or_else(|| "Sign in".into()),
     })
 }
+
+/// Longest `login.device_cookie_max_age_seconds`: one year.
+const MAX_DEVICE_COOKIE_AGE: u64 = 365 * 24 * 3600;
 
 /// `login.path_prefix` (default `/auth`) and `login.verify_path` (required).
 fn login_paths(

@@ -163,6 +163,7 @@ pub(super) struct RawLogin {
     pub(super) max_failures_per_ip: Option<u32>,
     pub(super) max_failures_per_user: Option<u32>,
     pub(super) failure_window_seconds: Option<u64>,
+    pub(super) device_cookie_max_age_seconds: Option<u64>,
     pub(super) page_title: Option<String>,
 }
 

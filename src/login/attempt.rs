@@ -157,10 +157,10 @@ impl Login {
         }
         let user_key = form.username.trim().to_lowercase();
         let ip_key = client_key(peer.ip());
-        let wait = self
-            .by_ip
-            .blocked_for(&ip_key)
-            .max(self.by_user.blocked_for(&user_key));
+        // A device this user signed in on is spared the per-user limit (see `device`).
+        let known = self.known_device(&parts.headers, sessions.sealer(), &user_key);
+        let by_user = self.by_user.blocked_for(&user_key).filter(|_| !known);
+        let wait = self.by_ip.blocked_for(&ip_key).max(by_user);
         if let Some(wait) = wait {
             return self.refuse(Refusal::Limited(wait.as_secs().max(1)), is_form, rd);
         }
@@ -182,7 +182,7 @@ impl Login {
         let store = sessions.store();
         let shared = shared_failure_keys(ip_key, &user_key);
         if let Err(refusal) = self
-            .count_shared(sessions, &shared, ip_key, &user_key)
+            .count_shared(sessions, &shared, (ip_key, &user_key), known)
             .await
         {
             return self.refuse(refusal, is_form, rd);
@@ -217,17 +217,18 @@ impl Login {
     /// Counts the attempt as a failure in the store, under both `shared` keys (address, user),
     /// before the upstream is asked; refuses it when either is over its cap (and gives both
     /// counts back: a refused attempt counts for neither side), and blocks that side here
-    /// (`ip_key`, `user_key`) for the rest of the shared window, so the next attempts are
-    /// refused without a store call: the local block alone ends sooner (one failure forgiven
-    /// every window / cap) than the shared count's window.
+    /// (`local`: address, user name) for the rest of the shared window, so the next attempts
+    /// are refused without a store call: the local block alone ends sooner (one failure
+    /// forgiven every window / cap) than the shared count's window. A `known_device` is not
+    /// held to the user's cap.
     ///
     /// Errors: [`Refusal::Limited`] over a cap, [`Refusal::Proxy`] when the store fails.
     async fn count_shared(
         &self,
         sessions: &Sessions,
         shared: &[String; 2],
-        ip_key: IpAddr,
-        user_key: &str,
+        (ip_key, user_key): (IpAddr, &str),
+        known_device: bool,
     ) -> Result<(), Refusal> {
         let (store, window) = (sessions.store(), self.cfg.failure_window.as_secs());
         // Within the store's deadline, as every other call a request waits on.
@@ -250,7 +251,8 @@ impl Login {
         };
         let over = [
             (ip_n > u64::from(self.cfg.max_failures_per_ip)).then_some(ip_left),
-            (user_n > u64::from(self.cfg.max_failures_per_user)).then_some(user_left),
+            (user_n > u64::from(self.cfg.max_failures_per_user) && !known_device)
+                .then_some(user_left),
         ];
         if let Some(secs) = over[0] {
             self.by_ip.block(ip_key, Duration::from_secs(secs));

@@ -30,6 +30,7 @@ use crate::upstream::{BoxError, ProxyBody, Upstream};
 pub use settings::{LoginConfig, SameSite};
 
 mod attempt;
+mod device;
 mod issue;
 mod limit;
 mod page;
@@ -102,6 +103,8 @@ pub struct Login {
     /// of a failure after the upstream answered, so parallel guesses are capped here.
     in_flight: Mutex<HashMap<InFlightKey, u32>>,
     csrf_cookie: String,
+    /// `{cookie_name}-device` ([`device`]).
+    device_cookie: String,
     /// Re-checks of stored credentials after an upstream 401 ([`Login::still_accepted`]).
     rechecks: recheck::Rechecks,
 }
@@ -124,6 +127,7 @@ impl Login {
             by_ip: FailureLimit::new(l.max_failures_per_ip, window),
             by_user: FailureLimit::new(l.max_failures_per_user, window),
             csrf_cookie: format!("{}-csrf", l.cookie_name),
+            device_cookie: format!("{}-device", l.cookie_name),
             rechecks: recheck::Rechecks::default(),
             // Without its keys: the signing key is taken from `keys` (the one in place now, a
             // reload may change it), and a copy here would keep removed secrets alive.

@@ -51,6 +51,10 @@ pub struct LoginConfig {
     /// every window / max; the count every instance shares in the store lasts one window from
     /// its first failure. Default 300.
     pub failure_window: Duration,
+    /// Lifetime of the device cookie a browser gets at each login it makes, seconds
+    /// (`login.device_cookie_max_age_seconds`; 0: none given or honoured). Its logins as that
+    /// user are spared the per-user failure limit (not the per-address one). Default 30 days.
+    pub device_cookie_max_age: u64,
     /// Heading and `<title>` of the login page. Default `Sign in`.
     pub page_title: String,
 }

@@ -112,14 +112,18 @@ pub enum ReloadError {
     NoSigner,
 }
 
-/// [`Proxy::token_cookies`]'s list.
-fn token_cookies(sources: &[TokenSource], login: bool) -> Vec<TokenSource> {
+/// [`Proxy::token_cookies`]'s list: with `[login]` (its cookie name given), also the login
+/// form's CSRF cookie and the device cookie, tessera's own, which no upstream is to see.
+fn token_cookies(sources: &[TokenSource], login: Option<&str>) -> Vec<TokenSource> {
     let mut all = sources.to_vec();
-    if login {
+    if let Some(name) = login {
         for default in TokenSource::defaults() {
             if default != TokenSource::Bearer && !all.contains(&default) {
                 all.push(default);
             }
+        }
+        for own in ["csrf", "device"] {
+            all.push(TokenSource::Cookie(format!("{name}-{own}")));
         }
     }
     all
@@ -158,7 +162,10 @@ impl Proxy {
             },
             body_timeout: cfg.server.client_body_timeout,
             sources: cfg.token.sources.clone(),
-            token_cookies: token_cookies(&cfg.token.sources, cfg.login.is_some()),
+            token_cookies: token_cookies(
+                &cfg.token.sources,
+                cfg.login.as_ref().map(|l| l.cookie_name.as_str()),
+            ),
             verifier,
             sessions,
             upstream,

@@ -241,6 +241,12 @@ impl Sessions {
         self.cache.as_ref().is_some_and(|c| c.is_live())
     }
 
+    /// The sealer of stored credentials, for what else tessera seals under the same keys (the
+    /// login's device cookies): it follows reloads of `credentials.keys`.
+    pub fn sealer(&self) -> &crate::seal::Sealer {
+        &self.sealer
+    }
+
     /// The store (for health checks).
     pub fn store(&self) -> &Store {
         &self.store
