@@ -430,6 +430,31 @@ fn an_address_over_its_cap_is_refused_without_a_store_write_per_attempt() {
     );
 }
 
+/// A logout carrying a bearer token and the login cookie (a fetch with credentials sends both)
+/// ends the sessions of both: the cookie it deletes names a session that must not outlive it.
+#[test]
+fn a_logout_ends_the_session_of_every_token_it_carries() {
+    let up = users();
+    let redis = Redis::start();
+    let t = on_redis(&up, &redis, &[]);
+    let alice = token_of(&login(&t, "alice", "alice-pw"));
+    let bob = token_of(&login(&t, "bob", "bob-pw"));
+    let mail = |token: &str| curl(&["-H", &bearer(token), &t.url("/mail")]).0;
+    assert_eq!((mail(&alice), mail(&bob)), (200, 200));
+    let out = curl(&[
+        "-X",
+        "POST",
+        "-H",
+        &bearer(&bob),
+        "-H",
+        &format!("Cookie: tessera={alice}"),
+        &t.url("/auth/logout"),
+    ]);
+    assert_eq!(out.0, 204);
+    assert_eq!((mail(&alice), mail(&bob)), (401, 401));
+    assert!(session_keys(&redis).is_empty());
+}
+
 /// One who fails as a user from elsewhere locks out that user's new devices, not the ones the
 /// user signed in on: their device cookie spares them the per-user limit, not the per-address
 /// one. Another user's device cookie, or a forged one, spares nothing.

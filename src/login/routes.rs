@@ -61,19 +61,31 @@ impl Login {
             return self.refuse(Refusal::Bad("rd must be a same-origin path"), is_form, None);
         }
         let mut reason = "logout without a valid token";
-        if let Ok(tok) = token::extract(&parts.headers, &self.token.sources) {
+        // Every session a token of the request names, from each source apart: the login cookie
+        // this answer deletes is one, whatever `Authorization` came with it (a fetch with
+        // credentials sends both), and the client is told it is logged out of both.
+        let mut revoked: Vec<Arc<str>> = Vec::new();
+        for source in &self.token.sources {
+            let Ok(tok) = token::extract(&parts.headers, std::slice::from_ref(source)) else {
+                continue;
+            };
             // An expired token still names a session worth deleting: everything but `exp` must hold.
-            if let Ok(v) = verifier.verify_ignoring_expiry(&tok, unix_now()) {
-                if sessions.revoke(&v.sid).await.is_err() {
-                    *sid_out = Some(v.sid);
-                    return (
-                        ProxyError::StoreUnavailable.into_response(),
-                        Some("logout: session store unavailable".into()),
-                    );
-                }
-                *sid_out = Some(v.sid);
-                reason = "logout";
+            let Ok(v) = verifier.verify_ignoring_expiry(&tok, unix_now()) else {
+                continue;
+            };
+            if revoked.contains(&v.sid) {
+                continue;
             }
+            let gone = sessions.revoke(&v.sid).await;
+            *sid_out = Some(v.sid.clone());
+            if gone.is_err() {
+                return (
+                    ProxyError::StoreUnavailable.into_response(),
+                    Some("logout: session store unavailable".into()),
+                );
+            }
+            revoked.push(v.sid);
+            reason = "logout";
         }
         let clear = self.clear_cookie(&self.cfg.cookie_name);
         let resp = match rd {
