@@ -266,7 +266,9 @@ fn warn_exposed(text: &str, path: &std::path::Path) {
 }
 
 /// What [`warn_exposed`] and `check-config` say of a secret readable by all.
-const EXPOSED: &str = "a secret is readable by every local user: chmod o-r the file (and keep                        its group to tessera's), or give the key as file: with a file only                        tessera can read";
+const EXPOSED: &str = "a secret is readable by every local user: chmod o-r the file (and keep \
+                       its group to tessera's), or give the key as file: with a file only \
+                       tessera can read";
 
 /// Resolves on Ctrl-C (where there are no Unix signals).
 #[cfg(not(unix))]

@@ -593,7 +593,10 @@ fn shutdown_answers_a_first_request_handed_to_hyper() {
     let up = upstream::start(Behavior::Echo {
         delay: Duration::from_millis(100),
     });
-    let (t, token) = behind(&up.url(), &[]);
+    let metrics_port = free_port();
+    let metrics: &'static str = format!("[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"").leak();
+    let extra = vec![("tables", metrics)];
+    let (t, token) = behind(&up.url(), extra.leak());
     let head = format!(
         "POST /e HTTP/1.1\r\nHost: app\r\nAuthorization: Bearer {token}\r\n\
          Transfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"
@@ -603,7 +606,17 @@ fn shutdown_answers_a_first_request_handed_to_hyper() {
     for c in &mut clients {
         c.send(first.as_bytes());
     }
-    std::thread::sleep(Duration::from_millis(200));
+    // Every connection accepted (and its first bytes sent) before the stop.
+    let open = || {
+        let (_, text) = curl(&[&format!("http://127.0.0.1:{metrics_port}/metrics")]);
+        sample(&text, "tessera_client_connections")
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while open() < 10 {
+        assert!(Instant::now() < deadline, "not all accepted: {}", t.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(100));
     let killed = std::process::Command::new("kill")
         .args(["-TERM", &t.pid().to_string()])
         .status()

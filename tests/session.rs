@@ -406,8 +406,8 @@ fn twenty_failed_logins_then_429_even_for_the_right_password() {
 }
 
 /// An address over its cap stays refused for the rest of the shared window, here and without
-/// a store call: once the in-process block (one failure forgiven every window / cap, 1 s here)
-/// ended, each refused attempt with a new user name used to leave a counter in the store.
+/// a store call, even once the in-process block (one failure forgiven every window / cap, 1 s
+/// here) has ended: a refused attempt with a new user name leaves no counter of its own.
 #[test]
 fn an_address_over_its_cap_is_refused_without_a_store_write_per_attempt() {
     let up = users();
@@ -1438,9 +1438,6 @@ fn run_cli(args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// `session create` that cannot give a token for its session (no signing key, a sid claim
-/// tessera does not issue, a lifetime past ten years) fails before it stores anything: a
-/// session no token names would keep its sealed password until its expiry.
 /// `session create --password-stdin` at a terminal (a pty made by util-linux `script`) asks
 /// for the password with the terminal's echo off: what is typed is not shown.
 #[test]
@@ -1481,6 +1478,9 @@ fn a_password_typed_at_a_terminal_is_not_shown() {
             Err(_) => panic!("no prompt: {:?}", String::from_utf8_lossy(&seen)),
         }
     }
+    // rpassword writes its prompt, then turns the echo off: typed in between, the password
+    // would be echoed (a terminal's race, not tessera's). A moment for it to be off.
+    std::thread::sleep(Duration::from_millis(500));
     let mut stdin = child.stdin.take().unwrap();
     stdin.write_all(b"typed-secret\n").unwrap();
     assert!(child.wait().unwrap().success());
@@ -1492,6 +1492,9 @@ fn a_password_typed_at_a_terminal_is_not_shown() {
     );
 }
 
+/// `session create` that cannot give a token for its session (no signing key, a sid claim
+/// tessera does not issue, a lifetime past ten years) fails before it stores anything: a
+/// session no token names would keep its sealed password until its expiry.
 #[test]
 fn session_create_stores_nothing_it_cannot_give_a_token_for() {
     use std::io::Write;
@@ -1987,8 +1990,8 @@ fn jwks_over_http_is_fetched_at_start() {
 }
 
 /// SIGTERM while tessera still starts (its first JWKS fetch waits on an IdP that accepts and
-/// never answers) is a shutdown once serving begins, exit 0 and logged; not the signal's
-/// default action, which ended the process unlogged.
+/// never answers) is a shutdown once serving begins, exit 0 and logged, not the signal's
+/// default action (the process ended unlogged).
 #[test]
 fn sigterm_during_start_up_is_a_clean_shutdown() {
     let up = users();

@@ -215,9 +215,9 @@ fn https_settings_are_checked_at_load() {
             "holds no PEM block",
         ),
         (
-            "url = \"https://a\"\nca = \"/etc/tessera/ca.pem\"",
+            "url = \"https://a\"\nca = \"/etc/hosts\"",
             "upstream.ca",
-            "write \"file:/etc/tessera/ca.pem\"",
+            "write \"file:/etc/hosts\"",
         ),
         (
             "url = \"https://a\"\nserver_name = \"a b\"",
@@ -306,7 +306,7 @@ fn server_config(pki: &Pki) -> Arc<rustls::ServerConfig> {
 /// An https upstream that, like a process-per-connection server at its limit, serves one
 /// connection and leaves every later one in the listen backlog: accepted by the kernel, never
 /// by the server, so no TLS handshake starts on it. `OPTIONS *` (the probe) is answered at
-/// once, any other request after 500 ms, so that requests overlap.
+/// once, any other request after 2 s, so that requests overlap.
 fn upstream_serving_one_connection(pki: &Pki) -> u16 {
     let config = server_config(pki);
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -318,7 +318,7 @@ fn upstream_serving_one_connection(pki: &Pki) -> u16 {
         let mut head = Vec::new();
         while read_head_into(&mut tls, &mut head) {
             if !head.starts_with(b"OPTIONS * ") {
-                std::thread::sleep(std::time::Duration::from_millis(500));
+                std::thread::sleep(std::time::Duration::from_secs(2));
             }
             let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
             if tls.write_all(ok).and_then(|()| tls.flush()).is_err() {
@@ -381,7 +381,7 @@ fn an_unserved_https_connection_is_found_by_the_probe() {
     let port = upstream_serving_one_connection(&pki);
     let metrics_port = free_port();
     let lines = format!(
-        "{}\nprobe_timeout_ms = 200\nmax_connections = 2\nconnect_timeout_ms = 30000",
+        "{}\nprobe_timeout_ms = 1000\nmax_connections = 2\nconnect_timeout_ms = 30000",
         ca_line(&pki.ca())
     );
     let (t, token) = behind(port, &lines, metrics_port);

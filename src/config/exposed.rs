@@ -18,7 +18,8 @@ pub struct Exposed {
 
 /// The private keys of the configuration `text`, read from `config_path`, that every local user
 /// can read (the "others" read bit). Private: `secret`, `private_key`, `client_private_key`,
-/// `host_key`, the values of `credentials.keys` and of `tls.session_ticket_keys`. Certificates,
+/// `host_key`, the values of `credentials.keys` and of `tls.session_ticket_keys`, and
+/// `session.store` when its URL holds a password (inline, or in its `file:`). Certificates,
 /// CA files and public keys are not secrets. `env:` values are the environment's; files that
 /// cannot be read are the load's to report. Empty when `text` is not TOML.
 pub fn exposed_secrets(text: &str, config_path: &Path) -> Vec<Exposed> {
@@ -40,8 +41,11 @@ pub fn exposed_secrets(text: &str, config_path: &Path) -> Vec<Exposed> {
         });
     };
     walk("", &toml::Value::Table(table), &mut |key, value| {
-        let store_secret =
-            key == "session.store" && (value.starts_with("file:") || has_password(value));
+        let store_secret = key == "session.store"
+            && match value.strip_prefix("file:") {
+                Some(path) => std::fs::read_to_string(path).is_ok_and(|url| has_password(&url)),
+                None => has_password(value),
+            };
         if private(key) || store_secret {
             note(key, value);
         }
@@ -80,8 +84,6 @@ fn private(key: &str) -> bool {
         || key.starts_with("tls.session_ticket_keys")
 }
 
-/// Whether every local user may read `path`: others may read the file and search each
-/// directory above it (a file in a private directory is not exposed, whatever its mode).
 /// Whether a store URL carries a password: in its userinfo (`redis://:pw@host`), or as a
 /// query parameter (`sentinel_password=`, `password=`).
 fn has_password(url: &str) -> bool {
@@ -91,6 +93,8 @@ fn has_password(url: &str) -> bool {
     userinfo.contains(':') || url.contains("password=")
 }
 
+/// Whether every local user may read `path`: others may read the file and search each
+/// directory above it (a file in a private directory is not exposed, whatever its mode).
 fn readable_by_all(path: &Path) -> bool {
     let mode = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.permissions().mode());
     let Ok(path) = path.canonicalize() else {

@@ -217,8 +217,9 @@ pub(super) fn resolve_pem(
     let text = resolve_secret(key, value, env)?;
     let literal = !value.starts_with("env:") && !value.starts_with("file:");
     if literal && !text.contains("-----BEGIN") {
-        let fix = match value.starts_with('/') || value.starts_with("./") {
-            // A path is no secret: named, so the fix can be copied.
+        let fix = match Path::new(value).is_file() {
+            // A file's path is no secret: named, so the fix can be copied. Anything else may be
+            // key material pasted without its PEM lines, never repeated.
             true => format!("to read the file at that path, write \"file:{value}\""),
             false => "give \"file:PATH\", \"env:NAME\" or the PEM text itself".to_string(),
         };

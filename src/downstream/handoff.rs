@@ -186,18 +186,12 @@ async fn until_done<C: Future>(
     let mut stopping = false;
     loop {
         tokio::select! {
-            // The connection first: a shutdown already asked for reaches it once it has read
-            // the bytes it was handed. hyper-util's auto connection asked to stop before it has
-            // read the version ends at once, dropping a complete request unanswered.
+            // In this order: the ticks first, as a connection that spends the task's budget
+            // on every poll (a flood of HTTP/2 PINGs) would leave them none; then the
+            // connection before the shutdown, which reaches it once it has read the bytes it
+            // was handed (hyper-util's auto connection asked to stop before it has read the
+            // version ends at once, dropping a complete request unanswered).
             biased;
-            done = conn.as_mut() => return End::Done(done),
-            () = poll_fn(|cx| idle.streams.poll_h1_session_end(cx)), if idle.h1 => {
-                return End::SessionEnded;
-            }
-            () = shutdown.cancelled(), if !stopping => {
-                stopping = true;
-                graceful(conn.as_mut());
-            }
             now = ticks.tick() => {
                 idle.streams.cut_stalled(now, idle.send);
                 let started = idle.streams.started.load(Ordering::Relaxed);
@@ -215,6 +209,14 @@ async fn until_done<C: Future>(
                 }
                 asked = true;
                 idle_since = Some(now);
+                graceful(conn.as_mut());
+            }
+            done = conn.as_mut() => return End::Done(done),
+            () = poll_fn(|cx| idle.streams.poll_h1_session_end(cx)), if idle.h1 => {
+                return End::SessionEnded;
+            }
+            () = shutdown.cancelled(), if !stopping => {
+                stopping = true;
                 graceful(conn.as_mut());
             }
         }

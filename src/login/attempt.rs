@@ -254,12 +254,13 @@ impl Login {
             (user_n > u64::from(self.cfg.max_failures_per_user) && !known_device)
                 .then_some(user_left),
         ];
+        // At most a window: the seconds left come from a row anyone with the store could write.
+        let wait = |secs: u64| Duration::from_secs(secs).min(self.cfg.failure_window);
         if let Some(secs) = over[0] {
-            self.by_ip.block(ip_key, Duration::from_secs(secs));
+            self.by_ip.block(ip_key, wait(secs));
         }
         if let Some(secs) = over[1] {
-            self.by_user
-                .block(user_key.to_owned(), Duration::from_secs(secs));
+            self.by_user.block(user_key.to_owned(), wait(secs));
         }
         if let Some(secs) = over.into_iter().flatten().max() {
             // Refused without asking: counts for neither side, so an address over its cap

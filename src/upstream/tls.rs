@@ -121,8 +121,12 @@ impl TlsClient {
     /// Puts `new`'s trusted roots and client certificate in place for the handshakes from now
     /// on (a reload: files renewed at the same paths included); connections open keep theirs.
     /// Sessions kept for resumption are dropped with the old settings, so none resumes under
-    /// a trust that is gone. The server name stays: changing it needs a restart.
-    pub fn take_trust_of(&self, new: &TlsClient) {
+    /// a trust that is gone. Refused (false, nothing changed) when `new` checks another server
+    /// name: that trust is for the upstream a restart will connect to, not this one.
+    pub fn take_trust_of(&self, new: &TlsClient) -> bool {
+        if new.name != self.name {
+            return false;
+        }
         let connector = new
             .connector
             .read()
@@ -132,6 +136,7 @@ impl TlsClient {
             .connector
             .write()
             .unwrap_or_else(PoisonError::into_inner) = connector;
+        true
     }
 
     /// Handshakes done: (full, resumed).
@@ -196,4 +201,25 @@ fn identity(
         )
     })?;
     Ok((chain, key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reloaded_trust_for_another_server_name_is_refused() {
+        let ca = rcgen::generate_simple_self_signed(vec!["ca".into()]).unwrap();
+        let client = |name: &str| {
+            TlsClient::new(&UpstreamTlsSettings {
+                ca_pem: Some(ca.cert.pem()),
+                server_name: name.into(),
+                client_identity: None,
+            })
+            .unwrap()
+        };
+        let running = client("mail.internal");
+        assert!(running.take_trust_of(&client("mail.internal")));
+        assert!(!running.take_trust_of(&client("other.internal")));
+    }
 }

@@ -14,7 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::upstream::codec::final_head;
 use crate::upstream::conn::Framing;
-use crate::upstream::UpIo;
+use crate::upstream::{Transport, UpIo};
 
 /// Largest probe answer read, bytes (Cyrus's is about 500).
 const MAX_ANSWER: usize = 16 * 1024;
@@ -53,7 +53,8 @@ async fn read_answer(stream: &mut UpIo) -> Probed {
             Ok(_) => {}
         }
         match complete(&buf) {
-            Some(end) if end == buf.len() => return Probed::Served,
+            // Nothing after it, here nor held by a TLS session.
+            Some(end) if end == buf.len() && !stream.holds_unread() => return Probed::Served,
             Some(_) => return Probed::Unsupported,
             None if buf.len() > MAX_ANSWER => return Probed::Unsupported,
             None => {}
