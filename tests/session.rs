@@ -457,7 +457,9 @@ fn a_logout_ends_the_session_of_every_token_it_carries() {
 
 /// One who fails as a user from elsewhere locks out that user's new devices, not the ones the
 /// user signed in on: their device cookie spares them the per-user limit, not the per-address
-/// one. Another user's device cookie, or a forged one, spares nothing.
+/// one. Another user's device cookie, or a forged one, or one for the name in another case,
+/// spares nothing; one planted beside it hides nothing; a stolen one is good for the user's cap
+/// of guesses, then refused.
 #[test]
 fn a_device_the_user_signed_in_on_is_not_locked_out_by_failures_elsewhere() {
     let up = users();
@@ -508,12 +510,21 @@ fn a_device_the_user_signed_in_on_is_not_locked_out_by_failures_elsewhere() {
         login_as("203.0.113.2", "alice", "alice-pw", forged).code,
         429
     );
-    assert_eq!(
-        login_as("203.0.113.2", "alice", "alice-pw", &alices).code,
-        200
-    );
+    let code = |user: &str, cookie: &str| login_as("203.0.113.2", user, "alice-pw", cookie).code;
+    assert_eq!(code("ALICE", &alices), 429);
+    assert_eq!(code("alice", &alices), 200);
+    assert_eq!(code("alice", &format!("tessera-device=x; {alices}")), 200);
     // The attacker's address is over its own cap, device cookie or not.
     assert_eq!(login_as("198.51.100.1", "alice", "x", &alices).code, 429);
+    // Stolen: its own failures count, from any addresses, up to the user's cap.
+    for i in 0..20 {
+        let a = login_as(&format!("192.0.2.{}", i + 1), "alice", "guess", &alices);
+        assert_eq!(a.code, 401, "guess {i}");
+    }
+    assert_eq!(
+        login_as("192.0.2.99", "alice", "alice-pw", &alices).code,
+        429
+    );
 }
 
 /// Behind a load balancer every client shares its address: with `server.trusted_proxies` the

@@ -155,12 +155,15 @@ impl Login {
         if form.rd.is_some() && rd.is_none() {
             return self.refuse(Refusal::Bad("rd must be a same-origin path"), is_form, None);
         }
-        let user_key = form.username.trim().to_lowercase();
         let ip_key = client_key(peer.ip());
-        // A device this user signed in on is spared the per-user limit (see `device`).
-        let known = self.known_device(&parts.headers, sessions.sealer(), &user_key);
-        let by_user = self.by_user.blocked_for(&user_key).filter(|_| !known);
-        let wait = self.by_ip.blocked_for(&ip_key).max(by_user);
+        // What the second limit counts: the user name, or for a device this user signed in on,
+        // that device's own failures, under the same cap (see `device`).
+        let device = self.known_device(&parts.headers, sessions.sealer(), form.username.trim());
+        let user_key = device.unwrap_or_else(|| form.username.trim().to_lowercase());
+        let wait = self
+            .by_ip
+            .blocked_for(&ip_key)
+            .max(self.by_user.blocked_for(&user_key));
         if let Some(wait) = wait {
             return self.refuse(Refusal::Limited(wait.as_secs().max(1)), is_form, rd);
         }
@@ -182,7 +185,7 @@ impl Login {
         let store = sessions.store();
         let shared = shared_failure_keys(ip_key, &user_key);
         if let Err(refusal) = self
-            .count_shared(sessions, &shared, (ip_key, &user_key), known)
+            .count_shared(sessions, &shared, (ip_key, &user_key))
             .await
         {
             return self.refuse(refusal, is_form, rd);
@@ -219,8 +222,7 @@ impl Login {
     /// counts back: a refused attempt counts for neither side), and blocks that side here
     /// (`local`: address, user name) for the rest of the shared window, so the next attempts
     /// are refused without a store call: the local block alone ends sooner (one failure
-    /// forgiven every window / cap) than the shared count's window. A `known_device` is not
-    /// held to the user's cap.
+    /// forgiven every window / cap) than the shared count's window.
     ///
     /// Errors: [`Refusal::Limited`] over a cap, [`Refusal::Proxy`] when the store fails.
     async fn count_shared(
@@ -228,7 +230,6 @@ impl Login {
         sessions: &Sessions,
         shared: &[String; 2],
         (ip_key, user_key): (IpAddr, &str),
-        known_device: bool,
     ) -> Result<(), Refusal> {
         let (store, window) = (sessions.store(), self.cfg.failure_window.as_secs());
         // Within the store's deadline, as every other call a request waits on.
@@ -251,8 +252,7 @@ impl Login {
         };
         let over = [
             (ip_n > u64::from(self.cfg.max_failures_per_ip)).then_some(ip_left),
-            (user_n > u64::from(self.cfg.max_failures_per_user) && !known_device)
-                .then_some(user_left),
+            (user_n > u64::from(self.cfg.max_failures_per_user)).then_some(user_left),
         ];
         // At most a window: the seconds left come from a row anyone with the store could write.
         let wait = |secs: u64| Duration::from_secs(secs).min(self.cfg.failure_window);
@@ -266,7 +266,9 @@ impl Login {
             // Refused without asking: counts for neither side, so an address over its cap
             // cannot lock out the users it names, nor a user over hers the address she shares.
             give_back(store, shared.to_vec());
-            return Err(Refusal::Limited(secs));
+            return Err(Refusal::Limited(
+                secs.min(self.cfg.failure_window.as_secs()),
+            ));
         }
         Ok(())
     }

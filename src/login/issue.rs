@@ -81,8 +81,7 @@ impl Login {
             resp.headers_mut()
                 .append(header::SET_COOKIE, self.clear_cookie(&self.csrf_cookie));
         }
-        let user_key = creds.user().to_lowercase();
-        if let Some(device) = self.device_cookie(sessions.sealer(), &user_key) {
+        if let Some(device) = self.device_cookie(sessions.sealer(), creds.user()) {
             resp.headers_mut().append(header::SET_COOKIE, device);
         }
         (resp, Some("login".into()))

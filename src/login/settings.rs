@@ -53,7 +53,8 @@ pub struct LoginConfig {
     pub failure_window: Duration,
     /// Lifetime of the device cookie a browser gets at each login it makes, seconds
     /// (`login.device_cookie_max_age_seconds`; 0: none given or honoured). Its logins as that
-    /// user are spared the per-user failure limit (not the per-address one). Default 30 days.
+    /// user count its own failures against `max_failures_per_user`, not the user's (the
+    /// per-address limit holds). Default 30 days.
     pub device_cookie_max_age: u64,
     /// Heading and `<title>` of the login page. Default `Sign in`.
     pub page_title: String,
