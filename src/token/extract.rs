@@ -111,7 +111,12 @@ pub fn extract_carried<'a>(
     for source in sources {
         let found = match source {
             TokenSource::Bearer => bearer(headers),
+            // A cookie-value may be in double quotes (RFC 6265 section 4.1.1).
             TokenSource::Cookie(name) => cookie(headers, name).map(|v| {
+                let v = match v {
+                    [b'"', inner @ .., b'"'] => inner,
+                    other => other,
+                };
                 std::str::from_utf8(v)
                     .map(Carried::Text)
                     .map_err(|_| ExtractError::Malformed)
@@ -305,6 +310,9 @@ mod tests {
             extract(&h(&[("cookie", "a=1; tessera=x.y.z; b=2")]), &all()).unwrap(),
             "x.y.z"
         );
+        // In quotes, as RFC 6265's cookie-value allows.
+        let hm = h(&[("cookie", "tessera=\"x.y.z\"")]);
+        assert_eq!(extract(&hm, &all()).unwrap(), "x.y.z");
         // base64("x.y.z") = eC55Lno=
         let hm = h(&[("cookie", "Authorization=\"eC55Lno=\"")]);
         assert_eq!(extract(&hm, &all()).unwrap(), "x.y.z");
