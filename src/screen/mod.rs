@@ -255,7 +255,10 @@ fn forwarding_field(name: &str) -> bool {
 /// do, would frame the body or keep the connection by a field tessera did not frame. nginx drops
 /// every name with `_` by default (`underscores_in_headers off`).
 fn framing_underscored(name: &str) -> bool {
-    memchr::memchr(b'_', name.as_bytes()).is_some()
+    // Only the lengths of those names with a `-` (keep-alive, content-length, proxy-connection,
+    // transfer-encoding, proxy-authorization): most names are not, and cost no scan.
+    matches!(name.len(), 10 | 14 | 16 | 17 | 19)
+        && memchr::memchr(b'_', name.as_bytes()).is_some()
         && HOP_BY_HOP.iter().chain(&["content-length"]).any(|n| {
             n.len() == name.len()
                 && n.bytes()
