@@ -910,3 +910,37 @@ fn log_format_is_text_or_json() {
         "{err}"
     );
 }
+
+#[test]
+fn encoded_slashes_under_takes_whole_plain_path_prefixes() {
+    let load = |v: &str| {
+        let text = format!(
+            "{}[server]\nallow_encoded_slashes_under = [{v}]\n",
+            minimal()
+        );
+        Config::from_toml_with(&text, env).map_err(|e| e.to_string())
+    };
+    let c = load("\"/jmap/download/\"").unwrap();
+    assert_eq!(c.server.allow_encoded_slashes_under, ["/jmap/download/"]);
+    assert!(minimal_config()
+        .server
+        .allow_encoded_slashes_under
+        .is_empty());
+    for bad in [
+        "\"/jmap/download\"",
+        "\"jmap/\"",
+        "\"/a%2F/\"",
+        "\"/a/../b/\"",
+        "\"/a\\\\b/\"",
+    ] {
+        let err = load(bad).unwrap_err();
+        assert!(
+            err.contains("server.allow_encoded_slashes_under"),
+            "{bad}: {err}"
+        );
+    }
+}
+
+fn minimal_config() -> Config {
+    Config::from_toml_with(&minimal(), env).unwrap()
+}

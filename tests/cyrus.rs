@@ -13,20 +13,75 @@ use support::*;
 /// tessera in front of Cyrus's JMAP at `port` (directly, or through a relay): 4 upstream
 /// connections, `[login]` checked at `/jmap/`, the JMAP mode on.
 fn in_front_of(port: u16) -> Tessera {
+    in_front_of_with(port, &[])
+}
+
+/// [`in_front_of`] with more `(section, line)` config lines.
+fn in_front_of_with(port: u16, extra: &[(&'static str, &'static str)]) -> Tessera {
     let upstream = format!("http://127.0.0.1:{port}");
+    let mut lines = vec![
+        ("upstream", "max_connections = 4"),
+        ("login", "verify_path = \"/jmap/\""),
+        ("login", "cookie_secure = false"),
+        ("tables", "[jmap]\nsession_urls = \"absolute\"\n"),
+    ];
+    lines.extend_from_slice(extra);
     Tessera::start(move |port, dir| {
         config(
             port,
             &upstream,
             &format!("embedded:{}/s", dir.display()),
-            &[
-                ("upstream", "max_connections = 4"),
-                ("login", "verify_path = \"/jmap/\""),
-                ("login", "cookie_secure = false"),
-                ("tables", "[jmap]\nsession_urls = \"absolute\"\n"),
-            ],
+            &lines,
         )
     })
+}
+
+/// An attachment whose name holds a `/`, which a JMAP client sends as `%2F` in the download
+/// URL's `{name}` (RFC 8620 section 6.2, an RFC 6570 template): refused by default as any
+/// encoded slash, downloaded whole from Cyrus under `server.allow_encoded_slashes_under`.
+#[test]
+fn an_attachment_named_with_a_slash_downloads_under_its_prefix() {
+    let cyrus = Cyrus::start();
+    let plain = in_front_of(cyrus.http_port);
+    let under = in_front_of_with(
+        cyrus.http_port,
+        &[(
+            "server",
+            "allow_encoded_slashes_under = [\"/jmap/download/\"]",
+        )],
+    );
+    let alice = token_of(login_at(&under, "alice", "alice-secret-1"));
+    let (code, body) = curl(&[
+        "-H",
+        &bearer(&alice),
+        "-H",
+        "Content-Type: application/pdf",
+        "--data-binary",
+        "invoice body",
+        &under.url("/jmap/upload/alice/"),
+    ]);
+    assert_eq!(code, 201, "{body}");
+    let upload: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let blob = upload["blobId"].as_str().unwrap();
+    let path =
+        format!("/jmap/download/alice/{blob}/Invoice%2003%2F2024.pdf?accept=application/pdf");
+    let (code, body) = curl(&["-H", &bearer(&alice), &under.url(&path)]);
+    assert_eq!(
+        (code, body.as_str()),
+        (200, "invoice body"),
+        "{}",
+        under.log()
+    );
+    let alice_plain = token_of(login_at(&plain, "alice", "alice-secret-1"));
+    assert_eq!(
+        curl(&["-H", &bearer(&alice_plain), &plain.url(&path)]).0,
+        400
+    );
+    // Elsewhere, the same encoded slash is still refused.
+    assert_eq!(
+        curl(&["-H", &bearer(&alice), &under.url("/jmap/a%2Fb")]).0,
+        400
+    );
 }
 
 const USING: &str = r#"["urn:ietf:params:jmap:core","urn:ietf:params:jmap:mail"]"#;

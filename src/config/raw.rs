@@ -89,6 +89,7 @@ pub(super) struct RawServer {
     pub(super) proxy_protocol: Option<bool>,
     pub(super) response_headers: Option<std::collections::BTreeMap<String, String>>,
     pub(super) allow_encoded_slashes: Option<bool>,
+    pub(super) allow_encoded_slashes_under: Option<Vec<String>>,
     pub(super) client_body_timeout_ms: Option<u64>,
     pub(super) max_connections: Option<usize>,
     pub(super) max_connections_per_ip: Option<usize>,

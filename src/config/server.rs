@@ -72,6 +72,9 @@ pub(super) fn validate_server(
             60_000,
         )?,
         allow_encoded_slashes: s.allow_encoded_slashes.unwrap_or(false),
+        allow_encoded_slashes_under: path_prefixes(
+            s.allow_encoded_slashes_under.unwrap_or_default(),
+        )?,
         max_connections: connections("server.max_connections", s.max_connections, 10_000)?,
         max_connections_per_ip: connections(
             "server.max_connections_per_ip",
@@ -249,4 +252,27 @@ fn trusted_proxies(listed: Vec<String>) -> Result<Vec<ipnet::IpNet>, ConfigError
         trusted_proxies.push(net);
     }
     Ok(trusted_proxies)
+}
+
+/// `server.allow_encoded_slashes_under`: each a path prefix that starts and ends with `/` (a
+/// whole segment), in plain characters, as a request path spells it.
+fn path_prefixes(prefixes: Vec<String>) -> Result<Vec<String>, ConfigError> {
+    for p in &prefixes {
+        let plain = p
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'%' && b != b'\\');
+        if !plain
+            || !p.starts_with('/')
+            || !p.ends_with('/')
+            || p.contains("/../")
+            || p.contains("/./")
+        {
+            return Err(ConfigError::new(
+                "server.allow_encoded_slashes_under",
+                "each entry is a path prefix that starts and ends with / (\"/jmap/download/\"), \
+                 without %-escapes, backslashes or dot segments",
+            ));
+        }
+    }
+    Ok(prefixes)
 }

@@ -69,6 +69,11 @@ pub struct ServerConfig {
     /// the default, as Tomcat and Apache's `AllowEncodedSlashes Off`). Dot segments in any
     /// encoding are refused either way (`screen::path`).
     pub allow_encoded_slashes: bool,
+    /// Path prefixes (`server.allow_encoded_slashes_under`, each starting and ending with `/`)
+    /// under which a request's path is let through as with `allow_encoded_slashes`: a JMAP
+    /// download's file name (`/jmap/download/{accountId}/{blobId}/{name}`), whose `/` a client
+    /// sends as `%2F` (RFC 8620 section 6.2, RFC 6570). Default none.
+    pub allow_encoded_slashes_under: Vec<String>,
     /// Longest wait between two reads of a request body (nginx's `client_body_timeout`): a
     /// body that stalls this long ends its request with 408 and closes its upstream connection.
     /// Default 60 s.

@@ -13,7 +13,7 @@ use http_body::Body;
 
 use crate::error::ProxyError;
 use crate::login::{Endpoint, Login};
-use crate::screen::{self, Screened};
+use crate::screen::{self, Limits, Screened};
 use crate::session::Session;
 use crate::upstream::{BoxError, ForwardError, ProxyBody, RequestShares};
 
@@ -89,7 +89,19 @@ impl Proxy {
     {
         let extended =
             self.websockets.is_some() && super::websocket::from_extended_connect(&mut parts);
-        let screened = screen::screen_request_with(&mut parts, &self.limits, &self.stripped)?;
+        let path = parts.uri.path();
+        let limits = match self
+            .slashes_under
+            .iter()
+            .any(|p| path.starts_with(p.as_str()))
+        {
+            true => Limits {
+                allow_encoded_slashes: true,
+                ..self.limits
+            },
+            false => self.limits,
+        };
+        let screened = screen::screen_request_with(&mut parts, &limits, &self.stripped)?;
         if let Some(port) = ctx.peer().to_https {
             if screened.host.is_empty() {
                 // An HTTP/1.0 request without Host: `https:///x` would send a browser to host x.

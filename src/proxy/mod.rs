@@ -39,6 +39,9 @@ use websocket::WebSockets;
 /// Everything the request path needs, built once from the config.
 pub struct Proxy {
     limits: Limits,
+    /// `server.allow_encoded_slashes_under`: path prefixes screened as with
+    /// `allow_encoded_slashes`.
+    slashes_under: Vec<String>,
     /// `upstream.strip_request_headers`.
     stripped: screen::Stripped,
     /// `server.max_connections`: client connections open now, all serving threads together;
@@ -154,6 +157,7 @@ impl Proxy {
                 .then(|| Arc::new(crate::share::Share::new(cfg.server.max_connections))),
             per_ip: (cfg.server.max_connections_per_ip > 0)
                 .then(|| Arc::new(crate::per_ip::PerIp::new(cfg.server.max_connections_per_ip))),
+            slashes_under: cfg.server.allow_encoded_slashes_under.clone(),
             limits: Limits {
                 max_header_bytes: cfg.server.max_header_bytes,
                 max_uri_bytes: cfg.server.max_uri_bytes,
