@@ -2288,3 +2288,31 @@ fn with_log_format_json_every_line_is_a_json_object() {
     let message = last["fields"]["message"].as_str().unwrap();
     assert!(message.contains("server.listen"), "{err}");
 }
+
+/// With `[login]`, an upstream `Set-Cookie` of one of tessera's own cookies (the login cookie,
+/// its CSRF and device cookies) is dropped: an upstream, or content it reflects, cannot log a
+/// browser out or into another session. The upstream's other cookies pass.
+#[test]
+fn an_upstream_cannot_set_tesseras_own_cookies() {
+    let up = upstream::start(Behavior::Scripted(|_| upstream::Script {
+        bytes: b"HTTP/1.1 200 OK\r\nSet-Cookie: tessera=planted; Path=/\r\n\
+                 Set-Cookie: app=1; Path=/\r\nSet-Cookie: tessera-device=x\r\n\
+                 Set-Cookie: tessera-csrf=y\r\nContent-Length: 2\r\n\r\nok"
+            .to_vec(),
+        close: false,
+        early: false,
+    }));
+    let login = [
+        ("login", "cookie_secure = false"),
+        ("login", "verify_path = \"/check\""),
+    ];
+    let (t, token) = behind(&up.url(), login.to_vec().leak());
+    let (code, head) = curl(&["-i", "-H", &bearer(&token), &t.url("/x")]);
+    assert_eq!(code, 200, "{head}");
+    let cookies: Vec<&str> = head
+        .lines()
+        .filter(|l| l.to_ascii_lowercase().starts_with("set-cookie: "))
+        .map(|l| &l["set-cookie: ".len()..])
+        .collect();
+    assert_eq!(cookies, ["app=1; Path=/"], "{head}");
+}

@@ -274,6 +274,7 @@ impl Proxy {
             .screen_trailers(|head| screen::unlisted_in_trailers(head, strip));
         if let Some(fields) = resp.body_mut().fields_mut() {
             screen::screen_response(fields, &self.strip_response);
+            screen::drop_set_cookies(fields, &self.own_cookies);
         }
         if resp.status() == http::StatusCode::UNAUTHORIZED {
             let rejected = std::mem::replace(resp, Response::new(ProxyBody::empty()));

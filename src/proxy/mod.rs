@@ -67,6 +67,9 @@ pub struct Proxy {
     upstream_scheme: &'static str,
     preserve_host: bool,
     strip_response: Vec<HeaderName>,
+    /// With `[login]`, the cookies tessera sets (the login cookie, `-csrf`, `-device`): an
+    /// upstream `Set-Cookie` of one of them is dropped.
+    own_cookies: Vec<String>,
     /// `upstream.request_id_header`.
     request_id: Option<HeaderName>,
     /// `server.response_headers`: set on every response.
@@ -113,6 +116,15 @@ pub enum ReloadError {
          with a secret or private_key (a restart applies a config without [login])"
     )]
     NoSigner,
+}
+
+/// With `[login]`, the names of the cookies tessera sets: the login cookie, its CSRF and device
+/// cookies ([`Proxy::own_cookies`]).
+fn own_cookies(login: Option<&crate::login::LoginConfig>) -> Vec<String> {
+    login.map_or_else(Vec::new, |l| {
+        let name = &l.cookie_name;
+        vec![name.clone(), format!("{name}-csrf"), format!("{name}-device")]
+    })
 }
 
 /// [`Proxy::token_cookies`]'s list: with `[login]` (its cookie name given), also the login
@@ -188,6 +200,7 @@ impl Proxy {
                 .chain(&cfg.upstream.request_id_header)
                 .cloned()
                 .collect(),
+            own_cookies: own_cookies(cfg.login.as_ref()),
             response_headers: cfg.server.response_headers.clone(),
             request_id: cfg.upstream.request_id_header.clone(),
             access_log: cfg.log.access_log,

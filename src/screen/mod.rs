@@ -15,7 +15,7 @@ use http::{HeaderMap, HeaderValue, Method, Uri, Version};
 use crate::fields::has_token;
 pub use forwarded::{forwarded_client, forwarded_proto, set_forwarded};
 pub use identity::Stripped;
-pub use response::{screen_response, unlisted_in_trailers};
+pub use response::{drop_set_cookies, screen_response, unlisted_in_trailers};
 
 pub mod body;
 mod forwarded;

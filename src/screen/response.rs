@@ -72,6 +72,26 @@ pub fn screen_response(fields: &mut RawHead, strip: &[HeaderName]) {
     }
 }
 
+/// Removes each `Set-Cookie` of `fields` that sets one of `names` (tessera's own cookies with
+/// `[login]`: the login cookie, its CSRF and device cookies): an upstream, or content it
+/// reflects, must not log a browser out, nor into another session, nor plant a device cookie.
+/// The cookie's name is what comes before the first `=` (RFC 6265 section 5.2), compared as
+/// sent. Nothing is walked unless `names` is set and a `Set-Cookie` is there.
+pub fn drop_set_cookies(fields: &mut RawHead, names: &[String]) {
+    let own = |value: &[u8]| {
+        let name = value
+            .split(|&b| b == b'=')
+            .next()
+            .unwrap_or_default()
+            .trim_ascii();
+        names.iter().any(|n| n.as_bytes() == name)
+    };
+    if names.is_empty() || !fields.get_all(b"set-cookie").any(own) {
+        return;
+    }
+    fields.retain(|name, value| !(name.eq_ignore_ascii_case(b"set-cookie") && own(value)));
+}
+
 /// The names a response's trailers lose besides the hop-by-hop ones, as its head (`fields`, not
 /// yet screened) does: `strip` and the fields its `Connection` names (RFC 9110 section 6.5.1:
 /// a trailer field follows the rules of a header field).
