@@ -8,9 +8,10 @@
 //! not lock out the devices they signed in on, and a stolen device cookie is good for as many
 //! guesses as the user's own cap, then refused for the window like a user.
 
-use http::{header, HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderValue};
 use sha2::{Digest, Sha256};
 
+use super::request::cookie_values;
 use super::Login;
 use crate::seal::Sealer;
 use crate::unix_now;
@@ -47,15 +48,7 @@ impl Login {
         if self.cfg.device_cookie_max_age == 0 {
             return None;
         }
-        let name = self.device_cookie.as_str();
-        let sealed = headers
-            .get_all(header::COOKIE)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(';'))
-            .filter_map(|kv| kv.trim().split_once('='))
-            .filter(|(k, _)| *k == name)
-            .map(|(_, v)| v.trim_matches('"'))
+        let sealed = cookie_values(headers, &self.device_cookie)
             .find(|sealed| opens_for(sealer, sealed, user))?;
         let hash = Sha256::digest(sealed.as_bytes());
         Some(format!("\0device {}", hex(&hash[..16])))

@@ -31,14 +31,24 @@ pub(super) fn query_param(parts: &Parts, name: &str) -> Option<String> {
         .map(|(_, v)| v.into_owned())
 }
 
-pub(super) fn cookie_value<'a>(headers: &'a http::HeaderMap, name: &str) -> Option<&'a str> {
+/// The first value of the cookie `name` in `headers` (its double quotes removed).
+pub(super) fn cookie_value<'a>(headers: &'a http::HeaderMap, name: &'a str) -> Option<&'a str> {
+    cookie_values(headers, name).next()
+}
+
+/// Every value of the cookie `name` in `headers`, in order (double quotes removed): a browser
+/// sends one per path and domain that set it (RFC 6265 section 5.4).
+pub(super) fn cookie_values<'a>(
+    headers: &'a http::HeaderMap,
+    name: &'a str,
+) -> impl Iterator<Item = &'a str> + 'a {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|kv| kv.trim().split_once('='))
-        .find(|(k, _)| *k == name)
+        .filter(move |(k, _)| *k == name)
         .map(|(_, v)| v.trim_matches('"'))
 }
 

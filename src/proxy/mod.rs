@@ -123,7 +123,11 @@ pub enum ReloadError {
 fn own_cookies(login: Option<&crate::login::LoginConfig>) -> Vec<String> {
     login.map_or_else(Vec::new, |l| {
         let name = &l.cookie_name;
-        vec![name.clone(), format!("{name}-csrf"), format!("{name}-device")]
+        vec![
+            name.clone(),
+            format!("{name}-csrf"),
+            format!("{name}-device"),
+        ]
     })
 }
 
