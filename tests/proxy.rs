@@ -2316,3 +2316,41 @@ fn an_upstream_cannot_set_tesseras_own_cookies() {
         .collect();
     assert_eq!(cookies, ["app=1; Path=/"], "{head}");
 }
+
+/// An upstream length sent as a list of equal values (`5, 5`), which HTTP/1.1 reads as one
+/// length, reaches an HTTP/2 client as one value, and a 204's length not at all: an HTTP/2
+/// client refuses either (RFC 9113 section 8.1.1).
+#[test]
+fn an_http2_client_gets_one_content_length_and_none_on_a_204() {
+    let up = upstream::start(Behavior::Scripted(|line| upstream::Script {
+        bytes: if line.contains("/no-content") {
+            b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n".to_vec()
+        } else {
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\nhello".to_vec()
+        },
+        close: false,
+        early: false,
+    }));
+    let (t, token) = behind(&up.url(), &[]);
+    let h2 = |path: &str| {
+        curl(&[
+            "--http2-prior-knowledge",
+            "-i",
+            "-H",
+            &bearer(&token),
+            &t.url(path),
+        ])
+    };
+    let (code, out) = h2("/list");
+    assert_eq!(code, 200, "{out}\n{}", t.log());
+    assert!(
+        out.ends_with("hello") && out.contains("content-length: 5\r\n"),
+        "{out}"
+    );
+    let (code, out) = h2("/no-content");
+    assert_eq!(code, 204, "{out}\n{}", t.log());
+    assert!(
+        !out.to_ascii_lowercase().contains("content-length"),
+        "{out}"
+    );
+}

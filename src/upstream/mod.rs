@@ -350,10 +350,34 @@ fn wrap(head: conn::Head, conn: pool::Conn) -> Response<ProxyBody> {
 pub fn materialize(resp: &mut Response<ProxyBody>) {
     if let Some(fields) = resp.body_mut().take_fields() {
         let added = std::mem::take(resp.headers_mut());
+        let status = resp.status();
         let map = resp.headers_mut();
         fields.append_to(map);
+        one_content_length(status, map);
         for (name, value) in added.iter() {
             map.append(name.clone(), value.clone());
         }
+    }
+}
+
+/// The upstream's `Content-Length` as one value: a list of equal values or several equal field
+/// lines, which the codec read as one length (RFC 9110 section 8.6), is one field, as HTTP/2 and
+/// HTTP/3 clients refuse a list (RFC 9113 section 8.1.1); a 1xx or 204 keeps none, which a
+/// server must not send (RFC 9110 section 8.6). A single plain value is left as it is.
+fn one_content_length(status: http::StatusCode, map: &mut http::HeaderMap) {
+    let mut values = map.get_all(http::header::CONTENT_LENGTH).iter();
+    let Some(first) = values.next() else {
+        return;
+    };
+    let bodyless = status.is_informational() || status == http::StatusCode::NO_CONTENT;
+    let single = values.next().is_none();
+    if single && !bodyless && crate::fields::content_length(first.as_bytes()).is_some() {
+        return;
+    }
+    let length = first.as_bytes().split(|&b| b == b',').next();
+    let length = length.and_then(|v| crate::fields::content_length(v.trim_ascii()));
+    map.remove(http::header::CONTENT_LENGTH);
+    if let (Some(n), false) = (length, bodyless) {
+        map.insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(n));
     }
 }
