@@ -201,6 +201,11 @@ async fn reload_on_hangup(
 ) {
     let mut env_warned = false;
     while hangups.recv().await.is_some() {
+        // The server stops taking reloads when its drain begins (docs/operations.md, Signals).
+        if reloads.is_closed() {
+            tracing::info!("SIGHUP ignored: shutting down");
+            continue;
+        }
         tracing::info!(config = %path.display(), "SIGHUP: reloading the keys and TLS settings");
         let text = std::fs::read_to_string(&path).unwrap_or_default();
         warn_exposed(&text, &path);

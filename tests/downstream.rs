@@ -1212,3 +1212,30 @@ fn a_tls_handshake_on_the_plain_listener_is_closed_and_logged() {
     let log = t.log_when(|l| l.contains("TLS handshake on the plain listener"));
     assert!(log.contains("TLS handshake on the plain listener"), "{log}");
 }
+
+/// SIGHUP once shutdown has begun is ignored, and the log says so rather than announcing a
+/// reload that will not be done.
+#[test]
+fn a_sighup_during_shutdown_is_said_to_be_ignored() {
+    let (_up, t, token) = slow_echo_behind_a_short_head_timeout();
+    let mut busy = Client::connect(&t);
+    busy.send(get("/e", &token).as_bytes());
+    std::thread::sleep(Duration::from_millis(200));
+    let signal = |name: &str| {
+        let sent = std::process::Command::new("kill")
+            .args([name, &t.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    };
+    signal("-TERM");
+    let log = t.log_when(|l| l.contains("shutdown: no new connections"));
+    assert!(log.contains("shutdown: no new connections"), "{log}");
+    signal("-HUP");
+    let log = t.log_when(|l| l.contains("SIGHUP ignored"));
+    assert!(
+        log.contains("SIGHUP ignored: shutting down") && !log.contains("SIGHUP: reloading"),
+        "{log}"
+    );
+    assert_eq!(busy.response(false).status, 200);
+}

@@ -91,8 +91,8 @@ pub async fn run(
     // `Serving` once the serving threads run; `Draining` when shutdown begins, which tells them
     // to drain. `/readyz` answers 200 only while `Serving`.
     let (phase, phase_rx) = tokio::sync::watch::channel(telemetry::Phase::Starting);
-    // Ends with `run`, like the metrics task.
-    let _stop_reloads = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(reload_keys(
+    // Ends when the drain begins (awaited there), or with `run`.
+    let stop_reloads = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(reload_keys(
         proxy.clone(),
         Edges {
             tls: tls.clone(),
@@ -142,8 +142,11 @@ pub async fn run(
     let threads = spawn_serving_threads(edges, &proxy, &server_cfg, &phase_rx)?;
     phase.send_replace(telemetry::Phase::Serving);
     shutdown.await;
-    tracing::info!("shutdown: no new connections; finishing the requests in flight");
     phase.send_replace(telemetry::Phase::Draining);
+    // The reloads end first (the task returns on `Draining`), so a SIGHUP from here on is
+    // told apart as ignored.
+    let _ = stop_reloads.await;
+    tracing::info!("shutdown: no new connections; finishing the requests in flight");
     // Each thread drains its connections (bounded by the server's drain time), then ends.
     let _ = tokio::task::spawn_blocking(move || {
         for t in threads {
