@@ -617,11 +617,7 @@ fn shutdown_answers_a_first_request_handed_to_hyper() {
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(100));
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &t.pid().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    t.signal("-TERM");
     std::thread::sleep(Duration::from_millis(100));
     for c in &mut clients {
         c.send(rest.as_bytes());
@@ -1221,17 +1217,10 @@ fn a_sighup_during_shutdown_is_said_to_be_ignored() {
     let mut busy = Client::connect(&t);
     busy.send(get("/e", &token).as_bytes());
     std::thread::sleep(Duration::from_millis(200));
-    let signal = |name: &str| {
-        let sent = std::process::Command::new("kill")
-            .args([name, &t.pid().to_string()])
-            .status()
-            .unwrap();
-        assert!(sent.success());
-    };
-    signal("-TERM");
+    t.signal("-TERM");
     let log = t.log_when(|l| l.contains("shutdown: no new connections"));
     assert!(log.contains("shutdown: no new connections"), "{log}");
-    signal("-HUP");
+    t.signal("-HUP");
     let log = t.log_when(|l| l.contains("SIGHUP ignored"));
     assert!(
         log.contains("SIGHUP ignored: shutting down") && !log.contains("SIGHUP: reloading"),

@@ -529,10 +529,7 @@ fn secrets_readable_by_every_local_user_are_warned_of() {
     let text = std::fs::read_to_string(&cfg).unwrap();
     let moved = format!("file:{}", key_file.display());
     std::fs::write(&cfg, text.replace(CRED_KEY, &moved)).unwrap();
-    std::process::Command::new("kill")
-        .args(["-HUP", &t.pid().to_string()])
-        .status()
-        .unwrap();
+    t.signal("-HUP");
     let log = t.log_when(|l| l.contains("configuration reloaded"));
     assert!(
         log.contains(said) && log.contains("key=credentials.keys.k1"),

@@ -2012,11 +2012,7 @@ fn sigterm_during_start_up_is_a_clean_shutdown() {
     let token_lines = format!("jwks = \"http://127.0.0.1:{port}/jwks.json\"");
     let mut t = on_redis(&up, &redis, &[("token", &token_lines)]);
     assert!(!t.log().contains("tessera serving"), "{}", t.log());
-    let killed = Command::new("kill")
-        .args(["-TERM", &t.pid().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    t.signal("-TERM");
     let status = t.exit_status(Duration::from_secs(30));
     assert_eq!(
         status.and_then(|s| s.code()),

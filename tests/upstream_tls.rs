@@ -157,10 +157,7 @@ fn renewed_upstream_tls_files_are_used_after_sighup() {
     let get = || curl(&["-H", &bearer(&token), &t.url("/tls")]);
     assert_eq!(get().0, 502, "{}", t.log());
     let reload = |nth: usize| {
-        std::process::Command::new("kill")
-            .args(["-HUP", &t.pid().to_string()])
-            .status()
-            .unwrap();
+        t.signal("-HUP");
         t.log_when(|log| log.matches("configuration reloaded").count() >= nth);
     };
     copy(&pki.ca(), &ca);

@@ -116,6 +116,7 @@ impl Login {
     /// Builds the endpoints; `None` when `[login]` is not configured.
     pub fn from_config(cfg: &Config, verifier: &Verifier) -> Option<Self> {
         let l = cfg.login.clone()?;
+        let [_, csrf, device] = l.own_cookies();
         let base = cfg.upstream.url.path().trim_end_matches('/');
         let verify_target = format!("{base}{}", l.verify_path)
             .parse()
@@ -126,8 +127,8 @@ impl Login {
             in_flight: Mutex::new(HashMap::new()),
             by_ip: FailureLimit::new(l.max_failures_per_ip, window),
             by_user: FailureLimit::new(l.max_failures_per_user, window),
-            csrf_cookie: format!("{}-csrf", l.cookie_name),
-            device_cookie: format!("{}-device", l.cookie_name),
+            csrf_cookie: csrf,
+            device_cookie: device,
             rechecks: recheck::Rechecks::default(),
             // Without its keys: the signing key is taken from `keys` (the one in place now, a
             // reload may change it), and a copy here would keep removed secrets alive.

@@ -24,6 +24,19 @@ impl SameSite {
     }
 }
 
+impl LoginConfig {
+    /// The cookies tessera sets: the login cookie (`cookie_name`), the login form's CSRF cookie
+    /// (`{cookie_name}-csrf`) and the device cookie (`{cookie_name}-device`), in that order.
+    pub fn own_cookies(&self) -> [String; 3] {
+        let name = &self.cookie_name;
+        [
+            name.clone(),
+            format!("{name}-csrf"),
+            format!("{name}-device"),
+        ]
+    }
+}
+
 /// `[login]`: the session side served by tessera itself.
 #[derive(Debug, Clone)]
 pub struct LoginConfig {

@@ -14,7 +14,7 @@ use std::time::Duration;
 use http::header::HeaderName;
 use http::HeaderValue;
 
-use crate::login::Login;
+use crate::login::{Login, LoginConfig};
 use crate::screen::{self, Limits};
 use crate::session::Sessions;
 use crate::telemetry::RequestCounts;
@@ -118,31 +118,21 @@ pub enum ReloadError {
     NoSigner,
 }
 
-/// With `[login]`, the names of the cookies tessera sets: the login cookie, its CSRF and device
-/// cookies ([`Proxy::own_cookies`]).
-fn own_cookies(login: Option<&crate::login::LoginConfig>) -> Vec<String> {
-    login.map_or_else(Vec::new, |l| {
-        let name = &l.cookie_name;
-        vec![
-            name.clone(),
-            format!("{name}-csrf"),
-            format!("{name}-device"),
-        ]
-    })
-}
-
-/// [`Proxy::token_cookies`]'s list: with `[login]` (its cookie name given), also the login
-/// form's CSRF cookie and the device cookie, tessera's own, which no upstream is to see.
-fn token_cookies(sources: &[TokenSource], login: Option<&str>) -> Vec<TokenSource> {
+/// [`Proxy::token_cookies`]'s list: with `[login]`, also tessera's own cookies (the login
+/// form's CSRF cookie and the device cookie besides the login cookie), which no upstream is
+/// to see.
+fn token_cookies(sources: &[TokenSource], login: Option<&LoginConfig>) -> Vec<TokenSource> {
     let mut all = sources.to_vec();
-    if let Some(name) = login {
+    if let Some(login) = login {
         for default in TokenSource::defaults() {
             if default != TokenSource::Bearer && !all.contains(&default) {
                 all.push(default);
             }
         }
-        for own in ["csrf", "device"] {
-            all.push(TokenSource::Cookie(format!("{name}-{own}")));
+        for own in login.own_cookies().map(TokenSource::Cookie) {
+            if !all.contains(&own) {
+                all.push(own);
+            }
         }
     }
     all
@@ -182,10 +172,7 @@ impl Proxy {
             },
             body_timeout: cfg.server.client_body_timeout,
             sources: cfg.token.sources.clone(),
-            token_cookies: token_cookies(
-                &cfg.token.sources,
-                cfg.login.as_ref().map(|l| l.cookie_name.as_str()),
-            ),
+            token_cookies: token_cookies(&cfg.token.sources, cfg.login.as_ref()),
             verifier,
             sessions,
             upstream,
@@ -204,7 +191,7 @@ impl Proxy {
                 .chain(&cfg.upstream.request_id_header)
                 .cloned()
                 .collect(),
-            own_cookies: own_cookies(cfg.login.as_ref()),
+            own_cookies: cfg.login.iter().flat_map(|l| l.own_cookies()).collect(),
             response_headers: cfg.server.response_headers.clone(),
             request_id: cfg.upstream.request_id_header.clone(),
             access_log: cfg.log.access_log,

@@ -404,6 +404,14 @@ mod tests {
     /// A refresh that finds the document already loaded changes nothing, so the verified-token
     /// cache (emptied when keys change) survives refreshes asked by made-up kids.
     /// A JWKS read from the file at `path`, EdDSA keys, a 30 s rate limit.
+    /// A JWKS read from a file holding no key (the directory kept alive by the caller).
+    fn empty_file_jwks() -> (tempfile::TempDir, Arc<Jwks>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jwks.json");
+        std::fs::write(&path, r#"{"keys":[]}"#).unwrap();
+        (dir, file_jwks(path))
+    }
+
     fn file_jwks(path: std::path::PathBuf) -> Arc<Jwks> {
         Arc::new(Jwks {
             cfg: JwksConfig {
@@ -444,10 +452,7 @@ mod tests {
     /// arriving after it, within the rate limit, is refused at once.
     #[tokio::test]
     async fn an_unknown_kid_during_a_fetch_waits_for_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("jwks.json");
-        std::fs::write(&path, r#"{"keys":[]}"#).unwrap();
-        let jwks = file_jwks(path);
+        let (_dir, jwks) = empty_file_jwks();
         let fetching = jwks.last.lock().await; // a fetch under way
         let waiter = tokio::spawn(jwks.clone().refresh_for_unknown_kid());
         tokio::task::yield_now().await;
@@ -472,10 +477,7 @@ mod tests {
     /// key would be served from it until they expire.
     #[tokio::test]
     async fn a_change_no_caller_learned_of_is_told_to_the_next() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("jwks.json");
-        std::fs::write(&path, r#"{"keys":[]}"#).unwrap();
-        let jwks = file_jwks(path);
+        let (_dir, jwks) = empty_file_jwks();
         // The spawned fetch of a requester that is gone: it loads, nobody hears.
         assert!(jwks.refresh(Some(Duration::from_secs(30))).await);
         // The next unknown kid, within the rate limit: no fetch, but it learns of the change.

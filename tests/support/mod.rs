@@ -490,14 +490,16 @@ impl Tessera {
 
     /// Whether the process ended within `limit` (reaped if so).
     pub fn wait_exit(&mut self, limit: Duration) -> bool {
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        false
+        self.exit_status(limit).is_some()
+    }
+
+    /// Sends the process signal `name` (`-HUP`, `-TERM`) with kill(1).
+    pub fn signal(&self, name: &str) {
+        let sent = Command::new("kill")
+            .args([name, &self.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill {name} failed");
     }
 
     /// `tessera session create` against this instance's config; returns (sid, token).
