@@ -6,13 +6,14 @@
 mod listen;
 mod quic_thread;
 mod reload;
+mod serving;
 
 use std::future::Future;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
-use crate::{access_log, busy_poll, downstream, session, telemetry, upstream, Config, Proxy};
+use crate::{downstream, session, telemetry, Config, Proxy};
 pub use listen::open_listeners;
 pub use reload::ConfigReload;
 use reload::{clone_edges, quic_endpoint, reload_keys, serving_edges, tls_server, Edges};
@@ -78,7 +79,8 @@ pub enum StartError {
 /// [`Proxy::install_keys`]), without dropping a connection; the outcome is logged and counted
 /// (`tessera_config_reloads_total`).
 ///
-/// Errors: the session store cannot be opened, or the TLS server cannot be made.
+/// Errors: the session store cannot be opened, the TLS server cannot be made, or no serving
+/// thread could start.
 pub async fn run(
     cfg: Config,
     listeners: Listeners,
@@ -139,7 +141,7 @@ pub async fn run(
             });
     drop(cfg);
     let edges = serving_edges(listeners.plain, listeners.tls.zip(tls));
-    let threads = spawn_serving_threads(edges, &proxy, &server_cfg, &phase_rx)?;
+    let threads = serving::start(edges, &proxy, &server_cfg, &phase_rx).await?;
     phase.send_replace(telemetry::Phase::Serving);
     shutdown.await;
     phase.send_replace(telemetry::Phase::Draining);
@@ -195,106 +197,6 @@ fn spawn_http3(
         };
         downstream::serve_http3(endpoint, proxy, h3, &server, shutdown).await
     }))
-}
-
-/// Starts `cfg.threads` serving threads, each on its own copy of `edges` (closed here: this one
-/// would keep the sockets listening through the drain, connections completed by the kernel and
-/// never served, instead of refused at once).
-///
-/// Errors: [`StartError::Threads`] when none started (an exit status of 0 would tell systemd's
-/// `Restart=on-failure` and monitoring that tessera stopped as asked); some missing are logged.
-fn spawn_serving_threads(
-    edges: Vec<(std::net::TcpListener, downstream::Edge)>,
-    proxy: &Arc<Proxy>,
-    cfg: &downstream::ServerConfig,
-    phase: &tokio::sync::watch::Receiver<telemetry::Phase>,
-) -> Result<Vec<std::thread::JoinHandle<()>>, StartError> {
-    let mut threads = Vec::with_capacity(cfg.threads);
-    let mut failed = None;
-    for index in 0..cfg.threads {
-        let spawned = clone_edges(&edges).and_then(|edges| {
-            let (proxy, server, phase) = (proxy.clone(), cfg.clone(), phase.clone());
-            std::thread::Builder::new()
-                .name(format!("tessera-serve-{index}"))
-                .spawn(move || serving_thread(index, edges, proxy, server, phase))
-        });
-        match spawned {
-            Ok(handle) => threads.push(handle),
-            Err(e) => {
-                tracing::error!(cause = %e, index, "cannot start a serving thread");
-                failed = Some(e);
-            }
-        }
-    }
-    match (threads.is_empty(), failed) {
-        (true, Some(source)) => Err(StartError::Threads {
-            key: "server.threads",
-            source,
-        }),
-        _ => Ok(threads),
-    }
-}
-
-/// One serving thread: a current-thread runtime accepting from its clones of the listeners,
-/// until `phase` says the drain began.
-fn serving_thread(
-    index: usize,
-    edges: Vec<(std::net::TcpListener, downstream::Edge)>,
-    proxy: Arc<Proxy>,
-    cfg: downstream::ServerConfig,
-    phase: tokio::sync::watch::Receiver<telemetry::Phase>,
-) {
-    upstream::set_serving_thread(index);
-    access_log::batch_on_this_thread();
-    busy_poll::enable(cfg.busy_poll);
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .on_thread_park(|| {
-            access_log::flush();
-            busy_poll::before_park();
-        })
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            tracing::error!(cause = %e, index, "cannot start a serving thread's runtime");
-            return;
-        }
-    };
-    rt.block_on(async move {
-        let accepting = edges.into_iter().map(|(listener, edge)| {
-            let (proxy, cfg, mut phase) = (proxy.clone(), cfg.clone(), phase.clone());
-            async move {
-                let shutdown = async move {
-                    let _ = phase.wait_for(|p| *p == telemetry::Phase::Draining).await;
-                };
-                match TcpListener::from_std(listener) {
-                    Ok(listener) => {
-                        // A new connection ends a busy poll too.
-                        busy_poll::watch(&listener);
-                        downstream::serve(listener, edge, proxy, &cfg, shutdown).await
-                    }
-                    Err(e) => tracing::error!(cause = %e, index, "cannot register a listener"),
-                }
-            }
-        });
-        // At most two: the plain and the TLS listener.
-        let mut accepting = accepting;
-        let (first, second) = (accepting.next(), accepting.next());
-        tokio::join!(
-            async move {
-                if let Some(f) = first {
-                    f.await
-                }
-            },
-            async move {
-                if let Some(f) = second {
-                    f.await
-                }
-            }
-        );
-    });
-    access_log::flush();
 }
 
 #[cfg(test)]
