@@ -30,13 +30,13 @@ pub struct JmapConfig {
 }
 
 impl JmapConfig {
-    /// Whether a request for `path` (with `method`) asks for the session resource; a trailing
-    /// `/` is not told apart (Cyrus redirects `/.well-known/jmap` to `/jmap`, and serves the
-    /// session at `/jmap/` too).
+    /// Whether a request for `path` (with `method`, GET or HEAD) asks for the session resource;
+    /// a trailing `/` is not told apart (Cyrus redirects `/.well-known/jmap` to `/jmap`, and
+    /// serves the session at `/jmap/` too).
     pub fn is_session_request(&self, method: &http::Method, path: &str) -> bool {
         let path = path.trim_end_matches('/');
         self.absolute_urls
-            && method == http::Method::GET
+            && (method == http::Method::GET || method == http::Method::HEAD)
             && (path == "/.well-known/jmap" || path == self.session_path.trim_end_matches('/'))
     }
 }
@@ -79,10 +79,12 @@ pub fn absolute_session(session: &[u8], origin: Origin<'_>) -> Option<Vec<u8>> {
 /// made absolute on `origin`: a 200 of JSON, not content-encoded, read whole within
 /// [`MAX_SESSION_BYTES`]. Any other answer passes as it is, one whose `Content-Length` says it is
 /// larger too; one whose body turns out larger, or fails while read, becomes a 502 (its start
-/// was read, so it cannot pass whole).
+/// was read, so it cannot pass whole). The answer to a HEAD (`head`) loses the `Content-Length`
+/// and `ETag` of the body as sent, which its GET's rewritten body would not match.
 pub async fn rewrite_session(
     mut resp: http::Response<ProxyBody>,
     origin: Origin<'_>,
+    head: bool,
 ) -> http::Response<ProxyBody> {
     crate::upstream::materialize(&mut resp);
     let h = resp.headers();
@@ -100,6 +102,11 @@ pub async fn rewrite_session(
         || h.contains_key(header::CONTENT_ENCODING)
         || too_large
     {
+        return resp;
+    }
+    if head {
+        resp.headers_mut().remove(header::CONTENT_LENGTH);
+        resp.headers_mut().remove(header::ETAG);
         return resp;
     }
     let (mut parts, body) = resp.into_parts();
@@ -209,14 +216,14 @@ mod tests {
             .header(header::CONTENT_TYPE, "application/json")
             .body(ProxyBody::full(big.clone()))
             .unwrap();
-        let resp = rewrite_session(resp, at("https://t")).await;
+        let resp = rewrite_session(resp, at("https://t"), false).await;
         assert_eq!(resp.status(), 200);
         let body = resp.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(body, big.as_bytes());
     }
 
     #[test]
-    fn only_gets_of_the_session_paths_are_session_requests() {
+    fn only_gets_and_heads_of_the_session_paths_are_session_requests() {
         let c = JmapConfig {
             absolute_urls: true,
             session_path: "/jmap/".into(),
@@ -224,6 +231,7 @@ mod tests {
         assert!(c.is_session_request(&http::Method::GET, "/jmap/"));
         assert!(c.is_session_request(&http::Method::GET, "/.well-known/jmap"));
         assert!(c.is_session_request(&http::Method::GET, "/jmap"));
+        assert!(c.is_session_request(&http::Method::HEAD, "/jmap/"));
         assert!(!c.is_session_request(&http::Method::POST, "/jmap/"));
         assert!(!c.is_session_request(&http::Method::GET, "/jmap/download/x"));
     }

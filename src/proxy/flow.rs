@@ -131,7 +131,9 @@ impl Proxy {
         } else {
             None
         };
-        let jmap_origin = self.jmap_origin(&parts, &screened, ctx);
+        let jmap_origin = self
+            .jmap_origin(&parts, &screened, ctx)
+            .map(|origin| (origin, parts.method == http::Method::HEAD));
         if jmap_origin.is_some() {
             // A compressed session resource could not be read to be rewritten (Cyrus compresses
             // by default, and browsers, fetch and requests all ask for gzip); it is 2-3 KiB.
@@ -155,12 +157,12 @@ impl Proxy {
         self.point_redirects(&mut resp, &screened, ctx);
         Ok(match jmap_origin {
             // Boxed: rare, and its body read would grow every request's future.
-            Some(origin) => {
+            Some((origin, head)) => {
                 let origin = crate::jmap::Origin {
                     client: &origin,
                     base_path: &self.base_path,
                 };
-                Box::pin(crate::jmap::rewrite_session(resp, origin)).await
+                Box::pin(crate::jmap::rewrite_session(resp, origin, head)).await
             }
             None => resp,
         })
