@@ -292,6 +292,27 @@ fn response_headers_are_none_by_default_and_never_framing_fields() {
 }
 
 #[test]
+fn private_responses_are_unmarked_by_default_and_off_under_a_set_cache_control() {
+    use tessera::screen::PrivateResponses;
+    let with = |server: &str| {
+        let text = format!("{}[server]\n{server}\n", minimal());
+        Config::from_toml_with(&text, env).map(|c| c.server.private_responses)
+    };
+    assert_eq!(with("").unwrap(), PrivateResponses::Unmarked);
+    assert_eq!(
+        with("private_responses = \"always\"").unwrap(),
+        PrivateResponses::Always
+    );
+    let replaced = "response_headers = { \"Cache-Control\" = \"no-store\" }";
+    assert_eq!(with(replaced).unwrap(), PrivateResponses::Off);
+    let err = with("private_responses = \"yes\"").unwrap_err().to_string();
+    assert!(
+        err.contains("server.private_responses") && err.contains("\"unmarked\""),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_request_id_header_must_be_a_field_name() {
     let text = minimal().replace(
         "[upstream]\n",

@@ -217,6 +217,51 @@ fn response_headers_are_set_on_every_answer_and_replace_the_upstreams() {
 /// `upstream.request_id_header`: every request gets an id (32 hex digits), sent upstream in
 /// place of a client's own, returned to the client in place of the upstream's, and logged; one
 /// a trusted proxy sent is kept.
+/// A cache in front of tessera (nginx's `proxy_cache`, which stores answers to requests with
+/// `Authorization` as CDNs do) never serves one user's answer to another: tessera marks
+/// `private` every proxied answer that does not say who may store it, and leaves `public` ones
+/// shared. The upstream's own `Cache-Control` passes as it is.
+#[test]
+fn a_cache_in_front_does_not_serve_one_users_answer_to_anyone() {
+    let origin = Nginx::start_with(
+        r#"location = /doc.pdf { add_header Cache-Control "max-age=600"; return 200 "for $http_authorization"; }
+    location = /style.css { add_header Cache-Control "public, max-age=600"; return 200 "shared"; }"#,
+    );
+    let (t, token) = behind(&origin.url(), &[]);
+    let front = Nginx::start_in_http(
+        "proxy_cache_path {dir}/cache keys_zone=front:1m;",
+        "",
+        "",
+        &format!(
+            "location / {{ proxy_pass http://127.0.0.1:{}; proxy_cache front; \
+             add_header X-Cache $upstream_cache_status always; }}",
+            t.port
+        ),
+    );
+    let doc = format!("{}/doc.pdf", front.url());
+    let (code, body) = curl(&["-i", "-H", &bearer(&token), &doc]);
+    assert_eq!(code, 200, "{body}");
+    let lower = body.to_ascii_lowercase();
+    assert!(
+        lower.contains("cache-control: max-age=600\r\n")
+            && lower.contains("cache-control: private\r\n"),
+        "{body}"
+    );
+    let (code, body) = curl(&["-i", &doc]);
+    assert_eq!(code, 401, "the cache served alice's answer: {body}");
+    assert!(!body.contains("Basic"), "{body}");
+    // A public answer stays shared.
+    let css = format!("{}/style.css", front.url());
+    assert_eq!(curl(&["-H", &bearer(&token), &css]), (200, "shared".into()));
+    let (code, body) = curl(&["-i", &css]);
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("X-Cache: HIT"), "{body}");
+    // `server.private_responses = "off"`: the upstream's fields alone.
+    let (off, token) = behind(&origin.url(), &[("server", "private_responses = \"off\"")]);
+    let (_, body) = curl(&["-i", "-H", &bearer(&token), &off.url("/doc.pdf")]);
+    assert!(!body.to_ascii_lowercase().contains("private"), "{body}");
+}
+
 #[test]
 fn request_ids_reach_the_upstream_the_client_and_the_log() {
     let nginx = Nginx::start_with(

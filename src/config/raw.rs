@@ -88,6 +88,7 @@ pub(super) struct RawServer {
     pub(super) trusted_proxies: Option<Vec<String>>,
     pub(super) proxy_protocol: Option<bool>,
     pub(super) response_headers: Option<std::collections::BTreeMap<String, String>>,
+    pub(super) private_responses: Option<String>,
     pub(super) allow_encoded_slashes: Option<bool>,
     pub(super) allow_encoded_slashes_under: Option<Vec<String>>,
     pub(super) client_body_timeout_ms: Option<u64>,

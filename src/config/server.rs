@@ -55,6 +55,7 @@ pub(super) fn validate_server(
         threads,
         trusted_proxies,
         proxy_protocol,
+        private_responses: private_responses(s.private_responses.as_deref(), &response_headers)?,
         response_headers,
         busy_poll: Duration::from_micros(busy_poll_us),
         max_header_bytes,
@@ -87,6 +88,27 @@ pub(super) fn validate_server(
             200,
             1..=1000,
         )?,
+    })
+}
+
+/// `server.private_responses`: `"unmarked"` (the default), `"always"` or `"off"`; off when
+/// `server.response_headers` sets `Cache-Control`, which replaces the upstream's.
+fn private_responses(
+    name: Option<&str>,
+    response_headers: &[(http::HeaderName, http::HeaderValue)],
+) -> Result<crate::screen::PrivateResponses, ConfigError> {
+    if response_headers
+        .iter()
+        .any(|(n, _)| n == http::header::CACHE_CONTROL)
+    {
+        return Ok(crate::screen::PrivateResponses::Off);
+    }
+    let name = name.unwrap_or("unmarked");
+    crate::screen::PrivateResponses::from_name(name).ok_or_else(|| {
+        ConfigError::new(
+            "server.private_responses",
+            format!("`{name}` is not a choice; use \"unmarked\", \"always\" or \"off\""),
+        )
     })
 }
 

@@ -64,6 +64,10 @@ pub struct ServerConfig {
     /// `add_header ... always`), replacing an upstream field of the same name: e.g.
     /// `Strict-Transport-Security` once tessera terminates TLS. Default none.
     pub response_headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// Which proxied answers get `Cache-Control: private` (`server.private_responses`), so that
+    /// a cache in front does not serve one user's answer to another. Default
+    /// [`PrivateResponses::Unmarked`](crate::screen::PrivateResponses).
+    pub private_responses: crate::screen::PrivateResponses,
     /// Forward a path holding an encoded slash (`%2F`, `%5C`, their overlong and full-width
     /// forms) or a backslash outside a dot segment, instead of refusing it with 400 (false,
     /// the default, as Tomcat and Apache's `AllowEncodedSlashes Off`). Dot segments in any

@@ -278,10 +278,32 @@ impl Proxy {
             screen::screen_response(fields, &self.strip_response);
             screen::drop_set_cookies(fields, &self.own_cookies);
         }
+        self.mark_private(resp);
         if resp.status() == http::StatusCode::UNAUTHORIZED {
             let rejected = std::mem::replace(resp, Response::new(ProxyBody::empty()));
             // Boxed, as the session store's futures are (see `Sessions::resolve`).
             *resp = Box::pin(self.upstream_rejected(ctx, session, rejected)).await;
+        }
+    }
+
+    /// `Cache-Control: private` added to an answer whose fields say nothing of shared caches
+    /// (`server.private_responses`, [`screen::PrivateResponses`]).
+    fn mark_private(&self, resp: &mut Response<ProxyBody>) {
+        let cache_control = http::header::CACHE_CONTROL;
+        let wants = match resp.body_mut().fields_mut() {
+            Some(fields) => self
+                .private_responses
+                .wants_private(fields.get_all(b"cache-control")),
+            None => self.private_responses.wants_private(
+                resp.headers()
+                    .get_all(&cache_control)
+                    .iter()
+                    .map(http::HeaderValue::as_bytes),
+            ),
+        };
+        if wants {
+            let private = http::HeaderValue::from_static("private");
+            resp.headers_mut().append(cache_control, private);
         }
     }
 }

@@ -74,6 +74,8 @@ pub struct Proxy {
     request_id: Option<HeaderName>,
     /// `server.response_headers`: set on every response.
     response_headers: Vec<(HeaderName, HeaderValue)>,
+    /// `server.private_responses`.
+    private_responses: screen::PrivateResponses,
     access_log: bool,
     /// The session-side endpoints, when `[login]` is configured.
     login: Option<Login>,
@@ -193,6 +195,7 @@ impl Proxy {
                 .collect(),
             own_cookies: cfg.login.iter().flat_map(|l| l.own_cookies()).collect(),
             response_headers: cfg.server.response_headers.clone(),
+            private_responses: cfg.server.private_responses,
             request_id: cfg.upstream.request_id_header.clone(),
             access_log: cfg.log.access_log,
             request_counts: cfg

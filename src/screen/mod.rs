@@ -13,11 +13,13 @@ use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderValue, Method, Uri, Version};
 
 use crate::fields::has_token;
+pub use cache::PrivateResponses;
 pub use forwarded::{forwarded_client, forwarded_proto, set_forwarded};
 pub use identity::Stripped;
 pub use response::{drop_set_cookies, screen_response, unlisted_in_trailers};
 
 pub mod body;
+mod cache;
 mod forwarded;
 pub(crate) mod h3;
 pub mod identity;

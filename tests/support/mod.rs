@@ -217,12 +217,19 @@ impl Nginx {
     /// Like [`Nginx::start_with`], with `listen` parameters (`ssl`) and `server` directives
     /// (certificates, session cache, client checks) added to its server block.
     pub fn start_server(listen: &str, server: &str, locations: &str) -> Self {
+        Self::start_in_http("", listen, server, locations)
+    }
+
+    /// Like [`Nginx::start_server`], with `http` directives (a `proxy_cache_path`) added to its
+    /// `http` block; `{dir}` in them is its temporary directory.
+    pub fn start_in_http(http: &str, listen: &str, server: &str, locations: &str) -> Self {
         require("nginx");
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let d = dir.path().display();
         std::fs::create_dir_all(dir.path().join("tmp")).unwrap();
         std::fs::write(dir.path().join("1k.json"), one_kib_json()).unwrap();
+        let http = http.replace("{dir}", &d.to_string());
         let conf = format!(
             r#"worker_processes 1;
 daemon off;
@@ -235,6 +242,7 @@ http {{
   uwsgi_temp_path {d}/tmp; scgi_temp_path {d}/tmp;
   keepalive_requests 100000;
   log_format uris '$uri';
+  {http}
   server {{
     listen 127.0.0.1:{port} {listen};
     access_log {d}/uris.log uris;
