@@ -1228,3 +1228,62 @@ fn a_sighup_during_shutdown_is_said_to_be_ignored() {
     );
     assert_eq!(busy.response(false).status, 200);
 }
+
+/// An upstream that answers its first request with the head of an event stream, then waits
+/// for `release` before the first event (a JMAP push stream with no event yet).
+fn silent_event_stream(release: std::sync::mpsc::Receiver<()>) -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = conn.read(&mut buf).unwrap();
+            assert!(n > 0, "request unfinished");
+            seen.extend_from_slice(&buf[..n]);
+        }
+        let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n";
+        conn.write_all(head.as_bytes()).unwrap();
+        let _ = release.recv();
+        let _ = conn.write_all(b"e\r\ndata: hello\n\n\r\n0\r\n\r\n");
+    });
+    port
+}
+
+/// The head of a response whose body has nothing yet reaches the HTTP/1.1 client at once (an
+/// `EventSource` opens; a client's header timeout does not fire), then its events.
+#[test]
+fn a_response_head_is_not_held_for_a_body_that_has_nothing_yet() {
+    let (release, released) = std::sync::mpsc::channel();
+    let port = silent_event_stream(released);
+    let (t, token) = behind(&format!("http://127.0.0.1:{port}"), &[]);
+    let mut client = TcpStream::connect(addr(t.port)).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let request = format!(
+        "GET /events HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {token}\r\nAccept: text/event-stream\r\n\r\n"
+    );
+    client.write_all(request.as_bytes()).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = client
+            .read(&mut buf)
+            .expect("the head before the first event");
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        got.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    release.send(()).unwrap();
+    while !got.windows(11).any(|w| w == b"data: hello") {
+        let n = client.read(&mut buf).unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+}

@@ -77,6 +77,32 @@ impl<S: Socket> Conn<S> {
             })
     }
 
+    /// The body's next data, as [`Conn::next_of`]; while `head` is still held for the first
+    /// data, it is sent alone when none is ready now: an event stream's head must not wait for
+    /// its first event (an `EventSource` stays connecting, clients with a header timeout
+    /// reconnect), as hyper sends it too. `Err` also when that write fails.
+    async fn next_after_head(
+        &mut self,
+        body: &mut ProxyBody,
+        watch: &mut ClientWatch,
+        head: &mut Option<Vec<u8>>,
+    ) -> Result<Option<Bytes>, ()> {
+        if let Some(h) = head.take() {
+            // Polled once: a pending poll takes nothing from the body or the client.
+            let now = futures_util::FutureExt::now_or_never(self.next_of(body, watch));
+            if let Some(ready) = now {
+                *head = Some(h);
+                return ready;
+            }
+            let sent = self.send(&[&h[..]]).await;
+            self.out = h;
+            if !sent {
+                return Err(());
+            }
+        }
+        self.next_of(body, watch).await
+    }
+
     /// Writes the response; `false` when the connection cannot carry another request (a write
     /// failed, or the body ended early, failed or ran long).
     pub(super) async fn write_response(
@@ -130,12 +156,12 @@ impl<S: Socket> Conn<S> {
         }
     }
 
-    /// A body of exactly `n` bytes, its first frame in the head's write.
+    /// A body of exactly `n` bytes, its first frame in the head's write when it is ready.
     async fn write_sized(&mut self, mut body: ProxyBody, n: u64, watch: &mut ClientWatch) -> bool {
         let mut head = Some(std::mem::take(&mut self.out));
         let mut left = n;
         let complete = loop {
-            let data = match self.next_of(&mut body, watch).await {
+            let data = match self.next_after_head(&mut body, watch, &mut head).await {
                 Ok(Some(d)) => d,
                 Ok(None) => break left == 0,
                 Err(()) => break false,
@@ -169,11 +195,11 @@ impl<S: Socket> Conn<S> {
     }
 
     /// A body of unknown length, chunked (RFC 9112 section 7.1); the head goes with the first
-    /// chunk.
+    /// chunk when it is ready.
     async fn write_chunked(&mut self, body: &mut ProxyBody, watch: &mut ClientWatch) -> bool {
         let mut head = Some(std::mem::take(&mut self.out));
         loop {
-            let data = match self.next_of(body, watch).await {
+            let data = match self.next_after_head(body, watch, &mut head).await {
                 Ok(Some(d)) if d.is_empty() => continue,
                 Ok(Some(d)) => d,
                 Ok(None) => break,
