@@ -70,6 +70,18 @@ impl PerIp {
         })
     }
 
+    /// A place for `ip` even past its limit: a WebSocket tunnel taking over its connection's
+    /// socket, whose own place is given back when the connection's task ends.
+    pub fn enter_over(self: &Arc<Self>, ip: IpAddr) -> IpPlace {
+        let key = client_key(ip);
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        *open.entry(key).or_insert(0) += 1;
+        IpPlace {
+            per_ip: self.clone(),
+            key,
+        }
+    }
+
     /// The per-address limit.
     pub fn limit(&self) -> usize {
         self.limit
@@ -107,7 +119,12 @@ mod tests {
         assert!(per_ip.enter("192.0.2.8".parse().unwrap()).is_some());
         drop(one);
         let three = per_ip.enter(a).unwrap();
+        // A tunnel's place is taken past the limit, and counts until dropped.
+        let over = per_ip.enter_over(a);
         drop((two, three));
+        let four = per_ip.enter(a).unwrap();
+        assert!(per_ip.enter(a).is_none(), "the tunnel's place counts");
+        drop((four, over));
         assert!(
             per_ip.open.lock().unwrap().is_empty(),
             "no entry left behind"

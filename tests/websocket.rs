@@ -471,6 +471,36 @@ fn a_websocket_holds_its_place_under_max_connections() {
     });
 }
 
+/// A WebSocket keeps its client address's place under `server.max_connections_per_ip` too:
+/// with two places and two WebSockets open, the address's next connection is closed; once one
+/// WebSocket ends, it is served.
+#[test]
+fn a_websocket_holds_its_place_under_max_connections_per_ip() {
+    let up = ws_upstream();
+    let (t, metrics_port) = tessera_with(&up.url(), "", "max_connections_per_ip = 2");
+    let (_, token) = t.create_session("alice", "alice-pw");
+    let rt = rt();
+    rt.block_on(async {
+        let auth = bearer(&token);
+        let mut first = open(&t, "/ws", &[("authorization", &auth)]).await.unwrap();
+        let mut second = open(&t, "/ws", &[("authorization", &auth)]).await.unwrap();
+        for ws in [&mut first, &mut second] {
+            assert_eq!(text(ws).await, "hello alice");
+        }
+        let header = format!("Authorization: {auth}");
+        let page = || support::curl(&["-H", &header, &t.url("/page")]).0;
+        assert_eq!(page(), 0, "a third connection was served");
+        let over = sample(
+            &metrics(metrics_port),
+            "tessera_client_connections_over_ip_limit_total",
+        );
+        assert!(over >= 1, "{}", metrics(metrics_port));
+        first.close(None).await.unwrap();
+        drop(first);
+        assert!(eventually(|| page() == 200), "{}", t.log());
+    });
+}
+
 #[test]
 fn websocket_upgrades_are_refused_with_the_right_status_and_never_reach_the_upstream_unasked() {
     let up = ws_upstream();

@@ -187,7 +187,7 @@ async fn serve_connection(
         },
     };
     // Held for the connection's life (a WebSocket tunnel it hands its socket to is not
-    // counted here: it holds its own place under server.max_connections).
+    // counted here: it holds places of its own under server.max_connections and this limit).
     let Ok(_ip_place) = serving.proxy.enter_per_ip(peer.addr.ip()) else {
         return;
     };

@@ -257,9 +257,13 @@ impl Proxy {
         let place = (!upgrading.extended)
             .then(|| self.client_connections.as_ref().map(|c| c.acquire_over()))
             .flatten();
+        // And its client address's place (server.max_connections_per_ip).
+        let ip_place = (!upgrading.extended)
+            .then(|| self.tunnel_ip_place(ctx.peer().addr.ip()))
+            .flatten();
         let send_timeout = ws.send_timeout;
         ws.tunnels.spawn(async move {
-            let _place = place;
+            let _place = (place, ip_place);
             let Upgrading {
                 downstream,
                 slot,
