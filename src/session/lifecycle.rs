@@ -194,10 +194,22 @@ impl Sessions {
         Ok(Created { sid, expires_at })
     }
 
-    /// Deletes the session `sid`; `true` if it existed.
+    /// Deletes the session `sid`; `true` if it existed. Done in a task of its own, finished
+    /// even when the caller is dropped (a client leaving mid-logout, before the delete was
+    /// sent, must not leave its session alive).
     ///
     /// Errors: the store failed or timed out.
     pub async fn revoke(&self, sid: &str) -> Result<bool, StoreError> {
+        let (this, sid) = (self.clone(), sid.to_owned());
+        match tokio::spawn(async move { this.revoke_here(&sid).await }).await {
+            Ok(existed) => existed,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Err(StoreError("shutting down; the session may remain".into())),
+        }
+    }
+
+    /// [`Sessions::revoke`] in the caller's task.
+    async fn revoke_here(&self, sid: &str) -> Result<bool, StoreError> {
         let existed = self.deadline(self.store.delete(&self.key(sid))).await;
         self.evict(sid).await;
         if let (Ok(_), Some(streams)) = (&existed, &self.streams) {
