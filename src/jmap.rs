@@ -2,8 +2,10 @@
 //! names `apiUrl`, `downloadUrl`, `uploadUrl` and `eventSourceUrl` as paths (`/jmap/`), which
 //! some JMAP client libraries refuse (jmap-jam: "Failed to parse URL", jmapc: "Invalid URL");
 //! with `session_urls = "absolute"` tessera makes them absolute on the scheme and authority the
-//! client used. Templates (`{accountId}`) are kept verbatim; everything else passes untouched.
-//! Must never: rewrite a body it did not read whole, or anything but those four members.
+//! client used. Templates (`{accountId}`) are kept verbatim. With `server.max_body_bytes`, the
+//! core capability's `maxSizeUpload` and `maxSizeRequest` are lowered to it, so that clients do
+//! not send what tessera would refuse (413). Everything else passes untouched.
+//! Must never: rewrite a body it did not read whole, or anything but those six members.
 
 use bytes::Bytes;
 use http::header;
@@ -41,6 +43,22 @@ impl JmapConfig {
     }
 }
 
+/// A session request's fields made to ask for the whole resource as the upstream has it, which
+/// the rewrite can read: not compressed (Cyrus compresses by default, and browsers, fetch and
+/// requests all ask for gzip; it is 2-3 KiB), and no range or condition, whose 206 or 304
+/// would answer for the upstream's bytes, not the rewritten ones the client holds.
+pub fn ask_whole(fields: &mut http::HeaderMap) {
+    for name in [
+        header::ACCEPT_ENCODING,
+        header::RANGE,
+        header::IF_RANGE,
+        header::IF_NONE_MATCH,
+        header::IF_MODIFIED_SINCE,
+    ] {
+        fields.remove(name);
+    }
+}
+
 /// Where the session resource's URLs point: the client's side of the proxy.
 #[derive(Debug, Clone, Copy)]
 pub struct Origin<'a> {
@@ -51,13 +69,21 @@ pub struct Origin<'a> {
     pub base_path: &'a str,
 }
 
+/// The core capability's limits on what a client sends (RFC 8620 section 2), in bytes.
+const SIZE_LIMITS: [&str; 2] = ["maxSizeUpload", "maxSizeRequest"];
+
 /// `session` (a JMAP session object, JSON) with each relative URL member made absolute on
-/// `origin`, less the upstream's base path (as redirects are); `None` when it is no JSON object
-/// or has no relative URL member (then it passes as it is).
-pub fn absolute_session(session: &[u8], origin: Origin<'_>) -> Option<Vec<u8>> {
+/// `origin`, less the upstream's base path (as redirects are), and the core capability's size
+/// limits lowered to `max_body_bytes` (0: no limit); `None` when it is no JSON object or has
+/// nothing to change (then it passes as it is).
+pub fn absolute_session(
+    session: &[u8],
+    origin: Origin<'_>,
+    max_body_bytes: u64,
+) -> Option<Vec<u8>> {
     let mut value: serde_json::Value = serde_json::from_slice(session).ok()?;
     let object = value.as_object_mut()?;
-    let mut changed = false;
+    let mut changed = lower_size_limits(object, max_body_bytes);
     for member in URL_MEMBERS {
         if let Some(serde_json::Value::String(url)) = object.get_mut(member) {
             if url.starts_with('/') && !url.starts_with("//") {
@@ -75,16 +101,41 @@ pub fn absolute_session(session: &[u8], origin: Origin<'_>) -> Option<Vec<u8>> {
     changed.then(|| serde_json::to_vec(&value).ok()).flatten()
 }
 
+/// `urn:ietf:params:jmap:core`'s [`SIZE_LIMITS`] above `max` (when not 0) set to `max`;
+/// whether any was.
+fn lower_size_limits(session: &mut serde_json::Map<String, serde_json::Value>, max: u64) -> bool {
+    let core = session
+        .get_mut("capabilities")
+        .and_then(|c| c.get_mut("urn:ietf:params:jmap:core"))
+        .and_then(serde_json::Value::as_object_mut);
+    let (Some(core), true) = (core, max > 0) else {
+        return false;
+    };
+    let mut lowered = false;
+    for limit in SIZE_LIMITS {
+        if let Some(n) = core
+            .get_mut(limit)
+            .filter(|n| n.as_u64().is_some_and(|n| n > max))
+        {
+            *n = max.into();
+            lowered = true;
+        }
+    }
+    lowered
+}
+
 /// The upstream's answer to a session request ([`JmapConfig::is_session_request`]) with its URLs
 /// made absolute on `origin`: a 200 of JSON, not content-encoded, read whole within
 /// [`MAX_SESSION_BYTES`]. Any other answer passes as it is, one whose `Content-Length` says it is
 /// larger too; one whose body turns out larger, or fails while read, becomes a 502 (its start
-/// was read, so it cannot pass whole). The answer to a HEAD (`head`) loses the `Content-Length`
-/// and `ETag` of the body as sent, which its GET's rewritten body would not match.
+/// was read, so it cannot pass whole). The answer to a HEAD (`head`) loses the `Content-Length`,
+/// `ETag` and `Last-Modified` of the body as sent, which its GET's rewritten body would not
+/// match.
 pub async fn rewrite_session(
     mut resp: http::Response<ProxyBody>,
     origin: Origin<'_>,
     head: bool,
+    max_body_bytes: u64,
 ) -> http::Response<ProxyBody> {
     crate::upstream::materialize(&mut resp);
     let h = resp.headers();
@@ -105,8 +156,9 @@ pub async fn rewrite_session(
         return resp;
     }
     if head {
-        resp.headers_mut().remove(header::CONTENT_LENGTH);
-        resp.headers_mut().remove(header::ETAG);
+        for name in [header::CONTENT_LENGTH, header::ETAG, header::LAST_MODIFIED] {
+            resp.headers_mut().remove(name);
+        }
         return resp;
     }
     let (mut parts, body) = resp.into_parts();
@@ -124,10 +176,12 @@ pub async fn rewrite_session(
         .into_response();
     };
     let bytes = collected.to_bytes();
-    let body = match absolute_session(&bytes, origin) {
+    let body = match absolute_session(&bytes, origin, max_body_bytes) {
         Some(rewritten) => {
-            parts.headers.remove(header::CONTENT_LENGTH);
-            parts.headers.remove(header::ETAG);
+            // Validators of the upstream's bytes, which a cache would apply to these.
+            for name in [header::CONTENT_LENGTH, header::ETAG, header::LAST_MODIFIED] {
+                parts.headers.remove(name);
+            }
             Bytes::from(rewritten)
         }
         None => bytes,
@@ -150,7 +204,7 @@ mod tests {
     #[test]
     fn relative_urls_become_absolute_and_templates_stay() {
         let cyrus = br#"{"apiUrl":"/jmap/","downloadUrl":"/jmap/download/{accountId}/{blobId}/{name}?accept={type}","uploadUrl":"/jmap/upload/{accountId}/","eventSourceUrl":"/jmap/eventsource/?types={types}&closeafter={closeafter}&ping={ping}","username":"alice","state":"0"}"#;
-        let out = absolute_session(cyrus, at("https://mail.example:8443")).unwrap();
+        let out = absolute_session(cyrus, at("https://mail.example:8443"), 0).unwrap();
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["apiUrl"], "https://mail.example:8443/jmap/");
         assert_eq!(
@@ -174,20 +228,37 @@ mod tests {
     #[test]
     fn absolute_urls_other_members_and_non_json_pass_as_they_are() {
         let absolute = br#"{"apiUrl":"https://up.example/jmap/","accounts":{"a":{"name":"/x"}}}"#;
-        assert_eq!(absolute_session(absolute, at("http://t")), None);
+        assert_eq!(absolute_session(absolute, at("http://t"), 0), None);
         assert_eq!(
-            absolute_session(br#"{"apiUrl":"//evil.example/"}"#, at("http://t")),
+            absolute_session(br#"{"apiUrl":"//evil.example/"}"#, at("http://t"), 0),
             None
         );
-        assert_eq!(absolute_session(b"not json", at("http://t")), None);
-        assert_eq!(absolute_session(b"[\"/jmap/\"]", at("http://t")), None);
+        assert_eq!(absolute_session(b"not json", at("http://t"), 0), None);
+        assert_eq!(absolute_session(b"[\"/jmap/\"]", at("http://t"), 0), None);
         let mixed = br#"{"apiUrl":"/jmap/","name":"/keep"}"#;
         let v: serde_json::Value =
-            serde_json::from_slice(&absolute_session(mixed, at("http://t")).unwrap()).unwrap();
+            serde_json::from_slice(&absolute_session(mixed, at("http://t"), 0).unwrap()).unwrap();
         assert_eq!(
             (v["apiUrl"].as_str(), v["name"].as_str()),
             (Some("http://t/jmap/"), Some("/keep"))
         );
+    }
+
+    /// Under `server.max_body_bytes`, the limits on what a client sends are lowered to it; a
+    /// lower one, and every other limit, stays.
+    #[test]
+    fn size_limits_above_the_body_limit_are_lowered_to_it() {
+        let session = br#"{"apiUrl":"https://up/jmap/","capabilities":{"urn:ietf:params:jmap:core":{"maxSizeUpload":1073741824,"maxSizeRequest":1000,"maxCallsInRequest":50},"urn:ietf:params:jmap:mail":{"maxSizeAttachmentsPerEmail":10485760}}}"#;
+        assert_eq!(absolute_session(session, at("http://t"), 0), None);
+        assert_eq!(absolute_session(session, at("http://t"), 1 << 40), None);
+        let v: serde_json::Value =
+            serde_json::from_slice(&absolute_session(session, at("http://t"), 4096).unwrap())
+                .unwrap();
+        let core = &v["capabilities"]["urn:ietf:params:jmap:core"];
+        assert_eq!(core["maxSizeUpload"], 4096);
+        assert_eq!(core["maxSizeRequest"], 1000);
+        assert_eq!(core["maxCallsInRequest"], 50);
+        assert_eq!(v["apiUrl"], "https://up/jmap/");
     }
 
     /// The upstream's own paths start with `upstream.url`'s path, which the client's do not:
@@ -201,7 +272,7 @@ mod tests {
         let session =
             br#"{"apiUrl":"/mail/jmap/","uploadUrl":"/mailbox/up/","downloadUrl":"/mail"}"#;
         let v: serde_json::Value =
-            serde_json::from_slice(&absolute_session(session, origin).unwrap()).unwrap();
+            serde_json::from_slice(&absolute_session(session, origin, 0).unwrap()).unwrap();
         assert_eq!(v["apiUrl"], "https://t/jmap/");
         assert_eq!(v["uploadUrl"], "https://t/mailbox/up/", "another path");
         assert_eq!(v["downloadUrl"], "https://t/", "the base path itself");
@@ -216,7 +287,7 @@ mod tests {
             .header(header::CONTENT_TYPE, "application/json")
             .body(ProxyBody::full(big.clone()))
             .unwrap();
-        let resp = rewrite_session(resp, at("https://t"), false).await;
+        let resp = rewrite_session(resp, at("https://t"), false, 0).await;
         assert_eq!(resp.status(), 200);
         let body = resp.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(body, big.as_bytes());

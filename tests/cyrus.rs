@@ -84,6 +84,36 @@ fn an_attachment_named_with_a_slash_downloads_under_its_prefix() {
     );
 }
 
+/// Under `server.max_body_bytes`, the session resource tells clients the lower limit: Cyrus's
+/// `maxSizeUpload` (1 GiB) and `maxSizeRequest` (10 MiB) become 1 MiB, and an upload past it is
+/// refused by tessera (413), never half-sent to Cyrus.
+#[test]
+fn the_session_resource_tells_clients_the_body_limit() {
+    let cyrus = Cyrus::start();
+    let t = in_front_of_with(cyrus.http_port, &[("server", "max_body_bytes = 1048576")]);
+    let alice = token_of(login_at(&t, "alice", "alice-secret-1"));
+    let (code, body) = curl(&["-H", &bearer(&alice), &t.url("/jmap/")]);
+    assert_eq!(code, 200, "{body}");
+    let session: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let core = &session["capabilities"]["urn:ietf:params:jmap:core"];
+    assert_eq!(core["maxSizeUpload"], 1048576, "{body}");
+    assert_eq!(core["maxSizeRequest"], 1048576, "{body}");
+    assert_eq!(core["maxCallsInRequest"], 50, "{body}");
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big");
+    std::fs::write(&big, vec![b'x'; 1048577]).unwrap();
+    let (code, _) = curl(&[
+        "-H",
+        &bearer(&alice),
+        "-H",
+        "Content-Type: application/octet-stream",
+        "--data-binary",
+        &format!("@{}", big.display()),
+        &t.url("/jmap/upload/alice/"),
+    ]);
+    assert_eq!(code, 413);
+}
+
 const USING: &str = r#"["urn:ietf:params:jmap:core","urn:ietf:params:jmap:mail"]"#;
 
 fn query_subjects(t: &Tessera, token: &str, account: &str) -> (u16, serde_json::Value) {

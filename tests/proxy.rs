@@ -262,6 +262,57 @@ fn a_cache_in_front_does_not_serve_one_users_answer_to_anyone() {
     assert!(!body.to_ascii_lowercase().contains("private"), "{body}");
 }
 
+/// The JMAP mode asks the upstream for the whole session resource: a client's range or
+/// condition (nginx answers them for a static file: 206, 304) would answer for the upstream's
+/// bytes, not the rewritten ones; the rewritten answer carries none of the upstream's
+/// validators.
+#[test]
+fn a_jmap_session_request_gets_the_whole_rewritten_resource() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("session.json");
+    std::fs::write(&file, r#"{"apiUrl":"/jmap/api/","state":"1"}"#).unwrap();
+    let origin = Nginx::start_with(&format!(
+        "location = /.well-known/jmap {{ default_type application/json; alias {}; }}",
+        file.display()
+    ));
+    let (t, token) = behind(
+        &origin.url(),
+        &[("tables", "[jmap]\nsession_urls = \"absolute\"\n")],
+    );
+    let direct = format!("{}/.well-known/jmap", origin.url());
+    let (_, head) = curl(&["-sI", &direct]);
+    let etag = head
+        .lines()
+        .find_map(|l| l.strip_prefix("ETag: "))
+        .expect("nginx sends an ETag")
+        .trim()
+        .to_string();
+    let whole = format!(
+        r#"{{"apiUrl":"http://127.0.0.1:{}/jmap/api/","state":"1"}}"#,
+        t.port
+    );
+    for condition in [
+        "Range: bytes=0-5".to_string(),
+        format!("If-None-Match: {etag}"),
+    ] {
+        let (code, body) = curl(&[
+            "-i",
+            "-H",
+            &bearer(&token),
+            "-H",
+            &condition,
+            &t.url("/.well-known/jmap"),
+        ]);
+        assert_eq!(code, 200, "{condition}: {body}");
+        assert!(body.ends_with(&whole), "{condition}: {body}");
+        let lower = body.to_ascii_lowercase();
+        assert!(
+            !lower.contains("etag:") && !lower.contains("last-modified:"),
+            "{body}"
+        );
+    }
+}
+
 #[test]
 fn request_ids_reach_the_upstream_the_client_and_the_log() {
     let nginx = Nginx::start_with(

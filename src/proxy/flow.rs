@@ -135,9 +135,7 @@ impl Proxy {
             .jmap_origin(&parts, &screened, ctx)
             .map(|origin| (origin, parts.method == http::Method::HEAD));
         if jmap_origin.is_some() {
-            // A compressed session resource could not be read to be rewritten (Cyrus compresses
-            // by default, and browsers, fetch and requests all ask for gzip); it is 2-3 KiB.
-            parts.headers.remove(http::header::ACCEPT_ENCODING);
+            crate::jmap::ask_whole(&mut parts.headers);
         }
         self.inject(&mut parts, &screened, &session, ctx)?;
         if let Some(upgrading) = &upgrading {
@@ -162,7 +160,8 @@ impl Proxy {
                     client: &origin,
                     base_path: &self.base_path,
                 };
-                Box::pin(crate::jmap::rewrite_session(resp, origin, head)).await
+                let max_body = self.limits.max_body_bytes;
+                Box::pin(crate::jmap::rewrite_session(resp, origin, head, max_body)).await
             }
             None => resp,
         })
