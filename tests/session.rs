@@ -431,7 +431,8 @@ fn an_address_over_its_cap_is_refused_without_a_store_write_per_attempt() {
 }
 
 /// A logout carrying a bearer token and the login cookie (a fetch with credentials sends both)
-/// ends the sessions of both: the cookie it deletes names a session that must not outlive it.
+/// ends the sessions of both: the cookie it deletes names a session that must not outlive it;
+/// the browser is told to drop its cache of the user's answers.
 #[test]
 fn a_logout_ends_the_session_of_every_token_it_carries() {
     let up = users();
@@ -442,6 +443,7 @@ fn a_logout_ends_the_session_of_every_token_it_carries() {
     let mail = |token: &str| curl(&["-H", &bearer(token), &t.url("/mail")]).0;
     assert_eq!((mail(&alice), mail(&bob)), (200, 200));
     let out = curl(&[
+        "-i",
         "-X",
         "POST",
         "-H",
@@ -451,6 +453,9 @@ fn a_logout_ends_the_session_of_every_token_it_carries() {
         &t.url("/auth/logout"),
     ]);
     assert_eq!(out.0, 204);
+    // The browser drops what it cached of the user's answers.
+    let head = out.1.to_ascii_lowercase();
+    assert!(head.contains("clear-site-data: \"cache\"\r\n"), "{}", out.1);
     assert_eq!((mail(&alice), mail(&bob)), (401, 401));
     assert!(session_keys(&redis).is_empty());
 }

@@ -88,7 +88,7 @@ impl Login {
             reason = "logout";
         }
         let clear = self.clear_cookie(&self.cfg.cookie_name);
-        let resp = match rd {
+        let mut resp = match rd {
             Some(rd) => redirect(rd, Some(clear)),
             None => {
                 let mut r = Response::new(ProxyBody::empty());
@@ -99,6 +99,13 @@ impl Login {
                 r
             }
         };
+        // What the browser kept of this user's answers (Cyrus's attachments are `immutable` for
+        // a week) must not be shown to the next user of a shared computer (W3C Clear Site
+        // Data; "cookies" would take the device cookie too). Secure contexts only.
+        resp.headers_mut().insert(
+            header::HeaderName::from_static("clear-site-data"),
+            HeaderValue::from_static("\"cache\""),
+        );
         (resp, Some(reason.into()))
     }
 
