@@ -177,6 +177,40 @@ fn renewed_upstream_tls_files_are_used_after_sighup() {
     assert!(body.contains("client=SUCCESS"), "{body}");
 }
 
+/// Renewed files naming another server name are for the upstream a restart connects to: the
+/// running trust is kept, and the reload's own line says so.
+#[test]
+fn a_reload_naming_another_upstream_server_keeps_the_running_trust_and_says_so() {
+    let pki = Pki::new();
+    let nginx = nginx_tls(&pki, "off");
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::copy(pki.ca(), &ca).unwrap();
+    let (t, token) = behind(nginx.port, &ca_line(&ca), free_port());
+    let get = || curl(&["-H", &bearer(&token), &t.url("/tls")]).0;
+    assert_eq!(get(), 200, "{}", t.log());
+    std::fs::copy(Pki::new().ca(), &ca).unwrap();
+    let text = std::fs::read_to_string(t.config_path()).unwrap();
+    let renamed = text.replacen(
+        "[upstream]\n",
+        "[upstream]\nserver_name = \"other.example\"\n",
+        1,
+    );
+    assert_ne!(text, renamed);
+    std::fs::write(t.config_path(), renamed).unwrap();
+    t.signal("-HUP");
+    let log = t.log_when(|log| log.contains("configuration reloaded"));
+    let line = log
+        .lines()
+        .find(|l| l.contains("configuration reloaded"))
+        .unwrap();
+    assert!(
+        line.contains("upstream CA and client certificate kept"),
+        "{line}"
+    );
+    assert_eq!(get(), 200, "the running CA still checks: {}", t.log());
+}
+
 #[test]
 fn an_upstream_certificate_from_another_ca_is_refused_with_502() {
     let pki = Pki::new();

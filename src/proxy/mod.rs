@@ -354,8 +354,12 @@ impl Proxy {
     pub fn install_keys(&self, ready: ReadyKeys, cfg: &Config) -> String {
         self.verifier.install_keys(ready.keys);
         self.sessions.replace_sealing_keys(&cfg.credentials);
-        self.upstream.reload_tls(cfg.upstream.tls.as_deref());
-        ready.summary
+        match self.upstream.reload_tls(cfg.upstream.tls.as_deref()) {
+            true => {
+                ready.summary + "; upstream CA and client certificate kept (another server name)"
+            }
+            false => ready.summary,
+        }
     }
 
     /// The session layer (its counters, for metrics).

@@ -179,16 +179,18 @@ impl Upstream {
     /// Puts the trusted roots and client certificate of `new` (a reloaded configuration's
     /// client) in place for new connections ([`TlsClient::take_trust_of`]); nothing for an
     /// `http://` upstream, or when `new` is none (a changed `upstream.url` needs a restart) or
-    /// checks another server name (warned).
-    pub fn reload_tls(&self, new: Option<&TlsClient>) {
+    /// checks another server name (warned). Returns whether they were kept for that reason.
+    pub fn reload_tls(&self, new: Option<&TlsClient>) -> bool {
         if let (Some(running), Some(new)) = (self.pool.tls(), new) {
             if !running.take_trust_of(new) {
                 tracing::warn!(
                     "SIGHUP: the upstream's CA and client certificate are kept: the file names \
                      another upstream server name, which a restart applies with them"
                 );
+                return true;
             }
         }
+        false
     }
 
     /// Upstream connections open now, `(busy, idle)` (see [`Pool::connections`]).
