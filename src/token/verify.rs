@@ -245,7 +245,11 @@ impl Verifier {
     /// Errors, as a sentence naming the key: the pinned algorithms would change (they bind the
     /// JWKS keys too: a restart applies them), or a key does not load ([`ConfiguredKeys::load`]).
     pub fn load_keys(&self, cfg: &TokenConfig) -> Result<ConfiguredKeys, KeyReloadError> {
-        if cfg.algorithms != self.algorithms {
+        // Compared as sets: keys listed in another order (a new key moved to the front) pin
+        // the same algorithms.
+        let within = |a: &[Algorithm], b: &[Algorithm]| a.iter().all(|x| b.contains(x));
+        if !within(&cfg.algorithms, &self.algorithms) || !within(&self.algorithms, &cfg.algorithms)
+        {
             let names = |a: &[Algorithm]| a.iter().map(|a| a.name()).collect::<Vec<_>>().join(", ");
             return Err(KeyReloadError::Algorithms {
                 from: names(&self.algorithms),
@@ -488,6 +492,12 @@ mod tests {
             "{err}"
         );
         assert!(v.verify(&new, NOW).is_ok());
+        // The same algorithms in another order (keys listed in another order) are the same pin.
+        let mut two = c.clone();
+        two.algorithms = vec![Algorithm::HS512, Algorithm::HS256];
+        let pinned = Verifier::new(&two);
+        two.algorithms.reverse();
+        assert!(pinned.load_keys(&two).is_ok());
     }
 
     #[test]
