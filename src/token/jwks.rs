@@ -302,6 +302,7 @@ pub(super) fn parse_jwks(
     }
     let doc: Doc =
         serde_json::from_slice(doc).map_err(|e| KeyError(format!("not a JWKS document: {e}")))?;
+    let ambiguous = ambiguous_kids(&doc.keys);
     // Each key on its own: one key this crate cannot represent must not void the others.
     let set = JwkSet {
         keys: doc
@@ -315,6 +316,9 @@ pub(super) fn parse_jwks(
         let Some(kid) = jwk.common.key_id.clone() else {
             continue;
         };
+        if ambiguous.contains(&kid) {
+            continue;
+        }
         if matches!(&jwk.common.public_key_use, Some(u) if *u != PublicKeyUse::Signature) {
             continue;
         }
@@ -380,6 +384,33 @@ pub(super) fn parse_jwks(
     Ok(out)
 }
 
+/// The `kid`s that name two different keys in `keys` (a JWKS's members): which of them signed
+/// a token cannot be told, so neither is used (warned); a key listed twice alike is one key.
+fn ambiguous_kids(keys: &[serde_json::Value]) -> std::collections::HashSet<String> {
+    let mut first: HashMap<&str, &serde_json::Value> = HashMap::new();
+    let mut ambiguous = std::collections::HashSet::new();
+    for key in keys {
+        let Some(kid) = key.get("kid").and_then(serde_json::Value::as_str) else {
+            continue;
+        };
+        if key.get("use").is_some_and(|u| u != "sig") {
+            continue; // not a signing key: never used here
+        }
+        match first.get(kid) {
+            Some(seen) if *seen != key => {
+                if ambiguous.insert(kid.to_owned()) {
+                    tracing::warn!(kid, "JWKS keys skipped: one kid names two different keys");
+                }
+            }
+            Some(_) => {}
+            None => {
+                first.insert(kid, key);
+            }
+        }
+    }
+    ambiguous
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -401,9 +432,28 @@ mod tests {
         assert!(parse_jwks(b"[]", &[Algorithm::EdDSA]).is_err());
     }
 
-    /// A refresh that finds the document already loaded changes nothing, so the verified-token
-    /// cache (emptied when keys change) survives refreshes asked by made-up kids.
-    /// A JWKS read from the file at `path`, EdDSA keys, a 30 s rate limit.
+    /// A kid naming two different signing keys names neither (which signed cannot be told); a
+    /// key listed twice alike, or beside an encryption key of the same kid, is kept.
+    #[test]
+    fn jwks_skips_a_kid_that_names_two_keys() {
+        let x = "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo";
+        let y = "3p7bfXt9wbTTW2HC7OQ1Nz-DQ8hbeGdNrfx-FG-IK08";
+        let doc = format!(
+            r#"{{"keys":[
+            {{"kty":"OKP","crv":"Ed25519","kid":"two","x":"{x}"}},
+            {{"kty":"OKP","crv":"Ed25519","kid":"two","x":"{y}"}},
+            {{"kty":"OKP","crv":"Ed25519","kid":"same","x":"{x}"}},
+            {{"kty":"OKP","crv":"Ed25519","kid":"same","x":"{x}"}},
+            {{"kty":"OKP","crv":"Ed25519","kid":"enc","x":"{x}"}},
+            {{"kty":"OKP","crv":"X25519","kid":"enc","use":"enc","x":"{y}"}}
+        ]}}"#
+        );
+        let keys = parse_jwks(doc.as_bytes(), &[Algorithm::EdDSA]).unwrap();
+        let mut kids: Vec<_> = keys.keys().map(String::as_str).collect();
+        kids.sort_unstable();
+        assert_eq!(kids, vec!["enc", "same"]);
+    }
+
     /// A JWKS read from a file holding no key (the directory kept alive by the caller).
     fn empty_file_jwks() -> (tempfile::TempDir, Arc<Jwks>) {
         let dir = tempfile::tempdir().unwrap();
