@@ -8,13 +8,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use jsonwebtoken::DecodingKey;
 use sha2::Digest;
 use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_rustls::rustls::{ClientConfig, RootCertStore};
 
 use super::Algorithm;
 
+use super::jwk_set::parse_jwks;
 use super::keys::{KeyError, VerifyKey};
 
 /// Where the JWKS document comes from.
@@ -286,173 +286,9 @@ where
     Ok(body.to_bytes().to_vec())
 }
 
-/// Parses a JWKS document into verification keys by `kid`. Keys without `kid`, with `use` other
-/// than `sig`, or with an algorithm outside `allowed` are skipped. When a JWK has no `alg`, it is
-/// inferred from its type (RSA -> RS256, P-256 -> ES256, P-384 -> ES384, Ed25519 -> EdDSA).
-///
-/// Errors: not a JWKS JSON document.
-pub(super) fn parse_jwks(
-    doc: &[u8],
-    allowed: &[Algorithm],
-) -> Result<HashMap<String, VerifyKey>, KeyError> {
-    use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, PublicKeyUse};
-    #[derive(serde::Deserialize)]
-    struct Doc {
-        keys: Vec<serde_json::Value>,
-    }
-    let doc: Doc =
-        serde_json::from_slice(doc).map_err(|e| KeyError(format!("not a JWKS document: {e}")))?;
-    let ambiguous = ambiguous_kids(&doc.keys);
-    // Each key on its own: one key this crate cannot represent must not void the others.
-    let set = JwkSet {
-        keys: doc
-            .keys
-            .into_iter()
-            .filter_map(|v| serde_json::from_value(v).ok())
-            .collect(),
-    };
-    let mut out = HashMap::new();
-    for jwk in &set.keys {
-        let Some(kid) = jwk.common.key_id.clone() else {
-            continue;
-        };
-        if ambiguous.contains(&kid) {
-            continue;
-        }
-        if matches!(&jwk.common.public_key_use, Some(u) if *u != PublicKeyUse::Signature) {
-            continue;
-        }
-        let alg = match jwk.common.key_algorithm {
-            Some(a) => Algorithm::parse(&format!("{a:?}")),
-            None => match &jwk.algorithm {
-                AlgorithmParameters::RSA(_) => Some(Algorithm::RS256),
-                AlgorithmParameters::EllipticCurve(p) => match p.curve {
-                    EllipticCurve::P256 => Some(Algorithm::ES256),
-                    EllipticCurve::P384 => Some(Algorithm::ES384),
-                    _ => None,
-                },
-                AlgorithmParameters::OctetKeyPair(p) if p.curve == EllipticCurve::Ed25519 => {
-                    Some(Algorithm::EdDSA)
-                }
-                _ => None,
-            },
-        };
-        // Symmetric keys in a published JWKS would be secrets in the open: never accept them.
-        let Some(alg) = alg.filter(|a| allowed.contains(a) && !a.is_hmac()) else {
-            continue;
-        };
-        // The key's type and size must fit its algorithm (a short Ed25519 `x` would otherwise
-        // reach the verifier).
-        let fits = match (&jwk.algorithm, alg) {
-            (AlgorithmParameters::RSA(_), a) => {
-                a.name().starts_with("RS") || a.name().starts_with("PS")
-            }
-            (AlgorithmParameters::EllipticCurve(p), Algorithm::ES256) => {
-                p.curve == EllipticCurve::P256
-            }
-            (AlgorithmParameters::EllipticCurve(p), Algorithm::ES384) => {
-                p.curve == EllipticCurve::P384
-            }
-            (AlgorithmParameters::OctetKeyPair(p), Algorithm::EdDSA) => {
-                p.curve == EllipticCurve::Ed25519
-                    && base64::Engine::decode(
-                        &base64::engine::general_purpose::URL_SAFE_NO_PAD,
-                        &p.x,
-                    )
-                    .is_ok_and(|x| x.len() == 32)
-            }
-            _ => false,
-        };
-        if !fits {
-            tracing::warn!(kid = ?kid, "JWKS key skipped: type or size does not fit its algorithm");
-            continue;
-        }
-        match DecodingKey::from_jwk(jwk) {
-            Ok(key) => {
-                out.insert(
-                    kid,
-                    VerifyKey {
-                        algs: vec![alg],
-                        key,
-                        hmac: None,
-                    },
-                );
-            }
-            Err(e) => tracing::warn!(kid = ?kid, error = %e, "JWKS key skipped"),
-        }
-    }
-    Ok(out)
-}
-
-/// The `kid`s that name two different keys in `keys` (a JWKS's members): which of them signed
-/// a token cannot be told, so neither is used (warned); a key listed twice alike is one key.
-fn ambiguous_kids(keys: &[serde_json::Value]) -> std::collections::HashSet<String> {
-    let mut first: HashMap<&str, &serde_json::Value> = HashMap::new();
-    let mut ambiguous = std::collections::HashSet::new();
-    for key in keys {
-        let Some(kid) = key.get("kid").and_then(serde_json::Value::as_str) else {
-            continue;
-        };
-        if key.get("use").is_some_and(|u| u != "sig") {
-            continue; // not a signing key: never used here
-        }
-        match first.get(kid) {
-            Some(seen) if *seen != key => {
-                if ambiguous.insert(kid.to_owned()) {
-                    tracing::warn!(kid, "JWKS keys skipped: one kid names two different keys");
-                }
-            }
-            Some(_) => {}
-            None => {
-                first.insert(kid, key);
-            }
-        }
-    }
-    ambiguous
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn jwks_skips_symmetric_unlisted_and_kidless_keys() {
-        let doc = br#"{"keys":[
-            {"kty":"oct","kid":"h","k":"c2VjcmV0","alg":"HS256"},
-            {"kty":"OKP","crv":"Ed25519","kid":"ed","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"},
-            {"kty":"OKP","crv":"Ed25519","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"},
-            {"kty":"OKP","crv":"Ed25519","kid":"enc","use":"enc","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"},
-            {"kty":"OKP","crv":"Ed25519","kid":"short","x":"11qYAYKxCrfVS_7TyWQ"},
-            {"kty":"OKP","crv":"X25519","kid":"x","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"},
-            {"kty":"weird","kid":"w"}
-        ]}"#;
-        let keys = parse_jwks(doc, &[Algorithm::EdDSA, Algorithm::HS256]).unwrap();
-        assert_eq!(keys.keys().collect::<Vec<_>>(), vec!["ed"]);
-        assert!(parse_jwks(doc, &[Algorithm::RS256]).unwrap().is_empty());
-        assert!(parse_jwks(b"[]", &[Algorithm::EdDSA]).is_err());
-    }
-
-    /// A kid naming two different signing keys names neither (which signed cannot be told); a
-    /// key listed twice alike, or beside an encryption key of the same kid, is kept.
-    #[test]
-    fn jwks_skips_a_kid_that_names_two_keys() {
-        let x = "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo";
-        let y = "3p7bfXt9wbTTW2HC7OQ1Nz-DQ8hbeGdNrfx-FG-IK08";
-        let doc = format!(
-            r#"{{"keys":[
-            {{"kty":"OKP","crv":"Ed25519","kid":"two","x":"{x}"}},
-            {{"kty":"OKP","crv":"Ed25519","kid":"two","x":"{y}"}},
-            {{"kty":"OKP","crv":"Ed25519","kid":"same","x":"{x}"}},
-            {{"kty":"OKP","crv":"Ed25519","kid":"same","x":"{x}"}},
-            {{"kty":"OKP","crv":"Ed25519","kid":"enc","x":"{x}"}},
-            {{"kty":"OKP","crv":"X25519","kid":"enc","use":"enc","x":"{y}"}}
-        ]}}"#
-        );
-        let keys = parse_jwks(doc.as_bytes(), &[Algorithm::EdDSA]).unwrap();
-        let mut kids: Vec<_> = keys.keys().map(String::as_str).collect();
-        kids.sort_unstable();
-        assert_eq!(kids, vec!["enc", "same"]);
-    }
 
     /// A JWKS read from a file holding no key (the directory kept alive by the caller).
     fn empty_file_jwks() -> (tempfile::TempDir, Arc<Jwks>) {

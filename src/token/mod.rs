@@ -6,6 +6,7 @@
 mod cache;
 pub mod extract;
 mod hmac;
+mod jwk_set;
 mod jwks;
 mod jws;
 pub mod keys;
