@@ -131,6 +131,67 @@ fn a_login_is_answered_once_a_replica_has_the_session() {
     );
 }
 
+/// With no replica up, logins go on in parallel (one waits a quarter of the store timeout for
+/// a replica, then the others stand on the master without waiting, as it does), while a logout,
+/// which must be confirmed, is refused (503) without holding them up: its `WAIT` runs on a
+/// connection of its own.
+#[test]
+fn with_no_replica_logins_go_on_in_parallel_and_a_logout_is_refused() {
+    use rustix::process::Signal;
+    let up = users();
+    let users: Vec<String> = (0..6).map(|i| format!("user{i}")).collect();
+    for u in &users {
+        up.stats.set_password(u, "pw");
+    }
+    let s = Sentinels::start();
+    let t = on_store_with(
+        &up,
+        &s.url(),
+        &[("server", "trusted_proxies = [\"127.0.0.1\"]")],
+    );
+    let alice = login(&t, "alice", "alice-pw");
+    let master = s.master_port();
+    let replicas: Vec<u16> = s.data.iter().copied().filter(|&p| p != master).collect();
+    for &p in &replicas {
+        s.signal(p, Signal::STOP);
+    }
+    let login_from = |n: usize, user: &str| {
+        let body = serde_json::json!({"username": user, "password": "pw"}).to_string();
+        support::curl(&[
+            "-H",
+            "Content-Type: application/json",
+            "-H",
+            &format!("X-Forwarded-For: 192.0.2.{n}"),
+            "--data-binary",
+            &body,
+            &t.url("/auth/login"),
+        ])
+    };
+    let (out, logins) = std::thread::scope(|scope| {
+        let out = scope.spawn(|| logout(&t, &alice));
+        let logins: Vec<_> = users
+            .iter()
+            .enumerate()
+            .map(|(n, u)| scope.spawn(move || login_from(n + 1, u)))
+            .collect();
+        let logins: Vec<_> = logins.into_iter().map(|l| l.join().unwrap()).collect();
+        (out.join().unwrap(), logins)
+    });
+    for &p in &replicas {
+        s.signal(p, Signal::CONT);
+    }
+    for (code, body) in &logins {
+        assert_eq!(*code, 200, "{body}\n{}", t.log());
+    }
+    assert_eq!(out, 503, "an unconfirmed logout must be refused");
+    assert!(
+        t.log().contains("no replica confirmed the revocation"),
+        "{}",
+        t.log()
+    );
+    assert_eq!(logout(&t, &alice), 204, "confirmed once a replica is back");
+}
+
 /// `SENTINEL FAILOVER` while two instances serve: both follow the new master (a logout after
 /// it is written there and refused on the other instance), a live session goes on. The other
 /// instance moves on the leading Sentinel's `+promoted-slave`, published when that Sentinel

@@ -24,7 +24,9 @@ impl RedisStore {
         }
         let mut del = redis::cmd("DEL");
         del.arg(key);
-        let wait_ms = self.timeout.as_millis().max(1) as u64;
+        // Half the store timeout, so that an unconfirmed revocation is told as such before the
+        // request's deadline cuts it.
+        let wait_ms = (self.timeout.as_millis() / 2).max(1) as u64;
         let c = self.conn_in(&self.revocations).await?;
         let (n, replicas): (u64, u64) = self
             .confirmed(c, key, &del, wait_ms)
@@ -43,38 +45,47 @@ impl RedisStore {
     /// login cannot take the session with it, leaving its user a 401. The wait is bounded by a
     /// quarter of the store timeout, so that an unconfirmed write (no replica up) stands on the
     /// primary alone, with a warning, well before the request's deadline: refusing logins
-    /// while a replica is down would cost more than the rare lost session. A connection found
-    /// dead is made again and the write sent once more (it is idempotent).
+    /// while a replica is down would cost more than the rare lost session. One confirmation
+    /// is waited for at a time, and none for a second after one found no replica
+    /// ([`Confirming`]): `WAIT`s queued on one connection would add up past the deadline, so
+    /// those writes stand on the primary alone too. A connection found dead is made again and
+    /// the write sent once more (it is idempotent).
     pub(in crate::session::store) async fn put(
         &self,
         key: &str,
         value: &[u8],
         ttl_seconds: u64,
     ) -> Result<(), StoreError> {
-        if matches!(self.target, Target::Direct(_)) {
-            return self
-                .idempotent(|mut c| async move { c.set_ex(key, value, ttl_seconds).await })
-                .await;
-        }
+        let turn = match self.target {
+            Target::Direct(_) => None,
+            _ => self.confirming.turn(),
+        };
+        let Some(_turn) = turn else {
+            self.idempotent(
+                |mut c| async move { c.set_ex::<_, _, ()>(key, value, ttl_seconds).await },
+            )
+            .await?;
+            if self.confirming.without_replica() {
+                warn_unconfirmed(0);
+            }
+            return Ok(());
+        };
         let mut set = redis::cmd("SET");
         set.arg(key).arg(value).arg("EX").arg(ttl_seconds);
         let wait_ms = (self.timeout.as_millis() / 4).max(1) as u64;
-        let c = self.conn_in(&self.revocations).await?;
+        let c = self.conn_in(&self.confirmations).await?;
         let ((), replicas): ((), u64) = match self.confirmed(c, key, &set, wait_ms).await {
             Err(e) if is_stale(&e) => {
                 drop(self.failed(e));
-                let c = self.conn_in(&self.revocations).await?;
+                let c = self.conn_in(&self.confirmations).await?;
                 self.confirmed(c, key, &set, wait_ms).await
             }
             other => other,
         }
         .map_err(|e| self.failed(e))?;
-        static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        if replicas == 0 && crate::once_a_second(&LAST) {
-            tracing::warn!(
-                wait_ms,
-                "no replica confirmed a new session; a failover now would lose it"
-            );
+        if replicas == 0 {
+            self.confirming.found_no_replica();
+            warn_unconfirmed(wait_ms);
         }
         Ok(())
     }
@@ -186,4 +197,60 @@ fn glob_escape(s: &str) -> String {
         out.push(c);
     }
     out
+}
+
+/// Warns, at most once a second, that a new session stands on the primary alone; `wait_ms`:
+/// how long a replica was waited for (0: not waited for, [`Confirming`]).
+fn warn_unconfirmed(wait_ms: u64) {
+    static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    if crate::once_a_second(&LAST) {
+        tracing::warn!(
+            wait_ms,
+            "no replica confirmed a new session; a failover now would lose it"
+        );
+    }
+}
+
+/// Whether a new session's write waits for a replica: one at a time (a `WAIT` blocks its
+/// connection, and those queued behind it would add up past the request's deadline), and not
+/// for a second after one found no replica (none is likely to answer the next either).
+#[derive(Default)]
+pub(super) struct Confirming {
+    /// A confirmation is under way.
+    busy: std::sync::atomic::AtomicBool,
+    /// When a confirmation last found no replica.
+    no_replica: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+/// The turn to wait for a confirmation, given back when dropped.
+pub(super) struct Turn<'a>(&'a Confirming);
+
+impl Confirming {
+    /// The turn to wait for a replica, or `None` (write without waiting).
+    fn turn(&self) -> Option<Turn<'_>> {
+        if self.without_replica() {
+            return None;
+        }
+        let free = !self.busy.swap(true, std::sync::atomic::Ordering::Acquire);
+        free.then_some(Turn(self))
+    }
+
+    /// Whether a confirmation found no replica within the last second.
+    fn without_replica(&self) -> bool {
+        let since = *self.no_replica.lock().unwrap_or_else(|p| p.into_inner());
+        since.is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(1))
+    }
+
+    fn found_no_replica(&self) {
+        *self.no_replica.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(std::time::Instant::now());
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.0
+            .busy
+            .store(false, std::sync::atomic::Ordering::Release);
+    }
 }

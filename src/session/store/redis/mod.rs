@@ -29,8 +29,14 @@ pub struct RedisStore {
     timeout: Duration,
     /// Commands.
     main: Slot,
-    /// Revocations with Sentinel: `DEL` then `WAIT`, which blocks the connection it runs on.
+    /// Revocations with Sentinel or a cluster: `DEL` then `WAIT`, which blocks the connection
+    /// it runs on.
     revocations: Slot,
+    /// New sessions' `SET` then `WAIT`, on a connection of their own, so that a revocation
+    /// waiting for a replica does not hold logins up (and the other way round).
+    confirmations: Slot,
+    /// Whether a new session's confirmation may be waited for now ([`keys::Confirming`]).
+    confirming: keys::Confirming,
 }
 
 /// Which server to talk to.
@@ -78,6 +84,8 @@ impl RedisStore {
             timeout,
             main: Slot::default(),
             revocations: Slot::default(),
+            confirmations: Slot::default(),
+            confirming: keys::Confirming::default(),
         })
     }
 
@@ -165,6 +173,7 @@ impl RedisStore {
     fn forget(&self) {
         self.main.forget();
         self.revocations.forget();
+        self.confirmations.forget();
     }
 
     /// Runs an idempotent command (or a counter's, where running twice errs by one); if the
