@@ -590,6 +590,39 @@ fn hyper_auth_proxy_format_plaintext_only_when_allowed() {
     assert_eq!(json(&body)["authorization"], basic("carol", "legacy-pw"));
 }
 
+/// A hyper-auth-proxy record has no `expires_at`: it expires with its Redis key, which Redis
+/// deletes (and announces) only when it samples or reads it, minutes later among many keys
+/// (here: active expiry off). The cached session is not served past the key's TTL.
+#[test]
+fn a_legacy_session_is_not_served_past_its_keys_ttl() {
+    use base64::Engine;
+    let nginx = Nginx::start();
+    let redis = Redis::start();
+    redis.cli(&["DEBUG", "SET-ACTIVE-EXPIRE", "0"]);
+    let legacy = format!(
+        "{{\"credentials\":\"{}\"}}",
+        base64::engine::general_purpose::STANDARD.encode("carol:legacy-pw")
+    );
+    let rurl = redis.url();
+    let t = Tessera::start(|port, _| {
+        config(
+            port,
+            &nginx.url(),
+            &rurl,
+            &[
+                ("session", "format = \"hyper-auth-proxy\""),
+                ("credentials", "allow_plaintext_legacy = true"),
+            ],
+        )
+    });
+    redis.cli(&["SET", "legacy-sid-2", &legacy, "PX", "1500"]);
+    let token = jwt(&serde_json::json!({"sid": "legacy-sid-2", "exp": tessera::unix_now() + 600}));
+    assert_eq!(curl(&["-H", &bearer(&token), &t.url("/echo")]).0, 200);
+    // Past the key's TTL, without touching the key (a read would delete it, announced).
+    std::thread::sleep(Duration::from_millis(2100));
+    assert_eq!(curl(&["-H", &bearer(&token), &t.url("/echo")]).0, 401);
+}
+
 fn jwt(claims: &serde_json::Value) -> String {
     use jsonwebtoken::{encode, EncodingKey, Header};
     encode(

@@ -308,12 +308,17 @@ impl Sessions {
     /// resolve without the cache: one store read and one unseal.
     async fn resolve_from_store(&self, sid: &str) -> Result<Session, ResolveError> {
         let read_epoch = self.stream_epoch(sid);
-        let raw = self
-            .deadline(self.store.get(&self.key(sid)))
+        let (raw, key_expires) = self
+            .deadline(self.store.get_expiring(&self.key(sid)))
             .await?
             .ok_or(ResolveError::Unknown)?;
-        let record: Record =
+        let mut record: Record =
             serde_json::from_slice(&raw).map_err(|_| ResolveError::Corrupt("not a JSON record"))?;
+        // The earlier of the record's expiry and its key's: the cache serves it no longer.
+        record.expires_at = match (record.expires_at, key_expires) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         if record.expires_at.is_some_and(|e| e <= unix_now()) {
             return Err(ResolveError::Unknown);
         }

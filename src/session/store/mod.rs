@@ -140,6 +140,20 @@ impl Store {
         }
     }
 
+    /// [`Store::get`], with the key's own expiry where the store keeps one apart from the
+    /// record (Redis: `PTTL`, read in the same round trip), as Unix seconds rounded down: a
+    /// record without `expires_at` (hyper-auth-proxy's) expires with its key, which Redis
+    /// announces only once it deletes the key, maybe minutes later (active expiry samples).
+    pub async fn get_expiring(
+        &self,
+        key: &str,
+    ) -> Result<Option<(Vec<u8>, Option<u64>)>, StoreError> {
+        match self {
+            Self::Redis(s) => s.get_expiring(key).await,
+            other => Ok(other.get(key).await?.map(|v| (v, None))),
+        }
+    }
+
     /// Stores `value` at `key` for `ttl_seconds`, replacing any previous value.
     pub async fn put(&self, key: &str, value: &[u8], ttl_seconds: u64) -> Result<(), StoreError> {
         match self {

@@ -199,6 +199,33 @@ impl RedisStore {
             .await
     }
 
+    /// The value at `key` and when the key expires (Unix seconds, rounded down; `None`: no
+    /// expiry): `GET` and `PTTL` in one script, one command, which a cluster routes and
+    /// redirects (`ASK` mid-migration) by its key as it does a `GET` (a pipeline it does not).
+    pub(super) async fn get_expiring(
+        &self,
+        key: &str,
+    ) -> Result<Option<(Vec<u8>, Option<u64>)>, StoreError> {
+        // Redis keeps the compiled script by its text's digest: sent again, it is not compiled
+        // again.
+        const SCRIPT: &str = "return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}";
+        let read = |mut c: Conn| async move {
+            let mut eval = redis::cmd("EVAL");
+            eval.arg(SCRIPT).arg(1).arg(key);
+            let (value, pttl): (Option<Vec<u8>>, i64) = eval.query_async(&mut c).await?;
+            Ok::<_, redis::RedisError>((value, pttl))
+        };
+        let (value, pttl) = self.idempotent(read).await?;
+        // -1: no expiry; -2: no key.
+        let expires = u64::try_from(pttl).ok().map(|ms| {
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            (now_ms + ms) / 1000
+        });
+        Ok(value.map(|v| (v, expires)))
+    }
+
     pub(super) async fn replace(
         &self,
         key: &str,
