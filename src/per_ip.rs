@@ -2,7 +2,8 @@
 //! `$binary_remote_addr`): one client cannot take every place under `server.max_connections`.
 //! IPv6 clients count by their /64, one subscriber's prefix. A leaf module: the downstream
 //! takes places at accept, the login limits share [`client_key`]. Must never: let one address
-//! hold more than its limit, or keep an entry for an address with no connection.
+//! open more than its limit (a WebSocket tunnel taking over its connection's socket takes a
+//! place past it, [`PerIp::enter_over`]), or keep an entry for an address with no connection.
 
 use std::collections::HashMap;
 use std::net::IpAddr;

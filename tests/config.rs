@@ -305,11 +305,16 @@ fn private_responses_are_unmarked_by_default_and_off_under_a_set_cache_control()
     );
     let replaced = "response_headers = { \"Cache-Control\" = \"no-store\" }";
     assert_eq!(with(replaced).unwrap(), PrivateResponses::Off);
-    let err = with("private_responses = \"yes\"").unwrap_err().to_string();
-    assert!(
-        err.contains("server.private_responses") && err.contains("\"unmarked\""),
-        "{err}"
-    );
+    for bad in [
+        "private_responses = \"yes\"".to_string(),
+        format!("private_responses = \"yes\"\n{replaced}"),
+    ] {
+        let err = with(&bad).unwrap_err().to_string();
+        assert!(
+            err.contains("server.private_responses") && err.contains("\"unmarked\""),
+            "{err}"
+        );
+    }
 }
 
 #[test]

@@ -214,9 +214,6 @@ fn response_headers_are_set_on_every_answer_and_replace_the_upstreams() {
     );
 }
 
-/// `upstream.request_id_header`: every request gets an id (32 hex digits), sent upstream in
-/// place of a client's own, returned to the client in place of the upstream's, and logged; one
-/// a trusted proxy sent is kept.
 /// A cache in front of tessera (nginx's `proxy_cache`, which stores answers to requests with
 /// `Authorization` as CDNs do) never serves one user's answer to another: tessera marks
 /// `private` every proxied answer that does not say who may store it, and leaves `public` ones
@@ -256,6 +253,32 @@ fn a_cache_in_front_does_not_serve_one_users_answer_to_anyone() {
     let (code, body) = curl(&["-i", &css]);
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("X-Cache: HIT"), "{body}");
+    // A 304 without Cache-Control is left so: a cache keeps the stored answer's fields.
+    let (_, body) = curl(&["-i", "-H", &bearer(&token), &t.url("/1k")]);
+    assert!(
+        body.to_ascii_lowercase()
+            .contains("cache-control: private\r\n"),
+        "{body}"
+    );
+    let etag = body
+        .lines()
+        .find_map(|l| l.strip_prefix("ETag: "))
+        .expect("nginx sends an ETag")
+        .trim()
+        .to_string();
+    let (code, body) = curl(&[
+        "-i",
+        "-H",
+        &bearer(&token),
+        "-H",
+        &format!("If-None-Match: {etag}"),
+        &t.url("/1k"),
+    ]);
+    assert_eq!(code, 304, "{body}");
+    assert!(
+        !body.to_ascii_lowercase().contains("cache-control"),
+        "{body}"
+    );
     // `server.private_responses = "off"`: the upstream's fields alone.
     let (off, token) = behind(&origin.url(), &[("server", "private_responses = \"off\"")]);
     let (_, body) = curl(&["-i", "-H", &bearer(&token), &off.url("/doc.pdf")]);
@@ -313,6 +336,9 @@ fn a_jmap_session_request_gets_the_whole_rewritten_resource() {
     }
 }
 
+/// `upstream.request_id_header`: every request gets an id (32 hex digits), sent upstream in
+/// place of a client's own, returned to the client in place of the upstream's, and logged; one
+/// a trusted proxy sent is kept.
 #[test]
 fn request_ids_reach_the_upstream_the_client_and_the_log() {
     let nginx = Nginx::start_with(
@@ -615,11 +641,11 @@ fn a_legacy_session_is_not_served_past_its_keys_ttl() {
             ],
         )
     });
-    redis.cli(&["SET", "legacy-sid-2", &legacy, "PX", "1500"]);
+    redis.cli(&["SET", "legacy-sid-2", &legacy, "PX", "4000"]);
     let token = jwt(&serde_json::json!({"sid": "legacy-sid-2", "exp": tessera::unix_now() + 600}));
     assert_eq!(curl(&["-H", &bearer(&token), &t.url("/echo")]).0, 200);
     // Past the key's TTL, without touching the key (a read would delete it, announced).
-    std::thread::sleep(Duration::from_millis(2100));
+    std::thread::sleep(Duration::from_millis(4600));
     assert_eq!(curl(&["-H", &bearer(&token), &t.url("/echo")]).0, 401);
 }
 

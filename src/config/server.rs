@@ -97,18 +97,19 @@ fn private_responses(
     name: Option<&str>,
     response_headers: &[(http::HeaderName, http::HeaderValue)],
 ) -> Result<crate::screen::PrivateResponses, ConfigError> {
-    if response_headers
-        .iter()
-        .any(|(n, _)| n == http::header::CACHE_CONTROL)
-    {
-        return Ok(crate::screen::PrivateResponses::Off);
-    }
     let name = name.unwrap_or("unmarked");
-    crate::screen::PrivateResponses::from_name(name).ok_or_else(|| {
+    let choice = crate::screen::PrivateResponses::from_name(name).ok_or_else(|| {
         ConfigError::new(
             "server.private_responses",
             format!("`{name}` is not a choice; use \"unmarked\", \"always\" or \"off\""),
         )
+    })?;
+    let replaced = response_headers
+        .iter()
+        .any(|(n, _)| n == http::header::CACHE_CONTROL);
+    Ok(match replaced {
+        true => crate::screen::PrivateResponses::Off,
+        false => choice,
     })
 }
 

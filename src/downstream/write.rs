@@ -80,7 +80,8 @@ impl<S: Socket> Conn<S> {
     /// The body's next data, as [`Conn::next_of`]; while `head` is still held for the first
     /// data, it is sent alone when none is ready now: an event stream's head must not wait for
     /// its first event (an `EventSource` stays connecting, clients with a header timeout
-    /// reconnect), as hyper sends it too. `Err` also when that write fails.
+    /// reconnect), as hyper sends it too. For chunked bodies, where event streams are. `Err`
+    /// also when that write fails.
     async fn next_after_head(
         &mut self,
         body: &mut ProxyBody,
@@ -156,12 +157,14 @@ impl<S: Socket> Conn<S> {
         }
     }
 
-    /// A body of exactly `n` bytes, its first frame in the head's write when it is ready.
+    /// A body of exactly `n` bytes, its first frame in the head's write. (A sized body is a
+    /// download, not an event stream: its head waits for its first bytes rather than cost a
+    /// write of its own when they come a moment later.)
     async fn write_sized(&mut self, mut body: ProxyBody, n: u64, watch: &mut ClientWatch) -> bool {
         let mut head = Some(std::mem::take(&mut self.out));
         let mut left = n;
         let complete = loop {
-            let data = match self.next_after_head(&mut body, watch, &mut head).await {
+            let data = match self.next_of(&mut body, watch).await {
                 Ok(Some(d)) => d,
                 Ok(None) => break left == 0,
                 Err(()) => break false,

@@ -165,6 +165,12 @@ impl<'a> RequestCtx<'a> {
         self.record.request_id.as_ref()
     }
 
+    /// The connection's peer (the PROXY protocol's client, or the socket's), whatever a trusted
+    /// proxy relayed: what `server.max_connections_per_ip` counts.
+    pub(super) fn conn_peer(&self) -> &Peer {
+        self.conn_peer
+    }
+
     /// The request's client: the relayed one, or the connection's peer.
     pub(super) fn peer(&self) -> &Peer {
         self.relayed.as_ref().unwrap_or(self.conn_peer)

@@ -300,9 +300,22 @@ impl Proxy {
                     .map(http::HeaderValue::as_bytes),
             ),
         };
-        if wants {
+        // A 304 updates the stored answer's fields with its own (RFC 9111 section 4.3.4): one
+        // without `Cache-Control` leaves the stored `private` in place, where a `private` alone
+        // would drop the stored `max-age`.
+        let updates_none =
+            resp.status() == http::StatusCode::NOT_MODIFIED && !has_cache_control(resp);
+        if wants && !updates_none {
             let private = http::HeaderValue::from_static("private");
             resp.headers_mut().append(cache_control, private);
         }
+    }
+}
+
+/// Whether `resp` (its raw upstream fields, or its map) has a `Cache-Control` field.
+fn has_cache_control(resp: &mut Response<ProxyBody>) -> bool {
+    match resp.body_mut().fields_mut() {
+        Some(fields) => fields.contains(b"cache-control"),
+        None => resp.headers().contains_key(http::header::CACHE_CONTROL),
     }
 }

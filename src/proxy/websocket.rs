@@ -257,9 +257,10 @@ impl Proxy {
         let place = (!upgrading.extended)
             .then(|| self.client_connections.as_ref().map(|c| c.acquire_over()))
             .flatten();
-        // And its client address's place (server.max_connections_per_ip).
+        // And its connection's address's place (server.max_connections_per_ip), as the
+        // connection held it.
         let ip_place = (!upgrading.extended)
-            .then(|| self.tunnel_ip_place(ctx.peer().addr.ip()))
+            .then(|| self.tunnel_ip_place(ctx.conn_peer().addr.ip()))
             .flatten();
         let send_timeout = ws.send_timeout;
         ws.tunnels.spawn(async move {

@@ -171,6 +171,8 @@ mod tests {
         let (_phase, phase_rx) = watch::channel(telemetry::Phase::Starting);
         let file = std::fs::File::create(dir.path().join("not-a-socket")).unwrap();
         let not_a_socket = std::net::TcpListener::from(std::os::fd::OwnedFd::from(file));
+        // Non-blocking, as a listener given to tokio is: what fails is the registration.
+        not_a_socket.set_nonblocking(true).unwrap();
         let edges = vec![(not_a_socket, downstream::Edge::Plain)];
         let err = start(edges, &proxy, &cfg, &phase_rx).await.unwrap_err();
         assert!(
