@@ -4,6 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use jsonwebtoken::jwk::Jwk;
 use jsonwebtoken::DecodingKey;
 
 use super::keys::{KeyError, VerifyKey};
@@ -11,90 +12,99 @@ use super::Algorithm;
 
 /// Parses a JWKS document into verification keys by `kid`. Keys without `kid`, with `use` other
 /// than `sig`, or with an algorithm outside `allowed` are skipped. When a JWK has no `alg`, it is
-/// inferred from its type (RSA -> RS256, P-256 -> ES256, P-384 -> ES384, Ed25519 -> EdDSA).
+/// inferred from its type (RSA -> RS256, P-256 -> ES256, P-384 -> ES384, Ed25519 -> EdDSA). A
+/// `kid` that two different usable keys share is skipped (warned): which of them signed a token
+/// cannot be told; a key listed twice alike is one key.
 ///
 /// Errors: not a JWKS JSON document.
 pub(super) fn parse_jwks(
     doc: &[u8],
     allowed: &[Algorithm],
 ) -> Result<HashMap<String, VerifyKey>, KeyError> {
-    use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, PublicKeyUse};
     #[derive(serde::Deserialize)]
     struct Doc {
         keys: Vec<serde_json::Value>,
     }
     let doc: Doc =
         serde_json::from_slice(doc).map_err(|e| KeyError(format!("not a JWKS document: {e}")))?;
-    let ambiguous = ambiguous_kids(&doc.keys);
-    // Each key on its own: one key this crate cannot represent must not void the others.
-    let set = JwkSet {
-        keys: doc
-            .keys
-            .into_iter()
-            .filter_map(|v| serde_json::from_value(v).ok())
-            .collect(),
-    };
     let mut out = HashMap::new();
-    for jwk in &set.keys {
-        let Some(kid) = jwk.common.key_id.clone() else {
+    let mut first: HashMap<String, &serde_json::Value> = HashMap::new();
+    let mut ambiguous = HashSet::new();
+    for raw in &doc.keys {
+        // Each key on its own: one key this crate cannot represent must not void the others.
+        let Ok(jwk) = serde_json::from_value::<Jwk>(raw.clone()) else {
             continue;
         };
-        if ambiguous.contains(&kid) {
-            continue;
-        }
-        if matches!(&jwk.common.public_key_use, Some(u) if *u != PublicKeyUse::Signature) {
-            continue;
-        }
-        // Symmetric keys in a published JWKS would be secrets in the open: never accept them.
-        let Some(alg) = jwk_algorithm(jwk).filter(|a| allowed.contains(a) && !a.is_hmac()) else {
+        let Some((kid, key)) = usable(&jwk, allowed) else {
             continue;
         };
-        // The key's type and size must fit its algorithm (a short Ed25519 `x` would otherwise
-        // reach the verifier).
-        let fits = match (&jwk.algorithm, alg) {
-            (AlgorithmParameters::RSA(_), a) => {
-                a.name().starts_with("RS") || a.name().starts_with("PS")
+        match first.get(&kid) {
+            Some(seen) if *seen != raw => {
+                if ambiguous.insert(kid.clone()) {
+                    tracing::warn!(kid, "JWKS keys skipped: one kid names two different keys");
+                }
             }
-            (AlgorithmParameters::EllipticCurve(p), Algorithm::ES256) => {
-                p.curve == EllipticCurve::P256
+            Some(_) => {}
+            None => {
+                first.insert(kid.clone(), raw);
+                out.insert(kid, key);
             }
-            (AlgorithmParameters::EllipticCurve(p), Algorithm::ES384) => {
-                p.curve == EllipticCurve::P384
-            }
-            (AlgorithmParameters::OctetKeyPair(p), Algorithm::EdDSA) => {
-                p.curve == EllipticCurve::Ed25519
-                    && base64::Engine::decode(
-                        &base64::engine::general_purpose::URL_SAFE_NO_PAD,
-                        &p.x,
-                    )
-                    .is_ok_and(|x| x.len() == 32)
-            }
-            _ => false,
-        };
-        if !fits {
-            tracing::warn!(kid = ?kid, "JWKS key skipped: type or size does not fit its algorithm");
-            continue;
-        }
-        match DecodingKey::from_jwk(jwk) {
-            Ok(key) => {
-                out.insert(
-                    kid,
-                    VerifyKey {
-                        algs: vec![alg],
-                        key,
-                        hmac: None,
-                    },
-                );
-            }
-            Err(e) => tracing::warn!(kid = ?kid, error = %e, "JWKS key skipped"),
         }
     }
+    out.retain(|kid, _| !ambiguous.contains(kid));
     Ok(out)
+}
+
+/// `jwk` as a verification key with its `kid`, when it is a signing key of an algorithm in
+/// `allowed` (never a symmetric one: in a published JWKS it would be a secret in the open)
+/// whose type and size fit that algorithm (a short Ed25519 `x` would otherwise reach the
+/// verifier).
+fn usable(jwk: &Jwk, allowed: &[Algorithm]) -> Option<(String, VerifyKey)> {
+    use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, PublicKeyUse};
+    let kid = jwk.common.key_id.clone()?;
+    if matches!(&jwk.common.public_key_use, Some(u) if *u != PublicKeyUse::Signature) {
+        return None;
+    }
+    let alg = jwk_algorithm(jwk).filter(|a| allowed.contains(a) && !a.is_hmac())?;
+    let fits = match (&jwk.algorithm, alg) {
+        (AlgorithmParameters::RSA(_), a) => {
+            a.name().starts_with("RS") || a.name().starts_with("PS")
+        }
+        (AlgorithmParameters::EllipticCurve(p), Algorithm::ES256) => p.curve == EllipticCurve::P256,
+        (AlgorithmParameters::EllipticCurve(p), Algorithm::ES384) => p.curve == EllipticCurve::P384,
+        (AlgorithmParameters::OctetKeyPair(p), Algorithm::EdDSA) => {
+            p.curve == EllipticCurve::Ed25519
+                && base64::Engine::decode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, &p.x)
+                    .is_ok_and(|x| x.len() == 32)
+        }
+        _ => false,
+    };
+    if !fits {
+        tracing::warn!(
+            kid,
+            "JWKS key skipped: type or size does not fit its algorithm"
+        );
+        return None;
+    }
+    match DecodingKey::from_jwk(jwk) {
+        Ok(key) => Some((
+            kid,
+            VerifyKey {
+                algs: vec![alg],
+                key,
+                hmac: None,
+            },
+        )),
+        Err(e) => {
+            tracing::warn!(kid, error = %e, "JWKS key skipped");
+            None
+        }
+    }
 }
 
 /// A JWK's algorithm: its `alg`, else inferred from its type (RSA -> RS256, P-256 -> ES256,
 /// P-384 -> ES384, Ed25519 -> EdDSA).
-fn jwk_algorithm(jwk: &jsonwebtoken::jwk::Jwk) -> Option<Algorithm> {
+fn jwk_algorithm(jwk: &Jwk) -> Option<Algorithm> {
     use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve};
     match jwk.common.key_algorithm {
         Some(a) => Algorithm::parse(&format!("{a:?}")),
@@ -111,33 +121,6 @@ fn jwk_algorithm(jwk: &jsonwebtoken::jwk::Jwk) -> Option<Algorithm> {
             _ => None,
         },
     }
-}
-
-/// The `kid`s that name two different keys in `keys` (a JWKS's members): which of them signed
-/// a token cannot be told, so neither is used (warned); a key listed twice alike is one key.
-fn ambiguous_kids(keys: &[serde_json::Value]) -> HashSet<String> {
-    let mut first: HashMap<&str, &serde_json::Value> = HashMap::new();
-    let mut ambiguous = HashSet::new();
-    for key in keys {
-        let Some(kid) = key.get("kid").and_then(serde_json::Value::as_str) else {
-            continue;
-        };
-        if key.get("use").is_some_and(|u| u != "sig") {
-            continue; // not a signing key: never used here
-        }
-        match first.get(kid) {
-            Some(seen) if *seen != key => {
-                if ambiguous.insert(kid.to_owned()) {
-                    tracing::warn!(kid, "JWKS keys skipped: one kid names two different keys");
-                }
-            }
-            Some(_) => {}
-            None => {
-                first.insert(kid, key);
-            }
-        }
-    }
-    ambiguous
 }
 
 #[cfg(test)]
@@ -162,7 +145,8 @@ mod tests {
     }
 
     /// A kid naming two different signing keys names neither (which signed cannot be told); a
-    /// key listed twice alike, or beside an encryption key of the same kid, is kept.
+    /// key listed twice alike, or beside a key of the same kid that could not verify anyway
+    /// (an encryption key, an X25519 key), is kept.
     #[test]
     fn jwks_skips_a_kid_that_names_two_keys() {
         let x = "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo";
@@ -174,12 +158,14 @@ mod tests {
             {{"kty":"OKP","crv":"Ed25519","kid":"same","x":"{x}"}},
             {{"kty":"OKP","crv":"Ed25519","kid":"same","x":"{x}"}},
             {{"kty":"OKP","crv":"Ed25519","kid":"enc","x":"{x}"}},
-            {{"kty":"OKP","crv":"X25519","kid":"enc","use":"enc","x":"{y}"}}
+            {{"kty":"OKP","crv":"X25519","kid":"enc","use":"enc","x":"{y}"}},
+            {{"kty":"OKP","crv":"Ed25519","kid":"x255","x":"{x}"}},
+            {{"kty":"OKP","crv":"X25519","kid":"x255","x":"{y}"}}
         ]}}"#
         );
         let keys = parse_jwks(doc.as_bytes(), &[Algorithm::EdDSA]).unwrap();
         let mut kids: Vec<_> = keys.keys().map(String::as_str).collect();
         kids.sort_unstable();
-        assert_eq!(kids, vec!["enc", "same"]);
+        assert_eq!(kids, vec!["enc", "same", "x255"]);
     }
 }
