@@ -4,9 +4,9 @@
 use std::collections::HashSet;
 
 use redis::aio::ConnectionLike;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::AsyncCommands;
 
+use super::confirming::{confirmed, holding, warn_unconfirmed};
 use super::{err, is_stale, Conn, RedisStore, StoreError, Target};
 
 impl RedisStore {
@@ -28,8 +28,7 @@ impl RedisStore {
         // request's deadline cuts it.
         let wait_ms = (self.timeout.as_millis() / 2).max(1) as u64;
         let c = self.conn_in(&self.revocations).await?;
-        let (n, replicas): (u64, u64) = self
-            .confirmed(c, key, &del, wait_ms)
+        let (n, replicas): (u64, u64) = confirmed(c, key, &del, wait_ms)
             .await
             .map_err(|e| self.failed(e))?;
         if replicas == 0 {
@@ -47,7 +46,7 @@ impl RedisStore {
     /// primary alone, with a warning, well before the request's deadline: refusing logins
     /// while a replica is down would cost more than the rare lost session. One confirmation
     /// is waited for at a time, and none for a second after one found no replica
-    /// ([`Confirming`]): `WAIT`s queued on one connection would add up past the deadline, so
+    /// ([`super::confirming::Confirming`]): `WAIT`s queued on one connection would add up past the deadline, so
     /// those writes stand on the primary alone too. A connection found dead is made again and
     /// the write sent once more (it is idempotent).
     pub(in crate::session::store) async fn put(
@@ -60,7 +59,7 @@ impl RedisStore {
             Target::Direct(_) => None,
             _ => self.confirming.turn(),
         };
-        let Some(_turn) = turn else {
+        let Some(turn) = turn else {
             self.idempotent(
                 |mut c| async move { c.set_ex::<_, _, ()>(key, value, ttl_seconds).await },
             )
@@ -73,12 +72,15 @@ impl RedisStore {
         let mut set = redis::cmd("SET");
         set.arg(key).arg(value).arg("EX").arg(ttl_seconds);
         let wait_ms = (self.timeout.as_millis() / 4).max(1) as u64;
+        // The turn is held by the write's own task (`holding`): a caller that gives up must not
+        // free it while its `WAIT` still blocks the connection.
+        let turn = std::sync::Arc::new(turn);
         let c = self.conn_in(&self.confirmations).await?;
-        let ((), replicas): ((), u64) = match self.confirmed(c, key, &set, wait_ms).await {
+        let ((), replicas): ((), u64) = match holding(&turn, c, key, &set, wait_ms).await {
             Err(e) if is_stale(&e) => {
                 drop(self.failed(e));
                 let c = self.conn_in(&self.confirmations).await?;
-                self.confirmed(c, key, &set, wait_ms).await
+                holding(&turn, c, key, &set, wait_ms).await
             }
             other => other,
         }
@@ -88,36 +90,6 @@ impl RedisStore {
             warn_unconfirmed(wait_ms);
         }
         Ok(())
-    }
-
-    /// `write` (one command on `key`) on `c`, then `WAIT 1 wait_ms` on the primary that took
-    /// it: the write's reply, and how many replicas confirmed it. `WAIT` blocks the connection
-    /// it runs on, hence the store's connection of its own for these.
-    async fn confirmed<T: redis::FromRedisValue>(
-        &self,
-        c: Conn,
-        key: &str,
-        write: &redis::Cmd,
-        wait_ms: u64,
-    ) -> redis::RedisResult<(T, u64)> {
-        let mut wait = redis::cmd("WAIT");
-        wait.arg(1).arg(wait_ms);
-        match c {
-            Conn::Cluster(mut c) => {
-                let reply: T = write.query_async(&mut c).await?;
-                let owner = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
-                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(owner));
-                let replicas = c.route_command(wait, routing).await?;
-                Ok((reply, redis::from_redis_value(replicas)?))
-            }
-            mut c => {
-                redis::pipe()
-                    .add_command(write.clone())
-                    .add_command(wait)
-                    .query_async(&mut c)
-                    .await
-            }
-        }
     }
 
     /// Every live key under `prefix` with its value: `SCAN` on the server, or on each primary
@@ -197,60 +169,4 @@ fn glob_escape(s: &str) -> String {
         out.push(c);
     }
     out
-}
-
-/// Warns, at most once a second, that a new session stands on the primary alone; `wait_ms`:
-/// how long a replica was waited for (0: not waited for, [`Confirming`]).
-fn warn_unconfirmed(wait_ms: u64) {
-    static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    if crate::once_a_second(&LAST) {
-        tracing::warn!(
-            wait_ms,
-            "no replica confirmed a new session; a failover now would lose it"
-        );
-    }
-}
-
-/// Whether a new session's write waits for a replica: one at a time (a `WAIT` blocks its
-/// connection, and those queued behind it would add up past the request's deadline), and not
-/// for a second after one found no replica (none is likely to answer the next either).
-#[derive(Default)]
-pub(super) struct Confirming {
-    /// A confirmation is under way.
-    busy: std::sync::atomic::AtomicBool,
-    /// When a confirmation last found no replica.
-    no_replica: std::sync::Mutex<Option<std::time::Instant>>,
-}
-
-/// The turn to wait for a confirmation, given back when dropped.
-pub(super) struct Turn<'a>(&'a Confirming);
-
-impl Confirming {
-    /// The turn to wait for a replica, or `None` (write without waiting).
-    fn turn(&self) -> Option<Turn<'_>> {
-        if self.without_replica() {
-            return None;
-        }
-        let free = !self.busy.swap(true, std::sync::atomic::Ordering::Acquire);
-        free.then_some(Turn(self))
-    }
-
-    /// Whether a confirmation found no replica within the last second.
-    fn without_replica(&self) -> bool {
-        let since = *self.no_replica.lock().unwrap_or_else(|p| p.into_inner());
-        since.is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(1))
-    }
-
-    fn found_no_replica(&self) {
-        *self.no_replica.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(std::time::Instant::now());
-    }
-}
-
-impl Drop for Turn<'_> {
-    fn drop(&mut self) {
-        self.0
-            .busy
-            .store(false, std::sync::atomic::Ordering::Release);
-    }
 }

@@ -14,6 +14,7 @@ use super::{Invalidation, StoreError};
 
 mod cluster;
 mod cluster_track;
+mod confirming;
 mod conn;
 mod keys;
 mod sentinel;
@@ -35,8 +36,8 @@ pub struct RedisStore {
     /// New sessions' `SET` then `WAIT`, on a connection of their own, so that a revocation
     /// waiting for a replica does not hold logins up (and the other way round).
     confirmations: Slot,
-    /// Whether a new session's confirmation may be waited for now ([`keys::Confirming`]).
-    confirming: keys::Confirming,
+    /// Whether a new session's confirmation may be waited for now ([`confirming::Confirming`]).
+    confirming: confirming::Confirming,
 }
 
 /// Which server to talk to.
@@ -85,7 +86,7 @@ impl RedisStore {
             main: Slot::default(),
             revocations: Slot::default(),
             confirmations: Slot::default(),
-            confirming: keys::Confirming::default(),
+            confirming: confirming::Confirming::default(),
         })
     }
 
