@@ -306,8 +306,14 @@ impl Proxy {
         let updates_none =
             resp.status() == http::StatusCode::NOT_MODIFIED && !has_cache_control(resp);
         if wants && !updates_none {
-            let private = http::HeaderValue::from_static("private");
-            resp.headers_mut().append(cache_control, private);
+            match resp.body_mut().fields_mut() {
+                // Beside the upstream's bytes: no map allocated per answer for it.
+                Some(fields) => fields.add(&crate::upstream::raw::CACHE_CONTROL_PRIVATE),
+                None => {
+                    let private = http::HeaderValue::from_static("private");
+                    resp.headers_mut().append(cache_control, private);
+                }
+            }
         }
     }
 }

@@ -18,7 +18,28 @@ pub struct RawHead {
     fields: Vec<[u32; 4]>,
     /// Bit `i` clear: no field named `TRACKED[i]` (a set bit may outlive a removal).
     seen: u8,
+    /// A field tessera adds after the upstream's ([`RawHead::add`]): kept beside the bytes
+    /// rather than in a `HeaderMap`, which a response would allocate for it.
+    added: Option<&'static Added>,
 }
+
+/// A field tessera adds to an upstream answer ([`RawHead::add`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Added {
+    /// The name, lowercase.
+    pub name: &'static str,
+    /// The value.
+    pub value: &'static str,
+    /// `name: value` and CRLF, as written (one copy per answer).
+    pub line: &'static str,
+}
+
+/// `Cache-Control: private` (`server.private_responses`).
+pub static CACHE_CONTROL_PRIVATE: Added = Added {
+    name: "cache-control",
+    value: "private",
+    line: "cache-control: private\r\n",
+};
 
 /// Names every response is asked for (framing and `Connection`), recorded in the one pass of
 /// [`RawHead::new`] so that asking for an absent one costs no scan.
@@ -61,15 +82,28 @@ impl RawHead {
             bytes,
             fields: spans,
             seen,
+            added: None,
         }
     }
 
-    /// Every field as `(name, value)`, in order.
+    /// Adds `field` (not a framing field or `Connection`) after the upstream's, replacing one
+    /// added before. Written ([`RawHead::write_lines`]), moved to a map
+    /// ([`RawHead::append_to`]) and screened ([`RawHead::retain`]) with them; not among the
+    /// upstream's own that [`RawHead::iter`] and [`RawHead::get_all`] read (asked of every
+    /// answer, they stay one plain scan).
+    pub fn add(&mut self, field: &'static Added) {
+        debug_assert!(!TRACKED
+            .iter()
+            .any(|t| t.eq_ignore_ascii_case(field.name.as_bytes())));
+        self.added = Some(field);
+    }
+
+    /// Every field the upstream sent (and screening kept) as `(name, value)`, in order.
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> + '_ {
         self.fields.iter().map(|s| self.field(s))
     }
 
-    /// The values of the fields named `name` (lowercase), in order.
+    /// The values of the upstream's fields named `name` (lowercase), in order.
     pub fn get_all<'a>(&'a self, name: &'a [u8]) -> impl Iterator<Item = &'a [u8]> + 'a {
         let absent = TRACKED
             .iter()
@@ -101,6 +135,11 @@ impl RawHead {
 
     /// Keeps the fields for which `keep(name, value)` holds.
     pub fn retain(&mut self, mut keep: impl FnMut(&[u8], &[u8]) -> bool) {
+        if let Some(a) = self.added {
+            if !keep(a.name.as_bytes(), a.value.as_bytes()) {
+                self.added = None;
+            }
+        }
         let bytes = &self.bytes;
         self.fields.retain(|s| {
             keep(
@@ -138,6 +177,9 @@ impl RawHead {
             out.extend_from_slice(&b[start..end]);
             out.extend_from_slice(b"\r\n");
         }
+        if let Some(a) = self.added.filter(|a| keep(a.name.as_bytes())) {
+            out.extend_from_slice(a.line.as_bytes());
+        }
     }
 
     /// Appends the fields to `map` (values share the head's bytes). A field `http` refuses,
@@ -151,6 +193,12 @@ impl RawHead {
             if let (Ok(name), Ok(value)) = (name, value) {
                 map.append(name, value);
             }
+        }
+        if let Some(a) = self.added {
+            map.append(
+                HeaderName::from_static(a.name),
+                HeaderValue::from_static(a.value),
+            );
         }
     }
 
@@ -182,6 +230,29 @@ pub(crate) fn from_pairs(pairs: &[(&str, &str)]) -> RawHead {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A field added after the upstream's is written, moved to a map and screened as theirs
+    /// are, and is not among theirs when they are read.
+    #[test]
+    fn an_added_field_goes_with_the_upstreams() {
+        let mut head = from_pairs(&[("cache-control", "max-age=60"), ("etag", "\"x\"")]);
+        head.add(&CACHE_CONTROL_PRIVATE);
+        let mut out = Vec::new();
+        head.write_lines(&mut out, |_| true);
+        assert_eq!(
+            out,
+            b"cache-control: max-age=60\r\netag: \"x\"\r\ncache-control: private\r\n"
+        );
+        let values: Vec<_> = head.get_all(b"cache-control").collect();
+        assert_eq!(values, [&b"max-age=60"[..]], "the upstream's alone");
+        let mut map = HeaderMap::new();
+        head.append_to(&mut map);
+        assert_eq!(map.get_all("cache-control").iter().count(), 2);
+        head.remove(b"cache-control");
+        let mut out = Vec::new();
+        head.write_lines(&mut out, |_| true);
+        assert_eq!(out, b"etag: \"x\"\r\n");
+    }
 
     #[test]
     fn a_head_knows_whether_it_may_name_a_redirect() {
