@@ -579,11 +579,7 @@ fn hyper_auth_proxy_format_plaintext_only_when_allowed() {
     use base64::Engine;
     let nginx = Nginx::start();
     let redis = Redis::start();
-    let legacy = format!(
-        "{{\"credentials\":\"{}\"}}",
-        base64::engine::general_purpose::STANDARD.encode("carol:legacy-pw")
-    );
-    redis.cli(&["SET", "legacy-sid-1", &legacy]);
+    redis.cli(&["SET", "legacy-sid-1", &legacy_record("carol:legacy-pw")]);
     let token = jwt(&serde_json::json!({"sid": "legacy-sid-1", "exp": tessera::unix_now() + 600}));
     let rurl = redis.url();
     let strict = Tessera::start(|port, _| {
@@ -595,17 +591,7 @@ fn hyper_auth_proxy_format_plaintext_only_when_allowed() {
         )
     });
     assert_eq!(curl(&["-H", &bearer(&token), &strict.url("/echo")]).0, 401);
-    let lax = Tessera::start(|port, _| {
-        config(
-            port,
-            &nginx.url(),
-            &rurl,
-            &[
-                ("session", "format = \"hyper-auth-proxy\""),
-                ("credentials", "allow_plaintext_legacy = true"),
-            ],
-        )
-    });
+    let lax = legacy_reader(&nginx, &rurl);
     let b64 = base64::engine::general_purpose::STANDARD.encode(&token);
     let (code, body) = curl(&[
         "-H",
@@ -616,31 +602,40 @@ fn hyper_auth_proxy_format_plaintext_only_when_allowed() {
     assert_eq!(json(&body)["authorization"], basic("carol", "legacy-pw"));
 }
 
-/// A hyper-auth-proxy record has no `expires_at`: it expires with its Redis key, which Redis
-/// deletes (and announces) only when it samples or reads it, minutes later among many keys
-/// (here: active expiry off). The cached session is not served past the key's TTL.
-#[test]
-fn a_legacy_session_is_not_served_past_its_keys_ttl() {
+/// A hyper-auth-proxy record of `pair` (`user:password`), base64 as its login wrote it.
+fn legacy_record(pair: &str) -> String {
     use base64::Engine;
-    let nginx = Nginx::start();
-    let redis = Redis::start();
-    redis.cli(&["DEBUG", "SET-ACTIVE-EXPIRE", "0"]);
-    let legacy = format!(
-        "{{\"credentials\":\"{}\"}}",
-        base64::engine::general_purpose::STANDARD.encode("carol:legacy-pw")
-    );
-    let rurl = redis.url();
-    let t = Tessera::start(|port, _| {
+    let b64 = base64::engine::general_purpose::STANDARD.encode(pair);
+    format!("{{\"credentials\":\"{b64}\"}}")
+}
+
+/// A tessera in front of `nginx` reading hyper-auth-proxy records, plaintext ones too, on the
+/// Redis at `redis_url`.
+fn legacy_reader(nginx: &Nginx, redis_url: &str) -> Tessera {
+    let (up, store) = (nginx.url(), redis_url.to_string());
+    Tessera::start(move |port, _| {
         config(
             port,
-            &nginx.url(),
-            &rurl,
+            &up,
+            &store,
             &[
                 ("session", "format = \"hyper-auth-proxy\""),
                 ("credentials", "allow_plaintext_legacy = true"),
             ],
         )
-    });
+    })
+}
+
+/// A hyper-auth-proxy record has no `expires_at`: it expires with its Redis key, which Redis
+/// deletes (and announces) only when it samples or reads it, minutes later among many keys
+/// (here: active expiry off). The cached session is not served past the key's TTL.
+#[test]
+fn a_legacy_session_is_not_served_past_its_keys_ttl() {
+    let nginx = Nginx::start();
+    let redis = Redis::start();
+    redis.cli(&["DEBUG", "SET-ACTIVE-EXPIRE", "0"]);
+    let t = legacy_reader(&nginx, &redis.url());
+    let legacy = legacy_record("carol:legacy-pw");
     redis.cli(&["SET", "legacy-sid-2", &legacy, "PX", "4000"]);
     let token = jwt(&serde_json::json!({"sid": "legacy-sid-2", "exp": tessera::unix_now() + 600}));
     assert_eq!(curl(&["-H", &bearer(&token), &t.url("/echo")]).0, 200);
