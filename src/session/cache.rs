@@ -237,6 +237,14 @@ impl SessionCache {
             Err(ResolveError::Corrupt(why)) => Ok(Cached::Corrupt(why)),
             Err(ResolveError::Store(e)) => Err(e),
         };
+        if cached.is_ok() && self.changes(sid) != before {
+            // An invalidation (of this sid, or another of its bucket) or a flush arrived while
+            // the store was read: the answer is good for this request (it was true when read),
+            // but neither kept nor handed to the requests waiting on it, which may have come
+            // after a logout. The guard dropped unfilled, the next of them reads again.
+            drop(guard);
+            return cached;
+        }
         let now = Instant::now();
         let until = match &cached {
             Ok(c) => now + self.life(c),
@@ -247,9 +255,8 @@ impl SessionCache {
             until,
         });
         if cached.is_err() || self.changes(sid) != before {
-            // A failure is not kept. And an invalidation (of this sid, or another of its
-            // bucket) or a flush arrived while the store was read: the answer is good for this
-            // request (it was true when read) but must not be served to the next one.
+            // A failure is not kept; nor an answer an invalidation overtook since the check
+            // above.
             self.entries.remove(&**sid);
         }
         cached
@@ -308,6 +315,44 @@ mod tests {
             authorization: HeaderValue::from_static("Basic YWxpY2U6cHc="),
             expires_at: None,
         }
+    }
+
+    /// A request that joins a read under way after the sid was invalidated (a logout landed
+    /// while the store was read) does not get that read's answer: it reads again.
+    #[tokio::test]
+    async fn a_read_overtaken_by_an_invalidation_is_not_handed_to_its_waiters() {
+        let c = cache(1000, 1 << 20);
+        let sid: Arc<str> = "sid".into();
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        let leader = tokio::spawn({
+            let (c, sid) = (c.clone(), sid.clone());
+            async move {
+                c.get_or_load(&sid, async {
+                    let _ = released.await;
+                    Ok(session("alice"))
+                })
+                .await
+            }
+        });
+        tokio::task::yield_now().await; // the leader reads
+        c.invalidate(&sid); // the logout
+        let waiter = tokio::spawn({
+            let (c, sid) = (c.clone(), sid.clone());
+            async move {
+                c.get_or_load(&sid, async { Err(ResolveError::Unknown) })
+                    .await
+            }
+        });
+        tokio::task::yield_now().await; // the waiter joins the read
+        release.send(()).unwrap();
+        assert!(matches!(leader.await.unwrap(), Ok(Cached::Found(_))));
+        assert!(
+            matches!(waiter.await.unwrap(), Ok(Cached::Unknown)),
+            "the waiter got the overtaken read"
+        );
+        assert!(c
+            .get_fresh(&sid)
+            .is_some_and(|h| matches!(h, Cached::Unknown)));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
