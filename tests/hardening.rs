@@ -173,7 +173,16 @@ fn read_head(s: &mut TcpStream) -> String {
     let mut buf = [0; 4096];
     while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
         match s.read(&mut buf) {
-            Ok(0) | Err(_) => break,
+            // A read with a timeout is not restarted after a signal handler ran (signal(7)).
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Ok(0) => {
+                answer.extend_from_slice(b"<end of stream>");
+                break;
+            }
+            Err(e) => {
+                answer.extend_from_slice(format!("<read failed: {e}>").as_bytes());
+                break;
+            }
             Ok(n) => answer.extend_from_slice(&buf[..n]),
         }
     }
