@@ -214,6 +214,15 @@ fn response_headers_are_set_on_every_answer_and_replace_the_upstreams() {
     );
 }
 
+/// The `ETag` of an answer's head as curl `-i` prints it (nginx sends one for a static file).
+fn etag_of(head: &str) -> String {
+    head.lines()
+        .find_map(|l| l.strip_prefix("ETag: "))
+        .expect("nginx sends an ETag")
+        .trim()
+        .to_string()
+}
+
 /// A cache in front of tessera (nginx's `proxy_cache`, which stores answers to requests with
 /// `Authorization` as CDNs do) never serves one user's answer to another: tessera marks
 /// `private` every proxied answer that does not say who may store it, and leaves `public` ones
@@ -260,12 +269,7 @@ fn a_cache_in_front_does_not_serve_one_users_answer_to_anyone() {
             .contains("cache-control: private\r\n"),
         "{body}"
     );
-    let etag = body
-        .lines()
-        .find_map(|l| l.strip_prefix("ETag: "))
-        .expect("nginx sends an ETag")
-        .trim()
-        .to_string();
+    let etag = etag_of(&body);
     let (code, body) = curl(&[
         "-i",
         "-H",
@@ -304,12 +308,7 @@ fn a_jmap_session_request_gets_the_whole_rewritten_resource() {
     );
     let direct = format!("{}/.well-known/jmap", origin.url());
     let (_, head) = curl(&["-sI", &direct]);
-    let etag = head
-        .lines()
-        .find_map(|l| l.strip_prefix("ETag: "))
-        .expect("nginx sends an ETag")
-        .trim()
-        .to_string();
+    let etag = etag_of(&head);
     let whole = format!(
         r#"{{"apiUrl":"http://127.0.0.1:{}/jmap/api/","state":"1"}}"#,
         t.port
