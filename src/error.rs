@@ -5,7 +5,7 @@
 //! | malformed request (Host missing/empty/duplicated/with userinfo, dot segments, encoded slashes) | 400 |
 //! | request body cut short or malformed by the client while it streams upstream | 400 |
 //! | no token, bad token, unknown/expired/unusable session | 401 + `WWW-Authenticate: Bearer` (RFC 6750 3) |
-//! | WebSocket upgrade from a foreign origin | 403 |
+//! | WebSocket upgrade from a foreign origin; CORS preflight from an origin not in `cors.allow_origins` | 403 |
 //! | TRACE, TRACK (would echo the injected credential) or CONNECT | 405 + `Allow` |
 //! | request body paused longer than `server.client_body_timeout_ms` | 408 |
 //! | body larger than `server.max_body_bytes` | 413 |
@@ -73,6 +73,9 @@ pub enum ProxyError {
     /// neither the request's host nor one of `websocket.allowed_origins`). 403.
     #[error("WebSocket upgrade from a foreign origin")]
     ForeignOrigin,
+    /// screen: a CORS preflight from an origin not in `cors.allow_origins`. 403.
+    #[error("CORS preflight from an origin not in cors.allow_origins")]
+    CorsOrigin,
     /// forward: `websocket.max_connections` WebSockets are open already. 503 with `Retry-After`.
     #[error("too many WebSocket connections")]
     TooManyWebSockets,
@@ -151,7 +154,7 @@ impl ProxyError {
             }
             Self::StoreUnavailable | Self::TooManyWebSockets => StatusCode::SERVICE_UNAVAILABLE,
             Self::TooManyWebSocketsForUser => StatusCode::TOO_MANY_REQUESTS,
-            Self::ForeignOrigin => StatusCode::FORBIDDEN,
+            Self::ForeignOrigin | Self::CorsOrigin => StatusCode::FORBIDDEN,
             Self::Upstream(f) => match f {
                 ForwardError::Connect(_) | ForwardError::Broken(_) | ForwardError::Closed => {
                     StatusCode::BAD_GATEWAY
@@ -310,6 +313,7 @@ mod tests {
             (ProxyError::UpstreamRejected, 401),
             (ProxyError::StoreUnavailable, 503),
             (ProxyError::ForeignOrigin, 403),
+            (ProxyError::CorsOrigin, 403),
             (ProxyError::TooManyWebSockets, 503),
             (ProxyError::TooManyWebSocketsForUser, 429),
             (ForwardError::Connect("x".into()).into(), 502),

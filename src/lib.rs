@@ -10,6 +10,7 @@ mod access_log;
 pub mod admin;
 mod busy_poll;
 pub mod config;
+pub mod cors;
 pub mod demo;
 pub mod downstream;
 pub mod error;
@@ -59,6 +60,8 @@ pub struct Config {
     pub websocket: proxy::WebSocketConfig,
     /// The JMAP mode; `None` unless `[jmap] session_urls = "absolute"`.
     pub jmap: Option<jmap::JmapConfig>,
+    /// CORS for pages of other origins; `None` when `[cors]` is absent.
+    pub cors: Option<cors::Cors>,
     /// The TLS listener; `None` when `[tls]` is absent.
     pub tls: Option<downstream::TlsConfig>,
     /// HTTP/3 on UDP; `None` when `[http3]` is absent.

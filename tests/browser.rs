@@ -182,3 +182,61 @@ fn websocket_page(t: &Tessera, base: &str, token: &str, sid: &str) {
         "{findings}"
     );
 }
+
+/// A page of another origin (`http://localhost:N`, nginx) calls the API at tessera
+/// (`http://127.0.0.1:M`) with a token in Chromium (`cors.mjs`): its preflighted PUT is answered
+/// and readable, an exposed field and a 401 too; the same call from an origin not allowed is
+/// refused by the browser.
+#[test]
+fn a_page_of_another_origin_calls_the_api_in_headless_chromium() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let nginx = support::Nginx::start_with(
+        r#"location = /app { default_type text/html; return 200 "<html><body>app</body></html>"; }
+    location = /api { add_header ETag '"v1"'; return 200 "api"; }"#,
+    );
+    let page_port = nginx.port;
+    let up = nginx.url();
+    let t = Tessera::start(move |port, dir| {
+        let cors = format!(
+            "[cors]\nallow_origins = [\"http://localhost:{page_port}\"]\nexpose_headers = [\"ETag\"]"
+        );
+        config(
+            port,
+            &up,
+            &format!("embedded:{}/s", dir.display()),
+            &[("tables", &cors)],
+        )
+    });
+    let (_, token) = t.create_session("alice", "pw");
+    let out = Command::new("node")
+        .arg(format!("{root}/tests/browser/cors.mjs"))
+        .arg(t.url(""))
+        .arg(format!("http://localhost:{page_port}/app"))
+        .arg(format!("http://127.0.0.1:{page_port}/app"))
+        .arg(&token)
+        .current_dir(format!("{root}/tests/browser"))
+        .output()
+        .expect("node");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "browser flow failed:\n{stdout}\n{}\ntessera log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        t.log()
+    );
+    let findings: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(findings.as_object().unwrap().len(), 4, "{findings}");
+    // The browser asked first, and tessera answered it alone.
+    let log = t.log();
+    assert!(
+        log.contains("method=OPTIONS path=/api status=204")
+            && log.contains("method=OPTIONS path=/api status=403"),
+        "{log}"
+    );
+    assert_eq!(
+        nginx.uris().iter().filter(|u| *u == "/api").count(),
+        1,
+        "only the allowed PUT reaches the upstream: {:?}",
+        nginx.uris()
+    );
+}

@@ -970,3 +970,34 @@ fn encoded_slashes_under_takes_whole_plain_path_prefixes() {
 fn minimal_config() -> Config {
     Config::from_toml_with(&minimal(), env).unwrap()
 }
+
+/// `[cors]` is read from the file, and a CORS field also in `server.response_headers` is
+/// refused by name (two grants would make browsers refuse both).
+#[test]
+fn cors_is_read_and_not_doubled_by_response_headers() {
+    let cors = "[cors]\nallow_origins = [\"https://app.example\"]\n";
+    let c = Config::from_toml_with(&format!("{}{cors}", minimal()), env).unwrap();
+    assert!(c.cors.is_some());
+    assert!(Config::from_toml_with(&minimal(), env)
+        .unwrap()
+        .cors
+        .is_none());
+    let text = format!(
+        "{}[server]\nresponse_headers = {{ \"Access-Control-Allow-Origin\" = \"*\" }}\n{cors}",
+        minimal()
+    );
+    let err = Config::from_toml_with(&text, env).unwrap_err().to_string();
+    assert!(
+        err.contains("server.response_headers.\"access-control-allow-origin\"")
+            && err.contains("[cors]"),
+        "{err}"
+    );
+    let unknown = format!(
+        "{}[cors]\nallow_origin = [\"https://app.example\"]\n",
+        minimal()
+    );
+    let err = Config::from_toml_with(&unknown, env)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("cors.allow_origin"), "{err}");
+}

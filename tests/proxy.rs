@@ -2503,3 +2503,98 @@ fn an_http2_client_gets_one_content_length_and_none_on_a_204() {
         "{out}"
     );
 }
+
+/// `[cors]`: a preflight is answered by tessera without a token and never reaches the upstream;
+/// an allowed origin's answers, tessera's 401 included, carry its `Access-Control-Allow-Origin`
+/// once, in place of the upstream's own; another origin's preflight gets 403 and its answers no
+/// grant; every answer varies by `Origin`.
+#[test]
+fn cors_preflights_are_answered_and_allowed_origins_marked() {
+    let origin = Nginx::start_with(
+        r#"location = /api { add_header Access-Control-Allow-Origin "*"; return 200 "api"; }"#,
+    );
+    let (t, token) = behind(
+        &origin.url(),
+        &[(
+            "tables",
+            "[cors]\nallow_origins = [\"https://app.example\"]\nexpose_headers = [\"ETag\"]\n\
+             allow_credentials = true\nmax_age = 600",
+        )],
+    );
+    let api = t.url("/api");
+    let ask = |origin: &str| {
+        curl(&[
+            "-i",
+            "-X",
+            "OPTIONS",
+            "-H",
+            &format!("Origin: {origin}"),
+            "-H",
+            "Access-Control-Request-Method: PUT",
+            "-H",
+            "Access-Control-Request-Headers: authorization",
+            &api,
+        ])
+    };
+    let (code, head) = ask("https://app.example");
+    assert_eq!(code, 204, "{head}");
+    let lower = head.to_ascii_lowercase();
+    for field in [
+        "access-control-allow-origin: https://app.example\r\n",
+        "access-control-allow-methods: get, head, post, put, patch, delete\r\n",
+        "access-control-allow-headers: authorization, content-type\r\n",
+        "access-control-max-age: 600\r\n",
+        "access-control-allow-credentials: true\r\n",
+        "vary: origin\r\n",
+    ] {
+        assert!(lower.contains(field), "{field:?} missing: {head}");
+    }
+    let (code, head) = ask("https://evil.example");
+    assert_eq!(code, 403, "{head}");
+    assert!(!head
+        .to_ascii_lowercase()
+        .contains("access-control-allow-origin"));
+    assert!(
+        origin.uris().is_empty(),
+        "a preflight was forwarded: {:?}",
+        origin.uris()
+    );
+
+    let get = |origin: &str, auth: &[&str]| {
+        let mut args = vec!["-i", "-H", origin];
+        args.extend_from_slice(auth);
+        args.push(&api);
+        curl(&args)
+    };
+    let auth = bearer(&token);
+    let (code, head) = get("Origin: https://app.example", &["-H", &auth]);
+    assert_eq!(code, 200, "{head}");
+    let lower = head.to_ascii_lowercase();
+    assert_eq!(
+        lower.matches("access-control-allow-origin:").count(),
+        1,
+        "{head}"
+    );
+    assert!(
+        lower.contains("access-control-allow-origin: https://app.example\r\n"),
+        "{head}"
+    );
+    assert!(
+        lower.contains("access-control-expose-headers: etag\r\n"),
+        "{head}"
+    );
+    // tessera's own refusal is readable by the page, so it can renew its token.
+    let (code, head) = get("Origin: https://app.example", &[]);
+    assert_eq!(code, 401, "{head}");
+    let lower = head.to_ascii_lowercase();
+    assert!(
+        lower.contains("access-control-allow-origin: https://app.example\r\n"),
+        "{head}"
+    );
+    // Another origin is granted nothing, the upstream's `*` included.
+    let (code, head) = get("Origin: https://evil.example", &["-H", &auth]);
+    assert_eq!(code, 200, "{head}");
+    let lower = head.to_ascii_lowercase();
+    assert!(!lower.contains("access-control-allow-origin"), "{head}");
+    assert!(lower.contains("vary: origin\r\n"), "{head}");
+}

@@ -44,27 +44,7 @@ pub(super) fn validate_websocket(
     let mut allowed_origins = Vec::new();
     for (i, text) in w.allowed_origins.unwrap_or_default().iter().enumerate() {
         let key = format!("websocket.allowed_origins[{i}]");
-        let origin = text.trim_end_matches('/').to_ascii_lowercase();
-        // Browsers leave the scheme's default port out of `Origin`.
-        let origin = match origin.strip_suffix(":443") {
-            Some(o) if origin.starts_with("https://") => o.to_string(),
-            _ => match origin.strip_suffix(":80") {
-                Some(o) if origin.starts_with("http://") => o.to_string(),
-                _ => origin,
-            },
-        };
-        let ok = origin.parse::<http::Uri>().is_ok_and(|u| {
-            matches!(u.scheme_str(), Some("http" | "https"))
-                && u.authority().is_some_and(|a| !a.as_str().contains('@'))
-                && u.path_and_query().is_none_or(|pq| pq.as_str() == "/")
-        });
-        if !ok {
-            return Err(ConfigError::new(
-                &key,
-                format!("`{text}` is not an origin; write scheme://host[:port], e.g. \"https://mail.example.com\""),
-            ));
-        }
-        allowed_origins.push(origin);
+        allowed_origins.push(super::cors::origin(&key, text)?);
     }
     let idle_timeout = match w.idle_timeout_ms.unwrap_or(600_000) {
         0 => None,

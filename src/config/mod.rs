@@ -12,6 +12,7 @@ use std::time::Duration;
 use zeroize::Zeroizing;
 
 mod changes;
+mod cors;
 mod exposed;
 mod extras;
 mod hints;
@@ -302,6 +303,16 @@ fn validate(raw: RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Conf
         .metrics
         .map(|m| validate_metrics(m, [server.listen, tls.as_ref().map(|t| t.listen)]))
         .transpose()?;
+    let cors = raw.cors.map(cors::validate_cors).transpose()?;
+    let set_by_cors = |name: &http::HeaderName| crate::cors::UPSTREAM_FIELDS.contains(name);
+    if let Some((name, _)) =
+        (server.response_headers.iter()).find(|(name, _)| cors.is_some() && set_by_cors(name))
+    {
+        return Err(ConfigError::new(
+            &format!("server.response_headers.\"{name}\""),
+            "is set by [cors] for the origins it allows; remove it here",
+        ));
+    }
     Ok(Config {
         server,
         upstream,
@@ -317,6 +328,7 @@ fn validate(raw: RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Conf
         metrics,
         websocket,
         jmap: validate_jmap(raw.jmap.unwrap_or_default())?,
+        cors,
         tls,
         http3,
     })

@@ -18,6 +18,7 @@ pub(super) struct RawConfig {
     pub(super) metrics: Option<RawMetrics>,
     pub(super) websocket: Option<RawWebSocket>,
     pub(super) jmap: Option<RawJmap>,
+    pub(super) cors: Option<RawCors>,
     pub(super) tls: Option<RawTls>,
     pub(super) http3: Option<RawHttp3>,
 }
@@ -60,6 +61,17 @@ pub(super) struct RawSni {
 pub(super) struct RawJmap {
     pub(super) session_urls: Option<String>,
     pub(super) session_path: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCors {
+    pub(super) allow_origins: Option<Vec<String>>,
+    pub(super) allow_methods: Option<Vec<String>>,
+    pub(super) allow_headers: Option<Vec<String>>,
+    pub(super) expose_headers: Option<Vec<String>>,
+    pub(super) max_age: Option<u32>,
+    pub(super) allow_credentials: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -42,6 +42,7 @@ impl Proxy {
     {
         // Written by `finish` when the answer is ready, or as 499 if this future is dropped first.
         let mut ctx = RequestCtx::new(self, &req, peer);
+        let cors = self.cors_for(&req);
         let (parts, body) = req.into_parts();
         let multiplexed = parts.version >= Version::HTTP_2;
         let mut body = Some(body);
@@ -72,7 +73,37 @@ impl Proxy {
         if let (Some(name), Some(id)) = (&self.request_id, ctx.request_id()) {
             resp.headers_mut().insert(name.clone(), id.clone());
         }
+        if let (Some(cors), Some(allowed)) = (&self.cors, cors) {
+            cors.mark(allowed, resp.headers_mut());
+        }
         resp
+    }
+
+    /// The screen's limits for a request to `path`: with `allow_encoded_slashes` under a
+    /// prefix of `server.allow_encoded_slashes_under`.
+    fn limits_for(&self, path: &str) -> Limits {
+        match self
+            .slashes_under
+            .iter()
+            .any(|p| path.starts_with(p.as_str()))
+        {
+            true => Limits {
+                allow_encoded_slashes: true,
+                ..self.limits
+            },
+            false => self.limits,
+        }
+    }
+
+    /// With `[cors]`, for a request that is not to a session endpoint (same-origin only):
+    /// `Some` of its [`crate::cors::Cors::allowed`] origin.
+    fn cors_for<B>(&self, req: &Request<B>) -> Option<Option<http::HeaderValue>> {
+        let cors = self.cors.as_ref()?;
+        let login = self.login.as_ref();
+        if login.is_some_and(|l| l.route(req.uri().path()).is_some()) {
+            return None;
+        }
+        Some(cors.allowed(req.headers()))
     }
 
     /// The phases after the head is read, top to bottom; `body` is taken when the request is
@@ -89,18 +120,7 @@ impl Proxy {
     {
         let extended =
             self.websockets.is_some() && super::websocket::from_extended_connect(&mut parts);
-        let path = parts.uri.path();
-        let limits = match self
-            .slashes_under
-            .iter()
-            .any(|p| path.starts_with(p.as_str()))
-        {
-            true => Limits {
-                allow_encoded_slashes: true,
-                ..self.limits
-            },
-            false => self.limits,
-        };
+        let limits = self.limits_for(parts.uri.path());
         let screened = screen::screen_request_with(&mut parts, &limits, &self.stripped)?;
         if let Some(port) = ctx.peer().to_https {
             if screened.host.is_empty() {
@@ -118,6 +138,12 @@ impl Proxy {
             return Ok(self
                 .session_endpoint(endpoint, &parts, &screened, body, ctx)
                 .await);
+        }
+        if let Some(cors) = &self.cors {
+            // Before authentication: a browser sends a preflight without credentials.
+            if crate::cors::is_preflight(&parts.method, &parts.headers) {
+                return cors.preflight(&parts.headers);
+            }
         }
         let session = match self.authenticate(&parts, ctx).await {
             Ok(session) => session,

@@ -93,6 +93,8 @@ pub struct Proxy {
     websockets: Option<WebSockets>,
     /// `[jmap]`: the session resource's URLs made absolute.
     jmap: Option<crate::jmap::JmapConfig>,
+    /// `[cors]`: preflights answered, allowed origins' answers marked.
+    cors: Option<crate::cors::Cors>,
     /// How a WebSocket's client side is made from hyper's upgraded connection (the downstream's
     /// own socket, see [`Proxy::with_client_side`]).
     client_side: crate::upstream::ClientSideFn,
@@ -186,11 +188,12 @@ impl Proxy {
                 _ => "http",
             },
             preserve_host: cfg.upstream.preserve_host,
-            // An upstream field that `server.response_headers` or the request id sets is
-            // replaced, not doubled.
+            // An upstream field that `server.response_headers`, the request id or `[cors]`
+            // sets is replaced, not doubled.
             strip_response: (cfg.upstream.strip_response_headers.iter())
                 .chain(cfg.server.response_headers.iter().map(|(name, _)| name))
                 .chain(&cfg.upstream.request_id_header)
+                .chain(cfg.cors.iter().flat_map(|_| &crate::cors::UPSTREAM_FIELDS))
                 .cloned()
                 .collect(),
             own_cookies: cfg.login.iter().flat_map(|l| l.own_cookies()).collect(),
@@ -208,6 +211,7 @@ impl Proxy {
             trusted_proxies: cfg.server.trusted_proxies.clone(),
             client_side: crate::upstream::upgraded_as_is,
             jmap: cfg.jmap.clone(),
+            cors: cfg.cors.clone(),
             websockets: (cfg.websocket.max_connections > 0).then(|| WebSockets {
                 slots: Arc::new(tokio::sync::Semaphore::new(cfg.websocket.max_connections)),
                 users: crate::upstream::Shares::new(
