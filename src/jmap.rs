@@ -2,10 +2,13 @@
 //! names `apiUrl`, `downloadUrl`, `uploadUrl` and `eventSourceUrl` as paths (`/jmap/`), which
 //! some JMAP client libraries refuse (jmap-jam: "Failed to parse URL", jmapc: "Invalid URL");
 //! with `session_urls = "absolute"` tessera makes them absolute on the scheme and authority the
-//! client used. Templates (`{accountId}`) are kept verbatim. With `server.max_body_bytes`, the
-//! core capability's `maxSizeUpload` and `maxSizeRequest` are lowered to it, so that clients do
-//! not send what tessera would refuse (413). Everything else passes untouched.
-//! Must never: rewrite a body it did not read whole, or anything but those six members.
+//! client used. Templates (`{accountId}`) are kept verbatim. The WebSocket capability's `url`
+//! (RFC 8887), which Cyrus writes as `wss:/jmap/ws/` (a scheme and a path, no host: a client
+//! resolving it takes `jmap` for the host), becomes `wss://` or `ws://` on the client's host, as
+//! the client's own scheme is https or http. With `server.max_body_bytes`, the core capability's
+//! `maxSizeUpload` and `maxSizeRequest` are lowered to it, so that clients do not send what
+//! tessera would refuse (413). Everything else passes untouched.
+//! Must never: rewrite a body it did not read whole, or anything but those seven members.
 
 use bytes::Bytes;
 use http::header;
@@ -86,19 +89,51 @@ pub fn absolute_session(
     let mut changed = lower_size_limits(object, max_body_bytes);
     for member in URL_MEMBERS {
         if let Some(serde_json::Value::String(url)) = object.get_mut(member) {
-            if url.starts_with('/') && !url.starts_with("//") {
-                let path = match url.strip_prefix(origin.base_path) {
-                    _ if origin.base_path.is_empty() => url.as_str(),
-                    Some("") => "/",
-                    Some(rest) if rest.starts_with(['/', '?']) => rest,
-                    _ => url.as_str(),
-                };
-                *url = format!("{}{path}", origin.client);
+            if let Some(absolute) = on_client_side(url, origin, false) {
+                *url = absolute;
                 changed = true;
             }
         }
     }
+    let websocket = object
+        .get_mut("capabilities")
+        .and_then(|c| c.get_mut("urn:ietf:params:jmap:websocket"))
+        .and_then(|w| w.get_mut("url"));
+    if let Some(serde_json::Value::String(url)) = websocket {
+        if let Some(absolute) = on_client_side(url, origin, true) {
+            *url = absolute;
+            changed = true;
+        }
+    }
     changed.then(|| serde_json::to_vec(&value).ok()).flatten()
+}
+
+/// `url` made absolute on `origin`, less the upstream's base path, when it names no host: a
+/// path (`/jmap/`), or for a WebSocket (`ws`) also a path after `ws:` or `wss:` (Cyrus's
+/// `wss:/jmap/ws/`), whose scheme then follows the client's (`wss` for https, `ws` for http).
+/// `None` for a URL with a host (`https://up/`, `//up/`), or anything else.
+fn on_client_side(url: &str, origin: Origin<'_>, ws: bool) -> Option<String> {
+    let path = match ws {
+        true => url
+            .strip_prefix("wss:")
+            .or_else(|| url.strip_prefix("ws:"))
+            .unwrap_or(url),
+        false => url,
+    };
+    if !path.starts_with('/') || path.starts_with("//") {
+        return None;
+    }
+    let path = match path.strip_prefix(origin.base_path) {
+        _ if origin.base_path.is_empty() => path,
+        Some("") => "/",
+        Some(rest) if rest.starts_with(['/', '?']) => rest,
+        _ => path,
+    };
+    match ws {
+        // `http://` -> `ws://`, `https://` -> `wss://` (RFC 6455 section 3).
+        true => Some(format!("ws{}{path}", origin.client.strip_prefix("http")?)),
+        false => Some(format!("{}{path}", origin.client)),
+    }
 }
 
 /// `urn:ietf:params:jmap:core`'s [`SIZE_LIMITS`] above `max` (when not 0) set to `max`;
@@ -276,6 +311,42 @@ mod tests {
         assert_eq!(v["apiUrl"], "https://t/jmap/");
         assert_eq!(v["uploadUrl"], "https://t/mailbox/up/", "another path");
         assert_eq!(v["downloadUrl"], "https://t/", "the base path itself");
+    }
+
+    /// Cyrus's `wss:/jmap/ws/` names no host; it gets the client's, with the WebSocket scheme
+    /// of the client's own. One that names a host stays.
+    #[test]
+    fn the_websocket_url_gets_the_clients_host_and_scheme() {
+        let cyrus = br#"{"capabilities":{"urn:ietf:params:jmap:websocket":{"url":"wss:/jmap/ws/","supportsPush":true}}}"#;
+        let ws_url = |client: &str| {
+            let out = absolute_session(cyrus, at(client), 0).unwrap();
+            let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+            let ws = &v["capabilities"]["urn:ietf:params:jmap:websocket"];
+            assert_eq!(ws["supportsPush"], true);
+            ws["url"].as_str().unwrap().to_owned()
+        };
+        assert_eq!(
+            ws_url("https://mail.example:8443"),
+            "wss://mail.example:8443/jmap/ws/"
+        );
+        assert_eq!(
+            ws_url("http://127.0.0.1:8080"),
+            "ws://127.0.0.1:8080/jmap/ws/"
+        );
+        let path = br#"{"capabilities":{"urn:ietf:params:jmap:websocket":{"url":"/mail/ws/"}}}"#;
+        let origin = Origin {
+            client: "https://t",
+            base_path: "/mail",
+        };
+        let v: serde_json::Value =
+            serde_json::from_slice(&absolute_session(path, origin, 0).unwrap()).unwrap();
+        assert_eq!(
+            v["capabilities"]["urn:ietf:params:jmap:websocket"]["url"],
+            "wss://t/ws/"
+        );
+        let hosted =
+            br#"{"capabilities":{"urn:ietf:params:jmap:websocket":{"url":"wss://up/ws/"}}}"#;
+        assert_eq!(absolute_session(hosted, at("https://t"), 0), None);
     }
 
     /// One that says it is larger than the rewrite reads passes as sent (not a 502).

@@ -289,15 +289,17 @@ fn a_cache_in_front_does_not_serve_one_users_answer_to_anyone() {
     assert!(!body.to_ascii_lowercase().contains("private"), "{body}");
 }
 
-/// The JMAP mode asks the upstream for the whole session resource: a client's range or
-/// condition (nginx answers them for a static file: 206, 304) would answer for the upstream's
-/// bytes, not the rewritten ones; the rewritten answer carries none of the upstream's
-/// validators.
+/// The JMAP mode asks the upstream for the whole session resource (its URLs made absolute, the
+/// WebSocket one included): a client's range or condition (nginx answers them for a static
+/// file: 206, 304) would answer for the upstream's bytes, not the rewritten ones; the
+/// rewritten answer carries none of the upstream's validators.
 #[test]
 fn a_jmap_session_request_gets_the_whole_rewritten_resource() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("session.json");
-    std::fs::write(&file, r#"{"apiUrl":"/jmap/api/","state":"1"}"#).unwrap();
+    // Cyrus's WebSocket capability as its source writes it (the Debian build has none).
+    let session = r#"{"apiUrl":"/jmap/api/","capabilities":{"urn:ietf:params:jmap:websocket":{"supportsPush":true,"url":"wss:/jmap/ws/"}},"state":"1"}"#;
+    std::fs::write(&file, session).unwrap();
     let origin = Nginx::start_with(&format!(
         "location = /.well-known/jmap {{ default_type application/json; alias {}; }}",
         file.display()
@@ -310,7 +312,7 @@ fn a_jmap_session_request_gets_the_whole_rewritten_resource() {
     let (_, head) = curl(&["-sI", &direct]);
     let etag = etag_of(&head);
     let whole = format!(
-        r#"{{"apiUrl":"http://127.0.0.1:{}/jmap/api/","state":"1"}}"#,
+        r#"{{"apiUrl":"http://127.0.0.1:{0}/jmap/api/","capabilities":{{"urn:ietf:params:jmap:websocket":{{"supportsPush":true,"url":"ws://127.0.0.1:{0}/jmap/ws/"}}}},"state":"1"}}"#,
         t.port
     );
     for condition in [
