@@ -13,7 +13,7 @@
 //! | header bytes above `server.max_header_bytes` | 431 |
 //! | a `Transfer-Encoding` other than `chunked` alone | 501 |
 //! | upstream refused, reset, invalid answer; pool shut down | 502 |
-//! | session store down or slow; `websocket.max_connections` tunnels open | 503 + `Retry-After` |
+//! | session store down or slow; `websocket.max_connections` tunnels or `upstream.max_event_streams` event streams open | 503 + `Retry-After` |
 //! | upstream connect or response-head timeout | 504 |
 //! | upstream 401 to the stored credentials, refused again at `login.verify_path` (session deleted) | 401 + `WWW-Authenticate: Bearer ... error_description="upstream rejected credentials"` |
 //!
@@ -163,6 +163,7 @@ impl ProxyError {
                 ForwardError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
                 ForwardError::ClientBody(_) => StatusCode::BAD_REQUEST,
                 ForwardError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+                ForwardError::TooManyEventStreams => StatusCode::SERVICE_UNAVAILABLE,
             },
         }
     }
@@ -201,7 +202,10 @@ impl ProxyError {
                     HeaderValue::from_static(UPSTREAM_REJECTED),
                 );
             }
-            Self::StoreUnavailable | Self::TooManyWebSockets | Self::TooManyWebSocketsForUser => {
+            Self::StoreUnavailable
+            | Self::TooManyWebSockets
+            | Self::TooManyWebSocketsForUser
+            | Self::Upstream(ForwardError::TooManyEventStreams) => {
                 h.insert(RETRY_AFTER, HeaderValue::from_static("1"));
             }
             Self::Screen(ScreenError::MethodNotAllowed) => {
@@ -321,6 +325,7 @@ mod tests {
             (ForwardError::Timeout.into(), 504),
             (ForwardError::BodyTooLarge.into(), 413),
             (ForwardError::BodyTimeout.into(), 408),
+            (ForwardError::TooManyEventStreams.into(), 503),
             (ForwardError::ClientBody("x".into()).into(), 400),
             (ForwardError::Broken("x".into()).into(), 502),
             (ForwardError::Closed.into(), 502),

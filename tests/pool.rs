@@ -1379,6 +1379,7 @@ fn settings(
         tls: None,
         max_connections: cap,
         max_connections_per_user: cap,
+        max_event_streams: cap,
         max_idle_connections: cap,
         probe_timeout: None,
         connect_timeout: Duration::from_secs(2),

@@ -2361,7 +2361,8 @@ impl EventStream {
         let mut sock = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
         write!(
             sock,
-            "GET /events HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {token}\r\n\r\n"
+            "GET /events HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {token}\r\n\
+             Accept: text/event-stream\r\n\r\n"
         )
         .unwrap();
         let mut s = Self {
@@ -2449,6 +2450,72 @@ impl EventStream {
         );
         Some(start.elapsed())
     }
+}
+
+/// `upstream.max_event_streams`: an event stream past it is answered 503 with `Retry-After`,
+/// never queued, while API calls still find upstream connections; a place its stream left is
+/// taken again.
+#[test]
+fn event_streams_past_their_cap_are_refused_and_api_calls_go_on() {
+    let up = users();
+    let url = up.url();
+    let pool = [
+        ("upstream", "max_connections = 3"),
+        ("upstream", "max_connections_per_user = 3"),
+        ("upstream", "max_event_streams = 2"),
+    ];
+    let t = Tessera::start(move |port, dir| {
+        config(port, &url, &format!("embedded:{}/s", dir.display()), &pool)
+    });
+    let (_, token) = t.create_session("alice", "alice-pw");
+    let first = EventStream::open(&t, &token);
+    let _second = EventStream::open(&t, &token);
+    let third = call(&[
+        "--max-time",
+        "5",
+        "-H",
+        &bearer(&token),
+        "-H",
+        "Accept: text/event-stream",
+        &t.url("/events"),
+    ]);
+    assert_eq!(third.code, 503, "{} {}", third.headers, third.body);
+    assert!(
+        third
+            .headers
+            .to_ascii_lowercase()
+            .contains("retry-after: 1"),
+        "{}",
+        third.headers
+    );
+    assert!(upstream_streams(&up, 2), "the third reached the upstream");
+    for _ in 0..3 {
+        assert_eq!(curl(&["-H", &bearer(&token), &t.url("/x")]).0, 200);
+    }
+    // The first page leaves: its place is found free once tessera's next write fails.
+    drop(first);
+    let reopened = (0..100).any(|_| {
+        let code = curl(&[
+            "--max-time",
+            "1",
+            "-H",
+            &bearer(&token),
+            "-H",
+            "Accept: text/event-stream",
+            &t.url("/events"),
+        ])
+        .0;
+        code == 200 || {
+            std::thread::sleep(Duration::from_millis(50));
+            false
+        }
+    });
+    assert!(
+        reopened,
+        "the place of a closed stream was not freed: {}",
+        t.log()
+    );
+    assert!(t.log().contains("too many event streams"), "{}", t.log());
 }
 
 /// Waits up to 5 s for the upstream to be sending exactly `n` event streams.

@@ -118,6 +118,7 @@ pub(super) struct RawUpstream {
     pub(super) client_private_key: Option<String>,
     pub(super) max_connections: Option<usize>,
     pub(super) max_connections_per_user: Option<usize>,
+    pub(super) max_event_streams: Option<usize>,
     pub(super) max_idle_connections: Option<usize>,
     pub(super) probe_timeout_ms: Option<u64>,
     pub(super) connect_timeout_ms: Option<u64>,

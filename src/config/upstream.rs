@@ -28,6 +28,7 @@ pub(super) fn validate_upstream(
         ));
     }
     let max_connections_per_user = per_user(u.max_connections_per_user, max_connections)?;
+    let max_event_streams = event_streams(u.max_event_streams, max_connections)?;
     let max_idle_connections = match u.max_idle_connections {
         None => max_connections.div_ceil(4),
         Some(n) if n <= max_connections => n,
@@ -62,6 +63,7 @@ pub(super) fn validate_upstream(
         tls,
         max_connections,
         max_connections_per_user,
+        max_event_streams,
         max_idle_connections,
         probe_timeout: match u.probe_timeout_ms.unwrap_or(0) {
             0 => None,
@@ -261,6 +263,22 @@ fn drain(
         ));
     }
     Ok(drain)
+}
+
+/// `upstream.max_event_streams`: 1..=`max_connections`, default half of it (at least 1).
+fn event_streams(n: Option<usize>, max_connections: usize) -> Result<usize, ConfigError> {
+    let default = (max_connections / 2).max(1);
+    match n {
+        None => Ok(default),
+        Some(n) if (1..=max_connections).contains(&n) => Ok(n),
+        Some(n) => Err(ConfigError::new(
+            "upstream.max_event_streams",
+            format!(
+                "must be between 1 and upstream.max_connections ({max_connections}), not {n} \
+                 (equal: no bound; leave it out for {default})"
+            ),
+        )),
+    }
 }
 
 /// `upstream.max_connections_per_user`: 1..=`max_connections`.

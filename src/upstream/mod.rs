@@ -106,13 +106,16 @@ pub enum ForwardError {
     /// The pool is shut down.
     #[error("upstream pool closed")]
     Closed,
+    /// `upstream.max_event_streams` event streams are open already. 503 with `Retry-After`.
+    #[error("too many event streams (upstream.max_event_streams)")]
+    TooManyEventStreams,
 }
 
 /// The upstream: one address, one pool.
 pub struct Upstream {
     pool: Arc<Pool>,
     header_timeout: Duration,
-    /// Each user's and each HTTP/2 connection's share of the pool.
+    /// Each user's and each HTTP/2 connection's share of the pool, and the event streams'.
     shares: share::Shares,
 }
 
@@ -145,7 +148,8 @@ impl Upstream {
         Self {
             pool: Pool::new(addr, settings, threads),
             header_timeout: settings.response_header_timeout,
-            shares: share::Shares::new(settings.max_connections_per_user, settings.max_connections),
+            shares: share::Shares::new(settings.max_connections_per_user, settings.max_connections)
+                .bounding_event_streams(settings.max_event_streams, settings.max_connections),
         }
     }
 
@@ -263,9 +267,10 @@ impl Upstream {
         shares: RequestShares<'_>,
     ) -> Result<Response<ProxyBody>, ForwardError> {
         let key = self.pool.affinity_key(req.headers());
+        let stream = self.shares.event_stream(req.headers())?;
         let held = self.shares.take(shares.user, shares.connection).await;
         let mut conn = self.pool.checkout(key.clone()).await?;
-        conn.hold(held);
+        conn.hold(held.with(stream));
         let (retry, err) = match conn.send(req).await {
             Ok(head) => return Ok(wrap(head, conn)),
             Err(e) => {
@@ -297,9 +302,10 @@ impl Upstream {
         req: Request<UpBody>,
         shares: RequestShares<'_>,
     ) -> Result<Response<ProxyBody>, ForwardError> {
+        let stream = self.shares.event_stream(req.headers())?;
         let held = self.shares.take(shares.user, shares.connection).await;
         let mut conn = self.pool.checkout_fresh(key).await?;
-        conn.hold(held);
+        conn.hold(held.with(stream));
         match conn.send(req).await {
             Ok(head) => Ok(wrap(head, conn)),
             Err(e) => {

@@ -99,9 +99,36 @@ pub fn empty_body() -> UpBody {
         .boxed()
 }
 
+/// Whether `fields` ask for an event stream: an `Accept` naming `text/event-stream` (ASCII
+/// case ignored), as a page's `EventSource` sends (HTML, "Server-sent events").
+pub(super) fn asks_for_event_stream(fields: &HeaderMap) -> bool {
+    const TYPE: &[u8] = b"text/event-stream";
+    fields.get_all(http::header::ACCEPT).iter().any(|v| {
+        let v = v.as_bytes();
+        (0..(v.len() + 1).saturating_sub(TYPE.len()))
+            .any(|i| v[i] | 0x20 == b't' && v[i..i + TYPE.len()].eq_ignore_ascii_case(TYPE))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_event_stream_is_asked_for_by_its_media_type_in_accept() {
+        let asks = |values: &[&'static str]| {
+            let mut fields = HeaderMap::new();
+            for v in values {
+                fields.append(http::header::ACCEPT, http::HeaderValue::from_static(v));
+            }
+            asks_for_event_stream(&fields)
+        };
+        assert!(asks(&["text/event-stream"]));
+        assert!(asks(&["application/json", "Text/Event-Stream;q=0.9"]));
+        assert!(!asks(&["application/json, */*"]));
+        assert!(!asks(&["text/event-strea"]));
+        assert!(!asks(&[]));
+    }
 
     #[test]
     fn a_recycled_header_map_comes_back_empty_with_its_room_and_a_large_one_is_dropped() {

@@ -13,7 +13,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use http::HeaderValue;
+use http::{HeaderMap, HeaderValue};
+
+use super::ForwardError;
 
 use crate::share::{Share, SharePermit};
 
@@ -35,6 +37,8 @@ pub struct Shares {
     hash: CredentialHash,
     /// Requests that waited because their user or downstream connection held its share.
     waited: AtomicU64,
+    /// `upstream.max_event_streams`; `None` when it is the pool's cap (no bound).
+    event_streams: Option<Arc<Share>>,
 }
 
 /// A keyed 128-bit hash (SipHash-2-4) of an upstream credential, for tables keyed by user that
@@ -76,6 +80,18 @@ struct Users {
 pub struct Held {
     _user: Option<SharePermit>,
     _downstream: Option<SharePermit>,
+    /// Its place under `upstream.max_event_streams`, if it asked for an event stream.
+    _event_stream: Option<SharePermit>,
+}
+
+impl Held {
+    /// The same permits, and `event_stream`'s.
+    pub fn with(self, event_stream: Option<SharePermit>) -> Self {
+        Self {
+            _event_stream: event_stream,
+            ..self
+        }
+    }
 }
 
 impl Shares {
@@ -91,6 +107,31 @@ impl Shares {
             users: Mutex::new(Users::default()),
             hash: CredentialHash::new(),
             waited: AtomicU64::new(0),
+            event_streams: None,
+        }
+    }
+
+    /// The same shares, with at most `max` event streams out of a pool of `max_connections`
+    /// (`upstream.max_event_streams`; equal: no bound).
+    pub fn bounding_event_streams(self, max: usize, max_connections: usize) -> Self {
+        Self {
+            event_streams: (max < max_connections).then(|| Arc::new(Share::new(max))),
+            ..self
+        }
+    }
+
+    /// A place under `upstream.max_event_streams` for a request whose `fields` ask for an event
+    /// stream, held with its connection ([`Held::with`]); `None` for any other request, or with
+    /// no bound. Never waits: a page's `EventSource` would hold its place in the queue.
+    ///
+    /// Errors: [`ForwardError::TooManyEventStreams`] when every place is taken.
+    pub fn event_stream(&self, fields: &HeaderMap) -> Result<Option<SharePermit>, ForwardError> {
+        match &self.event_streams {
+            Some(places) if super::request::asks_for_event_stream(fields) => places
+                .try_acquire()
+                .map(Some)
+                .ok_or(ForwardError::TooManyEventStreams),
+            _ => Ok(None),
         }
     }
 
@@ -143,6 +184,7 @@ impl Shares {
             (None | Some(Some(_)), None | Some(Some(_))) => Held {
                 _user: free.0.flatten(),
                 _downstream: free.1.flatten(),
+                _event_stream: None,
             },
             _ => {
                 drop(free);
@@ -166,6 +208,7 @@ impl Shares {
                 Some(share) => Some(self.acquire(share).await),
                 None => None,
             },
+            _event_stream: None,
         }
     }
 
