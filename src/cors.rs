@@ -67,16 +67,16 @@ pub struct Cors {
 
 impl Cors {
     /// The `Access-Control-Allow-Origin` value for a request with `fields`: `*` for any origin,
-    /// else the request's own `Origin` when it is listed (compared ignoring ASCII case);
-    /// `None` without `Origin` or for an origin not listed.
+    /// on every answer (with or without `Origin`: a cache then holds one answer fit for all,
+    /// as Fetch's "CORS protocol and HTTP caches" asks), else the request's own `Origin` when
+    /// it is listed; `None` without `Origin` or for an origin not listed.
     pub fn allowed(&self, fields: &HeaderMap) -> Option<HeaderValue> {
-        let origin = fields.get(header::ORIGIN)?;
         match &self.origins {
             Origins::Any => Some(HeaderValue::from_static("*")),
-            Origins::List(list) => list
-                .iter()
-                .any(|o| o.as_bytes().eq_ignore_ascii_case(origin.as_bytes()))
-                .then(|| origin.clone()),
+            Origins::List(list) => fields
+                .get(header::ORIGIN)
+                .filter(|origin| listed(origin.as_bytes(), list))
+                .cloned(),
         }
     }
 
@@ -139,6 +139,13 @@ impl Cors {
             out.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, expose.clone());
         }
     }
+}
+
+/// Whether `origin` (an `Origin` value) is one of `list` (lowercase `scheme://host[:port]`,
+/// default ports removed, as the config keeps them), ASCII case ignored.
+pub fn listed(origin: &[u8], list: &[String]) -> bool {
+    list.iter()
+        .any(|o| o.as_bytes().eq_ignore_ascii_case(origin))
 }
 
 /// Whether a request is a CORS preflight: `OPTIONS` with `Origin` and
@@ -269,7 +276,8 @@ mod tests {
             ..cors(Origins::Any, AllowHeaders::Mirror)
         };
         let mut out = HeaderMap::new();
-        any.mark(Some(HeaderValue::from_static("*")), &mut out);
+        any.mark(any.allowed(&HeaderMap::new()), &mut out);
+        assert_eq!(out["access-control-allow-origin"], "*");
         assert!(!out.contains_key(header::VARY));
         assert!(!out.contains_key(header::ACCESS_CONTROL_ALLOW_CREDENTIALS));
     }

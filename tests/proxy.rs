@@ -2513,7 +2513,9 @@ fn an_http2_client_gets_one_content_length_and_none_on_a_204() {
 #[test]
 fn cors_preflights_are_answered_and_allowed_origins_marked() {
     let origin = Nginx::start_with(
-        r#"location = /api { add_header Access-Control-Allow-Origin "*"; return 200 "api"; }"#,
+        r#"location = /api { add_header Access-Control-Allow-Origin "*";
+        add_header Access-Control-Allow-Credentials true; add_header Access-Control-Expose-Headers X-Up;
+        return 200 "api"; }"#,
     );
     let (t, token) = behind(
         &origin.url(),
@@ -2585,6 +2587,12 @@ fn cors_preflights_are_answered_and_allowed_origins_marked() {
         lower.contains("access-control-expose-headers: etag\r\n"),
         "{head}"
     );
+    for one in [
+        "access-control-expose-headers:",
+        "access-control-allow-credentials:",
+    ] {
+        assert_eq!(lower.matches(one).count(), 1, "the upstream's kept: {head}");
+    }
     // tessera's own refusal is readable by the page, so it can renew its token.
     let (code, head) = get("Origin: https://app.example", &[]);
     assert_eq!(code, 401, "{head}");
@@ -2599,4 +2607,48 @@ fn cors_preflights_are_answered_and_allowed_origins_marked() {
     let lower = head.to_ascii_lowercase();
     assert!(!lower.contains("access-control-allow-origin"), "{head}");
     assert!(lower.contains("vary: origin\r\n"), "{head}");
+
+    // Every origin, the fields a preflight asks for: `*` on every answer, `Origin` or not.
+    let (any, token) = behind(
+        &origin.url(),
+        &[(
+            "tables",
+            "[cors]\nallow_origins = [\"*\"]\nallow_headers = [\"*\"]",
+        )],
+    );
+    let (code, head) = curl(&[
+        "-i",
+        "-X",
+        "OPTIONS",
+        "-H",
+        "Origin: https://any.example",
+        "-H",
+        "Access-Control-Request-Method: GET",
+        "-H",
+        "Access-Control-Request-Headers: authorization,x-trace",
+        &any.url("/api"),
+    ]);
+    assert_eq!(code, 204, "{head}");
+    let lower = head.to_ascii_lowercase();
+    assert!(
+        lower.contains("access-control-allow-headers: authorization,x-trace\r\n"),
+        "{head}"
+    );
+    assert!(
+        lower.contains("access-control-allow-origin: *\r\n"),
+        "{head}"
+    );
+    let (code, head) = curl(&["-i", "-H", &bearer(&token), &any.url("/api")]);
+    assert_eq!(code, 200, "{head}");
+    let lower = head.to_ascii_lowercase();
+    assert_eq!(
+        lower.matches("access-control-allow-origin").count(),
+        1,
+        "{head}"
+    );
+    assert!(
+        lower.contains("access-control-allow-origin: *\r\n"),
+        "{head}"
+    );
+    assert!(!lower.contains("vary: origin"), "{head}");
 }

@@ -950,8 +950,19 @@ fn a_browser_without_a_token_is_sent_to_the_login_page() {
         nav.header("location").as_deref(),
         Some("/auth/login?rd=%2Fmail%2Finbox%3Fx%3D1")
     );
-    // API clients get the 401
+    // API clients get the 401, and so does a page's own fetch asking for HTML (which could
+    // not use the login page; from another origin, a redirect leaves it no answer at all).
     assert_eq!(curl(&[&t.url("/mail/inbox")]).0, 401);
+    let fetch = ["-H", "Accept: text/html", "-H", "Sec-Fetch-Mode: cors"];
+    assert_eq!(
+        curl(&[&fetch[..], &[&t.url("/mail/inbox")]].concat()).0,
+        401
+    );
+    let navigate = ["-H", "Accept: text/html", "-H", "Sec-Fetch-Mode: navigate"];
+    assert_eq!(
+        curl(&[&navigate[..], &[&t.url("/mail/inbox")]].concat()).0,
+        303
+    );
 }
 
 #[test]

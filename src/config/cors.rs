@@ -66,35 +66,62 @@ pub(super) fn validate_cors(c: RawCors) -> Result<Cors, ConfigError> {
         }
         Origins::List(list)
     };
-    let default_methods = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"];
-    let methods = c
-        .allow_methods
-        .unwrap_or_else(|| default_methods.map(String::from).to_vec());
-    for (i, m) in methods.iter().enumerate() {
-        if http::Method::from_bytes(m.as_bytes()).is_err() || m.is_empty() {
-            return Err(ConfigError::new(
-                &format!("cors.allow_methods[{i}]"),
-                format!("`{m}` is not a method name; write e.g. \"PUT\""),
-            ));
-        }
-    }
+    let methods = allow_methods(c.allow_methods, allow_credentials)?;
     let allow_headers = match c.allow_headers.as_deref() {
         Some([star]) if star == "*" => AllowHeaders::Mirror,
         Some(names) => AllowHeaders::List(names_value("cors.allow_headers", names)?),
         None => AllowHeaders::List(HeaderValue::from_static("Authorization, Content-Type")),
     };
     let expose = c.expose_headers.unwrap_or_default();
+    let expose_star = expose.len() == 1 && expose[0] == "*" && !allow_credentials;
     Ok(Cors {
         origins,
         allow_methods: list_value(&methods),
         allow_headers,
-        expose_headers: match expose.is_empty() {
-            true => None,
-            false => Some(names_value("cors.expose_headers", &expose)?),
+        expose_headers: match (expose.is_empty(), expose_star) {
+            (true, _) => None,
+            (false, true) => Some(HeaderValue::from_static("*")),
+            (false, false) => Some(names_value("cors.expose_headers", &expose)?),
         },
         max_age: c.max_age.unwrap_or(7200),
         allow_credentials,
     })
+}
+
+/// `cors.allow_methods` (default `GET, HEAD, POST, PUT, PATCH, DELETE`): method names, the six
+/// a browser upper-cases (DELETE, GET, HEAD, OPTIONS, POST, PUT) upper-cased here too, as its
+/// comparison is case-sensitive; or `["*"]` alone without credentials.
+///
+/// Errors: an empty list, a name that is no method, `*` among others or with credentials.
+fn allow_methods(
+    listed: Option<Vec<String>>,
+    credentials: bool,
+) -> Result<Vec<String>, ConfigError> {
+    let default = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"];
+    let mut methods = listed.unwrap_or_else(|| default.map(String::from).to_vec());
+    if methods.is_empty() {
+        return Err(ConfigError::new(
+            "cors.allow_methods",
+            "is empty: list the methods pages may use, or leave it out for GET, HEAD, POST, PUT, \
+             PATCH, DELETE",
+        ));
+    }
+    let star_alone = methods.len() == 1 && methods[0] == "*" && !credentials;
+    for (i, m) in methods.iter_mut().enumerate() {
+        let upper = m.to_ascii_uppercase();
+        if ["DELETE", "GET", "HEAD", "OPTIONS", "POST", "PUT"].contains(&upper.as_str()) {
+            *m = upper;
+        } else if !(star_alone || (m != "*" && http::Method::from_bytes(m.as_bytes()).is_ok())) {
+            return Err(ConfigError::new(
+                &format!("cors.allow_methods[{i}]"),
+                format!(
+                    "`{m}` is not a method name (\"*\" only alone, and not with \
+                     cors.allow_credentials); write e.g. \"PUT\""
+                ),
+            ));
+        }
+    }
+    Ok(methods)
 }
 
 /// Field names as one comma-separated value.
@@ -105,7 +132,7 @@ fn names_value(key: &str, names: &[String]) -> Result<HeaderValue, ConfigError> 
         if name == "*" || HeaderName::from_bytes(name.as_bytes()).is_err() {
             return Err(ConfigError::new(
                 &format!("{key}[{i}]"),
-                format!("`{name}` is not a header field name; write e.g. \"Content-Type\" (or [\"*\"] alone in cors.allow_headers)"),
+                format!("`{name}` is not a header field name; write e.g. \"Content-Type\" (\"*\" only alone, and in expose_headers not with allow_credentials)"),
             ));
         }
     }
@@ -169,6 +196,21 @@ mod tests {
             ),
             (
                 RawCors {
+                    allow_methods: Some(vec![]),
+                    ..raw(&["https://a.example"])
+                },
+                "cors.allow_methods",
+            ),
+            (
+                RawCors {
+                    allow_methods: Some(vec!["*".into()]),
+                    allow_credentials: Some(true),
+                    ..raw(&["https://a.example"])
+                },
+                "cors.allow_methods[0]",
+            ),
+            (
+                RawCors {
                     allow_headers: Some(vec!["Authorization".into(), "*".into()]),
                     ..raw(&["https://a.example"])
                 },
@@ -197,5 +239,19 @@ mod tests {
         .unwrap();
         assert_eq!(c.allow_headers, AllowHeaders::Mirror);
         assert_eq!(c.origins, Origins::Any);
+    }
+
+    /// Browsers upper-case six method names and compare case-sensitively: those are kept in
+    /// upper case, any other as written.
+    #[test]
+    fn the_methods_browsers_normalize_are_upper_cased() {
+        let c = validate_cors(RawCors {
+            allow_methods: Some(vec!["put".into(), "delete".into(), "PROPFIND".into()]),
+            expose_headers: Some(vec!["*".into()]),
+            ..raw(&["https://a.example"])
+        })
+        .unwrap();
+        assert_eq!(c.allow_methods, "PUT, DELETE, PROPFIND");
+        assert_eq!(c.expose_headers.unwrap(), "*");
     }
 }

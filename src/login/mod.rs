@@ -219,13 +219,15 @@ impl Login {
     }
 
     /// True when an unauthenticated request should be sent to the login page instead of a 401:
-    /// a browser navigation (`GET`, `Accept` has `text/html`).
+    /// a browser navigation (`GET`, `Accept` has `text/html`, and no `Sec-Fetch-Mode` other than
+    /// `navigate`: a page's own `fetch` reads the 401 and renews its token, where a redirect
+    /// would hand it a page it cannot use, or, from another origin, no answer at all).
     pub fn wants_login_page(parts: &Parts) -> bool {
+        let h = &parts.headers;
         parts.method == Method::GET
-            && parts
-                .headers
-                .get(header::ACCEPT)
+            && h.get(header::ACCEPT)
                 .and_then(|v| v.to_str().ok())
                 .is_some_and(|a| a.contains("text/html"))
+            && h.get("sec-fetch-mode").is_none_or(|m| m == "navigate")
     }
 }

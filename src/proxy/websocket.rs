@@ -116,9 +116,7 @@ fn origin_allowed(
         && origin[..scheme.len()].eq_ignore_ascii_case(scheme.as_bytes())
         && &origin[scheme.len()..scheme.len() + 3] == b"://"
         && origin[scheme.len() + 3..].eq_ignore_ascii_case(host.as_bytes());
-    own || allowed
-        .iter()
-        .any(|a| a.as_bytes().eq_ignore_ascii_case(origin))
+    own || crate::cors::listed(origin, allowed)
 }
 
 impl Proxy {
