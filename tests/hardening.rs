@@ -589,3 +589,81 @@ fn an_http2_request_of_too_many_field_lines_gets_431() {
     assert_eq!(status(150), 200, "{}", t.log());
     assert_eq!(status(250), 431, "{}", t.log());
 }
+
+/// An upstream that works `work` on each request whether or not its client is still there (as
+/// a Cyrus child does), one request at a time per connection; returns its port and the most
+/// requests it had in hand at once.
+fn stubborn_upstream(work: Duration) -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::AtomicUsize;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (now, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let most = peak.clone();
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            let (now, peak) = (now.clone(), peak.clone());
+            std::thread::spawn(move || loop {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match conn.read(&mut byte) {
+                        Ok(1) => head.push(byte[0]),
+                        _ => return,
+                    }
+                }
+                peak.fetch_max(now.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                std::thread::sleep(work);
+                now.fetch_sub(1, Ordering::SeqCst);
+                let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+                if conn.write_all(answer).is_err() {
+                    return;
+                }
+            });
+        }
+    });
+    (port, most)
+}
+
+/// A client that cancels its requests (HTTP/2 resets, a few frames each) never has more of
+/// them at the upstream than its share of the pool: a cancelled exchange keeps its connection,
+/// slot and shares until the upstream answers it, as the upstream works on it all the same.
+#[test]
+fn http2_resets_pile_no_more_work_on_the_upstream_than_the_users_share() {
+    let (port, peak) = stubborn_upstream(Duration::from_secs(2));
+    // A pool of 8: one user's share is 6.
+    let t = tessera(
+        &format!("http://127.0.0.1:{port}"),
+        &[("upstream", "max_connections = 8")],
+    );
+    let (_, token) = t.create_session("alice", "pw");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", t.port))
+            .await
+            .unwrap();
+        let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+        tokio::spawn(conn);
+        let mut client = client.ready().await.unwrap();
+        for _ in 0..6 {
+            let mut cancelled = Vec::new();
+            for _ in 0..6 {
+                let req = http::Request::get(format!("http://127.0.0.1:{}/slow", t.port))
+                    .header("authorization", format!("Bearer {token}"))
+                    .body(())
+                    .unwrap();
+                cancelled.push(client.send_request(req, true).unwrap());
+                client = client.ready().await.unwrap();
+            }
+            // Forwarded by now; dropping a stream's halves resets it (RST_STREAM CANCEL).
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            drop(cancelled);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    });
+    let most = peak.load(Ordering::SeqCst);
+    assert!(
+        (1..=6).contains(&most),
+        "the upstream had {most} cancelled requests in hand at once: {}",
+        t.log()
+    );
+}

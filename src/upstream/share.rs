@@ -85,6 +85,11 @@ pub struct Held {
 }
 
 impl Held {
+    /// Whether it holds no permit.
+    pub fn is_empty(&self) -> bool {
+        self._user.is_none() && self._downstream.is_none() && self._event_stream.is_none()
+    }
+
     /// The same permits, and `event_stream`'s.
     pub fn with(self, event_stream: Option<SharePermit>) -> Self {
         Self {

@@ -10,6 +10,12 @@
 //! once: its answer is not about to end.
 //! Without this, every client that leaves mid-request (a browser navigating away, a load
 //! generator at its run's end) costs a new upstream connection.
+//!
+//! An exchange closed before its response head keeps its user's and downstream connection's
+//! shares until its response-head timeout would have ended it: the upstream works on the
+//! request all the same (a closed connection does not stop a Cyrus child), so a client that
+//! cancels its requests (HTTP/2 resets, closed connections) never has more of them at the
+//! upstream than its share. Its slot is freed: a hung upstream does not hold the pool.
 
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
@@ -92,6 +98,10 @@ pub(super) async fn drain(mut conn: Conn, rest: Unfinished) {
         conn.pool.stats.drained.fetch_add(1, Ordering::Relaxed);
         conn.set_reusable();
     } else {
+        if let (Unfinished::Head { .. }, Err(_)) = (rest, &finished) {
+            // Still unanswered (or answering) when the wait ran out.
+            conn.keep_shares_while_due();
+        }
         conn.pool.stats.drain_failed.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(
             timed_out = finished.is_err(),
@@ -101,17 +111,39 @@ pub(super) async fn drain(mut conn: Conn, rest: Unfinished) {
 }
 
 impl Conn {
+    /// Keeps this exchange's shares of the pool ([`crate::upstream::share::Held`]) past its
+    /// close, until its response-head timeout (counted from its send) would have ended it
+    /// (module docs); at once past that, or outside a runtime.
+    pub(super) fn keep_shares_while_due(&mut self) {
+        let age = Duration::from_millis(coarse_ms().wrapping_sub(self.sent_ms).into());
+        let due = self.pool.header_timeout.saturating_sub(age);
+        if due.is_zero() || self.held.is_empty() {
+            return;
+        }
+        let held = std::mem::take(&mut self.held);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            drop(runtime.spawn(async move {
+                tokio::time::sleep(due).await;
+                drop(held);
+            }));
+        }
+    }
+
     /// Releases a connection whose requester went away with `rest` of its exchange unread: a
     /// task on the current runtime (the one the socket is registered with) reads the rest and
     /// then keeps the connection or closes it (see [`drain`]); it holds the slot until then.
     /// Closed at once instead when the request was sent [`Drain::wait`] or more ago (a long poll
     /// or an event stream, not about to end; always, with a zero wait), when a body's rest is
-    /// over [`Drain::max_bytes`] ([`worth_finishing`]), or outside a runtime.
-    pub fn finish_later(self, rest: Unfinished) {
+    /// over [`Drain::max_bytes`] ([`worth_finishing`]), or outside a runtime. One closed before
+    /// its head keeps its shares ([`Conn::keep_shares_while_due`]).
+    pub fn finish_later(mut self, rest: Unfinished) {
         let Drain { wait, max_bytes } = self.pool.drain;
         let age_ms = coarse_ms().wrapping_sub(self.sent_ms);
         // Each early return closes the connection (counted `abandoned` by the drop).
         if u128::from(age_ms) >= wait.as_millis() {
+            if let Unfinished::Head { .. } = rest {
+                self.keep_shares_while_due();
+            }
             tracing::debug!(
                 age_ms,
                 ?rest,

@@ -104,6 +104,9 @@ pub struct Pool {
     removed: AtomicUsize,
     affinity: Affinity,
     drain: Drain,
+    /// `upstream.response_header_timeout_ms`: until when an exchange closed before its response
+    /// head keeps its shares ([`Conn::keep_shares_while_due`]).
+    header_timeout: Duration,
     /// Affinity only: the credentials in use.
     owners: Mutex<Owners>,
     /// Affinity: requests holding a slot while they wait for their own user's connection (not
@@ -146,6 +149,7 @@ impl Pool {
             removed: AtomicUsize::new(0),
             affinity: settings.affinity,
             drain: settings.drain,
+            header_timeout: settings.response_header_timeout,
             waiting: AtomicUsize::new(0),
             owners: Mutex::new(Owners {
                 map: HashMap::new(),
