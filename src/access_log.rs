@@ -147,27 +147,47 @@ fn write_out(out: &mut Vec<u8>) {
     }
 }
 
-/// A path as the log shows it: visible ASCII as it is, any other character (controls, C1
-/// codes such as CSI, line and bidi separators, all non-ASCII) and `\\` escaped as Rust does
-/// (`\u{9b}`), so a client cannot write terminal codes or a fake line into the log.
+/// A path as the log shows it: visible ASCII as it is, unquoted; a path with any other
+/// character (controls, C1 codes such as CSI, line and bidi separators, all non-ASCII), `\\`,
+/// `"` or `=` in double quotes, those escaped as Rust does (`\u{9b}`, `\"`), so that a client
+/// can neither write terminal codes or a fake line into the log nor break a logfmt reader's
+/// `key=value` pairs (go-logfmt, Loki's `| logfmt`).
 struct Escaped<'a>(&'a str);
 
 impl std::fmt::Display for Escaped<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let plain = |c: char| c.is_ascii_graphic() && c != '\\';
+        let plain = |c: char| c.is_ascii_graphic() && !matches!(c, '\\' | '"' | '=');
         // Most paths: one byte scan, then written whole.
         if self.0.bytes().all(|b| plain(char::from(b))) {
             return f.write_str(self.0);
         }
+        f.write_char('"')?;
         for c in self.0.chars() {
-            if plain(c) {
-                f.write_char(c)?;
-            } else {
-                write!(f, "{}", c.escape_default())?;
+            match c {
+                '=' => f.write_char(c)?,
+                c if plain(c) => f.write_char(c)?,
+                c => write!(f, "{}", c.escape_default())?,
             }
         }
-        Ok(())
+        f.write_char('"')
     }
+}
+
+/// Most bytes of a path an access line shows: a longer one is cut there (at a character's
+/// start) and told by `…(+N bytes)`, so that no line outgrows what log shippers take whole
+/// (Docker splits at 16 KiB, journald at 48 KiB; an escaped byte takes up to 10).
+pub const MAX_LOGGED_PATH: usize = 1024;
+
+/// `path` as an access line keeps it: whole up to [`MAX_LOGGED_PATH`] bytes, else cut.
+pub fn logged_path(path: &str) -> String {
+    if path.len() <= MAX_LOGGED_PATH {
+        return path.to_owned();
+    }
+    let mut cut = MAX_LOGGED_PATH;
+    while !path.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}…(+{} bytes)", &path[..cut], path.len() - cut)
 }
 
 /// Appends `line`, stamped `now`, with its newline, in the log's format.
@@ -345,10 +365,11 @@ mod tests {
     #[test]
     fn a_path_with_control_or_non_ascii_characters_is_escaped() {
         for (path, shown) in [
-            ("/a\u{9b}2J", "/a\\u{9b}2J"),
-            ("/x\u{2028}y\u{202e}", "/x\\u{2028}y\\u{202e}"),
-            ("/caf\u{e9}", "/caf\\u{e9}"),
-            ("/a\\b", "/a\\\\b"),
+            ("/a\u{9b}2J", "\"/a\\u{9b}2J\""),
+            ("/x\u{2028}y\u{202e}", "\"/x\\u{2028}y\\u{202e}\""),
+            ("/caf\u{e9}", "\"/caf\\u{e9}\""),
+            ("/a\\b", "\"/a\\\\b\""),
+            ("/a\"b=c", "\"/a\\\"b=c\""),
             ("/plain/%41?", "/plain/%41?"),
         ] {
             let mut out = Vec::new();
@@ -366,6 +387,16 @@ mod tests {
                 "{path:?}: {text}"
             );
         }
+    }
+
+    #[test]
+    fn a_long_path_is_cut_at_a_characters_start_and_says_how_much() {
+        assert_eq!(logged_path("/short"), "/short");
+        let long = format!("/{}", "\u{e9}".repeat(MAX_LOGGED_PATH));
+        let kept = logged_path(&long);
+        let (head, tail) = kept.split_once('…').unwrap();
+        assert!(head.len() <= MAX_LOGGED_PATH && long.starts_with(head));
+        assert_eq!(tail, format!("(+{} bytes)", long.len() - head.len()));
     }
 
     #[test]

@@ -1994,6 +1994,12 @@ fn a_client_that_leaves_frees_its_upstream_connection() {
         3,
         "{log}"
     );
+    // Each with the session it was made in.
+    let left: Vec<_> = log.lines().filter(|l| l.contains("status=499")).collect();
+    assert!(
+        left.iter().all(|l| !l.contains("sid_hash=\"-\"")),
+        "{left:#?}"
+    );
 }
 
 /// A client that leaves while its answer is due shortly does not cost an upstream connection:

@@ -130,7 +130,7 @@ impl<'a> RequestCtx<'a> {
         let logged = (proxy.access_log && crate::access_log::enabled()).then(|| {
             (
                 req.method().clone(),
-                req.uri().path().to_owned(),
+                crate::access_log::logged_path(req.uri().path()),
                 req.version(),
             )
         });
@@ -186,8 +186,8 @@ impl<'a> RequestCtx<'a> {
 
 /// One request's access line and metrics, written once: by [`Proxy::respond`] when the answer is
 /// ready, or, when its future is dropped before (the client went away: see
-/// `downstream::h1::ClientWatch`; hyper drops it on an h2 stream reset), as 499 (nginx's "client
-/// closed request").
+/// `downstream::h1::ClientWatch`; hyper drops it on an h2 stream reset), by its
+/// [`RequestCtx`]'s drop as 499 (nginx's "client closed request").
 struct Record<'a> {
     proxy: &'a Proxy,
     peer: std::net::IpAddr,
@@ -249,12 +249,14 @@ impl Record<'_> {
     }
 }
 
-impl Drop for Record<'_> {
+impl Drop for RequestCtx<'_> {
+    /// A request whose answer was never ready: logged as 499, with its session when one was
+    /// verified.
     fn drop(&mut self) {
-        if !self.written {
-            self.write(
+        if !self.record.written {
+            self.record.write(
                 CLIENT_CLOSED,
-                None,
+                self.sid.as_deref(),
                 Some("answer dropped unfinished: the client went away (or shutdown's drain time ended)"),
             );
         }
