@@ -533,6 +533,43 @@ fn oversized_frames_close_the_connection() {
     });
 }
 
+/// What a client sends on its QPACK streams (RFC 9204 section 4.2), which h3 keeps and never
+/// reads past their type, is read and dropped: unread, quinn would hold each stream's receive
+/// window (1.25 MB) of it for the connection's life, and the client's writes would stop there.
+/// Here 4 MiB go down each (a type written as a one-byte and as a two-byte integer), and the
+/// connection still serves a request.
+#[test]
+fn a_clients_qpack_streams_are_read_and_dropped() {
+    let (_echo, pki, t, addr, token) = h3_echo("", "");
+    runtime().block_on(async {
+        let conn = H3Client::new(&pki.ca()).connect_quic(addr).await;
+        let (_control, answer) = h3_raw::get(&conn, "/x", &token).await;
+        let mut streams = Vec::new();
+        for kind in [&[0x02][..], &[0x40, 0x03][..]] {
+            let mut stream = conn.open_uni().await.unwrap();
+            stream.write_all(kind).await.unwrap();
+            let chunk = vec![0u8; 64 << 10];
+            let sent = async {
+                for _ in 0..64 {
+                    stream.write_all(&chunk).await.unwrap();
+                }
+            };
+            // No bound on how soon: only that it goes (unread, it stops at 1.25 MB for good).
+            let went = tokio::time::timeout(Duration::from_secs(30), sent).await;
+            assert!(went.is_ok(), "4 MiB not taken on {kind:?}\n{}", t.log());
+            streams.push(stream);
+        }
+        let mut answer = answer;
+        assert_eq!(
+            h3_raw::status_index(&mut answer).await,
+            Some(25),
+            "{}",
+            t.log()
+        );
+        assert!(conn.close_reason().is_none(), "{}", t.log());
+    });
+}
+
 /// What a client may make tessera hold on one connection is bounded: no DATAGRAM frames (HTTP/3
 /// has no use for them; quinn would buffer them for a reader that never comes) and 8
 /// unidirectional streams at once (HTTP/3 needs 3).

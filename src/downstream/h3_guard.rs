@@ -16,6 +16,8 @@ use std::task::{ready, Context, Poll};
 use bytes::{Buf, Bytes};
 use h3::quic::{self, ConnectionErrorIncoming, StreamErrorIncoming, StreamId, WriteBuf};
 
+use super::h3_uni::{Typing, UniStream};
+
 /// HTTP/3's code for a peer that causes excessive load (RFC 9114 section 8.1).
 const H3_EXCESSIVE_LOAD: u32 = 0x107;
 
@@ -25,6 +27,8 @@ const H3_EXCESSIVE_LOAD: u32 = 0x107;
 pub(super) struct Guarding<C> {
     inner: C,
     guard: Guard,
+    /// Unidirectional streams accepted, their type not yet read (the connection's only).
+    typing: Vec<Typing>,
 }
 
 /// The connection h3 serves on.
@@ -40,6 +44,7 @@ impl GuardedConnection {
                 conn,
                 max_field_section,
             },
+            typing: Vec::new(),
         }
     }
 }
@@ -67,14 +72,21 @@ impl Guard {
 }
 
 impl<B: Buf> quic::Connection<B> for GuardedConnection {
-    type RecvStream = Guarded<h3_quinn::RecvStream>;
+    type RecvStream = Guarded<UniStream>;
     type OpenStreams = Guarding<h3_quinn::OpenStreams>;
 
+    /// The next unidirectional stream whose type is read ([`super::h3_uni`]).
     fn poll_accept_recv(
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Self::RecvStream, ConnectionErrorIncoming>> {
-        let recv = ready!(quic::Connection::<B>::poll_accept_recv(&mut self.inner, cx))?;
+        while let Poll::Ready(recv) = quic::Connection::<B>::poll_accept_recv(&mut self.inner, cx) {
+            self.typing.push(Typing::new(recv?));
+        }
+        let Some(i) = (self.typing.iter_mut()).position(|t| t.poll_typed(cx).is_ready()) else {
+            return Poll::Pending;
+        };
+        let recv = self.typing.swap_remove(i).sorted();
         let frames = Frames::unidirectional(self.guard.max_field_section);
         Poll::Ready(Ok(self.guard.guard(recv, frames)))
     }
@@ -91,6 +103,7 @@ impl<B: Buf> quic::Connection<B> for GuardedConnection {
         Guarding {
             inner: quic::Connection::<B>::opener(&self.inner),
             guard: self.guard.clone(),
+            typing: Vec::new(),
         }
     }
 }
@@ -142,6 +155,14 @@ pub(super) struct Guarded<S> {
 /// How a guarded stream ends when its frames are refused.
 trait Refuse {
     fn refuse(&mut self, code: u64);
+}
+
+/// A unidirectional stream: the connection is closed (by [`Guarded`]); a QPACK stream's
+/// stand-in is never read past its type.
+impl Refuse for UniStream {
+    fn refuse(&mut self, code: u64) {
+        quic::RecvStream::stop_sending(self, code);
+    }
 }
 
 /// A request's receive half alone (its body, the answer under way): told to stop sending.

@@ -10,6 +10,7 @@ mod conn;
 mod fastopen;
 mod format;
 mod h3_guard;
+mod h3_uni;
 mod handoff;
 mod host_key;
 mod http3;
