@@ -1127,7 +1127,7 @@ fn metrics_show_warm_requests_read_no_store_and_open_no_connection() {
 
 /// Answers the server gives before the proxy sees a request (a head that never completes: 408;
 /// one hyper cannot parse: 400; one larger than its buffer: 431) are counted, outside the
-/// latency histogram.
+/// latency histogram, and each has its access line.
 #[test]
 fn metrics_count_the_answers_given_before_the_proxy() {
     use std::io::{Read, Write};
@@ -1178,6 +1178,11 @@ fn metrics_count_the_answers_given_before_the_proxy() {
     assert!(counted(&after), "{after}");
     let d = "tessera_request_duration_seconds_count";
     assert_eq!(sample(&after, d), sample(&before, d), "{after}");
+    let log = t.log();
+    for code in ["400", "408", "431"] {
+        let line = format!("method=- path=- status={code} ");
+        assert_eq!(log.matches(&line).count(), 1, "{line}: {log}");
+    }
 }
 
 /// The proxy's own address does not serve the metrics, and the metrics address serves only

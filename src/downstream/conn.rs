@@ -108,10 +108,9 @@ pub(super) async fn serve<S: Socket>(serving: Arc<Serving>, io: S, peer: Peer) {
             }
             Next::Close => break,
             Next::Timeout => {
-                tracing::debug!(peer = %peer.addr.ip(), "request head not received in time");
-                if let Some(counts) = serving.proxy.request_counts() {
-                    counts.count_status(StatusCode::REQUEST_TIMEOUT.as_u16());
-                }
+                let reason = "request head not received in time (server.header_read_timeout_ms)";
+                let status = StatusCode::REQUEST_TIMEOUT.as_u16();
+                serving.proxy.record_unread(peer.addr.ip(), status, reason);
                 let _ = conn.send(&[REQUEST_TIMEOUT]).await;
                 break;
             }

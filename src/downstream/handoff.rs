@@ -50,6 +50,7 @@ pub(super) async fn hand_off<S: Socket>(serving: &Serving, conn: Conn<S>, peer: 
         reset: Arc::new(AtomicBool::new(false)),
     };
     let reset = io.reset.clone();
+    let client = peer.addr.ip();
     let peer = Arc::new(peer);
     let proxy = serving.proxy.clone();
     let streams = Arc::new(Streams::default());
@@ -115,9 +116,9 @@ pub(super) async fn hand_off<S: Socket>(serving: &Serving, conn: Conn<S>, peer: 
     };
     if let Err(e) = done {
         tracing::debug!(cause = %e, "downstream connection ended with an error");
-        if let (Some(status), Some(counts)) = (hyper_answered(&*e), serving.proxy.request_counts())
-        {
-            counts.count_status(status);
+        if let Some(status) = hyper_answered(&*e) {
+            let reason = format!("request head refused: {e}");
+            serving.proxy.record_unread(client, status, &reason);
         }
     }
 }

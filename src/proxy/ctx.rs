@@ -200,6 +200,30 @@ struct Record<'a> {
     request_id: Option<HeaderValue>,
 }
 
+impl Proxy {
+    /// Logs and counts an answer made before a request head was read whole (a 408 for a head
+    /// that stalled, hyper's 400, 414 or 431 for one it refused): an access line with
+    /// `method=-`, `path=-` and `reason` (no secret in it), and `status` in the metrics.
+    pub fn record_unread(&self, peer: std::net::IpAddr, status: u16, reason: &str) {
+        if self.access_log && crate::access_log::enabled() {
+            crate::access_log::write(&crate::access_log::Line {
+                peer,
+                method: "-",
+                path: "-",
+                status,
+                duration_us: 0,
+                proto: "HTTP/1.1",
+                request_id: None,
+                sid: None,
+                reason: Some(reason),
+            });
+        }
+        if let Some(counts) = &self.request_counts {
+            counts.count_status(status);
+        }
+    }
+}
+
 /// A relayed request id worth keeping: 1 to 128 visible ASCII characters.
 fn valid_id(id: &HeaderValue) -> bool {
     (1..=128).contains(&id.len()) && id.as_bytes().iter().all(u8::is_ascii_graphic)
