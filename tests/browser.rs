@@ -47,23 +47,8 @@ fn login_page_in_headless_chromium() {
         )
     });
     let shot = t.dir.path().join("login-page.png");
-    let out = Command::new("node")
-        .arg(format!("{root}/tests/browser/login.mjs"))
-        .arg(t.url(""))
-        .arg(&shot)
-        .current_dir(format!("{root}/tests/browser"))
-        .output()
-        .expect("node");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "browser flow failed:\n{stdout}\n{}\ntessera log:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        t.log()
-    );
-    let findings: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
-    assert_eq!(findings.as_object().unwrap().len(), 12, "{findings}");
-    assert!(findings.as_object().unwrap().values().all(|v| v == "ok"));
+    let args = [t.url(""), shot.display().to_string()];
+    assert_eq!(page_findings(&t, "login.mjs", &args), 12);
     // The screenshot is a real PNG of the page; keep it for the docs when asked to.
     let png = std::fs::read(&shot).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
@@ -189,7 +174,6 @@ fn websocket_page(t: &Tessera, base: &str, token: &str, sid: &str) {
 /// refused by the browser.
 #[test]
 fn a_page_of_another_origin_calls_the_api_in_headless_chromium() {
-    let root = env!("CARGO_MANIFEST_DIR");
     let nginx = support::Nginx::start_with(
         r#"location = /app { default_type text/html; return 200 "<html><body>app</body></html>"; }
     location = /api { add_header ETag '"v1"'; return 200 "api"; }"#,
@@ -208,24 +192,13 @@ fn a_page_of_another_origin_calls_the_api_in_headless_chromium() {
         )
     });
     let (_, token) = t.create_session("alice", "pw");
-    let out = Command::new("node")
-        .arg(format!("{root}/tests/browser/cors.mjs"))
-        .arg(t.url(""))
-        .arg(format!("http://localhost:{page_port}/app"))
-        .arg(format!("http://127.0.0.1:{page_port}/app"))
-        .arg(&token)
-        .current_dir(format!("{root}/tests/browser"))
-        .output()
-        .expect("node");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "browser flow failed:\n{stdout}\n{}\ntessera log:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        t.log()
-    );
-    let findings: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
-    assert_eq!(findings.as_object().unwrap().len(), 4, "{findings}");
+    let args = [
+        t.url(""),
+        format!("http://localhost:{page_port}/app"),
+        format!("http://127.0.0.1:{page_port}/app"),
+        token,
+    ];
+    assert_eq!(page_findings(&t, "cors.mjs", &args), 4);
     // The browser asked first, and tessera answered it alone.
     let log = t.log();
     assert!(
@@ -239,4 +212,28 @@ fn a_page_of_another_origin_calls_the_api_in_headless_chromium() {
         "only the allowed PUT reaches the upstream: {:?}",
         nginx.uris()
     );
+}
+
+/// Runs `tests/browser/SCRIPT` with `args` (it drives Chromium and prints its findings as one
+/// JSON line last); fails with its output and `t`'s log unless it succeeds with every finding
+/// `ok`. Returns how many there are.
+fn page_findings(t: &Tessera, script: &str, args: &[String]) -> usize {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = Command::new("node")
+        .arg(format!("{root}/tests/browser/{script}"))
+        .args(args)
+        .current_dir(format!("{root}/tests/browser"))
+        .output()
+        .expect("node");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "browser flow failed:\n{stdout}\n{}\ntessera log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        t.log()
+    );
+    let findings: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let checks = findings.as_object().unwrap();
+    assert!(checks.values().all(|v| v == "ok"), "{findings}");
+    checks.len()
 }

@@ -428,11 +428,7 @@ fn raw_status(port: u16, request: &str) -> String {
 
 /// An HTTP/2 GET whose `:path` is `path` as given (no leading `/` added); the status.
 async fn h2_get_raw_path(port: u16, token: &str, path: &'static str) -> u16 {
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(conn);
+    let client = h2c_client(port).await;
     let mut parts = http::uri::Parts::default();
     parts.scheme = Some(http::uri::Scheme::HTTP);
     parts.authority = Some(format!("127.0.0.1:{port}").parse().unwrap());
@@ -638,11 +634,7 @@ fn http2_resets_pile_no_more_work_on_the_upstream_than_the_users_share() {
     let (_, token) = t.create_session("alice", "pw");
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", t.port))
-            .await
-            .unwrap();
-        let (client, conn) = h2::client::handshake(tcp).await.unwrap();
-        tokio::spawn(conn);
+        let client = h2c_client(t.port).await;
         let mut client = client.ready().await.unwrap();
         for _ in 0..6 {
             let mut cancelled = Vec::new();

@@ -1835,11 +1835,7 @@ fn trailers_are_screened_as_the_head_is() {
     let (t, token) = behind(&up.url(), &[]);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let trailers = runtime.block_on(async {
-        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", t.port))
-            .await
-            .unwrap();
-        let (client, conn) = h2::client::handshake(tcp).await.unwrap();
-        tokio::spawn(conn);
+        let client = h2c_client(t.port).await;
         let req = http::Request::get(format!("http://127.0.0.1:{}/trailers-screened", t.port))
             .header("authorization", format!("Bearer {token}"))
             .body(())

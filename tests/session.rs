@@ -2907,11 +2907,7 @@ fn a_logout_resets_an_http2_download_with_rst_stream() {
         .build()
         .unwrap();
     let (after, end, took) = rt.block_on(async {
-        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", t.port))
-            .await
-            .unwrap();
-        let (client, conn) = h2::client::handshake(tcp).await.unwrap();
-        tokio::spawn(conn);
+        let client = support::h2c_client(t.port).await;
         let mut client = client.ready().await.unwrap();
         let req = http::Request::get(format!("http://127.0.0.1:{}/download", t.port))
             .header("authorization", format!("Bearer {token}"))

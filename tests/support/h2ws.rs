@@ -24,11 +24,7 @@ pub async fn connect(
     path: &str,
     headers: &[(&str, &str)],
 ) -> (http::response::Parts, Option<H2Io>) {
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let (mut client, conn) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(conn);
+    let mut client = super::h2c_client(port).await;
     // The server's SETTINGS say whether it takes extended CONNECT; they come first.
     for _ in 0..100 {
         client = client.ready().await.unwrap();

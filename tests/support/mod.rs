@@ -616,6 +616,17 @@ pub fn curl(args: &[&str]) -> (u16, String) {
     (code.trim().parse().unwrap_or(0), body.to_string())
 }
 
+/// An HTTP/2 client (prior knowledge) on tessera's plain `port`, its connection driven by a task
+/// on the current runtime.
+pub async fn h2c_client(port: u16) -> h2::client::SendRequest<bytes::Bytes> {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    client
+}
+
 pub fn bearer(token: &str) -> String {
     format!("Authorization: Bearer {token}")
 }
