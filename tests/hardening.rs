@@ -587,17 +587,17 @@ fn an_http2_request_of_too_many_field_lines_gets_431() {
 }
 
 /// An upstream that works `work` on each request whether or not its client is still there (as
-/// a Cyrus child does), one request at a time per connection; returns its port and the most
-/// requests it had in hand at once.
-fn stubborn_upstream(work: Duration) -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
+/// a Cyrus child does), one request at a time per connection; returns its port, the requests
+/// it has in hand now, and the most it had at once.
+fn stubborn_upstream(work: Duration) -> (u16, [Arc<std::sync::atomic::AtomicUsize>; 2]) {
     use std::sync::atomic::AtomicUsize;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    let (now, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let most = peak.clone();
+    let counts = [Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0))];
+    let kept = counts.clone();
     std::thread::spawn(move || {
         for mut conn in listener.incoming().flatten() {
-            let (now, peak) = (now.clone(), peak.clone());
+            let [now, peak] = counts.clone();
             std::thread::spawn(move || loop {
                 let mut head = Vec::new();
                 let mut byte = [0u8; 1];
@@ -617,15 +617,16 @@ fn stubborn_upstream(work: Duration) -> (u16, Arc<std::sync::atomic::AtomicUsize
             });
         }
     });
-    (port, most)
+    (port, kept)
 }
 
 /// A client that cancels its requests (HTTP/2 resets, a few frames each) never has more of
-/// them at the upstream than its share of the pool: a cancelled exchange keeps its connection,
-/// slot and shares until the upstream answers it, as the upstream works on it all the same.
+/// them at the upstream than its share of the pool: a cancelled exchange frees its slot but
+/// keeps its shares until the upstream answers it, as the upstream works on it all the same;
+/// then they are free at once (not at the response-head timeout, 60 s).
 #[test]
 fn http2_resets_pile_no_more_work_on_the_upstream_than_the_users_share() {
-    let (port, peak) = stubborn_upstream(Duration::from_secs(2));
+    let (port, [in_hand, peak]) = stubborn_upstream(Duration::from_secs(2));
     // A pool of 8: one user's share is 6.
     let t = tessera(
         &format!("http://127.0.0.1:{port}"),
@@ -636,7 +637,7 @@ fn http2_resets_pile_no_more_work_on_the_upstream_than_the_users_share() {
     runtime.block_on(async {
         let client = h2c_client(t.port).await;
         let mut client = client.ready().await.unwrap();
-        for _ in 0..6 {
+        for round in 0..4 {
             let mut cancelled = Vec::new();
             for _ in 0..6 {
                 let req = http::Request::get(format!("http://127.0.0.1:{}/slow", t.port))
@@ -646,16 +647,31 @@ fn http2_resets_pile_no_more_work_on_the_upstream_than_the_users_share() {
                 cancelled.push(client.send_request(req, true).unwrap());
                 client = client.ready().await.unwrap();
             }
-            // Forwarded by now; dropping a stream's halves resets it (RST_STREAM CANCEL).
+            // The first six reach the upstream before they are cancelled; the later ones
+            // would, were the first six's shares freed.
+            let until = std::time::Instant::now() + Duration::from_secs(10);
+            while round == 0 && in_hand.load(Ordering::SeqCst) < 6 {
+                assert!(
+                    std::time::Instant::now() < until,
+                    "not forwarded: {}",
+                    t.log()
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
+            // Dropping a stream's halves resets it (RST_STREAM CANCEL).
             drop(cancelled);
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
     });
     let most = peak.load(Ordering::SeqCst);
-    assert!(
-        (1..=6).contains(&most),
+    assert_eq!(
+        most,
+        6,
         "the upstream had {most} cancelled requests in hand at once: {}",
         t.log()
     );
+    // Once the upstream has answered them, the user's share is free again.
+    let (code, body) = curl(&["--max-time", "20", "-H", &bearer(&token), &t.url("/slow")]);
+    assert_eq!((code, body.as_str()), (200, "ok"), "{}", t.log());
 }

@@ -11,11 +11,12 @@
 //! Without this, every client that leaves mid-request (a browser navigating away, a load
 //! generator at its run's end) costs a new upstream connection.
 //!
-//! An exchange closed before its response head keeps its user's and downstream connection's
-//! shares until its response-head timeout would have ended it: the upstream works on the
-//! request all the same (a closed connection does not stop a Cyrus child), so a client that
+//! An exchange given up before its response head frees its slot, but keeps its shares (its
+//! user's, its downstream connection's, its `upstream.max_event_streams` place) until the
+//! upstream answers it or its response-head timeout would have ended it: the upstream works on
+//! the request all the same (a closed connection does not stop a Cyrus child), so a client that
 //! cancels its requests (HTTP/2 resets, closed connections) never has more of them at the
-//! upstream than its share. Its slot is freed: a hung upstream does not hold the pool.
+//! upstream than its share. A hung upstream does not hold the pool.
 
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
@@ -100,7 +101,7 @@ pub(super) async fn drain(mut conn: Conn, rest: Unfinished) {
     } else {
         if let (Unfinished::Head { .. }, Err(_)) = (rest, &finished) {
             // Still unanswered (or answering) when the wait ran out.
-            conn.keep_shares_while_due();
+            conn.keep_shares_while_due(rest);
         }
         conn.pool.stats.drain_failed.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(
@@ -111,22 +112,31 @@ pub(super) async fn drain(mut conn: Conn, rest: Unfinished) {
 }
 
 impl Conn {
-    /// Keeps this exchange's shares of the pool ([`crate::upstream::share::Held`]) past its
-    /// close, until its response-head timeout (counted from its send) would have ended it
-    /// (module docs); at once past that, or outside a runtime.
-    pub(super) fn keep_shares_while_due(&mut self) {
+    /// Frees this exchange's slot but keeps its shares of the pool
+    /// ([`crate::upstream::share::Held`]) until the upstream answers (the first bytes of the
+    /// response head, `rest`, or the connection's end) or its response-head timeout (counted
+    /// from its send) would have ended it (module docs): a task on the current runtime holds
+    /// the socket, outside the pool's count, until then, and closes it. Nothing is kept past
+    /// that time, without a share, or outside a runtime.
+    pub(super) fn keep_shares_while_due(&mut self, rest: Unfinished) {
         let age = Duration::from_millis(coarse_ms().wrapping_sub(self.sent_ms).into());
         let due = self.pool.header_timeout.saturating_sub(age);
         if due.is_zero() || self.held.is_empty() {
             return;
         }
-        let held = std::mem::take(&mut self.held);
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            drop(runtime.spawn(async move {
-                tokio::time::sleep(due).await;
-                drop(held);
-            }));
-        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (Some(mut h1), held) = (self.h1.take(), std::mem::take(&mut self.held)) else {
+            return;
+        };
+        // Closed here, not by the drop (which finds no socket left).
+        self.pool.stats.count_closed(self.closing, 1);
+        drop(runtime.spawn(async move {
+            // A body budget of 0: done once the head is read.
+            let _ = tokio::time::timeout(due, h1.finish(rest, 0)).await;
+            drop(held);
+        }));
     }
 
     /// Releases a connection whose requester went away with `rest` of its exchange unread: a
@@ -142,7 +152,7 @@ impl Conn {
         // Each early return closes the connection (counted `abandoned` by the drop).
         if u128::from(age_ms) >= wait.as_millis() {
             if let Unfinished::Head { .. } = rest {
-                self.keep_shares_while_due();
+                self.keep_shares_while_due(rest);
             }
             tracing::debug!(
                 age_ms,
