@@ -179,28 +179,53 @@ pub fn keygen() -> String {
 }
 
 /// Whether the configured store is there to work on: an embedded store must have been made
-/// (by `serve`), so that a command run from another working directory than `serve`'s (a
-/// relative `embedded:` path) is not answered from a new empty store, as if nothing were
-/// stored: a revocation that revoked nothing, with exit 0.
+/// (by `serve`; unless the command `makes` one), so that a command run from another working
+/// directory than `serve`'s (a relative `embedded:` path) is not answered from a new empty
+/// store, as if nothing were stored: a revocation that revoked nothing, with exit 0.
 ///
-/// Errors: [`AdminError::Check`] naming the key, the path looked at, and the fix.
-pub fn store_present(cfg: &Config) -> Result<(), AdminError> {
+/// Errors: [`AdminError::Check`] naming the key, the path looked at, and the fix: no store
+/// there, or one this user may not look at (run as another user than `serve`'s).
+pub fn store_present(cfg: &Config, makes: bool) -> Result<(), AdminError> {
     match absent_store(cfg) {
-        Some(path) => Err(AdminError::Check(format!(
+        Some(Absent::NotMade(path)) if !makes => Err(AdminError::Check(format!(
             "config key `session.store`: no embedded store at {path} (a relative path is taken \
              from the working directory); run this where `tessera serve` runs, or give \
              session.store an absolute path"
         ))),
-        None => Ok(()),
+        Some(Absent::Unreadable(path, e)) => Err(unreadable(&path, &e)),
+        _ => Ok(()),
     }
 }
 
-/// The absolute path of the configured embedded store when none has been made there yet.
-pub fn absent_store(cfg: &Config) -> Option<String> {
-    match &cfg.session.store {
-        StoreSpec::Embedded(dir) if !EmbeddedStore::exists(dir) => Some(shown_path(dir)),
-        _ => None,
+/// Why the configured embedded store is not there to work on ([`absent_store`]).
+#[derive(Debug)]
+pub enum Absent {
+    /// None has been made at this absolute path yet.
+    NotMade(String),
+    /// This user may not look at this absolute path (and why).
+    Unreadable(String, std::io::Error),
+}
+
+/// Whether the configured embedded store is there to work on; `None` when it is, or the store
+/// is no embedded one.
+pub fn absent_store(cfg: &Config) -> Option<Absent> {
+    let StoreSpec::Embedded(dir) = &cfg.session.store else {
+        return None;
+    };
+    match EmbeddedStore::exists(dir) {
+        Ok(true) => None,
+        Ok(false) => Some(Absent::NotMade(shown_path(dir))),
+        Err(e) => Some(Absent::Unreadable(shown_path(dir), e)),
     }
+}
+
+/// The refusal of an embedded store at `path` that this user may not look at (`e`).
+fn unreadable(path: &str, e: &std::io::Error) -> AdminError {
+    AdminError::Check(format!(
+        "config key `session.store`: cannot look at the embedded store at {path} ({e}); run \
+         this as the user `tessera serve` runs as (e.g. `sudo -u tessera tessera ...`), whom \
+         alone serve lets into it"
+    ))
 }
 
 /// `path` made absolute against the working directory, to say where a relative one points.
@@ -221,9 +246,10 @@ pub async fn check(cfg: &Config) -> Result<Vec<String>, AdminError> {
     let mut out = vec!["config: ok".to_string()];
     match absent_store(cfg) {
         // Not made here: a check run as another user, or elsewhere, must not make it.
-        Some(path) => out.push(format!(
+        Some(Absent::NotMade(path)) => out.push(format!(
             "session.store: no embedded store at {path} yet; `tessera serve` makes it there"
         )),
+        Some(Absent::Unreadable(path, e)) => return Err(unreadable(&path, &e)),
         None => out.push(reach_store(cfg).await?),
     }
     let addr = cfg.upstream.addr();

@@ -115,12 +115,12 @@ pub async fn session(cmd: SessionCommand) -> ExitCode {
 fn load_with_store(path: &std::path::Path, makes: bool) -> Result<tessera::Config, ExitCode> {
     let cfg = load(path)?;
     tessera::telemetry::init("warn", cfg.log.format);
-    match admin::store_present(&cfg) {
-        Err(e) if !makes => {
+    match admin::store_present(&cfg, makes) {
+        Err(e) => {
             eprintln!("tessera: {e}");
             Err(ExitCode::from(2))
         }
-        _ => Ok(cfg),
+        Ok(()) => Ok(cfg),
     }
 }
 
@@ -157,18 +157,7 @@ async fn session_create(
         Ok(c) => c,
         Err(code) => return code,
     };
-    // One line, as documented: a password typed at a terminal ends with Enter, not Ctrl-D, and
-    // is not shown (nor left in the terminal's scrollback).
-    let mut password = zeroize::Zeroizing::new(String::new());
-    let read = match std::io::stdin().is_terminal() {
-        true => rpassword::prompt_password("password: ").map(|p| *password = p),
-        false => std::io::stdin().lock().read_line(&mut password).map(drop),
-    };
-    if let Err(e) = read {
-        eprintln!("tessera: cannot read password from stdin: {e}");
-        return ExitCode::from(1);
-    }
-    let trimmed = password.trim_end_matches(['\r', '\n']).to_string();
+    // Usage checked before a password is asked for.
     if ttl.is_some_and(|d| d.as_secs() == 0) {
         eprintln!("tessera: --ttl must be at least 1s");
         return ExitCode::from(2);
@@ -182,9 +171,26 @@ async fn session_create(
         );
         return ExitCode::from(2);
     }
+    // One line, as documented: a password typed at a terminal ends with Enter, not Ctrl-D, and
+    // is not shown (nor left in the terminal's scrollback).
+    let mut password = zeroize::Zeroizing::new(String::new());
+    let read = match std::io::stdin().is_terminal() {
+        true => rpassword::prompt_password("password: ").map(|p| *password = p),
+        false => std::io::stdin().lock().read_line(&mut password).map(drop),
+    };
+    if let Err(e) = read {
+        eprintln!("tessera: cannot read password from stdin: {e}");
+        return ExitCode::from(1);
+    }
+    let trimmed = password.trim_end_matches(['\r', '\n']).to_string();
+    if trimmed.is_empty() {
+        // As the login endpoint: a session whose upstream credential has no password.
+        eprintln!("tessera: the password on stdin is empty (nothing, or an empty line)");
+        return ExitCode::from(2);
+    }
     let absent = admin::absent_store(&cfg);
     let created = admin::create_session(&cfg, user, trimmed, ttl).await;
-    if let (Some(path), Ok(_)) = (absent, &created) {
+    if let (Some(admin::Absent::NotMade(path)), Ok(_)) = (absent, &created) {
         eprintln!(
             "tessera: made a new embedded store at {path}; `tessera serve` must use the same one \
              (run it from this working directory, or give session.store an absolute path)"

@@ -1659,6 +1659,98 @@ fn session_commands_refuse_a_store_that_is_not_there() {
     assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
 }
 
+/// A store the command's user may not look at (`serve`'s own, 0700, another user's) is said to
+/// be that, naming who to run as, not "no store": `session list` and `check-config` exit 2.
+/// `session create` with an empty password makes nothing.
+/// (As root, the commands run as `nobody`; else the store's directory is made unsearchable.)
+#[test]
+fn a_store_another_user_owns_is_said_to_be_unreadable() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let open = |p: &std::path::Path, mode| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    open(dir.path(), 0o755);
+    let store = dir.path().join("store");
+    let cfg = dir.path().join("tessera.toml");
+    let store_spec = format!("embedded:{}", store.display());
+    std::fs::write(
+        &cfg,
+        config(support::free_port(), "http://127.0.0.1:9", &store_spec, &[]),
+    )
+    .unwrap();
+    open(&cfg, 0o644);
+    // An empty password (nothing on stdin) makes no session, and no store.
+    let empty = Command::new(bin())
+        .args([
+            "session",
+            "create",
+            "--user",
+            "alice",
+            "--password-stdin",
+            "--config",
+        ])
+        .arg(&cfg)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&empty.stderr);
+    assert_eq!(empty.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("password on stdin is empty") && !store.exists(),
+        "{said}"
+    );
+    let made = Command::new(bin())
+        .args([
+            "session",
+            "create",
+            "--user",
+            "alice",
+            "--password-stdin",
+            "--config",
+        ])
+        .arg(&cfg)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write as _;
+            c.stdin.take().unwrap().write_all(b"pw\n")?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let root = rustix::process::getuid().is_root();
+    let binary = dir.path().join("tessera");
+    std::fs::copy(bin(), &binary).unwrap();
+    let as_other = |args: &[&str]| {
+        let mut c = if root {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                .arg(&binary);
+            c
+        } else {
+            Command::new(&binary)
+        };
+        let out = c.args(args).arg("--config").arg(&cfg).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    if !root {
+        open(&store, 0o000);
+    }
+    for args in [&["session", "list"][..], &["check-config"]] {
+        let (code, err) = as_other(args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains("cannot look at the embedded store") && err.contains("Permission denied"),
+            "{args:?}: {err}"
+        );
+    }
+    open(&store, 0o700);
+}
+
 /// `session revoke --user` ends every session of a user (the name in any case), `--sid-hash`
 /// the one session a list or a log line shows by its hash; others go on.
 #[test]

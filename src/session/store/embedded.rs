@@ -95,8 +95,10 @@ impl EmbeddedStore {
     }
 
     /// Whether a store has been made in `dir` (by a first [`EmbeddedStore::open`]).
-    pub fn exists(dir: &Path) -> bool {
-        dir.join(DATABASE).is_file()
+    ///
+    /// Errors: whether it has cannot be told (`dir` not searchable by this user: EACCES).
+    pub fn exists(dir: &Path) -> std::io::Result<bool> {
+        dir.join(DATABASE).try_exists()
     }
 
     /// Reads the change log every `poll` (`session.poll_interval_ms`) instead of 25 ms.
