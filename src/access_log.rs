@@ -174,8 +174,9 @@ impl std::fmt::Display for Escaped<'_> {
 }
 
 /// Most bytes of a path an access line shows: a longer one is cut there (at a character's
-/// start) and told by `…(+N bytes)`, so that no line outgrows what log shippers take whole
-/// (Docker splits at 16 KiB, journald at 48 KiB; an escaped byte takes up to 10).
+/// start) and told by `...(+N bytes)` (so written in quotes), so that no line outgrows what log
+/// shippers take whole (Docker splits at 16 KiB, journald at 48 KiB; an escaped byte takes up
+/// to 10).
 pub const MAX_LOGGED_PATH: usize = 1024;
 
 /// `path` as an access line keeps it: whole up to [`MAX_LOGGED_PATH`] bytes, else cut.
@@ -187,7 +188,7 @@ pub fn logged_path(path: &str) -> String {
     while !path.is_char_boundary(cut) {
         cut -= 1;
     }
-    format!("{}…(+{} bytes)", &path[..cut], path.len() - cut)
+    format!("{}...(+{} bytes)", &path[..cut], path.len() - cut)
 }
 
 /// Appends `line`, stamped `now`, with its newline, in the log's format.
@@ -394,9 +395,27 @@ mod tests {
         assert_eq!(logged_path("/short"), "/short");
         let long = format!("/{}", "\u{e9}".repeat(MAX_LOGGED_PATH));
         let kept = logged_path(&long);
-        let (head, tail) = kept.split_once('…').unwrap();
+        let (head, tail) = kept.split_once("...").unwrap();
         assert!(head.len() <= MAX_LOGGED_PATH && long.starts_with(head));
         assert_eq!(tail, format!("(+{} bytes)", long.len() - head.len()));
+        let mut out = Vec::new();
+        let plain = format!("/{}", "a".repeat(2 * MAX_LOGGED_PATH));
+        let path = logged_path(&plain);
+        format_line(
+            &mut out,
+            UNIX_EPOCH,
+            &Line {
+                path: &path,
+                ..line(None, None)
+            },
+        );
+        let text = String::from_utf8(out).unwrap();
+        let shown = format!(
+            " path=\"/{}...(+{} bytes)\" status=",
+            "a".repeat(1023),
+            1025
+        );
+        assert!(text.contains(&shown), "{text}");
     }
 
     #[test]

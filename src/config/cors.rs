@@ -68,6 +68,13 @@ pub(super) fn validate_cors(c: RawCors) -> Result<Cors, ConfigError> {
     };
     let methods = allow_methods(c.allow_methods, allow_credentials)?;
     let allow_headers = match c.allow_headers.as_deref() {
+        Some([]) => {
+            return Err(ConfigError::new(
+                "cors.allow_headers",
+                "is empty: a preflight asking for Authorization would be refused; list the \
+                 fields pages send, or leave it out for Authorization, Content-Type",
+            ))
+        }
         Some([star]) if star == "*" => AllowHeaders::Mirror,
         Some(names) => AllowHeaders::List(names_value("cors.allow_headers", names)?),
         None => AllowHeaders::List(HeaderValue::from_static("Authorization, Content-Type")),
@@ -193,6 +200,13 @@ mod tests {
                     ..raw(&["https://a.example"])
                 },
                 "cors.allow_methods[1]",
+            ),
+            (
+                RawCors {
+                    allow_headers: Some(vec![]),
+                    ..raw(&["https://a.example"])
+                },
+                "cors.allow_headers",
             ),
             (
                 RawCors {

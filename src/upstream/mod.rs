@@ -267,7 +267,7 @@ impl Upstream {
         shares: RequestShares<'_>,
     ) -> Result<Response<ProxyBody>, ForwardError> {
         let key = self.pool.affinity_key(req.headers());
-        let stream = self.shares.event_stream(req.headers())?;
+        let stream = self.shares.event_stream(req.method(), req.headers())?;
         let held = self.shares.take(shares.user, shares.connection).await;
         let mut conn = self.pool.checkout(key.clone()).await?;
         conn.hold(held.with(stream));
@@ -302,7 +302,7 @@ impl Upstream {
         req: Request<UpBody>,
         shares: RequestShares<'_>,
     ) -> Result<Response<ProxyBody>, ForwardError> {
-        let stream = self.shares.event_stream(req.headers())?;
+        let stream = self.shares.event_stream(req.method(), req.headers())?;
         let held = self.shares.take(shares.user, shares.connection).await;
         let mut conn = self.pool.checkout_fresh(key).await?;
         conn.hold(held.with(stream));

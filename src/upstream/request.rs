@@ -99,15 +99,29 @@ pub fn empty_body() -> UpBody {
         .boxed()
 }
 
-/// Whether `fields` ask for an event stream: an `Accept` naming `text/event-stream` (ASCII
-/// case ignored), as a page's `EventSource` sends (HTML, "Server-sent events").
-pub(super) fn asks_for_event_stream(fields: &HeaderMap) -> bool {
-    const TYPE: &[u8] = b"text/event-stream";
-    fields.get_all(http::header::ACCEPT).iter().any(|v| {
-        let v = v.as_bytes();
-        (0..(v.len() + 1).saturating_sub(TYPE.len()))
-            .any(|i| v[i] | 0x20 == b't' && v[i..i + TYPE.len()].eq_ignore_ascii_case(TYPE))
-    })
+/// Whether a request of `method` with `fields` asks for an event stream: a `GET` whose `Accept`
+/// has a `text/event-stream` media range (ASCII case ignored) not weighted `q=0` (RFC 9110
+/// section 12.5.1), as a page's `EventSource` sends (HTML, "Server-sent events").
+pub(super) fn asks_for_event_stream(method: &http::Method, fields: &HeaderMap) -> bool {
+    method == http::Method::GET
+        && fields.get_all(http::header::ACCEPT).iter().any(|v| {
+            v.as_bytes().split(|&b| b == b',').any(|range| {
+                let mut parts = range.split(|&b| b == b';').map(<[u8]>::trim_ascii);
+                let kind = parts.next().unwrap_or_default();
+                kind.eq_ignore_ascii_case(b"text/event-stream") && !parts.any(weighs_nothing)
+            })
+        })
+}
+
+/// Whether a media-range parameter is `q=0` (`0`, `0.0`, `0.00` or `0.000`).
+fn weighs_nothing(param: &[u8]) -> bool {
+    let Some(q) = param
+        .strip_prefix(b"q=")
+        .or_else(|| param.strip_prefix(b"Q="))
+    else {
+        return false;
+    };
+    q.first() == Some(&b'0') && q[1..].iter().all(|&b| b == b'.' || b == b'0')
 }
 
 #[cfg(test)]
@@ -116,18 +130,25 @@ mod tests {
 
     #[test]
     fn an_event_stream_is_asked_for_by_its_media_type_in_accept() {
-        let asks = |values: &[&'static str]| {
+        let fields = |values: &[&'static str]| {
             let mut fields = HeaderMap::new();
             for v in values {
                 fields.append(http::header::ACCEPT, http::HeaderValue::from_static(v));
             }
-            asks_for_event_stream(&fields)
+            fields
         };
+        let asks =
+            |values: &[&'static str]| asks_for_event_stream(&http::Method::GET, &fields(values));
         assert!(asks(&["text/event-stream"]));
-        assert!(asks(&["application/json", "Text/Event-Stream;q=0.9"]));
+        assert!(asks(&["application/json", "Text/Event-Stream ; q=0.9"]));
         assert!(!asks(&["application/json, */*"]));
-        assert!(!asks(&["text/event-strea"]));
+        assert!(!asks(&["text/event-strea", "text/event-streams"]));
+        assert!(!asks(&["application/json, text/event-stream;q=0"]));
+        assert!(!asks(&["text/event-stream; q=0.000"]));
         assert!(!asks(&[]));
+        let post = fields(&["application/json, text/event-stream"]);
+        assert!(!asks_for_event_stream(&http::Method::POST, &post));
+        assert!(!asks_for_event_stream(&http::Method::HEAD, &post));
     }
 
     #[test]

@@ -19,8 +19,8 @@ pub struct UpstreamConfig {
     /// 1..=max_connections (equal: no bound). Default three quarters of `max_connections`,
     /// rounded up.
     pub max_connections_per_user: usize,
-    /// Most requests for an event stream (`Accept: text/event-stream`, what a page's
-    /// `EventSource` sends: a JMAP push channel) forwarded at once; each holds an upstream
+    /// Most requests for an event stream (a `GET` with `Accept: text/event-stream`, what a
+    /// page's `EventSource` sends: a JMAP push channel) forwarded at once; each holds an upstream
     /// connection for its life, so past it one is answered 503 and the rest of the pool stays
     /// for API calls. 1..=max_connections (equal: no bound). Default half of `max_connections`.
     pub max_event_streams: usize,

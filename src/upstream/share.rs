@@ -125,14 +125,18 @@ impl Shares {
         }
     }
 
-    /// A place under `upstream.max_event_streams` for a request whose `fields` ask for an event
-    /// stream, held with its connection ([`Held::with`]); `None` for any other request, or with
+    /// A place under `upstream.max_event_streams` for a request (`method`, `fields`) that asks
+    /// for an event stream, held with its connection ([`Held::with`]); `None` for any other request, or with
     /// no bound. Never waits: a page's `EventSource` would hold its place in the queue.
     ///
     /// Errors: [`ForwardError::TooManyEventStreams`] when every place is taken.
-    pub fn event_stream(&self, fields: &HeaderMap) -> Result<Option<SharePermit>, ForwardError> {
+    pub fn event_stream(
+        &self,
+        method: &http::Method,
+        fields: &HeaderMap,
+    ) -> Result<Option<SharePermit>, ForwardError> {
         match &self.event_streams {
-            Some(places) if super::request::asks_for_event_stream(fields) => places
+            Some(places) if super::request::asks_for_event_stream(method, fields) => places
                 .try_acquire()
                 .map(Some)
                 .ok_or(ForwardError::TooManyEventStreams),
