@@ -936,6 +936,35 @@ fn the_login_form_is_csrf_protected_and_redirects_only_same_origin() {
     assert_eq!(session_keys(&redis).len(), keys_before);
 }
 
+/// A new login in a browser that holds a login cookie revokes the session that cookie named:
+/// left alone, it would keep its sealed password in the store until its TTL, out of any
+/// logout's reach (the cookie now names the new one). A login from elsewhere leaves it.
+#[test]
+fn a_new_login_revokes_the_session_its_cookie_replaces() {
+    let up = users();
+    let redis = Redis::start();
+    let t = on_redis(&up, &redis, &[]);
+    let first = token_of(&login(&t, "alice", "alice-pw"));
+    let body = serde_json::json!({"username": "alice", "password": "alice-pw"}).to_string();
+    let again = call(&[
+        "-H",
+        "Content-Type: application/json",
+        "-H",
+        &format!("Cookie: tessera={first}"),
+        "--data-binary",
+        &body,
+        &t.url("/auth/login"),
+    ]);
+    let second = token_of(&again);
+    assert_eq!(session_keys(&redis).len(), 1, "the first session is left");
+    assert_eq!(curl(&["-H", &bearer(&first), &t.url("/x")]).0, 401);
+    assert_eq!(curl(&["-H", &bearer(&second), &t.url("/x")]).0, 200);
+    let elsewhere = token_of(&login(&t, "alice", "alice-pw"));
+    assert_eq!(session_keys(&redis).len(), 2);
+    assert_eq!(curl(&["-H", &bearer(&second), &t.url("/x")]).0, 200);
+    assert_eq!(curl(&["-H", &bearer(&elsewhere), &t.url("/x")]).0, 200);
+}
+
 /// A browser navigation without a token is sent to the login page with `rd`; an API client
 /// gets the 401.
 #[test]

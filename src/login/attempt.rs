@@ -21,6 +21,7 @@ use crate::error::ProxyError;
 use crate::per_ip::client_key;
 use crate::seal::Credentials;
 use crate::session::{Sessions, Store};
+use crate::token::{self, TokenSource, Verifier};
 use crate::upstream::{BoxError, ProxyBody};
 
 use super::page::safe_redirect;
@@ -141,10 +142,10 @@ impl Login {
             parts,
             host,
             peer,
+            verifier,
             sessions,
             upstream,
             request_id,
-            ..
         } = *req;
         let is_form = content_type_is(parts, "application/x-www-form-urlencoded");
         let form = match self.read_login(parts, body, host, is_form).await {
@@ -214,7 +215,21 @@ impl Login {
                 return self.refuse(Refusal::Proxy(e), is_form, rd);
             }
         }
-        self.issue(&creds, sessions, rd, is_form, sid_out).await
+        let replaced = self.replaced_session(parts, verifier);
+        self.issue(&creds, sessions, replaced, rd, is_form, sid_out)
+            .await
+    }
+
+    /// The session this browser's login cookie names (its token verified but for its expiry),
+    /// which a new login replaces: left alone, it would keep its sealed password in the store
+    /// until its TTL, out of reach of a logout (the cookie now names the new one).
+    fn replaced_session(&self, parts: &Parts, verifier: &Verifier) -> Option<Arc<str>> {
+        let source = TokenSource::Cookie(self.cfg.cookie_name.clone());
+        let tok = token::extract(&parts.headers, std::slice::from_ref(&source)).ok()?;
+        let verified = verifier
+            .verify_ignoring_expiry(&tok, crate::unix_now())
+            .ok()?;
+        Some(verified.sid)
     }
 
     /// Counts the attempt as a failure in the store, under both `shared` keys (address, user),

@@ -27,12 +27,14 @@ struct LoginOk<'a> {
 
 impl Login {
     /// Stores a new session for `creds`, signs its token and answers: `rd`'s redirect or the
-    /// JSON body, with the token cookie (and the CSRF cookie cleared for the form). Sets `sid_out`
-    /// for the access log.
+    /// JSON body, with the token cookie (and the CSRF cookie cleared for the form). Then revokes
+    /// the session the cookie named before (`replaced`), if any. Sets `sid_out` for the access
+    /// log.
     pub(super) async fn issue(
         &self,
         creds: &Credentials,
         sessions: &Sessions,
+        replaced: Option<Arc<str>>,
         rd: Option<&str>,
         is_form: bool,
         sid_out: &mut Option<Arc<str>>,
@@ -59,6 +61,12 @@ impl Login {
                 );
             }
         };
+        if let Some(old) = replaced.filter(|old| **old != *created.sid) {
+            // Best effort: the new session stands whatever becomes of the old one.
+            if sessions.revoke(&old).await.is_err() {
+                tracing::warn!("login: the session it replaces could not be revoked (store)");
+            }
+        }
         *sid_out = Some(created.sid.into());
         // A store write slower than a very short session.ttl_seconds leaves exp behind now:
         // a cookie that expires at once, never one that wraps to a huge Max-Age.
