@@ -533,6 +533,52 @@ fn oversized_frames_close_the_connection() {
     });
 }
 
+/// A client that expects `100 Continue` (RFC 9110 section 10.1.1) gets it once its request is
+/// on its way upstream, and only then sends its body; a refused one gets its 401 at once,
+/// without a 100 and without its body being waited for.
+#[test]
+fn a_client_expecting_100_continue_gets_it_once_its_request_goes_on() {
+    let (_echo, pki, t, addr, token) = h3_echo("", "");
+    runtime().block_on(async {
+        let mut send = H3Client::new(&pki.ca()).connect(addr).await;
+        let body = Bytes::from(vec![b'x'; 100_000]);
+        let expecting = |token: &str| {
+            let mut req = http::Request::post("https://localhost/up")
+                .header("expect", "100-continue")
+                .header("content-length", body.len());
+            if !token.is_empty() {
+                req = req.header("authorization", format!("Bearer {token}"));
+            }
+            req.body(()).unwrap()
+        };
+        let mut stream = send.send_request(expecting(&token)).await.unwrap();
+        // No bound on how soon: only that it comes (without it, the body's 60 s timeout).
+        let first = tokio::time::timeout(Duration::from_secs(30), stream.recv_response()).await;
+        let first = first.expect("no 100 Continue").unwrap();
+        assert_eq!(first.status(), 100, "{}", t.log());
+        stream.send_data(body.clone()).await.unwrap();
+        stream.finish().await.unwrap();
+        let answer = stream.recv_response().await.unwrap();
+        assert_eq!(answer.status(), 200, "{}", t.log());
+        let mut got = Vec::new();
+        while let Some(mut chunk) = stream.recv_data().await.unwrap() {
+            use bytes::Buf;
+            got.extend_from_slice(&chunk.copy_to_bytes(chunk.remaining()));
+        }
+        let got = String::from_utf8_lossy(&got);
+        assert!(got.contains("\"bytes\":100000"), "{got}");
+
+        let mut refused = send.send_request(expecting("")).await.unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(30), refused.recv_response()).await;
+        assert_eq!(
+            first.expect("no answer").unwrap().status(),
+            401,
+            "{}",
+            t.log()
+        );
+    });
+}
+
 /// What a client sends on its QPACK streams (RFC 9204 section 4.2), which h3 keeps and never
 /// reads past their type, is read and dropped: unread, quinn would hold each stream's receive
 /// window (1.25 MB) of it for the connection's life, and the client's writes would stop there.

@@ -68,9 +68,38 @@ pub(super) async fn serve(
             }
         }
     }
+    // RFC 9110 section 10.1.1: a client that expects `100 Continue` gets it when its body is
+    // first read (the request authenticated and on its way upstream), not before: a refusal
+    // goes out without it.
+    let (read, first_read) = tokio::sync::oneshot::channel();
+    if crate::screen::body::expects_continue(req.headers()) && !body.is_end_stream() {
+        body.first_read = Some(read);
+    }
     let req = req.map(|()| body);
-    let resp = super::handoff::bodyless_if(head, quic.proxy.handle(req, peer).await);
-    respond(quic, &mut send, resp).await;
+    let handling = std::pin::pin!(quic.proxy.handle(req, peer));
+    let resp = continued(quic, &mut send, handling, first_read).await;
+    respond(quic, &mut send, super::handoff::bodyless_if(head, resp)).await;
+}
+
+/// The answer of `handling`, with a `100 Continue` sent on `send` first if the request's body
+/// is read before the answer is ready (`first_read`; never, for a request that expects none).
+async fn continued(
+    quic: &Quic,
+    send: &mut Stream<h3_quinn::SendStream<Bytes>>,
+    mut handling: Pin<&mut impl std::future::Future<Output = Response<ProxyBody>>>,
+    first_read: tokio::sync::oneshot::Receiver<()>,
+) -> Response<ProxyBody> {
+    tokio::select! {
+        resp = handling.as_mut() => return resp,
+        read = first_read => if read.is_ok() {
+            let interim = Response::builder().status(http::StatusCode::CONTINUE).body(());
+            let interim = interim.expect("a status alone");
+            // A client that takes no answer takes none of its body either: the body's own
+            // timeout then answers.
+            let _ = tokio::time::timeout(quic.send_timeout, send.send_response(interim)).await;
+        }
+    }
+    handling.await
 }
 
 /// GET, HEAD and OPTIONS: safe to forward from early data (Cloudflare's and Envoy's rule).
@@ -157,6 +186,8 @@ struct RequestBody {
     first: Option<Result<Frame<Bytes>, BoxError>>,
     /// How many times in a row h3 said "no more data" (see [`RequestBody::poll_frame`]).
     nones: u8,
+    /// Told when the body is first read, for a client that expects `100 Continue`.
+    first_read: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 /// Answers of "no more data" in a row taken as the body's end: h3 gives one for each
@@ -174,6 +205,7 @@ impl RequestBody {
             left,
             first: None,
             nones: 0,
+            first_read: None,
         }
     }
 
@@ -227,6 +259,9 @@ impl Body for RequestBody {
         }
         if self.done {
             return Poll::Ready(None);
+        }
+        if let Some(read) = self.first_read.take() {
+            let _ = read.send(());
         }
         // h3 0.0.8 says "no more data" at a zero-length DATA frame as at the end (and at
         // trailers): the end says so again each time it is asked, so it is asked until a run

@@ -45,6 +45,9 @@ impl Proxy {
         let cors = self.cors_for(&req);
         let (parts, body) = req.into_parts();
         let multiplexed = parts.version >= Version::HTTP_2;
+        // A body its client holds back until a `100 Continue` that an early answer never sent
+        // is not waited for: the answer goes at once, and the client sends none.
+        let held_back = multiplexed && screen::body::expects_continue(&parts.headers);
         let mut body = Some(body);
         let (mut resp, error) = match self.process(parts, &mut body, &mut ctx).await {
             Ok(resp) => (resp, None),
@@ -53,7 +56,7 @@ impl Proxy {
                 (e.into_response(), Some(reason))
             }
         };
-        if let Some(body) = body.filter(|b| multiplexed && !b.is_end_stream()) {
+        if let Some(body) = body.filter(|b| multiplexed && !held_back && !b.is_end_stream()) {
             // Answered without its body: see `discard` (HTTP/1.1's own reader drains or
             // closes after the answer).
             screen::body::discard(body).await;

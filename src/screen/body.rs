@@ -44,6 +44,14 @@ pub const DISCARD_MAX_BYTES: u64 = 64 * 1024;
 /// Longest wait, in all, for the rest of a body an early answer reads and drops.
 pub const DISCARD_WAIT: Duration = Duration::from_secs(1);
 
+/// Whether `fields` hold `Expect: 100-continue` (case ignored, RFC 9110 section 10.1.1): a
+/// client that sends its body only after a `100 Continue`, or after its own wait.
+pub fn expects_continue(fields: &http::HeaderMap) -> bool {
+    fields
+        .get(http::header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+}
+
 /// Reads and drops what is left of the body of a request answered without it (a refusal, a
 /// redirect), up to [`DISCARD_MAX_BYTES`] within [`DISCARD_WAIT`], as nginx discards an
 /// unwanted body. Why, for HTTP/2 and HTTP/3: the stream's framing is still checked while it
