@@ -82,6 +82,9 @@ pub async fn session(cmd: SessionCommand) -> ExitCode {
             };
             if let Some(sid) = sid {
                 let revoked = admin::revoke_session(&cfg, &sid).await;
+                if let Ok(false) = revoked {
+                    nothing_matched();
+                }
                 return print_or_fail(revoked.map(|existed| {
                     serde_json::json!({ "sid": sid, "revoked": existed }).to_string()
                 }));
@@ -96,6 +99,9 @@ pub async fn session(cmd: SessionCommand) -> ExitCode {
                 "sid_hashes": revoked.sid_hashes,
                 "failed": revoked.failed,
             });
+            if revoked.sid_hashes.is_empty() && revoked.failed.is_empty() {
+                nothing_matched();
+            }
             let code = print_or_fail::<_, String>(Ok(line));
             match revoked.failed.is_empty() {
                 true => code,
@@ -106,6 +112,12 @@ pub async fn session(cmd: SessionCommand) -> ExitCode {
             }
         }
     }
+}
+
+/// Says on stderr that a revoke found no session (exit 0 all the same: the session is gone
+/// either way), so a typo in a user name or sid is not mistaken for a revocation.
+fn nothing_matched() {
+    eprintln!("tessera: no session matched; nothing was revoked");
 }
 
 /// The configuration at `path`, for a command on its store: warnings (a store open to other

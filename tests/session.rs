@@ -1781,7 +1781,8 @@ fn a_store_another_user_owns_is_said_to_be_unreadable() {
 }
 
 /// `session revoke --user` ends every session of a user (the name in any case), `--sid-hash`
-/// the one session a list or a log line shows by its hash; others go on.
+/// the one session a list or a log line shows by its hash; others go on. One that finds none
+/// says so.
 #[test]
 fn the_cli_revokes_a_users_sessions_or_one_by_its_hash() {
     let up = upstream::start(Behavior::Echo {
@@ -1833,6 +1834,17 @@ fn the_cli_revokes_a_users_sessions_or_one_by_its_hash() {
     let out: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(out["sid_hashes"], serde_json::json!([bob_hash]), "{out}");
     until_refused(&bob);
+    // A revoke that finds nothing says so (exit 0: nothing of it is left either way).
+    for selector in [["--user", "mallory"], ["--sid", "no-such-sid"]] {
+        let out = Command::new(bin())
+            .args(["session", "revoke", "--config", cfg])
+            .args(selector)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        assert!(err.contains("no session matched"), "{selector:?}: {err}");
+    }
 }
 
 #[test]
