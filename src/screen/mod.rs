@@ -18,6 +18,7 @@ pub use forwarded::{forwarded_client, forwarded_proto, set_forwarded};
 pub use identity::Stripped;
 pub use response::{drop_set_cookies, screen_response, unlisted_in_trailers};
 
+mod authority;
 pub mod body;
 mod cache;
 mod forwarded;
@@ -179,7 +180,7 @@ pub fn screen_request_with(
     }
     path::check(parts.uri.path(), limits.allow_encoded_slashes)
         .map_err(|e| ScreenError::BadRequest(e.reason()))?;
-    let host = authority(parts)?;
+    let host = authority::authority(parts)?;
     let (cookie_is_hop_by_hop, websocket) =
         remove_connection_named(&mut parts.headers, &parts.method, parts.version);
     remove_present(
@@ -283,75 +284,6 @@ fn reflects_or_tunnels(method: &http::Method) -> bool {
         7 => m.eq_ignore_ascii_case("connect"),
         _ => false,
     }
-}
-
-fn authority(parts: &Parts) -> Result<HeaderValue, ScreenError> {
-    let mut hosts = parts.headers.get_all(header::HOST).iter();
-    let host = hosts.next();
-    if hosts.next().is_some() {
-        return Err(ScreenError::BadRequest("more than one Host header"));
-    }
-    // RFC 9112 3.2.2: an absolute-form target (and HTTP/2 `:authority`) wins over `Host`; over
-    // HTTP/2 a `host` that names another authority is malformed (RFC 9113 8.3.1).
-    let value = match (parts.uri.authority(), host) {
-        (Some(a), Some(h))
-            if parts.version >= Version::HTTP_2
-                && !h.as_bytes().eq_ignore_ascii_case(a.as_str().as_bytes()) =>
-        {
-            return Err(ScreenError::BadRequest("host differs from :authority"))
-        }
-        (Some(a), _) => HeaderValue::from_str(a.as_str())
-            .map_err(|_| ScreenError::BadRequest("bad authority"))?,
-        // RFC 9110 7.2: an empty Host is for a target without an authority, never in HTTP/1.1.
-        (None, Some(h)) if h.is_empty() && parts.version != Version::HTTP_10 => {
-            return Err(ScreenError::BadRequest("empty Host header"))
-        }
-        (None, Some(h)) => h.clone(),
-        (None, None) if parts.version == Version::HTTP_10 => HeaderValue::from_static(""),
-        (None, None) => return Err(ScreenError::BadRequest("missing Host header")),
-    };
-    if value.as_bytes().contains(&b'@') {
-        return Err(ScreenError::BadRequest("userinfo in Host"));
-    }
-    if !value.is_empty() && !server_name(&value) {
-        return Err(ScreenError::BadRequest("invalid Host header"));
-    }
-    Ok(value)
-}
-
-/// Whether `host` names a server as clients do: a DNS name or IPv4 address (letters, digits,
-/// `-`, `.`, `_`) or a bracketed IPv6 address, and a port of digits if any. RFC 3986's
-/// reg-name also admits sub-delimiters (`,`, `'`, `;`, ...), which no DNS name has and which an
-/// upstream writing absolute URLs from `Host` or `X-Forwarded-Host` would pass on (host-header
-/// poisoning of links and redirects).
-fn server_name(host: &HeaderValue) -> bool {
-    let host = host.as_bytes();
-    let (name_ok, rest) = match host.strip_prefix(b"[") {
-        Some(v6) => {
-            let Some(end) = v6.iter().position(|&b| b == b']') else {
-                return false;
-            };
-            let addr = std::str::from_utf8(&v6[..end]).map(str::parse::<std::net::Ipv6Addr>);
-            (matches!(addr, Ok(Ok(_))), &v6[end + 1..])
-        }
-        None => {
-            let end = host.iter().position(|&b| b == b':').unwrap_or(host.len());
-            let name = &host[..end];
-            let ok = !name.is_empty()
-                && name
-                    .iter()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
-            (ok, &host[end..])
-        }
-    };
-    let port_ok = match rest.strip_prefix(b":") {
-        None => rest.is_empty(),
-        Some(port) => {
-            port.iter().all(u8::is_ascii_digit)
-                && std::str::from_utf8(port).is_ok_and(|p| p.parse::<u16>().is_ok())
-        }
-    };
-    name_ok && port_ok
 }
 
 /// Removes the headers named in `Connection` (RFC 9110 section 7.6.1), except `Authorization`
@@ -759,6 +691,14 @@ mod tests {
         };
         assert!(h2("mail.example").is_ok());
         assert!(h2("MAIL.example").is_ok(), "any case");
+        assert!(h2("mail.example:443").is_ok(), "the scheme's default port");
+        assert!(h2("mail.example:8443").is_err());
+        let mut h3 = parts(&[("host", "mail.example:443")], "https://mail.example/x");
+        h3.version = Version::HTTP_3;
+        assert!(
+            screen_request(&mut h3, &L).is_err(),
+            "HTTP/3: the same value"
+        );
         assert_eq!(
             h2("evil.example").err(),
             Some(ScreenError::BadRequest("host differs from :authority"))
