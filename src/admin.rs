@@ -215,7 +215,11 @@ pub fn absent_store(cfg: &Config) -> Option<Absent> {
     match EmbeddedStore::exists(dir) {
         Ok(true) => None,
         Ok(false) => Some(Absent::NotMade(shown_path(dir))),
-        Err(e) => Some(Absent::Unreadable(shown_path(dir), e)),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            Some(Absent::Unreadable(shown_path(dir), e))
+        }
+        // Another failure (a file where the directory should be): the store's open says what.
+        Err(_) => None,
     }
 }
 

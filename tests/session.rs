@@ -938,7 +938,8 @@ fn the_login_form_is_csrf_protected_and_redirects_only_same_origin() {
 
 /// A new login in a browser that holds a login cookie revokes the session that cookie named:
 /// left alone, it would keep its sealed password in the store until its TTL, out of any
-/// logout's reach (the cookie now names the new one). A login from elsewhere leaves it.
+/// logout's reach (the cookie now names the new one). A login from elsewhere leaves it, and so
+/// does another user's login in that browser.
 #[test]
 fn a_new_login_revokes_the_session_its_cookie_replaces() {
     let up = users();
@@ -963,6 +964,20 @@ fn a_new_login_revokes_the_session_its_cookie_replaces() {
     assert_eq!(session_keys(&redis).len(), 2);
     assert_eq!(curl(&["-H", &bearer(&second), &t.url("/x")]).0, 200);
     assert_eq!(curl(&["-H", &bearer(&elsewhere), &t.url("/x")]).0, 200);
+    // Another user's login in that browser leaves alice's session to her.
+    let body = serde_json::json!({"username": "bob", "password": "bob-pw"}).to_string();
+    let bob = call(&[
+        "-H",
+        "Content-Type: application/json",
+        "-H",
+        &format!("Cookie: tessera={second}"),
+        "--data-binary",
+        &body,
+        &t.url("/auth/login"),
+    ]);
+    token_of(&bob);
+    assert_eq!(session_keys(&redis).len(), 3);
+    assert_eq!(curl(&["-H", &bearer(&second), &t.url("/x")]).0, 200);
 }
 
 /// A browser navigation without a token is sent to the login page with `rd`; an API client
@@ -1766,6 +1781,15 @@ fn a_store_another_user_owns_is_said_to_be_unreadable() {
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     };
+    // Searchable again at the end, also after a failed assert, so the directory can go.
+    struct Restore<'a>(&'a std::path::Path);
+    impl Drop for Restore<'_> {
+        fn drop(&mut self) {
+            let mode = std::fs::Permissions::from_mode(0o700);
+            let _ = std::fs::set_permissions(self.0, mode);
+        }
+    }
+    let _restore = Restore(&store);
     if !root {
         open(&store, 0o000);
     }
@@ -1777,7 +1801,6 @@ fn a_store_another_user_owns_is_said_to_be_unreadable() {
             "{args:?}: {err}"
         );
     }
-    open(&store, 0o700);
 }
 
 /// `session revoke --user` ends every session of a user (the name in any case), `--sid-hash`

@@ -41,7 +41,8 @@ pub(super) async fn serve(
         .flatten();
     let mut body = RequestBody::new(recv, left);
     // First: a request whose handshake completes meanwhile goes on as a late one.
-    body.settle(quic, req.method()).await;
+    let expecting = crate::screen::body::expects_continue(req.headers());
+    body.settle(quic, req.method(), expecting).await;
     if !handshake.complete() {
         // A trusted proxy's word on its client (`X-Forwarded-For`) is taken only from a proven
         // address: an early flight's keys need no answer from the server, so its source may be
@@ -72,7 +73,7 @@ pub(super) async fn serve(
     // first read (the request authenticated and on its way upstream), not before: a refusal
     // goes out without it.
     let (read, first_read) = tokio::sync::oneshot::channel();
-    if crate::screen::body::expects_continue(req.headers()) && !body.is_end_stream() {
+    if expecting && !body.is_end_stream() {
         body.first_read = Some(read);
     }
     let req = req.map(|()| body);
@@ -223,12 +224,14 @@ impl RequestBody {
     /// than as an empty chunked one, which some servers refuse on a GET. For a method that
     /// seldom has a body (RFC 9110 section 9.3) and no `Content-Length`, this waits for the
     /// first frame or the end (at most `server.header_read_timeout_ms`, as the head); for any
-    /// other, it only looks.
-    async fn settle(&mut self, quic: &Quic, method: &Method) {
-        let rarely_has_body = matches!(
-            *method,
-            Method::GET | Method::HEAD | Method::OPTIONS | Method::DELETE | Method::TRACE
-        );
+    /// other, or a client that holds its body back for a `100 Continue` (`expecting`), it only
+    /// looks.
+    async fn settle(&mut self, quic: &Quic, method: &Method, expecting: bool) {
+        let rarely_has_body = !expecting
+            && matches!(
+                *method,
+                Method::GET | Method::HEAD | Method::OPTIONS | Method::DELETE | Method::TRACE
+            );
         // None: not known yet; Some(None): the stream ended; Some(Some(frame)).
         let next = if rarely_has_body && self.left.is_none() {
             let read = std::future::poll_fn(|cx| Pin::new(&mut *self).poll_frame(cx));

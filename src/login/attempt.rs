@@ -215,21 +215,24 @@ impl Login {
                 return self.refuse(Refusal::Proxy(e), is_form, rd);
             }
         }
-        let replaced = self.replaced_session(parts, verifier);
+        let replaced = self.replaced_session(parts, verifier, creds.user());
         self.issue(&creds, sessions, replaced, rd, is_form, sid_out)
             .await
     }
 
-    /// The session this browser's login cookie names (its token verified but for its expiry),
-    /// which a new login replaces: left alone, it would keep its sealed password in the store
-    /// until its TTL, out of reach of a logout (the cookie now names the new one).
-    fn replaced_session(&self, parts: &Parts, verifier: &Verifier) -> Option<Arc<str>> {
+    /// The session this browser's login cookie names (its token verified but for its expiry)
+    /// when it is `user`'s (the name in any case, as the failed-login limits take it), which a
+    /// new login of `user` replaces: left alone, it would keep its sealed password in the store
+    /// until its TTL, out of reach of a logout (the cookie now names the new one). Another
+    /// user's session is left to that user (a shared browser, a page holding two accounts).
+    fn replaced_session(&self, parts: &Parts, verifier: &Verifier, user: &str) -> Option<Arc<str>> {
         let source = TokenSource::Cookie(self.cfg.cookie_name.clone());
         let tok = token::extract(&parts.headers, std::slice::from_ref(&source)).ok()?;
         let verified = verifier
             .verify_ignoring_expiry(&tok, crate::unix_now())
             .ok()?;
-        Some(verified.sid)
+        let owner = verified.sub.as_deref().map(str::to_lowercase);
+        (owner.as_deref() == Some(user.trim().to_lowercase().as_str())).then_some(verified.sid)
     }
 
     /// Counts the attempt as a failure in the store, under both `shared` keys (address, user),

@@ -235,9 +235,10 @@ impl H1 {
     /// close-delimited body), a malformed response, a longer body (a `Content-Length` over the
     /// budget is refused from the head), bytes after the response's end, or a closed
     /// connection. The budget counts body data only: chunk-size lines and trailers are bounded
-    /// by the caller's time limit.
-    pub async fn finish(&mut self, rest: Unfinished, mut budget: u64) -> bool {
-        let mut framing = match rest {
+    /// by the caller's time limit. `rest` becomes [`Unfinished::Body`] once the head is read,
+    /// so a caller that gives up on the future knows whether the upstream had answered.
+    pub async fn finish(&mut self, rest: &mut Unfinished, mut budget: u64) -> bool {
+        let mut framing = match *rest {
             Unfinished::Head { head_request } => match self.read_head(head_request, false).await {
                 // A body too long to finish is known from the head: closed without reading it.
                 Ok(head)
@@ -247,6 +248,7 @@ impl H1 {
                             || worth_finishing(head.framing, budget)) =>
                 {
                     self.announced_idle = head.announced_idle;
+                    *rest = Unfinished::Body(head.framing);
                     head.framing
                 }
                 _ => return false,

@@ -92,15 +92,15 @@ pub(crate) fn coarse_ms() -> u32 {
 /// [`Drain::wait`], then releases the connection: kept when the response was read to its end,
 /// else closed. (The rest was taken out of the connection, so releasing it here cannot start
 /// another drain; a task dropped unrun closes it likewise.)
-pub(super) async fn drain(mut conn: Conn, rest: Unfinished) {
+pub(super) async fn drain(mut conn: Conn, mut rest: Unfinished) {
     let Drain { wait, max_bytes } = conn.pool.drain;
-    let finished = tokio::time::timeout(wait, conn.h1().finish(rest, max_bytes)).await;
+    let finished = tokio::time::timeout(wait, conn.h1().finish(&mut rest, max_bytes)).await;
     if finished == Ok(true) {
         conn.pool.stats.drained.fetch_add(1, Ordering::Relaxed);
         conn.set_reusable();
     } else {
         if let (Unfinished::Head { .. }, Err(_)) = (rest, &finished) {
-            // Still unanswered (or answering) when the wait ran out.
+            // Still unanswered when the wait ran out.
             conn.keep_shares_while_due(rest);
         }
         conn.pool.stats.drain_failed.fetch_add(1, Ordering::Relaxed);
@@ -113,12 +113,12 @@ pub(super) async fn drain(mut conn: Conn, rest: Unfinished) {
 
 impl Conn {
     /// Frees this exchange's slot but keeps its shares of the pool
-    /// ([`crate::upstream::share::Held`]) until the upstream answers (the first bytes of the
-    /// response head, `rest`, or the connection's end) or its response-head timeout (counted
+    /// ([`crate::upstream::share::Held`]) until the upstream answers (a whole final response
+    /// head, `rest`, or the connection's end) or its response-head timeout (counted
     /// from its send) would have ended it (module docs): a task on the current runtime holds
     /// the socket, outside the pool's count, until then, and closes it. Nothing is kept past
     /// that time, without a share, or outside a runtime.
-    pub(super) fn keep_shares_while_due(&mut self, rest: Unfinished) {
+    pub(super) fn keep_shares_while_due(&mut self, mut rest: Unfinished) {
         let age = Duration::from_millis(coarse_ms().wrapping_sub(self.sent_ms).into());
         let due = self.pool.header_timeout.saturating_sub(age);
         if due.is_zero() || self.held.is_empty() {
@@ -134,7 +134,7 @@ impl Conn {
         self.pool.stats.count_closed(self.closing, 1);
         drop(runtime.spawn(async move {
             // A body budget of 0: done once the head is read.
-            let _ = tokio::time::timeout(due, h1.finish(rest, 0)).await;
+            let _ = tokio::time::timeout(due, h1.finish(&mut rest, 0)).await;
             drop(held);
         }));
     }
