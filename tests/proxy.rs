@@ -2660,3 +2660,36 @@ fn cors_preflights_are_answered_and_allowed_origins_marked() {
     );
     assert!(!lower.contains("vary: origin"), "{head}");
 }
+
+/// An intermediary's duty for `OPTIONS` (RFC 9110 section 7.6.2): `Max-Forwards: 0` is
+/// answered by tessera, a larger one goes on one less.
+#[test]
+fn options_are_forwarded_as_an_intermediary_must() {
+    let nginx = Nginx::start_with(r#"location = /mf { return 200 "[$http_max_forwards]"; }"#);
+    let (t, token) = behind(&nginx.url(), &[]);
+    let options = |max_forwards: &str| {
+        curl(&[
+            "-X",
+            "OPTIONS",
+            "-H",
+            &bearer(&token),
+            "-H",
+            &format!("Max-Forwards: {max_forwards}"),
+            &t.url("/mf"),
+        ])
+    };
+    assert_eq!(options("0").0, 204);
+    assert!(nginx.uris().is_empty(), "forwarded: {:?}", nginx.uris());
+    assert_eq!(options("5"), (200, "[4]".into()));
+    // Other methods carry it untouched; without a token, the 401 comes first.
+    let (code, body) = curl(&[
+        "-H",
+        &bearer(&token),
+        "-H",
+        "Max-Forwards: 0",
+        &t.url("/mf"),
+    ]);
+    assert_eq!((code, body.as_str()), (200, "[0]"));
+    let (code, _) = curl(&["-X", "OPTIONS", "-H", "Max-Forwards: 0", &t.url("/mf")]);
+    assert_eq!(code, 401);
+}

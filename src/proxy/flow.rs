@@ -152,6 +152,9 @@ impl Proxy {
             Ok(session) => session,
             Err(e) => return self.unauthenticated(e, &parts, ctx),
         };
+        if let Some(answer) = Self::forwards_no_further(&mut parts) {
+            return Ok(answer);
+        }
         let upgrading = if screened.websocket || extended {
             let empty = body.as_ref().is_none_or(Body::is_end_stream);
             let proto = ctx.peer().proto;

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use http::header::{self};
 use http::request::Parts;
 use http::uri::PathAndQuery;
-use http::{Response, Uri, Version};
+use http::{Method, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
 
@@ -153,6 +153,27 @@ impl Proxy {
         format!("{}{pq}", self.base_path)
             .parse()
             .map_err(|_| ProxyError::UriTooLong)
+    }
+
+    /// An `OPTIONS` with `Max-Forwards` (RFC 9110 section 7.6.2): at 0, tessera is its final
+    /// recipient and answers it (204), else the value goes on one less. Any other request, or
+    /// a value that is no number, is left as it is.
+    pub(super) fn forwards_no_further(parts: &mut Parts) -> Option<Response<ProxyBody>> {
+        if parts.method != Method::OPTIONS {
+            return None;
+        }
+        let left = parts.headers.get(header::MAX_FORWARDS)?.to_str().ok()?;
+        match left.trim().parse::<u64>().ok()? {
+            0 => {
+                let mut resp = Response::new(ProxyBody::empty());
+                *resp.status_mut() = StatusCode::NO_CONTENT;
+                Some(resp)
+            }
+            n => {
+                parts.headers.insert(header::MAX_FORWARDS, (n - 1).into());
+                None
+            }
+        }
     }
 
     pub(super) fn limit_body<B>(&self, body: B) -> UpBody
