@@ -812,6 +812,13 @@ fn paced_upstream() -> (tokio::runtime::Runtime, String, Arc<AtomicUsize>) {
                                 (Vec::new(), later, num(1).unwrap_or(0), false)
                             }
                             Some(&"drop") => (ok, Vec::new(), num(1).unwrap_or(0), true),
+                            // The head and 10 of 100 body bytes after the delay; the rest never.
+                            Some(&"stall") => {
+                                let mut later =
+                                    b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n".to_vec();
+                                later.extend_from_slice(&[b'a'; 10]);
+                                (Vec::new(), later, num(1).unwrap_or(0), false)
+                            }
                             Some(&"upload") => {
                                 while matches!(stream.read(&mut more).await, Ok(n) if n > 0) {}
                                 return;
@@ -999,6 +1006,50 @@ fn an_answer_not_due_within_the_drain_wait_closes_its_connection() {
         assert_eq!(resp.status(), StatusCode::OK);
     });
     assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    drop(up_rt);
+}
+
+/// An exchange left before its head keeps its user's share only until the upstream answers:
+/// one whose head came during the drain, and whose body then stalled past the drain's wait, is
+/// closed with its share freed, not held (its body read as a head) until the response-head
+/// timeout. The user's next request, on a share of one, is then served.
+#[test]
+fn a_drain_that_read_the_head_keeps_no_share_past_its_wait() {
+    let (up_rt, addr, _accepted) = paced_upstream();
+    let mut cfg = settings(
+        2,
+        Duration::from_secs(60),
+        Duration::from_secs(60),
+        Affinity::None,
+        Drain::default(),
+    );
+    cfg.max_connections_per_user = 1;
+    let upstream = Upstream::new(addr, &cfg, 1);
+    set_serving_thread(0);
+    let as_alice = |path: &str| {
+        let mut req = request("GET", path, empty_body());
+        let basic = http::HeaderValue::from_static("Basic YWxpY2U6cHc=");
+        req.headers_mut().insert(http::header::AUTHORIZATION, basic);
+        req
+    };
+    current_thread().block_on(async {
+        left_before_the_answer(&upstream, as_alice("/stall/100"), LEAVE).await;
+        assert_eq!(drains(&upstream, 1).await, (0, 1), "the body stalled");
+        // Held, the share would come back at the 60 s timeout: 20 s tells the two apart (no
+        // bound on how soon it comes).
+        let next = tokio::time::timeout(
+            Duration::from_secs(20),
+            upstream.forward(as_alice("/after/0")),
+        );
+        let status = next
+            .await
+            .map(|r| r.map(|r| r.status()).map_err(|e| e.to_string()));
+        assert_eq!(
+            status,
+            Ok(Ok(StatusCode::OK)),
+            "alice's share was still held"
+        );
+    });
     drop(up_rt);
 }
 
