@@ -1,9 +1,10 @@
-//! CORS (`[cors]`): the Fetch standard's CORS protocol (<https://fetch.spec.whatwg.org/#http-cors-protocol>)
-//! for web applications on other origins that call the proxied API with a token. tessera
-//! answers a preflight itself, before authentication (a browser sends a preflight without
-//! credentials), and marks the answers to requests from an allowed origin, its own refusals
-//! included, so that a page can read a 401 and renew its token. The upstream's own
-//! `Access-Control-*` fields are dropped ([`UPSTREAM_FIELDS`]): one policy answers.
+//! CORS (`[cors]`): the Fetch standard's CORS protocol
+//! (<https://fetch.spec.whatwg.org/#http-cors-protocol>) for web applications on other origins
+//! that call the proxied API with a token. tessera answers a preflight itself, before
+//! authentication (a browser sends a preflight without credentials), and marks the answers to
+//! requests from an allowed origin, its own refusals included, so that a page can read a 401 and
+//! renew its token. The upstream's own `Access-Control-*` fields are dropped
+//! ([`UPSTREAM_FIELDS`]): one policy answers.
 //! Hand-written: tower-http's `CorsLayer` wraps a tower `Service`, and the phases are none.
 //! Must never: allow an origin not listed, allow credentials to every origin (`*`), or apply
 //! to the session endpoints (`/login`, `/logout`, `/session`), which stay same-origin.

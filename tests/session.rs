@@ -1667,16 +1667,7 @@ fn session_commands_refuse_a_store_that_is_not_there() {
     assert!(!elsewhere.path().join("rel").exists(), "a store was made");
 
     // A store made, one session in it; a reader that goes away at once.
-    let mut create = Command::new(bin())
-        .args([
-            "session",
-            "create",
-            "--user",
-            "alice",
-            "--password-stdin",
-            "--config",
-        ])
-        .arg(&cfg)
+    let mut create = create_alice(&cfg)
         .current_dir(elsewhere.path())
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
@@ -1703,6 +1694,21 @@ fn session_commands_refuse_a_store_that_is_not_there() {
     assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
 }
 
+/// `tessera session create --user alice --password-stdin` on the config at `cfg`.
+fn create_alice(cfg: &std::path::Path) -> Command {
+    let mut c = Command::new(bin());
+    c.args([
+        "session",
+        "create",
+        "--user",
+        "alice",
+        "--password-stdin",
+        "--config",
+    ])
+    .arg(cfg);
+    c
+}
+
 /// A store the command's user may not look at (`serve`'s own, 0700, another user's) is said to
 /// be that, naming who to run as, not "no store": `session list` and `check-config` exit 2.
 /// `session create` with an empty password makes nothing.
@@ -1725,16 +1731,7 @@ fn a_store_another_user_owns_is_said_to_be_unreadable() {
     .unwrap();
     open(&cfg, 0o644);
     // An empty password (nothing on stdin) makes no session, and no store.
-    let empty = Command::new(bin())
-        .args([
-            "session",
-            "create",
-            "--user",
-            "alice",
-            "--password-stdin",
-            "--config",
-        ])
-        .arg(&cfg)
+    let empty = create_alice(&cfg)
         .stdin(std::process::Stdio::null())
         .output()
         .unwrap();
@@ -1744,16 +1741,7 @@ fn a_store_another_user_owns_is_said_to_be_unreadable() {
         said.contains("password on stdin is empty") && !store.exists(),
         "{said}"
     );
-    let made = Command::new(bin())
-        .args([
-            "session",
-            "create",
-            "--user",
-            "alice",
-            "--password-stdin",
-            "--config",
-        ])
-        .arg(&cfg)
+    let made = create_alice(&cfg)
         .stdin(std::process::Stdio::piped())
         .spawn()
         .and_then(|mut c| {

@@ -139,7 +139,10 @@ fn names_value(key: &str, names: &[String]) -> Result<HeaderValue, ConfigError> 
         if name == "*" || HeaderName::from_bytes(name.as_bytes()).is_err() {
             return Err(ConfigError::new(
                 &format!("{key}[{i}]"),
-                format!("`{name}` is not a header field name; write e.g. \"Content-Type\" (\"*\" only alone, and in expose_headers not with allow_credentials)"),
+                format!(
+                    "`{name}` is not a header field name; write e.g. \"Content-Type\" (\"*\" \
+                     only alone, and in expose_headers not with allow_credentials)"
+                ),
             ));
         }
     }
