@@ -78,7 +78,8 @@ fn curl_and_nghttp_reach_the_upstream_over_tls_with_h1_and_h2_by_alpn() {
     let tls_port = free_port();
     let (t, token) = tls_tessera(nginx.port, &pki, tls_port, "", "");
     let bearer = format!("authorization: Bearer {token}");
-    for (flag, version) in [("--http1.1", "1.1"), ("--http2", "2")] {
+    // `--http1.0`: Debian 12's curl (7.88) offers ALPN `http/1.0` alone.
+    for (flag, version) in [("--http1.1", "1.1"), ("--http2", "2"), ("--http1.0", "1")] {
         let (status, body, v) = curl_tls(tls_port, &pki.ca(), "/proto", &[flag, "-H", &bearer]);
         assert_eq!((status, v.as_str()), (200, version), "{body}");
         assert!(body.starts_with("proto=https auth=Basic "), "{body}");
@@ -238,6 +239,13 @@ fn min_version_1_3_refuses_a_tls_1_2_client() {
     };
     assert!(handshake("-tls1_3").contains("New, TLSv1.3"));
     assert!(!handshake("-tls1_2").contains("New, TLSv1.2"));
+    // A client that offers HTTP/1.0 alone (`curl --http1.0` 7.88 to 8.4) is served, not
+    // refused with `no_application_protocol`.
+    assert!(
+        handshake("-alpn http/1.0").contains("ALPN protocol: http/1.0"),
+        "{}",
+        handshake("-alpn http/1.0")
+    );
 }
 
 #[test]

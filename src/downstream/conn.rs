@@ -305,10 +305,15 @@ impl<S: Socket> Conn<S> {
             match self.incoming.take(serving.max_head, serving.max_body) {
                 Taken::Request(req, close) => return Next::Request(req, close),
                 Taken::HandOff if super::parse::speaks_tls(self.incoming.rest()) => {
-                    tracing::info!(
-                        "TLS handshake on the plain listener (server.listen); closed: point the \
-                         client at http://, or put a TLS terminator in front"
-                    );
+                    // At most a line a second: any client can send them in a loop.
+                    static LAST: std::sync::atomic::AtomicU64 =
+                        std::sync::atomic::AtomicU64::new(0);
+                    if crate::once_a_second(&LAST) {
+                        tracing::info!(
+                            "TLS handshake on the plain listener (server.listen); closed: point \
+                             the client at http://, or put a TLS terminator in front"
+                        );
+                    }
                     return Next::Close;
                 }
                 Taken::HandOff if super::parse::speaks_no_http(self.incoming.rest()) => {

@@ -34,6 +34,10 @@ const ADDRESS_TOKEN_LOG: (usize, u32) = (4 << 20, 6);
 /// ALPN protocol ids (RFC 7301), preferred first.
 pub(super) const ALPN_H2: &[u8] = b"h2";
 const ALPN_HTTP11: &[u8] = b"http/1.1";
+/// Offered alone by `curl --http1.0` (7.88 to 8.4, Debian 12's): without it rustls would end
+/// such a handshake with `no_application_protocol`, where nginx serves it. Served as any
+/// HTTP/1.x.
+const ALPN_HTTP10: &[u8] = b"http/1.0";
 const ALPN_H3: &[u8] = b"h3";
 
 /// The TLS server: the current rustls configuration (replaced whole on reload), and what
@@ -248,7 +252,7 @@ impl<'a> Resumption<'a> {
         Self {
             ticketer,
             cache,
-            alpn: &[ALPN_H2, ALPN_HTTP11],
+            alpn: &[ALPN_H2, ALPN_HTTP11, ALPN_HTTP10],
             versions: &[],
             early_data: false,
         }
