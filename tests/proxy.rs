@@ -2514,6 +2514,23 @@ fn an_http2_client_gets_one_content_length_and_none_on_a_204() {
     );
 }
 
+/// A CORS preflight of `url` from `origin`, asking for `method` and the fields `fields`: the
+/// status and the answer's head (curl `-i`).
+fn preflight(url: &str, origin: &str, method: &str, fields: &str) -> (u16, String) {
+    curl(&[
+        "-i",
+        "-X",
+        "OPTIONS",
+        "-H",
+        &format!("Origin: {origin}"),
+        "-H",
+        &format!("Access-Control-Request-Method: {method}"),
+        "-H",
+        &format!("Access-Control-Request-Headers: {fields}"),
+        url,
+    ])
+}
+
 /// `[cors]`: a preflight is answered by tessera without a token and never reaches the upstream;
 /// an allowed origin's answers, tessera's 401 included, carry its `Access-Control-Allow-Origin`
 /// once, in place of the upstream's own; another origin's preflight gets 403 and its answers no
@@ -2534,20 +2551,7 @@ fn cors_preflights_are_answered_and_allowed_origins_marked() {
         )],
     );
     let api = t.url("/api");
-    let ask = |origin: &str| {
-        curl(&[
-            "-i",
-            "-X",
-            "OPTIONS",
-            "-H",
-            &format!("Origin: {origin}"),
-            "-H",
-            "Access-Control-Request-Method: PUT",
-            "-H",
-            "Access-Control-Request-Headers: authorization",
-            &api,
-        ])
-    };
+    let ask = |origin: &str| preflight(&api, origin, "PUT", "authorization");
     let (code, head) = ask("https://app.example");
     assert_eq!(code, 204, "{head}");
     let lower = head.to_ascii_lowercase();
@@ -2624,18 +2628,12 @@ fn cors_preflights_are_answered_and_allowed_origins_marked() {
             "[cors]\nallow_origins = [\"*\"]\nallow_headers = [\"*\"]",
         )],
     );
-    let (code, head) = curl(&[
-        "-i",
-        "-X",
-        "OPTIONS",
-        "-H",
-        "Origin: https://any.example",
-        "-H",
-        "Access-Control-Request-Method: GET",
-        "-H",
-        "Access-Control-Request-Headers: authorization,x-trace",
+    let (code, head) = preflight(
         &any.url("/api"),
-    ]);
+        "https://any.example",
+        "GET",
+        "authorization,x-trace",
+    );
     assert_eq!(code, 204, "{head}");
     let lower = head.to_ascii_lowercase();
     assert!(

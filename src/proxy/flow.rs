@@ -47,7 +47,8 @@ impl Proxy {
         let multiplexed = parts.version >= Version::HTTP_2;
         // A body its client holds back until a `100 Continue` that an early answer never sent
         // is not waited for: the answer goes at once, and the client sends none.
-        let held_back = multiplexed && screen::body::expects_continue(&parts.headers);
+        let held_back =
+            multiplexed && !body.is_end_stream() && screen::body::expects_continue(&parts.headers);
         let mut body = Some(body);
         let (mut resp, error) = match self.process(parts, &mut body, &mut ctx).await {
             Ok(resp) => (resp, None),

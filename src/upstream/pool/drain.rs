@@ -99,8 +99,8 @@ pub(super) async fn drain(mut conn: Conn, mut rest: Unfinished) {
         conn.pool.stats.drained.fetch_add(1, Ordering::Relaxed);
         conn.set_reusable();
     } else {
-        if let (Unfinished::Head { .. }, Err(_)) = (rest, &finished) {
-            // Still unanswered when the wait ran out.
+        if finished.is_err() {
+            // Still unanswered (the head due) when the wait ran out.
             conn.keep_shares_while_due(rest);
         }
         conn.pool.stats.drain_failed.fetch_add(1, Ordering::Relaxed);
@@ -117,8 +117,12 @@ impl Conn {
     /// head, `rest`, or the connection's end) or its response-head timeout (counted
     /// from its send) would have ended it (module docs): a task on the current runtime holds
     /// the socket, outside the pool's count, until then, and closes it. Nothing is kept past
-    /// that time, without a share, or outside a runtime.
+    /// that time, for an exchange whose head was read (`rest` a body), without a share, or
+    /// outside a runtime.
     pub(super) fn keep_shares_while_due(&mut self, mut rest: Unfinished) {
+        if let Unfinished::Body(_) = rest {
+            return;
+        }
         let age = Duration::from_millis(coarse_ms().wrapping_sub(self.sent_ms).into());
         let due = self.pool.header_timeout.saturating_sub(age);
         if due.is_zero() || self.held.is_empty() {
@@ -151,9 +155,7 @@ impl Conn {
         let age_ms = coarse_ms().wrapping_sub(self.sent_ms);
         // Each early return closes the connection (counted `abandoned` by the drop).
         if u128::from(age_ms) >= wait.as_millis() {
-            if let Unfinished::Head { .. } = rest {
-                self.keep_shares_while_due(rest);
-            }
+            self.keep_shares_while_due(rest);
             tracing::debug!(
                 age_ms,
                 ?rest,
