@@ -313,18 +313,15 @@ async fn reach_store(cfg: &Config) -> Result<String, AdminError> {
 /// How [`certificate_line`] flags an expired certificate.
 const EXPIRED: &str = " EXPIRED: clients refuse it; renew it, then SIGHUP";
 
-/// Certificates this close to expiry are flagged.
-const EXPIRY_WARNING_SECONDS: i64 = 14 * 24 * 3600;
-
 /// One `check-config` line for a certificate: its names and expiry, flagged `EXPIRED` or
 /// `expires soon` (within 14 days); the key matched it already (config validation).
 fn certificate_line(c: &crate::downstream::CertSummary, now: i64) -> String {
-    let when = humantime::format_rfc3339_seconds(
-        std::time::UNIX_EPOCH + std::time::Duration::from_secs(c.not_after.max(0) as u64),
-    );
+    let when = c.until();
     let flag = match c.not_after - now {
         left if left <= 0 => EXPIRED,
-        left if left <= EXPIRY_WARNING_SECONDS => " expires soon: renew it, then SIGHUP",
+        left if left <= crate::downstream::CERT_WARN_BEFORE => {
+            " expires soon: renew it, then SIGHUP"
+        }
         _ => "",
     };
     format!(

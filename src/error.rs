@@ -69,6 +69,10 @@ pub enum ProxyError {
     /// resolve: the store did not answer.
     #[error("session store unavailable")]
     StoreUnavailable,
+    /// A request in plain HTTP on the TLS listener (nginx's 497, answered 400 there too); the
+    /// connection closes after it.
+    #[error("plain HTTP request on the TLS port")]
+    PlainHttpOnTlsPort,
     /// forward: a WebSocket upgrade from a browser page of another origin (its `Origin` names
     /// neither the request's host nor one of `websocket.allowed_origins`). 403.
     #[error("WebSocket upgrade from a foreign origin")]
@@ -147,7 +151,7 @@ impl ProxyError {
                 ScreenError::TransferCoding => StatusCode::NOT_IMPLEMENTED,
                 ScreenError::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             },
-            Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::BadRequest(_) | Self::PlainHttpOnTlsPort => StatusCode::BAD_REQUEST,
             Self::UriTooLong => StatusCode::URI_TOO_LONG,
             Self::NoToken | Self::BadToken(_) | Self::Session(_) | Self::UpstreamRejected => {
                 StatusCode::UNAUTHORIZED
@@ -172,10 +176,12 @@ impl ProxyError {
     /// Never includes the token, credentials or upstream error details.
     pub fn into_response(self) -> Response<ProxyBody> {
         let status = self.status();
-        let mut resp = Response::new(ProxyBody::full(format!(
-            "{}\n",
-            status.canonical_reason().unwrap_or("error")
-        )));
+        let text = match self {
+            // Said in full: a person typed http:// for an https:// address.
+            Self::PlainHttpOnTlsPort => "Bad Request: plain HTTP sent to the HTTPS port\n".into(),
+            _ => format!("{}\n", status.canonical_reason().unwrap_or("error")),
+        };
+        let mut resp = Response::new(ProxyBody::full(text));
         *resp.status_mut() = status;
         let h = resp.headers_mut();
         h.insert(
@@ -318,6 +324,7 @@ mod tests {
             (ProxyError::StoreUnavailable, 503),
             (ProxyError::ForeignOrigin, 403),
             (ProxyError::CorsOrigin, 403),
+            (ProxyError::PlainHttpOnTlsPort, 400),
             (ProxyError::TooManyWebSockets, 503),
             (ProxyError::TooManyWebSocketsForUser, 429),
             (ForwardError::Connect("x".into()).into(), 502),

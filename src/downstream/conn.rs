@@ -140,7 +140,7 @@ pub(super) async fn serve<S: Socket>(serving: Arc<Serving>, io: S, peer: Peer) {
             return;
         };
         asked_close = close;
-        let close = close || serving.shutdown.is_cancelled();
+        let close = close || serving.shutdown.is_cancelled() || peer.is_plain_on_tls_port();
         if !conn.write_response(resp, head, close, &mut watch).await || close {
             break;
         }

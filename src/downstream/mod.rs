@@ -7,6 +7,7 @@ mod activation;
 mod certs;
 mod client_side;
 mod conn;
+mod expiry;
 mod fastopen;
 mod format;
 mod h3_guard;
@@ -20,6 +21,7 @@ mod proxy_header;
 mod quic;
 mod quic_handshake;
 mod retry;
+mod session_cache;
 mod settings;
 mod tickets;
 mod tls;
@@ -43,6 +45,7 @@ pub use activation::Inherited;
 pub use certs::{name_matches, CertError, CertSummary};
 pub use client_side::client_side;
 pub use conn::MAX_FAST_BODY;
+pub use expiry::{RECHECK as CERT_RECHECK, WARN_BEFORE as CERT_WARN_BEFORE};
 pub use fastopen::{adopt_tcp, bind_tcp};
 pub use host_key::endpoint_config as quic_endpoint_config;
 pub(crate) use parse::{Incoming, Taken};
@@ -205,12 +208,16 @@ async fn serve_connection(
     let handshaken = tokio::select! {
         done = handshake => done,
         // A handshake not yet done is no connection the drain waits for.
-        () = serving.shutdown.cancelled() => None,
+        () = serving.shutdown.cancelled() => tls::Handshaken::Failed,
     };
     match handshaken {
-        Some((stream, false)) => conn::serve(serving, stream, peer).await,
-        Some((stream, true)) => conn::serve_h2(serving, stream, peer).await,
-        None => {}
+        tls::Handshaken::Tls(stream, false) => conn::serve(serving, *stream, peer).await,
+        tls::Handshaken::Tls(stream, true) => conn::serve_h2(serving, *stream, peer).await,
+        tls::Handshaken::PlainHttp(tcp) => {
+            let peer = crate::proxy::Peer::new(peer.addr).plain_on_tls_port();
+            conn::serve(serving, tcp, peer).await
+        }
+        tls::Handshaken::Failed => {}
     }
 }
 

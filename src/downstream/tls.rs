@@ -6,20 +6,23 @@
 //! (tokio-rustls never reads it: a client would think its request sent), or drop an open
 //! connection on a reload.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use rustls::server::{ProducesTickets, ServerSessionMemoryCache, StoresServerSessions};
+use rustls::server::{ProducesTickets, StoresServerSessions};
 use rustls::ServerConfig;
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
-use super::certs::{CertError, Certificates};
+use super::certs::{CertError, CertSummary, Certificates};
+use super::session_cache::AgingCache;
 use super::settings::{TlsConfig, TlsVersion};
 use super::tickets::SharedTickets;
+use crate::telemetry::TlsCounts;
 
 /// Sessions the server-side cache keeps for resumption (nginx's `ssl_session_cache` holds about
-/// 4,000 per MB); each entry is a few hundred bytes.
+/// 4,000 per MB), each for at most 12 hours; an entry is a few hundred bytes.
 const SESSION_CACHE: usize = 20_000;
 
 /// How long a NEW_TOKEN address token stays good (RFC 9000 section 8.1.3): a client back within
@@ -59,6 +62,8 @@ pub struct TlsServer {
     quic_token_log: Arc<dyn quinn::TokenLog>,
     /// `Alt-Svc` for responses over TLS when HTTP/3 is served (RFC 7838).
     alt_svc: Option<http::HeaderValue>,
+    /// The names and expiry of the certificates in place.
+    certificates: RwLock<Vec<CertSummary>>,
 }
 
 impl std::fmt::Debug for TlsServer {
@@ -84,23 +89,25 @@ impl TlsServer {
             ),
             false => None,
         };
-        let cache: Arc<dyn StoresServerSessions> = ServerSessionMemoryCache::new(SESSION_CACHE);
+        let cache: Arc<dyn StoresServerSessions> = AgingCache::new(SESSION_CACHE);
         let first = build(
             cfg,
             &Resumption::tcp(tickets(cfg, ticketer.as_ref()), &cache),
         )?;
-        log_certificates(cfg);
+        let certificates = super::expiry::summaries(cfg);
+        super::expiry::log(&certificates, crate::unix_now() as i64, true);
         Ok(Self {
             current: RwLock::new(first),
             ticketer,
             cache,
-            quic_cache: ServerSessionMemoryCache::new(SESSION_CACHE),
+            quic_cache: AgingCache::new(SESSION_CACHE),
             quic_token_key: token_key(),
             quic_token_log: Arc::new(quinn::BloomTokenLog::new(
                 ADDRESS_TOKEN_LOG.0,
                 ADDRESS_TOKEN_LOG.1,
             )),
             alt_svc: None,
+            certificates: RwLock::new(certificates),
         })
     }
 
@@ -124,7 +131,8 @@ impl TlsServer {
     /// those under a key `tls.session_ticket_keys` still lists). `tls.listen` and
     /// `tls.session_tickets` apply at the next restart.
     ///
-    /// Errors: as [`TlsServer::new`]; the running certificates are kept then.
+    /// Errors: as [`TlsServer::new`], or an expired certificate in place of a valid one
+    /// ([`super::expiry::refuse_expired`]); the running certificates are kept then.
     pub fn reload(&self, cfg: &TlsConfig) -> Result<(), CertError> {
         if cfg.session_tickets != self.ticketer.is_some() {
             tracing::warn!(
@@ -134,9 +142,25 @@ impl TlsServer {
         }
         let tickets = tickets(cfg, self.ticketer.as_ref());
         let next = build(cfg, &Resumption::tcp(tickets, &self.cache))?;
-        log_certificates(cfg);
+        let certificates = super::expiry::summaries(cfg);
+        let now = crate::unix_now() as i64;
+        super::expiry::refuse_expired(&self.certificates(), &certificates, now)?;
+        super::expiry::log(&certificates, now, true);
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = next;
+        *self.certificates.write().unwrap_or_else(|p| p.into_inner()) = certificates;
         Ok(())
+    }
+
+    /// The names and expiry of the certificates in place, the default one first.
+    pub fn certificates(&self) -> Vec<CertSummary> {
+        let certificates = self.certificates.read();
+        certificates.unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Warns of each certificate in place that has expired or expires within 14 days; run once a
+    /// day, as the same warnings at start and reload would otherwise be the last.
+    pub fn recheck_expiry(&self) {
+        super::expiry::log(&self.certificates(), crate::unix_now() as i64, false);
     }
 
     /// The QUIC server's configuration (RFC 9001): TLS 1.3 only, ALPN `h3`, the same
@@ -259,24 +283,6 @@ impl<'a> Resumption<'a> {
     }
 }
 
-/// Logs each certificate's names and expiry: a warning when it has expired (clients refuse it),
-/// or expires within 14 days.
-fn log_certificates(cfg: &TlsConfig) {
-    let now = crate::unix_now() as i64;
-    for identity in std::iter::once(&cfg.default).chain(&cfg.sni) {
-        let Ok(c) = identity.summary() else { continue };
-        let names = c.names.join(", ");
-        let days_left = (c.not_after - now) / 86_400;
-        if c.not_after <= now {
-            tracing::warn!(key = %c.key, %names, "certificate has EXPIRED: clients refuse it; renew it, then SIGHUP");
-        } else if days_left < 14 {
-            tracing::warn!(key = %c.key, %names, days_left, "certificate expires soon; renew it, then SIGHUP");
-        } else {
-            tracing::info!(key = %c.key, %names, days_left, "certificate in place");
-        }
-    }
-}
-
 /// One rustls server configuration.
 fn build(cfg: &TlsConfig, r: &Resumption<'_>) -> Result<Arc<ServerConfig>, CertError> {
     let certs = Certificates::load(&cfg.default, &cfg.sni)?;
@@ -304,39 +310,60 @@ fn build(cfg: &TlsConfig, r: &Resumption<'_>) -> Result<Arc<ServerConfig>, CertE
     Ok(Arc::new(server))
 }
 
+/// What came of a connection to the TLS listener.
+pub(super) enum Handshaken {
+    /// The handshake is done; `true` when the client chose HTTP/2 by ALPN.
+    Tls(Box<TlsStream<TcpStream>>, bool),
+    /// The client spoke plain HTTP (its first byte is an upper-case letter, a method's; a TLS
+    /// record starts with its type, 22 for a handshake): answered 400 as nginx does.
+    PlainHttp(TcpStream),
+    /// Refused, broken (logged at debug), not done within the timeout, or closed before its
+    /// first byte.
+    Failed,
+}
+
 /// Runs the server side of a handshake on `tcp`, for at most `timeout` (the head-read timeout:
 /// a client that opens a connection and sends nothing holds it no longer than on plain HTTP).
-/// Returns the stream and whether the client chose HTTP/2 by ALPN; `None` when the handshake
-/// was refused, broke (logged at debug) or took too long.
+/// Counts each outcome in `counts`, but for a connection closed before its first byte (a TCP
+/// health check).
 pub(super) async fn handshake(
     tls: &TlsServer,
     tcp: TcpStream,
     timeout: Duration,
-    counts: Option<&crate::telemetry::TlsCounts>,
-) -> Option<(TlsStream<TcpStream>, bool)> {
-    let accept = tls.acceptor().accept(tcp);
-    match tokio::time::timeout(timeout, accept).await {
-        Ok(Ok(stream)) => {
-            let server = stream.get_ref().1;
-            if let Some(counts) = counts {
-                let resumed = server.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
-                let count = if resumed {
-                    &counts.resumed
-                } else {
-                    &counts.full
-                };
-                count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    counts: Option<&TlsCounts>,
+) -> Handshaken {
+    let count = |c: fn(&TlsCounts) -> &AtomicU64| counts.map(|n| TlsCounts::add(c(n)));
+    let handshake = async {
+        let mut first = [0u8; 1];
+        // One peek per connection, beside a handshake's tens of microseconds of crypto.
+        match tcp.peek(&mut first).await {
+            Ok(0) => return Ok(Handshaken::Failed),
+            Ok(_) if first[0].is_ascii_uppercase() => {
+                count(|c| &c.plain_http);
+                return Ok(Handshaken::PlainHttp(tcp));
             }
-            let h2 = server.alpn_protocol() == Some(ALPN_H2);
-            Some((stream, h2))
+            _ => {}
         }
+        let stream = tls.acceptor().accept(tcp).await?;
+        let server = stream.get_ref().1;
+        match server.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
+            true => count(|c| &c.resumed),
+            false => count(|c| &c.full),
+        };
+        let h2 = server.alpn_protocol() == Some(ALPN_H2);
+        Ok::<_, std::io::Error>(Handshaken::Tls(Box::new(stream), h2))
+    };
+    match tokio::time::timeout(timeout, handshake).await {
+        Ok(Ok(done)) => done,
         Ok(Err(e)) => {
+            count(|c| &c.failed);
             tracing::debug!(cause = %e, "TLS handshake failed");
-            None
+            Handshaken::Failed
         }
         Err(_) => {
+            count(|c| &c.timed_out);
             tracing::debug!("TLS handshake not done within server.header_read_timeout_ms");
-            None
+            Handshaken::Failed
         }
     }
 }

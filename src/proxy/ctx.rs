@@ -28,6 +28,8 @@ pub struct Peer {
     /// `server.redirect_to_https`: every request is answered with a redirect to https at this
     /// port.
     pub(super) to_https: Option<u16>,
+    /// Plain HTTP on the TLS listener: every request is answered 400, the connection closed.
+    pub(super) plain_on_tls: bool,
     /// `Alt-Svc` added to every response (HTTP/3 advertised over TLS).
     pub(super) alt_svc: Option<HeaderValue>,
     /// The connection's share of the upstream pool, made at its first HTTP/2 request (an
@@ -46,6 +48,7 @@ impl Peer {
             trusted: false,
             proto: "http",
             to_https: None,
+            plain_on_tls: false,
             alt_svc: None,
             share: std::sync::OnceLock::new(),
         }
@@ -80,6 +83,21 @@ impl Peer {
         }
     }
 
+    /// The same peer, speaking plain HTTP to the TLS listener: each of its requests is
+    /// answered 400 ([`crate::error::ProxyError::PlainHttpOnTlsPort`]).
+    pub fn plain_on_tls_port(self) -> Self {
+        Self {
+            plain_on_tls: true,
+            ..self
+        }
+    }
+
+    /// Whether the peer speaks plain HTTP to the TLS listener: its connection closes after the
+    /// first answer.
+    pub fn is_plain_on_tls_port(&self) -> bool {
+        self.plain_on_tls
+    }
+
     /// The client a trusted proxy relayed this request for (see [`screen::forwarded_client`]);
     /// its scheme is the one the proxy reports, else the one the proxy itself used.
     pub(super) fn relayed(&self, headers: &http::HeaderMap, trusted: &[ipnet::IpNet]) -> Self {
@@ -87,6 +105,7 @@ impl Peer {
         Self {
             proto: screen::forwarded_proto(headers).unwrap_or(self.proto),
             to_https: self.to_https,
+            plain_on_tls: self.plain_on_tls,
             alt_svc: self.alt_svc.clone(),
             ..Self::new(SocketAddr::new(ip, 0))
         }

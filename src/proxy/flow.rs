@@ -122,6 +122,9 @@ impl Proxy {
         B: Body<Data = Bytes> + Send + Sync + 'static,
         B::Error: Into<BoxError>,
     {
+        if ctx.peer().plain_on_tls {
+            return Err(ProxyError::PlainHttpOnTlsPort);
+        }
         let extended =
             self.websockets.is_some() && super::websocket::from_extended_connect(&mut parts);
         let limits = self.limits_for(parts.uri.path());

@@ -89,6 +89,9 @@ pub async fn run(
 ) -> Result<(), StartError> {
     let tls = tls_server(&cfg, listeners.tls.is_some(), listeners.quic.is_some())?;
     let proxy = Arc::new(Proxy::from_config(&cfg)?.with_client_side(downstream::client_side));
+    if let Some(tls) = &tls {
+        reload::show_certificates(tls, &proxy);
+    }
     let (quic_threads, quic) = quic_thread::start(&cfg, tls.as_deref(), listeners.quic)?;
     // `Serving` once the serving threads run; `Draining` when shutdown begins, which tells them
     // to drain. `/readyz` answers 200 only while `Serving`.

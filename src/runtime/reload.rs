@@ -81,6 +81,8 @@ pub(super) async fn reload_keys(
     mut reloads: tokio::sync::mpsc::Receiver<ConfigReload>,
     mut phase: tokio::sync::watch::Receiver<telemetry::Phase>,
 ) {
+    let day = downstream::CERT_RECHECK;
+    let mut recheck = tokio::time::interval_at(tokio::time::Instant::now() + day, day);
     loop {
         let draining = |p: &telemetry::Phase| *p == telemetry::Phase::Draining;
         let reload = tokio::select! {
@@ -89,25 +91,34 @@ pub(super) async fn reload_keys(
             // server configuration to refuse new connections, which a reload would restore.
             _ = phase.wait_for(draining) => return,
             reload = reloads.recv() => reload,
+            _ = recheck.tick() => {
+                edges.tls.iter().for_each(|tls| tls.recheck_expiry());
+                continue;
+            }
         };
         let Some(reload) = reload else { return };
         if draining(&phase.borrow()) {
             return;
         }
+        let certificates = edges.tls.is_some() && reload.as_ref().is_ok_and(|c| c.tls.is_some());
         let outcome = match reload {
             Ok(cfg) => proxy
                 .check_keys(&cfg)
                 .map_err(|e| e.to_string())
                 .and_then(|ready| {
-                    reload_tls(&edges, &cfg).map(|()| proxy.install_keys(ready, &cfg))
+                    reload_tls(&edges, &cfg, &proxy).map(|()| proxy.install_keys(ready, &cfg))
                 }),
             Err(e) => Err(e.to_string()),
         };
         proxy.reload_counts().record(outcome.is_ok());
         match outcome {
-            Ok(summary) => tracing::info!(
+            Ok(summary) if certificates => tracing::info!(
                 keys = %summary,
                 "configuration reloaded: keys and certificates in place; other settings apply at the next restart"
+            ),
+            Ok(summary) => tracing::info!(
+                keys = %summary,
+                "configuration reloaded: keys in place; other settings apply at the next restart"
             ),
             Err(cause) => tracing::error!(
                 %cause,
@@ -119,8 +130,14 @@ pub(super) async fn reload_keys(
 
 /// The certificates of `cfg` in place for new TLS handshakes, over TCP and QUIC alike (QUIC
 /// with the `[http3]` settings it runs with); both are checked before either is replaced.
-fn reload_tls(edges: &Edges, cfg: &Config) -> Result<(), String> {
-    let (Some(server), Some(t)) = (&edges.tls, &cfg.tls) else {
+fn reload_tls(edges: &Edges, cfg: &Config, proxy: &Proxy) -> Result<(), String> {
+    let Some(server) = &edges.tls else {
+        return Ok(());
+    };
+    let Some(t) = &cfg.tls else {
+        tracing::warn!(
+            "[tls] removed: the TLS listener serves its certificates until the next restart"
+        );
         return Ok(());
     };
     let named = |e: downstream::CertError| format!("config key `{}`: {}", e.key, e.problem);
@@ -132,7 +149,16 @@ fn reload_tls(edges: &Edges, cfg: &Config) -> Result<(), String> {
     if let Some((endpoint, quic)) = quic {
         endpoint.set_server_config(Some(quic));
     }
+    show_certificates(server, proxy);
     Ok(())
+}
+
+/// The expiry of `server`'s certificates in place, for `/metrics`.
+pub(super) fn show_certificates(server: &downstream::TlsServer, proxy: &Proxy) {
+    if let Some(counts) = proxy.tls_counts() {
+        let certificates = server.certificates().into_iter();
+        counts.set_certificates(certificates.map(|c| (c.key, c.not_after)));
+    }
 }
 
 /// The TLS server when `[tls]` is set and something serves it (the TCP listener, or HTTP/3,

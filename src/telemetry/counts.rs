@@ -102,26 +102,6 @@ impl QuicCounts {
     }
 }
 
-/// TLS handshakes completed on the TLS listener (over TCP), for `/metrics`: whether clients
-/// resume (a session ticket, shared or not, or a cached session) or pay a full handshake.
-#[derive(Debug, Default)]
-pub struct TlsCounts {
-    /// Full handshakes (with a HelloRetryRequest or not).
-    pub full: AtomicU64,
-    /// Resumed handshakes.
-    pub resumed: AtomicU64,
-}
-
-impl TlsCounts {
-    /// `(full, resumed)`.
-    pub fn snapshot(&self) -> (u64, u64) {
-        (
-            self.full.load(Ordering::Relaxed),
-            self.resumed.load(Ordering::Relaxed),
-        )
-    }
-}
-
 /// Requests answered, by status code and by duration, counted per serving thread.
 pub struct RequestCounts {
     /// One row per serving thread, and a last one for every other thread.

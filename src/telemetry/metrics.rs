@@ -46,8 +46,8 @@ pub struct Scrape {
     pub(crate) reloads: (u64, u64, bool),
     /// QUIC handshakes: `(unvalidated now, retries, refused)`; `None` without `[http3]`.
     pub(crate) quic: Option<(u64, u64, u64)>,
-    /// TLS handshakes on the TLS listener: `(full, resumed)`; `None` without `[tls]`.
-    pub(crate) tls: Option<(u64, u64)>,
+    /// The TLS listener's handshakes and certificates; `None` without `[tls]`.
+    pub(crate) tls: Option<super::TlsSnapshot>,
     /// Connections refused under `server.max_connections_per_ip`; `None` without it.
     pub(crate) over_ip_limit: Option<u64>,
 }
@@ -72,6 +72,40 @@ fn handshakes(
     let mut family = e.encode_descriptor(name, help, None, MetricType::Counter)?;
     for (kind, n) in [("full", full), ("resumed", resumed)] {
         ConstCounter::new(n).encode(family.encode_family(&[("kind", kind)])?)?;
+    }
+    Ok(())
+}
+
+/// The TLS listener's handshakes by outcome and its certificates' expiry.
+fn encode_tls(e: &mut DescriptorEncoder, tls: &super::TlsSnapshot) -> std::fmt::Result {
+    handshakes(
+        e,
+        "tls_handshakes",
+        "TLS handshakes completed on the TLS listener: full, or resumed (a session ticket, shared by tls.session_ticket_keys or not, or a cached session).",
+        tls.completed,
+    )?;
+    let (failed, timed_out, plain_http) = tls.failures;
+    let mut family = e.encode_descriptor(
+        "tls_handshake_failures",
+        "Connections to the TLS listener that completed no handshake: error (an alert, a malformed record, the client gone), timeout (server.header_read_timeout_ms), plain_http (answered 400).",
+        None,
+        MetricType::Counter,
+    )?;
+    for (reason, n) in [
+        ("error", failed),
+        ("timeout", timed_out),
+        ("plain_http", plain_http),
+    ] {
+        ConstCounter::new(n).encode(family.encode_family(&[("reason", reason)])?)?;
+    }
+    let mut family = e.encode_descriptor(
+        "tls_certificate_expiration_timestamp_seconds",
+        "The notAfter of each certificate in place on the TLS listener, seconds since the Unix epoch, by its config key.",
+        None,
+        MetricType::Gauge,
+    )?;
+    for (key, not_after) in &tls.certificates {
+        ConstGauge::new(*not_after).encode(family.encode_family(&[("key", key.as_str())])?)?;
     }
     Ok(())
 }
@@ -226,13 +260,8 @@ impl Scrape {
         if let Some(n) = self.over_ip_limit {
             counter(e, "client_connections_over_ip_limit", "Client connections closed (QUIC: refused) because their address held server.max_connections_per_ip.", n)?;
         }
-        if let Some(counts) = self.tls {
-            handshakes(
-                e,
-                "tls_handshakes",
-                "TLS handshakes completed on the TLS listener: full, or resumed (a session ticket, shared by tls.session_ticket_keys or not, or a cached session).",
-                counts,
-            )?;
+        if let Some(tls) = &self.tls {
+            encode_tls(e, tls)?;
         }
         if let Some((unvalidated, retries, refused)) = self.quic {
             gauge(e, "http3_unvalidated_handshakes", "QUIC handshakes in progress whose client has not proved it receives at its address (no Retry or NEW_TOKEN token).", unvalidated)?;
@@ -341,7 +370,11 @@ mod tests {
             reloads: (2, 1, false),
             client_connections: Some((3, 1)),
             quic: Some((5, 7, 2)),
-            tls: Some((6, 9)),
+            tls: Some(crate::telemetry::TlsSnapshot {
+                completed: (6, 9),
+                failures: (3, 2, 1),
+                certificates: vec![("tls.sni[0].certificate".into(), 1_800_000_000)],
+            }),
             over_ip_limit: Some(4),
         };
         let mut registry = prometheus_client::registry::Registry::with_prefix("tessera");
@@ -367,6 +400,10 @@ mod tests {
             "tessera_upstream_share_waits_total 4",
             "tessera_tls_handshakes_total{kind=\"full\"} 6",
             "tessera_tls_handshakes_total{kind=\"resumed\"} 9",
+            "tessera_tls_handshake_failures_total{reason=\"error\"} 3",
+            "tessera_tls_handshake_failures_total{reason=\"timeout\"} 2",
+            "tessera_tls_handshake_failures_total{reason=\"plain_http\"} 1",
+            "tessera_tls_certificate_expiration_timestamp_seconds{key=\"tls.sni[0].certificate\"} 1800000000",
             "tessera_client_connections 3",
             "tessera_client_connection_waits_total 1",
             "tessera_config_reloads_total{result=\"refused\"} 1",

@@ -16,12 +16,12 @@ pub use settings::{LogConfig, LogFormat, MetricsConfig};
 mod counts;
 mod endpoint;
 mod metrics;
+mod tls;
 
-pub use counts::{
-    QuicCounts, ReloadCounts, RequestCounts, RequestSnapshot, TlsCounts, DURATION_BOUNDS_US,
-};
+pub use counts::{QuicCounts, ReloadCounts, RequestCounts, RequestSnapshot, DURATION_BOUNDS_US};
 pub use endpoint::{serve_metrics, Phase, MAX_METRICS_CONNECTIONS};
 pub use metrics::{render, Observed, Scrape, CONTENT_TYPE};
+pub use tls::{TlsCounts, TlsSnapshot};
 
 /// Installs a `tracing` subscriber writing to stderr with `filter` (e.g. `info`,
 /// `tessera=debug`) in `format`, the access log's lines included; `RUST_LOG` overrides the
