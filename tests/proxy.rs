@@ -2454,8 +2454,10 @@ fn with_log_format_json_every_line_is_a_json_object() {
 #[test]
 fn an_upstream_cannot_set_tesseras_own_cookies() {
     let up = upstream::start(Behavior::Scripted(|_| upstream::Script {
+        // A nameless cookie (`=tessera=...`) comes back from a browser as `tessera=...`.
         bytes: b"HTTP/1.1 200 OK\r\nSet-Cookie: tessera=planted; Path=/\r\n\
                  Set-Cookie: app=1; Path=/\r\nSet-Cookie: tessera-device=x\r\n\
+                 Set-Cookie: =tessera=fixed; Path=/x\r\nSet-Cookie: = tessera-csrf =z\r\n\
                  Set-Cookie: tessera-csrf=y\r\nContent-Length: 2\r\n\r\nok"
             .to_vec(),
         close: false,

@@ -672,6 +672,48 @@ fn bytes_after_the_101_and_raw_bytes_both_ways_pass_and_a_switch_to_another_prot
     assert!(answer.starts_with("HTTP/1.1 502 "), "{answer}");
 }
 
+/// With `[login]`, the upstream's `101` cannot set tessera's own cookies either (browsers store
+/// cookies from a handshake's answer); its other cookies pass.
+#[test]
+fn a_websockets_101_cannot_set_tesseras_own_cookies() {
+    fn script(_: &str) -> Script {
+        let head = String::from_utf8_lossy(SCRIPTED_101).replace(
+            "\r\n\r\n",
+            "\r\nSet-Cookie: tessera=planted; Path=/\r\nSet-Cookie: =tessera-csrf=x\r\n\
+             Set-Cookie: app=1\r\n\r\n",
+        );
+        Script {
+            bytes: head.into_bytes(),
+            close: false,
+            early: false,
+        }
+    }
+    let up = upstream::start(Behavior::Scripted(script));
+    let t = Tessera::start(|port, dir| {
+        let login = [
+            ("login", "cookie_secure = false"),
+            ("login", "verify_path = \"/check\""),
+            ("tables", "[websocket]\n"),
+        ];
+        config(
+            port,
+            &up.url(),
+            &format!("embedded:{}/s", dir.display()),
+            &login,
+        )
+    });
+    let (_, token) = t.create_session("alice", "alice-pw");
+    let mut sock = raw_handshake(&t, "/ws", &token, b"");
+    let head = read_until(&mut sock, |seen| seen.windows(4).any(|w| w == b"\r\n\r\n"));
+    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 101 "), "{head}");
+    let cookies: Vec<&str> = head
+        .lines()
+        .filter_map(|l| l.strip_prefix("set-cookie: "))
+        .collect();
+    assert_eq!(cookies, ["app=1"], "{head}");
+}
+
 #[test]
 fn a_revoked_sessions_websocket_is_cut_and_an_idle_one_is_closed_while_others_go_on() {
     let up = ws_upstream();

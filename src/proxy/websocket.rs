@@ -228,6 +228,8 @@ impl Proxy {
         let mut out = Response::new(ProxyBody::empty());
         if let Some(mut fields) = resp.body_mut().take_fields() {
             screen::screen_response(&mut fields, &self.strip_response);
+            // Browsers store cookies of a handshake's answer too.
+            screen::drop_set_cookies(&mut fields, &self.own_cookies);
             fields.append_to(out.headers_mut());
         }
         if !upgrading.extended {

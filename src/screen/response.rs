@@ -72,20 +72,30 @@ pub fn screen_response(fields: &mut RawHead, strip: &[HeaderName]) {
     }
 }
 
+/// The name a browser sends back for the cookie a `Set-Cookie` `value` sets: before its first
+/// `=` (or `;`), trimmed; for a nameless one (`=NAME=VALUE`), its value's own.
+fn cookie_name(value: &[u8]) -> &[u8] {
+    let end = value.iter().position(|&b| b == b'=' || b == b';');
+    let name = value[..end.unwrap_or(value.len())].trim_ascii();
+    match end {
+        Some(at) if name.is_empty() && value[at] == b'=' => {
+            let rest = &value[at + 1..];
+            let end = rest.iter().position(|&b| b == b'=' || b == b';');
+            rest[..end.unwrap_or(rest.len())].trim_ascii()
+        }
+        _ => name,
+    }
+}
+
 /// Removes each `Set-Cookie` of `fields` that sets one of `names` (tessera's own cookies with
 /// `[login]`: the login cookie, its CSRF and device cookies): an upstream, or content it
 /// reflects, must not log a browser out, nor into another session, nor plant a device cookie.
 /// The cookie's name is what comes before the first `=` (RFC 6265 section 5.2), compared as
-/// sent. Nothing is walked unless `names` is set and a `Set-Cookie` is there.
+/// sent; a nameless cookie's (`=NAME=VALUE`) is what its value starts with, as a browser sends
+/// it back as `NAME=VALUE` (RFC 6265bis section 5.7). Nothing is walked unless `names` is set
+/// and a `Set-Cookie` is there.
 pub fn drop_set_cookies(fields: &mut RawHead, names: &[String]) {
-    let own = |value: &[u8]| {
-        let name = value
-            .split(|&b| b == b'=')
-            .next()
-            .unwrap_or_default()
-            .trim_ascii();
-        names.iter().any(|n| n.as_bytes() == name)
-    };
+    let own = |value: &[u8]| names.iter().any(|n| n.as_bytes() == cookie_name(value));
     if names.is_empty() || !fields.get_all(b"set-cookie").any(own) {
         return;
     }
