@@ -36,15 +36,17 @@ impl std::fmt::Debug for StoreSpec {
 /// `url` fit to show in an error or a `Debug`: everything before its last `@` (a password,
 /// which may itself hold `/`, `?` or `@`) and its query (libpq's `?password=`) as `***`. Text
 /// with no `://` is redacted the same way, so a mistyped `postgres:/user:pw@host` hides its
-/// password too. Over-redacts rather than under: an `@` in a query hides the host.
+/// password too. Over-redacts rather than under: with a `?` before the last `@`, that `@` may
+/// be in a query's password (`?password=ab@cd`), so all of it is hidden.
 pub(crate) fn redacted_url(url: &str) -> String {
     let (scheme, rest) = match url.split_once("://") {
         Some((scheme, rest)) => (format!("{scheme}://"), rest),
         None => (String::new(), url),
     };
-    let rest = match rest.rfind('@') {
-        Some(at) => format!("***{}", &rest[at..]),
-        None => rest.to_string(),
+    let rest = match (rest.rfind('@'), rest.find('?')) {
+        (Some(at), Some(query)) if query < at => "***".to_string(),
+        (Some(at), _) => format!("***{}", &rest[at..]),
+        (None, _) => rest.to_string(),
     };
     match rest.split_once('?') {
         Some((base, _)) => format!("{scheme}{base}?***"),
@@ -122,6 +124,12 @@ mod tests {
             redacted_url("postgres://u:pa/ss@db/x"),
             "postgres://***@db/x"
         );
-        assert_eq!(redacted_url("postgres://u:p?w@db/x"), "postgres://***@db/x");
+        // A `?` before the last `@`: a password in the userinfo or in the query, all hidden.
+        assert_eq!(redacted_url("postgres://u:p?w@db/x"), "postgres://***");
+        assert_eq!(
+            redacted_url("postgres://db/x?password=ab@cdef"),
+            "postgres://***"
+        );
+        assert_eq!(redacted_url("pg://u:pw@db/x?password=a@b&x=1"), "pg://***");
     }
 }
