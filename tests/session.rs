@@ -2675,6 +2675,37 @@ fn event_streams_past_their_cap_are_refused_and_api_calls_go_on() {
     assert!(log.contains("too many event streams"), "{log}");
 }
 
+/// With per-user shares, one user holds at most its share's part of the event-stream places
+/// (here 4 of 8 connections: 2 of the 4 places), so its pages cannot take them all.
+#[test]
+fn one_user_cannot_take_every_event_stream_place() {
+    let up = users();
+    let url = up.url();
+    let pool = [
+        ("upstream", "max_connections = 8"),
+        ("upstream", "max_connections_per_user = 4"),
+        ("upstream", "max_event_streams = 4"),
+    ];
+    let t = Tessera::start(move |port, dir| {
+        config(port, &url, &format!("embedded:{}/s", dir.display()), &pool)
+    });
+    let (_, alice) = t.create_session("alice", "alice-pw");
+    let (_, bob) = t.create_session("bob", "bob-pw");
+    let _pages = [EventStream::open(&t, &alice), EventStream::open(&t, &alice)];
+    let third = call(&[
+        "--max-time",
+        "5",
+        "-H",
+        &bearer(&alice),
+        "-H",
+        "Accept: text/event-stream",
+        &t.url("/events"),
+    ]);
+    assert_eq!(third.code, 503, "{} {}", third.headers, third.body);
+    let _bobs = [EventStream::open(&t, &bob), EventStream::open(&t, &bob)];
+    assert!(upstream_streams(&up, 4));
+}
+
 /// Waits up to 5 s for the upstream to be sending exactly `n` event streams.
 fn upstream_streams(up: &TestUpstream, n: usize) -> bool {
     (0..250).any(|_| {

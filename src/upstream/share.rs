@@ -39,6 +39,11 @@ pub struct Shares {
     waited: AtomicU64,
     /// `upstream.max_event_streams`; `None` when it is the pool's cap (no bound).
     event_streams: Option<Arc<Share>>,
+    /// Each user's part of the event streams, as of the pool ([`Shares::bounding_event_streams`]),
+    /// keyed as `users`; empty and unused when shares are off.
+    event_users: Mutex<Users>,
+    /// Most event streams one user holds; 0: no bound of its own.
+    events_per_user: usize,
 }
 
 /// A keyed 128-bit hash (SipHash-2-4) of an upstream credential, for tables keyed by user that
@@ -75,13 +80,36 @@ struct Users {
     live_after_prune: usize,
 }
 
+impl Users {
+    /// The live share under `key`, or a new one of `limit` put there.
+    fn share(&mut self, key: u128, limit: usize) -> Arc<Share> {
+        if let Some(live) = self.map.get(&key).and_then(Weak::upgrade) {
+            return live;
+        }
+        // Entries no one refers to leave once the table has doubled since the last pass.
+        if self.map.len() >= 2 * self.live_after_prune.max(32) {
+            self.map.retain(|_, share| share.strong_count() > 0);
+            self.live_after_prune = self.map.len();
+        }
+        let share = Arc::new(Share::new(limit));
+        self.map.insert(key, Arc::downgrade(&share));
+        share
+    }
+}
+
 /// The share permits one request holds while its upstream connection is checked out.
 #[derive(Default)]
 pub struct Held {
     _user: Option<SharePermit>,
     _downstream: Option<SharePermit>,
     /// Its place under `upstream.max_event_streams`, if it asked for an event stream.
-    _event_stream: Option<SharePermit>,
+    _event_stream: Option<EventPlace>,
+}
+
+/// An event stream's places: one of all the event streams', and one of its user's.
+pub struct EventPlace {
+    _all: SharePermit,
+    _user: Option<SharePermit>,
 }
 
 impl Held {
@@ -91,7 +119,7 @@ impl Held {
     }
 
     /// The same permits, and `event_stream`'s.
-    pub fn with(self, event_stream: Option<SharePermit>) -> Self {
+    pub fn with(self, event_stream: Option<EventPlace>) -> Self {
         Self {
             _event_stream: event_stream,
             ..self
@@ -113,14 +141,27 @@ impl Shares {
             hash: CredentialHash::new(),
             waited: AtomicU64::new(0),
             event_streams: None,
+            event_users: Mutex::new(Users::default()),
+            events_per_user: 0,
         }
     }
 
     /// The same shares, with at most `max` event streams out of a pool of `max_connections`
-    /// (`upstream.max_event_streams`; equal: no bound).
+    /// (`upstream.max_event_streams`; equal: no bound); with shares on, one user holds at most
+    /// the part of them its share is of the pool (rounded up): one user's pages cannot take
+    /// every place.
     pub fn bounding_event_streams(self, max: usize, max_connections: usize) -> Self {
+        let bounded = max < max_connections;
+        let per_user = (self.per_user * max)
+            .div_ceil(max_connections.max(1))
+            .max(1);
         Self {
-            event_streams: (max < max_connections).then(|| Arc::new(Share::new(max))),
+            event_streams: bounded.then(|| Arc::new(Share::new(max))),
+            events_per_user: if bounded && self.per_user > 0 && per_user < max {
+                per_user
+            } else {
+                0
+            },
             ..self
         }
     }
@@ -129,19 +170,37 @@ impl Shares {
     /// for an event stream, held with its connection ([`Held::with`]); `None` for any other request, or with
     /// no bound. Never waits: a page's `EventSource` would hold its place in the queue.
     ///
-    /// Errors: [`ForwardError::TooManyEventStreams`] when every place is taken.
+    /// Errors: [`ForwardError::TooManyEventStreams`] when every place is taken, or every one
+    /// of its user's (by its upstream credential, `fields`' `Authorization`).
     pub fn event_stream(
         &self,
         method: &http::Method,
         fields: &HeaderMap,
-    ) -> Result<Option<SharePermit>, ForwardError> {
-        match &self.event_streams {
-            Some(places) if super::request::asks_for_event_stream(method, fields) => places
-                .try_acquire()
-                .map(Some)
-                .ok_or(ForwardError::TooManyEventStreams),
-            _ => Ok(None),
-        }
+    ) -> Result<Option<EventPlace>, ForwardError> {
+        let places = match &self.event_streams {
+            Some(places) if super::request::asks_for_event_stream(method, fields) => places,
+            _ => return Ok(None),
+        };
+        let all = places
+            .try_acquire()
+            .ok_or(ForwardError::TooManyEventStreams)?;
+        let user = match self.events_per_user {
+            0 => None,
+            limit => {
+                let none = HeaderValue::from_static("");
+                let credential = fields.get(http::header::AUTHORIZATION).unwrap_or(&none);
+                let key = self.hash.of(credential);
+                let mut users = self.event_users.lock().unwrap_or_else(|p| p.into_inner());
+                let share = users.share(key, limit);
+                drop(users);
+                let permit = share.try_acquire();
+                Some(permit.ok_or(ForwardError::TooManyEventStreams)?)
+            }
+        };
+        Ok(Some(EventPlace {
+            _all: all,
+            _user: user,
+        }))
     }
 
     /// A new downstream connection's share, for the streams of one HTTP/2 connection; `None`
@@ -166,17 +225,7 @@ impl Shares {
         let credential = credential.unwrap_or(&none);
         let key = self.hash.of(credential);
         let mut users = self.users.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(live) = users.map.get(&key).and_then(Weak::upgrade) {
-            return Some(live);
-        }
-        // Entries no one refers to leave once the table has doubled since the last pass.
-        if users.map.len() >= 2 * users.live_after_prune.max(32) {
-            users.map.retain(|_, share| share.strong_count() > 0);
-            users.live_after_prune = users.map.len();
-        }
-        let share = Arc::new(Share::new(self.per_user));
-        users.map.insert(key, Arc::downgrade(&share));
-        Some(share)
+        Some(users.share(key, self.per_user))
     }
 
     /// Takes one permit of `user` and one of `downstream`, in that order (every request takes
@@ -293,6 +342,45 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(1), other)
             .await
             .expect("goes on once the connection's other stream ended");
+    }
+
+    #[test]
+    fn one_user_holds_its_part_of_the_event_streams_and_others_go_on() {
+        let get = http::Method::GET;
+        let fields = |auth: &'static str| {
+            let mut f = HeaderMap::new();
+            f.insert(
+                http::header::ACCEPT,
+                HeaderValue::from_static("text/event-stream"),
+            );
+            f.insert(http::header::AUTHORIZATION, HeaderValue::from_static(auth));
+            f
+        };
+        // 8 places of a pool of 16; a user's share is 12 of 16, so 6 of the 8.
+        let shares = Shares::new(12, 16).bounding_event_streams(8, 16);
+        let alice = fields("Basic YWxpY2U6cHc=");
+        let held: Vec<_> = (0..6)
+            .map(|_| shares.event_stream(&get, &alice).unwrap())
+            .collect();
+        assert!(matches!(
+            shares.event_stream(&get, &alice),
+            Err(ForwardError::TooManyEventStreams)
+        ));
+        let bob = fields("Basic Ym9iOnB3");
+        let b1 = shares.event_stream(&get, &bob).unwrap();
+        let _b2 = shares.event_stream(&get, &bob).unwrap();
+        // All 8 taken: a place refused to alice was not kept from the others.
+        assert!(shares.event_stream(&get, &bob).is_err());
+        drop(b1);
+        assert!(shares.event_stream(&get, &bob).unwrap().is_some());
+        drop(held);
+        // Shares off (one service credential): only the bound of all.
+        let shared = Shares::new(16, 16).bounding_event_streams(8, 16);
+        let all: Vec<_> = (0..8)
+            .map(|_| shared.event_stream(&get, &alice).unwrap())
+            .collect();
+        assert!(shared.event_stream(&get, &alice).is_err());
+        drop(all);
     }
 
     #[test]
