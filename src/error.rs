@@ -248,6 +248,10 @@ pub enum LoginRefusal {
     /// 429: too many failures; seconds to wait (sent as `Retry-After`).
     #[error("login: rate limited")]
     Limited(u64),
+    /// 503 with `Retry-After: 1`: as many logins as may be checked at once (a quarter of the
+    /// upstream pool) are being checked.
+    #[error("login: too many checks in flight")]
+    Busy,
     /// The upstream or the store failed: its [`ProxyError`]'s status.
     #[error("login: {0}")]
     Proxy(ProxyError),
@@ -263,6 +267,7 @@ impl LoginRefusal {
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::MediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Limited(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::Busy => StatusCode::SERVICE_UNAVAILABLE,
             Self::Proxy(e) => e.status(),
         }
     }
@@ -276,6 +281,7 @@ impl LoginRefusal {
             Self::Credentials => "user name or password is wrong",
             Self::MediaType => "send application/x-www-form-urlencoded or application/json",
             Self::Limited(_) => "too many failed attempts; try again later",
+            Self::Busy => "too many sign-ins at once; try again in a moment",
             Self::Proxy(_) if page => "the mail server is not answering; try again shortly",
             Self::Proxy(_) => "upstream unavailable",
         }
@@ -293,6 +299,9 @@ impl LoginRefusal {
             }
             Self::Limited(secs) => {
                 h.insert(RETRY_AFTER, HeaderValue::from(*secs));
+            }
+            Self::Busy => {
+                h.insert(RETRY_AFTER, HeaderValue::from_static("1"));
             }
             Self::Proxy(e) if e.status() == StatusCode::SERVICE_UNAVAILABLE => {
                 h.insert(RETRY_AFTER, HeaderValue::from_static("1"));
@@ -377,6 +386,7 @@ mod tests {
             (LoginRefusal::Forbidden("x"), 403, None),
             (LoginRefusal::MediaType, 415, None),
             (LoginRefusal::Limited(7), 429, Some("retry-after")),
+            (LoginRefusal::Busy, 503, Some("retry-after")),
             (
                 LoginRefusal::Proxy(ProxyError::StoreUnavailable),
                 503,

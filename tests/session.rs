@@ -460,6 +460,58 @@ fn a_logout_ends_the_session_of_every_token_it_carries() {
     assert!(session_keys(&redis).is_empty());
 }
 
+/// Login checks in flight are bounded for the process (a quarter of the upstream pool): more,
+/// from any number of addresses, get 503 with `Retry-After` at once instead of filling the pool's
+/// queue ahead of every user's request; once the checks end, logins go on.
+#[test]
+fn logins_checked_at_once_are_bounded_and_the_rest_get_503() {
+    let up = upstream::start(Behavior::Echo {
+        delay: Duration::from_millis(1500),
+    });
+    let url = up.url();
+    let mut extra: Vec<(&str, &str)> = LOCAL_LOGIN.to_vec();
+    extra.push(("server", "trusted_proxies = [\"127.0.0.1\"]"));
+    // A pool of 4: one check at a time.
+    extra.push(("upstream", "max_connections = 4"));
+    let t = Tessera::start(move |port, dir| {
+        config(port, &url, &format!("embedded:{}/s", dir.display()), &extra)
+    });
+    let login_from = |client: &str, user: &str| {
+        let body = serde_json::json!({"username": user, "password": "pw"}).to_string();
+        call(&[
+            "-H",
+            "Content-Type: application/json",
+            "-H",
+            &format!("X-Forwarded-For: {client}"),
+            "--data-binary",
+            &body,
+            &t.url("/auth/login"),
+        ])
+    };
+    std::thread::scope(|scope| {
+        let first = scope.spawn(|| login_from("2001:db8:1::1", "alice"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while up.stats.current.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the first check never reached the upstream"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let second = login_from("2001:db8:2::1", "bob");
+        assert_eq!(second.code, 503, "{} {}", second.headers, second.body);
+        assert_eq!(second.retry_after(), 1);
+        assert_eq!(first.join().unwrap().code, 200);
+    });
+    assert_eq!(login_from("2001:db8:2::1", "bob").code, 200);
+    assert_eq!(
+        up.stats
+            .max_concurrent
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
+}
+
 /// One who fails as a user from elsewhere locks out that user's new devices, not the ones the
 /// user signed in on: their device cookie spares them the per-user limit, not the per-address
 /// one. Another user's device cookie, or a forged one, or one for the name in another case,

@@ -39,12 +39,24 @@ pub(super) const MAX_USER_BYTES: usize = 256;
 pub(super) enum InFlightKey {
     Ip(IpAddr),
     User(String),
+    /// Every check of this process.
+    All,
+}
+
+/// The most login checks in flight at once for a pool of `max_connections`: a quarter of it
+/// (at least 1). Each check holds an upstream connection while the upstream hashes a password;
+/// without a bound, attempts from many addresses (an IPv6 /48 holds 65,536 /64s) would fill
+/// the pool's queue ahead of every user's request.
+pub(super) fn max_checks(max_connections: usize) -> u32 {
+    u32::try_from(max_connections / 4)
+        .unwrap_or(u32::MAX)
+        .max(1)
 }
 
 /// Releases an in-flight slot when the login check ends, however it ends.
 pub(super) struct InFlight<'a> {
     map: &'a Mutex<HashMap<InFlightKey, u32>>,
-    keys: [InFlightKey; 2],
+    keys: [InFlightKey; 3],
 }
 
 impl Drop for InFlight<'_> {
@@ -168,8 +180,9 @@ impl Login {
         if let Some(wait) = wait {
             return self.refuse(Refusal::Limited(wait.as_secs().max(1)), is_form, rd);
         }
-        let Some(_slot) = self.enter(ip_key, &user_key) else {
-            return self.refuse(Refusal::Limited(1), is_form, rd);
+        let _slot = match self.enter(ip_key, &user_key) {
+            Ok(slot) => slot,
+            Err(refusal) => return self.refuse(refusal, is_form, rd),
         };
         let creds =
             match Credentials::new(form.username.trim().to_owned(), form.password.to_string()) {
@@ -291,19 +304,29 @@ impl Login {
         Ok(())
     }
 
-    /// Takes an in-flight slot for this address and user, or `None` when either is at its cap.
-    pub(super) fn enter(&self, ip: IpAddr, user: &str) -> Option<InFlight<'_>> {
-        let keys = [InFlightKey::Ip(ip), InFlightKey::User(user.to_owned())];
+    /// Takes an in-flight slot for this address and user, and one of all.
+    ///
+    /// Errors: [`Refusal::Limited`] when the address or the user is at its cap,
+    /// [`Refusal::Busy`] when the process is ([`max_checks`]).
+    pub(super) fn enter(&self, ip: IpAddr, user: &str) -> Result<InFlight<'_>, Refusal> {
+        let keys = [
+            InFlightKey::Ip(ip),
+            InFlightKey::User(user.to_owned()),
+            InFlightKey::All,
+        ];
         let mut map = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
         let busy = |k: &InFlightKey, cap: u32| map.get(k).is_some_and(|n| *n >= cap);
         if busy(&keys[0], MAX_IN_FLIGHT_PER_IP) || busy(&keys[1], 1) {
-            return None;
+            return Err(Refusal::Limited(1));
+        }
+        if busy(&keys[2], self.max_checks) {
+            return Err(Refusal::Busy);
         }
         for k in &keys {
             *map.entry(k.clone()).or_insert(0) += 1;
         }
         drop(map);
-        Some(InFlight {
+        Ok(InFlight {
             map: &self.in_flight,
             keys,
         })

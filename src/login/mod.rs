@@ -102,6 +102,8 @@ pub struct Login {
     /// Login checks running now, per client address and per user: the failure count only learns
     /// of a failure after the upstream answered, so parallel guesses are capped here.
     in_flight: Mutex<HashMap<InFlightKey, u32>>,
+    /// Most checks in flight in all ([`attempt::max_checks`]).
+    max_checks: u32,
     csrf_cookie: String,
     /// `{cookie_name}-device` ([`device`]).
     device_cookie: String,
@@ -125,6 +127,7 @@ impl Login {
         let window = l.failure_window;
         Some(Self {
             in_flight: Mutex::new(HashMap::new()),
+            max_checks: attempt::max_checks(cfg.upstream.max_connections),
             by_ip: FailureLimit::new(l.max_failures_per_ip, window),
             by_user: FailureLimit::new(l.max_failures_per_user, window),
             csrf_cookie: csrf,
