@@ -95,6 +95,8 @@ impl H1 {
         out.push(encode_head(&parts, framing));
         let mut sent_any = false;
         let mut body_done = matches!(framing, BodyFraming::None | BodyFraming::Length(0));
+        // Counted down as the body is queued.
+        let mut left = framing;
         let mut polled_body = false;
         let mut eof = false;
         // A final response head that arrived while the request was still being sent.
@@ -151,7 +153,7 @@ impl H1 {
                 // TLS records held back go out before the body's next frame is awaited.
                 ready!(self.poll_flush_io(cx)).map_err(Fail::Io)?;
                 polled_body = true;
-                match ready!(poll_queue(Pin::new(&mut body), cx, framing, &mut out)) {
+                match ready!(poll_queue(Pin::new(&mut body), cx, &mut left, &mut out)) {
                     Ok(done) => body_done = done,
                     Err(e) => return Poll::Ready(Err(Fail::Body(e))),
                 }

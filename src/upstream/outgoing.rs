@@ -136,7 +136,7 @@ pub(super) fn body_framing(method: &Method, body: &UpBody) -> BodyFraming {
 pub(super) fn poll_queue(
     mut body: std::pin::Pin<&mut UpBody>,
     cx: &mut std::task::Context<'_>,
-    framing: BodyFraming,
+    framing: &mut BodyFraming,
     out: &mut Out,
 ) -> std::task::Poll<Result<bool, BoxError>> {
     let frame = std::task::ready!(body.as_mut().poll_frame(cx));
@@ -151,10 +151,15 @@ pub(super) fn poll_queue(
 }
 
 /// Queues a body frame for the socket in `framing` (request trailers are dropped: the hop-by-hop
-/// `TE`/`Trailer` were removed); `Ok(true)` once the body ended (its last chunk queued).
+/// `TE`/`Trailer` were removed); `Ok(true)` once the body ended (its last chunk queued). A
+/// `Length` counts down what is left of it.
+///
+/// Errors: the body's own, or one that yields more or fewer bytes than the `Content-Length`
+/// written for it: the rest would be read upstream as the next request on the connection (each
+/// body type checks its length; this holds whatever a body's size hint says).
 pub(super) fn queue_frame(
     frame: Option<Result<Frame<Bytes>, BoxError>>,
-    framing: BodyFraming,
+    framing: &mut BodyFraming,
     out: &mut Out,
 ) -> Result<bool, BoxError> {
     match frame {
@@ -163,22 +168,59 @@ pub(super) fn queue_frame(
                 if data.is_empty() {
                     return Ok(false);
                 }
-                if framing == BodyFraming::Chunked {
-                    out.push(Bytes::from(format!("{:x}\r\n", data.len())));
-                    out.push(data);
-                    out.push(Bytes::from_static(b"\r\n"));
-                } else {
-                    out.push(data);
+                match framing {
+                    BodyFraming::Chunked => {
+                        out.push(Bytes::from(format!("{:x}\r\n", data.len())));
+                        out.push(data);
+                        out.push(Bytes::from_static(b"\r\n"));
+                    }
+                    BodyFraming::Length(left) => {
+                        *left = left
+                            .checked_sub(data.len() as u64)
+                            .ok_or("request body longer than its Content-Length")?;
+                        out.push(data);
+                    }
+                    BodyFraming::None => return Err("request body where none was framed".into()),
                 }
             }
             Ok(false)
         }
         Some(Err(e)) => Err(e),
-        None => {
-            if framing == BodyFraming::Chunked {
+        None => match framing {
+            BodyFraming::Chunked => {
                 out.push(Bytes::from_static(b"0\r\n\r\n"));
+                Ok(true)
             }
-            Ok(true)
-        }
+            BodyFraming::Length(1..) => Err("request body shorter than its Content-Length".into()),
+            _ => Ok(true),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize) -> Option<Result<Frame<Bytes>, BoxError>> {
+        Some(Ok(Frame::data(Bytes::from(vec![b'x'; n]))))
+    }
+
+    /// A body whose size hint is wrong cannot write past, or stop short of, the length its
+    /// head announced: the connection would carry the difference into the next request.
+    #[test]
+    fn a_length_framed_body_must_yield_exactly_its_length() {
+        let mut out = Out::default();
+        let mut exact = BodyFraming::Length(5);
+        assert!(!queue_frame(data(3), &mut exact, &mut out).unwrap());
+        assert!(!queue_frame(data(2), &mut exact, &mut out).unwrap());
+        assert!(queue_frame(None, &mut exact, &mut out).unwrap());
+        let mut long = BodyFraming::Length(5);
+        assert!(queue_frame(data(6), &mut long, &mut out).is_err());
+        let mut short = BodyFraming::Length(5);
+        assert!(!queue_frame(data(4), &mut short, &mut out).unwrap());
+        assert!(queue_frame(None, &mut short, &mut out).is_err());
+        let mut chunked = BodyFraming::Chunked;
+        assert!(!queue_frame(data(9), &mut chunked, &mut out).unwrap());
+        assert!(queue_frame(None, &mut chunked, &mut out).unwrap());
     }
 }
