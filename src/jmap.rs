@@ -159,13 +159,28 @@ fn lower_size_limits(session: &mut serde_json::Map<String, serde_json::Value>, m
     lowered
 }
 
+/// Removes the fields that describe the upstream's bytes of a session resource, which a
+/// rewritten one would not match: its length, validators a cache would apply to the new bytes,
+/// and the digest Cyrus sends with `httpcontentmd5: yes` (RFC 1864).
+fn drop_validators(fields: &mut http::HeaderMap) {
+    let md5 = header::HeaderName::from_static("content-md5");
+    for name in [
+        header::CONTENT_LENGTH,
+        header::ETAG,
+        header::LAST_MODIFIED,
+        md5,
+    ] {
+        fields.remove(name);
+    }
+}
+
 /// The upstream's answer to a session request ([`JmapConfig::is_session_request`]) with its URLs
 /// made absolute on `origin`: a 200 of JSON, not content-encoded, read whole within
 /// [`MAX_SESSION_BYTES`]. Any other answer passes as it is, one whose `Content-Length` says it is
 /// larger too; one whose body turns out larger, or fails while read, becomes a 502 (its start
 /// was read, so it cannot pass whole). The answer to a HEAD (`head`) loses the `Content-Length`,
-/// `ETag` and `Last-Modified` of the body as sent, which its GET's rewritten body would not
-/// match.
+/// `ETag`, `Last-Modified` and `Content-MD5` of the body as sent, which its GET's rewritten body
+/// would not match.
 pub async fn rewrite_session(
     mut resp: http::Response<ProxyBody>,
     origin: Origin<'_>,
@@ -191,9 +206,7 @@ pub async fn rewrite_session(
         return resp;
     }
     if head {
-        for name in [header::CONTENT_LENGTH, header::ETAG, header::LAST_MODIFIED] {
-            resp.headers_mut().remove(name);
-        }
+        drop_validators(resp.headers_mut());
         return resp;
     }
     let (mut parts, body) = resp.into_parts();
@@ -213,10 +226,7 @@ pub async fn rewrite_session(
     let bytes = collected.to_bytes();
     let body = match absolute_session(&bytes, origin, max_body_bytes) {
         Some(rewritten) => {
-            // Validators of the upstream's bytes, which a cache would apply to these.
-            for name in [header::CONTENT_LENGTH, header::ETAG, header::LAST_MODIFIED] {
-                parts.headers.remove(name);
-            }
+            drop_validators(&mut parts.headers);
             Bytes::from(rewritten)
         }
         None => bytes,
@@ -347,6 +357,23 @@ mod tests {
         let hosted =
             br#"{"capabilities":{"urn:ietf:params:jmap:websocket":{"url":"wss://up/ws/"}}}"#;
         assert_eq!(absolute_session(hosted, at("https://t"), 0), None);
+    }
+
+    #[tokio::test]
+    async fn a_rewritten_session_loses_what_described_the_upstreams_bytes() {
+        let resp = http::Response::builder()
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::ETAG, "\"1\"")
+            .header("content-md5", "Q2hlY2sgSW50ZWdyaXR5IQ==")
+            .header(header::CACHE_CONTROL, "no-store")
+            .body(ProxyBody::full(r#"{"apiUrl":"/jmap/"}"#))
+            .unwrap();
+        let resp = rewrite_session(resp, at("https://t"), false, 0).await;
+        let h = resp.headers();
+        assert!(!h.contains_key("content-md5") && !h.contains_key(header::ETAG));
+        assert_eq!(h[header::CACHE_CONTROL], "no-store");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], br#"{"apiUrl":"https://t/jmap/"}"#);
     }
 
     /// One that says it is larger than the rewrite reads passes as sent (not a 502).

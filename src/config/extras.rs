@@ -102,7 +102,7 @@ pub(super) fn validate_jmap(j: RawJmap) -> Result<Option<JmapConfig>, ConfigErro
     if !session_path.starts_with('/') || session_path.parse::<http::uri::PathAndQuery>().is_err() {
         return Err(ConfigError::new(
             "jmap.session_path",
-            format!("`{session_path}` is not a path; write it as the upstream serves it, e.g. \"/jmap/\""),
+            format!("`{session_path}` is not a path; write it as clients request it (without upstream.url's path), e.g. \"/jmap/\""),
         ));
     }
     Ok(absolute_urls.then_some(JmapConfig {
