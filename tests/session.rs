@@ -2758,6 +2758,41 @@ fn one_user_cannot_take_every_event_stream_place() {
     assert!(upstream_streams(&up, 4));
 }
 
+/// One account under names in other cases (`alice`, `Alice`: one account to an upstream that
+/// folds case, as Cyrus does) holds one share of the pool, not one per spelling.
+#[test]
+fn an_account_in_another_case_holds_the_same_share() {
+    let up = users();
+    up.stats.set_password("Alice", "alice-pw");
+    let url = up.url();
+    let pool = [
+        ("upstream", "max_connections = 4"),
+        ("upstream", "max_connections_per_user = 2"),
+        ("upstream", "max_event_streams = 4"),
+    ];
+    let t = Tessera::start(move |port, dir| {
+        config(port, &url, &format!("embedded:{}/s", dir.display()), &pool)
+    });
+    let (_, lower) = t.create_session("alice", "alice-pw");
+    let (_, upper) = t.create_session("Alice", "alice-pw");
+    let (_, bob) = t.create_session("bob", "bob-pw");
+    let _held = [EventStream::open(&t, &lower), EventStream::open(&t, &lower)];
+    // A third of the account's, in another case: it waits for one of its own to end.
+    let third = call(&[
+        "--max-time",
+        "2",
+        "-H",
+        &bearer(&upper),
+        "-H",
+        "Accept: text/event-stream",
+        &t.url("/events"),
+    ]);
+    assert_eq!(third.code, 0, "{} {}", third.headers, third.body);
+    assert!(upstream_streams(&up, 2), "the third reached the upstream");
+    // The others are not held up by it.
+    assert_eq!(curl(&["-H", &bearer(&bob), &t.url("/x")]).0, 200);
+}
+
 /// Waits up to 5 s for the upstream to be sending exactly `n` event streams.
 fn upstream_streams(up: &TestUpstream, n: usize) -> bool {
     (0..250).any(|_| {

@@ -1,5 +1,5 @@
 //! Fair shares of the upstream pool: one user (one upstream credential, its `Authorization`
-//! value) and one downstream connection (the streams of one HTTP/2 connection) each hold at most
+//! value; a `Basic` one's user name in any case) and one downstream connection (the streams of one HTTP/2 connection) each hold at most
 //! `upstream.max_connections_per_user` upstream connections at once. A request over its share
 //! waits (first come, first served) for one of its own to end before it asks the pool for a
 //! slot, so it never holds a slot another user could use meanwhile.
@@ -64,11 +64,40 @@ impl CredentialHash {
 
     /// The hash of `credential` (an `Authorization` value).
     pub(crate) fn of(&self, credential: &HeaderValue) -> u128 {
+        self.of_bytes(credential.as_bytes())
+    }
+
+    fn of_bytes(&self, bytes: &[u8]) -> u128 {
         use siphasher::sip128::Hasher128;
         use std::hash::Hasher;
         let mut h = siphasher::sip128::SipHasher24::new_with_keys(self.0, self.1);
-        h.write(credential.as_bytes());
+        h.write(bytes);
         u128::from(h.finish128())
+    }
+
+    /// The hash of the account `credential` names, for bounds per user: a `Basic` one's user
+    /// name in lower case (the failed-login limits' rule) with its password, so that `Alice`
+    /// and `alice` (one account to an upstream that folds case, as Cyrus does by default) hold
+    /// one share, not two; any other credential as [`CredentialHash::of`].
+    pub(crate) fn of_user(&self, credential: &HeaderValue) -> u128 {
+        use base64::Engine;
+        let bytes = credential.as_bytes();
+        let decoded = bytes
+            .get(..6)
+            .filter(|scheme| scheme.eq_ignore_ascii_case(b"basic "))
+            .and_then(|_| {
+                let b64 = base64::engine::general_purpose::STANDARD;
+                b64.decode(bytes[6..].trim_ascii()).ok()
+            })
+            .map(zeroize::Zeroizing::new);
+        let Some((user, password)) = decoded.as_ref().and_then(|d| {
+            let colon = d.iter().position(|&b| b == b':')?;
+            Some((std::str::from_utf8(&d[..colon]).ok()?, &d[colon..]))
+        }) else {
+            return self.of(credential);
+        };
+        let folded = zeroize::Zeroizing::new([user.to_lowercase().as_bytes(), password].concat());
+        self.of_bytes(&folded)
     }
 }
 
@@ -189,7 +218,7 @@ impl Shares {
             limit => {
                 let none = HeaderValue::from_static("");
                 let credential = fields.get(http::header::AUTHORIZATION).unwrap_or(&none);
-                let key = self.hash.of(credential);
+                let key = self.hash.of_user(credential);
                 let mut users = self.event_users.lock().unwrap_or_else(|p| p.into_inner());
                 let share = users.share(key, limit);
                 drop(users);
@@ -223,7 +252,7 @@ impl Shares {
         }
         let none = HeaderValue::from_static("");
         let credential = credential.unwrap_or(&none);
-        let key = self.hash.of(credential);
+        let key = self.hash.of_user(credential);
         let mut users = self.users.lock().unwrap_or_else(|p| p.into_inner());
         Some(users.share(key, self.per_user))
     }
@@ -381,6 +410,25 @@ mod tests {
             .collect();
         assert!(shared.event_stream(&get, &alice).is_err());
         drop(all);
+    }
+
+    #[test]
+    fn one_account_in_any_case_is_one_user() {
+        use base64::Engine;
+        let basic = |pair: &str| {
+            let b64 = base64::engine::general_purpose::STANDARD.encode(pair);
+            HeaderValue::from_str(&format!("Basic {b64}")).unwrap()
+        };
+        let h = CredentialHash::new();
+        let alice = h.of_user(&basic("alice:pw"));
+        assert_eq!(h.of_user(&basic("Alice:pw")), alice);
+        assert_eq!(h.of_user(&basic("ALICE:pw")), alice);
+        assert_ne!(h.of_user(&basic("alice:PW")), alice);
+        assert_ne!(h.of_user(&basic("bob:pw")), alice);
+        let bearer = HeaderValue::from_static("Bearer Abc");
+        assert_eq!(h.of_user(&bearer), h.of(&bearer));
+        let broken = HeaderValue::from_static("Basic !!!");
+        assert_eq!(h.of_user(&broken), h.of(&broken));
     }
 
     #[test]
