@@ -675,3 +675,51 @@ fn http2_resets_pile_no_more_work_on_the_upstream_than_the_users_share() {
     let (code, body) = curl(&["--max-time", "20", "-H", &bearer(&token), &t.url("/slow")]);
     assert_eq!((code, body.as_str()), (200, "ok"), "{}", t.log());
 }
+
+/// An HTTP/2 request whose DATA frames say more than its `content-length` (a second request
+/// hidden after the declared bytes) or less: RFC 9113 section 8.1.1 makes it malformed. The
+/// upstream, reached over HTTP/1.1 on a pooled connection, never reads a byte past the length,
+/// nor the hidden request.
+#[test]
+fn an_http2_body_longer_or_shorter_than_its_length_smuggles_nothing_upstream() {
+    use support::upstream::{self, Behavior, Script};
+    let up = upstream::start(Behavior::Scripted(|_| Script {
+        bytes: b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec(),
+        close: false,
+        early: false,
+    }));
+    let t = tessera(&up.url(), &[]);
+    let (_, token) = t.create_session("alice", "pw");
+    let hidden = "hello GET /smuggled HTTP/1.1\r\nHost: a\r\n\r\n";
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    for (length, body) in [("5", hidden), ("40", "short")] {
+        let failed = runtime.block_on(async {
+            let client = h2c_client(t.port).await;
+            let req = http::Request::post(format!("http://127.0.0.1:{}/up", t.port))
+                .header("authorization", format!("Bearer {token}"))
+                .header("content-length", length)
+                .body(())
+                .unwrap();
+            let mut client = client.ready().await.unwrap();
+            let (resp, mut send) = client.send_request(req, false).unwrap();
+            let _ = send.send_data(bytes::Bytes::from_static(body.as_bytes()), true);
+            match resp.await {
+                Ok(resp) => resp.status().is_success().then_some(()).is_none(),
+                Err(_) => true,
+            }
+        });
+        assert!(
+            failed,
+            "content-length {length} with {} bytes passed",
+            body.len()
+        );
+    }
+    // A request after them is served (on the pooled connection, or a new one).
+    assert_eq!(get_as_is(&t, &token, "/after").0, 200);
+    let raw = String::from_utf8_lossy(&up.stats.raw_bytes.lock().unwrap()).to_string();
+    assert!(!raw.contains("/smuggled"), "{raw}");
+    assert!(
+        !raw.contains("GET /smuggled") && !raw.contains("hello G"),
+        "{raw}"
+    );
+}
