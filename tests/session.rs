@@ -151,6 +151,29 @@ fn login_on_a_use_on_b_logout_on_b_refused_on_a() {
     assert!(!a.log().contains(&token) && !b.log().contains(&token));
 }
 
+/// A Secure login cookie named without `__Host-` can be planted by a sibling subdomain (with
+/// `Domain`, which only that prefix forbids): the start says so, naming the key.
+#[test]
+fn a_login_cookie_name_without_the_host_prefix_is_warned_of() {
+    let up = users();
+    let warning = "without the __Host- prefix can be planted";
+    let start = |extra: &'static [(&'static str, &'static str)]| {
+        let url = up.url();
+        Tessera::start(move |port, dir| {
+            config(port, &url, &format!("embedded:{}/s", dir.display()), extra)
+        })
+    };
+    let named = start(&[
+        ("login", "verify_path = \"/check\""),
+        ("login", "cookie_name = \"__Secure-tessera\""),
+    ]);
+    let log = named.log_when(|l| l.contains(warning));
+    assert!(log.contains("key=login.cookie_name"), "{log}");
+    let default = start(&[("login", "verify_path = \"/check\"")]);
+    let log = default.log_when(|l| l.contains("tessera serving"));
+    assert!(!log.contains(warning), "{log}");
+}
+
 /// A cookie planted from a sibling subdomain or over plain http cannot carry the `__Host-`
 /// prefix; read before the login cookie it would sign the browser into the planter's session.
 #[test]

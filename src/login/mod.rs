@@ -125,6 +125,16 @@ impl Login {
             .expect("validated path under a valid base");
         let authority = cfg.upstream.url.authority().expect("validated");
         let window = l.failure_window;
+        if l.cookie_secure && !l.cookie_name.starts_with("__Host-") {
+            // Only `__Host-` forbids `Domain`: any other name can be set for this host by a
+            // sibling subdomain, with a longer path, so it is sent first (a login CSRF).
+            tracing::warn!(
+                key = %"login.cookie_name",
+                name = %l.cookie_name,
+                "a login cookie without the __Host- prefix can be planted by any subdomain of \
+                 the same site, signing a browser into another account; name it __Host-..."
+            );
+        }
         Some(Self {
             in_flight: Mutex::new(HashMap::new()),
             max_checks: attempt::max_checks(cfg.upstream.max_connections),
