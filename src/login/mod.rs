@@ -201,7 +201,8 @@ impl Login {
             (Endpoint::Login, &Method::GET | &Method::HEAD) => {
                 let rd = query_param(parts, "rd");
                 let rd = rd.as_deref().and_then(safe_redirect).unwrap_or("/");
-                (self.page(StatusCode::OK, rd, None), None)
+                let held = request::cookie_value(&parts.headers, &self.csrf_cookie);
+                (self.page(StatusCode::OK, rd, None, held), None)
             }
             (Endpoint::Login, &Method::POST) => self.login(&req, body, sid_out).await,
             (Endpoint::Logout, &Method::POST) => {

@@ -95,6 +95,9 @@ pub(super) fn redirect(location: &str, cookie: Option<HeaderValue>) -> Response<
     r
 }
 
+/// Characters of a CSRF token: 18 random bytes in base64url without padding.
+const CSRF_CHARS: usize = 24;
+
 impl Login {
     /// Shapes a refusal: JSON for API clients, the login page again for form posts.
     pub(super) fn refuse(
@@ -105,7 +108,7 @@ impl Login {
     ) -> (Response<ProxyBody>, Option<String>) {
         let status = r.status();
         let mut resp = if is_form {
-            self.page(status, rd.unwrap_or("/"), Some(r.message(true)))
+            self.page(status, rd.unwrap_or("/"), Some(r.message(true)), None)
         } else {
             json_error(status, r.message(false))
         };
@@ -113,17 +116,29 @@ impl Login {
         (resp, Some(r.to_string()))
     }
 
-    /// The login page: a plain HTML form, no script, no external asset; a fresh CSRF token in a
-    /// hidden field and a cookie (double submit).
+    /// The login page: a plain HTML form, no script, no external asset; a CSRF token in a
+    /// hidden field and a cookie (double submit): `held`, the one the browser's cookie holds,
+    /// when it is one of ours (so a form open in another tab stays good), else a fresh one.
     pub(super) fn page(
         &self,
         status: StatusCode,
         rd: &str,
         error: Option<&str>,
+        held: Option<&str>,
     ) -> Response<ProxyBody> {
-        let mut raw = [0u8; 18];
-        getrandom::getrandom(&mut raw).expect("OS random source");
-        let csrf = URL_SAFE_NO_PAD.encode(raw);
+        let held = held.filter(|t| {
+            t.len() == CSRF_CHARS
+                && t.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b))
+        });
+        let csrf = held.map_or_else(
+            || {
+                let mut raw = [0u8; 18];
+                getrandom::getrandom(&mut raw).expect("OS random source");
+                URL_SAFE_NO_PAD.encode(raw)
+            },
+            str::to_owned,
+        );
         let title = html_escape(&self.cfg.page_title);
         let error = error.map_or_else(String::new, |e| {
             format!(

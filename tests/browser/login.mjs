@@ -1,7 +1,8 @@
 // The login page in a real headless Chromium (Debian's /usr/bin/chromium, driven by playwright-core).
 // Usage: node login.mjs BASE_URL SCREENSHOT_PATH
-// Walks: protected page -> redirected to the login page -> wrong password (accessible error) ->
-// right password -> back on the protected page through tessera -> log out -> refused again.
+// Walks: protected page -> redirected to the login page (opened in a second tab too) -> wrong
+// password (accessible error) -> right password -> back on the protected page through tessera ->
+// log out -> refused again.
 // Runs the whole flow with JavaScript disabled (the page must not need it), then checks the
 // cookie attributes and that the old token is refused after logout. Prints one JSON line of
 // findings; exits 1 on the first failed check.
@@ -17,6 +18,12 @@ try {
   check('redirected_to_login', page.url() === `${base}/auth/login?rd=%2Fmail%2Finbox`, page.url());
   check('title', (await page.title()) === 'Sign in', await page.title());
   await page.screenshot({ path: screenshot, fullPage: true });
+
+  // The login page opened again in another tab keeps this one's form good (its CSRF cookie
+  // is not replaced): the next submit is answered for its password, not refused as forged.
+  const other = await context.newPage();
+  await other.goto(`${base}/auth/login`);
+  await other.close();
 
   // Accessible names: the inputs are found by their labels.
   await page.getByLabel('User name').fill('demo');
