@@ -214,6 +214,10 @@ impl ProxyError {
             | Self::Upstream(ForwardError::TooManyEventStreams) => {
                 h.insert(RETRY_AFTER, HeaderValue::from_static("1"));
             }
+            // Heeded where hyper serves the connection (the fast path closes by itself).
+            Self::PlainHttpOnTlsPort => {
+                h.insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+            }
             Self::Screen(ScreenError::MethodNotAllowed) => {
                 h.insert(
                     http::header::ALLOW,

@@ -67,7 +67,20 @@ fn plain_http_on_the_tls_port_gets_400_and_failed_handshakes_are_counted() {
     );
     let line = t.log_when(|l| l.contains("status=400"));
     assert!(line.contains("plain HTTP"), "{line}");
+    // One hyper serves (a chunked body) is answered alike, and its connection closed too.
+    let mut chunked = TcpStream::connect(("127.0.0.1", tls_port)).unwrap();
+    let post = "POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+    chunked.write_all(post.as_bytes()).unwrap();
+    let answer = String::from_utf8_lossy(&read_to_close(&mut chunked)).to_ascii_lowercase();
+    assert!(answer.starts_with("http/1.1 400"), "{answer}");
+    assert!(answer.contains("connection: close"), "{answer}");
     assert_eq!(nginx.uris().len(), 0, "plain HTTP reached the upstream");
+    // A health check's connection, reset before its first byte, is no failed handshake.
+    let probe = TcpStream::connect(("127.0.0.1", tls_port)).unwrap();
+    socket2::SockRef::from(&probe)
+        .set_linger(Some(Duration::ZERO))
+        .unwrap();
+    drop(probe);
 
     // curl checks the certificate: its alert ends the handshake.
     let resolve = format!("localhost:{tls_port}:127.0.0.1");
@@ -85,7 +98,7 @@ fn plain_http_on_the_tls_port_gets_400_and_failed_handshakes_are_counted() {
     assert_eq!(status, 401);
 
     let text = scrape(&metrics);
-    assert_eq!(failures(&text, "plain_http"), 1, "{text}");
+    assert_eq!(failures(&text, "plain_http"), 2, "{text}");
     assert_eq!(failures(&text, "error"), 1, "{text}");
     assert_eq!(failures(&text, "timeout"), 1, "{text}");
     assert_eq!(

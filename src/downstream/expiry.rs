@@ -1,7 +1,7 @@
 //! Certificate expiry on the TLS listener: each certificate's names and notAfter read at start
 //! and reload, logged then and once a day after (a warning from 14 days before expiry on), and
-//! a reload refused that would put an expired certificate where a valid one is served. Must
-//! never: refuse a reload for a certificate that was already expired when it ran (that would
+//! a reload refused that would put in place an expired certificate not served already. Must
+//! never: refuse a reload for a certificate that was already served when it ran (that would
 //! block every key rotation until the certificate is renewed).
 
 use super::certs::{CertError, CertSummary};
@@ -70,25 +70,28 @@ pub(super) fn log(certs: &[CertSummary], now: i64, all: bool) {
     }
 }
 
-/// Refuses `next` when it would put an expired certificate under a config key whose running
-/// certificate (in `running`) is still valid at `now`: the clients it serves would all fail.
+/// Refuses `next` when it would put in place an expired certificate that is not served now
+/// (the same names and notAfter among `running`): clients of its names would all fail. One
+/// already served, expired or not, is no reason to refuse (a key rotation goes on), wherever it
+/// moved in the configuration.
 ///
-/// Errors: the first such key, with its certificate's expiry and the fix.
+/// Errors: the first such certificate's key, with its expiry and the fix.
 pub(super) fn refuse_expired(
     running: &[CertSummary],
     next: &[CertSummary],
     now: i64,
 ) -> Result<(), CertError> {
-    let valid_now = |key: &str| running.iter().any(|r| r.key == key && r.not_after > now);
-    match next
-        .iter()
-        .find(|c| c.not_after <= now && valid_now(&c.key))
-    {
+    let served = |c: &CertSummary| {
+        running
+            .iter()
+            .any(|r| r.names == c.names && r.not_after == c.not_after)
+    };
+    match next.iter().find(|c| c.not_after <= now && !served(c)) {
         None => Ok(()),
         Some(c) => Err(CertError {
             key: c.key.clone(),
             problem: format!(
-                "expired at {}, while the certificate served now is valid: renew it, then SIGHUP",
+                "expired at {}: renew it, then SIGHUP (the certificates served now are kept)",
                 c.until()
             ),
         }),
@@ -119,23 +122,36 @@ mod tests {
     }
 
     #[test]
-    fn an_expired_certificate_is_refused_only_in_place_of_a_valid_one() {
+    fn an_expired_certificate_is_refused_unless_it_is_served_already() {
         let now = 1_000_000;
+        let named = |key: &str, name: &str, not_after| CertSummary {
+            names: vec![name.into()],
+            ..cert(key, not_after)
+        };
         let running = [
-            cert("tls.certificate", now + 10),
-            cert("tls.sni[0].certificate", now),
+            named("tls.sni[0].certificate", "a.example", now + 10),
+            named("tls.sni[1].certificate", "b.example", now - 5),
         ];
-        let err = refuse_expired(&running, &[cert("tls.certificate", now)], now).unwrap_err();
-        assert_eq!(err.key, "tls.certificate");
+        let renewed_wrongly = [named("tls.sni[0].certificate", "a.example", now - 1)];
+        let err = refuse_expired(&running, &renewed_wrongly, now).unwrap_err();
+        assert_eq!(err.key, "tls.sni[0].certificate");
         assert!(
-            err.problem.contains("1970-01-12T13:46:40Z"),
+            err.problem.contains("1970-01-12T13:46:39Z"),
             "{}",
             err.problem
         );
-        // Already expired when it ran: a reload (a key rotation) still goes through.
-        refuse_expired(&running, &[cert("tls.sni[0].certificate", now - 5)], now).unwrap();
-        // A new SNI entry expired: nothing valid is replaced, nothing refused.
-        refuse_expired(&running, &[cert("tls.sni[1].certificate", 0)], now).unwrap();
-        refuse_expired(&running, &[cert("tls.certificate", now + 1)], now).unwrap();
+        // Already expired when it ran, and moved up when a.example's entry was removed: a
+        // reload (a key rotation) still goes through.
+        let moved = [named("tls.sni[0].certificate", "b.example", now - 5)];
+        refuse_expired(&running, &moved, now).unwrap();
+        // An expired one new to the configuration is refused; a valid one never.
+        let added = [named("tls.sni[2].certificate", "c.example", 0)];
+        assert!(refuse_expired(&running, &added, now).is_err());
+        refuse_expired(
+            &running,
+            &[named("tls.certificate", "c.example", now + 1)],
+            now,
+        )
+        .unwrap();
     }
 }

@@ -131,7 +131,7 @@ impl TlsServer {
     /// those under a key `tls.session_ticket_keys` still lists). `tls.listen` and
     /// `tls.session_tickets` apply at the next restart.
     ///
-    /// Errors: as [`TlsServer::new`], or an expired certificate in place of a valid one
+    /// Errors: as [`TlsServer::new`], or an expired certificate not served already
     /// ([`super::expiry::refuse_expired`]); the running certificates are kept then.
     pub fn reload(&self, cfg: &TlsConfig) -> Result<(), CertError> {
         if cfg.session_tickets != self.ticketer.is_some() {
@@ -324,8 +324,8 @@ pub(super) enum Handshaken {
 
 /// Runs the server side of a handshake on `tcp`, for at most `timeout` (the head-read timeout:
 /// a client that opens a connection and sends nothing holds it no longer than on plain HTTP).
-/// Counts each outcome in `counts`, but for a connection closed before its first byte (a TCP
-/// health check).
+/// Counts each outcome in `counts`, but for a connection closed or reset before its first byte
+/// (a TCP health check).
 pub(super) async fn handshake(
     tls: &TlsServer,
     tcp: TcpStream,
@@ -337,7 +337,8 @@ pub(super) async fn handshake(
         let mut first = [0u8; 1];
         // One peek per connection, beside a handshake's tens of microseconds of crypto.
         match tcp.peek(&mut first).await {
-            Ok(0) => return Ok(Handshaken::Failed),
+            // Closed or reset before a byte (a balancer's health check ends either way).
+            Ok(0) | Err(_) => return Ok(Handshaken::Failed),
             Ok(_) if first[0].is_ascii_uppercase() => {
                 count(|c| &c.plain_http);
                 return Ok(Handshaken::PlainHttp(tcp));
