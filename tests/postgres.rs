@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use support::postgres::Postgres;
 use support::stores::{
-    a_restricted_account_serves, hex, login, logout, on_store, status, until_status, users,
+    a_restricted_account_serves, hex, login, logout, on_store, on_store_with, status, until_status,
+    users,
 };
 use support::upstream::TestUpstream;
 use support::{bearer, bin, config, curl, Tessera};
@@ -227,6 +228,46 @@ fn a_frozen_server_trips_the_heartbeat_and_gives_503() {
     let served = until_status(&a, &alice, 200, Duration::from_secs(15));
     println!("served {served:?} after the thaw");
     assert!(served.is_some(), "{}", a.log());
+}
+
+/// A pooled connection whose call timed out on a server gone silent (its backend frozen, as a
+/// lost host or a failover by DNS leaves it) is closed, not pooled again: once a new connection
+/// reaches the server, requests are served, not 503 until the kernel gives up on the frozen
+/// one (about 15 minutes).
+#[test]
+fn a_connection_frozen_mid_call_is_replaced_not_pooled_again() {
+    use rustix::process::{kill_process, Pid, Signal};
+    let up = users();
+    let pg = Postgres::start();
+    // No cache: every request reads the store.
+    let a = on_store_with(&up, &pg.url(), &[("session", "cache_max_entries = 0")]);
+    let alice = login(&a, "alice", "alice-pw");
+    assert_eq!(status(&a, &alice), 200);
+    // tessera's backends, not the postmaster: a new connection is served.
+    let pids = pg.sql(
+        "SELECT string_agg(pid::text, ' ') FROM pg_stat_activity \
+         WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+    );
+    let frozen: Vec<Pid> = pids
+        .split_whitespace()
+        .filter_map(|p| Pid::from_raw(p.parse().ok()?))
+        .collect();
+    assert!(!frozen.is_empty(), "no backend of tessera's: {pids}");
+    let signal = |s: Signal| {
+        for pid in &frozen {
+            let _ = kill_process(*pid, s);
+        }
+    };
+    signal(Signal::STOP);
+    let unavailable = until_status(&a, &alice, 503, Duration::from_secs(15));
+    let served = until_status(&a, &alice, 200, Duration::from_secs(30));
+    signal(Signal::CONT);
+    assert!(unavailable.is_some(), "no call waited on a frozen backend");
+    assert!(
+        served.is_some(),
+        "still 503 on the frozen connection: {}",
+        a.log()
+    );
 }
 
 /// The CLI and `check-config` on the PostgreSQL store: a session created by the CLI serves on a

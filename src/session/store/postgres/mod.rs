@@ -27,10 +27,12 @@ use crate::session::SessionQuery;
 
 mod errors;
 mod listen;
+mod loan;
 mod own;
 mod tls;
 
 use errors::{bounded, causes, classify};
+use loan::{lend, Conn, Lent};
 
 /// The channel `pg_notify` rings on each change; its payload is the changed key.
 const CHANNEL: &str = "tessera_kv";
@@ -98,9 +100,6 @@ pub struct PostgresStore {
 fn err(e: impl std::fmt::Display) -> StoreError {
     StoreError(format!("postgres: {e}"))
 }
-
-/// A pooled connection, dropped back into the pool.
-type Conn = deadpool_postgres::Object;
 
 impl PostgresStore {
     /// Prepares a pool for `url` (libpq's URL form); nothing connects yet. Each connect, and
@@ -189,14 +188,18 @@ impl PostgresStore {
     }
 
     /// Runs `f` on a pooled connection within the store timeout, once more on another when
-    /// the connection was found closed ([`twice`]).
+    /// the connection was found closed ([`twice`]). A connection whose call the timeout
+    /// dropped is closed, not pooled ([`loan`]).
     async fn run<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
     where
-        F: Fn(Conn) -> Fut,
+        F: Fn(Lent) -> Fut,
         Fut: std::future::Future<Output = Result<T, tokio_postgres::Error>>,
     {
         twice("postgres", self.timeout, || async {
-            f(self.conn().await?).await.map_err(classify)
+            let (loan, lent) = lend(self.conn().await?);
+            let result = f(lent).await.map_err(classify);
+            loan.end();
+            result
         })
         .await
     }
