@@ -2682,33 +2682,45 @@ impl EventStream {
     }
 }
 
+/// A tessera on the embedded store in front of `up`, with the `[upstream]` lines `pool`.
+fn with_pool(up: &TestUpstream, pool: &[&str]) -> Tessera {
+    let url = up.url();
+    let pool: Vec<String> = pool.iter().map(|l| l.to_string()).collect();
+    Tessera::start(move |port, dir| {
+        let lines: Vec<(&str, &str)> = pool.iter().map(|l| ("upstream", l.as_str())).collect();
+        config(port, &url, &format!("embedded:{}/s", dir.display()), &lines)
+    })
+}
+
+/// A GET of `/events` asking for an event stream with `token`, given up after `secs` seconds.
+fn events_within(t: &Tessera, token: &str, secs: &str) -> Answer {
+    call(&[
+        "--max-time",
+        secs,
+        "-H",
+        &bearer(token),
+        "-H",
+        "Accept: text/event-stream",
+        &t.url("/events"),
+    ])
+}
+
 /// `upstream.max_event_streams`: an event stream past it is answered 503 with `Retry-After`,
 /// never queued, while API calls still find upstream connections; a place its stream left is
 /// taken again.
 #[test]
 fn event_streams_past_their_cap_are_refused_and_api_calls_go_on() {
     let up = users();
-    let url = up.url();
     let pool = [
-        ("upstream", "max_connections = 3"),
-        ("upstream", "max_connections_per_user = 3"),
-        ("upstream", "max_event_streams = 2"),
+        "max_connections = 3",
+        "max_connections_per_user = 3",
+        "max_event_streams = 2",
     ];
-    let t = Tessera::start(move |port, dir| {
-        config(port, &url, &format!("embedded:{}/s", dir.display()), &pool)
-    });
+    let t = with_pool(&up, &pool);
     let (_, token) = t.create_session("alice", "alice-pw");
     let first = EventStream::open(&t, &token);
     let _second = EventStream::open(&t, &token);
-    let third = call(&[
-        "--max-time",
-        "5",
-        "-H",
-        &bearer(&token),
-        "-H",
-        "Accept: text/event-stream",
-        &t.url("/events"),
-    ]);
+    let third = events_within(&t, &token, "5");
     assert_eq!(third.code, 503, "{} {}", third.headers, third.body);
     assert!(
         third
@@ -2725,16 +2737,7 @@ fn event_streams_past_their_cap_are_refused_and_api_calls_go_on() {
     // The first page leaves: its place is found free once tessera's next write fails.
     drop(first);
     let reopened = (0..100).any(|_| {
-        let code = curl(&[
-            "--max-time",
-            "1",
-            "-H",
-            &bearer(&token),
-            "-H",
-            "Accept: text/event-stream",
-            &t.url("/events"),
-        ])
-        .0;
+        let code = events_within(&t, &token, "1").code;
         code == 200 || {
             std::thread::sleep(Duration::from_millis(50));
             false
@@ -2755,27 +2758,16 @@ fn event_streams_past_their_cap_are_refused_and_api_calls_go_on() {
 #[test]
 fn one_user_cannot_take_every_event_stream_place() {
     let up = users();
-    let url = up.url();
     let pool = [
-        ("upstream", "max_connections = 8"),
-        ("upstream", "max_connections_per_user = 4"),
-        ("upstream", "max_event_streams = 4"),
+        "max_connections = 8",
+        "max_connections_per_user = 4",
+        "max_event_streams = 4",
     ];
-    let t = Tessera::start(move |port, dir| {
-        config(port, &url, &format!("embedded:{}/s", dir.display()), &pool)
-    });
+    let t = with_pool(&up, &pool);
     let (_, alice) = t.create_session("alice", "alice-pw");
     let (_, bob) = t.create_session("bob", "bob-pw");
     let _pages = [EventStream::open(&t, &alice), EventStream::open(&t, &alice)];
-    let third = call(&[
-        "--max-time",
-        "5",
-        "-H",
-        &bearer(&alice),
-        "-H",
-        "Accept: text/event-stream",
-        &t.url("/events"),
-    ]);
+    let third = events_within(&t, &alice, "5");
     assert_eq!(third.code, 503, "{} {}", third.headers, third.body);
     let _bobs = [EventStream::open(&t, &bob), EventStream::open(&t, &bob)];
     assert!(upstream_streams(&up, 4));
@@ -2787,29 +2779,18 @@ fn one_user_cannot_take_every_event_stream_place() {
 fn an_account_in_another_case_holds_the_same_share() {
     let up = users();
     up.stats.set_password("Alice", "alice-pw");
-    let url = up.url();
     let pool = [
-        ("upstream", "max_connections = 4"),
-        ("upstream", "max_connections_per_user = 2"),
-        ("upstream", "max_event_streams = 4"),
+        "max_connections = 4",
+        "max_connections_per_user = 2",
+        "max_event_streams = 4",
     ];
-    let t = Tessera::start(move |port, dir| {
-        config(port, &url, &format!("embedded:{}/s", dir.display()), &pool)
-    });
+    let t = with_pool(&up, &pool);
     let (_, lower) = t.create_session("alice", "alice-pw");
     let (_, upper) = t.create_session("Alice", "alice-pw");
     let (_, bob) = t.create_session("bob", "bob-pw");
     let _held = [EventStream::open(&t, &lower), EventStream::open(&t, &lower)];
     // A third of the account's, in another case: it waits for one of its own to end.
-    let third = call(&[
-        "--max-time",
-        "2",
-        "-H",
-        &bearer(&upper),
-        "-H",
-        "Accept: text/event-stream",
-        &t.url("/events"),
-    ]);
+    let third = events_within(&t, &upper, "2");
     assert_eq!(third.code, 0, "{} {}", third.headers, third.body);
     assert!(upstream_streams(&up, 2), "the third reached the upstream");
     // The others are not held up by it.
