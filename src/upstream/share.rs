@@ -1,8 +1,9 @@
 //! Fair shares of the upstream pool: one user (one upstream credential, its `Authorization`
-//! value; a `Basic` one's user name in any case) and one downstream connection (the streams of one HTTP/2 connection) each hold at most
-//! `upstream.max_connections_per_user` upstream connections at once. A request over its share
-//! waits (first come, first served) for one of its own to end before it asks the pool for a
-//! slot, so it never holds a slot another user could use meanwhile.
+//! value; a `Basic` one's user name in any case) and one downstream connection (the streams of
+//! one HTTP/2 connection) each hold at most `upstream.max_connections_per_user` upstream
+//! connections at once. A request over its share waits (first come, first served) for one of
+//! its own to end before it asks the pool for a slot, so it never holds a slot another user
+//! could use meanwhile.
 //!
 //! Why: without it one authenticated client that trickles request bodies, or reads responses
 //! with a closed flow-control window, holds every connection of the pool while other users'
