@@ -48,7 +48,7 @@ fn login_page_in_headless_chromium() {
     });
     let shot = t.dir.path().join("login-page.png");
     let args = [t.url(""), shot.display().to_string()];
-    assert_eq!(page_findings(&t, "login.mjs", &args), 12);
+    assert_eq!(page_findings(&t, "login.mjs", &args), 13);
     // The screenshot is a real PNG of the page; keep it for the docs when asked to.
     let png = std::fs::read(&shot).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");

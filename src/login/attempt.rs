@@ -159,14 +159,14 @@ impl Login {
             upstream,
             request_id,
         } = *req;
-        let is_form = content_type_is(parts, "application/x-www-form-urlencoded");
-        let form = match self.read_login(parts, body, host, is_form).await {
+        let shape = super::page::Shape::of(parts, &self.csrf_cookie);
+        let form = match self.read_login(parts, body, host, shape.form).await {
             Ok(f) => f,
-            Err(r) => return self.refuse(r, is_form, None),
+            Err(r) => return self.refuse(r, shape, None),
         };
         let rd = form.rd.as_deref().and_then(safe_redirect);
         if form.rd.is_some() && rd.is_none() {
-            return self.refuse(Refusal::Bad("rd must be a same-origin path"), is_form, None);
+            return self.refuse(Refusal::Bad("rd must be a same-origin path"), shape, None);
         }
         let ip_key = client_key(peer.ip());
         // What the second limit counts: the user name, or for a device this user signed in on,
@@ -178,17 +178,17 @@ impl Login {
             .blocked_for(&ip_key)
             .max(self.by_user.blocked_for(&user_key));
         if let Some(wait) = wait {
-            return self.refuse(Refusal::Limited(wait.as_secs().max(1)), is_form, rd);
+            return self.refuse(Refusal::Limited(wait.as_secs().max(1)), shape, rd);
         }
         let _slot = match self.enter(ip_key, &user_key) {
             Ok(slot) => slot,
-            Err(refusal) => return self.refuse(refusal, is_form, rd),
+            Err(refusal) => return self.refuse(refusal, shape, rd),
         };
         let creds =
             match Credentials::new(form.username.trim().to_owned(), form.password.to_string()) {
                 Ok(c) => c,
                 Err(_) => {
-                    return self.refuse(Refusal::Bad("user name or password unusable"), is_form, rd)
+                    return self.refuse(Refusal::Bad("user name or password unusable"), shape, rd)
                 }
             };
         drop(form.password);
@@ -202,7 +202,7 @@ impl Login {
             .count_shared(sessions, &shared, (ip_key, &user_key))
             .await
         {
-            return self.refuse(refusal, is_form, rd);
+            return self.refuse(refusal, shape, rd);
         }
         // A client that leaves while the upstream checks its password drops this future (the
         // server watches for that): it is charged a failure all the same, or closing each
@@ -220,16 +220,16 @@ impl Login {
             Ok(false) => {
                 self.by_ip.record_failure(ip_key);
                 self.by_user.record_failure(user_key);
-                return self.refuse(Refusal::Credentials, is_form, rd);
+                return self.refuse(Refusal::Credentials, shape, rd);
             }
             // The upstream did not answer: not the client's failure.
             Err(e) => {
                 give_back(store, shared.to_vec());
-                return self.refuse(Refusal::Proxy(e), is_form, rd);
+                return self.refuse(Refusal::Proxy(e), shape, rd);
             }
         }
         let replaced = self.replaced_session(parts, verifier, creds.user());
-        self.issue(&creds, sessions, replaced, rd, is_form, sid_out)
+        self.issue(&creds, sessions, replaced, rd, shape, sid_out)
             .await
     }
 

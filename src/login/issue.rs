@@ -36,14 +36,12 @@ impl Login {
         sessions: &Sessions,
         replaced: Option<Arc<str>>,
         rd: Option<&str>,
-        is_form: bool,
+        shape: super::page::Shape<'_>,
         sid_out: &mut Option<Arc<str>>,
     ) -> (Response<ProxyBody>, Option<String>) {
         let created = match sessions.create(creds, self.session_ttl).await {
             Ok(c) => c,
-            Err(_) => {
-                return self.refuse(Refusal::Proxy(ProxyError::StoreUnavailable), is_form, rd)
-            }
+            Err(_) => return self.refuse(Refusal::Proxy(ProxyError::StoreUnavailable), shape, rd),
         };
         let now = unix_now();
         let exp = (now + self.cfg.token_ttl_seconds).min(created.expires_at);
@@ -85,7 +83,7 @@ impl Login {
                 r
             }
         };
-        if is_form {
+        if shape.form {
             resp.headers_mut()
                 .append(header::SET_COOKIE, self.clear_cookie(&self.csrf_cookie));
         }

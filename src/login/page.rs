@@ -98,17 +98,38 @@ pub(super) fn redirect(location: &str, cookie: Option<HeaderValue>) -> Response<
 /// Characters of a CSRF token: 18 random bytes in base64url without padding.
 const CSRF_CHARS: usize = 24;
 
+/// How a session endpoint answers a request: with the login page (a form post), keeping the
+/// CSRF token the browser's cookie holds so that a form open in another tab stays good, or
+/// with JSON.
+#[derive(Clone, Copy)]
+pub(super) struct Shape<'a> {
+    /// A form post (`application/x-www-form-urlencoded`): answered with pages and redirects.
+    pub(super) form: bool,
+    /// The CSRF cookie's value the request carried, if any.
+    pub(super) csrf: Option<&'a str>,
+}
+
+impl<'a> Shape<'a> {
+    /// The shape `parts` asks for; `csrf_cookie` names the CSRF cookie.
+    pub(super) fn of(parts: &'a http::request::Parts, csrf_cookie: &'a str) -> Self {
+        Self {
+            form: super::request::content_type_is(parts, "application/x-www-form-urlencoded"),
+            csrf: super::request::cookie_value(&parts.headers, csrf_cookie),
+        }
+    }
+}
+
 impl Login {
     /// Shapes a refusal: JSON for API clients, the login page again for form posts.
     pub(super) fn refuse(
         &self,
         r: Refusal,
-        is_form: bool,
+        shape: Shape<'_>,
         rd: Option<&str>,
     ) -> (Response<ProxyBody>, Option<String>) {
         let status = r.status();
-        let mut resp = if is_form {
-            self.page(status, rd.unwrap_or("/"), Some(r.message(true)), None)
+        let mut resp = if shape.form {
+            self.page(status, rd.unwrap_or("/"), Some(r.message(true)), shape.csrf)
         } else {
             json_error(status, r.message(false))
         };

@@ -17,7 +17,7 @@ use crate::unix_now;
 use crate::upstream::{BoxError, ProxyBody};
 
 use super::page::{json, redirect, safe_redirect};
-use super::request::{check_same_origin, content_type_is, query_param, read_body};
+use super::request::{check_same_origin, query_param, read_body};
 use super::{Login, Refusal};
 
 #[derive(Serialize)]
@@ -41,15 +41,15 @@ impl Login {
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
-        let is_form = content_type_is(parts, "application/x-www-form-urlencoded");
+        let shape = super::page::Shape::of(parts, &self.csrf_cookie);
         if let Err(r) = check_same_origin(parts, host) {
-            return self.refuse(r, is_form, None);
+            return self.refuse(r, shape, None);
         }
         let bytes = match read_body(body).await {
             Ok(b) => b,
-            Err(r) => return self.refuse(r, is_form, None),
+            Err(r) => return self.refuse(r, shape, None),
         };
-        let rd_raw = if is_form {
+        let rd_raw = if shape.form {
             form_urlencoded::parse(&bytes)
                 .find(|(k, _)| k == "rd")
                 .map(|(_, v)| v.into_owned())
@@ -58,7 +58,7 @@ impl Login {
         };
         let rd = rd_raw.as_deref().and_then(safe_redirect);
         if rd_raw.is_some() && rd.is_none() {
-            return self.refuse(Refusal::Bad("rd must be a same-origin path"), is_form, None);
+            return self.refuse(Refusal::Bad("rd must be a same-origin path"), shape, None);
         }
         let mut reason = "logout without a valid token";
         // Every session a token of the request names, from each source apart: the login cookie

@@ -1,8 +1,8 @@
 // The login page in a real headless Chromium (Debian's /usr/bin/chromium, driven by playwright-core).
 // Usage: node login.mjs BASE_URL SCREENSHOT_PATH
 // Walks: protected page -> redirected to the login page (opened in a second tab too) -> wrong
-// password (accessible error) -> right password -> back on the protected page through tessera ->
-// log out -> refused again.
+// password in each tab (accessible error) -> right password -> back on the protected page
+// through tessera -> log out -> refused again.
 // Runs the whole flow with JavaScript disabled (the page must not need it), then checks the
 // cookie attributes and that the old token is refused after logout. Prints one JSON line of
 // findings; exits 1 on the first failed check.
@@ -23,7 +23,6 @@ try {
   // is not replaced): the next submit is answered for its password, not refused as forged.
   const other = await context.newPage();
   await other.goto(`${base}/auth/login`);
-  await other.close();
 
   // Accessible names: the inputs are found by their labels.
   await page.getByLabel('User name').fill('demo');
@@ -35,6 +34,15 @@ try {
   check('wrong_password_401', bad.status() === 401, bad.status());
   const alert = page.getByRole('alert');
   check('error_is_announced', (await alert.textContent()).includes('wrong'), await alert.textContent());
+  // Nor does the refusal's page replace it: the other tab's form is answered too.
+  await other.getByLabel('User name').fill('demo');
+  await other.getByLabel('Password').fill('not-the-password');
+  const [otherBad] = await Promise.all([
+    other.waitForNavigation(),
+    other.getByRole('button', { name: 'Sign in' }).click(),
+  ]);
+  check('other_tab_answered', otherBad.status() === 401, otherBad.status());
+  await other.close();
 
   await page.getByLabel('User name').fill('demo');
   await page.getByLabel('Password').fill('demo-password');
