@@ -10,7 +10,7 @@ use std::sync::Arc;
 /// How long a cached session resumes after it was stored, seconds: the lifetime of a ticket
 /// (rustls's own keys rotate every 6 hours and open the last two periods' tickets; shared keys
 /// give 12 hours too, [`super::tickets`]). nginx's `ssl_session_timeout` is the same knob.
-pub(super) const SESSION_LIFETIME: u64 = 12 * 60 * 60;
+const SESSION_LIFETIME: u64 = 12 * 60 * 60;
 
 /// rustls's memory cache whose entries carry the second they were stored in their first 8
 /// bytes (big-endian) and are refused, and dropped, once older than `lifetime`.

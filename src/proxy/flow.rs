@@ -310,8 +310,7 @@ impl Proxy {
         resp.body_mut()
             .screen_trailers(|head| screen::unlisted_in_trailers(head, strip));
         if let Some(fields) = resp.body_mut().fields_mut() {
-            screen::screen_response(fields, &self.strip_response);
-            screen::drop_set_cookies(fields, &self.own_cookies);
+            self.screen_upstream_fields(fields);
         }
         self.mark_private(resp);
         if resp.status() == http::StatusCode::UNAUTHORIZED {
@@ -319,6 +318,14 @@ impl Proxy {
             // Boxed, as the session store's futures are (see `Sessions::resolve`).
             *resp = Box::pin(self.upstream_rejected(ctx, session, rejected)).await;
         }
+    }
+
+    /// Screens the upstream's fields on their way to the client, a proxied answer's and a
+    /// WebSocket switch's alike: hop-by-hop and `upstream.strip_response_headers` fields out, and any
+    /// `Set-Cookie` of tessera's own cookies (browsers store those of a switch's answer too).
+    pub(super) fn screen_upstream_fields(&self, fields: &mut crate::upstream::RawHead) {
+        screen::screen_response(fields, &self.strip_response);
+        screen::drop_set_cookies(fields, &self.own_cookies);
     }
 
     /// `Cache-Control: private` added to an answer whose fields say nothing of shared caches

@@ -11,7 +11,7 @@ use http::request::Parts;
 use http::{HeaderValue, Response};
 
 use crate::error::ProxyError;
-use crate::screen::{self, Screened};
+use crate::screen::Screened;
 use crate::session::Session;
 use crate::upstream::{ProxyBody, Tunnel};
 
@@ -227,9 +227,7 @@ impl Proxy {
         ws.opened.fetch_add(1, Ordering::Relaxed);
         let mut out = Response::new(ProxyBody::empty());
         if let Some(mut fields) = resp.body_mut().take_fields() {
-            screen::screen_response(&mut fields, &self.strip_response);
-            // Browsers store cookies of a handshake's answer too.
-            screen::drop_set_cookies(&mut fields, &self.own_cookies);
+            self.screen_upstream_fields(&mut fields);
             fields.append_to(out.headers_mut());
         }
         if !upgrading.extended {
