@@ -72,6 +72,37 @@ fn a_hanging_first_sentinel_delays_nothing() {
     s.signal(first, rustix::process::Signal::CONT);
 }
 
+/// An instance cut off from every Sentinel but not from the master (all three stopped: their
+/// ports take connections and answer nothing, as through a silent network cut) stops serving
+/// from that master: cut off with it, the Sentinels could promote a replica and other
+/// instances revoke sessions there unseen. Requests get 503 once no Sentinel has named the
+/// master for `session.timeout_ms` + 2 s (reported), and are served again once one answers.
+#[test]
+fn an_instance_no_sentinel_answers_stops_serving_until_one_does() {
+    use rustix::process::Signal;
+    let up = users();
+    let s = Sentinels::start();
+    let a = on_sentinel(&up, &s);
+    let token = login(&a, "alice", "alice-pw");
+    assert_eq!(status(&a, &token), 200);
+    for &p in &s.sentinels {
+        s.signal(p, Signal::STOP);
+    }
+    let refused = until_status(&a, &token, 503, Duration::from_secs(30));
+    println!("503 {refused:?} after the last Sentinel stopped answering");
+    assert!(refused.is_some(), "served with no Sentinel: {}", a.log());
+    for _ in 0..3 {
+        assert_eq!(status(&a, &token), 503, "{}", a.log());
+    }
+    for &p in &s.sentinels {
+        s.signal(p, Signal::CONT);
+    }
+    let back = until_status(&a, &token, 200, Duration::from_secs(30));
+    println!("served again {back:?} after the Sentinels resumed");
+    assert!(back.is_some(), "{}", a.log());
+    assert!(a.log().contains("no Sentinel has named"), "{}", a.log());
+}
+
 /// A login is answered only once a replica has the session (`WAIT 1`), so a master that fails
 /// right after cannot take it along: with both replicas stopped the login waits (up to a
 /// quarter of `session.timeout_ms`, 1 s here), and it is answered after they resume, with the

@@ -2,7 +2,8 @@
 //! on first use so that tessera starts, and answers 503, while Redis is down. With Sentinel
 //! (`redis+sentinel://`, [`sentinel`]) the master is found through the Sentinels, and the
 //! connection is dropped and the master found again when it switches, answers `READONLY` (a
-//! demoted master) or is lost; revocations there wait for a replica (`WAIT 1`).
+//! demoted master) or is lost, or once no Sentinel names it any more (`vouch.rs`); revocations
+//! there wait for a replica (`WAIT 1`).
 
 use std::time::Duration;
 
@@ -21,6 +22,7 @@ mod sentinel;
 mod tls;
 mod track;
 mod url;
+mod vouch;
 
 use conn::{Conn, Slot};
 

@@ -10,11 +10,13 @@
 //! `+promoted-slave` (published by the Sentinel leading a failover the moment it starts naming
 //! the promoted replica, so that instances move together with the writers that ask it) and
 //! `+switch-master` (published by every Sentinel when the failover ends); the address they name
-//! is tried first from then on.
+//! is tried first from then on, while a Sentinel's word for it is fresh ([`TRUST`]).
 
 use std::pin::Pin;
 use std::sync::Mutex;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures_util::stream::{self, FuturesUnordered, SelectAll, Stream, StreamExt};
 use redis::{ConnectionInfo, ProtocolVersion, RedisConnectionInfo};
@@ -27,13 +29,14 @@ use super::{err, StoreError};
 #[derive(Debug)]
 pub(super) struct Sentinel {
     /// Every Sentinel, each with the Sentinels' credentials.
-    sentinels: Vec<ConnectionInfo>,
+    pub(super) sentinels: Vec<ConnectionInfo>,
     /// The name the Sentinels monitor (`sentinel monitor NAME ...`).
     pub(super) master: String,
     /// Database and the master's credentials.
     data: RedisConnectionInfo,
-    /// The master's address from the last switch heard, tried before asking the Sentinels.
-    hint: Mutex<Option<(String, u16)>>,
+    /// The master's address a Sentinel named last (a switch heard, or a check that it still
+    /// names it), and when: tried before asking the Sentinels while fresh ([`TRUST`]).
+    hint: Mutex<Option<((String, u16), Instant)>>,
     /// TLS for the Sentinels and the master alike (`rediss+sentinel://`).
     tls: Tls,
 }
@@ -42,6 +45,12 @@ pub(super) struct Sentinel {
 pub(super) type Switches = SelectAll<Pin<Box<dyn Stream<Item = Option<redis::Msg>> + Send>>>;
 
 const DEFAULT_PORT: u16 = 26379;
+
+/// How long a master is used after a Sentinel last named it, beyond the store's timeout (that
+/// long to ask them): past it, commands wait for the Sentinels (503 meanwhile), so that an
+/// instance cut off from every Sentinel, but not from the old master, stops reading that
+/// master before long (`vouch.rs`).
+pub(super) const TRUST: Duration = Duration::from_secs(2);
 
 impl Sentinel {
     /// Parses a `redis+sentinel://` or `rediss+sentinel://` URL (module docs), its TLS
@@ -128,7 +137,8 @@ impl Sentinel {
     ) -> Result<redis::Client, StoreError> {
         let mut asked: FuturesUnordered<_> = (self.sentinels.iter())
             .map(|sentinel| async move {
-                let answer = tokio::time::timeout(timeout, self.ask(sentinel, timeout)).await;
+                let answer =
+                    tokio::time::timeout(timeout, self.ask(&mut None, sentinel, timeout)).await;
                 (sentinel.addr(), answer)
             })
             .collect();
@@ -154,17 +164,21 @@ impl Sentinel {
         )))
     }
 
-    /// The master's address as `sentinel` gives it.
-    async fn ask(
+    /// The master's address as `sentinel` gives it, asked on `conn` (made first if `None`).
+    pub(super) async fn ask(
         &self,
+        conn: &mut Option<redis::aio::MultiplexedConnection>,
         sentinel: &ConnectionInfo,
         timeout: Duration,
     ) -> Result<(String, u16), StoreError> {
-        let mut c = connect(sentinel.clone(), timeout).await?;
+        if conn.is_none() {
+            *conn = Some(connect(sentinel.clone(), timeout).await?);
+        }
+        let c = conn.as_mut().expect("a connection made above");
         let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
             .arg("get-master-addr-by-name")
             .arg(&self.master)
-            .query_async(&mut c)
+            .query_async(c)
             .await
             .map_err(err)?;
         addr.ok_or_else(|| err(format!("no master named `{}`", self.master)))
@@ -180,12 +194,13 @@ impl Sentinel {
         protocol: ProtocolVersion,
     ) -> Result<redis::Client, StoreError> {
         let hint = self.hint.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        if let Some(addr) = hint {
+        let fresh = hint.filter(|(_, at)| at.elapsed() <= timeout + TRUST);
+        if let Some((addr, _)) = fresh {
             match self.checked(addr.clone(), timeout, protocol).await {
                 Ok(client) => return Ok(client),
                 Err(_) => {
                     let mut hint = self.hint.lock().unwrap_or_else(|p| p.into_inner());
-                    if hint.as_ref() == Some(&addr) {
+                    if hint.as_ref().is_some_and(|(a, _)| *a == addr) {
                         *hint = None;
                     }
                 }
@@ -291,15 +306,20 @@ impl Sentinel {
                 continue;
             };
             if name == self.master {
-                *self.hint.lock().unwrap_or_else(|p| p.into_inner()) = Some((ip.to_owned(), port));
+                self.named(ip.to_owned(), port, Instant::now());
                 return Ok(format!("{ip}:{port}"));
             }
         }
     }
+
+    /// Keeps `HOST:PORT` as the master a Sentinel named at `at`.
+    pub(super) fn named(&self, host: String, port: u16, at: Instant) {
+        *self.hint.lock().unwrap_or_else(|p| p.into_inner()) = Some(((host, port), at));
+    }
 }
 
-/// A one-off multiplexed connection (Sentinel queries and the `ROLE` check).
-async fn connect(
+/// A multiplexed connection for Sentinel queries and the `ROLE` check.
+pub(super) async fn connect(
     info: ConnectionInfo,
     timeout: Duration,
 ) -> Result<redis::aio::MultiplexedConnection, StoreError> {

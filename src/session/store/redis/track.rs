@@ -1,6 +1,7 @@
 //! The invalidation stream of the Redis store: RESP3 `CLIENT TRACKING ON BCAST PREFIX` on a
 //! connection of its own to the master, pinged every second; with Sentinel, also the
-//! Sentinels' `+switch-master`, after which everything is found and made again.
+//! Sentinels' `+switch-master`, after which everything is found and made again, and their
+//! word that the master is still the one tracked (`vouch.rs`).
 
 use std::time::Duration;
 
@@ -59,6 +60,8 @@ impl RedisStore {
         if tx.send(Invalidation::Live).await.is_err() {
             return Ok(());
         }
+        let vouching = vouching(&self.target, &tracked, self.timeout);
+        tokio::pin!(vouching);
         let mut ping = tokio::time::interval(Duration::from_secs(1));
         loop {
             tokio::select! {
@@ -76,6 +79,10 @@ impl RedisStore {
                     }
                     self.forget();
                     return Err(err(format!("the master moved to {to}")));
+                }
+                unvouched = &mut vouching => {
+                    self.forget();
+                    return Err(unvouched);
                 }
                 _ = ping.tick() => {
                     if tx.is_closed() {
@@ -174,5 +181,16 @@ async fn next_switch(
     match switches {
         None => std::future::pending().await,
         Some((s, stream)) => s.next_switch(stream).await,
+    }
+}
+
+/// Ends once no Sentinel names `tracked` as the master any more ([`Sentinel::vouching`]);
+/// never with one server.
+///
+/// [`Sentinel::vouching`]: sentinel::Sentinel::vouching
+async fn vouching(target: &Target, tracked: &str, timeout: Duration) -> StoreError {
+    match target {
+        Target::Sentinel(s) => s.vouching(tracked, timeout).await,
+        _ => std::future::pending().await,
     }
 }
