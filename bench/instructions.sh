@@ -5,7 +5,8 @@
 #   BINS="/tmp/tessera-old target/release/tessera" bench/instructions.sh
 #   N=5000 C=8 bench/instructions.sh
 #
-# Env: BINS (default target/release/tessera), N requests measured (5000), C connections (8),
+# Env: BINS (default target/release/tessera), N requests measured (5000), C connections (8; with
+# C = N, each request on a connection of its own, so the figure is a request and its connection),
 # HELD connections for the memory measure (2000; 0 skips it), EXTRA_TOML (appended to every
 # tessera config as is, e.g. EXTRA_TOML=$'[metrics]\nlisten = "127.0.0.1:0"'), SHAPE (tessera:
 # as below; compat: the session in a Redis holding 1,000 hyper-auth-proxy records, read with
@@ -217,7 +218,7 @@ NGINX_LISTEN="" NGINX_TLS=""
     ssl_certificate $WORK/cert.pem; ssl_certificate_key $WORK/key.pem; ssl_protocols TLSv1.3;"
 cat >"$WORK/proxy.conf" <<EOF
 master_process off; daemon off; pid $WORK/proxy.pid; error_log $WORK/proxy-error.log warn;
-events { worker_connections 1024; }
+events { worker_connections $((2 * C + 1024)); }
 http { access_log off; client_body_temp_path $WORK/tmp; proxy_temp_path $WORK/tmp;
   fastcgi_temp_path $WORK/tmp; uwsgi_temp_path $WORK/tmp; scgi_temp_path $WORK/tmp;
   upstream origin_pool { server 127.0.0.1:$P_ORIGIN; keepalive 64; keepalive_requests 1000000; }
@@ -230,7 +231,7 @@ z="$(one "$N" nginx -e "$WORK/proxy-error.log" -p "$WORK" -c "$WORK/proxy.conf")
 printf 'nginx-proxy: %d Ir per request (totals %d and %d)\n' $(((z - a) / N)) "$a" "$z"
 if ((HELD > 0)); then
   log "nginx-proxy: $HELD held connections"
-  sed -i "s/worker_connections 1024/worker_connections $((4 * HELD + 64))/" "$WORK/proxy.conf"
+  sed -i "s/worker_connections $((2 * C + 1024))/worker_connections $((4 * HELD + 2 * C + 1024))/" "$WORK/proxy.conf"
   held nginx-proxy nginx -e "$WORK/proxy-error.log" -p "$WORK" -c "$WORK/proxy.conf"
 fi
 KEEP_WORK=0
