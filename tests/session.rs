@@ -2337,6 +2337,48 @@ fn jwks_over_https_is_fetched_with_the_certificate_checked() {
     );
 }
 
+/// A renewed `token.jwks_ca` (here a new file, the provider's new CA in it) is put in place by
+/// SIGHUP, and the JWKS fetched again at once: a provider certificate the old CA did not sign
+/// is then trusted without a restart or waiting for the next refresh.
+#[test]
+fn sighup_puts_a_renewed_jwks_ca_in_place_and_fetches_the_jwks_again() {
+    let up = users();
+    let redis = Redis::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (idp_priv, _, idp_x) = ed25519(dir.path(), "idp");
+    let doc =
+        serde_json::json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "kid": "idp", "x": idp_x}]});
+    std::fs::write(dir.path().join("jwks.json"), doc.to_string()).unwrap();
+    let (port, _nginx) = https_server(dir.path());
+    // Another CA, which did not sign the provider's certificate.
+    let other = tempfile::tempdir().unwrap();
+    let (_, _other_nginx) = https_server(other.path());
+    let ca = dir.path().join("idp-ca.pem");
+    std::fs::copy(other.path().join("ca.pem"), &ca).unwrap();
+
+    let url = format!("https://127.0.0.1:{port}/jwks.json");
+    let token = format!("jwks = \"{url}\"\njwks_ca = \"file:{}\"", ca.display());
+    let t = on_redis(&up, &redis, &[("token", &token)]);
+    let (sid, _) = t.create_session("alice", "alice-pw");
+    let idp = sign_pem(jsonwebtoken::Algorithm::EdDSA, "idp", &idp_priv, &sid);
+    assert_eq!(curl(&["-H", &bearer(&idp), &t.url("/x")]).0, 401);
+    assert!(t.log().contains("JWKS refresh failed"), "{}", t.log());
+
+    let renewed = dir.path().join("idp-ca-2027.pem");
+    std::fs::copy(dir.path().join("ca.pem"), &renewed).unwrap();
+    let text = std::fs::read_to_string(t.config_path()).unwrap();
+    let text = text.replace(&ca.display().to_string(), &renewed.display().to_string());
+    std::fs::write(t.config_path(), text).unwrap();
+    t.signal("-HUP");
+    let log = t.log_when(|l| l.contains("JWKS loaded"));
+    assert!(log.contains("JWKS loaded"), "{log}");
+    assert!(
+        !log.contains("keys=token.jwks_ca"),
+        "not a restart-only key: {log}"
+    );
+    assert_eq!(curl(&["-H", &bearer(&idp), &t.url("/x")]).0, 200);
+}
+
 /// nginx serving `dir`/jwks.json at `/jwks.json` over TLS on a free port, with a server
 /// certificate for IP 127.0.0.1 signed by a CA made here (`dir`/ca.pem); the port and a guard
 /// that stops nginx.

@@ -6,10 +6,11 @@ use std::collections::BTreeMap;
 
 /// The keys a reload puts in place (README and operations.md, "Without a restart"); an entry
 /// covers its sub-keys and array entries.
-const RELOADED: [&str; 13] = [
+const RELOADED: [&str; 14] = [
     "token.secret",
     "token.keys",
     "token.active_kid",
+    "token.jwks_ca",
     "credentials.keys",
     "credentials.active",
     "tls.certificate",

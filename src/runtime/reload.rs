@@ -111,6 +111,12 @@ pub(super) async fn reload_keys(
             Err(e) => Err(e.to_string()),
         };
         proxy.reload_counts().record(outcome.is_ok());
+        let outcome = outcome.map(|(summary, jwks_ca)| {
+            if jwks_ca {
+                proxy.refetch_jwks();
+            }
+            summary
+        });
         match outcome {
             Ok(summary) if certificates => tracing::info!(
                 keys = %summary,

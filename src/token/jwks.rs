@@ -85,6 +85,9 @@ pub struct JwksConfig {
 
 pub(super) struct Jwks {
     pub(super) cfg: JwksConfig,
+    /// An https source's TLS settings now: `cfg`'s at start, a reload's after it
+    /// ([`Jwks::replace_tls`]: `token.jwks_ca` read again).
+    tls: RwLock<Option<Arc<ClientConfig>>>,
     pub(super) allowed: Vec<Algorithm>,
     pub(super) keys: RwLock<Arc<HashMap<String, VerifyKey>>>,
     /// Serialises fetches; holds what the last one found.
@@ -113,6 +116,45 @@ enum Turn {
 }
 
 impl Jwks {
+    /// No keys yet; those of `cfg`'s document that verify one of `allowed` once fetched.
+    pub(super) fn new(cfg: JwksConfig, allowed: &[Algorithm]) -> Self {
+        let tls = match &cfg.source {
+            JwksSource::Url(_, tls) => tls.clone(),
+            JwksSource::File(_) => None,
+        };
+        Self {
+            cfg,
+            tls: RwLock::new(tls),
+            allowed: allowed.to_vec(),
+            keys: RwLock::new(Arc::new(HashMap::new())),
+            last: Default::default(),
+            uncleared: Default::default(),
+        }
+    }
+
+    /// Takes the TLS settings of `new` (a reloaded configuration's, its `token.jwks_ca` read
+    /// again) for the next fetches, when both fetch the same `https://` URL; whether it did.
+    pub(super) fn replace_tls(&self, new: &JwksConfig) -> bool {
+        match (&self.cfg.source, &new.source) {
+            (JwksSource::Url(now, Some(_)), JwksSource::Url(next, Some(tls))) if now == next => {
+                *self.tls.write().unwrap_or_else(|p| p.into_inner()) = Some(tls.clone());
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Where to fetch from now: `cfg`'s source with the TLS settings in place.
+    fn source(&self) -> JwksSource {
+        match &self.cfg.source {
+            JwksSource::Url(uri, Some(_)) => {
+                let tls = self.tls.read().unwrap_or_else(|p| p.into_inner()).clone();
+                JwksSource::Url(uri.clone(), tls)
+            }
+            other => other.clone(),
+        }
+    }
+
     /// A refresh asked by an unknown `kid` (at most one per `token.jwks_min_refresh_seconds`);
     /// whether the keys changed since a caller last learned of it (the caller then clears the
     /// verified-token cache). The fetch is a task of its own: a request that goes away (a reset
@@ -170,7 +212,7 @@ impl Jwks {
             }
         }
         last.at = Some(Instant::now());
-        let doc = match fetch(&self.cfg.source).await {
+        let doc = match fetch(&self.source()).await {
             Ok(d) => d,
             Err(e) => {
                 tracing::warn!(error = %e, "JWKS refresh failed; keeping the previous keys");
@@ -299,17 +341,12 @@ mod tests {
     }
 
     fn file_jwks(path: std::path::PathBuf) -> Arc<Jwks> {
-        Arc::new(Jwks {
-            cfg: JwksConfig {
-                source: JwksSource::File(path),
-                refresh: Duration::from_secs(300),
-                min_refresh: Duration::from_secs(30),
-            },
-            allowed: vec![Algorithm::EdDSA],
-            keys: RwLock::new(Arc::new(HashMap::new())),
-            last: Default::default(),
-            uncleared: Default::default(),
-        })
+        let cfg = JwksConfig {
+            source: JwksSource::File(path),
+            refresh: Duration::from_secs(300),
+            min_refresh: Duration::from_secs(30),
+        };
+        Arc::new(Jwks::new(cfg, &[Algorithm::EdDSA]))
     }
 
     #[tokio::test]

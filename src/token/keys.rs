@@ -294,15 +294,7 @@ impl Keys {
     ) -> Result<Self, KeyError> {
         Ok(Self {
             configured: RwLock::new(Arc::new(ConfiguredKeys::load(specs, active_kid)?)),
-            jwks: jwks.map(|cfg| {
-                Arc::new(Jwks {
-                    cfg,
-                    allowed: allowed.to_vec(),
-                    keys: RwLock::new(Arc::new(HashMap::new())),
-                    last: Default::default(),
-                    uncleared: Default::default(),
-                })
-            }),
+            jwks: jwks.map(|cfg| Arc::new(Jwks::new(cfg, allowed))),
         })
     }
 
@@ -387,6 +379,15 @@ impl Keys {
         match &self.jwks {
             Some(j) => j.refresh_now().await,
             None => false,
+        }
+    }
+
+    /// Takes the TLS settings of a reloaded configuration's JWKS (`token.jwks_ca` read again)
+    /// for the next fetches, when it is fetched from the same `https://` URL; whether it did.
+    pub fn replace_jwks_tls(&self, new: Option<&JwksConfig>) -> bool {
+        match (&self.jwks, new) {
+            (Some(j), Some(new)) => j.replace_tls(new),
+            _ => false,
         }
     }
 
