@@ -8,8 +8,12 @@
 //! lost connection), the missing ids of the last [`TRAIL`] start as gaps: transactions open at
 //! that moment are not skipped either. tessera's own writes last at most the
 //! store timeout; a transaction held open longer than [`TRAIL`] by another writer may be missed.
-//! More than [`MAX_GAPS`] open gaps at once (ids handed out in steps, a burst of rollbacks):
-//! the cache is flushed instead of tracking them.
+//! More than [`MAX_GAPS`] open gaps at once per step of the server's ids (a burst of
+//! rollbacks) flush the cache instead of being tracked. The step is read from the server
+//! (`auto_increment_increment`, the number of nodes in a Galera or Group Replication
+//! multi-primary cluster): a node's ids then leave the others' in between as gaps, kept like
+//! any other, so the bound grows with it and a writer on one node does not flush the cache at
+//! every poll.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -29,28 +33,37 @@ const PURGE_EVERY: Duration = Duration::from_secs(60);
 pub(super) const EVERY: Duration = Duration::from_millis(25);
 /// How long a skipped id is asked for again.
 const TRAIL: Duration = Duration::from_secs(10);
-/// Open gaps tracked at most.
+/// Open gaps tracked at most, per step of the server's ids.
 const MAX_GAPS: usize = 1000;
+/// Largest step of the ids taken into account (a cluster of more nodes gets this bound).
+const MAX_STEP: usize = 16;
 /// Rows read by one poll at most; the rest come with the next.
 const BATCH: usize = 10_000;
 
-/// The ids in `from + 1 ..= max` not in `present`, the highest [`MAX_GAPS`] of them, each
+/// The ids in `from + 1 ..= max` not in `present`, the highest `max_gaps` of them, each
 /// noticed at `now`.
-fn missing(from: i64, max: i64, present: &[i64], now: Instant) -> BTreeMap<i64, Instant> {
+fn missing(
+    from: i64,
+    max: i64,
+    present: &[i64],
+    max_gaps: usize,
+    now: Instant,
+) -> BTreeMap<i64, Instant> {
     let present: std::collections::HashSet<i64> = present.iter().copied().collect();
     (from + 1..=max)
         .rev()
         .filter(|id| !present.contains(id))
-        .take(MAX_GAPS)
+        .take(max_gaps)
         .map(|id| (id, now))
         .collect()
 }
 
 /// Where reading the log stands: every id up to `max` was read, except the open `gaps` (each
-/// with when it was noticed).
+/// with when it was noticed), at most `max_gaps` of them.
 struct Cursor {
     max: i64,
     gaps: BTreeMap<i64, Instant>,
+    max_gaps: usize,
 }
 
 impl MysqlStore {
@@ -102,7 +115,7 @@ impl MysqlStore {
     async fn start(&self) -> Result<Cursor, StoreError> {
         let sql = format!(
             "SELECT COALESCE(MAX(id), 0), (SELECT COALESCE(MAX(id), 0) FROM tessera_kv_log \
-             WHERE at < UNIX_TIMESTAMP() - {}) FROM tessera_kv_log",
+             WHERE at < UNIX_TIMESTAMP() - {}), @@auto_increment_increment FROM tessera_kv_log",
             TRAIL.as_secs()
         );
         let ends: Option<mysql_async::Row> = self
@@ -111,8 +124,10 @@ impl MysqlStore {
                 async move { c.query_first(sql).await }
             })
             .await?;
-        let ends = ends.map(converted::<(i64, i64)>).transpose()?;
-        let (max, settled) = ends.unwrap_or((0, 0));
+        let ends = ends.map(converted::<(i64, i64, u64)>).transpose()?;
+        let (max, settled, step) = ends.unwrap_or((0, 0, 1));
+        let step = usize::try_from(step).unwrap_or(1).clamp(1, MAX_STEP);
+        let max_gaps = MAX_GAPS * step;
         let from = settled.max(max - BATCH as i64);
         // A plain query, as every read of the poller: prepared statements are the store calls'
         // (the tests count them).
@@ -129,7 +144,8 @@ impl MysqlStore {
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Cursor {
             max,
-            gaps: missing(from, max, &present, Instant::now()),
+            gaps: missing(from, max, &present, max_gaps, Instant::now()),
+            max_gaps,
         })
     }
 
@@ -155,7 +171,7 @@ impl MysqlStore {
             let (id, key) = converted::<(i64, Vec<u8>)>(row)?;
             if id > c.max {
                 for gap in c.max + 1..id {
-                    if c.gaps.len() >= MAX_GAPS {
+                    if c.gaps.len() >= c.max_gaps {
                         // Flushed, and read again from the end as when starting.
                         *c = self.start().await?;
                         return Ok(vec![Invalidation::Lost, Invalidation::Live]);
@@ -186,10 +202,10 @@ mod tests {
     #[test]
     fn the_missing_ids_start_as_gaps_the_highest_first() {
         let now = Instant::now();
-        let gaps = missing(10, 16, &[11, 13, 16], now);
+        let gaps = missing(10, 16, &[11, 13, 16], MAX_GAPS, now);
         assert_eq!(gaps.keys().copied().collect::<Vec<_>>(), [12, 14, 15]);
-        assert!(missing(5, 5, &[], now).is_empty());
-        let many = missing(0, 5000, &[], now);
+        assert!(missing(5, 5, &[], MAX_GAPS, now).is_empty());
+        let many = missing(0, 5000, &[], MAX_GAPS, now);
         assert_eq!(many.len(), MAX_GAPS);
         assert_eq!(many.keys().next(), Some(&(5001 - MAX_GAPS as i64)));
     }
