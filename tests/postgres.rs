@@ -7,6 +7,7 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
+use support::events::EventStream;
 use support::postgres::Postgres;
 use support::stores::{
     a_restricted_account_serves, hex, login, logout, on_store, on_store_with, status, until_status,
@@ -355,21 +356,16 @@ fn a_session_table_of_another_shape_is_a_store_failure() {
     );
 }
 
-/// Sessions in the application's own table (`session.query`), read by a role that may only
-/// `SELECT` it: two instances serve a session and keep it cached (no read on warm requests);
-/// the application's `DELETE` with `NOTIFY` on its channel is refused on both; an instance
-/// without a channel keeps no cache and refuses a row deleted without a notice, or whose record
-/// was set NULL, at once.
-/// tessera creates nothing and refuses writes.
-#[test]
-fn sessions_in_the_applications_own_table_are_read_only() {
-    let up = users();
-    let pg = Postgres::start();
-    // Records as tessera makes them, moved into the application's table; tessera's tables go.
-    let writer = on_postgres(&up, &pg);
-    up.stats.set_password("dave", "dave-pw");
-    let made: Vec<(String, String)> = ["alice", "bob", "carol", "dave"]
-        .iter()
+/// Sessions of `users` (passwords `USER-pw`) as tessera makes them, moved into an application's
+/// own table `app.sessions (sid, record jsonb)`, tessera's tables dropped; the URL of a role
+/// that may only `SELECT` it, and each user's `(sid, token)`.
+fn applications_table(
+    up: &TestUpstream,
+    pg: &Postgres,
+    users: &[&str],
+) -> (String, Vec<(String, String)>) {
+    let writer = on_postgres(up, pg);
+    let made = (users.iter())
         .map(|u| writer.create_session(u, &format!("{u}-pw")))
         .collect();
     drop(writer);
@@ -381,7 +377,48 @@ fn sessions_in_the_applications_own_table_are_read_only() {
          CREATE ROLE reader LOGIN; GRANT USAGE ON SCHEMA app TO reader; \
          GRANT SELECT ON app.sessions TO reader",
     );
-    let url = pg.url().replace("tessera@", "reader@");
+    (pg.url().replace("tessera@", "reader@"), made)
+}
+
+/// Without `notify_channel` no change is announced, so the open responses of a session the
+/// application deletes are ended by reading them again every 2 s: an event stream ends
+/// (reported) within a few seconds of the `DELETE`.
+#[test]
+fn without_a_channel_an_open_response_of_a_deleted_session_ends() {
+    let up = users();
+    let pg = Postgres::start();
+    let (url, made) = applications_table(&up, &pg, &["alice"]);
+    let [(sid, token)] = made.try_into().unwrap();
+    let up_url = up.url();
+    let t = Tessera::start(move |port, _| {
+        let query = "query = \"SELECT record FROM app.sessions WHERE sid = $1\"";
+        config(port, &up_url, &url, &[("session", query)])
+    });
+    let mut events = EventStream::open(&t, &token);
+    assert!(
+        events.events_within(1, Duration::from_secs(5)),
+        "the stream goes on"
+    );
+    pg.sql(&format!(
+        "DELETE FROM app.sessions WHERE sid = 'tessera:session:{sid}'"
+    ));
+    let ended = events.ended_within(Duration::from_secs(20));
+    println!("the stream ended {ended:?} after the DELETE");
+    assert!(ended.is_some(), "{}", t.log());
+}
+
+/// Sessions in the application's own table (`session.query`), read by a role that may only
+/// `SELECT` it: two instances serve a session and keep it cached (no read on warm requests);
+/// the application's `DELETE` with `NOTIFY` on its channel is refused on both; an instance
+/// without a channel keeps no cache and refuses a row deleted without a notice, or whose record
+/// was set NULL, at once.
+/// tessera creates nothing and refuses writes.
+#[test]
+fn sessions_in_the_applications_own_table_are_read_only() {
+    let up = users();
+    let pg = Postgres::start();
+    up.stats.set_password("dave", "dave-pw");
+    let (url, made) = applications_table(&up, &pg, &["alice", "bob", "carol", "dave"]);
     let query = (
         "session",
         "query = \"SELECT record FROM app.sessions WHERE sid = $1\"",

@@ -45,6 +45,20 @@ pub(super) fn recheck_all(reader: &Sessions, streams: &Arc<OpenStreams>) {
     }
 }
 
+/// Has every session with open responses read again by `reader`, by at most [`RECHECK_TASKS`]
+/// reads at a time, and ends when all are (a session the store cannot read is retried until
+/// it can, or until its responses end).
+pub(super) async fn recheck_round(reader: Sessions, streams: std::sync::Weak<OpenStreams>) {
+    let Some(open) = streams.upgrade().map(|s| s.open_sids()) else {
+        return;
+    };
+    let per_task = open.len().div_ceil(RECHECK_TASKS).max(1);
+    let rounds = open
+        .chunks(per_task)
+        .map(|sids| recheck(reader.clone(), streams.clone(), sids.to_vec()));
+    futures_util::future::join_all(rounds).await;
+}
+
 /// Reads each of `sids` again and ends its open responses if the session is gone or unusable.
 /// A store failure is retried (every 0.1 s, doubling to 2 s) while the sid still has open
 /// responses: a revocation is never dropped because the store hiccuped.

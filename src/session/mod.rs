@@ -16,6 +16,7 @@ use crate::seal::{Credentials, Sealer};
 use crate::unix_now;
 
 mod cache;
+mod follow;
 mod invalidate;
 mod lifecycle;
 mod record;
@@ -26,7 +27,6 @@ mod streams;
 pub use cache::CacheConfig;
 use cache::{Cached, SessionCache};
 pub(crate) use invalidate::LOGIN_FAILURES;
-use invalidate::{recheck, recheck_all};
 pub use lifecycle::{Created, Listed, ResealReport, Revoked};
 use record::Record;
 pub(crate) use settings::redacted_url;
@@ -130,87 +130,28 @@ impl Sessions {
     /// it is lost, every request reads the store: the cache never serves what it cannot trust.
     /// A change of a session with open responses is read again from the store, and if the
     /// session is gone its responses end (see `streams.rs`); so is every such session when the
-    /// stream comes back after a loss.
+    /// stream comes back after a loss, and every second while it is not live (`follow.rs`).
     pub fn serving(mut self, cfg: CacheConfig) -> Self {
         let cache = (cfg.max_entries > 0).then(|| Arc::new(SessionCache::new(cfg)));
-        let (recheck_tx, mut recheck_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (recheck_tx, recheck_rx) = tokio::sync::mpsc::unbounded_channel();
         let streams = Arc::new(OpenStreams::new(recheck_tx));
-        let mut rx = self.store.watch(self.scan_prefix());
+        let rx = self.store.watch(self.scan_prefix());
         let weak_cache = cache.as_ref().map(Arc::downgrade);
         let weak_streams = Arc::downgrade(&streams);
         let prefix = self.scan_prefix().to_owned();
         // Reads for the rechecks: the same store, no cache, no registry (so this task holds
         // nothing that keeps the serving layer alive).
-        let reader = self.clone();
-        tokio::spawn(async move {
-            loop {
-                let msg = tokio::select! {
-                    msg = rx.recv() => msg,
-                    sid = recheck_rx.recv() => match sid {
-                        Some(sid) => {
-                            tokio::spawn(recheck(reader.clone(), weak_streams.clone(), vec![sid]));
-                            continue;
-                        }
-                        None => return, // the registry is gone: the layer was dropped
-                    },
-                };
-                let Some(msg) = msg else {
-                    // The store's watcher is gone (it never ends on its own: a panic): nothing
-                    // will evict a cached session again, so the cache must stop serving.
-                    if let Some(cache) = weak_cache.as_ref().and_then(std::sync::Weak::upgrade) {
-                        cache.set_live(false);
-                        cache.flush();
-                    }
-                    tracing::error!(
-                        "the session store's invalidation stream ended; the session cache is off"
-                    );
-                    return;
-                };
-                let Some(streams) = weak_streams.upgrade() else {
-                    return;
-                };
-                let cache = match &weak_cache {
-                    Some(weak) => match weak.upgrade() {
-                        Some(cache) => Some(cache),
-                        None => return,
-                    },
-                    None => None,
-                };
-                match msg {
-                    Invalidation::Keys(keys) => {
-                        let mut open = Vec::new();
-                        for key in keys {
-                            if let Some(sid) = invalidate::sid_of(&key, &prefix) {
-                                if let Some(cache) = &cache {
-                                    cache.invalidate(sid);
-                                }
-                                // After the eviction (see `OpenStreams::changed`).
-                                streams.changed(sid);
-                                if streams.is_open(sid) {
-                                    open.push(Arc::from(sid));
-                                }
-                            }
-                        }
-                        if !open.is_empty() {
-                            tokio::spawn(recheck(reader.clone(), weak_streams.clone(), open));
-                        }
-                    }
-                    Invalidation::Live => {
-                        if let Some(cache) = &cache {
-                            cache.flush();
-                            cache.set_live(true);
-                        }
-                        recheck_all(&reader, &streams);
-                    }
-                    Invalidation::Lost => {
-                        if let Some(cache) = &cache {
-                            cache.set_live(false);
-                            cache.flush();
-                        }
-                    }
-                }
+        tokio::spawn(
+            follow::Follower {
+                stream: rx,
+                rechecks: recheck_rx,
+                cache: weak_cache,
+                streams: weak_streams,
+                prefix,
+                reader: self.clone(),
             }
-        });
+            .run(),
+        );
         self.cache = cache;
         self.streams = Some(streams);
         self

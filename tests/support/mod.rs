@@ -4,6 +4,7 @@
 
 pub mod cluster;
 pub mod cyrus;
+pub mod events;
 pub mod h2ws;
 pub mod h3;
 pub mod h3_raw;
