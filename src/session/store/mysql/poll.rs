@@ -50,7 +50,7 @@ fn missing(
     now: Instant,
 ) -> BTreeMap<i64, Instant> {
     let present: std::collections::HashSet<i64> = present.iter().copied().collect();
-    (from + 1..=max)
+    (from.saturating_add(1)..=max)
         .rev()
         .filter(|id| !present.contains(id))
         .take(max_gaps)
@@ -128,7 +128,7 @@ impl MysqlStore {
         let (max, settled, step) = ends.unwrap_or((0, 0, 1));
         let step = usize::try_from(step).unwrap_or(1).clamp(1, MAX_STEP);
         let max_gaps = MAX_GAPS * step;
-        let from = settled.max(max - BATCH as i64);
+        let from = settled.max(max.saturating_sub(BATCH as i64));
         // A plain query, as every read of the poller: prepared statements are the store calls'
         // (the tests count them).
         let sql = format!("SELECT id FROM tessera_kv_log WHERE id > {from} AND id <= {max}");
@@ -170,7 +170,7 @@ impl MysqlStore {
         for row in rows {
             let (id, key) = converted::<(i64, Vec<u8>)>(row)?;
             if id > c.max {
-                for gap in c.max + 1..id {
+                for gap in c.max.saturating_add(1)..id {
                     if c.gaps.len() >= c.max_gaps {
                         // Flushed, and read again from the end as when starting.
                         *c = self.start().await?;
