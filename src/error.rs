@@ -14,6 +14,7 @@
 //! | a `Transfer-Encoding` other than `chunked` alone | 501 |
 //! | upstream refused, reset, invalid answer; pool shut down | 502 |
 //! | session store down or slow; `websocket.max_connections` tunnels or `upstream.max_event_streams` event streams open | 503 + `Retry-After` |
+//! | a user's `websocket.max_connections_per_user` tunnels open | 429 + `Retry-After: 1` |
 //! | upstream connect or response-head timeout | 504 |
 //! | upstream 401 to the stored credentials, refused again at `login.verify_path` (session deleted) | 401 + `WWW-Authenticate: Bearer ... error_description="upstream rejected credentials"` |
 //!

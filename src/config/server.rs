@@ -209,7 +209,8 @@ fn response_headers(
             return Err(ConfigError::new(
                 &key,
                 "is a field of the connection, the framing, the content or one answer \
-                 (hop-by-hop, Content-*, Vary, Location, Set-Cookie, WWW-Authenticate, \
+                 (hop-by-hop, Content-Length, -Type, -Encoding, -Range, Vary, Location, \
+                 Set-Cookie, WWW-Authenticate, \
                  Sec-WebSocket-*) or one tessera sets itself (Host, Date, Alt-Svc); leave it out",
             ));
         }
