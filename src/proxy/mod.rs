@@ -280,14 +280,6 @@ impl Proxy {
         }
     }
 
-    /// A place under `server.max_connections_per_ip` for a WebSocket tunnel from `ip`, taken
-    /// even past the limit (see [`crate::per_ip::PerIp::enter_over`]); `None` when there is no
-    /// limit or `ip` is a trusted proxy.
-    pub(crate) fn tunnel_ip_place(&self, ip: std::net::IpAddr) -> Option<crate::per_ip::IpPlace> {
-        let per_ip = self.per_ip.as_ref().filter(|_| !self.trusts(ip))?;
-        Some(per_ip.enter_over(ip))
-    }
-
     /// Whether `server.max_connections_per_ip` is set.
     pub fn limits_per_ip(&self) -> bool {
         self.per_ip.is_some()

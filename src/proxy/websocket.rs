@@ -250,19 +250,17 @@ impl Proxy {
         let client_side = self.client_side;
         let stop = ws.stop.clone();
         // The client's socket lives on in the tunnel once its connection's task has ended: the
-        // tunnel holds its place under server.max_connections from here. (An HTTP/2 stream's
-        // connection keeps its own place while the tunnel runs.)
-        let place = (!upgrading.extended)
-            .then(|| self.client_connections.as_ref().map(|c| c.acquire_over()))
-            .flatten();
-        // And its connection's address's place (server.max_connections_per_ip), as the
-        // connection held it.
-        let ip_place = (!upgrading.extended)
-            .then(|| self.tunnel_ip_place(ctx.conn_peer().addr.ip()))
-            .flatten();
+        // tunnel takes that connection's places under server.max_connections and
+        // max_connections_per_ip once hyper has handed the socket over, by when the connection's
+        // task (which ends in that same poll) has given them up, so that a WebSocket never
+        // counts twice. (An HTTP/2 stream's connection keeps its own places while it runs.)
+        let places = (!upgrading.extended).then(|| {
+            let ip = ctx.conn_peer().addr.ip();
+            let per_ip = self.per_ip.clone().filter(|_| !self.trusts(ip));
+            (self.client_connections.clone(), per_ip, ip)
+        });
         let send_timeout = ws.send_timeout;
         ws.tunnels.spawn(async move {
-            let _place = (place, ip_place);
             let Upgrading {
                 downstream,
                 slot,
@@ -285,6 +283,10 @@ impl Proxy {
             };
             match upgraded {
                 Ok(Ok(io)) => {
+                    let _places = places.map(|(all, per_ip, ip)| {
+                        let place = all.map(|c| c.acquire_over());
+                        (place, per_ip.map(|p| p.enter_over(ip)))
+                    });
                     let io = client_side(io, send_timeout);
                     let report = tunnel.run(io, idle, send_timeout, watch, stop).await;
                     tracing::info!(
