@@ -6,6 +6,7 @@
 //! | request body cut short or malformed by the client while it streams upstream | 400 |
 //! | no token, bad token, unknown/expired/unusable session | 401 + `WWW-Authenticate: Bearer` (RFC 6750 3) |
 //! | WebSocket upgrade from a foreign origin; CORS preflight from an origin not in `cors.allow_origins` | 403 |
+//! | WebSocket handshake of a version other than 13 | 426 + `Sec-WebSocket-Version: 13` |
 //! | TRACE, TRACK (would echo the injected credential) or CONNECT | 405 + `Allow` |
 //! | request body paused longer than `server.client_body_timeout_ms` | 408 |
 //! | body larger than `server.max_body_bytes` | 413 |
@@ -81,6 +82,10 @@ pub enum ProxyError {
     /// screen: a CORS preflight from an origin not in `cors.allow_origins`. 403.
     #[error("CORS preflight from an origin not in cors.allow_origins")]
     CorsOrigin,
+    /// forward: a WebSocket handshake of a version other than 13 (RFC 6455 section 4.2.2). 426
+    /// with `Sec-WebSocket-Version: 13`.
+    #[error("WebSocket handshake of another version than 13")]
+    WebSocketVersion,
     /// forward: `websocket.max_connections` WebSockets are open already. 503 with `Retry-After`.
     #[error("too many WebSocket connections")]
     TooManyWebSockets,
@@ -159,6 +164,7 @@ impl ProxyError {
             }
             Self::StoreUnavailable | Self::TooManyWebSockets => StatusCode::SERVICE_UNAVAILABLE,
             Self::TooManyWebSocketsForUser => StatusCode::TOO_MANY_REQUESTS,
+            Self::WebSocketVersion => StatusCode::UPGRADE_REQUIRED,
             Self::ForeignOrigin | Self::CorsOrigin => StatusCode::FORBIDDEN,
             Self::Upstream(f) => match f {
                 ForwardError::Connect(_) | ForwardError::Broken(_) | ForwardError::Closed => {
@@ -214,6 +220,12 @@ impl ProxyError {
             | Self::TooManyWebSocketsForUser
             | Self::Upstream(ForwardError::TooManyEventStreams) => {
                 h.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            Self::WebSocketVersion => {
+                h.insert(
+                    http::header::SEC_WEBSOCKET_VERSION,
+                    HeaderValue::from_static("13"),
+                );
             }
             // Heeded where hyper serves the connection (the fast path closes by itself).
             Self::PlainHttpOnTlsPort => {
@@ -341,6 +353,7 @@ mod tests {
             (ProxyError::PlainHttpOnTlsPort, 400),
             (ProxyError::TooManyWebSockets, 503),
             (ProxyError::TooManyWebSocketsForUser, 429),
+            (ProxyError::WebSocketVersion, 426),
             (ForwardError::Connect("x".into()).into(), 502),
             (ForwardError::ConnectTimeout.into(), 504),
             (ForwardError::Timeout.into(), 504),

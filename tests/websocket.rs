@@ -161,6 +161,25 @@ fn handshake_on(
     sock
 }
 
+/// The head tessera answers a WebSocket handshake for `/ws` of `version` with `key` (lower
+/// case).
+fn handshake_of(t: &Tessera, token: &str, version: &str, key: &str) -> String {
+    use std::io::Write;
+    let mut sock = std::net::TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    let head = format!(
+        "GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\
+         Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: {version}\r\n\
+         Sec-WebSocket-Key: {key}\r\n\r\n"
+    );
+    sock.write_all(head.as_bytes()).unwrap();
+    let seen = read_until(&mut sock, |seen| seen.windows(4).any(|w| w == b"\r\n\r\n"));
+    String::from_utf8_lossy(&seen)
+        .to_ascii_lowercase()
+        .replacen("http/1.1", "HTTP/1.1", 1)
+}
+
 /// Reads from `sock` until what it read satisfies `done`; returns all of it. Panics if the
 /// connection closes or times out first.
 fn read_until(sock: &mut std::net::TcpStream, done: impl Fn(&[u8]) -> bool) -> Vec<u8> {
@@ -528,6 +547,26 @@ fn websocket_upgrades_are_refused_with_the_right_status_and_never_reach_the_upst
             before,
             "a foreign-origin upgrade reached the upstream"
         );
+        // A handshake RFC 6455 refuses never takes a slot or reaches the upstream: another
+        // version gets 426 naming 13, a key that is not 16 bytes in base64 400.
+        for (version, key, status) in [
+            ("8", "dGhlIHNhbXBsZSBub25jZQ==", "426"),
+            ("13", "x", "400"),
+            ("13", "dGhlIHNhbXBsZQ==", "400"),
+        ] {
+            let answer = handshake_of(&t, &token, version, key);
+            assert!(
+                answer.starts_with(&format!("HTTP/1.1 {status} ")),
+                "{answer}"
+            );
+            if status == "426" {
+                assert!(
+                    answer.contains("\r\nsec-websocket-version: 13\r\n"),
+                    "{answer}"
+                );
+            }
+        }
+        assert_eq!(up.stats.requests.load(Ordering::SeqCst), before);
         // The upstream's own refusal is passed on.
         assert_eq!(
             refused(open(&t, "/deny", &[("authorization", &auth)]).await),
@@ -634,6 +673,16 @@ fn bytes_after_the_101_and_raw_bytes_both_ways_pass_and_a_switch_to_another_prot
                 b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n"
                     .to_vec()
             }
+            // A 101 that answers another key, or leaves out `Connection`.
+            "GET /stale HTTP/1.1" => String::from_utf8_lossy(SCRIPTED_101)
+                .replace(
+                    "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=",
+                    "dGhlIGFjY2VwdCBvZiBhbm90aGVy",
+                )
+                .into_bytes(),
+            "GET /bare HTTP/1.1" => String::from_utf8_lossy(SCRIPTED_101)
+                .replace("Connection: Upgrade\r\n", "")
+                .into_bytes(),
             // After the switch the upstream's request parser sees the client's raw bytes.
             "PING" => b"PONG".to_vec(),
             _ => b"HTTP/1.1 500 Unexpected\r\nContent-Length: 0\r\n\r\n".to_vec(),
@@ -665,11 +714,26 @@ fn bytes_after_the_101_and_raw_bytes_both_ways_pass_and_a_switch_to_another_prot
     sock.read_exact(&mut pong).unwrap();
     assert_eq!(&pong, b"PONG");
 
-    let mut sock = raw_handshake(&t, "/h2c", &token, b"");
-    // The 502 keeps the connection open: read its head, not to the end.
-    let answer = read_until(&mut sock, |seen| seen.windows(4).any(|w| w == b"\r\n\r\n"));
-    let answer = String::from_utf8_lossy(&answer);
-    assert!(answer.starts_with("HTTP/1.1 502 "), "{answer}");
+    for path in ["/h2c", "/stale", "/bare"] {
+        let mut sock = raw_handshake(&t, path, &token, b"");
+        // The 502 keeps the connection open: read its head, not to the end.
+        let answer = read_until(&mut sock, |seen| seen.windows(4).any(|w| w == b"\r\n\r\n"));
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 502 "), "{path}: {answer}");
+    }
+    // Over HTTP/2 the key is tessera's: the scripted 101 answers the RFC's sample key instead,
+    // which only tessera can tell (RFC 8441 gives the client no accept to check).
+    rt().block_on(async {
+        let auth = bearer(&token);
+        let (head, io) = support::h2ws::connect(t.port, "/ws", &[("authorization", &auth)]).await;
+        assert_eq!(head.status, 502, "{head:?}");
+        assert!(io.is_none());
+    });
+    let log = t.log();
+    assert!(
+        log.contains("does not complete the WebSocket handshake"),
+        "{log}"
+    );
 }
 
 /// With `[login]`, the upstream's `101` cannot set tessera's own cookies either (browsers store

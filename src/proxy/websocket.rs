@@ -100,6 +100,38 @@ pub(super) fn from_extended_connect(parts: &mut Parts) -> bool {
     extended
 }
 
+/// A WebSocket handshake as RFC 6455 section 4.2.1 has a server check it, before it takes a
+/// tunnel's slot and an upstream connection: version 13, and over HTTP/1.1 one
+/// `Sec-WebSocket-Key` of 16 bytes in base64 (over HTTP/2 there is none: tessera makes one,
+/// RFC 8441 section 5).
+///
+/// Errors: 426 for another version ([`ProxyError::WebSocketVersion`]); 400 for a missing,
+/// repeated or malformed key.
+fn check_handshake(h: &http::HeaderMap, extended: bool) -> Result<(), ProxyError> {
+    let one = |name| {
+        let mut all = h.get_all(name).iter();
+        match (all.next(), all.next()) {
+            (Some(v), None) => Some(v),
+            _ => None,
+        }
+    };
+    if one(header::SEC_WEBSOCKET_VERSION).is_none_or(|v| v != "13") {
+        return Err(ProxyError::WebSocketVersion);
+    }
+    if extended {
+        return Ok(());
+    }
+    use base64::Engine;
+    let key = one(header::SEC_WEBSOCKET_KEY)
+        .and_then(|k| base64::engine::general_purpose::STANDARD.decode(k).ok());
+    match key {
+        Some(k) if k.len() == 16 => Ok(()),
+        _ => Err(ProxyError::BadRequest(
+            "WebSocket handshake without one Sec-WebSocket-Key of 16 bytes",
+        )),
+    }
+}
+
 /// Whether a WebSocket upgrade with this `Origin` may go on (RFC 6455 section 10.2): the origin
 /// is the request's own, `scheme://host` (`scheme` as the client used it: `http`, or what a
 /// trusted proxy reported in `X-Forwarded-Proto`; a plain-HTTP page cannot speak for an HTTPS
@@ -156,7 +188,8 @@ impl Proxy {
     /// and the request then goes upstream as a plain `GET` (its `Upgrade` already removed).
     ///
     /// Errors: 403 when a browser page of a foreign origin asks ([`ProxyError::ForeignOrigin`]);
-    /// 400 when the request has a body; 429 when the user whose upstream `credential` it
+    /// 400 when the request has a body; 426 or 400 for a handshake RFC 6455 refuses
+    /// ([`check_handshake`]); 429 when the user whose upstream `credential` it
     /// carries holds `websocket.max_connections_per_user` tunnels, 503 when
     /// `websocket.max_connections` are open.
     pub(super) fn upgrading(
@@ -185,6 +218,7 @@ impl Proxy {
                 "WebSocket upgrade request with a body",
             ));
         }
+        check_handshake(&parts.headers, extended)?;
         let user_slot = match ws.users.user(Some(credential)) {
             Some(share) => Some(
                 share

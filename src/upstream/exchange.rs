@@ -21,10 +21,14 @@ use super::outgoing::{body_framing, failed, poll_queue, BodyFraming, Fail};
 
 /// A 101 answer to a request whose `Upgrade` field is `upgrade`: accepted only when both name
 /// `websocket` (RFC 9110 section 15.2.2: a server switches only to a protocol the client listed;
-/// tessera asks for nothing else). The connection then belongs to the new protocol and never
-/// goes back to the pool.
+/// tessera asks for nothing else), and the 101 completes the handshake as RFC 6455 section 4.1
+/// has a client check: `Connection` lists `upgrade`, and one `Sec-WebSocket-Accept` answers the
+/// request's key (checked here for every client, since over HTTP/2 the key is tessera's and no
+/// one else could). The connection then belongs to the new protocol and never goes back to the
+/// pool.
 ///
-/// Errors (502): a 101 to a request that asked for no upgrade, or to another protocol.
+/// Errors (502): a 101 to a request that asked for no upgrade, to another protocol, or that
+/// does not answer the request's key.
 fn switched(mut head: Head, request: &HeaderMap) -> Result<Head, ForwardError> {
     let websocket = |v: &[u8]| crate::fields::has_token(v, b"websocket");
     if !request
@@ -39,9 +43,37 @@ fn switched(mut head: Head, request: &HeaderMap) -> Result<Head, ForwardError> {
             "upstream switched to a protocol other than websocket",
         ));
     }
+    let upgrade = |v: &[u8]| crate::fields::has_token(v, b"upgrade");
+    let expected = request
+        .get(header::SEC_WEBSOCKET_KEY)
+        .map(|k| accept(k.as_bytes()));
+    let answered = {
+        let mut accepts = head.fields.get_all(b"sec-websocket-accept");
+        match (expected, accepts.next(), accepts.next()) {
+            (Some(expected), Some(got), None) => got == expected.as_bytes(),
+            _ => false,
+        }
+    };
+    if !answered || !head.fields.get_all(b"connection").any(upgrade) {
+        return Err(broken(
+            "upstream's 101 does not complete the WebSocket handshake (Sec-WebSocket-Accept, \
+             Connection)",
+        ));
+    }
     head.keep_alive = false;
     head.framing = Framing::Done;
     Ok(head)
+}
+
+/// The `Sec-WebSocket-Accept` that answers `key` (RFC 6455 section 4.2.2): the base64 of the
+/// SHA-1 of the key and the protocol's GUID.
+fn accept(key: &[u8]) -> String {
+    use base64::Engine;
+    const GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY);
+    ctx.update(key);
+    ctx.update(GUID);
+    base64::engine::general_purpose::STANDARD.encode(ctx.finish())
 }
 
 /// Whether a final head that arrives while the request is still being sent ends the sending
@@ -352,6 +384,15 @@ impl H1 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_accept_of_the_rfcs_sample_key_is_the_rfcs() {
+        // RFC 6455 section 1.3.
+        assert_eq!(
+            accept(b"dGhlIHNhbXBsZSBub25jZQ=="),
+            "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+        );
+    }
 
     #[test]
     fn errors_and_switches_end_a_sending_other_heads_wait_for_the_body() {
