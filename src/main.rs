@@ -139,7 +139,7 @@ async fn serve(config: PathBuf, inherited: tessera::downstream::Inherited) -> Ex
     #[cfg(unix)]
     let stop = {
         use tokio::signal::unix::SignalKind;
-        first_signal_of(&[SignalKind::interrupt(), SignalKind::terminate()])
+        first_signal_of(&[SignalKind::interrupt(), SignalKind::terminate()], true)
     };
     #[cfg(not(unix))]
     let stop = shutdown_signal();
@@ -282,10 +282,13 @@ async fn shutdown_signal() {
 }
 
 /// Resolves on the first of `kinds` to arrive from now on: each handler is in place when this
-/// returns, not at the first poll.
+/// returns, not at the first poll. With `forced`, a second one after it ends the process at
+/// once, with exit code 1, as Caddy's second SIGINT does: an operator who asks twice does not
+/// want to wait for the drain.
 #[cfg(unix)]
 fn first_signal_of(
     kinds: &[tokio::signal::unix::SignalKind],
+    forced: bool,
 ) -> impl std::future::Future<Output = ()> {
     let mut each: Vec<_> = kinds
         .iter()
@@ -299,6 +302,15 @@ fn first_signal_of(
         }
         let any = each.iter_mut().map(|s| Box::pin(s.recv()));
         futures_util::future::select_all(any).await;
+        if !forced {
+            return;
+        }
+        tokio::spawn(async move {
+            let any = each.iter_mut().map(|s| Box::pin(s.recv()));
+            futures_util::future::select_all(any).await;
+            telemetry::fatal("a second signal: exiting now, requests in flight are cut");
+            std::process::exit(1);
+        });
     }
 }
 
@@ -308,11 +320,14 @@ fn demo_stop_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::SignalKind;
-        first_signal_of(&[
-            SignalKind::interrupt(),
-            SignalKind::terminate(),
-            SignalKind::hangup(),
-        ])
+        first_signal_of(
+            &[
+                SignalKind::interrupt(),
+                SignalKind::terminate(),
+                SignalKind::hangup(),
+            ],
+            false,
+        )
     }
     #[cfg(not(unix))]
     shutdown_signal()

@@ -819,6 +819,63 @@ fn health_and_readiness_probes_follow_the_store_and_shutdown() {
     assert_eq!(busy.join().unwrap(), 200, "the busy request drained");
 }
 
+/// `server.shutdown_delay_ms`: after SIGTERM `/readyz` answers 503 at once while new
+/// connections are still served for the delay (a balancer, or Kubernetes' lagging endpoints,
+/// moves away meanwhile); then the drain, and the process ends on its own. A second signal
+/// ends it at once, with exit code 1.
+#[test]
+fn a_shutdown_delay_keeps_serving_while_not_ready_and_a_second_signal_ends_it() {
+    let up = upstream::start(Behavior::Echo {
+        delay: Duration::from_millis(0),
+    });
+    let metrics_port = support::free_port();
+    let up_url = up.url();
+    let start = move |delay: &'static str| {
+        let up_url = up_url.clone();
+        let t = Tessera::start(move |port, dir| {
+            format!(
+                "{}[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n",
+                config(
+                    port,
+                    &up_url,
+                    &format!("embedded:{}/s", dir.display()),
+                    &[("server", delay)]
+                )
+            )
+        });
+        let (_, token) = t.create_session("alice", "pw");
+        let probe = move || curl(&[&format!("http://127.0.0.1:{metrics_port}/readyz")]);
+        assert!(
+            (0..500).any(|_| probe().0 == 200 || {
+                std::thread::sleep(Duration::from_millis(20));
+                false
+            }),
+            "never ready"
+        );
+        t.signal("-TERM");
+        let leaving = (0..500).any(|_| probe() == (503, "shutting down\n".into()));
+        assert!(leaving, "{}", t.log());
+        let served = curl(&["-H", &bearer(&token), &t.url("/x")]).0;
+        (t, served)
+    };
+    let (mut t, served) = start("shutdown_delay_ms = 2000");
+    assert_eq!(
+        served,
+        200,
+        "a new connection during the delay: {}",
+        t.log()
+    );
+    let status = t.exit_status(Duration::from_secs(30));
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{}", t.log());
+    assert!(t.log().contains("server.shutdown_delay_ms"), "{}", t.log());
+
+    let (mut t, _) = start("shutdown_delay_ms = 60000");
+    t.signal("-TERM");
+    let status = t.exit_status(Duration::from_secs(10));
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{}", t.log());
+    assert!(t.log().contains("a second signal"), "{}", t.log());
+}
+
 /// The store's counters (the shared failed-login counts), on both backends: counted from 1 with
 /// the seconds left in their window, taken back without going below 0 or creating one, started
 /// again at 1 once their window has passed; on Redis, one found without an expiry gets one.

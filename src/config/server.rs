@@ -12,30 +12,19 @@ pub(super) fn validate_server(
     tls: Option<&TlsConfig>,
 ) -> Result<ServerConfig, ConfigError> {
     let (listen, redirect_to_https) = plain_listener(&s, tls)?;
-    let max_header_bytes = s.max_header_bytes.unwrap_or(16 * 1024);
-    if !(1024..=1024 * 1024).contains(&max_header_bytes) {
-        return Err(ConfigError::new(
-            "server.max_header_bytes",
-            "must be between 1024 and 1048576",
-        ));
-    }
-    let max_uri_bytes = s.max_uri_bytes.unwrap_or(8 * 1024);
-    if !(256..=65534).contains(&max_uri_bytes) {
-        return Err(ConfigError::new(
-            "server.max_uri_bytes",
-            "must be between 256 and 65534",
-        ));
-    }
-    let threads = match s.threads {
-        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        Some(n @ 1..=1024) => n,
-        Some(_) => {
-            return Err(ConfigError::new(
-                "server.threads",
-                "must be between 1 and 1024 (leave it out for one per CPU)",
-            ))
-        }
-    };
+    let max_header_bytes = in_range(
+        "server.max_header_bytes",
+        s.max_header_bytes,
+        16 * 1024,
+        1024..=1024 * 1024,
+    )?;
+    let max_uri_bytes = in_range(
+        "server.max_uri_bytes",
+        s.max_uri_bytes,
+        8 * 1024,
+        256..=65534,
+    )?;
+    let threads = threads(s.threads)?;
     let busy_poll_us = s.busy_poll_us.unwrap_or(0);
     if busy_poll_us > crate::busy_poll::MAX_BUSY_POLL_US {
         return Err(ConfigError::new(
@@ -67,6 +56,12 @@ pub(super) fn validate_server(
             30_000,
         )?,
         send_timeout: ms("server.send_timeout_ms", s.send_timeout_ms, 60_000)?,
+        shutdown_delay: Duration::from_millis(in_range(
+            "server.shutdown_delay_ms",
+            s.shutdown_delay_ms,
+            0,
+            0..=600_000,
+        )?),
         client_body_timeout: ms(
             "server.client_body_timeout_ms",
             s.client_body_timeout_ms,
@@ -89,6 +84,18 @@ pub(super) fn validate_server(
             1..=1000,
         )?,
     })
+}
+
+/// `server.threads`: 1..=1024, one per CPU when left out.
+fn threads(n: Option<usize>) -> Result<usize, ConfigError> {
+    match n {
+        None => Ok(std::thread::available_parallelism().map_or(1, |n| n.get())),
+        Some(n @ 1..=1024) => Ok(n),
+        Some(_) => Err(ConfigError::new(
+            "server.threads",
+            "must be between 1 and 1024 (leave it out for one per CPU)",
+        )),
+    }
 }
 
 /// `server.private_responses`: `"unmarked"` (the default), `"always"` or `"off"`; off when

@@ -36,6 +36,11 @@ pub struct ServerConfig {
     /// other streams go on. So a client that stops reading holds an upstream connection for
     /// about this long at most. Default 60 s.
     pub send_timeout: Duration,
+    /// How long a shutdown keeps serving, with `/readyz` answering 503, before its drain
+    /// (Caddy's `shutdown_delay`): a balancer that polls readiness, or Kubernetes, whose
+    /// endpoints lag the signal, stops sending new connections meanwhile instead of having
+    /// them refused. 0..=600 s; default 0 (the drain begins at once).
+    pub shutdown_delay: Duration,
     /// Most streams one h2c connection may have open at once, announced in the server's
     /// `SETTINGS_MAX_CONCURRENT_STREAMS` (RFC 9113 section 6.5.2; nginx's
     /// `http2_max_concurrent_streams`); a client that opens more has them refused with

@@ -147,6 +147,14 @@ pub async fn run(
     let threads = serving::start(edges, &proxy, &server_cfg, &phase_rx).await?;
     phase.send_replace(telemetry::Phase::Serving);
     shutdown.await;
+    if !server_cfg.shutdown_delay.is_zero() {
+        phase.send_replace(telemetry::Phase::Leaving);
+        tracing::info!(
+            delay_ms = server_cfg.shutdown_delay.as_millis() as u64,
+            "shutdown: /readyz says 503; serving on for server.shutdown_delay_ms before the drain"
+        );
+        tokio::time::sleep(server_cfg.shutdown_delay).await;
+    }
     phase.send_replace(telemetry::Phase::Draining);
     // The reloads end first (the task returns on `Draining`), so a SIGHUP from here on is
     // told apart as ignored.

@@ -64,6 +64,9 @@ pub enum Phase {
     Starting,
     /// Serving threads accept connections.
     Serving,
+    /// Shutdown has begun, but connections are still served for `server.shutdown_delay_ms`
+    /// while `/readyz` says 503 (balancers move away), before the drain.
+    Leaving,
     /// Shutdown has begun: the listener is closed, busy connections drain.
     Draining,
 }
@@ -78,7 +81,9 @@ pub(super) async fn readiness(
 ) -> (StatusCode, &'static [u8]) {
     match phase {
         Phase::Starting => return (StatusCode::SERVICE_UNAVAILABLE, b"starting\n"),
-        Phase::Draining => return (StatusCode::SERVICE_UNAVAILABLE, b"shutting down\n"),
+        Phase::Leaving | Phase::Draining => {
+            return (StatusCode::SERVICE_UNAVAILABLE, b"shutting down\n")
+        }
         Phase::Serving => {}
     }
     let cause = match tokio::time::timeout(timeout, proxy.ping_store()).await {
