@@ -86,9 +86,23 @@ async fn tcp(
         }
         None => downstream::bind_tcp(addr, fastopen).await,
     };
-    listener
-        .map(Some)
-        .map_err(|e| format!("config key `{key}`: cannot listen on {addr}: {e}"))
+    listener.map(Some).map_err(|e| {
+        format!(
+            "config key `{key}`: cannot listen on {addr}: {e}{}",
+            privileged(addr, &e)
+        )
+    })
+}
+
+/// The fix for a port below 1024 refused for want of privilege: what an unprivileged service
+/// needs to bind it (operations.md); empty otherwise.
+fn privileged(addr: SocketAddr, e: &std::io::Error) -> &'static str {
+    if addr.port() < 1024 && e.kind() == std::io::ErrorKind::PermissionDenied {
+        "; a port below 1024 needs CAP_NET_BIND_SERVICE (systemd: \
+         AmbientCapabilities=CAP_NET_BIND_SERVICE), or a socket passed by systemd"
+    } else {
+        ""
+    }
 }
 
 /// The UDP socket for `http3.listen` at `addr`: `passed`, else bound now.
@@ -107,5 +121,23 @@ fn udp(
         }
         None => downstream::bind_udp(addr),
     };
-    socket.map_err(|e| format!("config key `http3.listen`: cannot bind {addr} (UDP): {e}"))
+    socket.map_err(|e| {
+        let fix = privileged(addr, &e);
+        format!("config key `http3.listen`: cannot bind {addr} (UDP): {e}{fix}")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_privileged_port_refused_names_the_capability() {
+        let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        let in_use = std::io::Error::from(std::io::ErrorKind::AddrInUse);
+        let at = |port| SocketAddr::from(([127, 0, 0, 1], port));
+        assert!(privileged(at(443), &denied).contains("CAP_NET_BIND_SERVICE"));
+        assert_eq!(privileged(at(8443), &denied), "");
+        assert_eq!(privileged(at(443), &in_use), "");
+    }
 }
