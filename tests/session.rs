@@ -876,6 +876,42 @@ fn a_shutdown_delay_keeps_serving_while_not_ready_and_a_second_signal_ends_it() 
     assert!(t.log().contains("a second signal"), "{}", t.log());
 }
 
+/// Under systemd (`NOTIFY_SOCKET`, sd_notify(3); here a datagram socket the test reads, as
+/// systemd's is): `READY=1` once serving, `RELOADING=1` with `MONOTONIC_USEC` then `READY=1`
+/// around a SIGHUP, `STOPPING=1` at SIGTERM, so that `Type=notify-reload` units start, reload
+/// and stop in step.
+#[test]
+fn systemd_is_told_ready_reloading_and_stopping() {
+    let up = upstream::start(Behavior::Echo {
+        delay: Duration::from_millis(0),
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notify");
+    let sock = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    let next = || {
+        let mut buf = [0u8; 512];
+        let n = sock.recv(&mut buf).expect("a notification");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    let env = format!("NOTIFY_SOCKET={}", path.display());
+    let up_url = up.url();
+    let mut t = Tessera::start_via(&["env", &env], move |port, dir| {
+        config(port, &up_url, &format!("embedded:{}/s", dir.display()), &[])
+    });
+    assert_eq!(next().trim(), "READY=1");
+    t.signal("-HUP");
+    let reloading = next();
+    assert!(
+        reloading.starts_with("RELOADING=1\nMONOTONIC_USEC="),
+        "{reloading:?}"
+    );
+    assert_eq!(next().trim(), "READY=1", "{}", t.log());
+    t.stop();
+    assert_eq!(next().trim(), "STOPPING=1");
+}
+
 /// The store's counters (the shared failed-login counts), on both backends: counted from 1 with
 /// the seconds left in their window, taken back without going below 0 or creating one, started
 /// again at 1 once their window has passed; on Redis, one found without an expiry gets one.

@@ -7,6 +7,7 @@ mod listen;
 mod quic_thread;
 mod reload;
 mod serving;
+mod systemd;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -146,7 +147,9 @@ pub async fn run(
     let edges = serving_edges(listeners.plain, listeners.tls.zip(tls));
     let threads = serving::start(edges, &proxy, &server_cfg, &phase_rx).await?;
     phase.send_replace(telemetry::Phase::Serving);
+    systemd::ready();
     shutdown.await;
+    systemd::stopping();
     if !server_cfg.shutdown_delay.is_zero() {
         phase.send_replace(telemetry::Phase::Leaving);
         tracing::info!(

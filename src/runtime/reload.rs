@@ -100,6 +100,7 @@ pub(super) async fn reload_keys(
         if draining(&phase.borrow()) {
             return;
         }
+        super::systemd::reloading();
         let certificates = edges.tls.is_some() && reload.as_ref().is_ok_and(|c| c.tls.is_some());
         let outcome = match reload {
             Ok(cfg) => proxy
@@ -111,6 +112,8 @@ pub(super) async fn reload_keys(
             Err(e) => Err(e.to_string()),
         };
         proxy.reload_counts().record(outcome.is_ok());
+        // Refused or not, the process serves on as before.
+        super::systemd::ready();
         let outcome = outcome.map(|(summary, jwks_ca)| {
             if jwks_ca {
                 proxy.refetch_jwks();
