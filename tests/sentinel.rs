@@ -76,12 +76,13 @@ fn a_hanging_first_sentinel_delays_nothing() {
 /// ports take connections and answer nothing, as through a silent network cut) stops serving
 /// from that master: cut off with it, the Sentinels could promote a replica and other
 /// instances revoke sessions there unseen. Requests get 503 once no Sentinel has named the
-/// master for `session.timeout_ms` + 2 s (reported), and are served again once one answers.
+/// master for `session.timeout_ms` + 3 s (reported), and are served again once one answers;
+/// the same once every Sentinel is killed.
 #[test]
 fn an_instance_no_sentinel_answers_stops_serving_until_one_does() {
     use rustix::process::Signal;
     let up = users();
-    let s = Sentinels::start();
+    let mut s = Sentinels::start();
     let a = on_sentinel(&up, &s);
     let token = login(&a, "alice", "alice-pw");
     assert_eq!(status(&a, &token), 200);
@@ -101,6 +102,21 @@ fn an_instance_no_sentinel_answers_stops_serving_until_one_does() {
     println!("served again {back:?} after the Sentinels resumed");
     assert!(back.is_some(), "{}", a.log());
     assert!(a.log().contains("no Sentinel has named"), "{}", a.log());
+    // Gone outright (connections refused): the invalidation stream fails before it can ask
+    // them, and the store drops the master's connections itself.
+    for p in s.sentinels.clone() {
+        s.kill(p);
+    }
+    let refused = until_status(&a, &token, 503, Duration::from_secs(30));
+    println!("503 {refused:?} after the last Sentinel was killed");
+    assert!(
+        refused.is_some(),
+        "served with every Sentinel gone: {}",
+        a.log()
+    );
+    for _ in 0..3 {
+        assert_eq!(status(&a, &token), 503, "{}", a.log());
+    }
 }
 
 /// A login is answered only once a replica has the session (`WAIT 1`), so a master that fails

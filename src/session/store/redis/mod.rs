@@ -106,6 +106,13 @@ impl RedisStore {
     }
 
     async fn conn_in(&self, slot: &Slot) -> Result<Conn, StoreError> {
+        if let Target::Sentinel(s) = &self.target {
+            // Every Sentinel gone (killed, refused): the invalidation stream fails before it
+            // can notice, so the connections to a master no Sentinel names are dropped here.
+            if !s.vouched_within(self.timeout + sentinel::TRUST) {
+                self.forget();
+            }
+        }
         if let Some(c) = slot.current() {
             return Ok(c);
         }

@@ -49,8 +49,9 @@ const DEFAULT_PORT: u16 = 26379;
 /// How long a master is used after a Sentinel last named it, beyond the store's timeout (that
 /// long to ask them): past it, commands wait for the Sentinels (503 meanwhile), so that an
 /// instance cut off from every Sentinel, but not from the old master, stops reading that
-/// master before long (`vouch.rs`).
-pub(super) const TRUST: Duration = Duration::from_secs(2);
+/// master before long (`vouch.rs`). Longer than the invalidation stream's longest backoff
+/// (2 s), so that the address of a switch just heard is still tried first when it comes back.
+pub(super) const TRUST: Duration = Duration::from_secs(3);
 
 impl Sentinel {
     /// Parses a `redis+sentinel://` or `rediss+sentinel://` URL (module docs), its TLS
@@ -135,6 +136,7 @@ impl Sentinel {
         timeout: Duration,
         protocol: ProtocolVersion,
     ) -> Result<redis::Client, StoreError> {
+        let at = Instant::now();
         let mut asked: FuturesUnordered<_> = (self.sentinels.iter())
             .map(|sentinel| async move {
                 let answer =
@@ -149,8 +151,11 @@ impl Sentinel {
                 Ok(Ok(addr)) if tried.contains(&addr) => {}
                 Ok(Ok(addr)) => {
                     tried.push(addr.clone());
-                    match self.checked(addr, timeout, protocol).await {
-                        Ok(client) => return Ok(client),
+                    match self.checked(addr.clone(), timeout, protocol).await {
+                        Ok(client) => {
+                            self.named(addr.0, addr.1, at);
+                            return Ok(client);
+                        }
                         Err(e) => causes.push(format!("{sentinel} named {e}")),
                     }
                 }
@@ -310,6 +315,13 @@ impl Sentinel {
                 return Ok(format!("{ip}:{port}"));
             }
         }
+    }
+
+    /// Whether a Sentinel named the master in use within `bound`: else its connections are not
+    /// to be used, whether or not the invalidation stream runs to notice (`mod.rs`).
+    pub(super) fn vouched_within(&self, bound: Duration) -> bool {
+        let hint = self.hint.lock().unwrap_or_else(|p| p.into_inner());
+        hint.as_ref().is_some_and(|(_, at)| at.elapsed() <= bound)
     }
 
     /// Keeps `HOST:PORT` as the master a Sentinel named at `at`.
