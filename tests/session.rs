@@ -821,8 +821,8 @@ fn health_and_readiness_probes_follow_the_store_and_shutdown() {
 
 /// `server.shutdown_delay_ms`: after SIGTERM `/readyz` answers 503 at once while new
 /// connections are still served for the delay (a balancer, or Kubernetes' lagging endpoints,
-/// moves away meanwhile); then the drain, and the process ends on its own. A second signal
-/// ends it at once, with exit code 1.
+/// moves away meanwhile), and a SIGHUP reloads nothing; then the drain, and the process ends
+/// on its own. A second signal ends it at once, with exit code 1.
 #[test]
 fn a_shutdown_delay_keeps_serving_while_not_ready_and_a_second_signal_ends_it() {
     let up = upstream::start(Behavior::Echo {
@@ -865,9 +865,16 @@ fn a_shutdown_delay_keeps_serving_while_not_ready_and_a_second_signal_ends_it() 
         "a new connection during the delay: {}",
         t.log()
     );
+    // The shutdown has begun: a SIGHUP reloads nothing from here on.
+    t.signal("-HUP");
     let status = t.exit_status(Duration::from_secs(30));
     assert_eq!(status.and_then(|s| s.code()), Some(0), "{}", t.log());
-    assert!(t.log().contains("server.shutdown_delay_ms"), "{}", t.log());
+    let log = t.log();
+    assert!(log.contains("server.shutdown_delay_ms"), "{log}");
+    assert!(
+        log.contains("SIGHUP ignored: shutting down") && !log.contains("configuration reloaded"),
+        "{log}"
+    );
 
     let (mut t, _) = start("shutdown_delay_ms = 60000");
     t.signal("-TERM");

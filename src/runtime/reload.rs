@@ -84,7 +84,10 @@ pub(super) async fn reload_keys(
     let day = downstream::CERT_RECHECK;
     let mut recheck = tokio::time::interval_at(tokio::time::Instant::now() + day, day);
     loop {
-        let draining = |p: &telemetry::Phase| *p == telemetry::Phase::Draining;
+        // From the shutdown's start (its delay included) on, as operations.md says.
+        let draining = |p: &telemetry::Phase| {
+            matches!(p, telemetry::Phase::Leaving | telemetry::Phase::Draining)
+        };
         let reload = tokio::select! {
             biased;
             // From the drain on, nothing is put in place: the HTTP/3 endpoint has dropped its
@@ -100,7 +103,11 @@ pub(super) async fn reload_keys(
         if draining(&phase.borrow()) {
             return;
         }
-        super::systemd::reloading();
+        // Not while starting: systemd would take the READY=1 that follows for the start's end.
+        let serving = *phase.borrow() == telemetry::Phase::Serving;
+        if serving {
+            super::systemd::reloading();
+        }
         let certificates = edges.tls.is_some() && reload.as_ref().is_ok_and(|c| c.tls.is_some());
         let outcome = match reload {
             Ok(cfg) => proxy
@@ -113,7 +120,9 @@ pub(super) async fn reload_keys(
         };
         proxy.reload_counts().record(outcome.is_ok());
         // Refused or not, the process serves on as before.
-        super::systemd::ready();
+        if serving {
+            super::systemd::ready();
+        }
         let outcome = outcome.map(|(summary, jwks_ca)| {
             if jwks_ca {
                 proxy.refetch_jwks();

@@ -130,7 +130,7 @@ impl Sessions {
     /// it is lost, every request reads the store: the cache never serves what it cannot trust.
     /// A change of a session with open responses is read again from the store, and if the
     /// session is gone its responses end (see `streams.rs`); so is every such session when the
-    /// stream comes back after a loss, and every second while it is not live (`follow.rs`).
+    /// stream comes back after a loss, and every 2 s while it is not live (`follow.rs`).
     pub fn serving(mut self, cfg: CacheConfig) -> Self {
         let cache = (cfg.max_entries > 0).then(|| Arc::new(SessionCache::new(cfg)));
         let (recheck_tx, recheck_rx) = tokio::sync::mpsc::unbounded_channel();
