@@ -883,6 +883,46 @@ fn a_shutdown_delay_keeps_serving_while_not_ready_and_a_second_signal_ends_it() 
     assert!(t.log().contains("a second signal"), "{}", t.log());
 }
 
+/// `server.shutdown_timeout_ms` bounds the drain: a request still in flight when it ends is cut
+/// (the default 10 s would have let this 3 s one finish), the process still exits 0, and the
+/// log says why.
+#[test]
+fn the_drain_ends_at_server_shutdown_timeout_ms() {
+    let up = upstream::start(Behavior::Echo {
+        delay: Duration::from_millis(3000),
+    });
+    let up_url = up.url();
+    let mut t = Tessera::start(move |port, dir| {
+        let store = format!("embedded:{}/s", dir.display());
+        config(
+            port,
+            &up_url,
+            &store,
+            &[("server", "shutdown_timeout_ms = 500")],
+        )
+    });
+    let (_, token) = t.create_session("alice", "pw");
+    let url = t.url("/slow");
+    let before = up.stats.requests.load(Ordering::SeqCst);
+    let busy = std::thread::spawn(move || curl(&["-H", &bearer(&token), &url]).0);
+    let arrived = (0..500).any(|_| {
+        up.stats.requests.load(Ordering::SeqCst) > before || {
+            std::thread::sleep(Duration::from_millis(10));
+            false
+        }
+    });
+    assert!(arrived, "{}", t.log());
+    t.signal("-TERM");
+    let status = t.exit_status(Duration::from_secs(30));
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{}", t.log());
+    assert_ne!(busy.join().unwrap(), 200, "cut when the drain ended");
+    let log = t.log();
+    assert!(
+        log.contains("connections still open after 500ms (server.shutdown_timeout_ms)"),
+        "{log}"
+    );
+}
+
 /// Under systemd (`NOTIFY_SOCKET`, sd_notify(3); here a datagram socket the test reads, as
 /// systemd's is): `READY=1` once serving, `RELOADING=1` with `MONOTONIC_USEC` then `READY=1`
 /// around a SIGHUP, `STOPPING=1` at SIGTERM, so that `Type=notify-reload` units start, reload

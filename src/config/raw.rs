@@ -95,6 +95,7 @@ pub(super) struct RawServer {
     pub(super) header_read_timeout_ms: Option<u64>,
     pub(super) send_timeout_ms: Option<u64>,
     pub(super) shutdown_delay_ms: Option<u64>,
+    pub(super) shutdown_timeout_ms: Option<u64>,
     pub(super) http2_max_concurrent_streams: Option<u32>,
     pub(super) threads: Option<usize>,
     pub(super) busy_poll_us: Option<u64>,

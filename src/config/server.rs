@@ -56,6 +56,12 @@ pub(super) fn validate_server(
             30_000,
         )?,
         send_timeout: ms("server.send_timeout_ms", s.send_timeout_ms, 60_000)?,
+        shutdown_timeout: Duration::from_millis(in_range(
+            "server.shutdown_timeout_ms",
+            s.shutdown_timeout_ms,
+            10_000,
+            1..=3_600_000,
+        )?),
         shutdown_delay: Duration::from_millis(in_range(
             "server.shutdown_delay_ms",
             s.shutdown_delay_ms,

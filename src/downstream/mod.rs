@@ -108,9 +108,6 @@ pub fn raise_open_files_limit() -> Option<u64> {
     now
 }
 
-/// How long open connections get to finish after shutdown is signalled.
-const DRAIN: Duration = Duration::from_secs(10);
-
 /// Serves `proxy` on `listener` (speaking `edge`) until `shutdown` resolves, then drains open
 /// connections: idle ones close at once, busy ones finish their request (answered with
 /// `Connection: close`), WebSocket tunnels send both sides a Close frame 1001 and end; all
@@ -169,8 +166,11 @@ pub async fn serve(
         connections.wait().await;
         serving.proxy.tunnels_closed().await;
     };
-    if tokio::time::timeout(DRAIN, drained).await.is_err() {
-        tracing::warn!("connections still open after {DRAIN:?}; closing");
+    let drain = cfg.shutdown_timeout;
+    if tokio::time::timeout(drain, drained).await.is_err() {
+        tracing::warn!(
+            "connections still open after {drain:?} (server.shutdown_timeout_ms); closing"
+        );
     }
 }
 

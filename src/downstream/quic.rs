@@ -24,9 +24,6 @@ use super::ServerConfig;
 /// datagrams of a busy connection; the kernel caps it at `net.core.rmem_max` / `wmem_max`.
 const UDP_BUFFER: usize = 4 * 1024 * 1024;
 
-/// How long open HTTP/3 connections get to finish after shutdown is signalled (as over TCP).
-const DRAIN: Duration = Duration::from_secs(10);
-
 /// Binds the HTTP/3 UDP socket at `addr` with 4 MiB receive and send buffers (quinn does not
 /// raise them; a warning names the sysctl when the kernel gives less).
 ///
@@ -152,11 +149,12 @@ pub async fn serve_http3(
     endpoint.set_server_config(None);
     quic.shutdown.cancel();
     connections.close();
-    if tokio::time::timeout(DRAIN, connections.wait())
+    let drain = server.shutdown_timeout;
+    if tokio::time::timeout(drain, connections.wait())
         .await
         .is_err()
     {
-        tracing::warn!("HTTP/3 connections still open after {DRAIN:?}; closing");
+        tracing::warn!("HTTP/3 connections still open after {drain:?}; closing");
     }
     endpoint.close(quinn::VarInt::from_u32(0), b"shutdown");
     let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;

@@ -41,6 +41,10 @@ pub struct ServerConfig {
     /// endpoints lag the signal, stops sending new connections meanwhile instead of having
     /// them refused. 0..=600 s; default 0 (the drain begins at once).
     pub shutdown_delay: Duration,
+    /// How long open connections get to finish once the drain begins (nginx's
+    /// `worker_shutdown_timeout`, Caddy's `grace_period`); those still open then are closed
+    /// (TCP and QUIC alike). 1 ms..=3600 s; default 10 s.
+    pub shutdown_timeout: Duration,
     /// Most streams one h2c connection may have open at once, announced in the server's
     /// `SETTINGS_MAX_CONCURRENT_STREAMS` (RFC 9113 section 6.5.2; nginx's
     /// `http2_max_concurrent_streams`); a client that opens more has them refused with

@@ -171,7 +171,8 @@ pub async fn run(
     })
     .await;
     if let Some(http3) = _stop_http3 {
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(12), http3).await;
+        let wait = server_cfg.shutdown_timeout + std::time::Duration::from_secs(2);
+        let _ = tokio::time::timeout(wait, http3).await;
     }
     tracing::info!("shutdown: done");
     Ok(())
