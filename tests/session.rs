@@ -802,6 +802,10 @@ fn health_and_readiness_probes_follow_the_store_and_shutdown() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // The outage in the log: one warning however many retries, one line when it is back.
+    let log = t.log_when(|l| l.contains("redis invalidation stream back"));
+    assert!(log.contains("redis invalidation stream back"), "{log}");
+    assert_eq!(log.matches("invalidation stream lost").count(), 1, "{log}");
 
     // A request that keeps the drain going (the restarted Redis is empty: a session now).
     let (_, token2) = t.create_session("alice", "pw");

@@ -30,6 +30,30 @@ pub enum Invalidation {
     Lost,
 }
 
+/// An invalidation stream's outage as the log tells it: one warning when it is lost, its
+/// retries (every 0.1 to 2 s) at debug level, where they would fill the log, and one line when
+/// it is back.
+#[derive(Default)]
+pub(super) struct Outage(std::sync::atomic::AtomicBool);
+
+impl Outage {
+    /// `store`'s stream failed with `e` (its first failure, or a retry's).
+    pub(super) fn lost(&self, store: &str, e: &StoreError) {
+        if self.0.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::debug!(error = %e, "{store} invalidation stream still lost; retrying");
+        } else {
+            tracing::warn!(error = %e, "{store} invalidation stream lost; session cache off until it is back");
+        }
+    }
+
+    /// `store`'s stream is live (again).
+    pub(super) fn back(&self, store: &str) {
+        if self.0.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            tracing::info!("{store} invalidation stream back; session cache on");
+        }
+    }
+}
+
 /// The polls of a change log (the embedded and MySQL stores): one every `every`, a late one
 /// delayed rather than bunched.
 pub(super) struct PollTicks(tokio::time::Interval);

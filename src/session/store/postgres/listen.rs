@@ -56,7 +56,7 @@ impl PostgresStore {
                 break;
             }
             if let Err(e) = result {
-                tracing::warn!(error = %e, "postgres invalidation stream lost; session cache off until it is back");
+                self.outage.lost("postgres", &e);
             }
             if tx.send(Invalidation::Lost).await.is_err() {
                 break;
@@ -110,6 +110,7 @@ impl PostgresStore {
         if tx.send(Invalidation::Live).await.is_err() {
             return Ok(());
         }
+        self.outage.back("postgres");
         *backoff = Duration::from_millis(100);
         let mut heartbeat = tokio::time::interval(HEARTBEAT);
         loop {

@@ -95,6 +95,8 @@ pub struct PostgresStore {
     schema: OnceCell<()>,
     /// The application's own sessions, read-only ([`own`]); `None`: tessera's tables.
     own: Option<SessionQuery>,
+    /// The invalidation stream's outage, for the log.
+    outage: super::Outage,
 }
 
 fn err(e: impl std::fmt::Display) -> StoreError {
@@ -165,6 +167,7 @@ impl PostgresStore {
             timeout,
             schema: OnceCell::new(),
             own,
+            outage: super::Outage::default(),
         })
     }
 

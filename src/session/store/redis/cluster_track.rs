@@ -48,6 +48,7 @@ impl RedisStore {
         if tx.send(Invalidation::Live).await.is_err() {
             return Ok(());
         }
+        self.outage.back("redis");
         let mut heartbeat = tokio::time::interval(HEARTBEAT);
         loop {
             tokio::select! {

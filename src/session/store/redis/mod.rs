@@ -40,6 +40,8 @@ pub struct RedisStore {
     confirmations: Slot,
     /// Whether a new session's confirmation may be waited for now ([`confirming::Confirming`]).
     confirming: confirming::Confirming,
+    /// The invalidation stream's outage, for the log.
+    outage: super::Outage,
 }
 
 /// Which server to talk to.
@@ -89,6 +91,7 @@ impl RedisStore {
             revocations: Slot::default(),
             confirmations: Slot::default(),
             confirming: confirming::Confirming::default(),
+            outage: super::Outage::default(),
         })
     }
 

@@ -30,7 +30,7 @@ impl RedisStore {
                 return;
             }
             if let Err(e) = result {
-                tracing::warn!(error = %e, "redis invalidation stream lost; session cache off until it is back");
+                self.outage.lost("redis", &e);
             }
             if tx.send(Invalidation::Lost).await.is_err() {
                 return;
@@ -60,6 +60,7 @@ impl RedisStore {
         if tx.send(Invalidation::Live).await.is_err() {
             return Ok(());
         }
+        self.outage.back("redis");
         let vouching = vouching(&self.target, &tracked, self.timeout);
         tokio::pin!(vouching);
         let mut ping = tokio::time::interval(Duration::from_secs(1));
