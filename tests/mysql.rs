@@ -13,7 +13,7 @@ use support::stores::{
     a_restricted_account_serves, hex, login, logout, on_store, on_store_with, status, until_status,
     users,
 };
-use support::{curl, free_port, sample};
+use support::{curl, free_port, sample, Tessera};
 
 #[test]
 fn login_on_one_use_on_another_logout_on_a_third_refused_everywhere() {
@@ -183,12 +183,7 @@ fn a_change_committed_out_of_id_order_is_not_missed() {
     let up = users();
     let db = Mariadb::start();
     let (a, b) = (on_store(&up, &db.url()), on_store(&up, &db.url()));
-    let alice = login(&a, "alice", "alice-pw");
-    let bob = login(&a, "bob", "bob-pw");
-    for t in [&a, &b] {
-        assert_eq!(status(t, &alice), 200);
-        assert_eq!(status(t, &bob), 200);
-    }
+    let (alice, bob) = both_served(&a, &b);
     let held = Held::deletion(&db, "alice");
     // Meanwhile bob logs out: a higher id, committed first, read by B.
     assert_eq!(logout(&a, &bob), 204);
@@ -220,12 +215,7 @@ fn with_ids_in_steps_a_burst_of_changes_keeps_a_late_commit() {
     let table = format!("[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n");
     let a = on_store(&up, &db.url());
     let b = on_store_with(&up, &db.url(), &[("tables", &table)]);
-    let alice = login(&a, "alice", "alice-pw");
-    let bob = login(&a, "bob", "bob-pw");
-    for t in [&a, &b] {
-        assert_eq!(status(t, &alice), 200);
-        assert_eq!(status(t, &bob), 200);
-    }
+    let (alice, bob) = both_served(&a, &b);
     let held = Held::deletion(&db, "alice");
     db.sql(
         "INSERT INTO tessera_kv_log (`key`, at) \
@@ -236,20 +226,38 @@ fn with_ids_in_steps_a_burst_of_changes_keeps_a_late_commit() {
     // B reads past the burst: bob's logout comes after it.
     assert_eq!(logout(&a, &bob), 204);
     assert!(until_status(&b, &bob, 401, Duration::from_secs(10)).is_some());
+    // B serves alice from its cache (not committed yet), until the commit.
+    let after = cached_until_commit(&b, metrics, &alice, held);
+    println!("B refused alice {after:?} after the late commit");
+    assert!(after.is_some(), "a late commit below the burst was missed");
+}
+
+/// alice and bob logged in on `a`: their tokens, each served by `a` and `b`.
+fn both_served(a: &Tessera, b: &Tessera) -> (String, String) {
+    let alice = login(a, "alice", "alice-pw");
+    let bob = login(a, "bob", "bob-pw");
+    for t in [a, b] {
+        assert_eq!(status(t, &alice), 200);
+        assert_eq!(status(t, &bob), 200);
+    }
+    (alice, bob)
+}
+
+/// Waits until `t` (its metrics on `metrics`) serves `token` from its cache (a 200 that read
+/// nothing from the store), then commits `held`: how long until `t` refuses the token after
+/// it, `None` after 10 s.
+fn cached_until_commit(t: &Tessera, metrics: u16, token: &str, held: Held) -> Option<Duration> {
     let reads = || {
         let (_, text) = curl(&[&format!("http://127.0.0.1:{metrics}/metrics")]);
         sample(&text, "tessera_session_store_reads_total")
     };
-    // B serves alice from its cache (not committed yet): a 200 that read nothing from the store.
     let cached = (0..500).any(|_| {
         let before = reads();
-        status(&b, &alice) == 200 && reads() == before
+        status(t, token) == 200 && reads() == before
     });
-    assert!(cached, "B never served alice from its cache: {}", b.log());
+    assert!(cached, "never served from the cache: {}", t.log());
     held.commit();
-    let after = until_status(&b, &alice, 401, Duration::from_secs(10));
-    println!("B refused alice {after:?} after the late commit");
-    assert!(after.is_some(), "a late commit below the burst was missed");
+    until_status(t, token, 401, Duration::from_secs(10))
 }
 
 /// A transaction that deletes a user's session and logs it, held open until [`Held::commit`]:
@@ -312,18 +320,8 @@ fn a_change_still_open_when_polling_starts_is_not_missed() {
     let metrics = free_port();
     let table = format!("[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n");
     let b = on_store_with(&up, &db.url(), &[("tables", &table)]);
-    let reads = || {
-        let (_, text) = curl(&[&format!("http://127.0.0.1:{metrics}/metrics")]);
-        sample(&text, "tessera_session_store_reads_total")
-    };
-    // B serves alice from its cache: a 200 that read nothing from the store.
-    let cached = (0..500).any(|_| {
-        let before = reads();
-        status(&b, &alice) == 200 && reads() == before
-    });
-    assert!(cached, "B never served alice from its cache: {}", b.log());
-    held.commit();
-    let after = until_status(&b, &alice, 401, Duration::from_secs(10));
+    // B serves alice from its cache, until the commit.
+    let after = cached_until_commit(&b, metrics, &alice, held);
     println!("B refused alice {after:?} after the commit");
     assert!(
         after.is_some(),

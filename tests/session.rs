@@ -2411,11 +2411,7 @@ fn jwks_over_https_is_fetched_with_the_certificate_checked() {
     let up = users();
     let redis = Redis::start();
     let dir = tempfile::tempdir().unwrap();
-    let (idp_priv, _, idp_x) = ed25519(dir.path(), "idp");
-    let doc =
-        serde_json::json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "kid": "idp", "x": idp_x}]});
-    std::fs::write(dir.path().join("jwks.json"), doc.to_string()).unwrap();
-    let (port, _nginx) = https_server(dir.path());
+    let (idp_priv, port, _nginx) = idp_jwks(dir.path());
     let ca = dir.path().join("ca.pem");
     let url = format!("https://127.0.0.1:{port}/jwks.json");
     assert_eq!(
@@ -2490,11 +2486,7 @@ fn sighup_puts_a_renewed_jwks_ca_in_place_and_fetches_the_jwks_again() {
     let up = users();
     let redis = Redis::start();
     let dir = tempfile::tempdir().unwrap();
-    let (idp_priv, _, idp_x) = ed25519(dir.path(), "idp");
-    let doc =
-        serde_json::json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "kid": "idp", "x": idp_x}]});
-    std::fs::write(dir.path().join("jwks.json"), doc.to_string()).unwrap();
-    let (port, _nginx) = https_server(dir.path());
+    let (idp_priv, port, _nginx) = idp_jwks(dir.path());
     // Another CA, which did not sign the provider's certificate.
     let other = tempfile::tempdir().unwrap();
     let (_, _other_nginx) = https_server(other.path());
@@ -2522,6 +2514,17 @@ fn sighup_puts_a_renewed_jwks_ca_in_place_and_fetches_the_jwks_again() {
         "not a restart-only key: {log}"
     );
     assert_eq!(curl(&["-H", &bearer(&idp), &t.url("/x")]).0, 200);
+}
+
+/// An identity provider's key `idp` (Ed25519) in `dir`, its JWKS served over https by
+/// [`https_server`]: the private key (as [`ed25519`] gives it), the port, and the server's guard.
+fn idp_jwks(dir: &std::path::Path) -> (String, u16, impl Drop) {
+    let (idp_priv, _, idp_x) = ed25519(dir, "idp");
+    let doc =
+        serde_json::json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "kid": "idp", "x": idp_x}]});
+    std::fs::write(dir.join("jwks.json"), doc.to_string()).unwrap();
+    let (port, nginx) = https_server(dir);
+    (idp_priv, port, nginx)
 }
 
 /// nginx serving `dir`/jwks.json at `/jwks.json` over TLS on a free port, with a server
