@@ -548,6 +548,26 @@ fn a_request_head_gets_the_head_timeout_from_its_first_byte() {
     }
 }
 
+/// A body over 16 KiB is not read before its request is authenticated: a request with a bad
+/// token that announces 20 KiB and sends none of it is answered 401 at once, where the fast
+/// path would wait for the body (up to `server.client_body_timeout_ms`, 60 s) first; 16 KiB
+/// or less (the fast path's) is read whole first, as before.
+#[test]
+fn a_body_over_16_kib_is_not_read_before_the_request_is_authenticated() {
+    let up = upstream::start(upstream::Behavior::Echo {
+        delay: Duration::from_millis(0),
+    });
+    let (t, token) = behind(&up.url(), &[]);
+    let mut c = Client::connect(&t);
+    c.send(b"POST /up HTTP/1.1\r\nHost: app\r\nAuthorization: Bearer nope\r\nContent-Length: 20000\r\n\r\n");
+    assert_eq!(c.response(false).status, 401, "{}", t.log());
+    // Within the fast path's size a body is taken whole: the request is answered after it.
+    let mut c = Client::connect(&t);
+    let body = "b".repeat(16 * 1024);
+    c.send(post("/up", &token, &body).as_bytes());
+    assert_eq!(c.response(false).status, 200);
+}
+
 /// Shutdown: the request in flight is answered (with `connection: close`), an idle connection
 /// is closed, the listener refuses new clients at once, and the process exits.
 #[test]

@@ -35,8 +35,11 @@ use super::io::{Linger, Socket};
 use super::parse::{recycle_read_buf, spare_read_buf, Incoming, Taken, READ_CHUNK};
 
 /// Largest request body, bytes, the fast path reads into memory before forwarding; a larger
-/// `Content-Length` goes to hyper, which streams it.
-pub const MAX_FAST_BODY: u64 = 64 * 1024;
+/// `Content-Length` goes to hyper, which streams it. The fast path reads the body before the
+/// request is authenticated, so this bounds what any client can make a connection hold
+/// unauthenticated (with the head, about 41 KiB at the default limits); a JSON API call or a
+/// JMAP method call fits in it.
+pub const MAX_FAST_BODY: u64 = 16 * 1024;
 
 /// What every connection of one serving thread shares.
 pub struct Serving {
