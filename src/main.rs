@@ -182,7 +182,7 @@ async fn serve(config: PathBuf, inherited: tessera::downstream::Inherited) -> Ex
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             telemetry::fatal(&e.to_string());
-            ExitCode::from(2)
+            ExitCode::from(e.exit_code())
         }
     }
 }

@@ -927,6 +927,64 @@ fn the_drain_ends_at_server_shutdown_timeout_ms() {
     );
 }
 
+/// `serve` on an embedded store whose opening lock another process holds (`sessions.lock`,
+/// here held by flock(1)) waits 5 s, then exits 1, naming the store: what may pass by itself,
+/// for a service manager to retry. A configuration it cannot serve exits 2.
+#[test]
+fn a_store_that_cannot_open_exits_1_a_bad_configuration_2() {
+    let up = upstream::start(Behavior::Echo {
+        delay: Duration::from_millis(0),
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("s");
+    std::fs::create_dir(&store).unwrap();
+    let mut holder = Command::new("flock")
+        .arg(store.join("sessions.lock"))
+        .args(["sleep", "60"])
+        .spawn()
+        .expect("flock(1), util-linux");
+    let held = (0..500).any(|_| {
+        let free = Command::new("flock")
+            .args(["-n"])
+            .arg(store.join("sessions.lock"))
+            .arg("true")
+            .status()
+            .unwrap();
+        !free.success() || {
+            std::thread::sleep(Duration::from_millis(10));
+            false
+        }
+    });
+    assert!(held, "flock(1) never took the lock");
+    let serve = |extra: &str| {
+        let path = dir.path().join("t.toml");
+        let store = format!("embedded:{}", store.display());
+        let text = config(support::free_port(), &up.url(), &store, &[]) + extra;
+        std::fs::write(&path, text).unwrap();
+        let out = Command::new(bin())
+            .args(["serve", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = serve("");
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("session.store") && err.contains("still locked"),
+        "{err}"
+    );
+    let tls =
+        "[tls]\ncertificate = \"file:/nonexistent.pem\"\nprivate_key = \"file:/nonexistent.key\"\n";
+    let (code, err) = serve(tls);
+    assert_eq!(code, Some(2), "{err}");
+}
+
 /// Under systemd (`NOTIFY_SOCKET`, sd_notify(3); here a datagram socket the test reads, as
 /// systemd's is): `READY=1` once serving, `RELOADING=1` with `MONOTONIC_USEC` then `READY=1`
 /// around a SIGHUP, `STOPPING=1` at SIGTERM, so that `Type=notify-reload` units start, reload

@@ -61,6 +61,18 @@ pub enum StartError {
     },
 }
 
+impl StartError {
+    /// The process's exit code for it: 1 for what may pass by itself (the store cannot be
+    /// opened: down, or locked by another process; threads cannot start), so that a service
+    /// manager retries; 2 for what the configuration must change (a certificate, a socket).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Store(_) | Self::Threads { .. } => 1,
+            Self::Tls(_) | Self::Listen { .. } => 2,
+        }
+    }
+}
+
 /// Runs the proxy on already-bound `listeners` until `shutdown` resolves (tests bind port 0).
 ///
 /// The proxy, its caches and the session store live on the caller's runtime, with the background
