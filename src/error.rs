@@ -299,6 +299,12 @@ impl LoginRefusal {
             Self::MediaType => "send application/x-www-form-urlencoded or application/json",
             Self::Limited(_) => "too many failed attempts; try again later",
             Self::Busy => "too many sign-ins at once; try again in a moment",
+            // The session store, not the mail server: the user is told to wait either way, and
+            // an operator reading the JSON is pointed at the right part.
+            Self::Proxy(ProxyError::StoreUnavailable) if page => {
+                "sign-in is unavailable for a moment; try again shortly"
+            }
+            Self::Proxy(ProxyError::StoreUnavailable) => "session store unavailable",
             Self::Proxy(_) if page => "the mail server is not answering; try again shortly",
             Self::Proxy(_) => "upstream unavailable",
         }

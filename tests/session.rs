@@ -88,6 +88,20 @@ fn login(t: &Tessera, user: &str, password: &str) -> Answer {
     ])
 }
 
+/// A login while the session store is down says so (503, `Retry-After`), not that the upstream
+/// failed: the JSON names the store, the page asks to wait without blaming the mail server.
+#[test]
+fn a_login_while_the_store_is_down_names_the_store() {
+    let up = users();
+    let mut redis = Redis::start();
+    let t = on_redis(&up, &redis, &[]);
+    redis.stop();
+    let a = login(&t, "alice", "alice-pw");
+    assert_eq!(a.code, 503, "{}", a.body);
+    assert_eq!(a.json()["error"], "session store unavailable", "{}", a.body);
+    assert!(a.header("retry-after").is_some(), "{}", a.headers);
+}
+
 fn token_of(a: &Answer) -> String {
     assert_eq!(a.code, 200, "login failed: {} {}", a.headers, a.body);
     a.json()["token"].as_str().unwrap().to_string()
