@@ -999,6 +999,60 @@ fn a_store_that_cannot_open_exits_1_a_bad_configuration_2() {
     assert_eq!(code, Some(2), "{err}");
 }
 
+/// The embedded store deletes an expired row only a day after its expiry (it is never read
+/// once expired), so that a wall clock set ahead by mistake and put back loses no session; a
+/// row expired longer ago goes at the next write. The file is read with Python's sqlite3.
+#[test]
+fn the_embedded_store_deletes_an_expired_row_a_day_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.toml");
+    let store = format!("embedded:{}/s", dir.path().display());
+    std::fs::write(&path, config(1, "http://127.0.0.1:9", &store, &[])).unwrap();
+    let db = dir.path().join("s/sessions.sqlite3");
+    let sql = |query: &str| {
+        let out = Command::new("python3")
+            .args([
+                "-c",
+                "import sqlite3, sys\n\
+                 c = sqlite3.connect(sys.argv[1])\n\
+                 print(c.execute(sys.argv[2]).fetchall())\n\
+                 c.commit()",
+            ])
+            .arg(&db)
+            .arg(query)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let sessions = "SELECT count(*) FROM kv WHERE key LIKE 'tessera:session:%'";
+    let expire = |seconds: u64| {
+        sql(&format!(
+            "UPDATE kv SET expires_at = CAST(strftime('%s', 'now') AS INTEGER) - {seconds} \
+             WHERE key LIKE 'tessera:session:%'"
+        ))
+    };
+    support::create_session(&path, "alice", "pw", None);
+    expire(3600);
+    support::create_session(&path, "bob", "pw", None);
+    assert_eq!(
+        sql(sessions),
+        "[(2,)]",
+        "an hour past its expiry, alice's row stays"
+    );
+    expire(2 * 86_400);
+    support::create_session(&path, "carol", "pw", None);
+    assert_eq!(
+        sql(sessions),
+        "[(1,)]",
+        "two days past, both went at carol's write"
+    );
+}
+
 /// Under systemd (`NOTIFY_SOCKET`, sd_notify(3); here a datagram socket the test reads, as
 /// systemd's is): `READY=1` once serving, `RELOADING=1` with `MONOTONIC_USEC` then `READY=1`
 /// around a SIGHUP, `STOPPING=1` at SIGTERM, so that `Type=notify-reload` units start, reload

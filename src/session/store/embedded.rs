@@ -34,6 +34,10 @@ pub struct EmbeddedStore {
 const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(25);
 /// Change-log rows older than this are pruned, seconds.
 const LOG_KEEP_SECONDS: i64 = 300;
+/// How long an expired row stays in the file before it is deleted (it is never read once
+/// expired): a wall clock set a day ahead by mistake and put back would otherwise have deleted
+/// every session of that day for good.
+const PURGE_GRACE_SECONDS: i64 = 86_400;
 /// The lock file beside the database, held while the store is opened (module docs).
 const OPEN_LOCK: &str = "sessions.lock";
 /// The database file in the store's directory.
@@ -160,7 +164,7 @@ impl EmbeddedStore {
         self.run_write(move |c| {
             let now = unix_now() as i64;
             c.prepare_cached("DELETE FROM kv WHERE expires_at <= ?1")?
-                .execute(params![now])?;
+                .execute(params![now - PURGE_GRACE_SECONDS])?;
             c.prepare_cached(
                 "INSERT OR REPLACE INTO kv (key, value, expires_at) VALUES (?1, ?2, ?3)",
             )?
@@ -293,14 +297,18 @@ impl Inner {
         connect().map_err(|e| self.error(e))
     }
 
-    /// Deletes expired rows (sessions and failed-login counts) and change-log rows past
-    /// [`LOG_KEEP_SECONDS`]: a write does so too, but a store with no write for hours (or only
-    /// logouts and failed logins) would otherwise keep them all.
+    /// Deletes rows expired more than [`PURGE_GRACE_SECONDS`] ago (sessions and failed-login
+    /// counts) and change-log rows past [`LOG_KEEP_SECONDS`]: a write does so too, but a store
+    /// with no write for hours (or only logouts and failed logins) would otherwise keep them
+    /// all.
     fn purge(&self) -> Result<(), StoreError> {
         let conn = self.acquire()?;
         let now = unix_now() as i64;
         let out = conn
-            .execute("DELETE FROM kv WHERE expires_at <= ?1", params![now])
+            .execute(
+                "DELETE FROM kv WHERE expires_at <= ?1",
+                params![now - PURGE_GRACE_SECONDS],
+            )
             .and_then(|_| {
                 conn.execute(
                     "DELETE FROM kv_log WHERE at < ?1",
