@@ -307,7 +307,12 @@ async fn reach_store(cfg: &Config) -> Result<String, AdminError> {
         .await
         .map_err(|_| AdminError::Check("config key `session.store`: no answer in time".into()))?
         .map_err(|e| AdminError::Check(format!("config key `session.store`: {e}")))?;
-    Ok("session.store: reachable".into())
+    Ok(match &cfg.session.store {
+        // Where, in full: a relative path is taken from the working directory, and the CLI
+        // and `serve` must name the same store.
+        StoreSpec::Embedded(dir) => format!("session.store: reachable at {}", shown_path(dir)),
+        _ => "session.store: reachable".into(),
+    })
 }
 
 /// How [`certificate_line`] flags an expired certificate.

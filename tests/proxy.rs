@@ -2395,6 +2395,26 @@ fn with_log_format_json_every_line_is_a_json_object() {
         .iter()
         .find(|v| v["fields"]["message"] == "tessera serving")
         .unwrap_or_else(|| panic!("no start line: {log}"));
+    // The start line and check-config name the embedded store in full: the session commands
+    // must use the same one.
+    let store = serving["fields"]["store"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        store.starts_with('/') && store.ends_with("/sessions"),
+        "{serving}"
+    );
+    let checked = std::process::Command::new(bin())
+        .args(["check-config", "--config"])
+        .arg(t.config_path())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&checked.stdout);
+    assert!(
+        said.contains(&format!("session.store: reachable at {store}")),
+        "{said}"
+    );
     assert!(
         lines
             .iter()

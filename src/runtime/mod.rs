@@ -137,7 +137,7 @@ pub async fn run(
         .as_ref()
         .and_then(|e| e.local_addr().ok())
         .map(|a| a.to_string());
-    tracing::info!(listen = addr(&listeners.plain), tls = addr(&listeners.tls), http3, upstream = %cfg.upstream.url, threads = cfg.server.threads, busy_poll_us = cfg.server.busy_poll.as_micros() as u64, proxy_protocol = cfg.server.proxy_protocol, "tessera serving");
+    tracing::info!(listen = addr(&listeners.plain), tls = addr(&listeners.tls), http3, upstream = %cfg.upstream.url, store = %store_shown(&cfg.session.store), threads = cfg.server.threads, busy_poll_us = cfg.server.busy_poll.as_micros() as u64, proxy_protocol = cfg.server.proxy_protocol, "tessera serving");
     // The rest needs `[server]` only. The keys are in the proxy now, where a reload replaces
     // them; this copy of them is wiped here (their types zeroize on drop) rather than kept for
     // the process's life.
@@ -188,6 +188,21 @@ pub async fn run(
     }
     tracing::info!("shutdown: done");
     Ok(())
+}
+
+/// The session store as the start line names it: an embedded one's absolute path (a relative
+/// one is taken from the working directory, which the session commands must share), any other
+/// by its URL without its password.
+fn store_shown(spec: &session::StoreSpec) -> String {
+    match spec {
+        session::StoreSpec::Embedded(dir) => std::path::absolute(dir)
+            .unwrap_or_else(|_| dir.clone())
+            .display()
+            .to_string(),
+        session::StoreSpec::Redis(url)
+        | session::StoreSpec::Postgres(url, _)
+        | session::StoreSpec::Mysql(url) => session::redacted_url(url),
+    }
 }
 
 type Task = tokio_util::task::AbortOnDropHandle<()>;
