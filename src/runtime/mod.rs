@@ -171,8 +171,8 @@ pub async fn run(
         tokio::time::sleep(server_cfg.shutdown_delay).await;
     }
     phase.send_replace(telemetry::Phase::Draining);
-    // The reloads end first (the task returns on `Draining`), so a SIGHUP from here on is
-    // told apart as ignored.
+    // The reloads have ended (the task returns when the shutdown begins, its delay included),
+    // so a SIGHUP from here on is told apart as ignored.
     let _ = stop_reloads.await;
     tracing::info!("shutdown: no new connections; finishing the requests in flight");
     // Each thread drains its connections (bounded by the server's drain time), then ends.
