@@ -102,6 +102,13 @@ fn a_login_while_the_store_is_down_names_the_store() {
     assert!(a.header("retry-after").is_some(), "{}", a.headers);
 }
 
+/// An upstream that echoes each request at once.
+fn echo() -> TestUpstream {
+    upstream::start(Behavior::Echo {
+        delay: Duration::ZERO,
+    })
+}
+
 fn token_of(a: &Answer) -> String {
     assert_eq!(a.code, 200, "login failed: {} {}", a.headers, a.body);
     a.json()["token"].as_str().unwrap().to_string()
@@ -843,9 +850,7 @@ fn health_and_readiness_probes_follow_the_store_and_shutdown() {
 /// on its own. A second signal ends it at once, with exit code 1.
 #[test]
 fn a_shutdown_delay_keeps_serving_while_not_ready_and_a_second_signal_ends_it() {
-    let up = upstream::start(Behavior::Echo {
-        delay: Duration::from_millis(0),
-    });
+    let up = echo();
     let metrics_port = support::free_port();
     let up_url = up.url();
     let start = move |delay: &'static str| {
@@ -946,9 +951,7 @@ fn the_drain_ends_at_server_shutdown_timeout_ms() {
 /// for a service manager to retry. A configuration it cannot serve exits 2.
 #[test]
 fn a_store_that_cannot_open_exits_1_a_bad_configuration_2() {
-    let up = upstream::start(Behavior::Echo {
-        delay: Duration::from_millis(0),
-    });
+    let up = echo();
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("s");
     std::fs::create_dir(&store).unwrap();
@@ -1059,9 +1062,7 @@ fn the_embedded_store_deletes_an_expired_row_a_day_later() {
 /// and stop in step.
 #[test]
 fn systemd_is_told_ready_reloading_and_stopping() {
-    let up = upstream::start(Behavior::Echo {
-        delay: Duration::from_millis(0),
-    });
+    let up = echo();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("notify");
     let sock = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
