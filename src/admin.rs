@@ -233,7 +233,7 @@ fn unreadable(path: &str, e: &std::io::Error) -> AdminError {
 }
 
 /// `path` made absolute against the working directory, to say where a relative one points.
-fn shown_path(path: &std::path::Path) -> String {
+pub(crate) fn shown_path(path: &std::path::Path) -> String {
     std::path::absolute(path)
         .unwrap_or_else(|_| path.to_path_buf())
         .display()

@@ -195,10 +195,7 @@ pub async fn run(
 /// by its URL without its password.
 fn store_shown(spec: &session::StoreSpec) -> String {
     match spec {
-        session::StoreSpec::Embedded(dir) => std::path::absolute(dir)
-            .unwrap_or_else(|_| dir.clone())
-            .display()
-            .to_string(),
+        session::StoreSpec::Embedded(dir) => crate::admin::shown_path(dir),
         session::StoreSpec::Redis(url)
         | session::StoreSpec::Postgres(url, _)
         | session::StoreSpec::Mysql(url) => session::redacted_url(url),

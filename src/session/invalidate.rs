@@ -28,21 +28,13 @@ pub(super) fn sid_of<'a>(key: &'a str, prefix: &str) -> Option<&'a str> {
 /// quickly, few enough to leave the store and the runtime to the requests.
 pub(super) const RECHECK_TASKS: usize = 16;
 
-/// Has every session with open responses read again by `reader` (no cache, no registry), by at
-/// most [`RECHECK_TASKS`] tasks at a time; each one gone or no longer readable ends its open
+/// Has every session with open responses read again by `reader` (no cache, no registry), in a
+/// task of its own ([`recheck_round`]); each one gone or no longer readable ends its open
 /// responses ([`recheck`]). For when any session may have changed unreported: the invalidation
 /// stream is back after a loss, or the sealing keys were reloaded.
 pub(super) fn recheck_all(reader: &Sessions, streams: &Arc<OpenStreams>) {
     streams.changed_all();
-    let open = streams.open_sids();
-    let per_task = open.len().div_ceil(RECHECK_TASKS).max(1);
-    for sids in open.chunks(per_task) {
-        tokio::spawn(recheck(
-            reader.clone(),
-            Arc::downgrade(streams),
-            sids.to_vec(),
-        ));
-    }
+    tokio::spawn(recheck_round(reader.clone(), Arc::downgrade(streams)));
 }
 
 /// Has every session with open responses read again by `reader`, by at most [`RECHECK_TASKS`]
